@@ -1,0 +1,446 @@
+//! The admission engine: takes, renews, charges and frees leases on a backend, waits for slots,
+//! and retries releases the backend could not take. Transport-free: `grpc.rs` and `session.rs`
+//! call it; tests may too.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::{AcquireLimits, LeaseBackend};
+use crate::domain::{
+    AccountId, Denial, DenyReason, LeaseId, LeaseTerms, Renewal, Settings, millis,
+};
+use crate::error::BackendError;
+use crate::metrics::Metrics;
+
+/// What an acquire came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AcquireOutcome {
+    Granted(LeaseId),
+    Denied(Denial),
+    /// The caller went away while waiting; nothing is held.
+    Cancelled,
+}
+
+/// A release the backend did not take; retried in the background so no slot stays until ttl.
+struct PendingRelease {
+    lease_id: LeaseId,
+    spend_micros: i64,
+}
+
+pub struct Admission {
+    backend: Arc<dyn LeaseBackend>,
+    settings: Settings,
+    instance: String,
+    sequence: AtomicU64,
+    /// Waiters on this replica per account, woken at once by a release here.
+    local_wakeups: Mutex<HashMap<AccountId, Arc<Notify>>>,
+    pending_releases: Mutex<Vec<PendingRelease>>,
+    metrics: Metrics,
+}
+
+/// A random per-process instance id: 12 lowercase hex digits.
+fn new_instance_id() -> String {
+    format!("{:012x}", fastrand::u64(..) & 0xffff_ffff_ffff)
+}
+
+impl Admission {
+    pub fn new(backend: Arc<dyn LeaseBackend>, settings: Settings, metrics: Metrics) -> Arc<Self> {
+        Arc::new(Admission {
+            backend,
+            settings,
+            instance: new_instance_id(),
+            sequence: AtomicU64::new(0),
+            local_wakeups: Mutex::new(HashMap::new()),
+            pending_releases: Mutex::new(Vec::new()),
+            metrics,
+        })
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    pub fn instance_id(&self) -> &str {
+        &self.instance
+    }
+
+    fn next_lease_id(&self, account_id: AccountId) -> LeaseId {
+        let sequence = self.sequence.fetch_add(1, Ordering::Relaxed);
+        LeaseId::new(account_id, &self.instance, sequence)
+    }
+
+    fn ttl_ms(&self) -> u64 {
+        millis(self.settings.lease_ttl)
+    }
+
+    fn limits(&self, terms: &LeaseTerms) -> AcquireLimits {
+        AcquireLimits {
+            ttl_ms: self.ttl_ms(),
+            rpm_window_ms: millis(self.settings.rpm_window),
+            window_limit_micros: terms.effective_window_limit_micros(self.settings.sticky_reserve),
+            session_window_ms: millis(self.settings.session_window),
+        }
+    }
+
+    fn wakeup(&self, account_id: AccountId) -> Arc<Notify> {
+        let mut wakeups = self.local_wakeups.lock().unwrap_or_else(|p| p.into_inner());
+        wakeups.entry(account_id).or_default().clone()
+    }
+
+    fn wake_one(&self, account_id: AccountId) {
+        let wakeups = self.local_wakeups.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(notify) = wakeups.get(&account_id) {
+            notify.notify_one();
+        }
+    }
+
+    /// One try at every gate: user RPM first (its own slot) when set, then the account script;
+    /// the user charge is refunded when the account refuses.
+    async fn try_acquire(&self, terms: &LeaseTerms) -> Result<AcquireOutcome, BackendError> {
+        let lease_id = self.next_lease_id(terms.account_id);
+        let rpm_window_ms = millis(self.settings.rpm_window);
+        let user = terms.user.as_ref().filter(|user| user.rpm_limit > 0);
+        if let Some(user) = user
+            && let Some(denial) = self
+                .backend
+                .charge_user(
+                    &user.user_id,
+                    user.rpm_limit,
+                    lease_id.as_str(),
+                    rpm_window_ms,
+                )
+                .await?
+        {
+            return Ok(AcquireOutcome::Denied(denial));
+        }
+        let result = if terms.account_unlimited() {
+            Ok(None)
+        } else {
+            self.backend
+                .acquire(terms, &lease_id, self.limits(terms))
+                .await
+        };
+        match result {
+            Ok(None) => Ok(AcquireOutcome::Granted(lease_id)),
+            Ok(Some(denial)) => {
+                if let Some(user) = user {
+                    self.refund_user(&user.user_id, &lease_id).await;
+                }
+                Ok(AcquireOutcome::Denied(denial))
+            }
+            Err(error) => {
+                if let Some(user) = user {
+                    self.refund_user(&user.user_id, &lease_id).await;
+                }
+                Err(error)
+            }
+        }
+    }
+
+    async fn refund_user(&self, user_id: &str, lease_id: &LeaseId) {
+        if let Err(error) = self.backend.refund_user(user_id, lease_id.as_str()).await {
+            tracing::warn!(%error, "user rpm refund failed; the event ages out within a minute");
+        }
+    }
+
+    /// Takes a lease, waiting up to `wait` for a slot (or an RPM event) to free up. `on_queued`
+    /// is told the queue position once the acquire registers as a waiter. `cancel` ends the wait
+    /// (the client went away); a script already running is allowed to finish so its result is
+    /// never lost.
+    pub async fn acquire(
+        &self,
+        terms: &LeaseTerms,
+        wait: Duration,
+        cancel: &CancellationToken,
+        mut on_queued: impl FnMut(u32),
+    ) -> Result<AcquireOutcome, BackendError> {
+        let deadline = Instant::now() + wait;
+        let mut waiter: Option<WaiterGuard> = None;
+        let mut delay = self.settings.wait_poll_initial;
+        loop {
+            let outcome = self.try_acquire(terms).await;
+            let denial = match outcome {
+                Ok(AcquireOutcome::Denied(denial)) => denial,
+                other => {
+                    self.record_decision(&other);
+                    return other;
+                }
+            };
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            let hopeless = !denial.reason.is_waitable()
+                || remaining.is_zero()
+                || Duration::from_millis(denial.retry_after_ms) > remaining;
+            if hopeless {
+                let outcome = Ok(AcquireOutcome::Denied(denial));
+                self.record_decision(&outcome);
+                return outcome;
+            }
+            if waiter.is_none() {
+                let waiter_id = format!("w{}", self.next_lease_id(terms.account_id));
+                // The entry outlives the wait a little so a slow poll never finds itself gone.
+                let ttl_ms = millis(remaining) + millis(self.settings.wait_poll_max) + 1000;
+                let position = self
+                    .backend
+                    .register_waiter(
+                        terms.account_id,
+                        &waiter_id,
+                        self.settings.max_waiting,
+                        ttl_ms,
+                    )
+                    .await?;
+                let Some(position) = position else {
+                    let outcome = Ok(AcquireOutcome::Denied(Denial::new(
+                        DenyReason::QueueFull,
+                        0,
+                    )));
+                    self.record_decision(&outcome);
+                    return outcome;
+                };
+                self.metrics.waiters.inc();
+                waiter = Some(WaiterGuard {
+                    backend: self.backend.clone(),
+                    account_id: terms.account_id,
+                    waiter_id,
+                    metrics: self.metrics.clone(),
+                });
+                on_queued(position);
+            }
+            // Jitter keeps replicas from polling in step; RPM refusals know when to come back.
+            let jittered = delay.mul_f64(0.5 + fastrand::f64());
+            let pause = jittered
+                .max(Duration::from_millis(denial.retry_after_ms))
+                .min(remaining);
+            let wakeup = self.wakeup(terms.account_id);
+            tokio::select! {
+                _ = wakeup.notified() => {}
+                _ = tokio::time::sleep(pause) => {}
+                _ = cancel.cancelled() => {
+                    let outcome = Ok(AcquireOutcome::Cancelled);
+                    self.record_decision(&outcome);
+                    return outcome;
+                }
+            }
+            delay = (delay * 2).min(self.settings.wait_poll_max);
+        }
+    }
+
+    fn record_decision(&self, outcome: &Result<AcquireOutcome, BackendError>) {
+        let (result, reason) = match outcome {
+            Ok(AcquireOutcome::Granted(_)) => ("granted", "none"),
+            Ok(AcquireOutcome::Denied(denial)) => ("denied", denial.reason.as_str()),
+            Ok(AcquireOutcome::Cancelled) => ("cancelled", "client_gone"),
+            Err(BackendError::Timeout) => ("error", "backend_timeout"),
+            Err(BackendError::Failed(_)) => ("error", "backend_error"),
+        };
+        self.metrics
+            .decisions
+            .with_label_values(&[result, reason])
+            .inc();
+    }
+
+    /// Takes over a lease whose stream broke. `false` = the lease is gone.
+    pub async fn resume(
+        &self,
+        lease_id: &LeaseId,
+        terms: &LeaseTerms,
+    ) -> Result<bool, BackendError> {
+        if terms.account_unlimited() {
+            return Ok(true);
+        }
+        self.backend.resume(lease_id, self.ttl_ms()).await
+    }
+
+    pub async fn renew(
+        &self,
+        lease_id: &LeaseId,
+        terms: &LeaseTerms,
+    ) -> Result<Renewal, BackendError> {
+        if terms.account_unlimited() {
+            return Ok(Renewal { restored: false });
+        }
+        let renewal = self.backend.renew(lease_id, self.ttl_ms()).await?;
+        if renewal.restored {
+            self.metrics.leases_restored.inc();
+        }
+        Ok(renewal)
+    }
+
+    /// Charges account RPM for the `n`-th same-account retry on a held lease.
+    pub async fn attempt(
+        &self,
+        lease_id: &LeaseId,
+        terms: &LeaseTerms,
+        attempt: u32,
+    ) -> Result<Option<Denial>, BackendError> {
+        if terms.rpm_limit <= 0 {
+            return Ok(None);
+        }
+        let event_id = format!("{lease_id}:{attempt}");
+        let rpm_window_ms = millis(self.settings.rpm_window);
+        let denial = self
+            .backend
+            .attempt(lease_id, terms.rpm_limit, &event_id, rpm_window_ms)
+            .await?;
+        let (result, reason) = match denial {
+            None => ("granted", "none"),
+            Some(denial) => ("denied", denial.reason.as_str()),
+        };
+        self.metrics
+            .attempts
+            .with_label_values(&[result, reason])
+            .inc();
+        Ok(denial)
+    }
+
+    /// Frees a lease (recording spend when the terms keep a window). A release the backend
+    /// cannot take now is queued and retried; the holder is done either way.
+    pub async fn release(
+        &self,
+        lease_id: &LeaseId,
+        terms: Option<&LeaseTerms>,
+        spend_micros: i64,
+    ) -> bool {
+        if terms.is_some_and(LeaseTerms::account_unlimited) {
+            return true;
+        }
+        let spend_micros = match terms {
+            Some(terms) if terms.session_window_limit_micros > 0 => spend_micros,
+            _ => 0,
+        };
+        let session_window_ms = millis(self.settings.session_window);
+        match self
+            .backend
+            .release(lease_id, spend_micros, session_window_ms)
+            .await
+        {
+            Ok(removed) => {
+                self.wake_one(lease_id.account_id());
+                removed
+            }
+            Err(error) => {
+                tracing::warn!(%error, lease_id = %lease_id, "release failed; queued for retry");
+                self.metrics.release_retries.inc();
+                let mut pending = self
+                    .pending_releases
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                pending.push(PendingRelease {
+                    lease_id: lease_id.clone(),
+                    spend_micros,
+                });
+                false
+            }
+        }
+    }
+
+    /// Retries releases that failed; returns how many are still pending.
+    pub async fn retry_pending_releases(&self) -> usize {
+        let batch: Vec<PendingRelease> = {
+            let mut pending = self
+                .pending_releases
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            std::mem::take(&mut *pending)
+        };
+        let session_window_ms = millis(self.settings.session_window);
+        let mut failed = Vec::new();
+        for release in batch {
+            match self
+                .backend
+                .release(&release.lease_id, release.spend_micros, session_window_ms)
+                .await
+            {
+                Ok(_) => self.wake_one(release.lease_id.account_id()),
+                Err(_) => failed.push(release),
+            }
+        }
+        let mut pending = self
+            .pending_releases
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        pending.extend(failed);
+        pending.len()
+    }
+
+    /// The stream that held the lease ended without `Release`: leave the lease resumable for
+    /// the orphan grace, then Redis reaps it.
+    pub async fn orphan(&self, lease_id: &LeaseId, terms: &LeaseTerms) {
+        if terms.account_unlimited() {
+            return;
+        }
+        self.metrics.orphaned.inc();
+        if let Err(error) = self
+            .backend
+            .orphan(lease_id, millis(self.settings.orphan_grace))
+            .await
+        {
+            tracing::warn!(%error, lease_id = %lease_id, "orphan failed; the lease expires at its ttl");
+        }
+    }
+
+    pub async fn inflight(&self, account_ids: &[AccountId]) -> Result<Vec<u32>, BackendError> {
+        self.backend.inflight(account_ids).await
+    }
+
+    pub async fn record_spend(
+        &self,
+        account_id: AccountId,
+        spend_micros: i64,
+    ) -> Result<i64, BackendError> {
+        self.metrics.spend_micros.inc_by(spend_micros.max(0) as u64);
+        self.backend
+            .record_spend(
+                account_id,
+                spend_micros,
+                millis(self.settings.session_window),
+            )
+            .await
+    }
+
+    /// Hard-blocks an account (the selector's cooldown key; exposed for the in-process selector
+    /// and tests).
+    pub async fn set_cooldown(
+        &self,
+        account_id: AccountId,
+        duration: Duration,
+    ) -> Result<(), BackendError> {
+        self.backend
+            .set_cooldown(account_id, millis(duration))
+            .await
+    }
+}
+
+/// Removes a registered waiter when the wait ends for any reason (granted, refused, or the
+/// client went away and the future was dropped).
+struct WaiterGuard {
+    backend: Arc<dyn LeaseBackend>,
+    account_id: AccountId,
+    waiter_id: String,
+    metrics: Metrics,
+}
+
+impl Drop for WaiterGuard {
+    fn drop(&mut self) {
+        self.metrics.waiters.dec();
+        let backend = self.backend.clone();
+        let account_id = self.account_id;
+        let waiter_id = std::mem::take(&mut self.waiter_id);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(error) = backend.remove_waiter(account_id, &waiter_id).await {
+                    tracing::debug!(%error, "waiter removal failed; the entry expires by itself");
+                }
+            });
+        }
+    }
+}

@@ -1,0 +1,103 @@
+//! The admission state behind one small trait, with a memory implementation (one process: the
+//! embedded default and the Redis fallback) and a Redis implementation (many replicas). Both
+//! keep the same semantics and run the same test suite.
+
+use async_trait::async_trait;
+
+use crate::domain::{AccountId, Denial, LeaseId, LeaseTerms, Renewal};
+use crate::error::BackendError;
+
+/// Everything admission keeps per account. Every method is one round trip on Redis.
+///
+/// Durations are passed per call (from [`crate::domain::Settings`]) so one backend serves
+/// replicas configured alike without knowing the settings struct.
+#[async_trait]
+pub trait LeaseBackend: Send + Sync + 'static {
+    /// Charges one event to the user's rolling-minute RPM. `None` = charged.
+    async fn charge_user(
+        &self,
+        user_id: &str,
+        rpm_limit: i32,
+        event_id: &str,
+        window_ms: u64,
+    ) -> Result<Option<Denial>, BackendError>;
+
+    /// Removes a user RPM event again (the account refused the acquire it was charged for).
+    async fn refund_user(&self, user_id: &str, event_id: &str) -> Result<(), BackendError>;
+
+    /// Checks cooldown, concurrency, account RPM and the session window, and only if all pass
+    /// adds the lease and the RPM event. `None` = granted. Never called for unlimited accounts.
+    async fn acquire(
+        &self,
+        terms: &LeaseTerms,
+        lease_id: &LeaseId,
+        limits: AcquireLimits,
+    ) -> Result<Option<Denial>, BackendError>;
+
+    /// Sets the lease's expiry to now + ttl, re-adding it if the backend lost it.
+    async fn renew(&self, lease_id: &LeaseId, ttl_ms: u64) -> Result<Renewal, BackendError>;
+
+    /// Like `renew`, but only for a lease that is still live. `false` = unknown or expired.
+    async fn resume(&self, lease_id: &LeaseId, ttl_ms: u64) -> Result<bool, BackendError>;
+
+    /// Charges account RPM again for a same-account retry on a held lease. `None` = charged.
+    async fn attempt(
+        &self,
+        lease_id: &LeaseId,
+        rpm_limit: i32,
+        event_id: &str,
+        window_ms: u64,
+    ) -> Result<Option<Denial>, BackendError>;
+
+    /// Removes the lease and adds `spend_micros` (if > 0) to the session window, in one step.
+    /// Returns whether a lease was removed.
+    async fn release(
+        &self,
+        lease_id: &LeaseId,
+        spend_micros: i64,
+        session_window_ms: u64,
+    ) -> Result<bool, BackendError>;
+
+    /// Cuts a lease's expiry to now + grace (never lengthens it).
+    async fn orphan(&self, lease_id: &LeaseId, grace_ms: u64) -> Result<(), BackendError>;
+
+    /// Live lease counts, in the order asked.
+    async fn inflight(&self, account_ids: &[AccountId]) -> Result<Vec<u32>, BackendError>;
+
+    /// Adds spend to the session window; returns the window's spend afterwards (micro-USD).
+    async fn record_spend(
+        &self,
+        account_id: AccountId,
+        spend_micros: i64,
+        session_window_ms: u64,
+    ) -> Result<i64, BackendError>;
+
+    /// Hard-blocks the account for `ttl_ms` (keeping a later existing deadline).
+    async fn set_cooldown(&self, account_id: AccountId, ttl_ms: u64) -> Result<(), BackendError>;
+
+    /// Registers a waiter, bounded by `max_waiting`. Returns its position, or `None` when the
+    /// queue is full. The entry expires after `ttl_ms`.
+    async fn register_waiter(
+        &self,
+        account_id: AccountId,
+        waiter_id: &str,
+        max_waiting: u32,
+        ttl_ms: u64,
+    ) -> Result<Option<u32>, BackendError>;
+
+    async fn remove_waiter(
+        &self,
+        account_id: AccountId,
+        waiter_id: &str,
+    ) -> Result<(), BackendError>;
+}
+
+/// The per-acquire numbers derived from terms and settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AcquireLimits {
+    pub ttl_ms: u64,
+    pub rpm_window_ms: u64,
+    /// Refuse when the window's spend reached this (0: no window gate).
+    pub window_limit_micros: i64,
+    pub session_window_ms: u64,
+}

@@ -1,0 +1,289 @@
+//! The gRPC transport: decode and validate proto messages, call the engine, encode the answer.
+//! The only module that touches generated proto types.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::{Stream, StreamExt};
+use poolgate_proto::admission::v1 as pb;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::admission::Admission;
+use crate::domain::{
+    AccountId, DenyReason, LeaseId, LeaseTerms, MAX_NAME_BYTES, MAX_WAIT, UserLimit, micros_to_usd,
+    millis, usd_to_micros,
+};
+use crate::error::AdmissionError;
+use crate::session::{ClientMessage, Inbound, LeaseEvent, serve_lease};
+
+/// Most accounts one `Inflight` call may read.
+pub const MAX_INFLIGHT_ACCOUNTS: usize = 1000;
+
+pub struct AdmissionGrpc {
+    admission: Arc<Admission>,
+}
+
+impl AdmissionGrpc {
+    pub fn new(admission: Arc<Admission>) -> Self {
+        AdmissionGrpc { admission }
+    }
+}
+
+fn account_id(field: &str, id: i64) -> Result<AccountId, AdmissionError> {
+    if id <= 0 {
+        return Err(AdmissionError::invalid(
+            field,
+            format!("must be a positive account id, got {id}"),
+        ));
+    }
+    Ok(id)
+}
+
+fn name(field: &str, value: Option<String>) -> Result<Option<String>, AdmissionError> {
+    match value {
+        None => Ok(None),
+        Some(value) if value.is_empty() => {
+            Err(AdmissionError::invalid(field, "must not be empty when set"))
+        }
+        Some(value) if value.len() > MAX_NAME_BYTES => Err(AdmissionError::invalid(
+            field,
+            format!(
+                "must be at most {MAX_NAME_BYTES} bytes, got {}",
+                value.len()
+            ),
+        )),
+        Some(value) => Ok(Some(value)),
+    }
+}
+
+fn spend(field: &str, usd: f64) -> Result<i64, AdmissionError> {
+    usd_to_micros(usd).ok_or_else(|| {
+        AdmissionError::invalid(
+            field,
+            format!("must be a finite amount in [0, 1e6] USD, got {usd}"),
+        )
+    })
+}
+
+fn lease_id(field: &str, text: &str) -> Result<LeaseId, AdmissionError> {
+    LeaseId::parse(text).ok_or_else(|| {
+        let shown: String = text.chars().take(64).collect();
+        AdmissionError::invalid(field, format!("not a lease id: {shown:?}"))
+    })
+}
+
+/// Validates an `Acquire` into lease terms and a wait. `prefix` names the message in errors.
+fn terms(acquire: pb::Acquire, prefix: &str) -> Result<(LeaseTerms, Duration), AdmissionError> {
+    let field = |name: &str| format!("{prefix}.{name}");
+    let account_id = account_id(&field("account_id"), acquire.account_id)?;
+    let user_id = name(&field("user_id"), acquire.user_id)?;
+    let session_hash = name(&field("session_hash"), acquire.session_hash)?;
+    let window_limit = acquire.session_window_limit_usd;
+    let session_window_limit_micros = if window_limit.is_finite() && window_limit <= 0.0 {
+        0
+    } else {
+        spend(&field("session_window_limit_usd"), window_limit)?
+    };
+    let user = match (user_id, acquire.user_rpm_limit) {
+        (Some(user_id), limit) if limit > 0 => Some(UserLimit {
+            user_id,
+            rpm_limit: limit,
+        }),
+        (None, limit) if limit > 0 => {
+            return Err(AdmissionError::invalid(
+                field("user_id"),
+                "is required when user_rpm_limit > 0",
+            ));
+        }
+        _ => None,
+    };
+    let wait = Duration::from_millis(u64::from(acquire.wait_ms));
+    if wait > MAX_WAIT {
+        return Err(AdmissionError::invalid(
+            field("wait_ms"),
+            format!(
+                "must be at most {} ms, got {}",
+                millis(MAX_WAIT),
+                acquire.wait_ms
+            ),
+        ));
+    }
+    let terms = LeaseTerms {
+        account_id,
+        concurrency_limit: acquire.concurrency_limit,
+        rpm_limit: acquire.rpm_limit,
+        user,
+        session_hash,
+        session_window_limit_micros,
+        session_bound: acquire.session_bound,
+    };
+    Ok((terms, wait))
+}
+
+fn client_message(request: pb::LeaseRequest) -> Result<ClientMessage, AdmissionError> {
+    use pb::lease_request::Kind;
+    match request.kind {
+        None => Err(AdmissionError::invalid(
+            "kind",
+            "a lease request must set one of acquire, resume, heartbeat, attempt, release",
+        )),
+        Some(Kind::Acquire(acquire)) => {
+            let (terms, wait) = terms(acquire, "acquire")?;
+            Ok(ClientMessage::Acquire { terms, wait })
+        }
+        Some(Kind::Resume(resume)) => {
+            let lease_id = lease_id("resume.lease_id", &resume.lease_id)?;
+            let acquire = resume.terms.ok_or_else(|| {
+                AdmissionError::invalid("resume.terms", "is required (the original acquire)")
+            })?;
+            let (terms, _) = terms(acquire, "resume.terms")?;
+            if terms.account_id != lease_id.account_id() {
+                return Err(AdmissionError::invalid(
+                    "resume.terms.account_id",
+                    "does not match the lease id's account",
+                ));
+            }
+            Ok(ClientMessage::Resume { lease_id, terms })
+        }
+        Some(Kind::Heartbeat(_)) => Ok(ClientMessage::Heartbeat),
+        Some(Kind::Attempt(_)) => Ok(ClientMessage::Attempt),
+        Some(Kind::Release(release)) => Ok(ClientMessage::Release {
+            spend_micros: spend("release.spend_usd", release.spend_usd)?,
+        }),
+    }
+}
+
+fn deny_reason(reason: DenyReason) -> pb::DenyReason {
+    match reason {
+        DenyReason::Concurrency => pb::DenyReason::Concurrency,
+        DenyReason::Rpm => pb::DenyReason::Rpm,
+        DenyReason::UserRpm => pb::DenyReason::UserRpm,
+        DenyReason::SessionWindow => pb::DenyReason::SessionWindow,
+        DenyReason::Cooling => pb::DenyReason::Cooling,
+        DenyReason::QueueFull => pb::DenyReason::QueueFull,
+        DenyReason::BackendUnavailable => pb::DenyReason::BackendUnavailable,
+        DenyReason::LeaseUnknown => pb::DenyReason::LeaseUnknown,
+    }
+}
+
+fn ttl_ms(ttl: Duration) -> u32 {
+    u32::try_from(millis(ttl)).unwrap_or(u32::MAX)
+}
+
+fn lease_event(event: LeaseEvent) -> pb::LeaseEvent {
+    use pb::lease_event::Kind;
+    let kind = match event {
+        LeaseEvent::Granted { lease_id, ttl } => Kind::Granted(pb::Granted {
+            lease_id: lease_id.to_string(),
+            ttl_ms: ttl_ms(ttl),
+        }),
+        LeaseEvent::Denied(denial) => Kind::Denied(pb::Denied {
+            reason: deny_reason(denial.reason) as i32,
+            retry_after_ms: denial.retry_after_ms,
+        }),
+        LeaseEvent::Queued { position } => Kind::Queued(pb::Queued { position }),
+        LeaseEvent::Renewed { ttl, restored } => Kind::Renewed(pb::Renewed {
+            ttl_ms: ttl_ms(ttl),
+            restored,
+        }),
+        LeaseEvent::AttemptAccepted => Kind::AttemptAccepted(pb::AttemptAccepted {}),
+        LeaseEvent::Released => Kind::Released(pb::Released {}),
+        LeaseEvent::Lost { reason } => Kind::Lost(pb::Lost { reason }),
+    };
+    pb::LeaseEvent { kind: Some(kind) }
+}
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<pb::LeaseEvent, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl pb::admission_server::Admission for AdmissionGrpc {
+    type LeaseStream = EventStream;
+
+    async fn lease(
+        &self,
+        request: Request<Streaming<pb::LeaseRequest>>,
+    ) -> Result<Response<Self::LeaseStream>, Status> {
+        let inbound = request.into_inner().map(|item| match item {
+            Ok(message) => match client_message(message) {
+                Ok(message) => Inbound::Message(message),
+                Err(error) => Inbound::Invalid(error),
+            },
+            // The holder's side broke (reset, cancelled, bad frame): treat as gone.
+            Err(_) => Inbound::Broken,
+        });
+        let (sender, receiver) = mpsc::channel(16);
+        tokio::spawn(serve_lease(
+            self.admission.clone(),
+            Box::pin(inbound),
+            sender,
+        ));
+        let events = ReceiverStream::new(receiver).map(|item| match item {
+            Ok(event) => Ok(lease_event(event)),
+            Err(error) => Err(Status::from(error)),
+        });
+        Ok(Response::new(Box::pin(events)))
+    }
+
+    async fn release(
+        &self,
+        request: Request<pb::ReleaseRequest>,
+    ) -> Result<Response<pb::ReleaseResponse>, Status> {
+        let lease_id = lease_id("lease_id", &request.into_inner().lease_id)?;
+        let released = self.admission.release(&lease_id, None, 0).await;
+        Ok(Response::new(pb::ReleaseResponse { released }))
+    }
+
+    async fn inflight(
+        &self,
+        request: Request<pb::InflightRequest>,
+    ) -> Result<Response<pb::InflightResponse>, Status> {
+        let ids = request.into_inner().account_ids;
+        if ids.len() > MAX_INFLIGHT_ACCOUNTS {
+            return Err(AdmissionError::invalid(
+                "account_ids",
+                format!(
+                    "at most {MAX_INFLIGHT_ACCOUNTS} accounts per call, got {}",
+                    ids.len()
+                ),
+            )
+            .into());
+        }
+        for &id in &ids {
+            account_id("account_ids", id)?;
+        }
+        let counts = self
+            .admission
+            .inflight(&ids)
+            .await
+            .map_err(AdmissionError::Unavailable)?;
+        let accounts = ids
+            .into_iter()
+            .zip(counts)
+            .map(|(account_id, inflight)| pb::AccountInflight {
+                account_id,
+                inflight,
+            })
+            .collect();
+        Ok(Response::new(pb::InflightResponse { accounts }))
+    }
+
+    async fn record_spend(
+        &self,
+        request: Request<pb::RecordSpendRequest>,
+    ) -> Result<Response<pb::RecordSpendResponse>, Status> {
+        let request = request.into_inner();
+        let account = account_id("account_id", request.account_id)?;
+        let micros = spend("usd", request.usd)?;
+        let total = self
+            .admission
+            .record_spend(account, micros)
+            .await
+            .map_err(AdmissionError::Unavailable)?;
+        Ok(Response::new(pb::RecordSpendResponse {
+            window_spend_usd: micros_to_usd(total),
+        }))
+    }
+}

@@ -1,0 +1,158 @@
+//! The admission-svc binary: flags (with env fallbacks) → config → `run`.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use admission_svc::domain::Settings;
+use admission_svc::redis_conn::{RedisOptions, RedisTarget};
+use admission_svc::{BackendConfig, Config};
+use clap::Parser;
+
+/// poolgate admission: concurrency, RPM, cooldown and session-window leases on upstream accounts.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Cli {
+    /// gRPC listen address.
+    #[arg(long, env = "ADMISSION_LISTEN", default_value = "127.0.0.1:50061")]
+    listen: SocketAddr,
+    /// Prometheus `/metrics` listen address.
+    #[arg(
+        long,
+        env = "ADMISSION_METRICS_LISTEN",
+        default_value = "127.0.0.1:9461"
+    )]
+    metrics_listen: SocketAddr,
+    /// Redis URL: `redis://host:port` (one node), `redis+cluster://h1:p1,h2:p2` or a
+    /// comma-separated list of URLs (a cluster). Absent: the in-process memory backend.
+    #[arg(long, env = "POOLGATE_REDIS_URL")]
+    redis_url: Option<String>,
+    /// Lease time to live without a heartbeat, ms.
+    #[arg(long, env = "ADMISSION_LEASE_TTL_MS", default_value_t = 120_000, value_parser = clap::value_parser!(u64).range(1_000..))]
+    lease_ttl_ms: u64,
+    /// How long a lease whose stream ended without Release stays resumable, ms.
+    #[arg(long, env = "ADMISSION_ORPHAN_GRACE_MS", default_value_t = 5_000)]
+    orphan_grace_ms: u64,
+    /// Session window length, ms (from the window's first spend).
+    #[arg(long, env = "ADMISSION_SESSION_WINDOW_MS", default_value_t = 5 * 3600 * 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    session_window_ms: u64,
+    /// Extra share of the session window a session bound to the account may use.
+    #[arg(long, env = "ADMISSION_STICKY_RESERVE", default_value_t = 0.1)]
+    sticky_reserve: f64,
+    /// Waiters per account at most.
+    #[arg(long, env = "ADMISSION_MAX_WAITING", default_value_t = 100)]
+    max_waiting: u32,
+    /// Bound on each Redis operation, ms.
+    #[arg(long, env = "ADMISSION_REDIS_TIMEOUT_MS", default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(10..))]
+    redis_timeout_ms: u64,
+    /// Connections in the Redis pool (single node).
+    #[arg(long, env = "ADMISSION_REDIS_POOL_SIZE", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
+    redis_pool_size: u32,
+    /// Log format.
+    #[arg(long, env = "POOLGATE_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
+}
+
+fn init_logging(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+impl Cli {
+    fn config(&self) -> Result<Config, String> {
+        if !(self.sticky_reserve.is_finite() && (0.0..=10.0).contains(&self.sticky_reserve)) {
+            return Err(format!(
+                "--sticky-reserve must be in [0, 10], got {}",
+                self.sticky_reserve
+            ));
+        }
+        let backend = match &self.redis_url {
+            None => BackendConfig::Memory,
+            Some(url) => BackendConfig::Redis {
+                target: RedisTarget::parse(url).map_err(|e| format!("--redis-url: {e}"))?,
+                options: RedisOptions {
+                    timeout: Duration::from_millis(self.redis_timeout_ms),
+                    pool_size: self.redis_pool_size,
+                },
+            },
+        };
+        let settings = Settings {
+            lease_ttl: Duration::from_millis(self.lease_ttl_ms),
+            orphan_grace: Duration::from_millis(self.orphan_grace_ms),
+            session_window: Duration::from_millis(self.session_window_ms),
+            sticky_reserve: self.sticky_reserve,
+            max_waiting: self.max_waiting,
+            ..Settings::default()
+        };
+        Ok(Config {
+            settings,
+            backend,
+            ..Config::default()
+        })
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+    tracing::info!("shutdown signal received");
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(&cli.log_format);
+    let config = match cli.config() {
+        Ok(config) => config,
+        Err(message) => {
+            eprintln!("admission-svc: {message}");
+            return ExitCode::from(2);
+        }
+    };
+    let listener = match tokio::net::TcpListener::bind(cli.listen).await {
+        Ok(listener) => listener,
+        Err(error) => {
+            eprintln!("admission-svc: cannot listen on {}: {error}", cli.listen);
+            return ExitCode::from(1);
+        }
+    };
+    let metrics_listener = match tokio::net::TcpListener::bind(cli.metrics_listen).await {
+        Ok(listener) => listener,
+        Err(error) => {
+            eprintln!(
+                "admission-svc: cannot listen on {} (metrics): {error}",
+                cli.metrics_listen
+            );
+            return ExitCode::from(1);
+        }
+    };
+    match admission_svc::run(config, listener, Some(metrics_listener), shutdown_signal()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("admission-svc: {error}");
+            ExitCode::from(1)
+        }
+    }
+}

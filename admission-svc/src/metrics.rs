@@ -1,0 +1,119 @@
+//! Prometheus metrics of one admission replica. Labels are bounded enums (results, reasons,
+//! operations): never an account id, a user, a session hash or a lease id.
+
+use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+
+#[derive(Clone)]
+pub struct Metrics {
+    pub registry: Registry,
+    /// admission_decisions_total{result, reason}
+    pub decisions: IntCounterVec,
+    /// admission_attempts_total{result, reason}
+    pub attempts: IntCounterVec,
+    pub leases_in_flight: IntGauge,
+    pub waiters: IntGauge,
+    pub leases_restored: IntCounter,
+    pub orphaned: IntCounter,
+    pub release_retries: IntCounter,
+    pub spend_micros: IntCounter,
+    /// admission_redis_fallbacks_total{operation, reason}
+    pub fallbacks: IntCounterVec,
+    pub degraded: IntGauge,
+}
+
+fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let metric = IntCounterVec::new(Opts::new(name, help), labels)
+        .unwrap_or_else(|error| unreachable!("static metric definition {name}: {error}"));
+    let _ = registry.register(Box::new(metric.clone()));
+    metric
+}
+
+fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
+    let metric = IntCounter::new(name, help)
+        .unwrap_or_else(|error| unreachable!("static metric definition {name}: {error}"));
+    let _ = registry.register(Box::new(metric.clone()));
+    metric
+}
+
+fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
+    let metric = IntGauge::new(name, help)
+        .unwrap_or_else(|error| unreachable!("static metric definition {name}: {error}"));
+    let _ = registry.register(Box::new(metric.clone()));
+    metric
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        Metrics {
+            decisions: counter_vec(
+                &registry,
+                "admission_decisions_total",
+                "Acquire decisions by result (granted, denied, cancelled, error) and deny reason.",
+                &["result", "reason"],
+            ),
+            attempts: counter_vec(
+                &registry,
+                "admission_attempts_total",
+                "Same-account retry charges by result and reason.",
+                &["result", "reason"],
+            ),
+            leases_in_flight: gauge(
+                &registry,
+                "admission_leases_in_flight",
+                "Leases held by lease streams on this replica.",
+            ),
+            waiters: gauge(
+                &registry,
+                "admission_waiters",
+                "Acquires waiting for a slot on this replica.",
+            ),
+            leases_restored: counter(
+                &registry,
+                "admission_leases_restored_total",
+                "Heartbeats that re-added a lease the backend had lost (e.g. Redis restarted).",
+            ),
+            orphaned: counter(
+                &registry,
+                "admission_leases_orphaned_total",
+                "Lease streams that ended without Release (lease left to the orphan grace).",
+            ),
+            release_retries: counter(
+                &registry,
+                "admission_release_retries_total",
+                "Releases the backend did not take at once and that were queued for retry.",
+            ),
+            spend_micros: counter(
+                &registry,
+                "admission_spend_recorded_micro_usd_total",
+                "Spend recorded into session windows, in micro-USD.",
+            ),
+            fallbacks: counter_vec(
+                &registry,
+                "admission_redis_fallbacks_total",
+                "Operations served by the Redis failure policy instead of Redis, by operation and reason.",
+                &["operation", "reason"],
+            ),
+            degraded: gauge(
+                &registry,
+                "admission_degraded",
+                "1 while Redis is unreachable and the failure policy decides.",
+            ),
+            registry,
+        }
+    }
+
+    /// The text exposition of every metric.
+    pub fn render(&self) -> String {
+        let encoder = prometheus::TextEncoder::new();
+        encoder
+            .encode_to_string(&self.registry.gather())
+            .unwrap_or_else(|error| format!("# metrics encoding failed: {error}\n"))
+    }
+}

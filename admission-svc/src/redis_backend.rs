@@ -1,0 +1,550 @@
+//! The Redis backend: every decision is one Lua script on the account's hash slot, timed by
+//! Redis `TIME` (never a replica clock), so any number of admission replicas share one count.
+//!
+//! Only this module and `poolgate_proto::keys` know Redis key names.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use poolgate_proto::keys::{self, AccountKeys};
+use redis::Script;
+
+use crate::backend::{AcquireLimits, LeaseBackend};
+use crate::domain::{AccountId, Denial, DenyReason, LeaseId, LeaseTerms, Renewal};
+use crate::error::BackendError;
+use crate::redis_conn::RedisHandle;
+
+/// Shared Lua prelude: the Redis clock in ms, and a PEXPIRE that only ever lengthens.
+const PRELUDE: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function extend(key, ms)
+  if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
+end
+local function rpm_full(key, limit, window)
+  if limit <= 0 then return nil end
+  local since = now - window
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. since)
+  if redis.call('ZCOUNT', key, since, '+inf') < limit then return nil end
+  local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  local retry = 1
+  if oldest[2] then retry = math.max(1, tonumber(oldest[2]) + window - now) end
+  return retry
+end
+local function add_spend(key, micros, window)
+  local w = redis.call('HMGET', key, 'start', 'spend')
+  local start = tonumber(w[1])
+  if (not start) or now >= start + window then
+    redis.call('HSET', key, 'start', now, 'spend', micros)
+    redis.call('PEXPIRE', key, window)
+    return micros
+  end
+  return redis.call('HINCRBY', key, 'spend', micros)
+end
+"#;
+
+/// KEYS: leases, rpm, cooldown, window.
+/// ARGV: lease id, ttl ms, concurrency limit, rpm limit, window limit (micro-USD, 0 = none),
+/// rpm window ms, session window ms.
+/// Returns {reason, retry_ms, now}; reason 'granted' when the lease and RPM event were added.
+/// A refusal at any gate writes nothing.
+const ACQUIRE: &str = r#"
+local cool = redis.call('PTTL', KEYS[3])
+if cool ~= -2 then return {'cooling', math.max(cool, 0), now} end
+local ttl = tonumber(ARGV[2])
+local concurrency = tonumber(ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. now)
+if concurrency > 0 and redis.call('ZCOUNT', KEYS[1], now, '+inf') >= concurrency then
+  return {'concurrency', 0, now}
+end
+local rpm = tonumber(ARGV[4])
+local rpm_window = tonumber(ARGV[6])
+local retry = rpm_full(KEYS[2], rpm, rpm_window)
+if retry then return {'rpm', retry, now} end
+local window_limit = tonumber(ARGV[5])
+if window_limit > 0 then
+  local w = redis.call('HMGET', KEYS[4], 'start', 'spend')
+  local start = tonumber(w[1])
+  local window = tonumber(ARGV[7])
+  if start and now < start + window and tonumber(w[2] or '0') >= window_limit then
+    return {'session_window', start + window - now, now}
+  end
+end
+redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
+extend(KEYS[1], ttl)
+if rpm > 0 then
+  redis.call('ZADD', KEYS[2], now, ARGV[1])
+  extend(KEYS[2], rpm_window)
+end
+return {'granted', 0, now}
+"#;
+
+/// KEYS: an RPM ZSET (account or user). ARGV: event id, limit, window ms.
+/// Returns {charged (1/0), retry_ms, now}.
+const CHARGE_RPM: &str = r#"
+local limit = tonumber(ARGV[2])
+local window = tonumber(ARGV[3])
+local retry = rpm_full(KEYS[1], limit, window)
+if retry then return {0, retry, now} end
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+extend(KEYS[1], window)
+return {1, 0, now}
+"#;
+
+/// KEYS: leases. ARGV: lease id, ttl ms, only-if-live (1/0).
+/// Returns {state, now}: state 1 = renewed, 2 = restored (was missing or expired), 0 = unknown
+/// (only when only-if-live).
+const RENEW: &str = r#"
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+local live = score and tonumber(score) >= now
+if ARGV[3] == '1' and not live then return {0, now} end
+local ttl = tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
+extend(KEYS[1], ttl)
+if live then return {1, now} end
+return {2, now}
+"#;
+
+/// KEYS: leases, window. ARGV: lease id, spend micro-USD, session window ms.
+/// Returns {removed (1/0), now}.
+const RELEASE: &str = r#"
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+local removed = 0
+if score then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  if tonumber(score) >= now then removed = 1 end
+end
+local spend = tonumber(ARGV[2])
+if spend > 0 then add_spend(KEYS[2], spend, tonumber(ARGV[3])) end
+return {removed, now}
+"#;
+
+/// KEYS: leases. ARGV: lease id, grace ms. Cuts the expiry to now + grace, never lengthens it.
+const ORPHAN: &str = r#"
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+local cut = now + tonumber(ARGV[2])
+if score and tonumber(score) > cut then redis.call('ZADD', KEYS[1], 'XX', cut, ARGV[1]) end
+return {0, now}
+"#;
+
+/// KEYS: window. ARGV: spend micro-USD, session window ms. Returns {spend in window, now}.
+const RECORD_SPEND: &str = r#"
+return {add_spend(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2])), now}
+"#;
+
+/// KEYS: cooldown. ARGV: ttl ms. Keeps the later of the existing and the new deadline.
+const SET_COOLDOWN: &str = r#"
+local ttl = tonumber(ARGV[1])
+if redis.call('PTTL', KEYS[1]) < ttl then redis.call('SET', KEYS[1], 'hard', 'PX', ttl) end
+return {0, now}
+"#;
+
+/// KEYS: waiters. ARGV: waiter id, max waiting, ttl ms.
+/// Returns {position, now}; position 0 = the queue is full. Registration is atomic, so a burst
+/// of waiters never registers more than the bound.
+const REGISTER_WAITER: &str = r#"
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. now)
+local ttl = tonumber(ARGV[3])
+local present = redis.call('ZSCORE', KEYS[1], ARGV[1])
+local count = redis.call('ZCARD', KEYS[1])
+if (not present) and count >= tonumber(ARGV[2]) then return {0, now} end
+redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
+extend(KEYS[1], ttl)
+if present then return {count, now} end
+return {count + 1, now}
+"#;
+
+/// The scripts, hashed once.
+struct Scripts {
+    acquire: Script,
+    charge_rpm: Script,
+    renew: Script,
+    release: Script,
+    orphan: Script,
+    record_spend: Script,
+    set_cooldown: Script,
+    register_waiter: Script,
+}
+
+impl Scripts {
+    fn new() -> Self {
+        let script = |body: &str| Script::new(&format!("{PRELUDE}{body}"));
+        Scripts {
+            acquire: script(ACQUIRE),
+            charge_rpm: script(CHARGE_RPM),
+            renew: script(RENEW),
+            release: script(RELEASE),
+            orphan: script(ORPHAN),
+            record_spend: script(RECORD_SPEND),
+            set_cooldown: script(SET_COOLDOWN),
+            register_waiter: script(REGISTER_WAITER),
+        }
+    }
+}
+
+/// How long the detached cleanup of an uncertain acquire may take (seed 001 item 7).
+const UNCERTAIN_CLEANUP_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Admission state in Redis.
+#[derive(Clone)]
+pub struct RedisBackend {
+    redis: RedisHandle,
+    scripts: Arc<Scripts>,
+    /// Redis clock minus local clock (ms), learned from every script's `now`, so reads outside
+    /// scripts (Inflight) use Redis time too. `i64::MIN` = not learned yet.
+    clock_offset_ms: Arc<AtomicI64>,
+}
+
+fn local_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+impl RedisBackend {
+    pub fn new(redis: RedisHandle) -> Self {
+        RedisBackend {
+            redis,
+            scripts: Arc::new(Scripts::new()),
+            clock_offset_ms: Arc::new(AtomicI64::new(i64::MIN)),
+        }
+    }
+
+    pub fn handle(&self) -> &RedisHandle {
+        &self.redis
+    }
+
+    fn learn_clock(&self, redis_now: i64) {
+        self.clock_offset_ms
+            .store(redis_now - local_ms(), Ordering::Relaxed);
+    }
+
+    /// Redis time in ms: from the learned offset, or one `TIME` round trip the first time.
+    async fn redis_now(&self) -> Result<i64, BackendError> {
+        let offset = self.clock_offset_ms.load(Ordering::Relaxed);
+        if offset != i64::MIN {
+            return Ok(local_ms() + offset);
+        }
+        let mut conn = self.redis.conn().await?;
+        let (secs, micros): (i64, i64) = self
+            .redis
+            .bounded(redis::cmd("TIME").query_async(&mut conn))
+            .await?;
+        let now = secs * 1000 + micros / 1000;
+        self.learn_clock(now);
+        Ok(now)
+    }
+
+    /// Runs a script. Every script's reply ends with Redis' `now`, which callers pass to
+    /// [`Self::learn_clock`].
+    async fn script<T: redis::FromRedisValue>(
+        &self,
+        invocation: &redis::ScriptInvocation<'_>,
+    ) -> Result<T, BackendError> {
+        let mut conn = self.redis.conn().await?;
+        self.redis.bounded(invocation.invoke_async(&mut conn)).await
+    }
+
+    /// After an acquire that timed out (the script may have committed), remove the lease once,
+    /// detached and bounded, so no ghost slot stays for a whole TTL. Not retried.
+    fn remove_uncertain_lease(&self, lease_id: &LeaseId) {
+        let redis = self.redis.clone();
+        let key = AccountKeys::new(lease_id.account_id()).leases;
+        let member = lease_id.as_str().to_owned();
+        tokio::spawn(async move {
+            let cleanup = async {
+                let mut conn = redis.conn().await?;
+                redis
+                    .bounded(
+                        redis::cmd("ZREM")
+                            .arg(&key)
+                            .arg(&member)
+                            .query_async::<i64>(&mut conn),
+                    )
+                    .await
+            };
+            match tokio::time::timeout(UNCERTAIN_CLEANUP_TIMEOUT, cleanup).await {
+                Ok(Ok(_)) => tracing::debug!(lease_id = %member, "uncertain acquire cleaned up"),
+                _ => {
+                    tracing::warn!(lease_id = %member, "uncertain acquire cleanup failed; the lease expires at its ttl")
+                }
+            }
+        });
+    }
+}
+
+fn deny_reason(name: &str) -> DenyReason {
+    match name {
+        "cooling" => DenyReason::Cooling,
+        "rpm" => DenyReason::Rpm,
+        "session_window" => DenyReason::SessionWindow,
+        _ => DenyReason::Concurrency,
+    }
+}
+
+#[async_trait]
+impl LeaseBackend for RedisBackend {
+    async fn charge_user(
+        &self,
+        user_id: &str,
+        rpm_limit: i32,
+        event_id: &str,
+        window_ms: u64,
+    ) -> Result<Option<Denial>, BackendError> {
+        let (charged, retry, now): (i64, u64, i64) = self
+            .script(
+                self.scripts
+                    .charge_rpm
+                    .key(keys::user_rpm(user_id))
+                    .arg(event_id)
+                    .arg(rpm_limit)
+                    .arg(window_ms),
+            )
+            .await?;
+        self.learn_clock(now);
+        Ok((charged == 0).then(|| Denial::new(DenyReason::UserRpm, retry)))
+    }
+
+    async fn refund_user(&self, user_id: &str, event_id: &str) -> Result<(), BackendError> {
+        let mut conn = self.redis.conn().await?;
+        self.redis
+            .bounded(
+                redis::cmd("ZREM")
+                    .arg(keys::user_rpm(user_id))
+                    .arg(event_id)
+                    .query_async::<i64>(&mut conn),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn acquire(
+        &self,
+        terms: &LeaseTerms,
+        lease_id: &LeaseId,
+        limits: AcquireLimits,
+    ) -> Result<Option<Denial>, BackendError> {
+        let keys = AccountKeys::new(terms.account_id);
+        let mut invocation = self.scripts.acquire.key(&keys.leases);
+        invocation
+            .key(&keys.rpm)
+            .key(&keys.cooldown)
+            .key(&keys.window)
+            .arg(lease_id.as_str())
+            .arg(limits.ttl_ms)
+            .arg(terms.concurrency_limit)
+            .arg(terms.rpm_limit)
+            .arg(limits.window_limit_micros)
+            .arg(limits.rpm_window_ms)
+            .arg(limits.session_window_ms);
+        match self.script::<(String, u64, i64)>(&invocation).await {
+            Ok((reason, retry, now)) => {
+                self.learn_clock(now);
+                Ok((reason != "granted").then(|| Denial::new(deny_reason(&reason), retry)))
+            }
+            Err(BackendError::Timeout) => {
+                self.remove_uncertain_lease(lease_id);
+                Err(BackendError::Timeout)
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    async fn renew(&self, lease_id: &LeaseId, ttl_ms: u64) -> Result<Renewal, BackendError> {
+        let keys = AccountKeys::new(lease_id.account_id());
+        let (state, now): (i64, i64) = self
+            .script(
+                self.scripts
+                    .renew
+                    .key(&keys.leases)
+                    .arg(lease_id.as_str())
+                    .arg(ttl_ms)
+                    .arg(0),
+            )
+            .await?;
+        self.learn_clock(now);
+        Ok(Renewal {
+            restored: state == 2,
+        })
+    }
+
+    async fn resume(&self, lease_id: &LeaseId, ttl_ms: u64) -> Result<bool, BackendError> {
+        let keys = AccountKeys::new(lease_id.account_id());
+        let (state, now): (i64, i64) = self
+            .script(
+                self.scripts
+                    .renew
+                    .key(&keys.leases)
+                    .arg(lease_id.as_str())
+                    .arg(ttl_ms)
+                    .arg(1),
+            )
+            .await?;
+        self.learn_clock(now);
+        Ok(state != 0)
+    }
+
+    async fn attempt(
+        &self,
+        lease_id: &LeaseId,
+        rpm_limit: i32,
+        event_id: &str,
+        window_ms: u64,
+    ) -> Result<Option<Denial>, BackendError> {
+        if rpm_limit <= 0 {
+            return Ok(None);
+        }
+        let keys = AccountKeys::new(lease_id.account_id());
+        let (charged, retry, now): (i64, u64, i64) = self
+            .script(
+                self.scripts
+                    .charge_rpm
+                    .key(&keys.rpm)
+                    .arg(event_id)
+                    .arg(rpm_limit)
+                    .arg(window_ms),
+            )
+            .await?;
+        self.learn_clock(now);
+        Ok((charged == 0).then(|| Denial::new(DenyReason::Rpm, retry)))
+    }
+
+    async fn release(
+        &self,
+        lease_id: &LeaseId,
+        spend_micros: i64,
+        session_window_ms: u64,
+    ) -> Result<bool, BackendError> {
+        let keys = AccountKeys::new(lease_id.account_id());
+        let mut invocation = self.scripts.release.key(&keys.leases);
+        invocation
+            .key(&keys.window)
+            .arg(lease_id.as_str())
+            .arg(spend_micros.max(0))
+            .arg(session_window_ms);
+        let (removed, now): (i64, i64) = self.script(&invocation).await?;
+        self.learn_clock(now);
+        Ok(removed == 1)
+    }
+
+    async fn orphan(&self, lease_id: &LeaseId, grace_ms: u64) -> Result<(), BackendError> {
+        let keys = AccountKeys::new(lease_id.account_id());
+        let (_, now): (i64, i64) = self
+            .script(
+                self.scripts
+                    .orphan
+                    .key(&keys.leases)
+                    .arg(lease_id.as_str())
+                    .arg(grace_ms),
+            )
+            .await?;
+        self.learn_clock(now);
+        Ok(())
+    }
+
+    async fn inflight(&self, account_ids: &[AccountId]) -> Result<Vec<u32>, BackendError> {
+        if account_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let now = self.redis_now().await?;
+        let count_cmd = |id: AccountId| {
+            let mut cmd = redis::cmd("ZCOUNT");
+            cmd.arg(AccountKeys::new(id).leases).arg(now).arg("+inf");
+            cmd
+        };
+        if self.redis.is_cluster() {
+            // A cluster pipeline must stay on one slot; the reads go out concurrently instead,
+            // multiplexed over the cluster connection.
+            let reads = account_ids.iter().map(|&id| async move {
+                let mut conn = self.redis.conn().await?;
+                self.redis
+                    .bounded(count_cmd(id).query_async::<u32>(&mut conn))
+                    .await
+            });
+            return futures_util::future::try_join_all(reads).await;
+        }
+        let mut pipeline = redis::pipe();
+        for &id in account_ids {
+            pipeline.add_command(count_cmd(id));
+        }
+        let mut conn = self.redis.conn().await?;
+        self.redis.bounded(pipeline.query_async(&mut conn)).await
+    }
+
+    async fn record_spend(
+        &self,
+        account_id: AccountId,
+        spend_micros: i64,
+        session_window_ms: u64,
+    ) -> Result<i64, BackendError> {
+        let keys = AccountKeys::new(account_id);
+        let (spend, now): (i64, i64) = self
+            .script(
+                self.scripts
+                    .record_spend
+                    .key(&keys.window)
+                    .arg(spend_micros)
+                    .arg(session_window_ms),
+            )
+            .await?;
+        self.learn_clock(now);
+        Ok(spend)
+    }
+
+    async fn set_cooldown(&self, account_id: AccountId, ttl_ms: u64) -> Result<(), BackendError> {
+        let keys = AccountKeys::new(account_id);
+        let (_, now): (i64, i64) = self
+            .script(
+                self.scripts
+                    .set_cooldown
+                    .key(&keys.cooldown)
+                    .arg(ttl_ms.max(1)),
+            )
+            .await?;
+        self.learn_clock(now);
+        Ok(())
+    }
+
+    async fn register_waiter(
+        &self,
+        account_id: AccountId,
+        waiter_id: &str,
+        max_waiting: u32,
+        ttl_ms: u64,
+    ) -> Result<Option<u32>, BackendError> {
+        let keys = AccountKeys::new(account_id);
+        let (position, now): (u32, i64) = self
+            .script(
+                self.scripts
+                    .register_waiter
+                    .key(&keys.waiters)
+                    .arg(waiter_id)
+                    .arg(max_waiting)
+                    .arg(ttl_ms.max(1)),
+            )
+            .await?;
+        self.learn_clock(now);
+        Ok((position > 0).then_some(position))
+    }
+
+    async fn remove_waiter(
+        &self,
+        account_id: AccountId,
+        waiter_id: &str,
+    ) -> Result<(), BackendError> {
+        let keys = AccountKeys::new(account_id);
+        let mut conn = self.redis.conn().await?;
+        self.redis
+            .bounded(
+                redis::cmd("ZREM")
+                    .arg(&keys.waiters)
+                    .arg(waiter_id)
+                    .query_async::<i64>(&mut conn),
+            )
+            .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,150 @@
+//! Wiring: build the backend and the engine from config, serve gRPC (admission, health,
+//! reflection) and `/metrics`, and stop on the shutdown signal.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use poolgate_proto::admission::v1::admission_server::AdmissionServer;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use crate::admission::Admission;
+use crate::backend::LeaseBackend;
+use crate::domain::Settings;
+use crate::error::BackendError;
+use crate::grpc::AdmissionGrpc;
+use crate::memory::MemoryBackend;
+use crate::metrics::Metrics;
+use crate::redis_backend::RedisBackend;
+use crate::redis_conn::{RedisHandle, RedisOptions, RedisTarget};
+
+/// Where admission state lives.
+#[derive(Debug, Clone)]
+pub enum BackendConfig {
+    /// One process, no Redis: the embedded default.
+    Memory,
+    Redis {
+        target: RedisTarget,
+        options: RedisOptions,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub settings: Settings,
+    pub backend: BackendConfig,
+    /// HTTP/2 streams per connection; each lease is one stream, so this bounds the leases one
+    /// relay connection may hold (hyper's default of 200 is far too low).
+    pub max_concurrent_streams: u32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            settings: Settings::default(),
+            backend: BackendConfig::Memory,
+            max_concurrent_streams: 100_000,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot reach redis: {0}")]
+    Redis(#[from] BackendError),
+    #[error("grpc server failed: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    #[error("reflection service failed: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    #[error("metrics server failed: {0}")]
+    Metrics(#[from] std::io::Error),
+}
+
+/// Builds the engine for `config` (also used in process by the relay's standalone mode).
+pub async fn build_admission(
+    config: &Config,
+    metrics: Metrics,
+) -> Result<Arc<Admission>, ServeError> {
+    let backend: Arc<dyn LeaseBackend> = match &config.backend {
+        BackendConfig::Memory => Arc::new(MemoryBackend::new()),
+        BackendConfig::Redis { target, options } => {
+            let handle = RedisHandle::connect(target, options).await?;
+            Arc::new(RedisBackend::new(handle))
+        }
+    };
+    Ok(Admission::new(backend, config.settings.clone(), metrics))
+}
+
+/// Serves admission on `listener` (and `/metrics` on `metrics_listener`) until `shutdown`.
+pub async fn run(
+    config: Config,
+    listener: TcpListener,
+    metrics_listener: Option<TcpListener>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let admission = build_admission(&config, Metrics::new()).await?;
+    serve(admission, &config, listener, metrics_listener, shutdown).await
+}
+
+/// Serves an already built engine (tests keep a handle on it to set cooldowns, read metrics).
+pub async fn serve(
+    admission: Arc<Admission>,
+    config: &Config,
+    listener: TcpListener,
+    metrics_listener: Option<TcpListener>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let metrics = admission.metrics().clone();
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<AdmissionServer<AdmissionGrpc>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(poolgate_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+
+    let background = tokio::spawn(retry_releases(admission.clone()));
+    let metrics_task =
+        metrics_listener.map(|listener| tokio::spawn(serve_metrics(listener, metrics.clone())));
+
+    let local = listener.local_addr().ok();
+    tracing::info!(addr = ?local, "admission serving");
+    let result = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .http2_keepalive_interval(Some(Duration::from_secs(10)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(5)))
+        .max_concurrent_streams(Some(config.max_concurrent_streams))
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(AdmissionServer::new(AdmissionGrpc::new(admission)))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await;
+    background.abort();
+    if let Some(task) = metrics_task {
+        task.abort();
+    }
+    result?;
+    Ok(())
+}
+
+/// Retries releases the backend did not take (Redis blipped) until they land.
+async fn retry_releases(admission: Arc<Admission>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        admission.retry_pending_releases().await;
+    }
+}
+
+async fn serve_metrics(listener: TcpListener, metrics: Metrics) -> Result<(), std::io::Error> {
+    use axum::routing::get;
+    let router = axum::Router::new()
+        .route(
+            "/metrics",
+            get(move || std::future::ready(metrics.render())),
+        )
+        .route("/healthz", get(|| std::future::ready("ok")));
+    axum::serve(listener, router).await
+}

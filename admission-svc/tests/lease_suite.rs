@@ -1,0 +1,504 @@
+//! The lease semantics suite, written once and run against every backend: the memory backend and
+//! a real, private Redis per test (DESIGN §4).
+
+mod support;
+
+use std::time::Duration;
+
+use poolgate_proto::admission::v1 as pb;
+use poolgate_testkit::eventually;
+use support::{
+    Answer, LeaseStream, Store, TestServer, acquire, inflight, inflight_one, record_spend,
+};
+
+macro_rules! backend_suite {
+    ($($name:ident),* $(,)?) => {
+        mod on_memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Store::memory().await).await;
+                }
+            )*
+        }
+        mod on_redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Store::redis().await).await;
+                }
+            )*
+        }
+    };
+}
+
+backend_suite!(
+    concurrency_gate_grants_up_to_the_limit_then_denies,
+    release_frees_the_slot_at_once,
+    refused_acquire_consumes_nothing_at_any_gate,
+    rpm_gate_denies_with_a_retry_after,
+    cooling_account_is_refused,
+    session_window_refuses_unbound_sessions_and_bound_ones_use_the_reserve,
+    user_rpm_is_charged_first_and_refunded_when_the_account_refuses,
+    attempt_charges_account_rpm_and_a_refusal_keeps_the_lease,
+    abandoned_stream_frees_the_slot_after_the_orphan_grace,
+    resume_within_the_grace_keeps_the_lease,
+    resume_of_an_unknown_lease_is_denied,
+    unary_release_is_idempotent,
+    unlimited_account_is_granted_without_state,
+    inflight_reads_many_accounts_in_request_order,
+    waiter_is_woken_by_a_release,
+    full_wait_queue_is_denied_queue_full,
+    waiter_that_goes_away_leaves_the_queue,
+);
+
+async fn concurrency_gate_grants_up_to_the_limit_then_denies(store: Store) {
+    let server = TestServer::on(&store).await;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let (stream, answer) = LeaseStream::acquire(&server.client, acquire(11, 3)).await;
+        assert!(answer.is_granted(), "{answer:?}");
+        held.push(stream);
+    }
+    let (_, answer) = LeaseStream::acquire(&server.client, acquire(11, 3)).await;
+    assert_eq!(answer.denied_reason(), Some(pb::DenyReason::Concurrency));
+    assert_eq!(inflight_one(&server.client, 11).await, 3);
+    // Another account is not affected.
+    let (_, other) = LeaseStream::acquire(&server.client, acquire(12, 1)).await;
+    assert!(other.is_granted());
+}
+
+async fn release_frees_the_slot_at_once(store: Store) {
+    let server = TestServer::on(&store).await;
+    let (stream, answer) = LeaseStream::acquire(&server.client, acquire(21, 1)).await;
+    assert!(answer.is_granted());
+    stream.release(0.0).await;
+    assert_eq!(inflight_one(&server.client, 21).await, 0);
+    let (_, again) = LeaseStream::acquire(&server.client, acquire(21, 1)).await;
+    assert!(again.is_granted(), "{again:?}");
+}
+
+async fn refused_acquire_consumes_nothing_at_any_gate(store: Store) {
+    let server = TestServer::on(&store).await;
+    let terms = pb::Acquire {
+        rpm_limit: 3,
+        ..acquire(31, 1)
+    };
+    let (first, answer) = LeaseStream::acquire(&server.client, terms.clone()).await;
+    assert!(answer.is_granted());
+    for _ in 0..5 {
+        let (_, refused) = LeaseStream::acquire(&server.client, terms.clone()).await;
+        assert_eq!(refused.denied_reason(), Some(pb::DenyReason::Concurrency));
+    }
+    if let Some(redis) = store.redis_server() {
+        let keys = poolgate_proto::keys::AccountKeys::new(31);
+        let mut conn = redis.client().await.expect("redis client");
+        let leases: u32 = redis::cmd("ZCARD")
+            .arg(&keys.leases)
+            .query_async(&mut conn)
+            .await
+            .expect("zcard");
+        let events: u32 = redis::cmd("ZCARD")
+            .arg(&keys.rpm)
+            .query_async(&mut conn)
+            .await
+            .expect("zcard");
+        assert_eq!((leases, events), (1, 1), "refusals wrote nothing");
+    }
+    first.release(0.0).await;
+    // Had the five refusals charged RPM, the budget of 3 would be gone already.
+    for _ in 0..2 {
+        let (stream, answer) = LeaseStream::acquire(&server.client, terms.clone()).await;
+        assert!(answer.is_granted(), "{answer:?}");
+        stream.release(0.0).await;
+    }
+    let (_, over) = LeaseStream::acquire(&server.client, terms).await;
+    assert_eq!(over.denied_reason(), Some(pb::DenyReason::Rpm));
+}
+
+async fn rpm_gate_denies_with_a_retry_after(store: Store) {
+    let server = TestServer::on(&store).await;
+    let terms = pb::Acquire {
+        rpm_limit: 2,
+        ..acquire(41, 0)
+    };
+    for _ in 0..2 {
+        let (stream, answer) = LeaseStream::acquire(&server.client, terms.clone()).await;
+        assert!(answer.is_granted());
+        stream.release(0.0).await;
+    }
+    match LeaseStream::acquire(&server.client, terms).await.1 {
+        Answer::Denied(pb::DenyReason::Rpm, retry) => {
+            assert!(retry > 50_000 && retry <= 60_000, "retry after {retry} ms")
+        }
+        other => panic!("expected an rpm denial, got {other:?}"),
+    }
+}
+
+async fn cooling_account_is_refused(store: Store) {
+    let server = TestServer::on(&store).await;
+    server
+        .admission
+        .set_cooldown(51, Duration::from_secs(30))
+        .await
+        .expect("cooldown set");
+    // A shorter block never shortens the later deadline.
+    server
+        .admission
+        .set_cooldown(51, Duration::from_secs(1))
+        .await
+        .expect("cooldown set");
+    match LeaseStream::acquire(&server.client, acquire(51, 5)).await.1 {
+        Answer::Denied(pb::DenyReason::Cooling, retry) => assert!(retry > 25_000, "retry {retry}"),
+        other => panic!("expected cooling, got {other:?}"),
+    }
+    assert_eq!(inflight_one(&server.client, 51).await, 0);
+}
+
+async fn session_window_refuses_unbound_sessions_and_bound_ones_use_the_reserve(store: Store) {
+    let server = TestServer::on(&store).await;
+    let unbound = pb::Acquire {
+        session_window_limit_usd: 10.0,
+        session_hash: Some("s-1".into()),
+        ..acquire(61, 0)
+    };
+    let bound = pb::Acquire {
+        session_bound: true,
+        ..unbound.clone()
+    };
+    let (stream, answer) = LeaseStream::acquire(&server.client, unbound.clone()).await;
+    assert!(answer.is_granted());
+    stream.release(6.0).await;
+    assert_eq!(record_spend(&server.client, 61, 4.0).await, 10.0);
+    match LeaseStream::acquire(&server.client, unbound.clone())
+        .await
+        .1
+    {
+        Answer::Denied(pb::DenyReason::SessionWindow, retry) => {
+            assert!(
+                retry > 4 * 3600 * 1000,
+                "the window ends about 5 h after its first spend: {retry}"
+            )
+        }
+        other => panic!("expected session_window, got {other:?}"),
+    }
+    // The bound session continues up to limit × 1.1 = 11 USD.
+    let (stream, answer) = LeaseStream::acquire(&server.client, bound.clone()).await;
+    assert!(answer.is_granted(), "{answer:?}");
+    stream.release(0.5).await;
+    let (stream, answer) = LeaseStream::acquire(&server.client, bound.clone()).await;
+    assert!(answer.is_granted(), "10.5 < 11: {answer:?}");
+    stream.release(0.5).await;
+    let (_, answer) = LeaseStream::acquire(&server.client, bound).await;
+    assert_eq!(answer.denied_reason(), Some(pb::DenyReason::SessionWindow));
+}
+
+async fn user_rpm_is_charged_first_and_refunded_when_the_account_refuses(store: Store) {
+    let server = TestServer::on(&store).await;
+    let with_user = |account| pb::Acquire {
+        user_id: Some("alice".into()),
+        user_rpm_limit: 2,
+        ..acquire(account, 1)
+    };
+    let (held, answer) = LeaseStream::acquire(&server.client, with_user(71)).await;
+    assert!(answer.is_granted());
+    // The account refuses three times; each user charge is refunded.
+    for _ in 0..3 {
+        let (_, refused) = LeaseStream::acquire(&server.client, with_user(71)).await;
+        assert_eq!(refused.denied_reason(), Some(pb::DenyReason::Concurrency));
+    }
+    if let Some(redis) = store.redis_server() {
+        let mut conn = redis.client().await.expect("redis client");
+        let events: u32 = redis::cmd("ZCARD")
+            .arg(poolgate_proto::keys::user_rpm("alice"))
+            .query_async(&mut conn)
+            .await
+            .expect("zcard");
+        assert_eq!(events, 1, "only the granted acquire is charged");
+    }
+    held.release(0.0).await;
+    let (second, answer) = LeaseStream::acquire(&server.client, with_user(72)).await;
+    assert!(
+        answer.is_granted(),
+        "user budget 2: second request granted: {answer:?}"
+    );
+    let (_, answer) = LeaseStream::acquire(&server.client, with_user(73)).await;
+    assert_eq!(answer.denied_reason(), Some(pb::DenyReason::UserRpm));
+    // A denied user charge took no account slot.
+    assert_eq!(inflight_one(&server.client, 73).await, 0);
+    second.release(0.0).await;
+    // Without a user limit nothing is charged to the user.
+    let (_, answer) = LeaseStream::acquire(
+        &server.client,
+        pb::Acquire {
+            user_id: Some("alice".into()),
+            ..acquire(74, 1)
+        },
+    )
+    .await;
+    assert!(answer.is_granted());
+}
+
+async fn attempt_charges_account_rpm_and_a_refusal_keeps_the_lease(store: Store) {
+    let server = TestServer::on(&store).await;
+    let terms = pb::Acquire {
+        rpm_limit: 2,
+        ..acquire(81, 1)
+    };
+    let (mut stream, answer) = LeaseStream::acquire(&server.client, terms).await;
+    assert!(answer.is_granted());
+    assert!(matches!(
+        stream.attempt().await,
+        Ok(Some(pb::lease_event::Kind::AttemptAccepted(_)))
+    ));
+    match stream.attempt().await {
+        Ok(Some(pb::lease_event::Kind::Denied(denied))) => {
+            assert_eq!(denied.reason(), pb::DenyReason::Rpm)
+        }
+        other => panic!("expected Denied(rpm), got {other:?}"),
+    }
+    // The lease is still held and still renews.
+    assert_eq!(inflight_one(&server.client, 81).await, 1);
+    assert!(matches!(
+        stream.heartbeat().await,
+        Ok(Some(pb::lease_event::Kind::Renewed(_)))
+    ));
+    stream.release(0.0).await;
+    assert_eq!(inflight_one(&server.client, 81).await, 0);
+}
+
+async fn abandoned_stream_frees_the_slot_after_the_orphan_grace(store: Store) {
+    let server = TestServer::on(&store).await;
+    let (stream, answer) = LeaseStream::acquire(&server.client, acquire(91, 1)).await;
+    assert!(answer.is_granted());
+    let started = std::time::Instant::now();
+    stream.abandon();
+    eventually(Duration::from_secs(2), || async {
+        (inflight_one(&server.client, 91).await == 0).then_some(())
+    })
+    .await
+    .expect("slot freed after the 300 ms grace, well before the 3 s ttl");
+    assert!(started.elapsed() < Duration::from_secs(2));
+    let (_, again) = LeaseStream::acquire(&server.client, acquire(91, 1)).await;
+    assert!(again.is_granted());
+}
+
+async fn resume_within_the_grace_keeps_the_lease(store: Store) {
+    let server = TestServer::on(&store).await;
+    let terms = acquire(101, 1);
+    let (stream, answer) = LeaseStream::acquire(&server.client, terms.clone()).await;
+    let Answer::Granted(lease_id) = answer else {
+        panic!("{answer:?}")
+    };
+    stream.abandon();
+    let (mut resumed, answer) = LeaseStream::resume(&server.client, &lease_id, terms.clone()).await;
+    assert_eq!(answer, Answer::Granted(lease_id.clone()));
+    // Well past the grace, the resumed lease still holds the slot.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(inflight_one(&server.client, 101).await, 1);
+    let (_, refused) = LeaseStream::acquire(&server.client, terms).await;
+    assert_eq!(refused.denied_reason(), Some(pb::DenyReason::Concurrency));
+    assert!(matches!(
+        resumed.heartbeat().await,
+        Ok(Some(pb::lease_event::Kind::Renewed(_)))
+    ));
+    resumed.release(0.0).await;
+    assert_eq!(inflight_one(&server.client, 101).await, 0);
+}
+
+async fn resume_of_an_unknown_lease_is_denied(store: Store) {
+    let server = TestServer::on(&store).await;
+    let (_, answer) = LeaseStream::resume(&server.client, "111.abc.9", acquire(111, 1)).await;
+    assert_eq!(answer.denied_reason(), Some(pb::DenyReason::LeaseUnknown));
+}
+
+async fn unary_release_is_idempotent(store: Store) {
+    let server = TestServer::on(&store).await;
+    let (_stream, answer) = LeaseStream::acquire(&server.client, acquire(121, 1)).await;
+    let Answer::Granted(lease_id) = answer else {
+        panic!("{answer:?}")
+    };
+    let mut client = server.client.clone();
+    let first = client
+        .release(pb::ReleaseRequest {
+            lease_id: lease_id.clone(),
+        })
+        .await
+        .expect("release")
+        .into_inner();
+    let second = client
+        .release(pb::ReleaseRequest { lease_id })
+        .await
+        .expect("release again")
+        .into_inner();
+    assert!(first.released);
+    assert!(!second.released);
+    assert_eq!(inflight_one(&server.client, 121).await, 0);
+}
+
+async fn unlimited_account_is_granted_without_state(store: Store) {
+    let server = TestServer::on(&store).await;
+    let terms = pb::Acquire {
+        concurrency_limit: -1,
+        rpm_limit: 0,
+        session_window_limit_usd: -5.0,
+        ..acquire(131, 0)
+    };
+    let mut streams = Vec::new();
+    for _ in 0..20 {
+        let (stream, answer) = LeaseStream::acquire(&server.client, terms.clone()).await;
+        assert!(answer.is_granted());
+        streams.push(stream);
+    }
+    let (mut one, _) = LeaseStream::acquire(&server.client, terms).await;
+    assert!(matches!(
+        one.heartbeat().await,
+        Ok(Some(pb::lease_event::Kind::Renewed(_)))
+    ));
+    assert!(matches!(
+        one.attempt().await,
+        Ok(Some(pb::lease_event::Kind::AttemptAccepted(_)))
+    ));
+    one.release(1.0).await;
+    for stream in streams.drain(..10) {
+        stream.release(0.0).await;
+    }
+    for stream in streams {
+        stream.abandon();
+    }
+    assert_eq!(inflight_one(&server.client, 131).await, 0);
+    if let Some(redis) = store.redis_server() {
+        let mut conn = redis.client().await.expect("redis client");
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("*")
+            .query_async(&mut conn)
+            .await
+            .expect("keys");
+        assert!(
+            keys.is_empty(),
+            "an unlimited account leaves no key: {keys:?}"
+        );
+    }
+}
+
+async fn inflight_reads_many_accounts_in_request_order(store: Store) {
+    let server = TestServer::on(&store).await;
+    let mut held = Vec::new();
+    for (account, count) in [(141, 1), (142, 3), (143, 2)] {
+        for _ in 0..count {
+            let (stream, answer) = LeaseStream::acquire(&server.client, acquire(account, 10)).await;
+            assert!(answer.is_granted());
+            held.push(stream);
+        }
+    }
+    assert_eq!(
+        inflight(&server.client, &[143, 144, 141, 142]).await,
+        vec![2, 0, 1, 3]
+    );
+}
+
+async fn waiter_is_woken_by_a_release(store: Store) {
+    let server = TestServer::on(&store).await;
+    let (holder, answer) = LeaseStream::acquire(&server.client, acquire(151, 1)).await;
+    assert!(answer.is_granted());
+    let client = server.client.clone();
+    let waiter = tokio::spawn(async move {
+        let terms = pb::Acquire {
+            wait_ms: 10_000,
+            ..acquire(151, 1)
+        };
+        let (stream, answer) = LeaseStream::acquire(&client, terms).await;
+        (stream.queued.clone(), answer)
+    });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let released_at = std::time::Instant::now();
+    holder.release(0.0).await;
+    let (queued, answer) = waiter.await.expect("waiter task");
+    assert!(answer.is_granted(), "{answer:?}");
+    assert_eq!(queued, vec![1], "the waiter was told it queued");
+    // Woken by the release, not by a 1 s poll.
+    assert!(
+        released_at.elapsed() < Duration::from_millis(900),
+        "{:?}",
+        released_at.elapsed()
+    );
+}
+
+async fn full_wait_queue_is_denied_queue_full(store: Store) {
+    let mut settings = support::test_settings();
+    settings.max_waiting = 2;
+    let server = TestServer::start(store.backend_config(), settings).await;
+    let (_holder, answer) = LeaseStream::acquire(&server.client, acquire(161, 1)).await;
+    assert!(answer.is_granted());
+    let mut waiters = Vec::new();
+    for _ in 0..2 {
+        let client = server.client.clone();
+        waiters.push(tokio::spawn(async move {
+            LeaseStream::acquire(
+                &client,
+                pb::Acquire {
+                    wait_ms: 1_500,
+                    ..acquire(161, 1)
+                },
+            )
+            .await
+            .1
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (_, answer) = LeaseStream::acquire(
+        &server.client,
+        pb::Acquire {
+            wait_ms: 1_500,
+            ..acquire(161, 1)
+        },
+    )
+    .await;
+    assert_eq!(answer.denied_reason(), Some(pb::DenyReason::QueueFull));
+    for waiter in waiters {
+        let answer = waiter.await.expect("waiter");
+        assert_eq!(
+            answer.denied_reason(),
+            Some(pb::DenyReason::Concurrency),
+            "timed out waiting"
+        );
+    }
+}
+
+async fn waiter_that_goes_away_leaves_the_queue(store: Store) {
+    let mut settings = support::test_settings();
+    settings.max_waiting = 1;
+    let server = TestServer::start(store.backend_config(), settings).await;
+    let (_holder, answer) = LeaseStream::acquire(&server.client, acquire(171, 1)).await;
+    assert!(answer.is_granted());
+    let client = server.client.clone();
+    let waiter = tokio::spawn(async move {
+        LeaseStream::acquire(
+            &client,
+            pb::Acquire {
+                wait_ms: 60_000,
+                ..acquire(171, 1)
+            },
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    waiter.abort();
+    // Once the first waiter's stream is gone its queue place frees up: a second waiter fits.
+    eventually(Duration::from_secs(3), || {
+        let client = server.client.clone();
+        async move {
+            let (_, answer) = LeaseStream::acquire(
+                &client,
+                pb::Acquire {
+                    wait_ms: 100,
+                    ..acquire(171, 1)
+                },
+            )
+            .await;
+            (answer.denied_reason() == Some(pb::DenyReason::Concurrency)).then_some(())
+        }
+    })
+    .await
+    .expect("the abandoned waiter left the queue");
+}

@@ -1,0 +1,320 @@
+//! Shared helpers for admission integration tests: an in-process server on port 0 over a chosen
+//! backend, and a small lease-stream client.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use admission_svc::admission::Admission;
+use admission_svc::domain::Settings;
+use admission_svc::metrics::Metrics;
+use admission_svc::redis_conn::{RedisOptions, RedisTarget};
+use admission_svc::server::{self, BackendConfig, Config};
+use poolgate_proto::admission::v1 as pb;
+use poolgate_proto::admission::v1::admission_client::AdmissionClient;
+use poolgate_testkit::RedisServer;
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Streaming;
+use tonic::transport::Channel;
+
+pub type Client = AdmissionClient<Channel>;
+
+/// Settings short enough for tests: ttl 3 s, orphan grace 300 ms, fast polls.
+pub fn test_settings() -> Settings {
+    Settings {
+        lease_ttl: Duration::from_secs(3),
+        orphan_grace: Duration::from_millis(300),
+        wait_poll_initial: Duration::from_millis(20),
+        wait_poll_max: Duration::from_millis(200),
+        ..Settings::default()
+    }
+}
+
+/// Which backend a suite run uses.
+pub enum Store {
+    Memory,
+    Redis(RedisServer),
+}
+
+impl Store {
+    pub async fn memory() -> Self {
+        Store::Memory
+    }
+
+    pub async fn redis() -> Self {
+        Store::Redis(RedisServer::start().await.expect("redis starts"))
+    }
+
+    pub fn backend_config(&self) -> BackendConfig {
+        match self {
+            Store::Memory => BackendConfig::Memory,
+            Store::Redis(server) => BackendConfig::Redis {
+                target: RedisTarget::Single(server.url()),
+                options: RedisOptions::default(),
+            },
+        }
+    }
+
+    pub fn redis_server(&self) -> Option<&RedisServer> {
+        match self {
+            Store::Memory => None,
+            Store::Redis(server) => Some(server),
+        }
+    }
+}
+
+/// An admission server running in this process.
+pub struct TestServer {
+    pub admission: Arc<Admission>,
+    pub client: Client,
+    pub addr: std::net::SocketAddr,
+    pub metrics_addr: std::net::SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+}
+
+impl TestServer {
+    pub async fn start(backend: BackendConfig, settings: Settings) -> Self {
+        let config = Config {
+            settings,
+            backend,
+            ..Config::default()
+        };
+        let admission = server::build_admission(&config, Metrics::new())
+            .await
+            .expect("admission builds");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let metrics_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let metrics_addr = metrics_listener.local_addr().expect("addr");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let serving = admission.clone();
+        tokio::spawn(async move {
+            let shutdown = async {
+                let _ = stopped.await;
+            };
+            if let Err(error) =
+                server::serve(serving, &config, listener, Some(metrics_listener), shutdown).await
+            {
+                eprintln!("test server failed: {error}");
+            }
+        });
+        let client = connect(addr).await;
+        TestServer {
+            admission,
+            client,
+            addr,
+            metrics_addr,
+            stop: Some(stop),
+        }
+    }
+
+    pub async fn on(store: &Store) -> Self {
+        Self::start(store.backend_config(), test_settings()).await
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+pub async fn connect(addr: std::net::SocketAddr) -> Client {
+    let endpoint = format!("http://{addr}");
+    for _ in 0..100 {
+        if let Ok(client) = AdmissionClient::connect(endpoint.clone()).await {
+            return client;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("admission at {addr} never accepted a connection");
+}
+
+/// An `Acquire` for `account` with a concurrency limit and nothing else.
+pub fn acquire(account: i64, concurrency: i32) -> pb::Acquire {
+    pb::Acquire {
+        account_id: account,
+        concurrency_limit: concurrency,
+        ..Default::default()
+    }
+}
+
+fn request(kind: pb::lease_request::Kind) -> pb::LeaseRequest {
+    pb::LeaseRequest { kind: Some(kind) }
+}
+
+/// One open lease stream.
+pub struct LeaseStream {
+    sender: Option<mpsc::Sender<pb::LeaseRequest>>,
+    events: Streaming<pb::LeaseEvent>,
+    pub lease_id: Option<String>,
+    pub queued: Vec<u32>,
+}
+
+/// The answer to an acquire, after any `Queued` events.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answer {
+    Granted(String),
+    Denied(pb::DenyReason, u64),
+    Error(tonic::Code, String),
+}
+
+impl Answer {
+    pub fn is_granted(&self) -> bool {
+        matches!(self, Answer::Granted(_))
+    }
+
+    pub fn denied_reason(&self) -> Option<pb::DenyReason> {
+        match self {
+            Answer::Denied(reason, _) => Some(*reason),
+            _ => None,
+        }
+    }
+}
+
+impl LeaseStream {
+    /// Opens a stream whose first message is `first`, and reads the answer.
+    pub async fn open(client: &Client, first: pb::lease_request::Kind) -> (LeaseStream, Answer) {
+        let (sender, receiver) = mpsc::channel(8);
+        sender
+            .send(request(first))
+            .await
+            .expect("queue first message");
+        let mut client = client.clone();
+        let events = match client.lease(ReceiverStream::new(receiver)).await {
+            Ok(response) => response.into_inner(),
+            Err(status) => panic!("lease call failed: {status}"),
+        };
+        let mut stream = LeaseStream {
+            sender: Some(sender),
+            events,
+            lease_id: None,
+            queued: Vec::new(),
+        };
+        let answer = stream.answer().await;
+        if let Answer::Granted(id) = &answer {
+            stream.lease_id = Some(id.clone());
+        }
+        (stream, answer)
+    }
+
+    pub async fn acquire(client: &Client, acquire: pb::Acquire) -> (LeaseStream, Answer) {
+        Self::open(client, pb::lease_request::Kind::Acquire(acquire)).await
+    }
+
+    pub async fn resume(
+        client: &Client,
+        lease_id: &str,
+        terms: pb::Acquire,
+    ) -> (LeaseStream, Answer) {
+        Self::open(
+            client,
+            pb::lease_request::Kind::Resume(pb::Resume {
+                lease_id: lease_id.to_owned(),
+                terms: Some(terms),
+            }),
+        )
+        .await
+    }
+
+    async fn answer(&mut self) -> Answer {
+        loop {
+            match self.next_event().await {
+                Ok(Some(pb::lease_event::Kind::Queued(queued))) => {
+                    self.queued.push(queued.position)
+                }
+                Ok(Some(pb::lease_event::Kind::Granted(granted))) => {
+                    return Answer::Granted(granted.lease_id);
+                }
+                Ok(Some(pb::lease_event::Kind::Denied(denied))) => {
+                    return Answer::Denied(denied.reason(), denied.retry_after_ms);
+                }
+                Ok(other) => panic!("unexpected answer to acquire: {other:?}"),
+                Err(status) => return Answer::Error(status.code(), status.message().to_owned()),
+            }
+        }
+    }
+
+    pub async fn next_event(&mut self) -> Result<Option<pb::lease_event::Kind>, tonic::Status> {
+        match tokio::time::timeout(Duration::from_secs(20), self.events.next()).await {
+            Ok(Some(Ok(event))) => Ok(event.kind),
+            Ok(Some(Err(status))) => Err(status),
+            Ok(None) => Ok(None),
+            Err(_) => panic!("no lease event within 20 s"),
+        }
+    }
+
+    pub async fn send(&mut self, kind: pb::lease_request::Kind) {
+        if let Some(sender) = &self.sender {
+            let _ = sender.send(request(kind)).await;
+        }
+    }
+
+    pub async fn heartbeat(&mut self) -> Result<Option<pb::lease_event::Kind>, tonic::Status> {
+        self.send(pb::lease_request::Kind::Heartbeat(pb::Heartbeat {}))
+            .await;
+        self.next_event().await
+    }
+
+    pub async fn attempt(&mut self) -> Result<Option<pb::lease_event::Kind>, tonic::Status> {
+        self.send(pb::lease_request::Kind::Attempt(pb::Attempt {}))
+            .await;
+        self.next_event().await
+    }
+
+    /// Releases and waits for `Released`.
+    pub async fn release(mut self, spend_usd: f64) {
+        self.send(pb::lease_request::Kind::Release(pb::Release { spend_usd }))
+            .await;
+        match self.next_event().await {
+            Ok(Some(pb::lease_event::Kind::Released(_))) => {}
+            other => panic!("expected Released, got {other:?}"),
+        }
+    }
+
+    /// Ends the stream without `Release` (the holder went away).
+    pub fn abandon(mut self) {
+        self.sender.take();
+    }
+}
+
+pub async fn inflight(client: &Client, accounts: &[i64]) -> Vec<u32> {
+    let mut client = client.clone();
+    client
+        .inflight(pb::InflightRequest {
+            account_ids: accounts.to_vec(),
+        })
+        .await
+        .expect("inflight answers")
+        .into_inner()
+        .accounts
+        .into_iter()
+        .map(|a| a.inflight)
+        .collect()
+}
+
+pub async fn inflight_one(client: &Client, account: i64) -> u32 {
+    inflight(client, &[account]).await[0]
+}
+
+pub async fn record_spend(client: &Client, account: i64, usd: f64) -> f64 {
+    let mut client = client.clone();
+    client
+        .record_spend(pb::RecordSpendRequest {
+            account_id: account,
+            usd,
+        })
+        .await
+        .expect("record spend answers")
+        .into_inner()
+        .window_spend_usd
+}

@@ -1,0 +1,117 @@
+//! The Redis key layout (DESIGN §3): the contract between admission (which writes leases and
+//! reads cooldowns) and the selector (which reads leases and writes cooldowns).
+//!
+//! Every key of one account carries the hash tag `{a:<account_id>}` so a single Lua script may
+//! touch all of them on a Redis Cluster; every key of one user carries `{u:<user>}`. Selector-only
+//! state lives under `pg:sel:`. No other module spells a key name.
+
+/// Prefix of every poolgate key, so a shared Redis can be scanned or cleaned by prefix.
+pub const PREFIX: &str = "pg";
+
+/// The keys of one upstream account, all in the hash slot of `{a:<account_id>}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AccountKeys {
+    /// ZSET: member = lease id, score = lease expiry (ms since the epoch, Redis `TIME`).
+    pub leases: String,
+    /// ZSET: member = unique event id, score = event time (ms). A rolling minute of acquires and
+    /// attempts.
+    pub rpm: String,
+    /// STRING with a PX expiry: present while the account is hard-blocked. Value = class/reason.
+    pub cooldown: String,
+    /// ZSET: member = waiter id, score = waiter expiry (ms), so a dead replica's waiters expire.
+    pub waiters: String,
+    /// HASH: `start` (window start, ms) and `spend` (micro-USD in the window).
+    pub window: String,
+}
+
+impl AccountKeys {
+    pub fn new(account_id: i64) -> Self {
+        let tag = format!("{PREFIX}:{{a:{account_id}}}");
+        AccountKeys {
+            leases: format!("{tag}:leases"),
+            rpm: format!("{tag}:rpm"),
+            cooldown: format!("{tag}:cooldown"),
+            waiters: format!("{tag}:waiters"),
+            window: format!("{tag}:window"),
+        }
+    }
+
+    /// Every key, for tests and for operators cleaning up an account.
+    pub fn all(&self) -> [&str; 5] {
+        [
+            &self.leases,
+            &self.rpm,
+            &self.cooldown,
+            &self.waiters,
+            &self.window,
+        ]
+    }
+}
+
+/// ZSET of one user's requests in the rolling minute (member = event id, score = ms).
+pub fn user_rpm(user: &str) -> String {
+    format!("{PREFIX}:{{u:{user}}}:rpm")
+}
+
+/// ZSET of live admission replicas: member = instance id, score = heartbeat expiry (ms). The
+/// `divided` failure policy ranks replicas by member order.
+pub fn admission_replicas() -> String {
+    format!("{PREFIX}:admission:replicas")
+}
+
+/// Selector-only: soft block of an account (reorders, never excludes).
+pub fn soft_block(account_id: i64) -> String {
+    format!("{PREFIX}:sel:soft:{account_id}")
+}
+
+/// Selector-only: circuit breaker state of an account.
+pub fn breaker(account_id: i64) -> String {
+    format!("{PREFIX}:sel:breaker:{account_id}")
+}
+
+/// Selector-only: sticky binding `group + session hash -> account`.
+pub fn sticky_binding(group: &str, session_hash: &str) -> String {
+    format!("{PREFIX}:sel:sticky:{}:{group}:{session_hash}", group.len())
+}
+
+/// Selector-only: `response id -> account` for the Responses API `previous_response_id`.
+pub fn response_binding(response_id: &str) -> String {
+    format!("{PREFIX}:sel:resp:{response_id}")
+}
+
+/// Selector-only: lock held while one replica refreshes an account's OAuth token.
+pub fn token_refresh_lock(account_id: i64) -> String {
+    format!("{PREFIX}:sel:tokenlock:{account_id}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The hash tag is the text between the first `{` and the next `}` (Redis Cluster spec).
+    fn hash_tag(key: &str) -> &str {
+        let open = key.find('{').map(|i| i + 1).unwrap_or(0);
+        let close = key[open..].find('}').map(|i| open + i).unwrap_or(key.len());
+        &key[open..close]
+    }
+
+    #[test]
+    fn every_account_key_shares_the_account_hash_tag() {
+        let keys = AccountKeys::new(42);
+        for key in keys.all() {
+            assert_eq!(hash_tag(key), "a:42", "{key}");
+        }
+        assert_ne!(AccountKeys::new(4).leases, AccountKeys::new(42).leases);
+    }
+
+    #[test]
+    fn user_keys_are_tagged_by_user() {
+        assert_eq!(hash_tag(&user_rpm("alice")), "u:alice");
+        assert_ne!(user_rpm("a"), user_rpm("b"));
+    }
+
+    #[test]
+    fn sticky_keys_cannot_collide_across_group_boundaries() {
+        assert_ne!(sticky_binding("a:b", "c"), sticky_binding("a", "b:c"));
+    }
+}

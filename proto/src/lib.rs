@@ -1,0 +1,14 @@
+//! poolgate's shared contracts: the generated gRPC APIs and the Redis key layout that admission
+//! and the selector both read and write. Key names live only in [`keys`].
+
+pub mod keys;
+
+/// `poolgate.admission.v1`: leases on upstream accounts.
+pub mod admission {
+    pub mod v1 {
+        tonic::include_proto!("poolgate.admission.v1");
+    }
+}
+
+/// The encoded file descriptor set of every poolgate proto, for gRPC server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("poolgate_descriptor");

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Runs poolgate's whole test suite on a fresh machine: installs what is missing (Redis, Postgres,
+# the Rust lint components), checks formatting and lints, then runs every test. Tests start their
+# own private Redis / Postgres processes on free loopback ports and stop them afterwards.
+#
+# Usage: bash scripts/test.sh            (what CI's .ci/run calls)
+#        SKIP_LINT=1 bash scripts/test.sh  (tests only)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '\n== %s\n' "$*"; }
+
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
+    echo "need root to run: $*" >&2; return 1; fi
+}
+
+apt_updated=0
+apt_install() {
+  if [ "$apt_updated" = 0 ]; then
+    as_root apt-get update -qq
+    apt_updated=1
+  fi
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "$@" >/dev/null
+}
+
+log "system packages"
+if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
+  apt_install redis-server redis-tools
+fi
+pg_bin=""
+for dir in /usr/lib/postgresql/*/bin; do
+  [ -x "$dir/initdb" ] && pg_bin="$dir"
+done
+if [ -z "$pg_bin" ]; then
+  apt_install postgresql-15
+  pg_bin=$(dirname "$(dpkg -L postgresql-15 | grep -E 'bin/initdb$' | head -n1)")
+fi
+export POOLGATE_PG_BIN="$pg_bin"
+# Debian's postgresql package may start a cluster through its own scripts on install; the tests
+# never use it, they run private servers.
+redis-server --version | head -n1
+"$pg_bin/postgres" --version
+
+if [ "${SKIP_LINT:-0}" != 1 ]; then
+  log "format and lints"
+  rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
+  rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
+  cargo fmt --all -- --check
+  cargo clippy --workspace --all-targets --locked -- -D warnings
+fi
+
+log "tests"
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --workspace --locked --no-fail-fast
+  # nextest does not run doctests.
+  cargo test --workspace --locked --doc
+else
+  cargo test --workspace --locked --no-fail-fast
+fi
