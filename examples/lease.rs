@@ -19,7 +19,9 @@ fn message(kind: pb::lease_request::Kind) -> pb::LeaseRequest {
 #[tokio::main]
 async fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
-    let endpoint = args.next().unwrap_or_else(|| "http://127.0.0.1:50061".into());
+    let endpoint = args
+        .next()
+        .unwrap_or_else(|| "http://127.0.0.1:50061".into());
     let account_id: i64 = match args.next().map(|a| a.parse()) {
         None => 1,
         Some(Ok(id)) => id,
@@ -31,7 +33,9 @@ async fn main() -> ExitCode {
     let mut client = match AdmissionClient::connect(endpoint.clone()).await {
         Ok(client) => client,
         Err(error) => {
-            eprintln!("cannot reach admission at {endpoint}: {error}\nstart it with: cargo run -p admission-svc");
+            eprintln!(
+                "cannot reach admission at {endpoint}: {error}\nstart it with: cargo run -p admission-svc"
+            );
             return ExitCode::from(1);
         }
     };
@@ -46,7 +50,9 @@ async fn main() -> ExitCode {
         message(pb::lease_request::Kind::Acquire(acquire)),
         message(pb::lease_request::Kind::Heartbeat(pb::Heartbeat {})),
         message(pb::lease_request::Kind::Attempt(pb::Attempt {})),
-        message(pb::lease_request::Kind::Release(pb::Release { spend_usd: 0.01 })),
+        message(pb::lease_request::Kind::Release(pb::Release {
+            spend_usd: 0.01,
+        })),
     ];
     let mut events = match client.lease(ReceiverStream::new(receiver)).await {
         Ok(response) => response.into_inner(),
@@ -79,7 +85,10 @@ async fn main() -> ExitCode {
         })
         .await;
     match inflight {
-        Ok(response) => println!("inflight after release: {:?}", response.into_inner().accounts),
+        Ok(response) => println!(
+            "inflight after release: {:?}",
+            response.into_inner().accounts
+        ),
         Err(status) => eprintln!("inflight failed: {status}"),
     }
     ExitCode::SUCCESS

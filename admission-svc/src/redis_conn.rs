@@ -87,29 +87,40 @@ impl Default for RedisOptions {
     }
 }
 
-/// A multiplexed connection with a flag the pool reads when the connection comes back.
+/// A multiplexed connection with a flag the pool reads when the connection comes back, and the
+/// failure generation it was made in.
 pub struct TrackedConnection {
     connection: MultiplexedConnection,
-    broken: Arc<AtomicBool>,
+    broken: AtomicBool,
+    generation: u64,
+    failures: Arc<AtomicU64>,
 }
 
 /// bb8-redis's manager, plus broken-connection detection (its own `has_broken` always says no,
-/// so a connection to a restarted Redis would stay in the pool forever).
-struct TrackingManager(RedisConnectionManager);
+/// so a connection to a restarted Redis would stay in the pool forever). An I/O error on any
+/// connection starts a new failure generation: every pooled connection made before it is
+/// dropped at its next checkout instead of failing one more request each.
+struct TrackingManager {
+    inner: RedisConnectionManager,
+    failures: Arc<AtomicU64>,
+}
 
 impl bb8::ManageConnection for TrackingManager {
     type Connection = TrackedConnection;
     type Error = RedisError;
 
     async fn connect(&self) -> Result<Self::Connection, Self::Error> {
+        let generation = self.failures.load(Ordering::Relaxed);
         Ok(TrackedConnection {
-            connection: self.0.connect().await?,
-            broken: Arc::new(AtomicBool::new(false)),
+            connection: self.inner.connect().await?,
+            broken: AtomicBool::new(false),
+            generation,
+            failures: self.failures.clone(),
         })
     }
 
     async fn is_valid(&self, conn: &mut Self::Connection) -> Result<(), Self::Error> {
-        self.0.is_valid(&mut conn.connection).await
+        self.inner.is_valid(&mut conn.connection).await
     }
 
     fn has_broken(&self, conn: &mut Self::Connection) -> bool {
@@ -146,7 +157,10 @@ impl RedisHandle {
                     .max_size(options.pool_size.max(1))
                     .connection_timeout(options.timeout)
                     .test_on_check_out(false)
-                    .build_unchecked(TrackingManager(manager));
+                    .build_unchecked(TrackingManager {
+                        inner: manager,
+                        failures: Arc::new(AtomicU64::new(0)),
+                    });
                 Backend::Single(pool)
             }
             RedisTarget::Cluster(nodes) => {
@@ -189,11 +203,19 @@ impl RedisHandle {
     pub async fn conn(&self) -> Result<Conn, BackendError> {
         let inner = match &self.backend {
             Backend::Single(pool) => {
-                let pooled = pool.get_owned().await.map_err(|e| match e {
-                    bb8::RunError::User(e) => BackendError::from(e),
-                    bb8::RunError::TimedOut => BackendError::Timeout,
-                })?;
-                ConnInner::Single(pooled)
+                let mut tries = pool.state().connections + 1;
+                loop {
+                    let pooled = pool.get_owned().await.map_err(|e| match e {
+                        bb8::RunError::User(e) => BackendError::from(e),
+                        bb8::RunError::TimedOut => BackendError::Timeout,
+                    })?;
+                    let stale = pooled.generation < pooled.failures.load(Ordering::Relaxed);
+                    if !stale || tries == 0 {
+                        break ConnInner::Single(pooled);
+                    }
+                    pooled.broken.store(true, Ordering::Relaxed);
+                    tries -= 1;
+                }
             }
             Backend::Cluster(cluster) => ConnInner::Cluster(cluster.clone()),
         };
@@ -235,6 +257,9 @@ impl Conn {
                 || error.is_unrecoverable_error())
         {
             pooled.broken.store(true, Ordering::Relaxed);
+            pooled
+                .failures
+                .fetch_max(pooled.generation + 1, Ordering::Relaxed);
         }
     }
 }

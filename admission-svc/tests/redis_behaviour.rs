@@ -1,0 +1,247 @@
+//! Behaviour that only exists with Redis: zombie leases, the cooldown key contract, a Redis
+//! restart without persistence, a killed admission process, and a 3-master Redis Cluster.
+
+mod support;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use admission_svc::redis_conn::{RedisOptions, RedisTarget};
+use admission_svc::server::BackendConfig;
+use poolgate_proto::admission::v1 as pb;
+use poolgate_proto::keys::AccountKeys;
+use poolgate_testkit::{RedisCluster, RedisServer, eventually, free_port};
+use support::{Answer, LeaseStream, Store, TestServer, acquire, connect, inflight, inflight_one};
+
+async fn redis_now_ms(conn: &mut redis::aio::MultiplexedConnection) -> i64 {
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(conn).await.expect("TIME");
+    secs * 1000 + micros / 1000
+}
+
+#[tokio::test]
+async fn zombie_leases_are_not_counted() {
+    let store = Store::redis().await;
+    let server = TestServer::on(&store).await;
+    let redis = store.redis_server().expect("redis store");
+    let mut conn = redis.client().await.expect("client");
+    let now = redis_now_ms(&mut conn).await;
+    let keys = AccountKeys::new(201);
+    // A crashed replica's lease: expired, never reaped.
+    let _: i64 = redis::cmd("ZADD")
+        .arg(&keys.leases)
+        .arg(now - 10_000)
+        .arg("201.dead.1")
+        .query_async(&mut conn)
+        .await
+        .expect("zadd");
+    assert_eq!(
+        inflight_one(&server.client, 201).await,
+        0,
+        "ZCOUNT now +inf skips the zombie"
+    );
+    let (_held, answer) = LeaseStream::acquire(&server.client, acquire(201, 1)).await;
+    assert!(
+        answer.is_granted(),
+        "the zombie does not take the only slot: {answer:?}"
+    );
+    let zombie: Option<f64> = redis::cmd("ZSCORE")
+        .arg(&keys.leases)
+        .arg("201.dead.1")
+        .query_async(&mut conn)
+        .await
+        .expect("zscore");
+    assert_eq!(zombie, None, "the acquire script reaped it");
+}
+
+#[tokio::test]
+async fn cooldown_key_written_by_the_selector_refuses_acquires() {
+    let store = Store::redis().await;
+    let server = TestServer::on(&store).await;
+    let redis = store.redis_server().expect("redis store");
+    let mut conn = redis.client().await.expect("client");
+    let keys = AccountKeys::new(211);
+    let _: () = redis::cmd("SET")
+        .arg(&keys.cooldown)
+        .arg("window_exhausted")
+        .arg("PX")
+        .arg(400)
+        .query_async(&mut conn)
+        .await
+        .expect("set");
+    let (_, answer) = LeaseStream::acquire(&server.client, acquire(211, 1)).await;
+    assert_eq!(answer.denied_reason(), Some(pb::DenyReason::Cooling));
+    // The block ends with its key.
+    eventually(Duration::from_secs(3), || async {
+        let (_, answer) = LeaseStream::acquire(&server.client, acquire(211, 5)).await;
+        answer.is_granted().then_some(())
+    })
+    .await
+    .expect("granted after the cooldown expired");
+}
+
+#[tokio::test]
+async fn heartbeat_after_a_redis_restart_restores_the_lease() {
+    let mut store = Store::redis().await;
+    let server = TestServer::on(&store).await;
+    let (mut stream, answer) = LeaseStream::acquire(&server.client, acquire(221, 1)).await;
+    assert!(answer.is_granted());
+    if let Store::Redis(redis) = &mut store {
+        redis.restart().await.expect("redis restarts empty");
+    }
+    // The first command after the restart may meet a dead pooled connection (and fail); the
+    // heartbeat protocol tolerates a missed renewal while the lease has time left.
+    eventually(Duration::from_secs(5), || {
+        let mut client = server.client.clone();
+        async move {
+            let counts = client
+                .inflight(pb::InflightRequest {
+                    account_ids: vec![221],
+                })
+                .await
+                .ok()?
+                .into_inner();
+            (counts.accounts[0].inflight == 0).then_some(())
+        }
+    })
+    .await
+    .expect("the restart lost the lease, and admission reaches the new redis");
+    let renewed = loop {
+        match stream.heartbeat().await {
+            Ok(Some(pb::lease_event::Kind::Renewed(renewed))) => break renewed,
+            Ok(Some(other)) => panic!("unexpected {other:?}"),
+            Ok(None) | Err(_) => panic!("stream ended"),
+        }
+    };
+    assert!(renewed.restored, "the heartbeat re-added the lost lease");
+    assert_eq!(inflight_one(&server.client, 221).await, 1);
+    let (_, refused) = LeaseStream::acquire(&server.client, acquire(221, 1)).await;
+    assert_eq!(refused.denied_reason(), Some(pb::DenyReason::Concurrency));
+}
+
+struct AdmissionProcess {
+    child: Child,
+    addr: std::net::SocketAddr,
+}
+
+impl AdmissionProcess {
+    fn spawn(redis_url: &str, ttl_ms: u64) -> Self {
+        let port = free_port().expect("port");
+        let metrics_port = free_port().expect("port");
+        let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+        let child = Command::new(env!("CARGO_BIN_EXE_admission-svc"))
+            .args(["--listen", &addr.to_string()])
+            .args(["--metrics-listen", &format!("127.0.0.1:{metrics_port}")])
+            .args(["--redis-url", redis_url])
+            .args(["--lease-ttl-ms", &ttl_ms.to_string()])
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("admission-svc starts");
+        AdmissionProcess { child, addr }
+    }
+}
+
+impl Drop for AdmissionProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_of_a_killed_admission_process_are_reaped_at_their_ttl() {
+    let redis = RedisServer::start().await.expect("redis");
+    let ttl = Duration::from_millis(2_000);
+    let mut process = AdmissionProcess::spawn(&redis.url(), 2_000);
+    let client = connect(process.addr).await;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let (stream, answer) = LeaseStream::acquire(&client, acquire(231, 3)).await;
+        assert!(answer.is_granted(), "{answer:?}");
+        held.push(stream);
+    }
+    // kill -9: no orphaning, no release — only the TTL can free these slots.
+    process.child.kill().expect("kill -9");
+    let killed_at = Instant::now();
+    let _ = process.child.wait();
+    let observer = TestServer::start(
+        BackendConfig::Redis {
+            target: RedisTarget::Single(redis.url()),
+            options: RedisOptions::default(),
+        },
+        support::test_settings(),
+    )
+    .await;
+    assert_eq!(
+        inflight_one(&observer.client, 231).await,
+        3,
+        "the slots are still held"
+    );
+    let (_, refused) = LeaseStream::acquire(&observer.client, acquire(231, 3)).await;
+    assert_eq!(refused.denied_reason(), Some(pb::DenyReason::Concurrency));
+    eventually(Duration::from_secs(6), || async {
+        (inflight_one(&observer.client, 231).await == 0).then_some(())
+    })
+    .await
+    .expect("reaped");
+    let reaped_after = killed_at.elapsed();
+    assert!(
+        reaped_after >= ttl - Duration::from_millis(300),
+        "not before the ttl: {reaped_after:?}"
+    );
+    let (_, answer) = LeaseStream::acquire(&observer.client, acquire(231, 3)).await;
+    assert!(answer.is_granted());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_serves_accounts_on_different_slots() {
+    let cluster = RedisCluster::start().await.expect("cluster");
+    let backend = BackendConfig::Redis {
+        target: RedisTarget::parse(&cluster.url()).expect("cluster url"),
+        options: RedisOptions::default(),
+    };
+    let server = TestServer::start(backend, support::test_settings()).await;
+    // Enough accounts that every master owns some of them.
+    let accounts: Vec<i64> = (301..=312).collect();
+    let mut held = Vec::new();
+    for &account in &accounts {
+        let terms = pb::Acquire {
+            rpm_limit: 10,
+            session_window_limit_usd: 5.0,
+            user_id: Some(format!("user-{account}")),
+            user_rpm_limit: 10,
+            ..acquire(account, 2)
+        };
+        for _ in 0..2 {
+            let (stream, answer) = LeaseStream::acquire(&server.client, terms.clone()).await;
+            assert!(answer.is_granted(), "account {account}: {answer:?}");
+            held.push(stream);
+        }
+        let (_, refused) = LeaseStream::acquire(&server.client, terms).await;
+        assert_eq!(refused.denied_reason(), Some(pb::DenyReason::Concurrency));
+    }
+    assert_eq!(
+        inflight(&server.client, &accounts).await,
+        vec![2; accounts.len()]
+    );
+    for stream in &mut held {
+        assert!(matches!(
+            stream.heartbeat().await,
+            Ok(Some(pb::lease_event::Kind::Renewed(_)))
+        ));
+    }
+    for stream in held {
+        stream.release(0.25).await;
+    }
+    assert_eq!(
+        inflight(&server.client, &accounts).await,
+        vec![0; accounts.len()]
+    );
+    // Each account's window holds both spends.
+    let spent = support::record_spend(&server.client, 305, 0.0).await;
+    assert_eq!(spent, 0.5);
+    // The slots are free again on every node.
+    let (_, answer) = LeaseStream::acquire(&server.client, acquire(312, 1)).await;
+    assert!(matches!(answer, Answer::Granted(_)));
+}
