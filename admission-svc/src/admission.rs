@@ -17,6 +17,7 @@ use crate::domain::{
 };
 use crate::error::BackendError;
 use crate::metrics::Metrics;
+use crate::policy::PolicyBackend;
 
 /// What an acquire came to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,6 +43,8 @@ pub struct Admission {
     local_wakeups: Mutex<HashMap<AccountId, Arc<Notify>>>,
     pending_releases: Mutex<Vec<PendingRelease>>,
     metrics: Metrics,
+    /// The Redis failure policy layer, when the backend is Redis.
+    policy: Option<Arc<PolicyBackend>>,
 }
 
 /// A random per-process instance id: 12 lowercase hex digits.
@@ -51,7 +54,26 @@ fn new_instance_id() -> String {
 
 impl Admission {
     pub fn new(backend: Arc<dyn LeaseBackend>, settings: Settings, metrics: Metrics) -> Arc<Self> {
+        Self::build(backend, None, settings, metrics)
+    }
+
+    /// An engine on Redis behind its failure policy.
+    pub fn with_policy(
+        policy: Arc<PolicyBackend>,
+        settings: Settings,
+        metrics: Metrics,
+    ) -> Arc<Self> {
+        Self::build(policy.clone(), Some(policy), settings, metrics)
+    }
+
+    fn build(
+        backend: Arc<dyn LeaseBackend>,
+        policy: Option<Arc<PolicyBackend>>,
+        settings: Settings,
+        metrics: Metrics,
+    ) -> Arc<Self> {
         Arc::new(Admission {
+            policy,
             backend,
             settings,
             instance: new_instance_id(),
@@ -72,6 +94,18 @@ impl Admission {
 
     pub fn instance_id(&self) -> &str {
         &self.instance
+    }
+
+    /// The failure policy layer, when the backend is Redis.
+    pub fn policy(&self) -> Option<&Arc<PolicyBackend>> {
+        self.policy.as_ref()
+    }
+
+    /// Whether Redis is unreachable and the failure policy decides.
+    pub fn is_degraded(&self) -> bool {
+        self.policy
+            .as_ref()
+            .is_some_and(|policy| policy.is_degraded())
     }
 
     fn next_lease_id(&self, account_id: AccountId) -> LeaseId {

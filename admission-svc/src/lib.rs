@@ -11,6 +11,7 @@ pub mod error;
 pub mod grpc;
 pub mod memory;
 pub mod metrics;
+pub mod policy;
 pub mod redis_backend;
 pub mod redis_conn;
 pub mod server;

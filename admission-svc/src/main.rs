@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use admission_svc::domain::Settings;
+use admission_svc::policy::{FailurePolicy, PolicySettings};
 use admission_svc::redis_conn::{RedisOptions, RedisTarget};
 use admission_svc::{BackendConfig, Config};
 use clap::Parser;
@@ -48,6 +49,16 @@ struct Cli {
     /// Connections in the Redis pool (single node).
     #[arg(long, env = "ADMISSION_REDIS_POOL_SIZE", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
     redis_pool_size: u32,
+    /// What to do while Redis does not answer: `open` (in-process limits; N replicas admit up to
+    /// N × limit), `divided` (this replica's share of each limit), `closed` (refuse).
+    #[arg(long, env = "ADMISSION_FAILURE_POLICY", default_value = "open", value_parser = ["open", "divided", "closed"])]
+    failure_policy: String,
+    /// Replica count the `divided` policy assumes before it has read the replica registry.
+    #[arg(long, env = "ADMISSION_EXPECTED_REPLICAS", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    expected_replicas: u32,
+    /// Replica registry heartbeat interval (also the Redis probe while degraded), ms.
+    #[arg(long, env = "ADMISSION_REGISTRY_INTERVAL_MS", default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(50..))]
+    registry_interval_ms: u64,
     /// Log format.
     #[arg(long, env = "POOLGATE_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
@@ -79,6 +90,12 @@ impl Cli {
                 options: RedisOptions {
                     timeout: Duration::from_millis(self.redis_timeout_ms),
                     pool_size: self.redis_pool_size,
+                },
+                policy: PolicySettings {
+                    policy: FailurePolicy::parse(&self.failure_policy)?,
+                    expected_replicas: self.expected_replicas,
+                    registry_interval: Duration::from_millis(self.registry_interval_ms),
+                    registry_ttl: Duration::from_millis(self.registry_interval_ms * 5),
                 },
             },
         };

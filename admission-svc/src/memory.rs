@@ -96,7 +96,6 @@ fn rpm_check(
 /// Admission state of one process.
 pub struct MemoryBackend {
     epoch: Instant,
-    /// Added to the clock so memory time reads like wall-clock ms (helps when comparing logs).
     state: Mutex<State>,
 }
 
@@ -136,31 +135,90 @@ impl MemoryBackend {
         f(&mut state, now)
     }
 
-    /// Leases currently held on this process per account, for writing them back into Redis when
-    /// it returns (the recovery step of the failure policies).
-    pub fn live_leases(&self) -> Vec<(LeaseId, u64)> {
+    /// What this process admitted on its own (live leases, RPM events of the last window), for
+    /// writing into Redis when it returns: the recovery step of the failure policies.
+    pub fn snapshot(&self, rpm_window_ms: u64) -> FallbackSnapshot {
         self.with_state(|state, now| {
-            let mut out = Vec::new();
-            for account in state.accounts.values_mut() {
+            let mut snapshot = FallbackSnapshot::default();
+            let since = now.saturating_sub(rpm_window_ms);
+            for (&account_id, account) in state.accounts.iter_mut() {
                 account.live_leases(now);
-                for (id, expiry) in &account.leases {
-                    if let Some(lease_id) = LeaseId::parse(id) {
-                        out.push((lease_id, expiry - now));
-                    }
+                let leases: Vec<(String, u64)> = account
+                    .leases
+                    .iter()
+                    .map(|(id, expiry)| (id.clone(), expiry - now))
+                    .collect();
+                let events: Vec<(String, u64)> = account
+                    .rpm_events
+                    .iter()
+                    .filter(|(at, _)| *at >= since)
+                    .map(|(at, id)| (id.clone(), now - at))
+                    .collect();
+                if !leases.is_empty() || !events.is_empty() {
+                    snapshot.accounts.push(AccountSnapshot {
+                        account_id,
+                        leases,
+                        rpm_events: events,
+                    });
                 }
             }
-            out
+            for (user, events) in &state.users {
+                let events: Vec<(String, u64)> = events
+                    .iter()
+                    .filter(|(at, _)| *at >= since)
+                    .map(|(at, id)| (id.clone(), now - at))
+                    .collect();
+                if !events.is_empty() {
+                    snapshot.users.push((user.clone(), events));
+                }
+            }
+            snapshot
         })
     }
 
-    /// Drops a lease without any other effect (it moved to another backend).
-    pub fn forget(&self, lease_id: &LeaseId) {
+    /// Forgets what a snapshot held (it now lives in Redis).
+    pub fn forget(&self, snapshot: &FallbackSnapshot) {
         self.with_state(|state, _| {
-            if let Some(account) = state.accounts.get_mut(&lease_id.account_id()) {
-                account.leases.remove(lease_id.as_str());
+            for written in &snapshot.accounts {
+                if let Some(account) = state.accounts.get_mut(&written.account_id) {
+                    for (id, _) in &written.leases {
+                        account.leases.remove(id);
+                    }
+                    account
+                        .rpm_events
+                        .retain(|(_, id)| !written.rpm_events.iter().any(|(w, _)| w == id));
+                }
+            }
+            for (user, written) in &snapshot.users {
+                if let Some(events) = state.users.get_mut(user) {
+                    events.retain(|(_, id)| !written.iter().any(|(w, _)| w == id));
+                }
             }
         })
     }
+}
+
+/// Leases and RPM events one process admitted while Redis was away.
+#[derive(Debug, Default, Clone)]
+pub struct FallbackSnapshot {
+    pub accounts: Vec<AccountSnapshot>,
+    /// user -> (event id, age ms)
+    pub users: Vec<(String, Vec<(String, u64)>)>,
+}
+
+impl FallbackSnapshot {
+    pub fn is_empty(&self) -> bool {
+        self.accounts.is_empty() && self.users.is_empty()
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct AccountSnapshot {
+    pub account_id: AccountId,
+    /// (lease id, remaining ttl ms)
+    pub leases: Vec<(String, u64)>,
+    /// (event id, age ms)
+    pub rpm_events: Vec<(String, u64)>,
 }
 
 #[async_trait]

@@ -14,6 +14,7 @@ use redis::Script;
 use crate::backend::{AcquireLimits, LeaseBackend};
 use crate::domain::{AccountId, Denial, DenyReason, LeaseId, LeaseTerms, Renewal};
 use crate::error::BackendError;
+use crate::memory::FallbackSnapshot;
 use crate::redis_conn::RedisHandle;
 
 /// Shared Lua prelude: the Redis clock in ms, and a PEXPIRE that only ever lengthens.
@@ -156,6 +157,37 @@ if present then return {count, now} end
 return {count + 1, now}
 "#;
 
+/// KEYS: leases, rpm. ARGV: n leases, then (id, ttl ms) pairs, then (id, age ms) RPM pairs.
+/// Writes back what a replica admitted on its own while Redis was away.
+const RESTORE: &str = r#"
+local n = tonumber(ARGV[1])
+local i = 2
+local longest = 0
+for _ = 1, n do
+  local ttl = tonumber(ARGV[i + 1])
+  redis.call('ZADD', KEYS[1], 'GT', now + ttl, ARGV[i])
+  longest = math.max(longest, ttl)
+  i = i + 2
+end
+if longest > 0 then extend(KEYS[1], longest) end
+local events = 0
+while i < #ARGV do
+  redis.call('ZADD', KEYS[2], now - tonumber(ARGV[i + 1]), ARGV[i])
+  events = events + 1
+  i = i + 2
+end
+if events > 0 then extend(KEYS[2], 60000) end
+return {n, now}
+"#;
+
+/// KEYS: registry. ARGV: member, ttl ms. Heartbeats this replica and returns the live members.
+const REGISTRY_HEARTBEAT: &str = r#"
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. now)
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+extend(KEYS[1], tonumber(ARGV[2]))
+return {redis.call('ZRANGE', KEYS[1], 0, -1), now}
+"#;
+
 /// The scripts, hashed once.
 struct Scripts {
     acquire: Script,
@@ -166,6 +198,8 @@ struct Scripts {
     record_spend: Script,
     set_cooldown: Script,
     register_waiter: Script,
+    restore: Script,
+    registry_heartbeat: Script,
 }
 
 impl Scripts {
@@ -180,6 +214,8 @@ impl Scripts {
             record_spend: script(RECORD_SPEND),
             set_cooldown: script(SET_COOLDOWN),
             register_waiter: script(REGISTER_WAITER),
+            restore: script(RESTORE),
+            registry_heartbeat: script(REGISTRY_HEARTBEAT),
         }
     }
 }
@@ -273,6 +309,73 @@ impl RedisBackend {
                 }
             }
         });
+    }
+}
+
+impl RedisBackend {
+    /// Writes leases and RPM events admitted without Redis back into Redis (one script per
+    /// account, one `ZADD` per user), keeping the later expiry where a lease is already there.
+    pub async fn restore(&self, snapshot: &FallbackSnapshot) -> Result<(), BackendError> {
+        for account in &snapshot.accounts {
+            let keys = AccountKeys::new(account.account_id);
+            let mut invocation = self.scripts.restore.key(&keys.leases);
+            invocation.key(&keys.rpm).arg(account.leases.len());
+            for (id, ttl) in &account.leases {
+                invocation.arg(id).arg(*ttl);
+            }
+            for (id, age) in &account.rpm_events {
+                invocation.arg(id).arg(*age);
+            }
+            let (_, now): (i64, i64) = self.script(&invocation).await?;
+            self.learn_clock(now);
+        }
+        for (user, events) in &snapshot.users {
+            let now = self.redis_now().await?;
+            let mut cmd = redis::cmd("ZADD");
+            cmd.arg(keys::user_rpm(user));
+            for (id, age) in events {
+                cmd.arg(now - *age as i64).arg(id);
+            }
+            let mut conn = self.redis.conn().await?;
+            self.redis
+                .bounded(cmd.query_async::<i64>(&mut conn))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Heartbeats `member` into the replica registry; returns the live members, sorted.
+    pub async fn registry_heartbeat(
+        &self,
+        member: &str,
+        ttl_ms: u64,
+    ) -> Result<Vec<String>, BackendError> {
+        let (mut members, now): (Vec<String>, i64) = self
+            .script(
+                self.scripts
+                    .registry_heartbeat
+                    .key(keys::admission_replicas())
+                    .arg(member)
+                    .arg(ttl_ms),
+            )
+            .await?;
+        self.learn_clock(now);
+        members.sort();
+        Ok(members)
+    }
+
+    /// Leaves the registry (graceful shutdown), so the others' shares grow at once.
+    pub async fn registry_leave(&self, member: &str) -> Result<(), BackendError> {
+        let mut conn = self.redis.conn().await?;
+        self.redis
+            .bounded(
+                redis::cmd("ZREM")
+                    .arg(keys::admission_replicas())
+                    .arg(member)
+                    .query_async::<i64>(&mut conn),
+            )
+            .await?;
+        Ok(())
     }
 }
 

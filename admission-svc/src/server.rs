@@ -2,7 +2,7 @@
 //! reflection) and `/metrics`, and stop on the shutdown signal.
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use poolgate_proto::admission::v1::admission_server::AdmissionServer;
@@ -16,6 +16,7 @@ use crate::error::BackendError;
 use crate::grpc::AdmissionGrpc;
 use crate::memory::MemoryBackend;
 use crate::metrics::Metrics;
+use crate::policy::{PolicyBackend, PolicySettings};
 use crate::redis_backend::RedisBackend;
 use crate::redis_conn::{RedisHandle, RedisOptions, RedisTarget};
 
@@ -27,6 +28,7 @@ pub enum BackendConfig {
     Redis {
         target: RedisTarget,
         options: RedisOptions,
+        policy: PolicySettings,
     },
 }
 
@@ -66,14 +68,49 @@ pub async fn build_admission(
     config: &Config,
     metrics: Metrics,
 ) -> Result<Arc<Admission>, ServeError> {
-    let backend: Arc<dyn LeaseBackend> = match &config.backend {
-        BackendConfig::Memory => Arc::new(MemoryBackend::new()),
-        BackendConfig::Redis { target, options } => {
+    let admission = match &config.backend {
+        BackendConfig::Memory => {
+            let backend: Arc<dyn LeaseBackend> = Arc::new(MemoryBackend::new());
+            Admission::new(backend, config.settings.clone(), metrics)
+        }
+        BackendConfig::Redis {
+            target,
+            options,
+            policy,
+        } => {
             let handle = RedisHandle::connect(target, options).await?;
-            Arc::new(RedisBackend::new(handle))
+            let backend = PolicyBackend::new(
+                RedisBackend::new(handle),
+                policy.clone(),
+                config.settings.rpm_window,
+                metrics.clone(),
+            );
+            // The first heartbeat registers this replica before it serves.
+            backend.tick().await;
+            tokio::spawn(registry_loop(
+                Arc::downgrade(&backend),
+                policy.registry_interval,
+            ));
+            Admission::with_policy(backend, config.settings.clone(), metrics)
         }
     };
-    Ok(Admission::new(backend, config.settings.clone(), metrics))
+    tokio::spawn(retry_releases(Arc::downgrade(&admission)));
+    Ok(admission)
+}
+
+/// Heartbeats into the replica registry (and probes Redis while degraded) until the backend is
+/// dropped.
+async fn registry_loop(backend: Weak<PolicyBackend>, interval: Duration) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let Some(backend) = backend.upgrade() else {
+            return;
+        };
+        backend.tick().await;
+    }
 }
 
 /// Serves admission on `listener` (and `/metrics` on `metrics_listener`) until `shutdown`.
@@ -105,7 +142,6 @@ pub async fn serve(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
 
-    let background = tokio::spawn(retry_releases(admission.clone()));
     let metrics_task =
         metrics_listener.map(|listener| tokio::spawn(serve_metrics(listener, metrics.clone())));
 
@@ -118,10 +154,12 @@ pub async fn serve(
         .max_concurrent_streams(Some(config.max_concurrent_streams))
         .add_service(health_service)
         .add_service(reflection)
-        .add_service(AdmissionServer::new(AdmissionGrpc::new(admission)))
+        .add_service(AdmissionServer::new(AdmissionGrpc::new(admission.clone())))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await;
-    background.abort();
+    if let Some(policy) = admission.policy() {
+        policy.leave().await;
+    }
     if let Some(task) = metrics_task {
         task.abort();
     }
@@ -129,11 +167,15 @@ pub async fn serve(
     Ok(())
 }
 
-/// Retries releases the backend did not take (Redis blipped) until they land.
-async fn retry_releases(admission: Arc<Admission>) {
+/// Retries releases the backend did not take (Redis blipped) until they land, for as long as
+/// the engine lives.
+async fn retry_releases(admission: Weak<Admission>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tick.tick().await;
+        let Some(admission) = admission.upgrade() else {
+            return;
+        };
         admission.retry_pending_releases().await;
     }
 }

@@ -54,6 +54,7 @@ impl Store {
             Store::Redis(server) => BackendConfig::Redis {
                 target: RedisTarget::Single(server.url()),
                 options: RedisOptions::default(),
+                policy: Default::default(),
             },
         }
     }

@@ -1,0 +1,551 @@
+//! The Redis failure policy (DESIGN §4): what admission does while Redis does not answer, and how
+//! it returns without over-admitting.
+//!
+//! - `open` (default): fall back to the in-process limiter with the full limits; N replicas then
+//!   admit up to N × limit. Availability over strictness, on purpose.
+//! - `divided`: fall back to this replica's share of each limit — `floor(limit / N)`, plus one
+//!   for the first `limit mod N` replicas by rank in the Redis replica registry — so the shares
+//!   add up to exactly the limit. N is the last registry read, or `expected_replicas` when Redis
+//!   was never reached (then without the "plus one": the rank is unknown and a share must never
+//!   over-admit).
+//! - `closed`: refuse with `backend_unavailable`.
+//!
+//! A replica enters the degraded state on the first Redis failure (or a failed registry
+//! heartbeat) and stops sending operations to Redis; the registry heartbeat doubles as the probe.
+//! When Redis answers again, the replica first writes the leases and RPM events it admitted on its
+//! own into Redis, then serves from Redis again, then replays releases and spend recorded during
+//! the outage — so the return neither over-admits nor loses spend.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::backend::{AcquireLimits, LeaseBackend};
+use crate::domain::{AccountId, Denial, DenyReason, LeaseId, LeaseTerms, Renewal, millis};
+use crate::error::BackendError;
+use crate::memory::MemoryBackend;
+use crate::metrics::Metrics;
+use crate::redis_backend::RedisBackend;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailurePolicy {
+    Open,
+    Divided,
+    Closed,
+}
+
+impl FailurePolicy {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        match text {
+            "open" => Ok(FailurePolicy::Open),
+            "divided" => Ok(FailurePolicy::Divided),
+            "closed" => Ok(FailurePolicy::Closed),
+            other => Err(format!(
+                "unknown failure policy {other:?} (open, divided, closed)"
+            )),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailurePolicy::Open => "open",
+            FailurePolicy::Divided => "divided",
+            FailurePolicy::Closed => "closed",
+        }
+    }
+}
+
+/// Failure policy settings.
+#[derive(Debug, Clone)]
+pub struct PolicySettings {
+    pub policy: FailurePolicy,
+    /// Replica count assumed by `divided` when the registry was never read.
+    pub expected_replicas: u32,
+    /// How often each replica heartbeats into the registry (and probes Redis while degraded).
+    pub registry_interval: Duration,
+    /// How long a registry entry lives without a heartbeat.
+    pub registry_ttl: Duration,
+}
+
+impl Default for PolicySettings {
+    fn default() -> Self {
+        PolicySettings {
+            policy: FailurePolicy::Open,
+            expected_replicas: 1,
+            registry_interval: Duration::from_secs(1),
+            registry_ttl: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Work done on the fallback during an outage that Redis must see when it returns.
+enum OutageRecord {
+    Release {
+        lease_id: LeaseId,
+        spend_micros: i64,
+        session_window_ms: u64,
+    },
+    Spend {
+        account_id: AccountId,
+        spend_micros: i64,
+        session_window_ms: u64,
+    },
+}
+
+#[derive(Debug, Clone, Copy)]
+struct RegistryView {
+    replicas: u32,
+    /// This replica's rank among the live replicas; `None` until the registry was read.
+    rank: Option<u32>,
+}
+
+/// Redis with a failure policy in front. Implements the same backend trait, so the engine does
+/// not know whether Redis is up.
+pub struct PolicyBackend {
+    redis: RedisBackend,
+    fallback: MemoryBackend,
+    settings: PolicySettings,
+    member: String,
+    degraded: AtomicBool,
+    registry: Mutex<RegistryView>,
+    outage: Mutex<Vec<OutageRecord>>,
+    rpm_window_ms: u64,
+    metrics: Metrics,
+}
+
+impl PolicyBackend {
+    pub fn new(
+        redis: RedisBackend,
+        settings: PolicySettings,
+        rpm_window: Duration,
+        metrics: Metrics,
+    ) -> Arc<Self> {
+        let expected = settings.expected_replicas.max(1);
+        Arc::new(PolicyBackend {
+            redis,
+            fallback: MemoryBackend::new(),
+            member: format!("{:016x}", fastrand::u64(..)),
+            settings,
+            degraded: AtomicBool::new(false),
+            registry: Mutex::new(RegistryView {
+                replicas: expected,
+                rank: None,
+            }),
+            outage: Mutex::new(Vec::new()),
+            rpm_window_ms: millis(rpm_window),
+            metrics,
+        })
+    }
+
+    pub fn is_degraded(&self) -> bool {
+        self.degraded.load(Ordering::Relaxed)
+    }
+
+    pub fn policy(&self) -> FailurePolicy {
+        self.settings.policy
+    }
+
+    fn enter_degraded(&self, operation: &'static str, error: &BackendError) {
+        if !self.degraded.swap(true, Ordering::Relaxed) {
+            tracing::warn!(%error, operation, policy = self.settings.policy.as_str(), "redis unavailable; failure policy in force");
+            self.metrics.degraded.set(1);
+        }
+    }
+
+    fn count_fallback(&self, operation: &'static str, reason: &'static str) {
+        self.metrics
+            .fallbacks
+            .with_label_values(&[operation, reason])
+            .inc();
+    }
+
+    /// Runs `on_redis` unless degraded; on failure (or when degraded) runs `on_fallback`.
+    async fn guarded<T>(
+        &self,
+        operation: &'static str,
+        on_redis: impl Future<Output = Result<T, BackendError>>,
+        on_fallback: impl Future<Output = Result<T, BackendError>>,
+    ) -> Result<T, BackendError> {
+        if self.is_degraded() {
+            self.count_fallback(operation, "degraded");
+            return on_fallback.await;
+        }
+        match on_redis.await {
+            Ok(value) => Ok(value),
+            Err(error) => {
+                let reason = match error {
+                    BackendError::Timeout => "timeout",
+                    BackendError::Failed(_) => "error",
+                };
+                self.enter_degraded(operation, &error);
+                self.count_fallback(operation, reason);
+                on_fallback.await
+            }
+        }
+    }
+
+    /// This replica's share of `limit` under `divided`; `limit` itself otherwise.
+    fn share(&self, limit: i32) -> i32 {
+        if limit <= 0 || self.settings.policy != FailurePolicy::Divided {
+            return limit;
+        }
+        let view = *self.registry.lock().unwrap_or_else(|p| p.into_inner());
+        let replicas = view.replicas.max(1) as i32;
+        let base = limit / replicas;
+        let extra = match view.rank {
+            Some(rank) if (rank as i32) < limit % replicas => 1,
+            _ => 0,
+        };
+        base + extra
+    }
+
+    fn unavailable() -> Denial {
+        Denial::new(DenyReason::BackendUnavailable, 1000)
+    }
+
+    /// Heartbeats into the registry; on success while degraded, recovers. Run every
+    /// `registry_interval` by the server.
+    pub async fn tick(&self) {
+        let ttl = millis(self.settings.registry_ttl);
+        match self.redis.registry_heartbeat(&self.member, ttl).await {
+            Ok(members) => {
+                let rank = members
+                    .iter()
+                    .position(|m| *m == self.member)
+                    .map(|r| r as u32);
+                {
+                    let mut view = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+                    view.replicas = (members.len() as u32).max(1);
+                    view.rank = rank;
+                }
+                if self.is_degraded() {
+                    self.recover().await;
+                }
+            }
+            Err(error) => self.enter_degraded("registry", &error),
+        }
+    }
+
+    /// Writes what the fallback admitted into Redis, resumes Redis, then replays the outage's
+    /// releases and spend. Any failure leaves the replica degraded for the next tick.
+    async fn recover(&self) {
+        let snapshot = self.fallback.snapshot(self.rpm_window_ms);
+        if let Err(error) = self.redis.restore(&snapshot).await {
+            tracing::warn!(%error, "redis answers again but the fallback leases could not be written; staying degraded");
+            return;
+        }
+        self.fallback.forget(&snapshot);
+        self.degraded.store(false, Ordering::Relaxed);
+        // Leases granted between the snapshot and the switch.
+        let late = self.fallback.snapshot(self.rpm_window_ms);
+        if !late.is_empty() {
+            match self.redis.restore(&late).await {
+                Ok(()) => self.fallback.forget(&late),
+                Err(error) => {
+                    tracing::warn!(%error, "late fallback leases not written; they expire by themselves")
+                }
+            }
+        }
+        let records: Vec<OutageRecord> =
+            std::mem::take(&mut *self.outage.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut failed = Vec::new();
+        for record in records {
+            let result = match &record {
+                OutageRecord::Release {
+                    lease_id,
+                    spend_micros,
+                    session_window_ms,
+                } => self
+                    .redis
+                    .release(lease_id, *spend_micros, *session_window_ms)
+                    .await
+                    .map(|_| ()),
+                OutageRecord::Spend {
+                    account_id,
+                    spend_micros,
+                    session_window_ms,
+                } => self
+                    .redis
+                    .record_spend(*account_id, *spend_micros, *session_window_ms)
+                    .await
+                    .map(|_| ()),
+            };
+            if result.is_err() {
+                failed.push(record);
+            }
+        }
+        let unreplayed = failed.len();
+        self.outage
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(failed);
+        self.metrics.degraded.set(0);
+        tracing::info!(
+            restored_accounts = snapshot.accounts.len(),
+            unreplayed,
+            "redis is back; fallback leases written, global enforcement resumed"
+        );
+    }
+
+    /// Leaves the registry on shutdown.
+    pub async fn leave(&self) {
+        if let Err(error) = self.redis.registry_leave(&self.member).await {
+            tracing::debug!(%error, "could not leave the replica registry; the entry expires");
+        }
+    }
+
+    fn push_outage(&self, record: OutageRecord) {
+        self.outage
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(record);
+    }
+}
+
+#[async_trait]
+impl LeaseBackend for PolicyBackend {
+    async fn charge_user(
+        &self,
+        user_id: &str,
+        rpm_limit: i32,
+        event_id: &str,
+        window_ms: u64,
+    ) -> Result<Option<Denial>, BackendError> {
+        let fallback = async {
+            if self.settings.policy == FailurePolicy::Closed {
+                return Ok(Some(Self::unavailable()));
+            }
+            let share = self.share(rpm_limit);
+            if share == 0 {
+                return Ok(Some(Denial::new(DenyReason::UserRpm, 1000)));
+            }
+            self.fallback
+                .charge_user(user_id, share, event_id, window_ms)
+                .await
+        };
+        self.guarded(
+            "charge_user",
+            self.redis
+                .charge_user(user_id, rpm_limit, event_id, window_ms),
+            fallback,
+        )
+        .await
+    }
+
+    async fn refund_user(&self, user_id: &str, event_id: &str) -> Result<(), BackendError> {
+        self.guarded(
+            "refund_user",
+            self.redis.refund_user(user_id, event_id),
+            self.fallback.refund_user(user_id, event_id),
+        )
+        .await
+    }
+
+    async fn acquire(
+        &self,
+        terms: &LeaseTerms,
+        lease_id: &LeaseId,
+        limits: AcquireLimits,
+    ) -> Result<Option<Denial>, BackendError> {
+        let fallback = async {
+            match self.settings.policy {
+                FailurePolicy::Closed => Ok(Some(Self::unavailable())),
+                FailurePolicy::Open => self.fallback.acquire(terms, lease_id, limits).await,
+                FailurePolicy::Divided => {
+                    let concurrency = self.share(terms.concurrency_limit);
+                    let rpm = self.share(terms.rpm_limit);
+                    if terms.concurrency_limit > 0 && concurrency == 0 {
+                        return Ok(Some(Denial::new(DenyReason::Concurrency, 0)));
+                    }
+                    if terms.rpm_limit > 0 && rpm == 0 {
+                        return Ok(Some(Denial::new(DenyReason::Rpm, 1000)));
+                    }
+                    let shared = LeaseTerms {
+                        concurrency_limit: concurrency,
+                        rpm_limit: rpm,
+                        ..terms.clone()
+                    };
+                    self.fallback.acquire(&shared, lease_id, limits).await
+                }
+            }
+        };
+        self.guarded(
+            "acquire",
+            self.redis.acquire(terms, lease_id, limits),
+            fallback,
+        )
+        .await
+    }
+
+    async fn renew(&self, lease_id: &LeaseId, ttl_ms: u64) -> Result<Renewal, BackendError> {
+        // A lease Redis granted before the outage moves into the fallback on its first renewal,
+        // so it is counted locally and written back on recovery.
+        let fallback = async {
+            if self.settings.policy == FailurePolicy::Closed {
+                return Err(BackendError::Failed(
+                    "redis unavailable (policy closed)".into(),
+                ));
+            }
+            self.fallback
+                .renew(lease_id, ttl_ms)
+                .await
+                .map(|_| Renewal { restored: false })
+        };
+        self.guarded("renew", self.redis.renew(lease_id, ttl_ms), fallback)
+            .await
+    }
+
+    async fn resume(&self, lease_id: &LeaseId, ttl_ms: u64) -> Result<bool, BackendError> {
+        let fallback = async {
+            if self.settings.policy == FailurePolicy::Closed {
+                return Err(BackendError::Failed(
+                    "redis unavailable (policy closed)".into(),
+                ));
+            }
+            // Redis cannot be asked whether the lease is live; the holder says it is running.
+            self.fallback.renew(lease_id, ttl_ms).await.map(|_| true)
+        };
+        self.guarded("resume", self.redis.resume(lease_id, ttl_ms), fallback)
+            .await
+    }
+
+    async fn attempt(
+        &self,
+        lease_id: &LeaseId,
+        rpm_limit: i32,
+        event_id: &str,
+        window_ms: u64,
+    ) -> Result<Option<Denial>, BackendError> {
+        let fallback = async {
+            if self.settings.policy == FailurePolicy::Closed {
+                return Ok(Some(Self::unavailable()));
+            }
+            let share = self.share(rpm_limit);
+            if share == 0 {
+                return Ok(Some(Denial::new(DenyReason::Rpm, 1000)));
+            }
+            self.fallback
+                .attempt(lease_id, share, event_id, window_ms)
+                .await
+        };
+        self.guarded(
+            "attempt",
+            self.redis.attempt(lease_id, rpm_limit, event_id, window_ms),
+            fallback,
+        )
+        .await
+    }
+
+    async fn release(
+        &self,
+        lease_id: &LeaseId,
+        spend_micros: i64,
+        session_window_ms: u64,
+    ) -> Result<bool, BackendError> {
+        let fallback = async {
+            let removed = self
+                .fallback
+                .release(lease_id, 0, session_window_ms)
+                .await?;
+            // Redis may still hold the lease (granted before the outage) and must get the spend.
+            self.push_outage(OutageRecord::Release {
+                lease_id: lease_id.clone(),
+                spend_micros,
+                session_window_ms,
+            });
+            Ok(removed)
+        };
+        self.guarded(
+            "release",
+            self.redis
+                .release(lease_id, spend_micros, session_window_ms),
+            fallback,
+        )
+        .await
+    }
+
+    async fn orphan(&self, lease_id: &LeaseId, grace_ms: u64) -> Result<(), BackendError> {
+        self.guarded(
+            "orphan",
+            self.redis.orphan(lease_id, grace_ms),
+            self.fallback.orphan(lease_id, grace_ms),
+        )
+        .await
+    }
+
+    async fn inflight(&self, account_ids: &[AccountId]) -> Result<Vec<u32>, BackendError> {
+        // Only this replica's view while degraded: the others' leases are in an unreachable Redis.
+        self.guarded(
+            "inflight",
+            self.redis.inflight(account_ids),
+            self.fallback.inflight(account_ids),
+        )
+        .await
+    }
+
+    async fn record_spend(
+        &self,
+        account_id: AccountId,
+        spend_micros: i64,
+        session_window_ms: u64,
+    ) -> Result<i64, BackendError> {
+        let fallback = async {
+            self.push_outage(OutageRecord::Spend {
+                account_id,
+                spend_micros,
+                session_window_ms,
+            });
+            self.fallback
+                .record_spend(account_id, spend_micros, session_window_ms)
+                .await
+        };
+        self.guarded(
+            "record_spend",
+            self.redis
+                .record_spend(account_id, spend_micros, session_window_ms),
+            fallback,
+        )
+        .await
+    }
+
+    async fn set_cooldown(&self, account_id: AccountId, ttl_ms: u64) -> Result<(), BackendError> {
+        self.guarded(
+            "set_cooldown",
+            self.redis.set_cooldown(account_id, ttl_ms),
+            self.fallback.set_cooldown(account_id, ttl_ms),
+        )
+        .await
+    }
+
+    async fn register_waiter(
+        &self,
+        account_id: AccountId,
+        waiter_id: &str,
+        max_waiting: u32,
+        ttl_ms: u64,
+    ) -> Result<Option<u32>, BackendError> {
+        self.guarded(
+            "register_waiter",
+            self.redis
+                .register_waiter(account_id, waiter_id, max_waiting, ttl_ms),
+            self.fallback
+                .register_waiter(account_id, waiter_id, max_waiting, ttl_ms),
+        )
+        .await
+    }
+
+    async fn remove_waiter(
+        &self,
+        account_id: AccountId,
+        waiter_id: &str,
+    ) -> Result<(), BackendError> {
+        self.guarded(
+            "remove_waiter",
+            self.redis.remove_waiter(account_id, waiter_id),
+            self.fallback.remove_waiter(account_id, waiter_id),
+        )
+        .await
+    }
+}
