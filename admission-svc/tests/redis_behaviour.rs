@@ -91,7 +91,7 @@ async fn heartbeat_after_a_redis_restart_restores_the_lease() {
         unreachable!("redis store")
     };
     redis.restart().await.expect("redis restarts empty");
-    let mut conn = redis.client().await.expect("client");
+    let conn = redis.client().await.expect("client");
     let keys = AccountKeys::new(221);
     let held = |conn: redis::aio::MultiplexedConnection| {
         let key = keys.leases.clone();
