@@ -143,6 +143,12 @@ impl PolicyBackend {
         self.degraded.load(Ordering::Relaxed)
     }
 
+    /// (live replicas, this replica's rank) as last read from the registry.
+    pub fn registry_view(&self) -> (u32, Option<u32>) {
+        let view = *self.registry.lock().unwrap_or_else(|p| p.into_inner());
+        (view.replicas, view.rank)
+    }
+
     pub fn policy(&self) -> FailurePolicy {
         self.settings.policy
     }

@@ -291,16 +291,16 @@ impl RedisBackend {
         let key = AccountKeys::new(lease_id.account_id()).leases;
         let member = lease_id.as_str().to_owned();
         tokio::spawn(async move {
+            // Its own 500 ms bound, not the handle's timeout: the acquire just timed out, so
+            // Redis is slow right now.
             let cleanup = async {
                 let mut conn = redis.conn().await?;
-                redis
-                    .bounded(
-                        redis::cmd("ZREM")
-                            .arg(&key)
-                            .arg(&member)
-                            .query_async::<i64>(&mut conn),
-                    )
+                redis::cmd("ZREM")
+                    .arg(&key)
+                    .arg(&member)
+                    .query_async::<i64>(&mut conn)
                     .await
+                    .map_err(BackendError::from)
             };
             match tokio::time::timeout(UNCERTAIN_CLEANUP_TIMEOUT, cleanup).await {
                 Ok(Ok(_)) => tracing::debug!(lease_id = %member, "uncertain acquire cleaned up"),

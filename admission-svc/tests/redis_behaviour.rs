@@ -3,15 +3,17 @@
 
 mod support;
 
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use admission_svc::redis_conn::{RedisOptions, RedisTarget};
 use admission_svc::server::BackendConfig;
 use poolgate_proto::admission::v1 as pb;
 use poolgate_proto::keys::AccountKeys;
-use poolgate_testkit::{RedisCluster, RedisServer, eventually, free_port};
-use support::{Answer, LeaseStream, Store, TestServer, acquire, connect, inflight, inflight_one};
+use poolgate_testkit::{RedisCluster, RedisServer, eventually};
+use support::{
+    AdmissionProcess, Answer, LeaseStream, Store, TestServer, acquire, connect, inflight,
+    inflight_one,
+};
 
 async fn redis_now_ms(conn: &mut redis::aio::MultiplexedConnection) -> i64 {
     let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(conn).await.expect("TIME");
@@ -131,42 +133,15 @@ async fn heartbeat_after_a_redis_restart_restores_the_lease() {
     stream.release(0.0).await;
 }
 
-struct AdmissionProcess {
-    child: Child,
-    addr: std::net::SocketAddr,
-}
-
-impl AdmissionProcess {
-    fn spawn(redis_url: &str, ttl_ms: u64) -> Self {
-        let port = free_port().expect("port");
-        let metrics_port = free_port().expect("port");
-        let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
-        let child = Command::new(env!("CARGO_BIN_EXE_admission-svc"))
-            .args(["--listen", &addr.to_string()])
-            .args(["--metrics-listen", &format!("127.0.0.1:{metrics_port}")])
-            .args(["--redis-url", redis_url])
-            .args(["--lease-ttl-ms", &ttl_ms.to_string()])
-            .env_remove("RUST_LOG")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("admission-svc starts");
-        AdmissionProcess { child, addr }
-    }
-}
-
-impl Drop for AdmissionProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_of_a_killed_admission_process_are_reaped_at_their_ttl() {
     let redis = RedisServer::start().await.expect("redis");
     let ttl = Duration::from_millis(2_000);
-    let mut process = AdmissionProcess::spawn(&redis.url(), 2_000);
+    let mut process = AdmissionProcess::spawn(
+        env!("CARGO_BIN_EXE_admission-svc"),
+        &redis.url(),
+        &["--lease-ttl-ms", "2000"],
+    );
     let client = connect(process.addr).await;
     let mut held = Vec::new();
     for _ in 0..3 {

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +14,7 @@ use admission_svc::redis_conn::{RedisOptions, RedisTarget};
 use admission_svc::server::{self, BackendConfig, Config};
 use poolgate_proto::admission::v1 as pb;
 use poolgate_proto::admission::v1::admission_client::AdmissionClient;
-use poolgate_testkit::RedisServer;
+use poolgate_testkit::{RedisServer, free_port};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
@@ -318,4 +319,36 @@ pub async fn record_spend(client: &Client, account: i64, usd: f64) -> f64 {
         .expect("record spend answers")
         .into_inner()
         .window_spend_usd
+}
+
+/// An admission-svc process (spawned from the test's binary path), killed on drop.
+pub struct AdmissionProcess {
+    pub child: Child,
+    pub addr: std::net::SocketAddr,
+}
+
+impl AdmissionProcess {
+    pub fn spawn(binary: &str, redis_url: &str, extra_args: &[&str]) -> Self {
+        let port = free_port().expect("port");
+        let metrics_port = free_port().expect("port");
+        let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+        let child = Command::new(binary)
+            .args(["--listen", &addr.to_string()])
+            .args(["--metrics-listen", &format!("127.0.0.1:{metrics_port}")])
+            .args(["--redis-url", redis_url])
+            .args(extra_args)
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("admission-svc starts");
+        AdmissionProcess { child, addr }
+    }
+}
+
+impl Drop for AdmissionProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

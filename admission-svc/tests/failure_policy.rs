@@ -1,0 +1,282 @@
+//! The Redis failure policies, each pinned by a test named after its behaviour (DESIGN §4), plus
+//! the cleanup of an uncertain acquire. Three admission replicas run in this process on one
+//! private Redis; the test stops and restarts that Redis.
+
+mod support;
+
+use std::time::Duration;
+
+use admission_svc::policy::{FailurePolicy, PolicySettings};
+use admission_svc::redis_conn::{RedisOptions, RedisTarget};
+use admission_svc::server::BackendConfig;
+use poolgate_proto::admission::v1 as pb;
+use poolgate_proto::keys::AccountKeys;
+use poolgate_testkit::{RedisServer, eventually, free_port};
+use support::{LeaseStream, TestServer, acquire, test_settings};
+
+fn backend(url: String, policy: FailurePolicy, expected_replicas: u32) -> BackendConfig {
+    BackendConfig::Redis {
+        target: RedisTarget::Single(url),
+        options: RedisOptions {
+            timeout: Duration::from_millis(300),
+            pool_size: 4,
+        },
+        policy: PolicySettings {
+            policy,
+            expected_replicas,
+            registry_interval: Duration::from_millis(100),
+            registry_ttl: Duration::from_millis(1_000),
+        },
+    }
+}
+
+async fn replicas(redis: &RedisServer, policy: FailurePolicy, count: usize) -> Vec<TestServer> {
+    let mut servers = Vec::new();
+    for _ in 0..count {
+        servers.push(TestServer::start(backend(redis.url(), policy, 1), test_settings()).await);
+    }
+    // Every replica sees the full registry before the outage.
+    for server in &servers {
+        eventually(Duration::from_secs(5), || async {
+            let policy = server.admission.policy()?;
+            (policy.registry_view().0 == count as u32).then_some(())
+        })
+        .await
+        .expect("registry holds every replica");
+    }
+    servers
+}
+
+/// Acquires on every replica until each refuses; returns the grants per replica (streams held).
+async fn fill(servers: &[TestServer], terms: &pb::Acquire) -> (Vec<usize>, Vec<LeaseStream>) {
+    let mut held = Vec::new();
+    let mut grants = Vec::new();
+    for server in servers {
+        let mut granted = 0;
+        for _ in 0..50 {
+            let (stream, answer) = LeaseStream::acquire(&server.client, terms.clone()).await;
+            if !answer.is_granted() {
+                assert_eq!(
+                    answer.denied_reason(),
+                    Some(pb::DenyReason::Concurrency),
+                    "{answer:?}"
+                );
+                break;
+            }
+            granted += 1;
+            held.push(stream);
+        }
+        grants.push(granted);
+    }
+    (grants, held)
+}
+
+fn fallbacks(server: &TestServer) -> u64 {
+    let metrics = server.admission.metrics();
+    ["acquire", "charge_user", "registry"]
+        .iter()
+        .flat_map(|op| ["timeout", "error", "degraded"].map(|reason| (op, reason)))
+        .map(|(op, reason)| metrics.fallbacks.with_label_values(&[op, reason]).get())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_policy_lets_three_replicas_admit_exactly_three_times_the_limit_while_redis_is_down() {
+    let mut redis = RedisServer::start().await.expect("redis");
+    let servers = replicas(&redis, FailurePolicy::Open, 3).await;
+    redis.kill();
+    let (grants, _held) = fill(&servers, &acquire(501, 2)).await;
+    assert_eq!(
+        grants,
+        vec![2, 2, 2],
+        "each replica enforces the full limit on its own"
+    );
+    for server in &servers {
+        assert!(server.admission.is_degraded());
+        assert_eq!(server.admission.metrics().degraded.get(), 1);
+        assert!(fallbacks(server) > 0, "the fallback counter moved");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn divided_policy_lets_three_replicas_admit_exactly_the_limit_in_total_while_redis_is_down() {
+    let mut redis = RedisServer::start().await.expect("redis");
+    let servers = replicas(&redis, FailurePolicy::Divided, 3).await;
+    redis.kill();
+    for limit in [5, 7, 2, 3] {
+        let (grants, held) = fill(&servers, &acquire(510 + limit as i64, limit)).await;
+        assert_eq!(
+            grants.iter().sum::<usize>(),
+            limit as usize,
+            "limit {limit}: shares {grants:?}"
+        );
+        let mut sorted = grants.clone();
+        sorted.sort();
+        assert!(
+            sorted[2] - sorted[0] <= 1,
+            "shares differ by at most one: {grants:?}"
+        );
+        drop(held);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn divided_policy_uses_expected_replicas_when_redis_was_never_reached() {
+    let dead = format!("redis://127.0.0.1:{}", free_port().expect("port"));
+    let server = TestServer::start(backend(dead, FailurePolicy::Divided, 3), test_settings()).await;
+    let (grants, _held) = fill(std::slice::from_ref(&server), &acquire(521, 7)).await;
+    // floor(7 / 3) = 2: without a registry read the rank is unknown, so no "plus one".
+    assert_eq!(grants, vec![2]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closed_policy_refuses_with_backend_unavailable_while_redis_is_down() {
+    let mut redis = RedisServer::start().await.expect("redis");
+    let servers = replicas(&redis, FailurePolicy::Closed, 3).await;
+    redis.kill();
+    for server in &servers {
+        let (_, answer) = LeaseStream::acquire(&server.client, acquire(531, 5)).await;
+        assert_eq!(
+            answer.denied_reason(),
+            Some(pb::DenyReason::BackendUnavailable),
+            "{answer:?}"
+        );
+        // Unlimited accounts never touch Redis, so they are still granted.
+        let (_, free) = LeaseStream::acquire(&server.client, acquire(532, 0)).await;
+        assert!(free.is_granted());
+    }
+    redis.restart().await.expect("redis back");
+    for server in &servers {
+        eventually(Duration::from_secs(5), || async {
+            let (_, answer) = LeaseStream::acquire(&server.client, acquire(533, 5)).await;
+            answer.is_granted().then_some(())
+        })
+        .await
+        .expect("granted again once redis answers");
+        assert_eq!(server.admission.metrics().degraded.get(), 0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_redis_restarts_enforcement_resumes_without_over_admission_from_outage_leases() {
+    let mut redis = RedisServer::start().await.expect("redis");
+    let servers = replicas(&redis, FailurePolicy::Open, 3).await;
+    redis.kill();
+    let terms = pb::Acquire {
+        rpm_limit: 100,
+        session_window_limit_usd: 100.0,
+        ..acquire(541, 2)
+    };
+    let (grants, mut held) = fill(&servers, &terms).await;
+    assert_eq!(grants, vec![2, 2, 2]);
+    // Spend recorded during the outage must not be lost.
+    held.pop().expect("a lease").release(1.5).await;
+    redis.restart().await.expect("redis back, empty");
+    for server in &servers {
+        eventually(Duration::from_secs(5), || async {
+            (!server.admission.is_degraded()).then_some(())
+        })
+        .await
+        .expect("every replica recovers");
+    }
+    let mut conn = redis.client().await.expect("client");
+    let keys = AccountKeys::new(541);
+    let leases: u32 = redis::cmd("ZCARD")
+        .arg(&keys.leases)
+        .query_async(&mut conn)
+        .await
+        .expect("zcard");
+    assert_eq!(
+        leases, 5,
+        "the outage's running leases were written back before serving"
+    );
+    let events: u32 = redis::cmd("ZCARD")
+        .arg(&keys.rpm)
+        .query_async(&mut conn)
+        .await
+        .expect("zcard");
+    assert_eq!(events, 6, "and so were its RPM events");
+    // Global enforcement: 5 running leases, limit 2 → everyone refuses.
+    for server in &servers {
+        let (_, answer) = LeaseStream::acquire(&server.client, terms.clone()).await;
+        assert_eq!(answer.denied_reason(), Some(pb::DenyReason::Concurrency));
+    }
+    // Down to one running lease: exactly one more fits, cluster-wide.
+    for stream in held.drain(..4) {
+        stream.release(0.0).await;
+    }
+    let (_one_more, answer) = LeaseStream::acquire(&servers[1].client, terms.clone()).await;
+    assert!(answer.is_granted(), "{answer:?}");
+    let (_, answer) = LeaseStream::acquire(&servers[2].client, terms.clone()).await;
+    assert_eq!(answer.denied_reason(), Some(pb::DenyReason::Concurrency));
+    // The spend of the release made during the outage reached Redis after recovery.
+    let spend: Option<i64> = redis::cmd("HGET")
+        .arg(&keys.window)
+        .arg("spend")
+        .query_async(&mut conn)
+        .await
+        .expect("hget");
+    assert_eq!(spend, Some(1_500_000), "1.5 USD in micro-USD");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uncertain_acquire_is_cleaned_up_by_one_detached_zrem() {
+    let redis = RedisServer::start_with(&["--enable-debug-command", "yes"])
+        .await
+        .expect("redis");
+    let mut backend = backend(redis.url(), FailurePolicy::Closed, 1);
+    if let BackendConfig::Redis { options, .. } = &mut backend {
+        options.timeout = Duration::from_millis(60);
+    }
+    let server = TestServer::start(backend, test_settings()).await;
+    let terms = pb::Acquire {
+        rpm_limit: 10,
+        ..acquire(551, 3)
+    };
+    // Warm the script cache and the pool, then block Redis for 300 ms so the next acquire
+    // times out on the client side and runs (commits) afterwards.
+    let (warm, answer) = LeaseStream::acquire(&server.client, terms.clone()).await;
+    assert!(answer.is_granted());
+    warm.release(0.0).await;
+    let mut blocker = redis.client().await.expect("client");
+    let sleeper = tokio::spawn(async move {
+        let _: Result<String, _> = redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg("0.3")
+            .query_async(&mut blocker)
+            .await;
+    });
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let (_, answer) = LeaseStream::acquire(&server.client, terms.clone()).await;
+    assert_eq!(
+        answer.denied_reason(),
+        Some(pb::DenyReason::BackendUnavailable),
+        "{answer:?}"
+    );
+    let _ = sleeper.await;
+    let mut conn = redis.client().await.expect("client");
+    let keys = AccountKeys::new(551);
+    let events: u32 = redis::cmd("ZCARD")
+        .arg(&keys.rpm)
+        .query_async(&mut conn)
+        .await
+        .expect("zcard");
+    assert_eq!(
+        events, 2,
+        "the timed-out script did commit (its RPM event is there)"
+    );
+    eventually(Duration::from_millis(1_000), || {
+        let mut conn = conn.clone();
+        let key = keys.leases.clone();
+        async move {
+            let leases: u32 = redis::cmd("ZCARD")
+                .arg(&key)
+                .query_async(&mut conn)
+                .await
+                .ok()?;
+            (leases == 0).then_some(())
+        }
+    })
+    .await
+    .expect("the ghost lease is removed long before its 3 s ttl");
+}
