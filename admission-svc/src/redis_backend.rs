@@ -15,7 +15,7 @@ use crate::backend::{AcquireLimits, LeaseBackend};
 use crate::domain::{AccountId, Denial, DenyReason, LeaseId, LeaseTerms, Renewal};
 use crate::error::BackendError;
 use crate::memory::FallbackSnapshot;
-use crate::redis_conn::RedisHandle;
+use crate::redis_conn::{Conn, RedisHandle};
 
 /// Shared Lua prelude: the Redis clock in ms, and a PEXPIRE that only ever lengthens.
 const PRELUDE: &str = r#"
@@ -284,24 +284,19 @@ impl RedisBackend {
         self.redis.bounded(invocation.invoke_async(&mut conn)).await
     }
 
-    /// After an acquire that timed out (the script may have committed), remove the lease once,
-    /// detached and bounded, so no ghost slot stays for a whole TTL. Not retried.
-    fn remove_uncertain_lease(&self, lease_id: &LeaseId) {
-        let redis = self.redis.clone();
+    /// After an acquire that timed out (the script may have committed), removes the lease once,
+    /// detached and bounded by 500 ms, so no ghost slot stays for a whole TTL. Not retried.
+    ///
+    /// The `ZREM` goes out on the *same* connection as the timed-out script: Redis answers one
+    /// connection's commands in order, so the removal cannot overtake the script it cleans up
+    /// after (on another connection it could run first and remove nothing).
+    fn remove_uncertain_lease(&self, lease_id: &LeaseId, mut conn: Conn) {
         let key = AccountKeys::new(lease_id.account_id()).leases;
         let member = lease_id.as_str().to_owned();
         tokio::spawn(async move {
-            // Its own 500 ms bound, not the handle's timeout: the acquire just timed out, so
-            // Redis is slow right now.
-            let cleanup = async {
-                let mut conn = redis.conn().await?;
-                redis::cmd("ZREM")
-                    .arg(&key)
-                    .arg(&member)
-                    .query_async::<i64>(&mut conn)
-                    .await
-                    .map_err(BackendError::from)
-            };
+            let mut zrem = redis::cmd("ZREM");
+            zrem.arg(&key).arg(&member);
+            let cleanup = zrem.query_async::<i64>(&mut conn);
             match tokio::time::timeout(UNCERTAIN_CLEANUP_TIMEOUT, cleanup).await {
                 Ok(Ok(_)) => tracing::debug!(lease_id = %member, "uncertain acquire cleaned up"),
                 _ => {
@@ -443,16 +438,22 @@ impl LeaseBackend for RedisBackend {
             .arg(limits.window_limit_micros)
             .arg(limits.rpm_window_ms)
             .arg(limits.session_window_ms);
-        match self.script::<(String, u64, i64)>(&invocation).await {
-            Ok((reason, retry, now)) => {
+        let mut conn = self.redis.conn().await?;
+        let reply = tokio::time::timeout(
+            self.redis.timeout(),
+            invocation.invoke_async::<(String, u64, i64)>(&mut conn),
+        )
+        .await;
+        match reply {
+            Ok(Ok((reason, retry, now))) => {
                 self.learn_clock(now);
                 Ok((reason != "granted").then(|| Denial::new(deny_reason(&reason), retry)))
             }
-            Err(BackendError::Timeout) => {
-                self.remove_uncertain_lease(lease_id);
+            Ok(Err(error)) => Err(BackendError::from(error)),
+            Err(_) => {
+                self.remove_uncertain_lease(lease_id, conn);
                 Err(BackendError::Timeout)
             }
-            Err(error) => Err(error),
         }
     }
 
