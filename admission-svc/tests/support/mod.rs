@@ -186,16 +186,27 @@ impl Answer {
 impl LeaseStream {
     /// Opens a stream whose first message is `first`, and reads the answer.
     pub async fn open(client: &Client, first: pb::lease_request::Kind) -> (LeaseStream, Answer) {
+        match Self::try_open(client, first).await {
+            Ok(opened) => opened,
+            Err(status) => panic!("lease call failed: {status}"),
+        }
+    }
+
+    /// Like `open`, but a failed call (replica gone) is an error instead of a panic.
+    pub async fn try_open(
+        client: &Client,
+        first: pb::lease_request::Kind,
+    ) -> Result<(LeaseStream, Answer), tonic::Status> {
         let (sender, receiver) = mpsc::channel(8);
         sender
             .send(request(first))
             .await
             .expect("queue first message");
         let mut client = client.clone();
-        let events = match client.lease(ReceiverStream::new(receiver)).await {
-            Ok(response) => response.into_inner(),
-            Err(status) => panic!("lease call failed: {status}"),
-        };
+        let events = client
+            .lease(ReceiverStream::new(receiver))
+            .await?
+            .into_inner();
         let mut stream = LeaseStream {
             sender: Some(sender),
             events,
@@ -206,7 +217,7 @@ impl LeaseStream {
         if let Answer::Granted(id) = &answer {
             stream.lease_id = Some(id.clone());
         }
-        (stream, answer)
+        Ok((stream, answer))
     }
 
     pub async fn acquire(client: &Client, acquire: pb::Acquire) -> (LeaseStream, Answer) {
@@ -281,6 +292,18 @@ impl LeaseStream {
             Ok(Some(pb::lease_event::Kind::Released(_))) => {}
             other => panic!("expected Released, got {other:?}"),
         }
+    }
+
+    /// Releases; `false` when the stream broke instead of answering `Released`.
+    pub async fn try_release(mut self) -> bool {
+        self.send(pb::lease_request::Kind::Release(pb::Release {
+            spend_usd: 0.0,
+        }))
+        .await;
+        matches!(
+            self.next_event().await,
+            Ok(Some(pb::lease_event::Kind::Released(_)))
+        )
     }
 
     /// Ends the stream without `Release` (the holder went away).
