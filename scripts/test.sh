@@ -50,6 +50,9 @@ if [ "${SKIP_LINT:-0}" != 1 ]; then
   cargo clippy --workspace --all-targets --locked -- -D warnings
 fi
 
+log "bench smoke (a short run: the bench still builds and runs; figures are not checked)"
+cargo run --locked -q -p poolgate-bench --bin admission-bench -- --seconds 0.3 --rate 300 --concurrency 4
+
 log "tests"
 if cargo nextest --version >/dev/null 2>&1; then
   # No crate has doctests; nextest's summary is the last thing printed.

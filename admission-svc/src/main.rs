@@ -47,7 +47,7 @@ struct Cli {
     #[arg(long, env = "ADMISSION_REDIS_TIMEOUT_MS", default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(10..))]
     redis_timeout_ms: u64,
     /// Connections in the Redis pool (single node).
-    #[arg(long, env = "ADMISSION_REDIS_POOL_SIZE", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, env = "ADMISSION_REDIS_POOL_SIZE", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
     redis_pool_size: u32,
     /// What to do while Redis does not answer: `open` (in-process limits; N replicas admit up to
     /// N × limit), `divided` (this replica's share of each limit), `closed` (refuse).

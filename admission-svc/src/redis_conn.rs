@@ -74,7 +74,7 @@ impl RedisTarget {
 pub struct RedisOptions {
     /// Bound on every Redis operation (and on taking a connection from the pool).
     pub timeout: Duration,
-    /// Connections in the single-node pool.
+    /// Connections in the single-node pool (each multiplexed: shared by many callers).
     pub pool_size: u32,
 }
 
@@ -82,7 +82,7 @@ impl Default for RedisOptions {
     fn default() -> Self {
         RedisOptions {
             timeout: Duration::from_millis(1000),
-            pool_size: 16,
+            pool_size: 4,
         }
     }
 }
@@ -200,21 +200,31 @@ impl RedisHandle {
     }
 
     /// Takes a connection for one operation (bounded by the pool's connection timeout).
+    ///
+    /// A multiplexed connection serves many callers at once, so the pool only hands out a
+    /// *clone* and gets its entry back at once: callers never queue behind each other for a
+    /// pool slot, and the pool still replaces connections that broke (see [`TrackingManager`]).
     pub async fn conn(&self) -> Result<Conn, BackendError> {
         let inner = match &self.backend {
             Backend::Single(pool) => {
                 let mut tries = pool.state().connections + 1;
                 loop {
-                    let pooled = pool.get_owned().await.map_err(|e| match e {
+                    let pooled = pool.get().await.map_err(|e| match e {
                         bb8::RunError::User(e) => BackendError::from(e),
                         bb8::RunError::TimedOut => BackendError::Timeout,
                     })?;
                     let stale = pooled.generation < pooled.failures.load(Ordering::Relaxed);
-                    if !stale || tries == 0 {
-                        break ConnInner::Single(pooled);
+                    if stale && tries > 0 {
+                        // Dropped by the pool when this guard returns it.
+                        pooled.broken.store(true, Ordering::Relaxed);
+                        tries -= 1;
+                        continue;
                     }
-                    pooled.broken.store(true, Ordering::Relaxed);
-                    tries -= 1;
+                    break ConnInner::Single {
+                        connection: pooled.connection.clone(),
+                        generation: pooled.generation,
+                        failures: pooled.failures.clone(),
+                    };
                 }
             }
             Backend::Cluster(cluster) => ConnInner::Cluster(cluster.clone()),
@@ -238,7 +248,11 @@ impl RedisHandle {
 }
 
 enum ConnInner {
-    Single(bb8::PooledConnection<'static, TrackingManager>),
+    Single {
+        connection: MultiplexedConnection,
+        generation: u64,
+        failures: Arc<AtomicU64>,
+    },
     Cluster(ClusterConnection),
 }
 
@@ -251,15 +265,20 @@ pub struct Conn {
 
 impl Conn {
     fn note_result<T>(&self, result: &Result<T, RedisError>) {
-        if let (ConnInner::Single(pooled), Err(error)) = (&self.inner, result)
+        if let (
+            ConnInner::Single {
+                generation,
+                failures,
+                ..
+            },
+            Err(error),
+        ) = (&self.inner, result)
             && (error.is_io_error()
                 || error.is_connection_dropped()
                 || error.is_unrecoverable_error())
         {
-            pooled.broken.store(true, Ordering::Relaxed);
-            pooled
-                .failures
-                .fetch_max(pooled.generation + 1, Ordering::Relaxed);
+            // Every connection made before this failure is suspect: replaced at next checkout.
+            failures.fetch_max(generation + 1, Ordering::Relaxed);
         }
     }
 }
@@ -269,7 +288,7 @@ impl ConnectionLike for Conn {
         self.round_trips.fetch_add(1, Ordering::Relaxed);
         Box::pin(async move {
             let result = match &mut self.inner {
-                ConnInner::Single(pooled) => pooled.connection.req_packed_command(cmd).await,
+                ConnInner::Single { connection, .. } => connection.req_packed_command(cmd).await,
                 ConnInner::Cluster(conn) => conn.req_packed_command(cmd).await,
             };
             self.note_result(&result);
@@ -286,9 +305,8 @@ impl ConnectionLike for Conn {
         self.round_trips.fetch_add(1, Ordering::Relaxed);
         Box::pin(async move {
             let result = match &mut self.inner {
-                ConnInner::Single(pooled) => {
-                    pooled
-                        .connection
+                ConnInner::Single { connection, .. } => {
+                    connection
                         .req_packed_commands(pipeline, offset, count)
                         .await
                 }
@@ -301,7 +319,7 @@ impl ConnectionLike for Conn {
 
     fn get_db(&self) -> i64 {
         match &self.inner {
-            ConnInner::Single(pooled) => pooled.connection.get_db(),
+            ConnInner::Single { connection, .. } => connection.get_db(),
             ConnInner::Cluster(conn) => conn.get_db(),
         }
     }

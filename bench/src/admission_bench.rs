@@ -1,0 +1,397 @@
+//! Admission benchmark: lease acquire + release through the gRPC API against the bare acquire and
+//! release scripts called directly on the same Redis, in one run.
+//!
+//! ```text
+//! cargo run --release -p poolgate-bench --bin admission-bench -- [--redis-url URL] \
+//!     [--concurrency 32] [--seconds 5] [--rate 5000]
+//! ```
+//!
+//! Without `--redis-url` it starts a private `redis-server` on a free port. The admission server
+//! runs in this process (same runtime, same two cores as the load), which is the honest setup on
+//! a small machine: the figures include everything the server costs.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use admission_svc::backend::{AcquireLimits, LeaseBackend};
+use admission_svc::domain::{LeaseId, LeaseTerms};
+use admission_svc::metrics::Metrics;
+use admission_svc::redis_backend::RedisBackend;
+use admission_svc::redis_conn::{RedisHandle, RedisOptions, RedisTarget};
+use admission_svc::server::{self, BackendConfig, Config};
+use clap::Parser;
+use poolgate_proto::admission::v1 as pb;
+use poolgate_proto::admission::v1::admission_client::AdmissionClient;
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Channel;
+
+#[derive(Debug, Parser)]
+struct Args {
+    /// Redis to use; absent: start a private redis-server.
+    #[arg(long)]
+    redis_url: Option<String>,
+    /// Concurrent workers in the closed-loop phases.
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+    /// Seconds per phase.
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
+    /// Offered leases/s in the open-loop phase (0 skips it).
+    #[arg(long, default_value_t = 5000)]
+    rate: u32,
+    /// Accounts the load spreads over (limits high enough that nothing is refused).
+    #[arg(long, default_value_t = 100)]
+    accounts: i64,
+}
+
+/// Latencies in microseconds, summarised.
+struct Sample {
+    micros: Vec<u64>,
+    elapsed: Duration,
+    errors: u64,
+}
+
+impl Sample {
+    fn rate(&self) -> f64 {
+        self.micros.len() as f64 / self.elapsed.as_secs_f64()
+    }
+
+    fn percentile(&mut self, p: f64) -> f64 {
+        if self.micros.is_empty() {
+            return f64::NAN;
+        }
+        self.micros.sort_unstable();
+        let index = ((self.micros.len() as f64 - 1.0) * p).round() as usize;
+        self.micros[index] as f64 / 1000.0
+    }
+
+    fn line(&mut self, name: &str) -> String {
+        let (p50, p99) = (self.percentile(0.50), self.percentile(0.99));
+        format!(
+            "{name:<44} {:>10.0}/s  p50 {p50:>7.3} ms  p99 {p99:>7.3} ms  errors {}",
+            self.rate(),
+            self.errors
+        )
+    }
+}
+
+fn terms(account_id: i64) -> LeaseTerms {
+    LeaseTerms {
+        account_id,
+        concurrency_limit: 1_000_000,
+        rpm_limit: 0,
+        user: None,
+        session_hash: None,
+        session_window_limit_micros: 0,
+        session_bound: false,
+    }
+}
+
+/// The bare scripts: acquire + release straight on Redis, no gRPC, no engine.
+async fn bare_scripts(backend: Arc<RedisBackend>, args: &Args) -> Sample {
+    let limits = AcquireLimits {
+        ttl_ms: 120_000,
+        rpm_window_ms: 60_000,
+        window_limit_micros: 0,
+        session_window_ms: 5 * 3600 * 1000,
+    };
+    let deadline = Instant::now() + Duration::from_secs_f64(args.seconds);
+    let started = Instant::now();
+    let mut workers = Vec::new();
+    for worker in 0..args.concurrency {
+        let backend = backend.clone();
+        let accounts = args.accounts;
+        workers.push(tokio::spawn(async move {
+            let mut micros = Vec::new();
+            let mut errors = 0;
+            let mut sequence = 0u64;
+            while Instant::now() < deadline {
+                sequence += 1;
+                let account = 1 + (sequence as i64 + worker as i64) % accounts;
+                let lease = LeaseId::new(account, &format!("bench{worker}"), sequence);
+                let start = Instant::now();
+                let acquired = backend.acquire(&terms(account), &lease, limits).await;
+                let released = backend.release(&lease, 0, limits.session_window_ms).await;
+                match (acquired, released) {
+                    (Ok(None), Ok(_)) => micros.push(start.elapsed().as_micros() as u64),
+                    other => {
+                        if errors == 0 {
+                            eprintln!("bare script error: {other:?}");
+                        }
+                        errors += 1
+                    }
+                }
+            }
+            (micros, errors)
+        }));
+    }
+    collect(workers, started).await
+}
+
+async fn collect(
+    workers: Vec<tokio::task::JoinHandle<(Vec<u64>, u64)>>,
+    started: Instant,
+) -> Sample {
+    let mut sample = Sample {
+        micros: Vec::new(),
+        elapsed: Duration::ZERO,
+        errors: 0,
+    };
+    for worker in workers {
+        if let Ok((micros, errors)) = worker.await {
+            sample.micros.extend(micros);
+            sample.errors += errors;
+        } else {
+            sample.errors += 1;
+        }
+    }
+    sample.elapsed = started.elapsed();
+    sample
+}
+
+fn message(kind: pb::lease_request::Kind) -> pb::LeaseRequest {
+    pb::LeaseRequest { kind: Some(kind) }
+}
+
+/// One lease through the API: open the stream, Acquire → Granted, Release → Released.
+/// Returns (acquire latency, whole cycle) in µs.
+async fn one_lease(client: &mut AdmissionClient<Channel>, account_id: i64) -> Option<(u64, u64)> {
+    let start = Instant::now();
+    let (sender, receiver) = mpsc::channel(2);
+    let acquire = pb::Acquire {
+        account_id,
+        concurrency_limit: 1_000_000,
+        ..Default::default()
+    };
+    sender
+        .send(message(pb::lease_request::Kind::Acquire(acquire)))
+        .await
+        .ok()?;
+    let mut events = client
+        .lease(ReceiverStream::new(receiver))
+        .await
+        .ok()?
+        .into_inner();
+    match events.next().await {
+        Some(Ok(pb::LeaseEvent {
+            kind: Some(pb::lease_event::Kind::Granted(_)),
+        })) => {}
+        _ => return None,
+    }
+    let acquired = start.elapsed().as_micros() as u64;
+    sender
+        .send(message(pb::lease_request::Kind::Release(pb::Release {
+            spend_usd: 0.0,
+        })))
+        .await
+        .ok()?;
+    match events.next().await {
+        Some(Ok(pb::LeaseEvent {
+            kind: Some(pb::lease_event::Kind::Released(_)),
+        })) => Some((acquired, start.elapsed().as_micros() as u64)),
+        _ => None,
+    }
+}
+
+/// Closed loop: `concurrency` workers each run leases back to back.
+async fn grpc_closed_loop(clients: &[AdmissionClient<Channel>], args: &Args) -> (Sample, Sample) {
+    let deadline = Instant::now() + Duration::from_secs_f64(args.seconds);
+    let started = Instant::now();
+    let mut workers = Vec::new();
+    for worker in 0..args.concurrency {
+        let mut client = clients[worker % clients.len()].clone();
+        let accounts = args.accounts;
+        workers.push(tokio::spawn(async move {
+            let mut acquire = Vec::new();
+            let mut cycle = Vec::new();
+            let mut errors = 0;
+            let mut n = 0i64;
+            while Instant::now() < deadline {
+                n += 1;
+                match one_lease(&mut client, 1 + (n + worker as i64) % accounts).await {
+                    Some((a, c)) => {
+                        acquire.push(a);
+                        cycle.push(c);
+                    }
+                    None => errors += 1,
+                }
+            }
+            (acquire, cycle, errors)
+        }));
+    }
+    let mut acquire = Sample {
+        micros: Vec::new(),
+        elapsed: Duration::ZERO,
+        errors: 0,
+    };
+    let mut cycle = Sample {
+        micros: Vec::new(),
+        elapsed: Duration::ZERO,
+        errors: 0,
+    };
+    for worker in workers {
+        if let Ok((a, c, errors)) = worker.await {
+            acquire.micros.extend(a);
+            cycle.micros.extend(c);
+            cycle.errors += errors;
+        }
+    }
+    acquire.elapsed = started.elapsed();
+    cycle.elapsed = acquire.elapsed;
+    (acquire, cycle)
+}
+
+/// Open loop: leases started at a fixed rate, whatever the latency.
+async fn grpc_open_loop(clients: &[AdmissionClient<Channel>], args: &Args) -> (Sample, Sample) {
+    let total = (args.rate as f64 * args.seconds) as u64;
+    let interval = Duration::from_secs_f64(1.0 / args.rate.max(1) as f64);
+    let started = Instant::now();
+    let (results, mut receiver) = mpsc::unbounded_channel();
+    for n in 0..total {
+        let due = started + interval.mul_f64(n as f64);
+        let now = Instant::now();
+        if due > now {
+            tokio::time::sleep(due - now).await;
+        }
+        let mut client = clients[n as usize % clients.len()].clone();
+        let results = results.clone();
+        let account = 1 + n as i64 % args.accounts;
+        tokio::spawn(async move {
+            let _ = results.send(one_lease(&mut client, account).await);
+        });
+    }
+    drop(results);
+    let mut acquire = Vec::new();
+    let mut cycle = Vec::new();
+    let mut errors = 0;
+    while let Some(result) = receiver.recv().await {
+        match result {
+            Some((a, c)) => {
+                acquire.push(a);
+                cycle.push(c);
+            }
+            None => errors += 1,
+        }
+    }
+    let elapsed = started.elapsed();
+    (
+        Sample {
+            micros: acquire,
+            elapsed,
+            errors: 0,
+        },
+        Sample {
+            micros: cycle,
+            elapsed,
+            errors,
+        },
+    )
+}
+
+async fn run(args: Args) -> Result<(), String> {
+    let _private_redis;
+    let redis_url = match &args.redis_url {
+        Some(url) => url.clone(),
+        None => {
+            let server = poolgate_testkit::RedisServer::start().await?;
+            let url = server.url();
+            _private_redis = server;
+            url
+        }
+    };
+    let target = RedisTarget::parse(&redis_url)?;
+    let options = RedisOptions::default();
+    let handle = RedisHandle::connect(&target, &options)
+        .await
+        .map_err(|e| e.to_string())?;
+    let bare = Arc::new(RedisBackend::new(handle));
+
+    let config = Config {
+        backend: BackendConfig::Redis {
+            target,
+            options,
+            policy: Default::default(),
+        },
+        ..Config::default()
+    };
+    let admission = server::build_admission(&config, Metrics::new())
+        .await
+        .map_err(|e| e.to_string())?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| e.to_string())?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    tokio::spawn(async move {
+        let _ = server::serve(admission, &config, listener, None, std::future::pending()).await;
+    });
+    let mut clients = Vec::new();
+    for _ in 0..2 {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| e.to_string())?
+            .tcp_nodelay(true)
+            .connect()
+            .await
+            .map_err(|e| e.to_string())?;
+        clients.push(AdmissionClient::new(channel));
+    }
+
+    println!(
+        "admission bench: concurrency {}, {} s per phase, {} accounts, redis {}",
+        args.concurrency,
+        args.seconds,
+        args.accounts,
+        if args.redis_url.is_some() {
+            "given"
+        } else {
+            "private"
+        }
+    );
+    // Warm-up: load the scripts, fill the pools.
+    let warm = Args {
+        seconds: 0.3,
+        ..Args::parse_from(["admission-bench"])
+    };
+    let _ = bare_scripts(bare.clone(), &warm).await;
+    let _ = grpc_closed_loop(&clients, &warm).await;
+
+    let mut scripts = bare_scripts(bare.clone(), &args).await;
+    println!("{}", scripts.line("bare scripts (acquire + release)"));
+    let (mut acquire, mut cycle) = grpc_closed_loop(&clients, &args).await;
+    println!(
+        "{}",
+        cycle.line("gRPC lease (acquire + release), closed loop")
+    );
+    println!("{}", acquire.line("  of which acquire → granted"));
+    println!(
+        "ratio gRPC / bare scripts: {:.1} % (goal >= 50 %)",
+        100.0 * cycle.rate() / scripts.rate()
+    );
+    if args.rate > 0 {
+        let (mut acquire, mut cycle) = grpc_open_loop(&clients, &args).await;
+        println!(
+            "{}",
+            cycle.line(&format!("gRPC lease at {} offered/s, open loop", args.rate))
+        );
+        println!("{}", acquire.line("  of which acquire → granted"));
+        println!(
+            "p99 acquire → granted at {} leases/s: {:.3} ms (goal < 1 ms)",
+            args.rate,
+            acquire.percentile(0.99)
+        );
+    }
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    match run(Args::parse()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("admission-bench: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
