@@ -10,7 +10,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         unsafe { std::env::set_var("PROTOC", protoc) };
     }
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
-    let protos = ["proto/poolgate/admission/v1/admission.proto"];
+    let protos = [
+        "proto/poolgate/admission/v1/admission.proto",
+        "proto/poolgate/selector/v1/selector.proto",
+    ];
     tonic_prost_build::configure()
         .file_descriptor_set_path(out_dir.join("poolgate_descriptor.bin"))
         .compile_protos(&protos, &["proto"])?;

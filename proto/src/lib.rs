@@ -10,5 +10,12 @@ pub mod admission {
     }
 }
 
+/// `poolgate.selector.v1`: account selection, health, and the operator API.
+pub mod selector {
+    pub mod v1 {
+        tonic::include_proto!("poolgate.selector.v1");
+    }
+}
+
 /// The encoded file descriptor set of every poolgate proto, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("poolgate_descriptor");

@@ -274,3 +274,197 @@ async fn cluster_ok(url: &str) -> bool {
         Err(_) => false,
     }
 }
+
+/// A private PostgreSQL server (a copy of a once-made `initdb` template), stopped on drop.
+///
+/// As root (CI), `initdb` and the server refuse to run, so both run as the `postgres` user
+/// through `runuser`, in directories owned by it.
+pub struct PostgresServer {
+    port: u16,
+    data: PathBuf,
+    _scratch: Scratch,
+}
+
+fn pg_bin() -> HarnessResult<PathBuf> {
+    if let Some(dir) = std::env::var_os("POOLGATE_PG_BIN") {
+        return Ok(PathBuf::from(dir));
+    }
+    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .map_err(|e| format!("no PostgreSQL under /usr/lib/postgresql (run `bash scripts/test.sh`): {e}"))?
+        .filter_map(|entry| entry.ok().map(|e| e.path().join("bin")))
+        .filter(|bin| bin.join("initdb").exists())
+        .collect();
+    found.sort();
+    found.pop().ok_or_else(|| "no initdb under /usr/lib/postgresql/*/bin".into())
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+/// Runs a PostgreSQL tool, as the `postgres` user when we are root.
+fn pg_command(tool: &Path) -> Command {
+    if is_root() {
+        let mut command = Command::new("runuser");
+        command.args(["-u", "postgres", "--"]).arg(tool);
+        command
+    } else {
+        Command::new(tool)
+    }
+}
+
+fn give_to_postgres(path: &Path) -> HarnessResult<()> {
+    if !is_root() {
+        return Ok(());
+    }
+    let status = Command::new("chown")
+        .args(["-R", "postgres:postgres"])
+        .arg(path)
+        .status()
+        .map_err(|e| format!("chown: {e}"))?;
+    status.success().then_some(()).ok_or_else(|| format!("chown {} failed", path.display()))
+}
+
+/// The `initdb` template, made once per machine and user (guarded by a lock file).
+fn pg_template(bin: &Path) -> HarnessResult<PathBuf> {
+    let root = std::env::temp_dir().join("poolgate-pg-template");
+    let data = root.join("data");
+    let done = root.join("ready");
+    if done.exists() {
+        return Ok(data);
+    }
+    std::fs::create_dir_all(&root).map_err(|e| format!("mkdir {}: {e}", root.display()))?;
+    let lock = root.join("lock");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        match std::fs::File::create_new(&lock) {
+            Ok(_) => break,
+            Err(_) if done.exists() => return Ok(data),
+            Err(_) if Instant::now() > deadline => {
+                let _ = std::fs::remove_file(&lock);
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+    let made = (|| {
+        let _ = std::fs::remove_dir_all(&data);
+        give_to_postgres(&root)?;
+        let output = pg_command(&bin.join("initdb"))
+            .arg("-D")
+            .arg(&data)
+            .args(["-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8", "--locale=C"])
+            .output()
+            .map_err(|e| format!("spawn initdb: {e}"))?;
+        if !output.status.success() {
+            return Err(format!("initdb failed: {}", String::from_utf8_lossy(&output.stderr)));
+        }
+        std::fs::write(&done, b"").map_err(|e| format!("mark template ready: {e}"))
+    })();
+    let _ = std::fs::remove_file(&lock);
+    made.map(|()| data)
+}
+
+impl PostgresServer {
+    /// Starts a server on a free port; `url()` names its `postgres` database.
+    pub async fn start() -> HarnessResult<Self> {
+        let bin = pg_bin()?;
+        let template = tokio::task::spawn_blocking({
+            let bin = bin.clone();
+            move || pg_template(&bin)
+        })
+        .await
+        .map_err(|e| format!("template task: {e}"))??;
+        let scratch = Scratch::new("pg")?;
+        let data = scratch.path().join("data");
+        let copied = Command::new("cp")
+            .arg("-a")
+            .arg(&template)
+            .arg(&data)
+            .status()
+            .map_err(|e| format!("cp: {e}"))?;
+        if !copied.success() {
+            return Err("copying the postgres template failed".into());
+        }
+        give_to_postgres(scratch.path())?;
+        let mut last_error = String::new();
+        for _ in 0..3 {
+            let port = free_port()?;
+            let options = format!(
+                "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off",
+                data.display()
+            );
+            let output = pg_command(&bin.join("pg_ctl"))
+                .arg("-D")
+                .arg(&data)
+                .args(["-o", &options, "-w", "-t", "30", "-l"])
+                .arg(data.join("server.log"))
+                .arg("start")
+                .output()
+                .map_err(|e| format!("spawn pg_ctl: {e}"))?;
+            if output.status.success() {
+                return Ok(PostgresServer {
+                    port,
+                    data,
+                    _scratch: scratch,
+                });
+            }
+            last_error = String::from_utf8_lossy(&output.stdout).into_owned()
+                + &String::from_utf8_lossy(&output.stderr);
+        }
+        Err(format!("postgres did not start: {last_error}"))
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `postgres://postgres@127.0.0.1:<port>/postgres`
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+}
+
+impl Drop for PostgresServer {
+    fn drop(&mut self) {
+        if let Ok(bin) = pg_bin() {
+            let _ = pg_command(&bin.join("pg_ctl"))
+                .arg("-D")
+                .arg(&self.data)
+                .args(["-m", "immediate", "-w", "stop"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+#[cfg(test)]
+mod harness_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn postgres_starts_answers_and_stops() {
+        let server = PostgresServer::start().await.expect("postgres starts");
+        let port = server.port();
+        let answered = std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
+        assert!(answered, "postgres listens on {port}");
+        drop(server);
+        let gone = std::net::TcpStream::connect(("127.0.0.1", port)).is_err();
+        assert!(gone, "postgres stopped on drop");
+    }
+
+    #[tokio::test]
+    async fn redis_restart_keeps_the_port_and_loses_the_data() {
+        let mut server = RedisServer::start().await.expect("redis starts");
+        let mut conn = server.client().await.expect("client");
+        let _: () = redis::cmd("SET").arg("k").arg("v").query_async(&mut conn).await.expect("set");
+        server.restart().await.expect("restart");
+        let mut conn = server.client().await.expect("client");
+        let value: Option<String> = redis::cmd("GET").arg("k").query_async(&mut conn).await.expect("get");
+        assert_eq!(value, None);
+    }
+}
