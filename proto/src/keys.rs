@@ -69,6 +69,16 @@ pub fn breaker(account_id: i64) -> String {
     format!("{PREFIX}:sel:breaker:{account_id}")
 }
 
+/// Selector-only: the half-open breaker's probe token (one request through at a time).
+pub fn breaker_probe(account_id: i64) -> String {
+    format!("{PREFIX}:sel:probe:{account_id}")
+}
+
+/// Selector-only: ZSET of recent unauthorized outcomes (3 within an hour mark the account `error`).
+pub fn unauthorized_events(account_id: i64) -> String {
+    format!("{PREFIX}:sel:unauth:{account_id}")
+}
+
 /// Selector-only: sticky binding `group + session hash -> account`.
 pub fn sticky_binding(group: &str, session_hash: &str) -> String {
     format!("{PREFIX}:sel:sticky:{}:{group}:{session_hash}", group.len())

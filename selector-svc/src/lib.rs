@@ -1,1 +1,19 @@
-//! selector-svc: owns accounts, credentials and health, and answers "which accounts, in which order" (issue 4; not built yet).
+//! selector-svc: owns the upstream accounts (config and credentials in Postgres) and their
+//! health (Redis), and answers "which accounts, in which order, for this request" (DESIGN §5).
+//!
+//! Layers: `grpc` (transport, validation, admin token) → `engine` (select, outcomes, bindings)
+//! → `select` (ordering, pure) / `oracle` (load reads) / `health` (Redis) / `store` (Postgres)
+//! over a `snapshot` of the config; `refresh` keeps OAuth tokens fresh.
+
+pub mod crypto;
+pub mod domain;
+pub mod engine;
+pub mod grpc;
+pub mod health;
+pub mod metrics;
+pub mod oracle;
+pub mod refresh;
+pub mod select;
+pub mod server;
+pub mod snapshot;
+pub mod store;

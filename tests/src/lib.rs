@@ -290,12 +290,16 @@ fn pg_bin() -> HarnessResult<PathBuf> {
         return Ok(PathBuf::from(dir));
     }
     let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .map_err(|e| format!("no PostgreSQL under /usr/lib/postgresql (run `bash scripts/test.sh`): {e}"))?
+        .map_err(|e| {
+            format!("no PostgreSQL under /usr/lib/postgresql (run `bash scripts/test.sh`): {e}")
+        })?
         .filter_map(|entry| entry.ok().map(|e| e.path().join("bin")))
         .filter(|bin| bin.join("initdb").exists())
         .collect();
     found.sort();
-    found.pop().ok_or_else(|| "no initdb under /usr/lib/postgresql/*/bin".into())
+    found
+        .pop()
+        .ok_or_else(|| "no initdb under /usr/lib/postgresql/*/bin".into())
 }
 
 fn is_root() -> bool {
@@ -326,7 +330,10 @@ fn give_to_postgres(path: &Path) -> HarnessResult<()> {
         .arg(path)
         .status()
         .map_err(|e| format!("chown: {e}"))?;
-    status.success().then_some(()).ok_or_else(|| format!("chown {} failed", path.display()))
+    status
+        .success()
+        .then_some(())
+        .ok_or_else(|| format!("chown {} failed", path.display()))
 }
 
 /// The `initdb` template, made once per machine and user (guarded by a lock file).
@@ -356,11 +363,23 @@ fn pg_template(bin: &Path) -> HarnessResult<PathBuf> {
         let output = pg_command(&bin.join("initdb"))
             .arg("-D")
             .arg(&data)
-            .args(["-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8", "--locale=C"])
+            .args([
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+                "--no-sync",
+                "-E",
+                "UTF8",
+                "--locale=C",
+            ])
             .output()
             .map_err(|e| format!("spawn initdb: {e}"))?;
         if !output.status.success() {
-            return Err(format!("initdb failed: {}", String::from_utf8_lossy(&output.stderr)));
+            return Err(format!(
+                "initdb failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+            ));
         }
         std::fs::write(&done, b"").map_err(|e| format!("mark template ready: {e}"))
     })();
@@ -461,10 +480,19 @@ mod harness_tests {
     async fn redis_restart_keeps_the_port_and_loses_the_data() {
         let mut server = RedisServer::start().await.expect("redis starts");
         let mut conn = server.client().await.expect("client");
-        let _: () = redis::cmd("SET").arg("k").arg("v").query_async(&mut conn).await.expect("set");
+        let _: () = redis::cmd("SET")
+            .arg("k")
+            .arg("v")
+            .query_async(&mut conn)
+            .await
+            .expect("set");
         server.restart().await.expect("restart");
         let mut conn = server.client().await.expect("client");
-        let value: Option<String> = redis::cmd("GET").arg("k").query_async(&mut conn).await.expect("get");
+        let value: Option<String> = redis::cmd("GET")
+            .arg("k")
+            .query_async(&mut conn)
+            .await
+            .expect("get");
         assert_eq!(value, None);
     }
 }

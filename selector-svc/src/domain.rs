@@ -1,0 +1,305 @@
+//! Plain selector types: accounts, client keys, prices, outcome classes, runtime-block settings.
+//! Nothing here knows gRPC, Postgres or Redis.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::time::Duration;
+
+pub type AccountId = i64;
+
+/// Longest group, user, account name or session hash, in bytes.
+pub const MAX_NAME_BYTES: usize = 128;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Platform {
+    Anthropic,
+    OpenAi,
+}
+
+impl Platform {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Platform::Anthropic => "anthropic",
+            Platform::OpenAi => "openai",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "anthropic" => Some(Platform::Anthropic),
+            "openai" => Some(Platform::OpenAi),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccountStatus {
+    Active,
+    Disabled,
+    Error,
+    Retired,
+}
+
+impl AccountStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AccountStatus::Active => "active",
+            AccountStatus::Disabled => "disabled",
+            AccountStatus::Error => "error",
+            AccountStatus::Retired => "retired",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "active" => Some(AccountStatus::Active),
+            "disabled" => Some(AccountStatus::Disabled),
+            "error" => Some(AccountStatus::Error),
+            "retired" => Some(AccountStatus::Retired),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CredentialKind {
+    ApiKey,
+    OAuth,
+}
+
+impl CredentialKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CredentialKind::ApiKey => "api_key",
+            CredentialKind::OAuth => "oauth",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "api_key" => Some(CredentialKind::ApiKey),
+            "oauth" => Some(CredentialKind::OAuth),
+            _ => None,
+        }
+    }
+}
+
+/// A secret string: its `Debug` and `Display` never show it, so it cannot reach a log by accident.
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Secret(value.into())
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// `sk-a…wxyz`: enough to tell two credentials apart, never enough to use one.
+    pub fn masked(&self) -> String {
+        let chars: Vec<char> = self.0.chars().collect();
+        if chars.len() <= 12 {
+            return "…".repeat(usize::from(!chars.is_empty()));
+        }
+        let head: String = chars[..4].iter().collect();
+        let tail: String = chars[chars.len() - 4..].iter().collect();
+        format!("{head}…{tail}")
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+/// OAuth state of an account signed in with a subscription.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OAuthState {
+    pub refresh_token: Secret,
+    /// Access token expiry, ms since the epoch (0: unknown).
+    pub expires_at_ms: i64,
+    pub token_url: String,
+}
+
+/// One upstream account, credentials decrypted (the selector is the only place that holds them).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Account {
+    pub id: AccountId,
+    pub name: String,
+    pub group: String,
+    pub platform: Platform,
+    pub base_url: String,
+    pub credential_kind: CredentialKind,
+    pub credential: Secret,
+    pub oauth: Option<OAuthState>,
+    pub status: AccountStatus,
+    pub status_reason: String,
+    pub priority: i32,
+    pub weight: i32,
+    pub concurrency_limit: i32,
+    pub rpm_limit: i32,
+    pub session_window_limit_usd: f64,
+    /// Empty: every model.
+    pub allowed_models: Vec<String>,
+    pub model_mapping: HashMap<String, String>,
+    pub proxy_url: Option<String>,
+}
+
+impl Account {
+    pub fn allows(&self, model: &str) -> bool {
+        self.allowed_models.is_empty() || self.allowed_models.iter().any(|m| m == model)
+    }
+
+    pub fn mapped_model(&self, model: &str) -> String {
+        self.model_mapping
+            .get(model)
+            .cloned()
+            .unwrap_or_else(|| model.to_owned())
+    }
+}
+
+/// A client API key, as authentication needs it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiKeyRecord {
+    pub id: i64,
+    pub name: String,
+    pub prefix: String,
+    pub user: String,
+    pub group: String,
+    pub user_rpm_limit: i32,
+    pub active: bool,
+}
+
+/// USD per million tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Price {
+    pub input_per_mtok: f64,
+    pub output_per_mtok: f64,
+    pub cache_write_per_mtok: f64,
+    pub cache_read_per_mtok: f64,
+}
+
+/// The class of an upstream outcome (DESIGN §1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OutcomeClass {
+    Success,
+    Conflict,
+    Busy,
+    WindowExhausted,
+    Broken,
+    Unauthorized,
+    QuotaGone,
+    ClientError,
+}
+
+impl OutcomeClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutcomeClass::Success => "success",
+            OutcomeClass::Conflict => "conflict",
+            OutcomeClass::Busy => "busy",
+            OutcomeClass::WindowExhausted => "window_exhausted",
+            OutcomeClass::Broken => "broken",
+            OutcomeClass::Unauthorized => "unauthorized",
+            OutcomeClass::QuotaGone => "quota_gone",
+            OutcomeClass::ClientError => "client_error",
+        }
+    }
+}
+
+/// One upstream outcome reported by the relay.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    pub account_id: AccountId,
+    pub class: OutcomeClass,
+    pub status: u16,
+    /// Reset time announced by the upstream, ms since the epoch.
+    pub reset_at_ms: Option<i64>,
+    pub reason: String,
+}
+
+/// Durations of runtime blocks and the breaker (DESIGN §1 and §5). All configurable.
+#[derive(Debug, Clone)]
+pub struct RuntimeBlockSettings {
+    /// A 429 without a reset time soft-blocks for this long.
+    pub busy_429: Duration,
+    /// A 529 without a reset time soft-blocks for this long.
+    pub busy_529: Duration,
+    /// A reset further ahead than this is "window exhausted" (hard block), not "busy".
+    pub hard_block_threshold: Duration,
+    /// Longest hard block.
+    pub max_hard_block: Duration,
+    /// Hard block after a broken outcome.
+    pub broken_block: Duration,
+    /// Hard block after an unauthorized outcome.
+    pub unauthorized_block: Duration,
+    /// Unauthorized outcomes within `unauthorized_window` that mark the account `error`.
+    pub unauthorized_error_count: u32,
+    pub unauthorized_window: Duration,
+    /// Consecutive broken outcomes that open the breaker.
+    pub breaker_threshold: u32,
+    /// First open period; doubled after each failed probe up to `breaker_max_open`.
+    pub breaker_open: Duration,
+    pub breaker_max_open: Duration,
+}
+
+impl Default for RuntimeBlockSettings {
+    fn default() -> Self {
+        RuntimeBlockSettings {
+            busy_429: Duration::from_secs(5),
+            busy_529: Duration::from_secs(30),
+            hard_block_threshold: Duration::from_secs(60),
+            max_hard_block: Duration::from_secs(7 * 24 * 3600),
+            broken_block: Duration::from_secs(120),
+            unauthorized_block: Duration::from_secs(120),
+            unauthorized_error_count: 3,
+            unauthorized_window: Duration::from_secs(3600),
+            breaker_threshold: 5,
+            breaker_open: Duration::from_secs(300),
+            breaker_max_open: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// Duration in whole milliseconds, saturating.
+pub fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Wall-clock ms since the epoch (used only where Redis `TIME` cannot be: Postgres timestamps,
+/// upstream reset headers).
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_never_print() {
+        let secret = Secret::new("sk-ant-api03-very-secret-value");
+        assert_eq!(format!("{secret:?}"), "Secret(***)");
+        assert_eq!(format!("{secret}"), "***");
+        assert_eq!(secret.masked(), "sk-a…alue");
+        assert_eq!(Secret::new("short").masked(), "…");
+        assert_eq!(Secret::new("").masked(), "");
+    }
+}

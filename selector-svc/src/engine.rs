@@ -1,0 +1,651 @@
+//! The selector engine: plans (select), outcomes ("busy is not broken"), bindings, and
+//! authentication, over the config snapshot (Postgres) and shared health (Redis).
+//! Transport-free: `grpc.rs` calls it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::crypto::api_key_hash;
+use crate::domain::{
+    Account, AccountId, AccountStatus, ApiKeyRecord, Outcome, OutcomeClass, Platform, Price,
+    RuntimeBlockSettings, millis, now_ms,
+};
+use crate::health::{Breaker, BreakerChange, RedisHealth};
+use crate::metrics::Metrics;
+use crate::oracle::{LoadOracle, OracleSettings};
+use crate::select::{Candidate, order};
+use crate::snapshot::SnapshotCell;
+use crate::store::{ConfigStore, StoreError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SelectorError {
+    #[error("invalid {field}: {message}")]
+    InvalidArgument { field: String, message: String },
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Unauthenticated(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("backend unavailable: {0}")]
+    Unavailable(String),
+}
+
+impl SelectorError {
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        SelectorError::InvalidArgument {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl From<StoreError> for SelectorError {
+    fn from(error: StoreError) -> Self {
+        match error {
+            StoreError::NotFound(what) => SelectorError::NotFound(what),
+            StoreError::Conflict(what) => SelectorError::Conflict(what),
+            other => SelectorError::Unavailable(other.to_string()),
+        }
+    }
+}
+
+impl From<SelectorError> for tonic::Status {
+    fn from(error: SelectorError) -> Self {
+        let message = error.to_string();
+        match error {
+            SelectorError::InvalidArgument { .. } => tonic::Status::invalid_argument(message),
+            SelectorError::NotFound(_) => tonic::Status::not_found(message),
+            SelectorError::Unauthenticated(_) => tonic::Status::unauthenticated(message),
+            SelectorError::Conflict(_) => tonic::Status::already_exists(message),
+            SelectorError::Unavailable(_) => tonic::Status::unavailable(message),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct SelectorSettings {
+    pub blocks: RuntimeBlockSettings,
+    pub oracle: OracleSettings,
+    /// Plan length when the request does not say.
+    pub plan_size: usize,
+    pub sticky_ttl: Duration,
+    pub response_ttl: Duration,
+    /// How long a half-open breaker's probe token lives.
+    pub probe_ttl: Duration,
+}
+
+impl Default for SelectorSettings {
+    fn default() -> Self {
+        SelectorSettings {
+            blocks: RuntimeBlockSettings::default(),
+            oracle: OracleSettings::default(),
+            plan_size: 4,
+            sticky_ttl: Duration::from_secs(3600),
+            response_ttl: Duration::from_secs(3600),
+            probe_ttl: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A select request, validated.
+#[derive(Debug, Clone, Default)]
+pub struct SelectQuery {
+    pub group: String,
+    pub platform: Option<Platform>,
+    pub model: String,
+    pub session_hash: Option<String>,
+    pub previous_response_id: Option<String>,
+    pub exclude: Vec<AccountId>,
+    pub max_accounts: usize,
+}
+
+/// One planned account.
+#[derive(Debug, Clone)]
+pub struct PlanEntry {
+    pub account: Arc<Account>,
+    pub mapped_model: String,
+    pub price: Price,
+    pub soft_blocked: bool,
+    /// `None`: unknown.
+    pub inflight: Option<u32>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Plan {
+    pub entries: Vec<PlanEntry>,
+    pub sticky: bool,
+    pub none_reason: Option<&'static str>,
+    pub retry_after_ms: u64,
+}
+
+/// What an outcome report changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Applied {
+    pub what: &'static str,
+    pub block_ms: u64,
+}
+
+struct StickyEntry {
+    account: AccountId,
+    fetched: Instant,
+    touched: Instant,
+}
+
+/// How long a binding read from Redis is trusted locally, and how often its TTL is refreshed.
+const STICKY_LOCAL: Duration = Duration::from_secs(5);
+const STICKY_TOUCH: Duration = Duration::from_secs(60);
+
+pub struct Selector {
+    snapshot: Arc<SnapshotCell>,
+    store: ConfigStore,
+    health: RedisHealth,
+    oracle: LoadOracle,
+    settings: SelectorSettings,
+    sticky_cache: Mutex<HashMap<(String, String), StickyEntry>>,
+    metrics: Metrics,
+    /// Accounts that need a token refresh after an unauthorized outcome.
+    refresh_requests: tokio::sync::mpsc::UnboundedSender<AccountId>,
+}
+
+impl Selector {
+    pub fn new(
+        snapshot: Arc<SnapshotCell>,
+        store: ConfigStore,
+        health: RedisHealth,
+        settings: SelectorSettings,
+        metrics: Metrics,
+        refresh_requests: tokio::sync::mpsc::UnboundedSender<AccountId>,
+    ) -> Self {
+        Selector {
+            oracle: LoadOracle::new(health.clone(), settings.oracle.clone()),
+            snapshot,
+            store,
+            health,
+            settings,
+            sticky_cache: Mutex::new(HashMap::new()),
+            metrics,
+            refresh_requests,
+        }
+    }
+
+    pub fn snapshot(&self) -> &Arc<SnapshotCell> {
+        &self.snapshot
+    }
+
+    pub fn store(&self) -> &ConfigStore {
+        &self.store
+    }
+
+    pub fn health(&self) -> &RedisHealth {
+        &self.health
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The account bound to this request: the previous response's account, else the session's.
+    /// A Redis failure means "no binding", never an error.
+    async fn binding(&self, query: &SelectQuery) -> Option<AccountId> {
+        if let Some(response_id) = &query.previous_response_id {
+            match self.health.response_get(response_id).await {
+                Ok(Some(id)) => return Some(id),
+                Ok(None) => {}
+                Err(error) => tracing::debug!(%error, "response binding unreadable"),
+            }
+        }
+        let session = query.session_hash.as_ref()?;
+        let key = (query.group.clone(), session.clone());
+        {
+            let mut cache = self.sticky_cache.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(entry) = cache.get_mut(&key)
+                && entry.fetched.elapsed() < STICKY_LOCAL
+            {
+                if entry.touched.elapsed() >= STICKY_TOUCH {
+                    entry.touched = Instant::now();
+                    let (health, ttl) = (self.health.clone(), millis(self.settings.sticky_ttl));
+                    let (group, session) = key.clone();
+                    tokio::spawn(async move {
+                        let _ = health.sticky_touch(&group, &session, ttl).await;
+                    });
+                }
+                return Some(entry.account);
+            }
+        }
+        match self.health.sticky_get(&query.group, session).await {
+            Ok(Some(account)) => {
+                let mut cache = self.sticky_cache.lock().unwrap_or_else(|p| p.into_inner());
+                let touched = cache
+                    .get(&key)
+                    .map(|e| e.touched)
+                    .unwrap_or_else(Instant::now);
+                if cache.len() > 100_000 {
+                    cache.retain(|_, e| e.fetched.elapsed() < STICKY_LOCAL);
+                }
+                cache.insert(
+                    key,
+                    StickyEntry {
+                        account,
+                        fetched: Instant::now(),
+                        touched,
+                    },
+                );
+                Some(account)
+            }
+            Ok(None) => None,
+            Err(error) => {
+                tracing::debug!(%error, "sticky binding unreadable; selecting without it");
+                None
+            }
+        }
+    }
+
+    pub async fn select(&self, query: &SelectQuery) -> Result<Plan, SelectorError> {
+        let snapshot = self.snapshot.get();
+        if !snapshot.has_group(&query.group) {
+            return Err(SelectorError::NotFound(format!(
+                "unknown group {:?}",
+                query.group
+            )));
+        }
+        let on_platform: Vec<&Arc<Account>> = snapshot
+            .group_accounts(&query.group)
+            .filter(|a| a.status == AccountStatus::Active)
+            .filter(|a| query.platform.is_none_or(|p| a.platform == p))
+            .collect();
+        if on_platform.is_empty() {
+            return Ok(Plan::none("no_accounts", 0));
+        }
+        let allowed: Vec<&Arc<Account>> = on_platform
+            .into_iter()
+            .filter(|a| a.allows(&query.model))
+            .collect();
+        if allowed.is_empty() {
+            return Ok(Plan::none("model_not_allowed", 0));
+        }
+        let included: Vec<&Arc<Account>> = allowed
+            .into_iter()
+            .filter(|a| !query.exclude.contains(&a.id))
+            .collect();
+        if included.is_empty() {
+            return Ok(Plan::none("all_excluded", 0));
+        }
+        let ids: Vec<AccountId> = included.iter().map(|a| a.id).collect();
+        let sticky = self.binding(query).await;
+
+        let mut reading = self.oracle.read(&ids, false).await;
+        let mut candidates = self.eligible(&included, &reading).await;
+        if candidates.is_empty() {
+            // The cached reading filtered everyone: confirm with one fresh (coalesced) read.
+            reading = self.oracle.read(&ids, true).await;
+            candidates = self.eligible(&included, &reading).await;
+        }
+        if candidates.is_empty() {
+            let mut earliest = u64::MAX;
+            let mut all_breakers = true;
+            for account in &included {
+                if let Some(health) = reading.get(account.id) {
+                    if health.hard_block_ms > 0 {
+                        earliest = earliest.min(health.hard_block_ms);
+                        all_breakers = false;
+                    }
+                    if let Breaker::Open(ms) = health.breaker {
+                        earliest = earliest.min(ms);
+                    }
+                }
+            }
+            let reason = if all_breakers {
+                "breaker_open"
+            } else {
+                "all_blocked"
+            };
+            return Ok(Plan::none(
+                reason,
+                if earliest == u64::MAX { 0 } else { earliest },
+            ));
+        }
+        let (ordered, is_sticky) = order(candidates, sticky, &mut fastrand::Rng::new());
+        let limit = if query.max_accounts == 0 {
+            self.settings.plan_size
+        } else {
+            query.max_accounts
+        };
+        let entries = ordered
+            .into_iter()
+            .take(limit.max(1))
+            .map(|candidate| {
+                let mapped_model = candidate.account.mapped_model(&query.model);
+                PlanEntry {
+                    price: snapshot.price(&mapped_model),
+                    soft_blocked: candidate.soft_blocked(),
+                    inflight: candidate.health.map(|h| h.inflight),
+                    mapped_model,
+                    account: candidate.account,
+                }
+            })
+            .collect();
+        Ok(Plan {
+            entries,
+            sticky: is_sticky,
+            none_reason: None,
+            retry_after_ms: 0,
+        })
+    }
+
+    /// Drops hard-blocked and breaker-open accounts; a half-open one stays only if this select
+    /// takes its probe token (one request through at a time).
+    async fn eligible(
+        &self,
+        accounts: &[&Arc<Account>],
+        reading: &crate::oracle::Reading,
+    ) -> Vec<Candidate> {
+        let mut candidates = Vec::with_capacity(accounts.len());
+        for account in accounts {
+            let health = reading.get(account.id);
+            if let Some(health) = health {
+                if health.hard_block_ms > 0 {
+                    continue;
+                }
+                match health.breaker {
+                    Breaker::Open(_) => continue,
+                    Breaker::HalfOpen => {
+                        let probe = self
+                            .health
+                            .take_probe(account.id, millis(self.settings.probe_ttl))
+                            .await;
+                        if !probe.unwrap_or(false) {
+                            continue;
+                        }
+                    }
+                    Breaker::Closed => {}
+                }
+            }
+            candidates.push(Candidate {
+                account: (*account).clone(),
+                health,
+            });
+        }
+        candidates
+    }
+
+    /// Applies an upstream outcome (DESIGN §1 and §5).
+    pub async fn report(&self, outcome: &Outcome) -> Result<Applied, SelectorError> {
+        let snapshot = self.snapshot.get();
+        let account = snapshot
+            .account(outcome.account_id)
+            .ok_or_else(|| {
+                SelectorError::NotFound(format!("unknown account {}", outcome.account_id))
+            })?
+            .clone();
+        let blocks = &self.settings.blocks;
+        let class = outcome.class.as_str();
+        let unavailable =
+            |e: admission_svc::error::BackendError| SelectorError::Unavailable(e.to_string());
+        let reset_in = outcome.reset_at_ms.map(|at| (at - now_ms()).max(0) as u64);
+        let applied = match outcome.class {
+            OutcomeClass::Success => {
+                let was_open = self
+                    .health
+                    .breaker_success(account.id)
+                    .await
+                    .map_err(unavailable)?;
+                if was_open {
+                    self.metrics
+                        .breaker_changes
+                        .with_label_values(&["closed"])
+                        .inc();
+                    Applied {
+                        what: "breaker_closed",
+                        block_ms: 0,
+                    }
+                } else {
+                    Applied {
+                        what: "none",
+                        block_ms: 0,
+                    }
+                }
+            }
+            OutcomeClass::Conflict | OutcomeClass::ClientError => Applied {
+                what: "none",
+                block_ms: 0,
+            },
+            OutcomeClass::Busy => {
+                // Busy is not broken: a soft block only, never a hard block, never the breaker.
+                let default = if outcome.status == 529 {
+                    blocks.busy_529
+                } else {
+                    blocks.busy_429
+                };
+                let ms = reset_in
+                    .filter(|ms| *ms > 0)
+                    .unwrap_or(millis(default))
+                    .min(millis(blocks.hard_block_threshold));
+                let left = self
+                    .health
+                    .soft_block(account.id, ms, class, outcome.status, &outcome.reason)
+                    .await
+                    .map_err(unavailable)?;
+                Applied {
+                    what: "soft_block",
+                    block_ms: left,
+                }
+            }
+            OutcomeClass::WindowExhausted => {
+                let ms = reset_in
+                    .filter(|ms| *ms > 0)
+                    .unwrap_or(millis(blocks.hard_block_threshold))
+                    .min(millis(blocks.max_hard_block));
+                let left = self
+                    .health
+                    .hard_block(account.id, ms, class, outcome.status, &outcome.reason)
+                    .await
+                    .map_err(unavailable)?;
+                Applied {
+                    what: "hard_block",
+                    block_ms: left,
+                }
+            }
+            OutcomeClass::Broken => {
+                let left = self
+                    .health
+                    .hard_block(
+                        account.id,
+                        millis(blocks.broken_block),
+                        class,
+                        outcome.status,
+                        &outcome.reason,
+                    )
+                    .await
+                    .map_err(unavailable)?;
+                let change = self
+                    .health
+                    .breaker_failure(
+                        account.id,
+                        blocks.breaker_threshold,
+                        millis(blocks.breaker_open),
+                        millis(blocks.breaker_max_open),
+                    )
+                    .await
+                    .map_err(unavailable)?;
+                match change {
+                    BreakerChange::Opened(ms) | BreakerChange::Reopened(ms) => {
+                        let label = if matches!(change, BreakerChange::Opened(_)) {
+                            "opened"
+                        } else {
+                            "reopened"
+                        };
+                        self.metrics
+                            .breaker_changes
+                            .with_label_values(&[label])
+                            .inc();
+                        tracing::warn!(
+                            account_id = account.id,
+                            open_ms = ms,
+                            "circuit breaker opened"
+                        );
+                        Applied {
+                            what: "breaker_open",
+                            block_ms: ms,
+                        }
+                    }
+                    _ => Applied {
+                        what: "hard_block",
+                        block_ms: left,
+                    },
+                }
+            }
+            OutcomeClass::Unauthorized => {
+                let left = self
+                    .health
+                    .hard_block(
+                        account.id,
+                        millis(blocks.unauthorized_block),
+                        class,
+                        outcome.status,
+                        &outcome.reason,
+                    )
+                    .await
+                    .map_err(unavailable)?;
+                let _ = self.refresh_requests.send(account.id);
+                let count = self
+                    .health
+                    .count_unauthorized(account.id, millis(blocks.unauthorized_window))
+                    .await
+                    .map_err(unavailable)?;
+                if count >= blocks.unauthorized_error_count {
+                    let reason = format!(
+                        "{count} unauthorized outcomes within {:?}",
+                        blocks.unauthorized_window
+                    );
+                    self.store
+                        .set_status(account.id, AccountStatus::Error, &reason)
+                        .await?;
+                    tracing::warn!(account_id = account.id, %reason, "account marked error");
+                    Applied {
+                        what: "error",
+                        block_ms: left,
+                    }
+                } else {
+                    Applied {
+                        what: "hard_block",
+                        block_ms: left,
+                    }
+                }
+            }
+            OutcomeClass::QuotaGone => {
+                let reason = format!("quota gone ({}): {}", outcome.status, outcome.reason);
+                self.store
+                    .set_status(account.id, AccountStatus::Retired, &reason)
+                    .await?;
+                // Until every snapshot has the new status, admission refuses it too.
+                let _ = self
+                    .health
+                    .hard_block(
+                        account.id,
+                        millis(blocks.max_hard_block),
+                        class,
+                        outcome.status,
+                        &outcome.reason,
+                    )
+                    .await;
+                self.metrics.retirements.inc();
+                tracing::warn!(account_id = account.id, %reason, "account retired");
+                Applied {
+                    what: "retired",
+                    block_ms: 0,
+                }
+            }
+        };
+        self.metrics
+            .outcomes
+            .with_label_values(&[class, applied.what])
+            .inc();
+        Ok(applied)
+    }
+
+    /// Binds a session to the account that served it; returns `hit`, `bound` or `rebind`.
+    pub async fn bind_session(
+        &self,
+        group: &str,
+        session: &str,
+        account: AccountId,
+    ) -> Result<&'static str, SelectorError> {
+        let previous = self
+            .health
+            .sticky_set(group, session, account, millis(self.settings.sticky_ttl))
+            .await
+            .map_err(|e| SelectorError::Unavailable(e.to_string()))?;
+        let result = match previous {
+            Some(id) if id == account => "hit",
+            Some(_) => "rebind",
+            None => "bound",
+        };
+        {
+            let mut cache = self.sticky_cache.lock().unwrap_or_else(|p| p.into_inner());
+            cache.insert(
+                (group.to_owned(), session.to_owned()),
+                StickyEntry {
+                    account,
+                    fetched: Instant::now(),
+                    touched: Instant::now(),
+                },
+            );
+        }
+        let platform = self
+            .snapshot
+            .get()
+            .account(account)
+            .map(|a| a.platform.as_str())
+            .unwrap_or("unknown");
+        self.metrics
+            .sticky
+            .with_label_values(&[result, platform])
+            .inc();
+        Ok(result)
+    }
+
+    pub async fn bind_response(
+        &self,
+        response_id: &str,
+        account: AccountId,
+    ) -> Result<(), SelectorError> {
+        self.health
+            .response_set(response_id, account, millis(self.settings.response_ttl))
+            .await
+            .map_err(|e| SelectorError::Unavailable(e.to_string()))
+    }
+
+    /// Checks a client key against the snapshot (a revoked key is refused once the snapshot has
+    /// reloaded, within a second of the change).
+    pub fn authenticate(&self, api_key: &str) -> Result<ApiKeyRecord, SelectorError> {
+        let snapshot = self.snapshot.get();
+        match snapshot.api_key(&api_key_hash(api_key)) {
+            Some(record) if record.active => Ok(record.clone()),
+            Some(_) => Err(SelectorError::Unauthenticated("api key revoked".into())),
+            None => Err(SelectorError::Unauthenticated("unknown api key".into())),
+        }
+    }
+
+    /// Live lease counts of accounts (`None`: unknown), fresh.
+    pub async fn load(&self, ids: &[AccountId]) -> Vec<Option<u32>> {
+        let reading = self.oracle.read(ids, true).await;
+        ids.iter()
+            .map(|id| reading.get(*id).map(|h| h.inflight))
+            .collect()
+    }
+}
+
+impl Plan {
+    fn none(reason: &'static str, retry_after_ms: u64) -> Self {
+        Plan {
+            entries: Vec::new(),
+            sticky: false,
+            none_reason: Some(reason),
+            retry_after_ms,
+        }
+    }
+}

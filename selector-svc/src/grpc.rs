@@ -1,0 +1,728 @@
+//! The gRPC transport of the selector: validation (`InvalidArgument` naming the field), proto ↔
+//! domain, the admin bearer-token check. The only module that touches generated proto types.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use poolgate_proto::selector::v1 as pb;
+use tonic::{Request, Response, Status};
+
+use crate::domain::{
+    AccountId, AccountStatus, CredentialKind, MAX_NAME_BYTES, OAuthState, Outcome, OutcomeClass,
+    Platform, Secret, now_ms,
+};
+use crate::engine::{Plan, SelectQuery, Selector, SelectorError};
+use crate::store::{AccountInput, UsageInput};
+
+const MAX_MODEL_BYTES: usize = 256;
+const MAX_EXCLUDED: usize = 256;
+const MAX_USAGE_RECORDS: usize = 1000;
+const MAX_REASON_BYTES: usize = 512;
+
+fn invalid(field: &str, message: impl Into<String>) -> Status {
+    SelectorError::invalid(field, message).into()
+}
+
+fn name(field: &str, value: &str) -> Result<(), Status> {
+    if value.is_empty() {
+        return Err(invalid(field, "must not be empty"));
+    }
+    if value.len() > MAX_NAME_BYTES {
+        return Err(invalid(
+            field,
+            format!(
+                "must be at most {MAX_NAME_BYTES} bytes, got {}",
+                value.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn optional_name(field: &str, value: String) -> Result<Option<String>, Status> {
+    if value.is_empty() {
+        return Ok(None);
+    }
+    name(field, &value)?;
+    Ok(Some(value))
+}
+
+fn account_id(field: &str, id: i64) -> Result<AccountId, Status> {
+    if id <= 0 {
+        return Err(invalid(
+            field,
+            format!("must be a positive account id, got {id}"),
+        ));
+    }
+    Ok(id)
+}
+
+fn platform(field: &str, value: i32) -> Result<Platform, Status> {
+    match pb::Platform::try_from(value) {
+        Ok(pb::Platform::Anthropic) => Ok(Platform::Anthropic),
+        Ok(pb::Platform::Openai) => Ok(Platform::OpenAi),
+        _ => Err(invalid(
+            field,
+            "must be PLATFORM_ANTHROPIC or PLATFORM_OPENAI",
+        )),
+    }
+}
+
+fn platform_pb(platform: Platform) -> i32 {
+    match platform {
+        Platform::Anthropic => pb::Platform::Anthropic as i32,
+        Platform::OpenAi => pb::Platform::Openai as i32,
+    }
+}
+
+fn plan_response(plan: Plan) -> pb::SelectResponse {
+    pb::SelectResponse {
+        accounts: plan
+            .entries
+            .into_iter()
+            .map(|entry| {
+                let account = &entry.account;
+                pb::PlanAccount {
+                    account_id: account.id,
+                    name: account.name.clone(),
+                    platform: platform_pb(account.platform),
+                    base_url: account.base_url.clone(),
+                    credential: account.credential.expose().to_owned(),
+                    credential_kind: account.credential_kind.as_str().to_owned(),
+                    mapped_model: entry.mapped_model,
+                    concurrency_limit: account.concurrency_limit,
+                    rpm_limit: account.rpm_limit,
+                    session_window_limit_usd: account.session_window_limit_usd,
+                    proxy_url: account.proxy_url.clone().unwrap_or_default(),
+                    price: Some(pb::Price {
+                        input_per_mtok: entry.price.input_per_mtok,
+                        output_per_mtok: entry.price.output_per_mtok,
+                        cache_write_per_mtok: entry.price.cache_write_per_mtok,
+                        cache_read_per_mtok: entry.price.cache_read_per_mtok,
+                    }),
+                    soft_blocked: entry.soft_blocked,
+                    inflight: entry.inflight.map(|n| n as i32).unwrap_or(-1),
+                }
+            })
+            .collect(),
+        sticky: plan.sticky,
+        none_reason: plan.none_reason.unwrap_or_default().to_owned(),
+        retry_after_ms: plan.retry_after_ms,
+    }
+}
+
+pub struct SelectorGrpc {
+    selector: Arc<Selector>,
+}
+
+impl SelectorGrpc {
+    pub fn new(selector: Arc<Selector>) -> Self {
+        SelectorGrpc { selector }
+    }
+}
+
+#[tonic::async_trait]
+impl pb::selector_server::Selector for SelectorGrpc {
+    async fn select(
+        &self,
+        request: Request<pb::SelectRequest>,
+    ) -> Result<Response<pb::SelectResponse>, Status> {
+        let request = request.into_inner();
+        name("group", &request.group)?;
+        let platform = platform("platform", request.platform)?;
+        if request.model.is_empty() || request.model.len() > MAX_MODEL_BYTES {
+            return Err(invalid(
+                "model",
+                format!("must be 1..={MAX_MODEL_BYTES} bytes"),
+            ));
+        }
+        if request.exclude_account_ids.len() > MAX_EXCLUDED {
+            return Err(invalid(
+                "exclude_account_ids",
+                format!("at most {MAX_EXCLUDED} ids"),
+            ));
+        }
+        for &id in &request.exclude_account_ids {
+            account_id("exclude_account_ids", id)?;
+        }
+        let query = SelectQuery {
+            group: request.group,
+            platform: Some(platform),
+            model: request.model,
+            session_hash: optional_name("session_hash", request.session_hash)?,
+            previous_response_id: optional_name(
+                "previous_response_id",
+                request.previous_response_id,
+            )?,
+            exclude: request.exclude_account_ids,
+            max_accounts: request.max_accounts.min(64) as usize,
+        };
+        let plan = self.selector.select(&query).await?;
+        let label = plan.none_reason.unwrap_or("planned");
+        self.selector
+            .metrics()
+            .selects
+            .with_label_values(&[label])
+            .inc();
+        Ok(Response::new(plan_response(plan)))
+    }
+
+    async fn report_outcome(
+        &self,
+        request: Request<pb::ReportOutcomeRequest>,
+    ) -> Result<Response<pb::ReportOutcomeResponse>, Status> {
+        let request = request.into_inner();
+        let id = account_id("account_id", request.account_id)?;
+        let class = match pb::OutcomeClass::try_from(request.class) {
+            Ok(pb::OutcomeClass::Success) => OutcomeClass::Success,
+            Ok(pb::OutcomeClass::Conflict) => OutcomeClass::Conflict,
+            Ok(pb::OutcomeClass::Busy) => OutcomeClass::Busy,
+            Ok(pb::OutcomeClass::WindowExhausted) => OutcomeClass::WindowExhausted,
+            Ok(pb::OutcomeClass::Broken) => OutcomeClass::Broken,
+            Ok(pb::OutcomeClass::Unauthorized) => OutcomeClass::Unauthorized,
+            Ok(pb::OutcomeClass::QuotaGone) => OutcomeClass::QuotaGone,
+            Ok(pb::OutcomeClass::ClientError) => OutcomeClass::ClientError,
+            _ => return Err(invalid("class", "must be a known OUTCOME_CLASS_*")),
+        };
+        if request.status > 999 {
+            return Err(invalid(
+                "status",
+                "must be an HTTP status (0 for a network error)",
+            ));
+        }
+        if request.reason.len() > MAX_REASON_BYTES {
+            return Err(invalid(
+                "reason",
+                format!("must be at most {MAX_REASON_BYTES} bytes"),
+            ));
+        }
+        let reset_at_ms = match request.reset_at_ms {
+            0 => None,
+            ms => Some(i64::try_from(ms).map_err(|_| invalid("reset_at_ms", "out of range"))?),
+        };
+        let applied = self
+            .selector
+            .report(&Outcome {
+                account_id: id,
+                class,
+                status: request.status as u16,
+                reset_at_ms,
+                reason: request.reason,
+            })
+            .await?;
+        Ok(Response::new(pb::ReportOutcomeResponse {
+            applied: applied.what.to_owned(),
+            block_ms: applied.block_ms,
+        }))
+    }
+
+    async fn bind_session(
+        &self,
+        request: Request<pb::BindSessionRequest>,
+    ) -> Result<Response<pb::BindSessionResponse>, Status> {
+        let request = request.into_inner();
+        name("group", &request.group)?;
+        name("session_hash", &request.session_hash)?;
+        let id = account_id("account_id", request.account_id)?;
+        let result = self
+            .selector
+            .bind_session(&request.group, &request.session_hash, id)
+            .await?;
+        Ok(Response::new(pb::BindSessionResponse {
+            result: result.to_owned(),
+        }))
+    }
+
+    async fn bind_response(
+        &self,
+        request: Request<pb::BindResponseRequest>,
+    ) -> Result<Response<pb::BindResponseResponse>, Status> {
+        let request = request.into_inner();
+        name("response_id", &request.response_id)?;
+        let id = account_id("account_id", request.account_id)?;
+        self.selector
+            .bind_response(&request.response_id, id)
+            .await?;
+        Ok(Response::new(pb::BindResponseResponse {}))
+    }
+
+    async fn authenticate(
+        &self,
+        request: Request<pb::AuthenticateRequest>,
+    ) -> Result<Response<pb::AuthenticateResponse>, Status> {
+        let key = request.into_inner().api_key;
+        if key.is_empty() || key.len() > 256 {
+            return Err(invalid("api_key", "must be 1..=256 bytes"));
+        }
+        let record = self.selector.authenticate(&key)?;
+        Ok(Response::new(pb::AuthenticateResponse {
+            api_key_id: record.id,
+            user: record.user,
+            group: record.group,
+            user_rpm_limit: record.user_rpm_limit,
+        }))
+    }
+
+    async fn record_usage(
+        &self,
+        request: Request<pb::RecordUsageRequest>,
+    ) -> Result<Response<pb::RecordUsageResponse>, Status> {
+        let records = request.into_inner().records;
+        if records.len() > MAX_USAGE_RECORDS {
+            return Err(invalid(
+                "records",
+                format!("at most {MAX_USAGE_RECORDS} per call"),
+            ));
+        }
+        let mut inputs = Vec::with_capacity(records.len());
+        for record in records {
+            if !(record.cost_usd.is_finite() && record.cost_usd >= 0.0) {
+                return Err(invalid("records.cost_usd", "must be finite and >= 0"));
+            }
+            if record.user.len() > MAX_NAME_BYTES || record.model.len() > MAX_MODEL_BYTES {
+                return Err(invalid("records", "user or model too long"));
+            }
+            let tokens = |n: u64| {
+                i64::try_from(n).map_err(|_| invalid("records", "token count out of range"))
+            };
+            inputs.push(UsageInput {
+                api_key_id: (record.api_key_id > 0).then_some(record.api_key_id),
+                user: record.user,
+                account_id: (record.account_id > 0).then_some(record.account_id),
+                model: record.model,
+                input_tokens: tokens(record.input_tokens)?,
+                output_tokens: tokens(record.output_tokens)?,
+                cache_write_tokens: tokens(record.cache_write_tokens)?,
+                cache_read_tokens: tokens(record.cache_read_tokens)?,
+                cost_usd: record.cost_usd,
+                status: record.status as i32,
+                latency_ms: record.latency_ms.min(i32::MAX as u32) as i32,
+                at_ms: (record.at_ms > 0).then_some(record.at_ms.min(i64::MAX as u64) as i64),
+            });
+        }
+        let accepted = self
+            .selector
+            .store()
+            .insert_usage(&inputs)
+            .await
+            .map_err(SelectorError::from)?;
+        Ok(Response::new(pb::RecordUsageResponse {
+            accepted: accepted as u32,
+        }))
+    }
+}
+
+/// Checks `authorization: Bearer <token>` on every admin call (constant-time comparison).
+#[derive(Clone)]
+pub struct AdminAuth {
+    token: Option<Arc<str>>,
+}
+
+impl AdminAuth {
+    pub fn new(token: Option<String>) -> Self {
+        AdminAuth {
+            token: token.filter(|t| !t.is_empty()).map(Arc::from),
+        }
+    }
+
+    #[allow(clippy::result_large_err)]
+    pub fn check(&self, request: Request<()>) -> Result<Request<()>, Status> {
+        let Some(token) = &self.token else {
+            return Err(Status::unauthenticated(
+                "admin api disabled: no admin token configured",
+            ));
+        };
+        let given = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        let equal = given.len() == token.len()
+            && given
+                .bytes()
+                .zip(token.bytes())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0;
+        if equal {
+            Ok(request)
+        } else {
+            Err(Status::unauthenticated(
+                "missing or wrong admin bearer token",
+            ))
+        }
+    }
+}
+
+pub struct AdminGrpc {
+    selector: Arc<Selector>,
+}
+
+impl AdminGrpc {
+    pub fn new(selector: Arc<Selector>) -> Self {
+        AdminGrpc { selector }
+    }
+
+    fn view(&self, id: AccountId) -> Result<pb::AccountView, Status> {
+        let snapshot = self.selector.snapshot().get();
+        let account = snapshot
+            .account(id)
+            .ok_or_else(|| Status::not_found(format!("account {id}")))?;
+        Ok(account_view(account))
+    }
+
+    /// Reloads the snapshot now, so the answer shows the change just made.
+    async fn reload(&self) -> Result<(), Status> {
+        let snapshot = self
+            .selector
+            .store()
+            .load_snapshot()
+            .await
+            .map_err(SelectorError::from)?;
+        self.selector.snapshot().set(snapshot);
+        Ok(())
+    }
+}
+
+fn account_view(account: &crate::domain::Account) -> pb::AccountView {
+    pb::AccountView {
+        id: account.id,
+        name: account.name.clone(),
+        group: account.group.clone(),
+        platform: platform_pb(account.platform),
+        base_url: account.base_url.clone(),
+        credential_masked: account.credential.masked(),
+        credential_kind: account.credential_kind.as_str().to_owned(),
+        status: account.status.as_str().to_owned(),
+        status_reason: account.status_reason.clone(),
+        priority: account.priority,
+        weight: account.weight,
+        concurrency_limit: account.concurrency_limit,
+        rpm_limit: account.rpm_limit,
+        session_window_limit_usd: account.session_window_limit_usd,
+        allowed_models: account.allowed_models.clone(),
+        model_mapping: account.model_mapping.clone().into_iter().collect(),
+        proxy_url: account.proxy_url.clone().unwrap_or_default(),
+    }
+}
+
+fn http_url(field: &str, value: &str) -> Result<(), Status> {
+    let ok = (value.starts_with("http://") || value.starts_with("https://"))
+        && value.len() <= 2048
+        && !value.contains(char::is_whitespace);
+    ok.then_some(())
+        .ok_or_else(|| invalid(field, "must be an http(s) URL"))
+}
+
+#[tonic::async_trait]
+impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
+    async fn upsert_account(
+        &self,
+        request: Request<pb::UpsertAccountRequest>,
+    ) -> Result<Response<pb::AccountView>, Status> {
+        let r = request.into_inner();
+        name("name", &r.name)?;
+        name("group", &r.group)?;
+        let platform = platform("platform", r.platform)?;
+        http_url("base_url", &r.base_url)?;
+        let kind = CredentialKind::parse(&r.credential_kind)
+            .ok_or_else(|| invalid("credential_kind", "must be api_key or oauth"))?;
+        if r.credential.len() > 8192 || r.refresh_token.len() > 8192 {
+            return Err(invalid("credential", "at most 8192 bytes"));
+        }
+        if !(r.session_window_limit_usd.is_finite()) {
+            return Err(invalid("session_window_limit_usd", "must be finite"));
+        }
+        if r.weight < 0 {
+            return Err(invalid("weight", "must be >= 0 (0: default 1)"));
+        }
+        if !r.token_url.is_empty() {
+            http_url("token_url", &r.token_url)?;
+        }
+        if !r.proxy_url.is_empty() && r.proxy_url.len() > 2048 {
+            return Err(invalid("proxy_url", "at most 2048 bytes"));
+        }
+        let oauth = (kind == CredentialKind::OAuth).then(|| OAuthState {
+            refresh_token: Secret::new(r.refresh_token.clone()),
+            expires_at_ms: r.expires_at_ms.min(i64::MAX as u64) as i64,
+            token_url: r.token_url.clone(),
+        });
+        let input = AccountInput {
+            name: r.name,
+            group: r.group,
+            platform,
+            base_url: r.base_url,
+            credential_kind: kind,
+            credential: (!r.credential.is_empty()).then(|| Secret::new(r.credential)),
+            oauth,
+            priority: r.priority,
+            weight: if r.weight == 0 { 1 } else { r.weight },
+            concurrency_limit: r.concurrency_limit,
+            rpm_limit: r.rpm_limit,
+            session_window_limit_usd: r.session_window_limit_usd,
+            allowed_models: r.allowed_models,
+            model_mapping: r.model_mapping.into_iter().collect::<HashMap<_, _>>(),
+            proxy_url: (!r.proxy_url.is_empty()).then_some(r.proxy_url),
+        };
+        let id = self
+            .selector
+            .store()
+            .upsert_account(&input)
+            .await
+            .map_err(SelectorError::from)?;
+        self.reload().await?;
+        Ok(Response::new(self.view(id)?))
+    }
+
+    async fn list_accounts(
+        &self,
+        request: Request<pb::ListAccountsRequest>,
+    ) -> Result<Response<pb::ListAccountsResponse>, Status> {
+        let group = request.into_inner().group;
+        let snapshot = self.selector.snapshot().get();
+        let mut accounts: Vec<pb::AccountView> = snapshot
+            .accounts()
+            .filter(|a| group.is_empty() || a.group == group)
+            .map(|a| account_view(a))
+            .collect();
+        accounts.sort_by_key(|a| a.id);
+        Ok(Response::new(pb::ListAccountsResponse { accounts }))
+    }
+
+    async fn set_account_status(
+        &self,
+        request: Request<pb::SetAccountStatusRequest>,
+    ) -> Result<Response<pb::AccountView>, Status> {
+        let r = request.into_inner();
+        let id = account_id("account_id", r.account_id)?;
+        let status = match AccountStatus::parse(&r.status) {
+            Some(AccountStatus::Retired) => {
+                return Err(invalid("status", "retired is set by quota outcomes only"));
+            }
+            Some(status) => status,
+            None => return Err(invalid("status", "must be active, disabled or error")),
+        };
+        if r.reason.len() > MAX_REASON_BYTES {
+            return Err(invalid(
+                "reason",
+                format!("at most {MAX_REASON_BYTES} bytes"),
+            ));
+        }
+        self.selector
+            .store()
+            .set_status(id, status, &r.reason)
+            .await
+            .map_err(SelectorError::from)?;
+        self.reload().await?;
+        Ok(Response::new(self.view(id)?))
+    }
+
+    async fn restore_account(
+        &self,
+        request: Request<pb::RestoreAccountRequest>,
+    ) -> Result<Response<pb::AccountView>, Status> {
+        let id = account_id("account_id", request.into_inner().account_id)?;
+        self.selector
+            .store()
+            .set_status(id, AccountStatus::Active, "restored by operator")
+            .await
+            .map_err(SelectorError::from)?;
+        self.selector
+            .health()
+            .clear(id)
+            .await
+            .map_err(|e| SelectorError::Unavailable(e.to_string()))?;
+        self.reload().await?;
+        Ok(Response::new(self.view(id)?))
+    }
+
+    async fn create_api_key(
+        &self,
+        request: Request<pb::CreateApiKeyRequest>,
+    ) -> Result<Response<pb::CreateApiKeyResponse>, Status> {
+        let r = request.into_inner();
+        name("user", &r.user)?;
+        name("group", &r.group)?;
+        if r.name.len() > MAX_NAME_BYTES {
+            return Err(invalid("name", format!("at most {MAX_NAME_BYTES} bytes")));
+        }
+        let (id, key) = self
+            .selector
+            .store()
+            .create_api_key(&r.name, &r.user, &r.group, r.user_rpm_limit)
+            .await
+            .map_err(SelectorError::from)?;
+        self.reload().await?;
+        Ok(Response::new(pb::CreateApiKeyResponse {
+            id,
+            api_key: key.expose().to_owned(),
+        }))
+    }
+
+    async fn list_api_keys(
+        &self,
+        _request: Request<pb::ListApiKeysRequest>,
+    ) -> Result<Response<pb::ListApiKeysResponse>, Status> {
+        let keys = self
+            .selector
+            .store()
+            .list_api_keys()
+            .await
+            .map_err(SelectorError::from)?;
+        Ok(Response::new(pb::ListApiKeysResponse {
+            keys: keys
+                .into_iter()
+                .map(|k| pb::ApiKeyView {
+                    id: k.id,
+                    name: k.name,
+                    user: k.user,
+                    group: k.group,
+                    user_rpm_limit: k.user_rpm_limit,
+                    status: if k.active { "active" } else { "revoked" }.to_owned(),
+                    prefix: k.prefix,
+                })
+                .collect(),
+        }))
+    }
+
+    async fn revoke_api_key(
+        &self,
+        request: Request<pb::RevokeApiKeyRequest>,
+    ) -> Result<Response<pb::RevokeApiKeyResponse>, Status> {
+        let id = request.into_inner().id;
+        if id <= 0 {
+            return Err(invalid("id", "must be a positive key id"));
+        }
+        self.selector
+            .store()
+            .revoke_api_key(id)
+            .await
+            .map_err(SelectorError::from)?;
+        self.reload().await?;
+        Ok(Response::new(pb::RevokeApiKeyResponse {}))
+    }
+
+    async fn list_blocks(
+        &self,
+        _request: Request<pb::ListBlocksRequest>,
+    ) -> Result<Response<pb::ListBlocksResponse>, Status> {
+        let snapshot = self.selector.snapshot().get();
+        let mut ids: Vec<AccountId> = snapshot.accounts().map(|a| a.id).collect();
+        ids.sort_unstable();
+        let blocks = self
+            .selector
+            .health()
+            .list_blocks(&ids)
+            .await
+            .map_err(|e| SelectorError::Unavailable(e.to_string()))?;
+        Ok(Response::new(pb::ListBlocksResponse {
+            blocks: blocks
+                .into_iter()
+                .map(|b| pb::BlockView {
+                    account_name: snapshot
+                        .account(b.account_id)
+                        .map(|a| a.name.clone())
+                        .unwrap_or_default(),
+                    account_id: b.account_id,
+                    kind: b.kind.to_owned(),
+                    class: b.class,
+                    status: u32::from(b.status),
+                    reason: b.reason,
+                    remaining_ms: b.remaining_ms,
+                })
+                .collect(),
+        }))
+    }
+
+    async fn clear_block(
+        &self,
+        request: Request<pb::ClearBlockRequest>,
+    ) -> Result<Response<pb::ClearBlockResponse>, Status> {
+        let id = account_id("account_id", request.into_inner().account_id)?;
+        self.selector
+            .health()
+            .clear(id)
+            .await
+            .map_err(|e| SelectorError::Unavailable(e.to_string()))?;
+        Ok(Response::new(pb::ClearBlockResponse {}))
+    }
+
+    async fn drop_binding(
+        &self,
+        request: Request<pb::DropBindingRequest>,
+    ) -> Result<Response<pb::DropBindingResponse>, Status> {
+        let r = request.into_inner();
+        name("group", &r.group)?;
+        name("session_hash", &r.session_hash)?;
+        let dropped = self
+            .selector
+            .health()
+            .sticky_drop(&r.group, &r.session_hash)
+            .await
+            .map_err(|e| SelectorError::Unavailable(e.to_string()))?;
+        Ok(Response::new(pb::DropBindingResponse { dropped }))
+    }
+
+    async fn read_load(
+        &self,
+        request: Request<pb::ReadLoadRequest>,
+    ) -> Result<Response<pb::ReadLoadResponse>, Status> {
+        let mut ids = request.into_inner().account_ids;
+        for &id in &ids {
+            account_id("account_ids", id)?;
+        }
+        let snapshot = self.selector.snapshot().get();
+        if ids.is_empty() {
+            ids = snapshot.accounts().map(|a| a.id).collect();
+            ids.sort_unstable();
+        }
+        let loads = self.selector.load(&ids).await;
+        Ok(Response::new(pb::ReadLoadResponse {
+            accounts: ids
+                .into_iter()
+                .zip(loads)
+                .map(|(id, inflight)| pb::AccountLoad {
+                    account_id: id,
+                    inflight: inflight.map(|n| n as i32).unwrap_or(-1),
+                    concurrency_limit: snapshot
+                        .account(id)
+                        .map(|a| a.concurrency_limit)
+                        .unwrap_or(0),
+                })
+                .collect(),
+        }))
+    }
+
+    async fn read_usage(
+        &self,
+        request: Request<pb::ReadUsageRequest>,
+    ) -> Result<Response<pb::ReadUsageResponse>, Status> {
+        let r = request.into_inner();
+        if r.api_key_id <= 0 {
+            return Err(invalid("api_key_id", "must be a positive key id"));
+        }
+        let (from, to) = if r.from_ms == 0 && r.to_ms == 0 {
+            (now_ms() - 24 * 3600 * 1000, now_ms() + 1)
+        } else {
+            (
+                r.from_ms.min(i64::MAX as u64) as i64,
+                r.to_ms.min(i64::MAX as u64) as i64,
+            )
+        };
+        if to <= from {
+            return Err(invalid("to_ms", "must be after from_ms"));
+        }
+        let totals = self
+            .selector
+            .store()
+            .read_usage(r.api_key_id, from, to)
+            .await
+            .map_err(SelectorError::from)?;
+        Ok(Response::new(pb::ReadUsageResponse {
+            requests: totals.requests.max(0) as u64,
+            input_tokens: totals.input_tokens.max(0) as u64,
+            output_tokens: totals.output_tokens.max(0) as u64,
+            cost_usd: totals.cost_usd,
+        }))
+    }
+}

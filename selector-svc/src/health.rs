@@ -1,0 +1,658 @@
+//! Account health in Redis, shared by every selector replica at once: hard blocks (written to
+//! admission's cooldown key, so admission refuses the account in the same script that takes a
+//! slot), soft blocks, circuit breakers, sticky and response bindings, token-refresh locks.
+//!
+//! Key names come from `poolgate_proto::keys`; time inside decisions is Redis `TIME`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use admission_svc::error::BackendError;
+use admission_svc::redis_conn::RedisHandle;
+use poolgate_proto::keys::{self, AccountKeys};
+use redis::Script;
+
+use crate::domain::{AccountId, now_ms};
+
+/// Breaker state as selection sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Breaker {
+    Closed,
+    /// Open for this many more ms.
+    Open(u64),
+    /// The open period ended: one probe may go through.
+    HalfOpen,
+}
+
+/// One account's live state, read in one pipelined batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AccountHealth {
+    pub inflight: u32,
+    /// Remaining hard block, ms (0: none).
+    pub hard_block_ms: u64,
+    /// Remaining soft block, ms (0: none).
+    pub soft_block_ms: u64,
+    pub breaker: Breaker,
+}
+
+impl AccountHealth {
+    pub const HEALTHY: AccountHealth = AccountHealth {
+        inflight: 0,
+        hard_block_ms: 0,
+        soft_block_ms: 0,
+        breaker: Breaker::Closed,
+    };
+}
+
+/// What the breaker did with a broken outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BreakerChange {
+    /// Counted; still closed.
+    Counted(u32),
+    /// Opened (threshold reached) for this many ms.
+    Opened(u64),
+    /// The half-open probe failed: re-opened for this many ms (doubled, capped).
+    Reopened(u64),
+    /// Already open.
+    StillOpen,
+}
+
+/// A block as operators see it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BlockInfo {
+    pub account_id: AccountId,
+    pub kind: &'static str,
+    pub class: String,
+    pub status: u16,
+    pub reason: String,
+    pub remaining_ms: u64,
+}
+
+const PRELUDE: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"#;
+
+/// KEYS: block key. ARGV: ttl ms, value. Keeps the later deadline. Returns {applied ttl, now}.
+const BLOCK: &str = r#"
+local ttl = tonumber(ARGV[1])
+local left = redis.call('PTTL', KEYS[1])
+if left >= ttl then return {left, now} end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ttl)
+return {ttl, now}
+"#;
+
+/// KEYS: breaker hash, probe key. ARGV: threshold, first open ms, max open ms.
+/// Returns {change, value, now}.
+const BREAKER_FAILURE: &str = r#"
+local h = redis.call('HMGET', KEYS[1], 'failures', 'open_until', 'open_ms')
+local failures = tonumber(h[1] or '0') + 1
+local open_until = tonumber(h[2] or '0')
+local open_ms = tonumber(h[3] or '0')
+local keep = 86400000
+if open_until > 0 then
+  if now >= open_until then
+    open_ms = math.min(open_ms * 2, tonumber(ARGV[3]))
+    redis.call('HSET', KEYS[1], 'failures', failures, 'open_until', now + open_ms, 'open_ms', open_ms)
+    redis.call('PEXPIRE', KEYS[1], keep + open_ms)
+    redis.call('DEL', KEYS[2])
+    return {'reopened', open_ms, now}
+  end
+  redis.call('HSET', KEYS[1], 'failures', failures)
+  return {'open', open_until - now, now}
+end
+if failures >= tonumber(ARGV[1]) then
+  open_ms = tonumber(ARGV[2])
+  redis.call('HSET', KEYS[1], 'failures', failures, 'open_until', now + open_ms, 'open_ms', open_ms)
+  redis.call('PEXPIRE', KEYS[1], keep + open_ms)
+  return {'opened', open_ms, now}
+end
+redis.call('HSET', KEYS[1], 'failures', failures)
+redis.call('PEXPIRE', KEYS[1], keep)
+return {'counted', failures, now}
+"#;
+
+/// KEYS: events ZSET. ARGV: event id, window ms. Returns {count in window, now}.
+const COUNT_EVENT: &str = r#"
+local window = tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. (now - window))
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('PEXPIRE', KEYS[1], window)
+return {redis.call('ZCARD', KEYS[1]), now}
+"#;
+
+/// KEYS: lock. ARGV: owner. Deletes the lock only if this owner holds it.
+const UNLOCK: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+return {0, now}
+"#;
+
+struct Scripts {
+    block: Script,
+    breaker_failure: Script,
+    count_event: Script,
+    unlock: Script,
+}
+
+/// Health in Redis.
+#[derive(Clone)]
+pub struct RedisHealth {
+    redis: RedisHandle,
+    scripts: Arc<Scripts>,
+    clock_offset_ms: Arc<AtomicI64>,
+}
+
+fn block_value(class: &str, status: u16, reason: &str) -> String {
+    let reason: String = reason.chars().take(200).collect();
+    format!("{class}|{status}|{reason}")
+}
+
+fn parse_block_value(value: &str) -> (String, u16, String) {
+    let mut parts = value.splitn(3, '|');
+    let class = parts.next().unwrap_or_default().to_owned();
+    let status = parts.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+    let reason = parts.next().unwrap_or_default().to_owned();
+    (class, status, reason)
+}
+
+impl RedisHealth {
+    pub fn new(redis: RedisHandle) -> Self {
+        let script = |body: &str| Script::new(&format!("{PRELUDE}{body}"));
+        RedisHealth {
+            redis,
+            scripts: Arc::new(Scripts {
+                block: script(BLOCK),
+                breaker_failure: script(BREAKER_FAILURE),
+                count_event: script(COUNT_EVENT),
+                unlock: script(UNLOCK),
+            }),
+            clock_offset_ms: Arc::new(AtomicI64::new(i64::MIN)),
+        }
+    }
+
+    pub fn handle(&self) -> &RedisHandle {
+        &self.redis
+    }
+
+    fn learn_clock(&self, redis_now: i64) {
+        self.clock_offset_ms
+            .store(redis_now - now_ms(), Ordering::Relaxed);
+    }
+
+    /// Redis time in ms (learned offset; one `TIME` the first time).
+    pub async fn redis_now(&self) -> Result<i64, BackendError> {
+        let offset = self.clock_offset_ms.load(Ordering::Relaxed);
+        if offset != i64::MIN {
+            return Ok(now_ms() + offset);
+        }
+        let mut conn = self.redis.conn().await?;
+        let (secs, micros): (i64, i64) = self
+            .redis
+            .bounded(redis::cmd("TIME").query_async(&mut conn))
+            .await?;
+        let now = secs * 1000 + micros / 1000;
+        self.learn_clock(now);
+        Ok(now)
+    }
+
+    fn add_reads(pipeline: &mut redis::Pipeline, id: AccountId, now: i64) {
+        let keys = AccountKeys::new(id);
+        pipeline
+            .cmd("ZCOUNT")
+            .arg(&keys.leases)
+            .arg(now)
+            .arg("+inf")
+            .cmd("PTTL")
+            .arg(&keys.cooldown)
+            .cmd("PTTL")
+            .arg(keys::soft_block(id))
+            .cmd("HGET")
+            .arg(keys::breaker(id))
+            .arg("open_until");
+    }
+
+    fn health_of(values: (u32, i64, i64, Option<i64>), now: i64) -> AccountHealth {
+        let (inflight, hard, soft, open_until) = values;
+        let breaker = match open_until {
+            None | Some(0) => Breaker::Closed,
+            Some(until) if until > now => Breaker::Open((until - now) as u64),
+            Some(_) => Breaker::HalfOpen,
+        };
+        AccountHealth {
+            inflight,
+            hard_block_ms: hard.max(0) as u64,
+            soft_block_ms: soft.max(0) as u64,
+            breaker,
+        }
+    }
+
+    /// Reads load, blocks and breakers of `ids` in ONE pipeline (one round trip).
+    pub async fn read_batch(&self, ids: &[AccountId]) -> Result<Vec<AccountHealth>, BackendError> {
+        let now = self.redis_now().await?;
+        let mut pipeline = redis::pipe();
+        for &id in ids {
+            Self::add_reads(&mut pipeline, id, now);
+        }
+        let mut conn = self.redis.conn().await?;
+        let values: Vec<(u32, i64, i64, Option<i64>)> = if self.redis.is_cluster() {
+            // A cluster pipeline must stay on one slot: one concurrent pipeline per account.
+            let reads = ids.iter().map(|&id| async move {
+                let mut pipeline = redis::pipe();
+                Self::add_reads(&mut pipeline, id, now);
+                let mut conn = self.redis.conn().await?;
+                let one: (u32, i64, i64, Option<i64>) =
+                    self.redis.bounded(pipeline.query_async(&mut conn)).await?;
+                Ok::<_, BackendError>(one)
+            });
+            futures_util::future::try_join_all(reads).await?
+        } else {
+            let flat: Vec<redis::Value> =
+                self.redis.bounded(pipeline.query_async(&mut conn)).await?;
+            let mut out = Vec::with_capacity(ids.len());
+            for chunk in flat.chunks(4) {
+                let tuple: (u32, i64, i64, Option<i64>) =
+                    redis::from_redis_value(redis::Value::Array(chunk.to_vec()))
+                        .map_err(|e| BackendError::Failed(format!("health reply: {e}")))?;
+                out.push(tuple);
+            }
+            out
+        };
+        if values.len() != ids.len() {
+            return Err(BackendError::Failed(
+                "health reply has the wrong length".into(),
+            ));
+        }
+        Ok(values
+            .into_iter()
+            .map(|v| Self::health_of(v, now))
+            .collect())
+    }
+
+    /// Reads one account (the fallback when a batch pipeline fails).
+    pub async fn read_one(&self, id: AccountId) -> Result<AccountHealth, BackendError> {
+        let now = self.redis_now().await?;
+        let mut pipeline = redis::pipe();
+        Self::add_reads(&mut pipeline, id, now);
+        let mut conn = self.redis.conn().await?;
+        let values: (u32, i64, i64, Option<i64>) =
+            self.redis.bounded(pipeline.query_async(&mut conn)).await?;
+        Ok(Self::health_of(values, now))
+    }
+
+    async fn block(&self, key: String, ttl_ms: u64, value: String) -> Result<u64, BackendError> {
+        let mut conn = self.redis.conn().await?;
+        let (applied, now): (u64, i64) = self
+            .redis
+            .bounded(
+                self.scripts
+                    .block
+                    .key(key)
+                    .arg(ttl_ms.max(1))
+                    .arg(value)
+                    .invoke_async(&mut conn),
+            )
+            .await?;
+        self.learn_clock(now);
+        Ok(applied)
+    }
+
+    /// Hard block: the admission cooldown key, keeping a later deadline. Returns the block left.
+    pub async fn hard_block(
+        &self,
+        id: AccountId,
+        ttl_ms: u64,
+        class: &str,
+        status: u16,
+        reason: &str,
+    ) -> Result<u64, BackendError> {
+        self.block(
+            AccountKeys::new(id).cooldown,
+            ttl_ms,
+            block_value(class, status, reason),
+        )
+        .await
+    }
+
+    /// Soft block: reorders only.
+    pub async fn soft_block(
+        &self,
+        id: AccountId,
+        ttl_ms: u64,
+        class: &str,
+        status: u16,
+        reason: &str,
+    ) -> Result<u64, BackendError> {
+        self.block(
+            keys::soft_block(id),
+            ttl_ms,
+            block_value(class, status, reason),
+        )
+        .await
+    }
+
+    pub async fn breaker_failure(
+        &self,
+        id: AccountId,
+        threshold: u32,
+        open_ms: u64,
+        max_open_ms: u64,
+    ) -> Result<BreakerChange, BackendError> {
+        let mut conn = self.redis.conn().await?;
+        let (change, value, now): (String, u64, i64) = self
+            .redis
+            .bounded(
+                self.scripts
+                    .breaker_failure
+                    .key(keys::breaker(id))
+                    .key(keys::breaker_probe(id))
+                    .arg(threshold)
+                    .arg(open_ms)
+                    .arg(max_open_ms)
+                    .invoke_async(&mut conn),
+            )
+            .await?;
+        self.learn_clock(now);
+        Ok(match change.as_str() {
+            "opened" => BreakerChange::Opened(value),
+            "reopened" => BreakerChange::Reopened(value),
+            "open" => BreakerChange::StillOpen,
+            _ => BreakerChange::Counted(value as u32),
+        })
+    }
+
+    /// A success closes the breaker and resets its count. Returns whether it was open/half-open.
+    pub async fn breaker_success(&self, id: AccountId) -> Result<bool, BackendError> {
+        let mut conn = self.redis.conn().await?;
+        let (was_open, _): (Option<i64>, i64) = self
+            .redis
+            .bounded(
+                redis::pipe()
+                    .cmd("HGET")
+                    .arg(keys::breaker(id))
+                    .arg("open_until")
+                    .cmd("DEL")
+                    .arg(keys::breaker(id))
+                    .arg(keys::breaker_probe(id))
+                    .query_async(&mut conn),
+            )
+            .await?;
+        Ok(was_open.unwrap_or(0) > 0)
+    }
+
+    /// Takes the half-open probe token; only one request at a time gets it.
+    pub async fn take_probe(&self, id: AccountId, ttl_ms: u64) -> Result<bool, BackendError> {
+        let mut conn = self.redis.conn().await?;
+        let taken: Option<String> = self
+            .redis
+            .bounded(
+                redis::cmd("SET")
+                    .arg(keys::breaker_probe(id))
+                    .arg(1)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(ttl_ms.max(1))
+                    .query_async(&mut conn),
+            )
+            .await?;
+        Ok(taken.is_some())
+    }
+
+    /// Counts an unauthorized outcome; returns how many fell in the window.
+    pub async fn count_unauthorized(
+        &self,
+        id: AccountId,
+        window_ms: u64,
+    ) -> Result<u32, BackendError> {
+        let event = format!("{}-{}", now_ms(), fastrand::u32(..));
+        let mut conn = self.redis.conn().await?;
+        let (count, now): (u32, i64) = self
+            .redis
+            .bounded(
+                self.scripts
+                    .count_event
+                    .key(keys::unauthorized_events(id))
+                    .arg(event)
+                    .arg(window_ms)
+                    .invoke_async(&mut conn),
+            )
+            .await?;
+        self.learn_clock(now);
+        Ok(count)
+    }
+
+    /// Clears hard and soft blocks, the breaker and the unauthorized count.
+    pub async fn clear(&self, id: AccountId) -> Result<(), BackendError> {
+        let mut conn = self.redis.conn().await?;
+        // The cooldown key is on the account's slot; the selector keys are not, so they are two
+        // separate commands on a cluster.
+        let _: i64 = self
+            .redis
+            .bounded(
+                redis::cmd("DEL")
+                    .arg(AccountKeys::new(id).cooldown)
+                    .query_async(&mut conn),
+            )
+            .await?;
+        for key in [
+            keys::soft_block(id),
+            keys::breaker(id),
+            keys::breaker_probe(id),
+            keys::unauthorized_events(id),
+        ] {
+            let _: i64 = self
+                .redis
+                .bounded(redis::cmd("DEL").arg(key).query_async(&mut conn))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Every hard, soft and breaker block among `ids`.
+    pub async fn list_blocks(&self, ids: &[AccountId]) -> Result<Vec<BlockInfo>, BackendError> {
+        let now = self.redis_now().await?;
+        let mut blocks = Vec::new();
+        for &id in ids {
+            let mut conn = self.redis.conn().await?;
+            let cooldown = AccountKeys::new(id).cooldown;
+            let (hard_ms, hard_value): (i64, Option<String>) = self
+                .redis
+                .bounded(
+                    redis::pipe()
+                        .cmd("PTTL")
+                        .arg(&cooldown)
+                        .cmd("GET")
+                        .arg(&cooldown)
+                        .query_async(&mut conn),
+                )
+                .await?;
+            let soft_key = keys::soft_block(id);
+            let (soft_ms, soft_value, open_until, failures): (
+                i64,
+                Option<String>,
+                Option<i64>,
+                Option<u32>,
+            ) = self
+                .redis
+                .bounded(
+                    redis::pipe()
+                        .cmd("PTTL")
+                        .arg(&soft_key)
+                        .cmd("GET")
+                        .arg(&soft_key)
+                        .cmd("HGET")
+                        .arg(keys::breaker(id))
+                        .arg("open_until")
+                        .cmd("HGET")
+                        .arg(keys::breaker(id))
+                        .arg("failures")
+                        .query_async(&mut conn),
+                )
+                .await?;
+            for (kind, ms, value) in [("hard", hard_ms, hard_value), ("soft", soft_ms, soft_value)]
+            {
+                if ms > 0 {
+                    let (class, status, reason) = parse_block_value(value.as_deref().unwrap_or(""));
+                    blocks.push(BlockInfo {
+                        account_id: id,
+                        kind,
+                        class,
+                        status,
+                        reason,
+                        remaining_ms: ms as u64,
+                    });
+                }
+            }
+            if let Some(until) = open_until.filter(|until| *until > 0) {
+                blocks.push(BlockInfo {
+                    account_id: id,
+                    kind: "breaker",
+                    class: "broken".into(),
+                    status: 0,
+                    reason: format!("{} consecutive broken outcomes", failures.unwrap_or(0)),
+                    remaining_ms: (until - now).max(0) as u64,
+                });
+            }
+        }
+        Ok(blocks)
+    }
+
+    pub async fn sticky_get(
+        &self,
+        group: &str,
+        session: &str,
+    ) -> Result<Option<AccountId>, BackendError> {
+        let mut conn = self.redis.conn().await?;
+        self.redis
+            .bounded(
+                redis::cmd("GET")
+                    .arg(keys::sticky_binding(group, session))
+                    .query_async(&mut conn),
+            )
+            .await
+    }
+
+    /// Binds and returns the previous binding.
+    pub async fn sticky_set(
+        &self,
+        group: &str,
+        session: &str,
+        id: AccountId,
+        ttl_ms: u64,
+    ) -> Result<Option<AccountId>, BackendError> {
+        let mut conn = self.redis.conn().await?;
+        self.redis
+            .bounded(
+                redis::cmd("SET")
+                    .arg(keys::sticky_binding(group, session))
+                    .arg(id)
+                    .arg("PX")
+                    .arg(ttl_ms.max(1))
+                    .arg("GET")
+                    .query_async(&mut conn),
+            )
+            .await
+    }
+
+    /// Refreshes a binding's TTL.
+    pub async fn sticky_touch(
+        &self,
+        group: &str,
+        session: &str,
+        ttl_ms: u64,
+    ) -> Result<(), BackendError> {
+        let mut conn = self.redis.conn().await?;
+        let _: i64 = self
+            .redis
+            .bounded(
+                redis::cmd("PEXPIRE")
+                    .arg(keys::sticky_binding(group, session))
+                    .arg(ttl_ms.max(1))
+                    .query_async(&mut conn),
+            )
+            .await?;
+        Ok(())
+    }
+
+    pub async fn sticky_drop(&self, group: &str, session: &str) -> Result<bool, BackendError> {
+        let mut conn = self.redis.conn().await?;
+        let removed: i64 = self
+            .redis
+            .bounded(
+                redis::cmd("DEL")
+                    .arg(keys::sticky_binding(group, session))
+                    .query_async(&mut conn),
+            )
+            .await?;
+        Ok(removed > 0)
+    }
+
+    pub async fn response_get(&self, response_id: &str) -> Result<Option<AccountId>, BackendError> {
+        let mut conn = self.redis.conn().await?;
+        self.redis
+            .bounded(
+                redis::cmd("GET")
+                    .arg(keys::response_binding(response_id))
+                    .query_async(&mut conn),
+            )
+            .await
+    }
+
+    pub async fn response_set(
+        &self,
+        response_id: &str,
+        id: AccountId,
+        ttl_ms: u64,
+    ) -> Result<(), BackendError> {
+        let mut conn = self.redis.conn().await?;
+        let _: () = self
+            .redis
+            .bounded(
+                redis::cmd("SET")
+                    .arg(keys::response_binding(response_id))
+                    .arg(id)
+                    .arg("PX")
+                    .arg(ttl_ms.max(1))
+                    .query_async(&mut conn),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Takes the cluster-wide token-refresh lock for an account.
+    pub async fn lock_refresh(
+        &self,
+        id: AccountId,
+        owner: &str,
+        ttl_ms: u64,
+    ) -> Result<bool, BackendError> {
+        let mut conn = self.redis.conn().await?;
+        let taken: Option<String> = self
+            .redis
+            .bounded(
+                redis::cmd("SET")
+                    .arg(keys::token_refresh_lock(id))
+                    .arg(owner)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(ttl_ms.max(1))
+                    .query_async(&mut conn),
+            )
+            .await?;
+        Ok(taken.is_some())
+    }
+
+    pub async fn unlock_refresh(&self, id: AccountId, owner: &str) -> Result<(), BackendError> {
+        let mut conn = self.redis.conn().await?;
+        let _: (i64, i64) = self
+            .redis
+            .bounded(
+                self.scripts
+                    .unlock
+                    .key(keys::token_refresh_lock(id))
+                    .arg(owner)
+                    .invoke_async(&mut conn),
+            )
+            .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,545 @@
+//! The selector-svc binary: `serve` (default), `migrate`, `reencrypt`, `genkey`, and `admin`
+//! subcommands that call the admin API, so an operator needs no other gRPC client.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use admission_svc::redis_conn::{RedisOptions, RedisTarget};
+use clap::{Args, Parser, Subcommand};
+use poolgate_proto::selector::v1 as pb;
+use selector_svc::crypto::Keyring;
+use selector_svc::engine::SelectorSettings;
+use selector_svc::server::Config;
+use selector_svc::store::ConfigStore;
+
+/// poolgate selector: account config, credentials, health and selection.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve the selector (the default).
+    Serve,
+    /// Apply the database migrations, then exit.
+    Migrate,
+    /// Re-encrypt every credential under the active key, then exit.
+    Reencrypt,
+    /// Print a new random credential key (base64), for POOLGATE_CREDENTIAL_KEYS.
+    Genkey,
+    /// Call the admin API of a running selector.
+    Admin(AdminArgs),
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// gRPC listen address.
+    #[arg(
+        long,
+        env = "SELECTOR_LISTEN",
+        default_value = "127.0.0.1:50062",
+        global = true
+    )]
+    listen: SocketAddr,
+    /// Prometheus `/metrics` listen address.
+    #[arg(
+        long,
+        env = "SELECTOR_METRICS_LISTEN",
+        default_value = "127.0.0.1:9462",
+        global = true
+    )]
+    metrics_listen: SocketAddr,
+    /// Postgres URL.
+    #[arg(long, env = "POOLGATE_DATABASE_URL", global = true)]
+    database_url: Option<String>,
+    /// Redis URL (`redis://`, `redis+cluster://` or a comma list).
+    #[arg(long, env = "POOLGATE_REDIS_URL", global = true)]
+    redis_url: Option<String>,
+    /// Credential keys: `id:base64key[,id:base64key...]`. The first encrypts unless
+    /// --credential-key-id says otherwise; all decrypt.
+    #[arg(
+        long,
+        env = "POOLGATE_CREDENTIAL_KEYS",
+        hide_env_values = true,
+        global = true
+    )]
+    credential_keys: Option<String>,
+    /// A file holding the credential keys (one `id:base64key` per line), instead of the flag.
+    #[arg(long, env = "POOLGATE_CREDENTIAL_KEYS_FILE", global = true)]
+    credential_keys_file: Option<std::path::PathBuf>,
+    /// The key id that encrypts new credentials.
+    #[arg(long, env = "POOLGATE_CREDENTIAL_KEY_ID", global = true)]
+    credential_key_id: Option<String>,
+    /// Bearer token of the admin API (absent: admin API disabled).
+    #[arg(
+        long,
+        env = "SELECTOR_ADMIN_TOKEN",
+        hide_env_values = true,
+        global = true
+    )]
+    admin_token: Option<String>,
+    /// Periodic full reload, ms (NOTIFY reloads at once).
+    #[arg(
+        long,
+        env = "SELECTOR_RELOAD_INTERVAL_MS",
+        default_value_t = 30_000,
+        global = true
+    )]
+    reload_interval_ms: u64,
+    /// Log format.
+    #[arg(long, env = "POOLGATE_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"], global = true)]
+    log_format: String,
+}
+
+#[derive(Debug, Args)]
+struct AdminArgs {
+    /// Selector gRPC endpoint.
+    #[arg(
+        long,
+        env = "SELECTOR_ENDPOINT",
+        default_value = "http://127.0.0.1:50062"
+    )]
+    endpoint: String,
+    #[command(subcommand)]
+    action: AdminAction,
+}
+
+#[derive(Debug, Subcommand)]
+enum AdminAction {
+    /// List accounts (credentials masked).
+    Accounts {
+        #[arg(long, default_value = "")]
+        group: String,
+    },
+    /// Create or update an account.
+    UpsertAccount {
+        #[arg(long)]
+        name: String,
+        #[arg(long)]
+        group: String,
+        /// anthropic | openai
+        #[arg(long)]
+        platform: String,
+        #[arg(long)]
+        base_url: String,
+        /// api_key | oauth
+        #[arg(long, default_value = "api_key")]
+        credential_kind: String,
+        /// The credential; read from the ACCOUNT_CREDENTIAL env var when absent.
+        #[arg(
+            long,
+            env = "ACCOUNT_CREDENTIAL",
+            hide_env_values = true,
+            default_value = ""
+        )]
+        credential: String,
+        #[arg(long, default_value_t = 0)]
+        priority: i32,
+        #[arg(long, default_value_t = 1)]
+        weight: i32,
+        #[arg(long, default_value_t = 0)]
+        concurrency: i32,
+        #[arg(long, default_value_t = 0)]
+        rpm: i32,
+        #[arg(long, default_value_t = 0.0)]
+        session_window_usd: f64,
+    },
+    /// Set an account's status: active | disabled | error.
+    SetStatus {
+        account_id: i64,
+        status: String,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Restore a retired or errored account.
+    Restore { account_id: i64 },
+    /// Create a client API key (shown once).
+    CreateKey {
+        #[arg(long)]
+        user: String,
+        #[arg(long)]
+        group: String,
+        #[arg(long, default_value_t = 0)]
+        user_rpm: i32,
+        #[arg(long, default_value = "")]
+        name: String,
+    },
+    /// List client API keys.
+    Keys,
+    /// Revoke a client API key.
+    RevokeKey { id: i64 },
+    /// Blocked accounts with class, status, reason and time left.
+    Blocks,
+    /// Clear an account's blocks and breaker.
+    ClearBlock { account_id: i64 },
+    /// Drop a sticky binding.
+    DropBinding { group: String, session_hash: String },
+    /// Live leases per account.
+    Load,
+    /// A key's usage over the last 24 h.
+    Usage { api_key_id: i64 },
+}
+
+fn init_logging(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+fn keyring(args: &ServeArgs) -> Result<Keyring, String> {
+    let spec = match (&args.credential_keys, &args.credential_keys_file) {
+        (Some(spec), _) => spec.clone(),
+        (None, Some(path)) => std::fs::read_to_string(path)
+            .map_err(|e| format!("--credential-keys-file {}: {e}", path.display()))?,
+        (None, None) => {
+            return Err("credential keys are required: --credential-keys or POOLGATE_CREDENTIAL_KEYS (make one with `selector-svc genkey`)".into());
+        }
+    };
+    Keyring::parse(&spec, args.credential_key_id.as_deref()).map_err(|e| e.to_string())
+}
+
+fn required(value: &Option<String>, flag: &str, env: &str) -> Result<String, String> {
+    value
+        .clone()
+        .ok_or_else(|| format!("{flag} (or {env}) is required"))
+}
+
+fn config(args: &ServeArgs) -> Result<Config, String> {
+    let redis_url = required(&args.redis_url, "--redis-url", "POOLGATE_REDIS_URL")?;
+    Ok(Config {
+        database_url: required(
+            &args.database_url,
+            "--database-url",
+            "POOLGATE_DATABASE_URL",
+        )?,
+        redis_target: RedisTarget::parse(&redis_url).map_err(|e| format!("--redis-url: {e}"))?,
+        redis_options: RedisOptions::default(),
+        keyring: keyring(args)?,
+        admin_token: args.admin_token.clone(),
+        settings: SelectorSettings::default(),
+        refresh: Default::default(),
+        reload_interval: Duration::from_millis(args.reload_interval_ms.max(100)),
+        refresh_interval: Duration::from_secs(30),
+        max_concurrent_streams: 10_000,
+    })
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+async fn serve(args: &ServeArgs) -> Result<(), String> {
+    let config = config(args)?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
+    let metrics = tokio::net::TcpListener::bind(args.metrics_listen)
+        .await
+        .map_err(|e| format!("cannot listen on {} (metrics): {e}", args.metrics_listen))?;
+    tracing::info!(addr = %args.listen, "selector serving");
+    selector_svc::server::run(config, listener, Some(metrics), shutdown_signal())
+        .await
+        .map_err(|e| e.to_string())
+}
+
+async fn store(args: &ServeArgs) -> Result<ConfigStore, String> {
+    let url = required(
+        &args.database_url,
+        "--database-url",
+        "POOLGATE_DATABASE_URL",
+    )?;
+    ConfigStore::connect(&url, std::sync::Arc::new(keyring(args)?))
+        .await
+        .map_err(|e| e.to_string())
+}
+
+async fn admin(args: &ServeArgs, admin: &AdminArgs) -> Result<(), String> {
+    use pb::selector_admin_client::SelectorAdminClient;
+    let token = args
+        .admin_token
+        .clone()
+        .ok_or("--admin-token (or SELECTOR_ADMIN_TOKEN) is required")?;
+    let channel = tonic::transport::Endpoint::from_shared(admin.endpoint.clone())
+        .map_err(|e| format!("--endpoint: {e}"))?
+        .connect()
+        .await
+        .map_err(|e| format!("cannot reach {}: {e}", admin.endpoint))?;
+    let bearer: tonic::metadata::MetadataValue<_> = format!("Bearer {token}")
+        .parse()
+        .map_err(|_| "the admin token is not a valid header value".to_string())?;
+    let mut client =
+        SelectorAdminClient::with_interceptor(channel, move |mut request: tonic::Request<()>| {
+            request
+                .metadata_mut()
+                .insert("authorization", bearer.clone());
+            Ok(request)
+        });
+    let failed = |status: tonic::Status| format!("{:?}: {}", status.code(), status.message());
+    let print_account = |a: &pb::AccountView| {
+        println!(
+            "{}\t{}\tgroup={}\tstatus={}{}\tpriority={}\tweight={}\tconcurrency={}\trpm={}\tcredential={}",
+            a.id,
+            a.name,
+            a.group,
+            a.status,
+            if a.status_reason.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", a.status_reason)
+            },
+            a.priority,
+            a.weight,
+            a.concurrency_limit,
+            a.rpm_limit,
+            a.credential_masked
+        )
+    };
+    match &admin.action {
+        AdminAction::Accounts { group } => {
+            let answer = client
+                .list_accounts(pb::ListAccountsRequest {
+                    group: group.clone(),
+                })
+                .await
+                .map_err(failed)?;
+            answer.get_ref().accounts.iter().for_each(print_account);
+        }
+        AdminAction::UpsertAccount {
+            name,
+            group,
+            platform,
+            base_url,
+            credential_kind,
+            credential,
+            priority,
+            weight,
+            concurrency,
+            rpm,
+            session_window_usd,
+        } => {
+            let platform = match platform.as_str() {
+                "anthropic" => pb::Platform::Anthropic,
+                "openai" => pb::Platform::Openai,
+                other => {
+                    return Err(format!(
+                        "--platform must be anthropic or openai, got {other:?}"
+                    ));
+                }
+            };
+            let answer = client
+                .upsert_account(pb::UpsertAccountRequest {
+                    name: name.clone(),
+                    group: group.clone(),
+                    platform: platform as i32,
+                    base_url: base_url.clone(),
+                    credential_kind: credential_kind.clone(),
+                    credential: credential.clone(),
+                    priority: *priority,
+                    weight: *weight,
+                    concurrency_limit: *concurrency,
+                    rpm_limit: *rpm,
+                    session_window_limit_usd: *session_window_usd,
+                    ..Default::default()
+                })
+                .await
+                .map_err(failed)?;
+            print_account(answer.get_ref());
+        }
+        AdminAction::SetStatus {
+            account_id,
+            status,
+            reason,
+        } => {
+            let answer = client
+                .set_account_status(pb::SetAccountStatusRequest {
+                    account_id: *account_id,
+                    status: status.clone(),
+                    reason: reason.clone(),
+                })
+                .await
+                .map_err(failed)?;
+            print_account(answer.get_ref());
+        }
+        AdminAction::Restore { account_id } => {
+            let answer = client
+                .restore_account(pb::RestoreAccountRequest {
+                    account_id: *account_id,
+                })
+                .await
+                .map_err(failed)?;
+            print_account(answer.get_ref());
+        }
+        AdminAction::CreateKey {
+            user,
+            group,
+            user_rpm,
+            name,
+        } => {
+            let answer = client
+                .create_api_key(pb::CreateApiKeyRequest {
+                    user: user.clone(),
+                    group: group.clone(),
+                    user_rpm_limit: *user_rpm,
+                    name: name.clone(),
+                })
+                .await
+                .map_err(failed)?;
+            println!(
+                "id={}\napi_key={}\n(shown once: store it now)",
+                answer.get_ref().id,
+                answer.get_ref().api_key
+            );
+        }
+        AdminAction::Keys => {
+            let answer = client
+                .list_api_keys(pb::ListApiKeysRequest {})
+                .await
+                .map_err(failed)?;
+            for k in &answer.get_ref().keys {
+                println!(
+                    "{}\t{}…\tuser={}\tgroup={}\tuser_rpm={}\t{}",
+                    k.id, k.prefix, k.user, k.group, k.user_rpm_limit, k.status
+                );
+            }
+        }
+        AdminAction::RevokeKey { id } => {
+            client
+                .revoke_api_key(pb::RevokeApiKeyRequest { id: *id })
+                .await
+                .map_err(failed)?;
+            println!("revoked {id}");
+        }
+        AdminAction::Blocks => {
+            let answer = client
+                .list_blocks(pb::ListBlocksRequest {})
+                .await
+                .map_err(failed)?;
+            for b in &answer.get_ref().blocks {
+                println!(
+                    "{}\t{}\t{}\tclass={}\tstatus={}\tleft={}s\t{}",
+                    b.account_id,
+                    b.account_name,
+                    b.kind,
+                    b.class,
+                    b.status,
+                    b.remaining_ms / 1000,
+                    b.reason
+                );
+            }
+        }
+        AdminAction::ClearBlock { account_id } => {
+            client
+                .clear_block(pb::ClearBlockRequest {
+                    account_id: *account_id,
+                })
+                .await
+                .map_err(failed)?;
+            println!("cleared {account_id}");
+        }
+        AdminAction::DropBinding {
+            group,
+            session_hash,
+        } => {
+            let answer = client
+                .drop_binding(pb::DropBindingRequest {
+                    group: group.clone(),
+                    session_hash: session_hash.clone(),
+                })
+                .await
+                .map_err(failed)?;
+            println!("dropped={}", answer.get_ref().dropped);
+        }
+        AdminAction::Load => {
+            let answer = client
+                .read_load(pb::ReadLoadRequest {
+                    account_ids: vec![],
+                })
+                .await
+                .map_err(failed)?;
+            for a in &answer.get_ref().accounts {
+                println!(
+                    "{}\tinflight={}\tlimit={}",
+                    a.account_id, a.inflight, a.concurrency_limit
+                );
+            }
+        }
+        AdminAction::Usage { api_key_id } => {
+            let answer = client
+                .read_usage(pb::ReadUsageRequest {
+                    api_key_id: *api_key_id,
+                    from_ms: 0,
+                    to_ms: 0,
+                })
+                .await
+                .map_err(failed)?;
+            let u = answer.get_ref();
+            println!(
+                "requests={}\tinput_tokens={}\toutput_tokens={}\tcost_usd={:.6}",
+                u.requests, u.input_tokens, u.output_tokens, u.cost_usd
+            );
+        }
+    }
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(&cli.serve.log_format);
+    let result = match &cli.command {
+        None | Some(Command::Serve) => serve(&cli.serve).await,
+        Some(Command::Migrate) => match store(&cli.serve).await {
+            Ok(store) => store.migrate().await.map_err(|e| e.to_string()).map(|()| {
+                println!(
+                    "migrations applied (schema version {})",
+                    selector_svc::store::known_schema_version()
+                );
+            }),
+            Err(error) => Err(error),
+        },
+        Some(Command::Reencrypt) => match store(&cli.serve).await {
+            Ok(store) => store
+                .reencrypt_all()
+                .await
+                .map_err(|e| e.to_string())
+                .map(|moved| println!("re-encrypted {moved} account(s)")),
+            Err(error) => Err(error),
+        },
+        Some(Command::Genkey) => {
+            println!("{}", Keyring::generate_key());
+            Ok(())
+        }
+        Some(Command::Admin(admin_args)) => admin(&cli.serve, admin_args).await,
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("selector-svc: {message}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,92 @@
+//! Prometheus metrics of one selector replica. Labels are bounded enums; account ids never.
+
+use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
+
+#[derive(Clone)]
+pub struct Metrics {
+    pub registry: Registry,
+    /// selector_selects_total{result}: `planned`, or the none reason.
+    pub selects: IntCounterVec,
+    /// selector_outcomes_total{class, applied}
+    pub outcomes: IntCounterVec,
+    /// selector_breaker_changes_total{change}: opened, reopened, closed.
+    pub breaker_changes: IntCounterVec,
+    pub retirements: IntCounter,
+    /// selector_sticky_total{result, platform}: hit, bound, rebind.
+    pub sticky: IntCounterVec,
+    /// selector_reloads_total{trigger}: notify, periodic, startup.
+    pub reloads: IntCounterVec,
+    /// selector_token_refreshes_total{result}: refreshed, waited, failed.
+    pub token_refreshes: IntCounterVec,
+}
+
+fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let metric = IntCounterVec::new(Opts::new(name, help), labels)
+        .unwrap_or_else(|error| unreachable!("static metric definition {name}: {error}"));
+    let _ = registry.register(Box::new(metric.clone()));
+    metric
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let retirements = IntCounter::new(
+            "selector_retirements_total",
+            "Accounts retired by quota-gone outcomes.",
+        )
+        .unwrap_or_else(|error| unreachable!("static metric definition: {error}"));
+        let _ = registry.register(Box::new(retirements.clone()));
+        Metrics {
+            selects: counter_vec(
+                &registry,
+                "selector_selects_total",
+                "Select calls by result (planned or the reason nothing was eligible).",
+                &["result"],
+            ),
+            outcomes: counter_vec(
+                &registry,
+                "selector_outcomes_total",
+                "Reported upstream outcomes by class and what was applied.",
+                &["class", "applied"],
+            ),
+            breaker_changes: counter_vec(
+                &registry,
+                "selector_breaker_changes_total",
+                "Circuit breaker state changes.",
+                &["change"],
+            ),
+            retirements,
+            sticky: counter_vec(
+                &registry,
+                "selector_sticky_total",
+                "Session bindings by result (hit, bound, rebind) and platform.",
+                &["result", "platform"],
+            ),
+            reloads: counter_vec(
+                &registry,
+                "selector_reloads_total",
+                "Config snapshot reloads by trigger.",
+                &["trigger"],
+            ),
+            token_refreshes: counter_vec(
+                &registry,
+                "selector_token_refreshes_total",
+                "OAuth token refreshes by result.",
+                &["result"],
+            ),
+            registry,
+        }
+    }
+
+    pub fn render(&self) -> String {
+        prometheus::TextEncoder::new()
+            .encode_to_string(&self.registry.gather())
+            .unwrap_or_else(|error| format!("# metrics encoding failed: {error}\n"))
+    }
+}

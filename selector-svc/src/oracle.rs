@@ -1,0 +1,173 @@
+//! The load oracle (DESIGN §5, seed 001): live lease counts, blocks and breakers of a candidate
+//! set, read from Redis at most once per candidate set per cache period, however many selects
+//! ask.
+//!
+//! - pipelined reads in batches of 50 accounts, one round trip per batch;
+//! - results cached 200 ms per candidate-set fingerprint;
+//! - concurrent misses for one set coalesced into one fetch (singleflight);
+//! - at most 2 fetches in flight per replica (semaphore), each detached from its callers (a
+//!   caller that goes away does not cancel it) and bounded by a timeout;
+//! - a failed batch falls back to per-account reads, and an unreadable account is *unknown*
+//!   (`None`), never 0;
+//! - a fresh read (bypassing the cache) for confirming "nothing eligible" coalesces the same way.
+
+use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{OnceCell, Semaphore};
+use tokio::time::Instant;
+
+use crate::domain::AccountId;
+use crate::health::{AccountHealth, RedisHealth};
+
+#[derive(Debug, Clone)]
+pub struct OracleSettings {
+    pub cache_ttl: Duration,
+    pub batch_size: usize,
+    pub max_fetches: usize,
+    pub fetch_timeout: Duration,
+}
+
+impl Default for OracleSettings {
+    fn default() -> Self {
+        OracleSettings {
+            cache_ttl: Duration::from_millis(200),
+            batch_size: 50,
+            max_fetches: 2,
+            fetch_timeout: Duration::from_millis(500),
+        }
+    }
+}
+
+/// One read of a candidate set: health per account, `None` when unreadable.
+#[derive(Debug)]
+pub struct Reading {
+    ids: Vec<AccountId>,
+    health: Vec<Option<AccountHealth>>,
+}
+
+impl Reading {
+    pub fn get(&self, id: AccountId) -> Option<AccountHealth> {
+        self.ids
+            .binary_search(&id)
+            .ok()
+            .and_then(|index| self.health[index])
+    }
+}
+
+type Flight = Arc<OnceCell<Arc<Reading>>>;
+
+pub struct LoadOracle {
+    health: RedisHealth,
+    settings: OracleSettings,
+    cache: Mutex<HashMap<u64, (Instant, Arc<Reading>)>>,
+    flights: Mutex<HashMap<u64, Flight>>,
+    permits: Arc<Semaphore>,
+}
+
+fn fingerprint(ids: &[AccountId]) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    ids.hash(&mut hasher);
+    hasher.finish()
+}
+
+impl LoadOracle {
+    pub fn new(health: RedisHealth, settings: OracleSettings) -> Self {
+        LoadOracle {
+            health,
+            permits: Arc::new(Semaphore::new(settings.max_fetches.max(1))),
+            settings,
+            cache: Mutex::new(HashMap::new()),
+            flights: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Health of `ids` (any order, duplicates allowed), from the cache unless `fresh`.
+    pub async fn read(&self, ids: &[AccountId], fresh: bool) -> Arc<Reading> {
+        let mut sorted = ids.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        let key = fingerprint(&sorted);
+        if !fresh {
+            let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((at, reading)) = cache.get(&key)
+                && at.elapsed() < self.settings.cache_ttl
+            {
+                return reading.clone();
+            }
+        }
+        let flight = {
+            let mut flights = self.flights.lock().unwrap_or_else(|p| p.into_inner());
+            flights.entry(key).or_default().clone()
+        };
+        let reading = flight
+            .get_or_init(|| async {
+                let fetch = tokio::spawn(fetch(
+                    self.health.clone(),
+                    sorted.clone(),
+                    self.settings.clone(),
+                    self.permits.clone(),
+                ));
+                let health = match tokio::time::timeout(self.settings.fetch_timeout, fetch).await {
+                    Ok(Ok(health)) => health,
+                    // Timed out (the fetch goes on, detached, and is dropped) or failed: unknown.
+                    _ => vec![None; sorted.len()],
+                };
+                Arc::new(Reading {
+                    ids: sorted.clone(),
+                    health,
+                })
+            })
+            .await
+            .clone();
+        {
+            let mut flights = self.flights.lock().unwrap_or_else(|p| p.into_inner());
+            if flights.get(&key).is_some_and(|f| Arc::ptr_eq(f, &flight)) {
+                flights.remove(&key);
+            }
+        }
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.len() > 10_000 {
+            let ttl = self.settings.cache_ttl;
+            cache.retain(|_, (at, _)| at.elapsed() < ttl);
+        }
+        cache.insert(key, (Instant::now(), reading.clone()));
+        reading
+    }
+}
+
+/// One fetch: batches of `batch_size` accounts, one pipeline each, run concurrently; a failed
+/// batch is retried account by account.
+async fn fetch(
+    health: RedisHealth,
+    ids: Vec<AccountId>,
+    settings: OracleSettings,
+    permits: Arc<Semaphore>,
+) -> Vec<Option<AccountHealth>> {
+    let Ok(_permit) = permits.acquire_owned().await else {
+        return vec![None; ids.len()];
+    };
+    let batches = ids.chunks(settings.batch_size.max(1)).map(|batch| {
+        let health = health.clone();
+        async move {
+            match health.read_batch(batch).await {
+                Ok(values) => values.into_iter().map(Some).collect::<Vec<_>>(),
+                Err(error) => {
+                    tracing::debug!(%error, accounts = batch.len(), "load batch failed; reading accounts one by one");
+                    let singles = batch.iter().map(|&id| {
+                        let health = health.clone();
+                        async move { health.read_one(id).await.ok() }
+                    });
+                    futures_util::future::join_all(singles).await
+                }
+            }
+        }
+    });
+    futures_util::future::join_all(batches)
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+}

@@ -1,0 +1,283 @@
+//! Wiring: Postgres (schema check, snapshot, NOTIFY reloads), Redis (health), the token
+//! refresher, and the gRPC services (selector, admin behind its token, health, reflection).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use admission_svc::redis_conn::{RedisHandle, RedisOptions, RedisTarget};
+use poolgate_proto::selector::v1::selector_admin_server::SelectorAdminServer;
+use poolgate_proto::selector::v1::selector_server::SelectorServer;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tonic::transport::server::TcpIncoming;
+
+use crate::crypto::Keyring;
+use crate::domain::{AccountId, CredentialKind};
+use crate::engine::{Selector, SelectorSettings};
+use crate::grpc::{AdminAuth, AdminGrpc, SelectorGrpc};
+use crate::health::RedisHealth;
+use crate::metrics::Metrics;
+use crate::refresh::{RefreshSettings, TokenRefresher};
+use crate::snapshot::SnapshotCell;
+use crate::store::{ConfigStore, StoreError};
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub database_url: String,
+    pub redis_target: RedisTarget,
+    pub redis_options: RedisOptions,
+    pub keyring: Keyring,
+    /// Bearer token of the admin API; `None` disables it.
+    pub admin_token: Option<String>,
+    pub settings: SelectorSettings,
+    pub refresh: RefreshSettings,
+    /// The periodic full reload (the safety net behind NOTIFY).
+    pub reload_interval: Duration,
+    /// How often OAuth expiries are checked.
+    pub refresh_interval: Duration,
+    pub max_concurrent_streams: u32,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("postgres: {0}")]
+    Store(#[from] StoreError),
+    #[error("redis: {0}")]
+    Redis(String),
+    #[error("grpc server failed: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    #[error("reflection service failed: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    #[error("{0}")]
+    Other(String),
+}
+
+/// A running selector's parts, for `serve` and for tests that drive the engine directly.
+pub struct Built {
+    pub selector: Arc<Selector>,
+    pub refresher: TokenRefresher,
+    background: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Built {
+    fn drop(&mut self) {
+        for task in &self.background {
+            task.abort();
+        }
+    }
+}
+
+/// Connects, checks the schema, loads the first snapshot and starts the reload and refresh tasks.
+pub async fn build(config: &Config, metrics: Metrics) -> Result<Built, ServeError> {
+    let store =
+        ConfigStore::connect(&config.database_url, Arc::new(config.keyring.clone())).await?;
+    store.check_schema().await?;
+    let snapshot = Arc::new(SnapshotCell::new(store.load_snapshot().await?));
+    metrics.reloads.with_label_values(&["startup"]).inc();
+    let redis = RedisHandle::connect(&config.redis_target, &config.redis_options)
+        .await
+        .map_err(|e| ServeError::Redis(e.to_string()))?;
+    let health = RedisHealth::new(redis);
+    let (refresh_sender, refresh_receiver) = mpsc::unbounded_channel();
+    let selector = Arc::new(Selector::new(
+        snapshot.clone(),
+        store.clone(),
+        health.clone(),
+        config.settings.clone(),
+        metrics.clone(),
+        refresh_sender,
+    ));
+    let refresher = TokenRefresher::new(
+        store.clone(),
+        health,
+        config.refresh.clone(),
+        metrics.clone(),
+    )
+    .map_err(ServeError::Other)?;
+    let background = vec![
+        tokio::spawn(reload_loop(
+            store,
+            snapshot.clone(),
+            config.reload_interval,
+            metrics,
+        )),
+        tokio::spawn(refresh_loop(
+            refresher.clone(),
+            snapshot,
+            refresh_receiver,
+            config.refresh_interval,
+        )),
+    ];
+    Ok(Built {
+        selector,
+        refresher,
+        background,
+    })
+}
+
+/// Reloads the snapshot on every NOTIFY of a config change (so a committed change is live
+/// within a second) and every `interval` as a safety net.
+async fn reload_loop(
+    store: ConfigStore,
+    snapshot: Arc<SnapshotCell>,
+    interval: Duration,
+    metrics: Metrics,
+) {
+    let reload = |trigger: &'static str| {
+        let (store, snapshot, metrics) = (store.clone(), snapshot.clone(), metrics.clone());
+        async move {
+            match store.load_snapshot().await {
+                Ok(fresh) => {
+                    snapshot.set(fresh);
+                    metrics.reloads.with_label_values(&[trigger]).inc();
+                }
+                Err(error) => {
+                    tracing::warn!(%error, trigger, "snapshot reload failed; serving the previous one")
+                }
+            }
+        }
+    };
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        let mut listener = match sqlx::postgres::PgListener::connect_with(store.pool()).await {
+            Ok(mut listener) => match listener.listen("poolgate_config").await {
+                Ok(()) => Some(listener),
+                Err(error) => {
+                    tracing::warn!(%error, "LISTEN failed; relying on periodic reloads");
+                    None
+                }
+            },
+            Err(error) => {
+                tracing::warn!(%error, "no LISTEN connection; relying on periodic reloads");
+                None
+            }
+        };
+        // A change made while we were not listening is caught by this reload.
+        reload("notify").await;
+        loop {
+            let Some(active) = listener.as_mut() else {
+                tokio::select! {
+                    _ = tick.tick() => reload("periodic").await,
+                    _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+                }
+                break;
+            };
+            tokio::select! {
+                notification = active.recv() => match notification {
+                    Ok(_) => {
+                        // Coalesce a burst of changes into one reload.
+                        while active.next_buffered().is_some() {}
+                        reload("notify").await;
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "LISTEN connection lost; reconnecting");
+                        break;
+                    }
+                },
+                _ = tick.tick() => reload("periodic").await,
+            }
+        }
+    }
+}
+
+/// Refreshes OAuth tokens that are due (periodically) and those an unauthorized outcome asked for.
+async fn refresh_loop(
+    refresher: TokenRefresher,
+    snapshot: Arc<SnapshotCell>,
+    mut requests: mpsc::UnboundedReceiver<AccountId>,
+    interval: Duration,
+) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                let due: Vec<AccountId> = snapshot
+                    .get()
+                    .accounts()
+                    .filter(|a| a.credential_kind == CredentialKind::OAuth)
+                    .map(|a| a.id)
+                    .collect();
+                refresher.refresh_due(&due).await;
+            }
+            request = requests.recv() => match request {
+                Some(id) => {
+                    if let Err(error) = refresher.refresh(id, true).await {
+                        tracing::warn!(account_id = id, %error, "token refresh after unauthorized failed");
+                    }
+                }
+                None => return,
+            },
+        }
+    }
+}
+
+/// Serves the selector on `listener` (and `/metrics` on `metrics_listener`) until `shutdown`.
+pub async fn run(
+    config: Config,
+    listener: TcpListener,
+    metrics_listener: Option<TcpListener>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let metrics = Metrics::new();
+    let built = build(&config, metrics.clone()).await?;
+    serve(&built, &config, listener, metrics_listener, shutdown).await
+}
+
+pub async fn serve(
+    built: &Built,
+    config: &Config,
+    listener: TcpListener,
+    metrics_listener: Option<TcpListener>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<SelectorServer<SelectorGrpc>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(poolgate_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let metrics_task = metrics_listener.map(|listener| {
+        let metrics = built.selector.metrics().clone();
+        tokio::spawn(async move {
+            use axum::routing::get;
+            let router = axum::Router::new()
+                .route(
+                    "/metrics",
+                    get(move || std::future::ready(metrics.render())),
+                )
+                .route("/healthz", get(|| std::future::ready("ok")));
+            let _ = axum::serve(listener, router).await;
+        })
+    });
+    let auth = AdminAuth::new(config.admin_token.clone());
+    let admin = SelectorAdminServer::with_interceptor(
+        AdminGrpc::new(built.selector.clone()),
+        move |request| auth.check(request),
+    );
+    let result = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(10)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(5)))
+        .max_concurrent_streams(Some(config.max_concurrent_streams))
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(SelectorServer::new(SelectorGrpc::new(
+            built.selector.clone(),
+        )))
+        .add_service(admin)
+        .serve_with_incoming_shutdown(
+            TcpIncoming::from(listener).with_nodelay(Some(true)),
+            shutdown,
+        )
+        .await;
+    if let Some(task) = metrics_task {
+        task.abort();
+    }
+    result?;
+    Ok(())
+}

@@ -1,0 +1,94 @@
+//! The in-memory config snapshot the selector serves from: accounts by group, API keys by hash,
+//! prices. Replaced whole on every reload (NOTIFY or the periodic safety net), never mutated.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, RwLock};
+
+use crate::domain::{Account, AccountId, ApiKeyRecord, Price};
+
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    groups: HashSet<String>,
+    accounts: HashMap<AccountId, Arc<Account>>,
+    /// group -> account ids, ascending.
+    by_group: HashMap<String, Vec<AccountId>>,
+    api_keys: HashMap<Vec<u8>, ApiKeyRecord>,
+    prices: HashMap<String, Price>,
+}
+
+impl Snapshot {
+    pub fn new(
+        groups: Vec<String>,
+        accounts: Vec<Account>,
+        api_keys: HashMap<Vec<u8>, ApiKeyRecord>,
+        prices: HashMap<String, Price>,
+    ) -> Self {
+        let mut by_group: HashMap<String, Vec<AccountId>> = HashMap::new();
+        let mut groups: HashSet<String> = groups.into_iter().collect();
+        let mut map = HashMap::new();
+        for account in accounts {
+            groups.insert(account.group.clone());
+            by_group
+                .entry(account.group.clone())
+                .or_default()
+                .push(account.id);
+            map.insert(account.id, Arc::new(account));
+        }
+        for ids in by_group.values_mut() {
+            ids.sort_unstable();
+        }
+        Snapshot {
+            groups,
+            accounts: map,
+            by_group,
+            api_keys,
+            prices,
+        }
+    }
+
+    pub fn has_group(&self, group: &str) -> bool {
+        self.groups.contains(group)
+    }
+
+    pub fn account(&self, id: AccountId) -> Option<&Arc<Account>> {
+        self.accounts.get(&id)
+    }
+
+    pub fn accounts(&self) -> impl Iterator<Item = &Arc<Account>> {
+        self.accounts.values()
+    }
+
+    pub fn group_accounts(&self, group: &str) -> impl Iterator<Item = &Arc<Account>> {
+        self.by_group
+            .get(group)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.accounts.get(id))
+    }
+
+    pub fn api_key(&self, hash: &[u8]) -> Option<&ApiKeyRecord> {
+        self.api_keys.get(hash)
+    }
+
+    pub fn price(&self, model: &str) -> Price {
+        self.prices.get(model).copied().unwrap_or_default()
+    }
+}
+
+/// The current snapshot, swapped atomically on reload.
+#[derive(Debug, Default)]
+pub struct SnapshotCell(RwLock<Arc<Snapshot>>);
+
+impl SnapshotCell {
+    pub fn new(snapshot: Snapshot) -> Self {
+        SnapshotCell(RwLock::new(Arc::new(snapshot)))
+    }
+
+    pub fn get(&self) -> Arc<Snapshot> {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn set(&self, snapshot: Snapshot) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(snapshot);
+    }
+}

@@ -1,0 +1,623 @@
+//! Account config in Postgres: migrations, the schema check, loading a snapshot (credentials
+//! decrypted), and every write the selector makes (admin changes, token refreshes, retirements,
+//! usage). Queries are checked at run time, so a clean clone builds without a database.
+//!
+//! The only module that knows SQL; `sqlx::Error` never leaves it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
+use sqlx::{Row, migrate::Migrator};
+
+use crate::crypto::{CryptoError, Keyring, api_key_hash, api_key_prefix, new_api_key};
+use crate::domain::{
+    Account, AccountId, AccountStatus, ApiKeyRecord, CredentialKind, OAuthState, Platform, Price,
+    Secret,
+};
+use crate::snapshot::Snapshot;
+
+/// The account columns every read uses (a macro so `concat!` can extend it).
+macro_rules! account_select {
+    () => {
+        "SELECT a.id, a.name, g.name AS group_name, a.platform, a.base_url, \
+    a.credential_kind, a.credential_ciphertext, a.credential_key_id, a.refresh_token_ciphertext, \
+    (extract(epoch FROM a.expires_at) * 1000)::bigint AS expires_at_ms, a.token_url, a.status, \
+    a.status_reason, a.priority, a.weight, a.concurrency_limit, a.rpm_limit, \
+    a.session_window_limit_usd, a.allowed_models, a.model_mapping, a.proxy_url \
+    FROM accounts a JOIN groups g ON g.id = a.group_id"
+    };
+}
+
+const ACCOUNT_SELECT: &str = account_select!();
+
+/// The migrations in `migrations/`, embedded at build time.
+pub static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("postgres unavailable: {0}")]
+    Unavailable(String),
+    #[error("database schema is at version {found}, this selector knows version {known}: {hint}")]
+    Schema {
+        found: i64,
+        known: i64,
+        hint: &'static str,
+    },
+    #[error("not found: {0}")]
+    NotFound(String),
+    #[error("conflict: {0}")]
+    Conflict(String),
+    #[error(transparent)]
+    Crypto(#[from] CryptoError),
+}
+
+fn convert(error: sqlx::Error) -> StoreError {
+    match &error {
+        sqlx::Error::RowNotFound => StoreError::NotFound("row".into()),
+        sqlx::Error::Database(db) if db.is_unique_violation() => {
+            StoreError::Conflict(db.constraint().unwrap_or("unique").to_owned())
+        }
+        sqlx::Error::Database(db) if db.is_check_violation() => {
+            StoreError::Conflict(format!("check {}", db.constraint().unwrap_or("constraint")))
+        }
+        // Connection strings (with passwords) are not part of sqlx's error messages.
+        _ => StoreError::Unavailable(error.to_string()),
+    }
+}
+
+/// The latest schema version this build knows.
+pub fn known_schema_version() -> i64 {
+    MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0)
+}
+
+/// Fields of an account upsert (credential in clear; encrypted here).
+#[derive(Debug, Clone)]
+pub struct AccountInput {
+    pub name: String,
+    pub group: String,
+    pub platform: Platform,
+    pub base_url: String,
+    pub credential_kind: CredentialKind,
+    /// `None` on update: keep the stored credential.
+    pub credential: Option<Secret>,
+    pub oauth: Option<OAuthState>,
+    pub priority: i32,
+    pub weight: i32,
+    pub concurrency_limit: i32,
+    pub rpm_limit: i32,
+    pub session_window_limit_usd: f64,
+    pub allowed_models: Vec<String>,
+    pub model_mapping: HashMap<String, String>,
+    pub proxy_url: Option<String>,
+}
+
+/// One usage record.
+#[derive(Debug, Clone, Default)]
+pub struct UsageInput {
+    pub api_key_id: Option<i64>,
+    pub user: String,
+    pub account_id: Option<AccountId>,
+    pub model: String,
+    pub input_tokens: i64,
+    pub output_tokens: i64,
+    pub cache_write_tokens: i64,
+    pub cache_read_tokens: i64,
+    pub cost_usd: f64,
+    pub status: i32,
+    pub latency_ms: i32,
+    pub at_ms: Option<i64>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct UsageTotals {
+    pub requests: i64,
+    pub input_tokens: i64,
+    pub output_tokens: i64,
+    pub cost_usd: f64,
+}
+
+#[derive(Clone)]
+pub struct ConfigStore {
+    pool: PgPool,
+    keyring: Arc<Keyring>,
+}
+
+impl ConfigStore {
+    pub async fn connect(url: &str, keyring: Arc<Keyring>) -> Result<Self, StoreError> {
+        let pool = PgPoolOptions::new()
+            .max_connections(8)
+            .acquire_timeout(std::time::Duration::from_secs(5))
+            .connect(url)
+            .await
+            .map_err(convert)?;
+        Ok(ConfigStore { pool, keyring })
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    pub fn keyring(&self) -> &Keyring {
+        &self.keyring
+    }
+
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        MIGRATOR
+            .run(&self.pool)
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("migration failed: {e}")))
+    }
+
+    /// Refuses a schema this build does not know (older: run `migrate`; newer: upgrade).
+    pub async fn check_schema(&self) -> Result<(), StoreError> {
+        let known = known_schema_version();
+        let found: Option<i64> =
+            sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success")
+                .fetch_one(&self.pool)
+                .await
+                .or_else(|error| match &error {
+                    // No migrations table at all: an empty database.
+                    sqlx::Error::Database(db) if db.code().as_deref() == Some("42P01") => Ok(None),
+                    _ => Err(convert(error)),
+                })?;
+        let found = found.unwrap_or(0);
+        match found.cmp(&known) {
+            std::cmp::Ordering::Equal => Ok(()),
+            std::cmp::Ordering::Less => Err(StoreError::Schema {
+                found,
+                known,
+                hint: "run `selector-svc migrate` first",
+            }),
+            std::cmp::Ordering::Greater => Err(StoreError::Schema {
+                found,
+                known,
+                hint: "the database was migrated by a newer selector; upgrade this one",
+            }),
+        }
+    }
+
+    /// Loads every group, account (credentials decrypted), active API key and price.
+    pub async fn load_snapshot(&self) -> Result<Snapshot, StoreError> {
+        let groups: Vec<String> = sqlx::query_scalar("SELECT name FROM groups")
+            .fetch_all(&self.pool)
+            .await
+            .map_err(convert)?;
+        let rows = sqlx::query(ACCOUNT_SELECT)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(convert)?;
+        let mut accounts = Vec::with_capacity(rows.len());
+        for row in rows {
+            match self.account_from_row(&row) {
+                Ok(account) => accounts.push(account),
+                Err(error) => {
+                    let id: i64 = row.try_get("id").unwrap_or_default();
+                    tracing::error!(account_id = id, %error, "account skipped: credential unreadable");
+                }
+            }
+        }
+        let key_rows = sqlx::query(
+            "SELECT k.id, k.name, k.key_hash, k.key_prefix, k.user_name, g.name AS group_name, \
+             k.user_rpm_limit, k.status FROM api_keys k JOIN groups g ON g.id = k.group_id",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(convert)?;
+        let mut api_keys = HashMap::new();
+        for row in key_rows {
+            let hash: Vec<u8> = row.try_get("key_hash").map_err(convert)?;
+            api_keys.insert(hash, api_key_from_row(&row)?);
+        }
+        let price_rows = sqlx::query(
+            "SELECT model, input_per_mtok, output_per_mtok, cache_write_per_mtok, cache_read_per_mtok FROM model_prices",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(convert)?;
+        let mut prices = HashMap::new();
+        for row in price_rows {
+            prices.insert(
+                row.try_get::<String, _>("model").map_err(convert)?,
+                Price {
+                    input_per_mtok: row.try_get("input_per_mtok").map_err(convert)?,
+                    output_per_mtok: row.try_get("output_per_mtok").map_err(convert)?,
+                    cache_write_per_mtok: row.try_get("cache_write_per_mtok").map_err(convert)?,
+                    cache_read_per_mtok: row.try_get("cache_read_per_mtok").map_err(convert)?,
+                },
+            );
+        }
+        Ok(Snapshot::new(groups, accounts, api_keys, prices))
+    }
+
+    fn account_from_row(&self, row: &PgRow) -> Result<Account, StoreError> {
+        let key_id: String = row.try_get("credential_key_id").map_err(convert)?;
+        let blob: Vec<u8> = row.try_get("credential_ciphertext").map_err(convert)?;
+        let credential = self.keyring.decrypt(&key_id, &blob)?;
+        let kind_text: String = row.try_get("credential_kind").map_err(convert)?;
+        let credential_kind = CredentialKind::parse(&kind_text)
+            .ok_or_else(|| StoreError::Conflict(format!("credential kind {kind_text}")))?;
+        let oauth = match credential_kind {
+            CredentialKind::ApiKey => None,
+            CredentialKind::OAuth => {
+                let refresh: Option<Vec<u8>> =
+                    row.try_get("refresh_token_ciphertext").map_err(convert)?;
+                let refresh_token = match refresh {
+                    Some(blob) => self.keyring.decrypt(&key_id, &blob)?,
+                    None => Secret::default(),
+                };
+                Some(OAuthState {
+                    refresh_token,
+                    expires_at_ms: row
+                        .try_get::<Option<i64>, _>("expires_at_ms")
+                        .map_err(convert)?
+                        .unwrap_or(0),
+                    token_url: row
+                        .try_get::<Option<String>, _>("token_url")
+                        .map_err(convert)?
+                        .unwrap_or_default(),
+                })
+            }
+        };
+        let platform_text: String = row.try_get("platform").map_err(convert)?;
+        let status_text: String = row.try_get("status").map_err(convert)?;
+        let mapping: serde_json::Value = row.try_get("model_mapping").map_err(convert)?;
+        let model_mapping = mapping
+            .as_object()
+            .map(|object| {
+                object
+                    .iter()
+                    .filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_owned())))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(Account {
+            id: row.try_get("id").map_err(convert)?,
+            name: row.try_get("name").map_err(convert)?,
+            group: row.try_get("group_name").map_err(convert)?,
+            platform: Platform::parse(&platform_text)
+                .ok_or_else(|| StoreError::Conflict(format!("platform {platform_text}")))?,
+            base_url: row.try_get("base_url").map_err(convert)?,
+            credential_kind,
+            credential,
+            oauth,
+            status: AccountStatus::parse(&status_text)
+                .ok_or_else(|| StoreError::Conflict(format!("status {status_text}")))?,
+            status_reason: row.try_get("status_reason").map_err(convert)?,
+            priority: row.try_get("priority").map_err(convert)?,
+            weight: row.try_get("weight").map_err(convert)?,
+            concurrency_limit: row.try_get("concurrency_limit").map_err(convert)?,
+            rpm_limit: row.try_get("rpm_limit").map_err(convert)?,
+            session_window_limit_usd: row.try_get("session_window_limit_usd").map_err(convert)?,
+            allowed_models: row.try_get("allowed_models").map_err(convert)?,
+            model_mapping,
+            proxy_url: row.try_get("proxy_url").map_err(convert)?,
+        })
+    }
+
+    async fn group_id(&self, name: &str) -> Result<i64, StoreError> {
+        sqlx::query_scalar(
+            "INSERT INTO groups (name) VALUES ($1) ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name RETURNING id",
+        )
+        .bind(name)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(convert)
+    }
+
+    /// Creates or updates an account by name; returns its id.
+    pub async fn upsert_account(&self, input: &AccountInput) -> Result<AccountId, StoreError> {
+        let group_id = self.group_id(&input.group).await?;
+        let mapping = serde_json::to_value(&input.model_mapping)
+            .map_err(|e| StoreError::Conflict(format!("model mapping: {e}")))?;
+        let encrypted = match &input.credential {
+            Some(credential) => Some(self.keyring.encrypt(credential.expose())?),
+            None => None,
+        };
+        let refresh = match (&input.oauth, &encrypted) {
+            (Some(oauth), Some(_)) if !oauth.refresh_token.is_empty() => {
+                Some(self.keyring.encrypt(oauth.refresh_token.expose())?.1)
+            }
+            _ => None,
+        };
+        let expires_at_ms = input
+            .oauth
+            .as_ref()
+            .map(|o| o.expires_at_ms)
+            .filter(|ms| *ms > 0);
+        let token_url = input
+            .oauth
+            .as_ref()
+            .map(|o| o.token_url.clone())
+            .filter(|u| !u.is_empty());
+        let (key_id, blob) = match encrypted {
+            Some((key_id, blob)) => (Some(key_id), Some(blob)),
+            None => (None, None),
+        };
+        let id: Option<i64> = sqlx::query_scalar(
+            "INSERT INTO accounts (name, group_id, platform, base_url, credential_kind, \
+               credential_ciphertext, credential_key_id, refresh_token_ciphertext, expires_at, token_url, \
+               priority, weight, concurrency_limit, rpm_limit, session_window_limit_usd, allowed_models, \
+               model_mapping, proxy_url) \
+             SELECT $1, $2, $3, $4, $5, \
+               COALESCE($6, (SELECT credential_ciphertext FROM accounts WHERE name = $1)), \
+               COALESCE($7, (SELECT credential_key_id FROM accounts WHERE name = $1)), \
+               $8, to_timestamp($9::double precision / 1000), $10, \
+               $11, $12, $13, $14, $15, $16, $17, $18 \
+             WHERE $6::bytea IS NOT NULL OR EXISTS (SELECT 1 FROM accounts WHERE name = $1) \
+             ON CONFLICT (name) DO UPDATE SET group_id = EXCLUDED.group_id, platform = EXCLUDED.platform, \
+               base_url = EXCLUDED.base_url, credential_kind = EXCLUDED.credential_kind, \
+               credential_ciphertext = COALESCE($6, accounts.credential_ciphertext), \
+               credential_key_id = COALESCE($7, accounts.credential_key_id), \
+               refresh_token_ciphertext = COALESCE($8, accounts.refresh_token_ciphertext), \
+               expires_at = COALESCE(EXCLUDED.expires_at, accounts.expires_at), \
+               token_url = COALESCE(EXCLUDED.token_url, accounts.token_url), \
+               priority = EXCLUDED.priority, weight = EXCLUDED.weight, \
+               concurrency_limit = EXCLUDED.concurrency_limit, rpm_limit = EXCLUDED.rpm_limit, \
+               session_window_limit_usd = EXCLUDED.session_window_limit_usd, \
+               allowed_models = EXCLUDED.allowed_models, model_mapping = EXCLUDED.model_mapping, \
+               proxy_url = EXCLUDED.proxy_url, updated_at = now() \
+             RETURNING id",
+        )
+        .bind(&input.name)
+        .bind(group_id)
+        .bind(input.platform.as_str())
+        .bind(&input.base_url)
+        .bind(input.credential_kind.as_str())
+        .bind(blob)
+        .bind(key_id)
+        .bind(refresh)
+        .bind(expires_at_ms.map(|ms| ms as f64))
+        .bind(token_url)
+        .bind(input.priority)
+        .bind(input.weight.max(1))
+        .bind(input.concurrency_limit)
+        .bind(input.rpm_limit)
+        .bind(input.session_window_limit_usd)
+        .bind(&input.allowed_models)
+        .bind(mapping)
+        .bind(&input.proxy_url)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(convert)?;
+        id.ok_or_else(|| {
+            StoreError::NotFound(format!(
+                "account {:?} does not exist; a new account needs a credential",
+                input.name
+            ))
+        })
+    }
+
+    pub async fn set_status(
+        &self,
+        id: AccountId,
+        status: AccountStatus,
+        reason: &str,
+    ) -> Result<(), StoreError> {
+        let updated = sqlx::query(
+            "UPDATE accounts SET status = $2, status_reason = $3, status_changed_at = now(), updated_at = now() WHERE id = $1",
+        )
+        .bind(id)
+        .bind(status.as_str())
+        .bind(reason)
+        .execute(&self.pool)
+        .await
+        .map_err(convert)?;
+        if updated.rows_affected() == 0 {
+            return Err(StoreError::NotFound(format!("account {id}")));
+        }
+        Ok(())
+    }
+
+    /// Writes refreshed OAuth tokens (encrypted under the active key).
+    pub async fn store_tokens(
+        &self,
+        id: AccountId,
+        access_token: &Secret,
+        refresh_token: &Secret,
+        expires_at_ms: i64,
+    ) -> Result<(), StoreError> {
+        let (key_id, access) = self.keyring.encrypt(access_token.expose())?;
+        let (_, refresh) = self.keyring.encrypt(refresh_token.expose())?;
+        sqlx::query(
+            "UPDATE accounts SET credential_ciphertext = $2, credential_key_id = $3, refresh_token_ciphertext = $4, \
+             expires_at = to_timestamp($5::double precision / 1000), updated_at = now() WHERE id = $1",
+        )
+        .bind(id)
+        .bind(access)
+        .bind(key_id)
+        .bind(refresh)
+        .bind(expires_at_ms as f64)
+        .execute(&self.pool)
+        .await
+        .map_err(convert)?;
+        Ok(())
+    }
+
+    /// Reads one account straight from Postgres (not the snapshot): the token refresh needs the
+    /// latest refresh token, which another replica may just have rotated.
+    pub async fn load_account(&self, id: AccountId) -> Result<Account, StoreError> {
+        let row = sqlx::query(concat!(account_select!(), " WHERE a.id = $1"))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(convert)?
+            .ok_or_else(|| StoreError::NotFound(format!("account {id}")))?;
+        self.account_from_row(&row)
+    }
+
+    /// Re-encrypts every credential under the active key; returns how many rows moved.
+    pub async fn reencrypt_all(&self) -> Result<u64, StoreError> {
+        let rows = sqlx::query(
+            "SELECT id, credential_key_id, credential_ciphertext, refresh_token_ciphertext FROM accounts WHERE credential_key_id <> $1",
+        )
+        .bind(self.keyring.active_id())
+        .fetch_all(&self.pool)
+        .await
+        .map_err(convert)?;
+        let mut moved = 0;
+        for row in rows {
+            let id: i64 = row.try_get("id").map_err(convert)?;
+            let key_id: String = row.try_get("credential_key_id").map_err(convert)?;
+            let blob: Vec<u8> = row.try_get("credential_ciphertext").map_err(convert)?;
+            let refresh: Option<Vec<u8>> =
+                row.try_get("refresh_token_ciphertext").map_err(convert)?;
+            let credential = self.keyring.decrypt(&key_id, &blob)?;
+            let (new_id, new_blob) = self.keyring.encrypt(credential.expose())?;
+            let new_refresh = match refresh {
+                Some(blob) => Some(
+                    self.keyring
+                        .encrypt(self.keyring.decrypt(&key_id, &blob)?.expose())?
+                        .1,
+                ),
+                None => None,
+            };
+            sqlx::query(
+                "UPDATE accounts SET credential_ciphertext = $2, credential_key_id = $3, refresh_token_ciphertext = $4 WHERE id = $1",
+            )
+            .bind(id)
+            .bind(new_blob)
+            .bind(new_id)
+            .bind(new_refresh)
+            .execute(&self.pool)
+            .await
+            .map_err(convert)?;
+            moved += 1;
+        }
+        Ok(moved)
+    }
+
+    /// Creates a client API key; returns (id, the key — shown once).
+    pub async fn create_api_key(
+        &self,
+        name: &str,
+        user: &str,
+        group: &str,
+        user_rpm_limit: i32,
+    ) -> Result<(i64, Secret), StoreError> {
+        let group_id = self.group_id(group).await?;
+        let key = new_api_key();
+        let id = sqlx::query_scalar(
+            "INSERT INTO api_keys (name, key_hash, key_prefix, user_name, group_id, user_rpm_limit) \
+             VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
+        )
+        .bind(name)
+        .bind(api_key_hash(key.expose()))
+        .bind(api_key_prefix(key.expose()))
+        .bind(user)
+        .bind(group_id)
+        .bind(user_rpm_limit)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(convert)?;
+        Ok((id, key))
+    }
+
+    pub async fn list_api_keys(&self) -> Result<Vec<ApiKeyRecord>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT k.id, k.name, k.key_hash, k.key_prefix, k.user_name, g.name AS group_name, \
+             k.user_rpm_limit, k.status FROM api_keys k JOIN groups g ON g.id = k.group_id ORDER BY k.id",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(convert)?;
+        rows.iter().map(api_key_from_row).collect()
+    }
+
+    pub async fn revoke_api_key(&self, id: i64) -> Result<(), StoreError> {
+        let updated = sqlx::query("UPDATE api_keys SET status = 'revoked' WHERE id = $1")
+            .bind(id)
+            .execute(&self.pool)
+            .await
+            .map_err(convert)?;
+        if updated.rows_affected() == 0 {
+            return Err(StoreError::NotFound(format!("api key {id}")));
+        }
+        Ok(())
+    }
+
+    pub async fn set_price(&self, model: &str, price: Price) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO model_prices (model, input_per_mtok, output_per_mtok, cache_write_per_mtok, cache_read_per_mtok) \
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (model) DO UPDATE SET input_per_mtok = $2, \
+             output_per_mtok = $3, cache_write_per_mtok = $4, cache_read_per_mtok = $5",
+        )
+        .bind(model)
+        .bind(price.input_per_mtok)
+        .bind(price.output_per_mtok)
+        .bind(price.cache_write_per_mtok)
+        .bind(price.cache_read_per_mtok)
+        .execute(&self.pool)
+        .await
+        .map_err(convert)?;
+        Ok(())
+    }
+
+    /// Inserts a batch of usage records in one statement.
+    pub async fn insert_usage(&self, records: &[UsageInput]) -> Result<u64, StoreError> {
+        if records.is_empty() {
+            return Ok(0);
+        }
+        let mut builder = sqlx::QueryBuilder::new(
+            "INSERT INTO usage_records (at, api_key_id, user_name, account_id, model, input_tokens, \
+             output_tokens, cache_write_tokens, cache_read_tokens, cost_usd, status, latency_ms) ",
+        );
+        builder.push_values(records, |mut row, record| {
+            row.push("COALESCE(to_timestamp(")
+                .push_bind_unseparated(record.at_ms.map(|ms| ms as f64 / 1000.0))
+                .push_unseparated("), now())")
+                .push_bind(record.api_key_id)
+                .push_bind(&record.user)
+                .push_bind(record.account_id)
+                .push_bind(&record.model)
+                .push_bind(record.input_tokens)
+                .push_bind(record.output_tokens)
+                .push_bind(record.cache_write_tokens)
+                .push_bind(record.cache_read_tokens)
+                .push_bind(record.cost_usd)
+                .push_bind(record.status)
+                .push_bind(record.latency_ms);
+        });
+        let done = builder.build().execute(&self.pool).await.map_err(convert)?;
+        Ok(done.rows_affected())
+    }
+
+    pub async fn read_usage(
+        &self,
+        api_key_id: i64,
+        from_ms: i64,
+        to_ms: i64,
+    ) -> Result<UsageTotals, StoreError> {
+        let row = sqlx::query(
+            "SELECT count(*) AS requests, COALESCE(sum(input_tokens), 0)::bigint AS input_tokens, \
+             COALESCE(sum(output_tokens), 0)::bigint AS output_tokens, COALESCE(sum(cost_usd), 0) AS cost_usd \
+             FROM usage_records WHERE api_key_id = $1 \
+             AND at >= to_timestamp($2::double precision / 1000) AND at < to_timestamp($3::double precision / 1000)",
+        )
+        .bind(api_key_id)
+        .bind(from_ms as f64)
+        .bind(to_ms as f64)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(convert)?;
+        Ok(UsageTotals {
+            requests: row.try_get("requests").map_err(convert)?,
+            input_tokens: row.try_get("input_tokens").map_err(convert)?,
+            output_tokens: row.try_get("output_tokens").map_err(convert)?,
+            cost_usd: row.try_get("cost_usd").map_err(convert)?,
+        })
+    }
+}
+
+fn api_key_from_row(row: &PgRow) -> Result<ApiKeyRecord, StoreError> {
+    let status: String = row.try_get("status").map_err(convert)?;
+    Ok(ApiKeyRecord {
+        id: row.try_get("id").map_err(convert)?,
+        name: row.try_get("name").map_err(convert)?,
+        prefix: row.try_get("key_prefix").map_err(convert)?,
+        user: row.try_get("user_name").map_err(convert)?,
+        group: row.try_get("group_name").map_err(convert)?,
+        user_rpm_limit: row.try_get("user_rpm_limit").map_err(convert)?,
+        active: status == "active",
+    })
+}
