@@ -224,11 +224,20 @@ pub async fn run(
 ) -> Result<(), ServeError> {
     let metrics = Metrics::new();
     let built = build(&config, metrics.clone()).await?;
-    serve(&built, &config, listener, metrics_listener, shutdown).await
+    // `built` (and with it the reload and refresh tasks) lives until serving ends.
+    serve_selector(
+        built.selector.clone(),
+        &config,
+        listener,
+        metrics_listener,
+        shutdown,
+    )
+    .await
 }
 
-pub async fn serve(
-    built: &Built,
+/// Serves an engine (tests keep a handle on it).
+pub async fn serve_selector(
+    selector: Arc<Selector>,
     config: &Config,
     listener: TcpListener,
     metrics_listener: Option<TcpListener>,
@@ -243,7 +252,7 @@ pub async fn serve(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
     let metrics_task = metrics_listener.map(|listener| {
-        let metrics = built.selector.metrics().clone();
+        let metrics = selector.metrics().clone();
         tokio::spawn(async move {
             use axum::routing::get;
             let router = axum::Router::new()
@@ -256,19 +265,17 @@ pub async fn serve(
         })
     });
     let auth = AdminAuth::new(config.admin_token.clone());
-    let admin = SelectorAdminServer::with_interceptor(
-        AdminGrpc::new(built.selector.clone()),
-        move |request| auth.check(request),
-    );
+    let admin =
+        SelectorAdminServer::with_interceptor(AdminGrpc::new(selector.clone()), move |request| {
+            auth.check(request)
+        });
     let result = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(5)))
         .max_concurrent_streams(Some(config.max_concurrent_streams))
         .add_service(health_service)
         .add_service(reflection)
-        .add_service(SelectorServer::new(SelectorGrpc::new(
-            built.selector.clone(),
-        )))
+        .add_service(SelectorServer::new(SelectorGrpc::new(selector.clone())))
         .add_service(admin)
         .serve_with_incoming_shutdown(
             TcpIncoming::from(listener).with_nodelay(Some(true)),
