@@ -1,0 +1,379 @@
+//! "Busy is not broken" (DESIGN §1 and §5): what each outcome class does to an account, through
+//! the gRPC API, against real Postgres and Redis.
+
+mod support;
+
+use std::time::Duration;
+
+use poolgate_proto::keys::AccountKeys;
+use poolgate_proto::selector::v1 as pb;
+use poolgate_testkit::eventually;
+use support::{Backends, Replica, admin, fast_settings, select_request};
+
+fn report(
+    account_id: i64,
+    class: pb::OutcomeClass,
+    status: u32,
+    reset_at_ms: u64,
+) -> pb::ReportOutcomeRequest {
+    pb::ReportOutcomeRequest {
+        account_id,
+        class: class as i32,
+        status,
+        reset_at_ms,
+        reason: format!("test {status}"),
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+async fn primary(replica: &Replica) -> Option<i64> {
+    let mut client = replica.client.clone();
+    let plan = client
+        .select(select_request("g", "claude"))
+        .await
+        .expect("select")
+        .into_inner();
+    plan.accounts.first().map(|a| a.account_id)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_429_and_529_never_hard_blocks_never_opens_the_breaker_and_keeps_the_account_primary()
+ {
+    let backends = Backends::start().await;
+    let id = backends.account("only", "g", |_| {}).await;
+    let replica = Replica::start(backends.config(fast_settings())).await;
+    let mut client = replica.client.clone();
+    for n in 0..40 {
+        let status = if n % 2 == 0 { 429 } else { 529 };
+        let applied = client
+            .report_outcome(report(id, pb::OutcomeClass::Busy, status, 0))
+            .await
+            .expect("report")
+            .into_inner();
+        assert_eq!(applied.applied, "soft_block");
+    }
+    // Soft-blocked only: still the primary of the next plan (it is the only account).
+    assert_eq!(primary(&replica).await, Some(id));
+    let mut conn = backends.redis.client().await.expect("redis");
+    let cooldown: i64 = redis::cmd("PTTL")
+        .arg(AccountKeys::new(id).cooldown)
+        .query_async(&mut conn)
+        .await
+        .expect("pttl");
+    assert_eq!(cooldown, -2, "no hard block: admission does not refuse it");
+    let blocks = replica
+        .admin
+        .clone()
+        .list_blocks(admin(pb::ListBlocksRequest {}))
+        .await
+        .expect("blocks")
+        .into_inner();
+    assert!(
+        blocks.blocks.iter().all(|b| b.kind == "soft"),
+        "{:?}",
+        blocks.blocks
+    );
+    assert!(
+        blocks
+            .blocks
+            .iter()
+            .any(|b| b.kind == "soft" && b.status == 529 && b.class == "busy")
+    );
+    let account = backends.store.load_account(id).await.expect("account");
+    assert_eq!(
+        account.status,
+        selector_svc::domain::AccountStatus::Active,
+        "never retired or errored"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_429_with_a_reset_two_hours_ahead_hard_blocks_until_then() {
+    let backends = Backends::start().await;
+    let id = backends.account("only", "g", |_| {}).await;
+    let replica = Replica::start(backends.config(fast_settings())).await;
+    let mut client = replica.client.clone();
+    let reset = now_ms() + 2 * 3600 * 1000;
+    let applied = client
+        .report_outcome(report(id, pb::OutcomeClass::WindowExhausted, 429, reset))
+        .await
+        .expect("report")
+        .into_inner();
+    assert_eq!(applied.applied, "hard_block");
+    assert!(
+        applied.block_ms > 2 * 3600 * 1000 - 60_000,
+        "{}",
+        applied.block_ms
+    );
+    let plan = client
+        .select(select_request("g", "claude"))
+        .await
+        .expect("select")
+        .into_inner();
+    assert!(plan.accounts.is_empty());
+    assert_eq!(plan.none_reason, "all_blocked");
+    assert!(plan.retry_after_ms > 2 * 3600 * 1000 - 60_000);
+    // Admission refuses it in its own script: the cooldown key holds the block.
+    let mut conn = backends.redis.client().await.expect("redis");
+    let cooldown: i64 = redis::cmd("PTTL")
+        .arg(AccountKeys::new(id).cooldown)
+        .query_async(&mut conn)
+        .await
+        .expect("pttl");
+    assert!(cooldown > 2 * 3600 * 1000 - 60_000, "{cooldown}");
+    // An earlier deadline never shortens the later one.
+    let applied = client
+        .report_outcome(report(
+            id,
+            pb::OutcomeClass::WindowExhausted,
+            429,
+            now_ms() + 120_000,
+        ))
+        .await
+        .expect("report")
+        .into_inner();
+    assert!(
+        applied.block_ms > 2 * 3600 * 1000 - 60_000,
+        "kept the later deadline: {}",
+        applied.block_ms
+    );
+    let broken = client
+        .report_outcome(report(id, pb::OutcomeClass::Broken, 500, 0))
+        .await
+        .expect("report")
+        .into_inner();
+    assert!(
+        broken.block_ms > 2 * 3600 * 1000 - 60_000,
+        "a 2-minute block does not shorten it: {}",
+        broken.block_ms
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_500s_open_the_breaker_and_a_successful_probe_closes_it() {
+    let backends = Backends::start().await;
+    let id = backends.account("flaky", "g", |_| {}).await;
+    let replica = Replica::start(backends.config(fast_settings())).await;
+    let mut client = replica.client.clone();
+    for n in 1..=5 {
+        let applied = client
+            .report_outcome(report(id, pb::OutcomeClass::Broken, 500, 0))
+            .await
+            .expect("report")
+            .into_inner();
+        let expected = if n < 5 { "hard_block" } else { "breaker_open" };
+        assert_eq!(applied.applied, expected, "outcome {n}");
+    }
+    // Hard block (100 ms) and open breaker (400 ms): not selectable.
+    let plan = client
+        .select(select_request("g", "claude"))
+        .await
+        .expect("select")
+        .into_inner();
+    assert!(plan.accounts.is_empty());
+    // Half-open after 400 ms: exactly one select gets it as a probe.
+    let probe = eventually(Duration::from_secs(3), || async { primary(&replica).await })
+        .await
+        .expect("half-open");
+    assert_eq!(probe, id);
+    let second = client
+        .select(select_request("g", "claude"))
+        .await
+        .expect("select")
+        .into_inner();
+    assert!(second.accounts.is_empty(), "one probe at a time");
+    let applied = client
+        .report_outcome(report(id, pb::OutcomeClass::Success, 200, 0))
+        .await
+        .expect("report")
+        .into_inner();
+    assert_eq!(applied.applied, "breaker_closed");
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert_eq!(
+        primary(&replica).await,
+        Some(id),
+        "closed: selectable again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_probe_reopens_the_breaker_for_twice_as_long() {
+    let backends = Backends::start().await;
+    let id = backends.account("flaky", "g", |_| {}).await;
+    let replica = Replica::start(backends.config(fast_settings())).await;
+    let mut client = replica.client.clone();
+    for _ in 0..5 {
+        client
+            .report_outcome(report(id, pb::OutcomeClass::Broken, 502, 0))
+            .await
+            .expect("report");
+    }
+    eventually(Duration::from_secs(3), || async { primary(&replica).await })
+        .await
+        .expect("half-open");
+    let applied = client
+        .report_outcome(report(id, pb::OutcomeClass::Broken, 502, 0))
+        .await
+        .expect("report")
+        .into_inner();
+    assert_eq!(applied.applied, "breaker_open");
+    assert_eq!(applied.block_ms, 800, "400 ms doubled");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quota_outcome_retires_the_account_in_postgres_and_a_restore_brings_it_back() {
+    let backends = Backends::start().await;
+    let id = backends.account("spent", "g", |_| {}).await;
+    let other = backends.account("spare", "g", |_| {}).await;
+    let replica = Replica::start(backends.config(fast_settings())).await;
+    let mut client = replica.client.clone();
+    let applied = client
+        .report_outcome(report(id, pb::OutcomeClass::QuotaGone, 402, 0))
+        .await
+        .expect("report")
+        .into_inner();
+    assert_eq!(applied.applied, "retired");
+    let account = backends.store.load_account(id).await.expect("account");
+    assert_eq!(account.status, selector_svc::domain::AccountStatus::Retired);
+    assert!(
+        account.status_reason.contains("402"),
+        "{}",
+        account.status_reason
+    );
+    // Gone from plans once the snapshot reloaded (NOTIFY).
+    eventually(Duration::from_secs(2), || async {
+        let plan = replica
+            .client
+            .clone()
+            .select(select_request("g", "claude"))
+            .await
+            .ok()?
+            .into_inner();
+        (plan.accounts.len() == 1 && plan.accounts[0].account_id == other).then_some(())
+    })
+    .await
+    .expect("retired account left the plans");
+    let restored = replica
+        .admin
+        .clone()
+        .restore_account(admin(pb::RestoreAccountRequest { account_id: id }))
+        .await
+        .expect("restore")
+        .into_inner();
+    assert_eq!(restored.status, "active");
+    let plan = client
+        .select(select_request("g", "claude"))
+        .await
+        .expect("select")
+        .into_inner();
+    assert_eq!(
+        plan.accounts.len(),
+        2,
+        "back in the pool, its block cleared"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_unauthorized_outcomes_within_an_hour_mark_the_account_error() {
+    let backends = Backends::start().await;
+    let id = backends.account("revoked", "g", |_| {}).await;
+    let replica = Replica::start(backends.config(fast_settings())).await;
+    let mut client = replica.client.clone();
+    let mut applied = Vec::new();
+    for _ in 0..3 {
+        applied.push(
+            client
+                .report_outcome(report(id, pb::OutcomeClass::Unauthorized, 401, 0))
+                .await
+                .expect("report")
+                .into_inner()
+                .applied,
+        );
+    }
+    assert_eq!(applied, vec!["hard_block", "hard_block", "error"]);
+    let account = backends.store.load_account(id).await.expect("account");
+    assert_eq!(account.status, selector_svc::domain::AccountStatus::Error);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sticky_sessions_bind_after_success_and_count_hit_and_rebind() {
+    let backends = Backends::start().await;
+    let a = backends.account("a", "g", |_| {}).await;
+    let b = backends.account("b", "g", |_| {}).await;
+    let replica = Replica::start(backends.config(fast_settings())).await;
+    let mut client = replica.client.clone();
+    let bind = |account| pb::BindSessionRequest {
+        group: "g".into(),
+        session_hash: "session-1".into(),
+        account_id: account,
+    };
+    assert_eq!(
+        client
+            .bind_session(bind(b))
+            .await
+            .expect("bind")
+            .into_inner()
+            .result,
+        "bound"
+    );
+    assert_eq!(
+        client
+            .bind_session(bind(b))
+            .await
+            .expect("bind")
+            .into_inner()
+            .result,
+        "hit"
+    );
+    for _ in 0..20 {
+        let mut request = select_request("g", "claude");
+        request.session_hash = "session-1".into();
+        let plan = client.select(request).await.expect("select").into_inner();
+        assert!(plan.sticky);
+        assert_eq!(
+            plan.accounts[0].account_id, b,
+            "the bound account goes first"
+        );
+    }
+    assert_eq!(
+        client
+            .bind_session(bind(a))
+            .await
+            .expect("bind")
+            .into_inner()
+            .result,
+        "rebind"
+    );
+    let metrics = replica.built.selector.metrics();
+    assert_eq!(
+        metrics
+            .sticky
+            .with_label_values(&["rebind", "anthropic"])
+            .get(),
+        1
+    );
+    assert_eq!(
+        metrics
+            .sticky
+            .with_label_values(&["hit", "anthropic"])
+            .get(),
+        1
+    );
+    // A soft-blocked sticky account is not put first.
+    client
+        .report_outcome(report(a, pb::OutcomeClass::Busy, 429, 0))
+        .await
+        .expect("report");
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let mut request = select_request("g", "claude");
+    request.session_hash = "session-1".into();
+    let plan = client.select(request).await.expect("select").into_inner();
+    assert_eq!(plan.accounts[0].account_id, b);
+    assert!(!plan.sticky);
+}
