@@ -630,6 +630,17 @@ impl Selector {
         }
     }
 
+    /// Clears an account's blocks and breaker (operator action), and this replica's cached
+    /// readings so the change shows at once.
+    pub async fn clear_blocks(&self, id: AccountId) -> Result<(), SelectorError> {
+        self.health
+            .clear(id)
+            .await
+            .map_err(|e| SelectorError::Unavailable(e.to_string()))?;
+        self.oracle.invalidate();
+        Ok(())
+    }
+
     /// Live lease counts of accounts (`None`: unknown), fresh.
     pub async fn load(&self, ids: &[AccountId]) -> Vec<Option<u32>> {
         let reading = self.oracle.read(ids, true).await;

@@ -527,11 +527,7 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
             .set_status(id, AccountStatus::Active, "restored by operator")
             .await
             .map_err(SelectorError::from)?;
-        self.selector
-            .health()
-            .clear(id)
-            .await
-            .map_err(|e| SelectorError::Unavailable(e.to_string()))?;
+        self.selector.clear_blocks(id).await?;
         self.reload().await?;
         Ok(Response::new(self.view(id)?))
     }
@@ -639,11 +635,7 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
         request: Request<pb::ClearBlockRequest>,
     ) -> Result<Response<pb::ClearBlockResponse>, Status> {
         let id = account_id("account_id", request.into_inner().account_id)?;
-        self.selector
-            .health()
-            .clear(id)
-            .await
-            .map_err(|e| SelectorError::Unavailable(e.to_string()))?;
+        self.selector.clear_blocks(id).await?;
         Ok(Response::new(pb::ClearBlockResponse {}))
     }
 

@@ -84,6 +84,12 @@ impl LoadOracle {
         }
     }
 
+    /// Forgets every cached reading (an operator just cleared blocks on this replica; the others
+    /// see it when their readings age out, within the cache period).
+    pub fn invalidate(&self) {
+        self.cache.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+
     /// Health of `ids` (any order, duplicates allowed), from the cache unless `fresh`.
     pub async fn read(&self, ids: &[AccountId], fresh: bool) -> Arc<Reading> {
         let mut sorted = ids.to_vec();
