@@ -108,6 +108,10 @@ impl LoadOracle {
             let mut flights = self.flights.lock().unwrap_or_else(|p| p.into_inner());
             flights.entry(key).or_default().clone()
         };
+        let previous = {
+            let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+            cache.get(&key).map(|(_, reading)| reading.clone())
+        };
         let reading = flight
             .get_or_init(|| async {
                 let fetch = tokio::spawn(fetch(
@@ -116,11 +120,21 @@ impl LoadOracle {
                     self.settings.clone(),
                     self.permits.clone(),
                 ));
-                let health = match tokio::time::timeout(self.settings.fetch_timeout, fetch).await {
-                    Ok(Ok(health)) => health,
-                    // Timed out (the fetch goes on, detached, and is dropped) or failed: unknown.
-                    _ => vec![None; sorted.len()],
-                };
+                let mut health =
+                    match tokio::time::timeout(self.settings.fetch_timeout, fetch).await {
+                        Ok(Ok(health)) => health,
+                        // Timed out (the fetch goes on, detached, and is dropped) or failed: unknown.
+                        _ => vec![None; sorted.len()],
+                    };
+                // Redis unreadable: keep the last known state (blocks above all) rather than
+                // forgetting it; what was never read stays unknown, never 0.
+                if let Some(previous) = &previous {
+                    for (value, id) in health.iter_mut().zip(&sorted) {
+                        if value.is_none() {
+                            *value = previous.get(*id);
+                        }
+                    }
+                }
                 Arc::new(Reading {
                     ids: sorted.clone(),
                     health,

@@ -377,3 +377,60 @@ async fn sticky_sessions_bind_after_success_and_count_hit_and_rebind() {
     assert_eq!(plan.accounts[0].account_id, b);
     assert!(!plan.sticky);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_outage_degrades_selection_and_never_fails_it() {
+    let mut backends = Backends::start().await;
+    let a = backends.account("a", "g", |_| {}).await;
+    let b = backends.account("b", "g", |_| {}).await;
+    let replica = Replica::start(backends.config(fast_settings())).await;
+    let mut client = replica.client.clone();
+    client
+        .report_outcome(report(
+            a,
+            pb::OutcomeClass::WindowExhausted,
+            429,
+            now_ms() + 3_600_000,
+        ))
+        .await
+        .expect("report");
+    client
+        .bind_session(pb::BindSessionRequest {
+            group: "g".into(),
+            session_hash: "s".into(),
+            account_id: b,
+        })
+        .await
+        .expect("bind");
+    let plan = client
+        .select(select_request("g", "claude"))
+        .await
+        .expect("select")
+        .into_inner();
+    assert_eq!(
+        plan.accounts
+            .iter()
+            .map(|a| a.account_id)
+            .collect::<Vec<_>>(),
+        vec![b]
+    );
+    backends.redis.kill();
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    for session in ["", "s", "other"] {
+        let mut request = select_request("g", "claude");
+        request.session_hash = session.into();
+        let plan = client
+            .select(request)
+            .await
+            .expect("selection never fails on a Redis outage")
+            .into_inner();
+        assert_eq!(
+            plan.accounts
+                .iter()
+                .map(|a| a.account_id)
+                .collect::<Vec<_>>(),
+            vec![b],
+            "the last known block still holds"
+        );
+    }
+}
