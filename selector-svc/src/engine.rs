@@ -10,12 +10,13 @@ use tokio::time::Instant;
 
 use crate::crypto::api_key_hash;
 use crate::domain::{
-    Account, AccountId, AccountStatus, ApiKeyRecord, Outcome, OutcomeClass, Platform, Price,
+    Account, AccountId, AccountStatus, ApiKeyRecord, Outcome, Platform, Price,
     RuntimeBlockSettings, millis, now_ms,
 };
 use crate::health::{Breaker, BreakerChange, RedisHealth};
 use crate::metrics::Metrics;
 use crate::oracle::{LoadOracle, OracleSettings};
+use crate::outcome::{Decision, decide};
 use crate::select::{Candidate, order};
 use crate::snapshot::SnapshotCell;
 use crate::store::{ConfigStore, StoreError};
@@ -385,9 +386,8 @@ impl Selector {
         let class = outcome.class.as_str();
         let unavailable =
             |e: admission_svc::error::BackendError| SelectorError::Unavailable(e.to_string());
-        let reset_in = outcome.reset_at_ms.map(|at| (at - now_ms()).max(0) as u64);
-        let applied = match outcome.class {
-            OutcomeClass::Success => {
+        let applied = match decide(outcome, blocks, now_ms()) {
+            Decision::Success => {
                 let was_open = self
                     .health
                     .breaker_success(account.id)
@@ -409,21 +409,11 @@ impl Selector {
                     }
                 }
             }
-            OutcomeClass::Conflict | OutcomeClass::ClientError => Applied {
+            Decision::Nothing => Applied {
                 what: "none",
                 block_ms: 0,
             },
-            OutcomeClass::Busy => {
-                // Busy is not broken: a soft block only, never a hard block, never the breaker.
-                let default = if outcome.status == 529 {
-                    blocks.busy_529
-                } else {
-                    blocks.busy_429
-                };
-                let ms = reset_in
-                    .filter(|ms| *ms > 0)
-                    .unwrap_or(millis(default))
-                    .min(millis(blocks.hard_block_threshold));
+            Decision::SoftBlock { ms } => {
                 let left = self
                     .health
                     .soft_block(account.id, ms, class, outcome.status, &outcome.reason)
@@ -434,11 +424,7 @@ impl Selector {
                     block_ms: left,
                 }
             }
-            OutcomeClass::WindowExhausted => {
-                let ms = reset_in
-                    .filter(|ms| *ms > 0)
-                    .unwrap_or(millis(blocks.hard_block_threshold))
-                    .min(millis(blocks.max_hard_block));
+            Decision::HardBlock { ms } => {
                 let left = self
                     .health
                     .hard_block(account.id, ms, class, outcome.status, &outcome.reason)
@@ -449,16 +435,10 @@ impl Selector {
                     block_ms: left,
                 }
             }
-            OutcomeClass::Broken => {
+            Decision::Broken { ms } => {
                 let left = self
                     .health
-                    .hard_block(
-                        account.id,
-                        millis(blocks.broken_block),
-                        class,
-                        outcome.status,
-                        &outcome.reason,
-                    )
+                    .hard_block(account.id, ms, class, outcome.status, &outcome.reason)
                     .await
                     .map_err(unavailable)?;
                 let change = self
@@ -498,16 +478,10 @@ impl Selector {
                     },
                 }
             }
-            OutcomeClass::Unauthorized => {
+            Decision::Unauthorized { ms } => {
                 let left = self
                     .health
-                    .hard_block(
-                        account.id,
-                        millis(blocks.unauthorized_block),
-                        class,
-                        outcome.status,
-                        &outcome.reason,
-                    )
+                    .hard_block(account.id, ms, class, outcome.status, &outcome.reason)
                     .await
                     .map_err(unavailable)?;
                 let _ = self.refresh_requests.send(account.id);
@@ -536,7 +510,7 @@ impl Selector {
                     }
                 }
             }
-            OutcomeClass::QuotaGone => {
+            Decision::Retire => {
                 let reason = format!("quota gone ({}): {}", outcome.status, outcome.reason);
                 self.store
                     .set_status(account.id, AccountStatus::Retired, &reason)

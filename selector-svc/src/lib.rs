@@ -12,6 +12,7 @@ pub mod grpc;
 pub mod health;
 pub mod metrics;
 pub mod oracle;
+pub mod outcome;
 pub mod refresh;
 pub mod select;
 pub mod server;
