@@ -323,7 +323,7 @@ impl Selector {
                 PlanEntry {
                     price: snapshot.price(&mapped_model),
                     soft_blocked: candidate.soft_blocked(),
-                    inflight: candidate.health.map(|h| h.inflight),
+                    inflight: candidate.health.and_then(|h| h.inflight),
                     mapped_model,
                     account: candidate.account,
                 }
@@ -619,7 +619,7 @@ impl Selector {
     pub async fn load(&self, ids: &[AccountId]) -> Vec<Option<u32>> {
         let reading = self.oracle.read(ids, true).await;
         ids.iter()
-            .map(|id| reading.get(*id).map(|h| h.inflight))
+            .map(|id| reading.get(*id).and_then(|h| h.inflight))
             .collect()
     }
 }

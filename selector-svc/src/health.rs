@@ -27,7 +27,8 @@ pub enum Breaker {
 /// One account's live state, read in one pipelined batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AccountHealth {
-    pub inflight: u32,
+    /// Live leases; `None` when unknown (last known blocks kept through a Redis outage).
+    pub inflight: Option<u32>,
     /// Remaining hard block, ms (0: none).
     pub hard_block_ms: u64,
     /// Remaining soft block, ms (0: none).
@@ -37,7 +38,7 @@ pub struct AccountHealth {
 
 impl AccountHealth {
     pub const HEALTHY: AccountHealth = AccountHealth {
-        inflight: 0,
+        inflight: Some(0),
         hard_block_ms: 0,
         soft_block_ms: 0,
         breaker: Breaker::Closed,
@@ -219,7 +220,7 @@ impl RedisHealth {
             Some(_) => Breaker::HalfOpen,
         };
         AccountHealth {
-            inflight,
+            inflight: Some(inflight),
             hard_block_ms: hard.max(0) as u64,
             soft_block_ms: soft.max(0) as u64,
             breaker,

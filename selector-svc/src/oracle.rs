@@ -126,13 +126,16 @@ impl LoadOracle {
                         // Timed out (the fetch goes on, detached, and is dropped) or failed: unknown.
                         _ => vec![None; sorted.len()],
                     };
-                // Redis unreadable: keep the last known state (blocks above all) rather than
-                // forgetting it; what was never read stays unknown, never 0.
-                if let Some(previous) = &previous {
+                // Redis unreadable as a whole (an outage, not one bad account): keep the last known
+                // blocks and breakers rather than forgetting them; the load is unknown, never 0.
+                if health.iter().all(Option::is_none)
+                    && let Some(previous) = &previous
+                {
                     for (value, id) in health.iter_mut().zip(&sorted) {
-                        if value.is_none() {
-                            *value = previous.get(*id);
-                        }
+                        *value = previous.get(*id).map(|known| AccountHealth {
+                            inflight: None,
+                            ..known
+                        });
                     }
                 }
                 Arc::new(Reading {

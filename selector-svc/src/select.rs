@@ -25,12 +25,10 @@ impl Candidate {
     /// load is unknown (neither preferred nor avoided).
     pub fn headroom(&self) -> f64 {
         let limit = self.account.concurrency_limit;
-        match self.health {
+        match self.health.and_then(|h| h.inflight) {
             None => 0.5,
             Some(_) if limit <= 0 => 1.0,
-            Some(health) => {
-                (f64::from(limit) - f64::from(health.inflight)).max(0.0) / f64::from(limit)
-            }
+            Some(inflight) => (f64::from(limit) - f64::from(inflight)).max(0.0) / f64::from(limit),
         }
     }
 }
@@ -109,7 +107,7 @@ mod tests {
 
     fn healthy(inflight: u32, soft: u64) -> Option<AccountHealth> {
         Some(AccountHealth {
-            inflight,
+            inflight: Some(inflight),
             hard_block_ms: 0,
             soft_block_ms: soft,
             breaker: Breaker::Closed,
