@@ -1,1 +1,161 @@
-fn main() {}
+//! The relay-svc binary: flags (with env fallbacks) → config → serve.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use relay_svc::fake_upstream::FakeUpstream;
+use relay_svc::metrics::Metrics;
+use relay_svc::proxy::RelaySettings;
+use relay_svc::server::{Config, Mode};
+use relay_svc::standalone::StandaloneFile;
+
+/// poolgate relay: an Anthropic- and OpenAI-compatible endpoint over pooled upstream accounts.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Cli {
+    /// HTTP listen address.
+    #[arg(long, env = "RELAY_LISTEN", default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// Run everything in this process (memory backends, accounts from --accounts). Without
+    /// --accounts: a demo pool over a built-in fake upstream.
+    #[arg(long, env = "RELAY_STANDALONE")]
+    standalone: bool,
+    /// YAML account file for --standalone (see examples/standalone.yaml).
+    #[arg(long, env = "RELAY_ACCOUNTS_FILE")]
+    accounts: Option<std::path::PathBuf>,
+    /// Selector gRPC endpoints, comma-separated (one per replica).
+    #[arg(long, env = "RELAY_SELECTOR_URL", value_delimiter = ',')]
+    selector_url: Vec<String>,
+    /// Admission gRPC endpoints, comma-separated (one per replica).
+    #[arg(long, env = "RELAY_ADMISSION_URL", value_delimiter = ',')]
+    admission_url: Vec<String>,
+    /// How long a request may wait for capacity, ms.
+    #[arg(long, env = "RELAY_MAX_WAIT_MS", default_value_t = 30_000)]
+    max_wait_ms: u64,
+    /// A streaming client waiting this long gets SSE keep-alive comments, ms.
+    #[arg(long, env = "RELAY_PING_AFTER_MS", default_value_t = 10_000)]
+    ping_after_ms: u64,
+    /// Upstream failures one request may fail over on.
+    #[arg(long, env = "RELAY_FAILOVER_BUDGET", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=16))]
+    failover_budget: u32,
+    /// How long in-flight requests may run after SIGTERM, ms.
+    #[arg(long, env = "RELAY_SHUTDOWN_GRACE_MS", default_value_t = 30_000)]
+    shutdown_grace_ms: u64,
+    /// Log format.
+    #[arg(long, env = "POOLGATE_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
+}
+
+fn init_logging(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+const DEMO_KEY: &str = "pgk-demo-key-0001";
+
+async fn demo_file() -> Result<StandaloneFile, String> {
+    let upstream = FakeUpstream::start()
+        .await
+        .map_err(|e| format!("demo upstream: {e}"))?;
+    upstream.set_delay(Duration::from_millis(50));
+    let base = &upstream.base_url;
+    let yaml = format!(
+        "api_keys:\n  - {{key: {DEMO_KEY}, user: demo, group: default, user_rpm: 600}}\n\
+         accounts:\n\
+         \x20 - {{name: demo-claude-1, platform: anthropic, base_url: \"{base}\", credential: sk-ant-demo-1, concurrency: 2, rpm: 120}}\n\
+         \x20 - {{name: demo-claude-2, platform: anthropic, base_url: \"{base}\", credential: sk-ant-demo-2, concurrency: 2, rpm: 120}}\n\
+         \x20 - {{name: demo-openai-1, platform: openai, base_url: \"{base}\", credential: sk-demo-openai-1, concurrency: 4}}\n\
+         prices:\n  claude-sonnet-4-5: {{input: 3, output: 15, cache_write: 3.75, cache_read: 0.3}}\n"
+    );
+    eprintln!(
+        "relay-svc: demo pool over a built-in fake upstream at {base}\n\
+         relay-svc: try: curl -s http://127.0.0.1:8080/v1/messages -H 'x-api-key: {DEMO_KEY}' \
+         -H 'content-type: application/json' -d '{{\"model\":\"claude-sonnet-4-5\",\"max_tokens\":64,\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'"
+    );
+    // The fake upstream lives as long as the process.
+    std::mem::forget(upstream);
+    StandaloneFile::parse(&yaml)
+}
+
+async fn config(cli: &Cli) -> Result<Config, String> {
+    let mode = if cli.standalone {
+        let file = match &cli.accounts {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("--accounts {}: {e}", path.display()))?;
+                StandaloneFile::parse(&text)?
+            }
+            None => demo_file().await?,
+        };
+        Mode::Standalone {
+            file: Arc::new(file),
+        }
+    } else {
+        if cli.selector_url.is_empty() || cli.admission_url.is_empty() {
+            return Err("give --selector-url and --admission-url, or run --standalone".into());
+        }
+        Mode::Remote {
+            selector: cli.selector_url.clone(),
+            admission: cli.admission_url.clone(),
+        }
+    };
+    Ok(Config {
+        mode,
+        relay: RelaySettings {
+            max_wait: Duration::from_millis(cli.max_wait_ms),
+            ping_after: Duration::from_millis(cli.ping_after_ms.max(100)),
+            failover_budget: cli.failover_budget,
+            ..RelaySettings::default()
+        },
+        blocks: Default::default(),
+        admission: Default::default(),
+        shutdown_grace: Duration::from_millis(cli.shutdown_grace_ms),
+    })
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(&cli.log_format);
+    let result = async {
+        let config = config(&cli).await?;
+        let relay = relay_svc::server::build(&config, Metrics::new())?;
+        let listener = tokio::net::TcpListener::bind(cli.listen)
+            .await
+            .map_err(|e| format!("cannot listen on {}: {e}", cli.listen))?;
+        tracing::info!(addr = %cli.listen, standalone = cli.standalone, "relay serving");
+        relay_svc::server::serve(relay, listener, shutdown_signal(), config.shutdown_grace).await
+    }
+    .await;
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("relay-svc: {message}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,115 @@
+//! What the relay needs from the selector and from admission, as two small traits. Each has a
+//! gRPC-client implementation (`remote.rs`: many replicas) and an in-process one
+//! (`standalone.rs`: one process, memory backends, a YAML account file).
+
+use std::time::Duration;
+
+use admission_svc::domain::{Denial, LeaseTerms};
+use async_trait::async_trait;
+use selector_svc::domain::{CredentialKind, Platform, Price, Secret};
+
+use crate::classify::Classified;
+
+/// A backend that did not answer. The relay degrades (or answers 503), never panics.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct BackendError(pub String);
+
+/// The authenticated client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    pub api_key_id: i64,
+    pub user: String,
+    pub group: String,
+    pub user_rpm_limit: i32,
+}
+
+#[derive(Debug, Clone)]
+pub struct PlanRequest {
+    pub group: String,
+    pub platform: Platform,
+    pub model: String,
+    pub session_hash: Option<String>,
+    pub previous_response_id: Option<String>,
+    pub exclude: Vec<i64>,
+}
+
+/// One account of a plan, with everything needed to call it.
+#[derive(Debug, Clone)]
+pub struct Planned {
+    pub id: i64,
+    pub name: String,
+    pub base_url: String,
+    pub credential: Secret,
+    pub credential_kind: CredentialKind,
+    pub mapped_model: String,
+    pub concurrency_limit: i32,
+    pub rpm_limit: i32,
+    pub session_window_limit_usd: f64,
+    pub proxy_url: Option<String>,
+    pub price: Price,
+    pub soft_blocked: bool,
+    pub inflight: Option<u32>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Plan {
+    pub accounts: Vec<Planned>,
+    pub sticky: bool,
+    pub none_reason: Option<String>,
+    /// When nothing is eligible because of blocks: ms until the earliest ends.
+    pub retry_after_ms: u64,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct UsageRecord {
+    pub api_key_id: i64,
+    pub user: String,
+    pub account_id: i64,
+    pub model: String,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cache_write_tokens: u64,
+    pub cache_read_tokens: u64,
+    pub cost_usd: f64,
+    pub status: u16,
+    pub latency_ms: u32,
+    pub at_ms: u64,
+}
+
+#[async_trait]
+pub trait Selection: Send + Sync + 'static {
+    /// `Ok(None)`: the key is unknown or revoked.
+    async fn authenticate(&self, api_key: &str) -> Result<Option<Caller>, BackendError>;
+    async fn select(&self, request: &PlanRequest) -> Result<Plan, BackendError>;
+    /// Reports a real upstream outcome (never a local refusal). Best effort.
+    async fn report(&self, account_id: i64, outcome: Classified, status: u16, reason: &str);
+    async fn bind_session(&self, group: &str, session_hash: &str, account_id: i64);
+    async fn bind_response(&self, response_id: &str, account_id: i64);
+    /// Queues usage records; they are written in batches.
+    fn record_usage(&self, record: UsageRecord);
+}
+
+/// The two backends a relay runs on.
+pub type Backends = (std::sync::Arc<dyn Selection>, std::sync::Arc<dyn Leases>);
+
+/// The answer to an acquire.
+pub enum Acquired {
+    Granted(Box<dyn Lease>),
+    Denied(Denial),
+}
+
+#[async_trait]
+pub trait Leases: Send + Sync + 'static {
+    async fn acquire(&self, terms: LeaseTerms, wait: Duration) -> Result<Acquired, BackendError>;
+}
+
+/// A held lease. Dropping it without `release` releases it (a client that went away frees its
+/// slot at once).
+#[async_trait]
+pub trait Lease: Send + Sync {
+    /// Charges account RPM for a same-account retry; `false` when refused (the lease is kept).
+    async fn attempt(&mut self) -> bool;
+    /// Frees the slot, recording the request's spend.
+    async fn release(self: Box<Self>, spend_usd: f64);
+}

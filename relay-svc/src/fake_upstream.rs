@@ -1,0 +1,385 @@
+//! A fake upstream LLM server speaking enough of the Anthropic and OpenAI APIs for the demo
+//! (`relay-svc --standalone --demo`), the tests and the benchmarks. It counts concurrent requests
+//! per credential (and their peak), and answers from a per-credential script of queued outcomes
+//! (429, 529, 500, 401, quota, delays), so tests can drive every failover path.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
+use serde_json::{Value, json};
+
+/// One scripted answer.
+#[derive(Debug, Clone)]
+pub enum Scripted {
+    /// Answer with this status, headers and body.
+    Fail {
+        status: u16,
+        headers: Vec<(String, String)>,
+        body: String,
+    },
+    /// Answer normally after this delay.
+    Delay(Duration),
+    /// Start a stream, send one event, then break the connection.
+    BreakMidStream,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct CredentialStats {
+    pub current: u32,
+    pub peak: u32,
+    pub total: u64,
+}
+
+#[derive(Default)]
+struct FakeState {
+    stats: Mutex<HashMap<String, CredentialStats>>,
+    scripts: Mutex<HashMap<String, VecDeque<Scripted>>>,
+    /// Every answer waits this long before its head (simulated model latency).
+    delay: Mutex<Duration>,
+    /// Pause between stream events.
+    chunk_delay: Mutex<Duration>,
+    seen_models: Mutex<Vec<String>>,
+    seen_headers: Mutex<Vec<HeaderMap>>,
+}
+
+/// A handle on a running fake upstream.
+#[derive(Clone)]
+pub struct FakeUpstream {
+    state: Arc<FakeState>,
+    pub base_url: String,
+}
+
+impl FakeUpstream {
+    /// Starts on a free loopback port.
+    pub async fn start() -> std::io::Result<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let state = Arc::new(FakeState::default());
+        let router = Router::new()
+            .route("/v1/messages", post(messages))
+            .route("/v1/messages/count_tokens", post(count_tokens))
+            .route("/v1/chat/completions", post(chat))
+            .route("/v1/responses", post(responses))
+            .with_state(state.clone());
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, router).await;
+        });
+        Ok(FakeUpstream {
+            state,
+            base_url: format!("http://{addr}"),
+        })
+    }
+
+    /// Queues answers for requests made with `credential`.
+    pub fn script(&self, credential: &str, answers: impl IntoIterator<Item = Scripted>) {
+        let mut scripts = self.state.scripts.lock().unwrap_or_else(|p| p.into_inner());
+        scripts
+            .entry(credential.to_owned())
+            .or_default()
+            .extend(answers);
+    }
+
+    pub fn set_delay(&self, delay: Duration) {
+        *self.state.delay.lock().unwrap_or_else(|p| p.into_inner()) = delay;
+    }
+
+    pub fn set_chunk_delay(&self, delay: Duration) {
+        *self
+            .state
+            .chunk_delay
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = delay;
+    }
+
+    pub fn stats(&self, credential: &str) -> CredentialStats {
+        let stats = self.state.stats.lock().unwrap_or_else(|p| p.into_inner());
+        stats.get(credential).copied().unwrap_or_default()
+    }
+
+    /// Forgets peaks and totals (between test phases).
+    pub fn reset_stats(&self) {
+        let mut stats = self.state.stats.lock().unwrap_or_else(|p| p.into_inner());
+        for stat in stats.values_mut() {
+            stat.peak = stat.current;
+            stat.total = 0;
+        }
+    }
+
+    pub fn seen_models(&self) -> Vec<String> {
+        self.state
+            .seen_models
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub fn seen_headers(&self) -> Vec<HeaderMap> {
+        self.state
+            .seen_headers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+fn credential(headers: &HeaderMap) -> String {
+    if let Some(key) = headers.get("x-api-key").and_then(|v| v.to_str().ok()) {
+        return key.to_owned();
+    }
+    headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("")
+        .to_owned()
+}
+
+/// Counts the request as in flight until dropped.
+struct InFlight {
+    state: Arc<FakeState>,
+    credential: String,
+}
+
+impl InFlight {
+    fn enter(state: &Arc<FakeState>, credential: &str) -> Self {
+        let mut stats = state.stats.lock().unwrap_or_else(|p| p.into_inner());
+        let stat = stats.entry(credential.to_owned()).or_default();
+        stat.current += 1;
+        stat.total += 1;
+        stat.peak = stat.peak.max(stat.current);
+        InFlight {
+            state: state.clone(),
+            credential: credential.to_owned(),
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut stats = self.state.stats.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(stat) = stats.get_mut(&self.credential) {
+            stat.current = stat.current.saturating_sub(1);
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    Anthropic,
+    Chat,
+    Responses,
+}
+
+async fn messages(
+    State(state): State<Arc<FakeState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    answer(state, Shape::Anthropic, headers, body).await
+}
+
+async fn chat(State(state): State<Arc<FakeState>>, headers: HeaderMap, body: Bytes) -> Response {
+    answer(state, Shape::Chat, headers, body).await
+}
+
+async fn responses(
+    State(state): State<Arc<FakeState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    answer(state, Shape::Responses, headers, body).await
+}
+
+async fn count_tokens(body: Bytes) -> Response {
+    axum::Json(json!({"input_tokens": body.len() / 4})).into_response()
+}
+
+async fn answer(state: Arc<FakeState>, shape: Shape, headers: HeaderMap, body: Bytes) -> Response {
+    let credential = credential(&headers);
+    let guard = InFlight::enter(&state, &credential);
+    let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let model = request
+        .get("model")
+        .and_then(Value::as_str)
+        .unwrap_or("unknown")
+        .to_owned();
+    state
+        .seen_models
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(model.clone());
+    {
+        let mut seen = state.seen_headers.lock().unwrap_or_else(|p| p.into_inner());
+        if seen.len() < 1000 {
+            seen.push(headers.clone());
+        }
+    }
+    let stream = request
+        .get("stream")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let scripted = state
+        .scripts
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get_mut(&credential)
+        .and_then(VecDeque::pop_front);
+    let delay = *state.delay.lock().unwrap_or_else(|p| p.into_inner());
+    let chunk_delay = *state.chunk_delay.lock().unwrap_or_else(|p| p.into_inner());
+    let mut break_mid_stream = false;
+    match scripted {
+        Some(Scripted::Fail {
+            status,
+            headers,
+            body,
+        }) => {
+            tokio::time::sleep(delay).await;
+            let mut response = Response::new(Body::from(body));
+            *response.status_mut() =
+                StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            response.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/json"),
+            );
+            for (name, value) in headers {
+                if let (Ok(name), Ok(value)) = (
+                    http::HeaderName::from_bytes(name.as_bytes()),
+                    http::HeaderValue::from_str(&value),
+                ) {
+                    response.headers_mut().insert(name, value);
+                }
+            }
+            drop(guard);
+            return response;
+        }
+        Some(Scripted::Delay(extra)) => tokio::time::sleep(delay + extra).await,
+        Some(Scripted::BreakMidStream) => break_mid_stream = true,
+        None => tokio::time::sleep(delay).await,
+    }
+    let id = format!("{:016x}", fastrand::u64(..));
+    if !stream {
+        let body = match shape {
+            Shape::Anthropic => json!({
+                "id": format!("msg_{id}"), "type": "message", "role": "assistant", "model": model,
+                "content": [{"type": "text", "text": "Hello from the fake upstream."}],
+                "stop_reason": "end_turn", "stop_sequence": null,
+                "usage": {"input_tokens": 10, "output_tokens": 7, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+            }),
+            Shape::Chat => json!({
+                "id": format!("chatcmpl-{id}"), "object": "chat.completion", "created": 1_700_000_000, "model": model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello from the fake upstream."}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 7, "total_tokens": 17}
+            }),
+            Shape::Responses => json!({
+                "id": format!("resp_{id}"), "object": "response", "created_at": 1_700_000_000, "model": model, "status": "completed",
+                "output": [{"type": "message", "id": format!("msg_{id}"), "status": "completed", "role": "assistant",
+                            "content": [{"type": "output_text", "text": "Hello from the fake upstream.", "annotations": []}]}],
+                "usage": {"input_tokens": 10, "output_tokens": 7, "total_tokens": 17}
+            }),
+        };
+        drop(guard);
+        return axum::Json(body).into_response();
+    }
+    let events: Vec<String> = match shape {
+        Shape::Anthropic => vec![
+            format!(
+                "event: message_start\ndata: {}\n\n",
+                json!({"type": "message_start", "message": {"id": format!("msg_{id}"), "type": "message", "role": "assistant", "model": model, "content": [], "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": 10, "output_tokens": 1}}})
+            ),
+            format!(
+                "event: content_block_start\ndata: {}\n\n",
+                json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})
+            ),
+            format!(
+                "event: content_block_delta\ndata: {}\n\n",
+                json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hello"}})
+            ),
+            format!(
+                "event: content_block_delta\ndata: {}\n\n",
+                json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": " there."}})
+            ),
+            format!(
+                "event: content_block_stop\ndata: {}\n\n",
+                json!({"type": "content_block_stop", "index": 0})
+            ),
+            format!(
+                "event: message_delta\ndata: {}\n\n",
+                json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": 7}})
+            ),
+            format!(
+                "event: message_stop\ndata: {}\n\n",
+                json!({"type": "message_stop"})
+            ),
+        ],
+        Shape::Chat => vec![
+            format!(
+                "data: {}\n\n",
+                json!({"id": format!("chatcmpl-{id}"), "object": "chat.completion.chunk", "created": 1_700_000_000, "model": model, "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hello"}, "finish_reason": null}]})
+            ),
+            format!(
+                "data: {}\n\n",
+                json!({"id": format!("chatcmpl-{id}"), "object": "chat.completion.chunk", "created": 1_700_000_000, "model": model, "choices": [{"index": 0, "delta": {"content": " there."}, "finish_reason": "stop"}]})
+            ),
+            format!(
+                "data: {}\n\n",
+                json!({"id": format!("chatcmpl-{id}"), "object": "chat.completion.chunk", "created": 1_700_000_000, "model": model, "choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 7, "total_tokens": 17}})
+            ),
+            "data: [DONE]\n\n".to_owned(),
+        ],
+        Shape::Responses => vec![
+            format!(
+                "event: response.created\ndata: {}\n\n",
+                json!({"type": "response.created", "sequence_number": 0, "response": {"id": format!("resp_{id}"), "object": "response", "created_at": 1_700_000_000, "model": model, "status": "in_progress", "output": []}})
+            ),
+            format!(
+                "event: response.output_text.delta\ndata: {}\n\n",
+                json!({"type": "response.output_text.delta", "sequence_number": 1, "item_id": format!("msg_{id}"), "output_index": 0, "content_index": 0, "delta": "Hello there."})
+            ),
+            format!(
+                "event: response.completed\ndata: {}\n\n",
+                json!({"type": "response.completed", "sequence_number": 2, "response": {"id": format!("resp_{id}"), "object": "response", "created_at": 1_700_000_000, "model": model, "status": "completed", "output": [], "usage": {"input_tokens": 10, "output_tokens": 7, "total_tokens": 17}}})
+            ),
+        ],
+    };
+    let stream = async_stream(events, chunk_delay, break_mid_stream, guard);
+    let mut response = Response::new(Body::from_stream(stream));
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/event-stream"),
+    );
+    response
+}
+
+/// The events one by one; the in-flight guard lives until the stream is done (or dropped).
+fn async_stream(
+    events: Vec<String>,
+    chunk_delay: Duration,
+    break_mid_stream: bool,
+    guard: InFlight,
+) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> {
+    futures_util::stream::unfold(
+        (events.into_iter(), 0usize, Some(guard)),
+        move |(mut events, sent, guard)| async move {
+            guard.as_ref()?;
+            if break_mid_stream && sent == 1 {
+                return Some((
+                    Err(std::io::Error::other("scripted break")),
+                    (events, sent + 1, None),
+                ));
+            }
+            let event = events.next()?;
+            if sent > 0 {
+                tokio::time::sleep(chunk_delay).await;
+            }
+            Some((Ok(Bytes::from(event)), (events, sent + 1, guard)))
+        },
+    )
+}

@@ -1,0 +1,352 @@
+//! The HTTP front (axum): routes, client authentication, request parsing, and turning an answer
+//! into a response — with SSE keep-alive comments for a streaming client that waits, after which
+//! a refusal is an SSE error event instead of a status.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body as AxumBody;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http::{HeaderMap, HeaderValue, StatusCode};
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use crate::api::{Api, ErrorKind, RelayError};
+use crate::proxy::{Answer, Body, Inbound, Relay, request_id_header};
+use crate::session::session_hash;
+
+/// Shared state of the HTTP front.
+#[derive(Clone)]
+pub struct Front {
+    pub relay: Arc<Relay>,
+    pub ready: Arc<std::sync::atomic::AtomicBool>,
+}
+
+pub fn router(front: Front) -> Router {
+    Router::new()
+        .route("/v1/messages", post(messages))
+        .route("/v1/messages/count_tokens", post(count_tokens))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/responses", post(responses))
+        .route("/v1/models", get(models))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .layer(axum::extract::DefaultBodyLimit::max(64 << 20))
+        .with_state(front)
+}
+
+async fn messages(State(front): State<Front>, headers: HeaderMap, body: Bytes) -> Response {
+    handle(front, Api::Anthropic, "/v1/messages", false, headers, body).await
+}
+
+async fn count_tokens(State(front): State<Front>, headers: HeaderMap, body: Bytes) -> Response {
+    handle(
+        front,
+        Api::Anthropic,
+        "/v1/messages/count_tokens",
+        true,
+        headers,
+        body,
+    )
+    .await
+}
+
+async fn chat_completions(State(front): State<Front>, headers: HeaderMap, body: Bytes) -> Response {
+    handle(
+        front,
+        Api::OpenAi,
+        "/v1/chat/completions",
+        false,
+        headers,
+        body,
+    )
+    .await
+}
+
+async fn responses(State(front): State<Front>, headers: HeaderMap, body: Bytes) -> Response {
+    handle(front, Api::OpenAi, "/v1/responses", false, headers, body).await
+}
+
+async fn models(State(front): State<Front>, headers: HeaderMap) -> Response {
+    let api = if headers.contains_key("anthropic-version") || headers.contains_key("x-api-key") {
+        Api::Anthropic
+    } else {
+        Api::OpenAi
+    };
+    if let Err(error) = front
+        .relay
+        .authenticate(api, client_key(&headers).as_deref())
+        .await
+    {
+        return with_request_id(error.into_response());
+    }
+    let body = match api {
+        Api::Anthropic => {
+            serde_json::json!({"data": [], "has_more": false, "first_id": null, "last_id": null})
+        }
+        Api::OpenAi => serde_json::json!({"object": "list", "data": []}),
+    };
+    with_request_id(axum::Json(body).into_response())
+}
+
+async fn readyz(State(front): State<Front>) -> Response {
+    if front.ready.load(std::sync::atomic::Ordering::Relaxed) {
+        "ready".into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "shutting down").into_response()
+    }
+}
+
+async fn metrics(State(front): State<Front>) -> Response {
+    front.relay.metrics.render().into_response()
+}
+
+async fn not_found(headers: HeaderMap) -> Response {
+    let api = if headers.contains_key("anthropic-version") {
+        Api::Anthropic
+    } else {
+        Api::OpenAi
+    };
+    with_request_id(RelayError::new(api, ErrorKind::NotFound, "no such endpoint").into_response())
+}
+
+/// The client's poolgate key: `x-api-key`, else `Authorization: Bearer`.
+fn client_key(headers: &HeaderMap) -> Option<String> {
+    if let Some(key) = headers.get("x-api-key").and_then(|v| v.to_str().ok()) {
+        return Some(key.trim().to_owned());
+    }
+    headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(|k| k.trim().to_owned())
+}
+
+fn with_request_id(mut response: Response) -> Response {
+    let (name, value) = request_id_header();
+    response.headers_mut().insert(name, value);
+    response
+}
+
+async fn handle(
+    front: Front,
+    api: Api,
+    path: &'static str,
+    ungoverned: bool,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let relay = front.relay.clone();
+    relay.metrics.requests.with_label_values(&[path]).inc();
+    let caller = match relay
+        .authenticate(api, client_key(&headers).as_deref())
+        .await
+    {
+        Ok(caller) => caller,
+        Err(error) => return with_request_id(error.into_response()),
+    };
+    let json: Value = match serde_json::from_slice(&body) {
+        Ok(json @ Value::Object(_)) => json,
+        Ok(_) => {
+            return with_request_id(
+                RelayError::new(
+                    api,
+                    ErrorKind::InvalidRequest,
+                    "the request body must be a JSON object",
+                )
+                .into_response(),
+            );
+        }
+        Err(error) => {
+            return with_request_id(
+                RelayError::new(
+                    api,
+                    ErrorKind::InvalidRequest,
+                    format!("the request body is not valid JSON: {error}"),
+                )
+                .into_response(),
+            );
+        }
+    };
+    let model = match json.get("model") {
+        Some(Value::String(model)) if !model.is_empty() && model.len() <= 256 => model.clone(),
+        Some(_) => {
+            return with_request_id(
+                RelayError::new(
+                    api,
+                    ErrorKind::InvalidRequest,
+                    "model: must be a non-empty string of at most 256 bytes",
+                )
+                .into_response(),
+            );
+        }
+        None => {
+            return with_request_id(
+                RelayError::new(api, ErrorKind::InvalidRequest, "model: field required")
+                    .into_response(),
+            );
+        }
+    };
+    let stream = json.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    let previous_response_id = json
+        .get("previous_response_id")
+        .and_then(Value::as_str)
+        .filter(|id| !id.is_empty() && id.len() <= 128)
+        .map(str::to_owned);
+    let inbound = Inbound {
+        api,
+        path,
+        session_hash: session_hash(api, &headers, &json),
+        headers,
+        body,
+        json,
+        model,
+        stream,
+        caller,
+        previous_response_id,
+        ungoverned,
+    };
+    if !stream {
+        return with_request_id(respond(relay.run(inbound).await));
+    }
+    // A streaming request: answer with the real status when it comes in time; otherwise start
+    // the SSE stream with keep-alive comments while the request waits for capacity.
+    let ping_after = relay.settings.ping_after;
+    let ping_every = relay.settings.ping_every;
+    let mut run = AbortOnDrop(Some(tokio::spawn(relay.run(inbound))));
+    tokio::select! {
+        answer = run.join() => with_request_id(respond(answer.unwrap_or_else(|| Answer::Error(RelayError::new(api, ErrorKind::Upstream, "internal error"))))),
+        _ = tokio::time::sleep(ping_after) => with_request_id(pinged_stream(api, run, ping_every)),
+    }
+}
+
+/// A request task that is cancelled when the client's connection (and with it this handle) goes
+/// away, so a gone client never holds a lease or an upstream call.
+struct AbortOnDrop(Option<tokio::task::JoinHandle<Answer>>);
+
+impl AbortOnDrop {
+    async fn join(&mut self) -> Option<Answer> {
+        let handle = self.0.as_mut()?;
+        let answer = handle.await.ok();
+        self.0 = None;
+        answer
+    }
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(handle) = self.0.take() {
+            handle.abort();
+        }
+    }
+}
+
+/// Turns an answer into a response.
+fn respond(answer: Answer) -> Response {
+    match answer {
+        Answer::Error(error) => error.into_response(),
+        Answer::Upstream {
+            status,
+            headers,
+            body,
+        } => {
+            let body = match body {
+                Body::Full(bytes) => AxumBody::from(bytes),
+                Body::Stream(receiver) => stream_body(receiver),
+            };
+            let mut response = Response::new(body);
+            *response.status_mut() = status;
+            *response.headers_mut() = headers;
+            response
+        }
+    }
+}
+
+fn stream_body(receiver: mpsc::Receiver<Bytes>) -> AxumBody {
+    let stream =
+        tokio_stream::wrappers::ReceiverStream::new(receiver).map(Ok::<Bytes, std::io::Error>);
+    AxumBody::from_stream(stream)
+}
+
+/// The status line goes out now (200, SSE); keep-alive comments follow until the answer comes,
+/// then its bytes — or, if it is a refusal or an upstream error, an SSE error event.
+fn pinged_stream(api: Api, mut run: AbortOnDrop, ping_every: Duration) -> Response {
+    let (sender, receiver) = mpsc::channel::<Bytes>(32);
+    tokio::spawn(async move {
+        if sender
+            .send(Bytes::from_static(b": keep-alive\n\n"))
+            .await
+            .is_err()
+        {
+            return;
+        }
+        let answer = loop {
+            tokio::select! {
+                answer = run.join() => break answer.unwrap_or_else(|| Answer::Error(RelayError::new(api, ErrorKind::Upstream, "internal error"))),
+                _ = tokio::time::sleep(ping_every) => {
+                    if sender.send(Bytes::from_static(b": keep-alive\n\n")).await.is_err() {
+                        // The client went away: dropping `run` cancels the wait (and any lease).
+                        return;
+                    }
+                }
+            }
+        };
+        match answer {
+            Answer::Error(error) => {
+                let _ = sender.send(error.sse_event()).await;
+            }
+            Answer::Upstream { status, body, .. } if !status.is_success() => {
+                let message = match body {
+                    Body::Full(bytes) => {
+                        String::from_utf8_lossy(&bytes[..bytes.len().min(2000)]).into_owned()
+                    }
+                    Body::Stream(_) => format!("upstream answered {status}"),
+                };
+                let kind = if status == StatusCode::TOO_MANY_REQUESTS {
+                    ErrorKind::RateLimited
+                } else {
+                    ErrorKind::Upstream
+                };
+                let _ = sender
+                    .send(RelayError::new(api, kind, message).sse_event())
+                    .await;
+            }
+            Answer::Upstream {
+                body: Body::Full(bytes),
+                ..
+            } => {
+                let _ = sender.send(bytes).await;
+            }
+            Answer::Upstream {
+                body: Body::Stream(mut upstream),
+                ..
+            } => {
+                while let Some(chunk) = upstream.recv().await {
+                    if sender.send(chunk).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    let mut response = Response::new(stream_body(receiver));
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    response.headers_mut().insert(
+        http::header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache"),
+    );
+    response
+}

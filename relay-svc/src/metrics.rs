@@ -1,0 +1,128 @@
+//! Prometheus metrics of one relay replica. Labels are bounded: endpoints, platforms, reasons.
+//! Never an API key, a session hash, a request id or (by default) an account id.
+
+use std::time::Duration;
+
+use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry};
+
+#[derive(Clone)]
+pub struct Metrics {
+    pub registry: Registry,
+    /// relay_requests_total{endpoint}
+    pub requests: IntCounterVec,
+    /// relay_failovers_total{reason, outcome}: reason `concurrency`, `rpm`, `session_window`,
+    /// `same_account`, `429`, `529`, `5xx`, `401`, `network`, `quota`...; outcome `local`
+    /// (a sibling is tried without using the budget), `failover`, `retry`, `budget_spent`.
+    pub failovers: IntCounterVec,
+    pub same_account_retries: IntCounter,
+    pub client_disconnects: IntCounter,
+    /// relay_lease_lost_total: lease streams that broke and could not be resumed (the upstream
+    /// call finished anyway).
+    pub leases_lost: IntCounter,
+    pub spend_micros: IntCounter,
+    pub upstream_seconds: HistogramVec,
+    pub first_byte_seconds: HistogramVec,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn register<T: prometheus::core::Collector + Clone + 'static>(registry: &Registry, metric: T) -> T {
+    let _ = registry.register(Box::new(metric.clone()));
+    metric
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let counter_vec = |name: &str, help: &str, labels: &[&str]| {
+            register(
+                &registry,
+                IntCounterVec::new(Opts::new(name, help), labels)
+                    .unwrap_or_else(|e| unreachable!("static metric {name}: {e}")),
+            )
+        };
+        let counter = |name: &str, help: &str| {
+            register(
+                &registry,
+                IntCounter::new(name, help)
+                    .unwrap_or_else(|e| unreachable!("static metric {name}: {e}")),
+            )
+        };
+        let buckets = vec![
+            0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+        ];
+        let histogram = |name: &str, help: &str| {
+            register(
+                &registry,
+                HistogramVec::new(
+                    HistogramOpts::new(name, help).buckets(buckets.clone()),
+                    &["platform"],
+                )
+                .unwrap_or_else(|e| unreachable!("static metric {name}: {e}")),
+            )
+        };
+        Metrics {
+            requests: counter_vec(
+                "relay_requests_total",
+                "Client requests by endpoint.",
+                &["endpoint"],
+            ),
+            failovers: counter_vec(
+                "relay_failovers_total",
+                "Failovers and same-account retries by reason and outcome.",
+                &["reason", "outcome"],
+            ),
+            same_account_retries: counter(
+                "relay_same_account_retries_total",
+                "Same-account retries after a conflict.",
+            ),
+            client_disconnects: counter(
+                "relay_client_disconnects_total",
+                "Streams the client left before the end (upstream call cancelled, lease released).",
+            ),
+            leases_lost: counter(
+                "relay_lease_lost_total",
+                "Lease streams that broke and could not be resumed; the upstream call finished anyway.",
+            ),
+            spend_micros: counter(
+                "relay_spend_recorded_micro_usd_total",
+                "Spend recorded with lease releases, in micro-USD.",
+            ),
+            upstream_seconds: histogram(
+                "relay_upstream_seconds",
+                "Upstream call duration (to the last byte) by platform.",
+            ),
+            first_byte_seconds: histogram(
+                "relay_upstream_first_byte_seconds",
+                "Time to the first upstream byte of streams by platform.",
+            ),
+            registry,
+        }
+    }
+
+    pub fn failover(&self, reason: &str, outcome: &str) {
+        self.failovers.with_label_values(&[reason, outcome]).inc();
+    }
+
+    pub fn upstream_latency(&self, platform: &str, elapsed: Duration) {
+        self.upstream_seconds
+            .with_label_values(&[platform])
+            .observe(elapsed.as_secs_f64());
+    }
+
+    pub fn time_to_first_byte(&self, platform: &str, elapsed: Duration) {
+        self.first_byte_seconds
+            .with_label_values(&[platform])
+            .observe(elapsed.as_secs_f64());
+    }
+
+    pub fn render(&self) -> String {
+        prometheus::TextEncoder::new()
+            .encode_to_string(&self.registry.gather())
+            .unwrap_or_else(|error| format!("# metrics encoding failed: {error}\n"))
+    }
+}

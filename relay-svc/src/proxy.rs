@@ -1,0 +1,826 @@
+//! One client request, end to end (DESIGN §6): select → lease (user RPM on the first lease only)
+//! → upstream call → classify → same-account retry on conflict → fail over within the budget →
+//! report → bind on success → spend on release, usage batched. Bookkeeping runs after the last
+//! byte, off the client's latency path.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use admission_svc::domain::{DenyReason, LeaseTerms, UserLimit, usd_to_micros};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use selector_svc::domain::{CredentialKind, OutcomeClass, now_ms};
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use crate::api::{Api, ErrorKind, RelayError};
+use crate::backends::{
+    Acquired, Caller, Lease, Leases, PlanRequest, Planned, Selection, UsageRecord,
+};
+use crate::classify::{Classified, classify, network_failure};
+use crate::metrics::Metrics;
+use crate::usage::{SseScanner, Usage};
+
+#[derive(Debug, Clone)]
+pub struct RelaySettings {
+    /// Upstream failures one request may fail over on (local refusals do not count).
+    pub failover_budget: u32,
+    /// Acquire attempts per request, at most (seed 001).
+    pub max_acquires: u32,
+    /// How long a request may wait for capacity (a full pool, or blocks ending).
+    pub max_wait: Duration,
+    /// A streaming client waiting this long gets SSE keep-alive comments.
+    pub ping_after: Duration,
+    pub ping_every: Duration,
+    /// Same-account retries on 409/423, and the pause before each.
+    pub conflict_retries: u32,
+    pub conflict_delay: Duration,
+    /// A 429 reset further ahead than this is "window exhausted" (hard block).
+    pub hard_block_threshold: Duration,
+    /// Bound on connecting and on the response head from upstream.
+    pub upstream_timeout: Duration,
+    /// How long an authentication answer is reused.
+    pub auth_cache_ttl: Duration,
+    /// Largest request body accepted, and largest error body kept.
+    pub max_body_bytes: usize,
+}
+
+impl Default for RelaySettings {
+    fn default() -> Self {
+        RelaySettings {
+            failover_budget: 3,
+            max_acquires: 8,
+            max_wait: Duration::from_secs(30),
+            ping_after: Duration::from_secs(10),
+            ping_every: Duration::from_secs(10),
+            conflict_retries: 3,
+            conflict_delay: Duration::from_millis(500),
+            hard_block_threshold: Duration::from_secs(60),
+            upstream_timeout: Duration::from_secs(600),
+            auth_cache_ttl: Duration::from_millis(500),
+            max_body_bytes: 32 << 20,
+        }
+    }
+}
+
+/// What went wrong with the client's request itself (before any account is involved).
+pub type Refusal = RelayError;
+
+/// The head of the answer, then its body.
+pub enum Answer {
+    Upstream {
+        status: StatusCode,
+        headers: HeaderMap,
+        body: Body,
+    },
+    Error(RelayError),
+}
+
+pub enum Body {
+    Full(Bytes),
+    Stream(mpsc::Receiver<Bytes>),
+}
+
+/// A parsed client request.
+pub struct Inbound {
+    pub api: Api,
+    /// Upstream path, e.g. `/v1/messages`.
+    pub path: &'static str,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+    pub json: Value,
+    pub model: String,
+    pub stream: bool,
+    pub caller: Caller,
+    pub session_hash: Option<String>,
+    pub previous_response_id: Option<String>,
+    /// Requests that cost nothing and take no lease (count_tokens).
+    pub ungoverned: bool,
+}
+
+pub struct Relay {
+    pub selection: Arc<dyn Selection>,
+    pub leases: Arc<dyn Leases>,
+    pub settings: RelaySettings,
+    pub metrics: Metrics,
+    http: reqwest::Client,
+    proxied: Mutex<HashMap<String, reqwest::Client>>,
+    auth_cache: Mutex<HashMap<String, (Option<Caller>, Instant)>>,
+}
+
+/// Request headers passed upstream as they are. Everything else (credentials, hop-by-hop,
+/// encodings) is dropped or set by the relay.
+const PASSED_HEADERS: [&str; 10] = [
+    "anthropic-version",
+    "anthropic-beta",
+    "anthropic-dangerous-direct-browser-access",
+    "openai-beta",
+    "content-type",
+    "accept",
+    "user-agent",
+    "idempotency-key",
+    "x-stainless-retry-count",
+    "x-stainless-timeout",
+];
+
+/// Response headers never copied back (hop-by-hop, or re-computed).
+const DROPPED_RESPONSE_HEADERS: [&str; 6] = [
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "content-encoding",
+    "keep-alive",
+    "x-request-id",
+];
+
+fn build_client(timeout: Duration, proxy: Option<&str>) -> Result<reqwest::Client, String> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut builder = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10).min(timeout))
+        .read_timeout(timeout)
+        .pool_max_idle_per_host(256)
+        .tcp_nodelay(true);
+    if let Some(proxy) = proxy {
+        builder =
+            builder.proxy(reqwest::Proxy::all(proxy).map_err(|_| "bad proxy url".to_string())?);
+    }
+    builder.build().map_err(|e| format!("http client: {e}"))
+}
+
+/// What one upstream call came to.
+enum Called {
+    /// 2xx: the answer is on its way to the client; bookkeeping follows its last byte.
+    Served(Answer),
+    /// A non-2xx answer (or a network failure), classified, with the body kept for passing on.
+    Failed {
+        classified: Classified,
+        status: u16,
+        headers: HeaderMap,
+        body: Bytes,
+        lease: Box<dyn Lease>,
+    },
+}
+
+impl Relay {
+    pub fn new(
+        selection: Arc<dyn Selection>,
+        leases: Arc<dyn Leases>,
+        settings: RelaySettings,
+        metrics: Metrics,
+    ) -> Result<Self, String> {
+        Ok(Relay {
+            http: build_client(settings.upstream_timeout, None)?,
+            selection,
+            leases,
+            settings,
+            metrics,
+            proxied: Mutex::new(HashMap::new()),
+            auth_cache: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Authenticates a client key, reusing answers for `auth_cache_ttl` (so a revoked key is
+    /// refused within a second of the change).
+    pub async fn authenticate(&self, api: Api, key: Option<&str>) -> Result<Caller, RelayError> {
+        let Some(key) = key.filter(|k| !k.is_empty() && k.len() <= 256) else {
+            return Err(RelayError::new(
+                api,
+                ErrorKind::Authentication,
+                "missing or malformed API key (x-api-key or Authorization: Bearer)",
+            ));
+        };
+        {
+            let cache = self.auth_cache.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((answer, at)) = cache.get(key)
+                && at.elapsed() < self.settings.auth_cache_ttl
+            {
+                return answer.clone().ok_or_else(|| {
+                    RelayError::new(api, ErrorKind::Authentication, "invalid API key")
+                });
+            }
+        }
+        let answer = self.selection.authenticate(key).await.map_err(|_| {
+            RelayError::new(
+                api,
+                ErrorKind::Overloaded,
+                "authentication is unavailable; try again",
+            )
+            .retry_after_ms(1000)
+        })?;
+        {
+            let mut cache = self.auth_cache.lock().unwrap_or_else(|p| p.into_inner());
+            if cache.len() > 100_000 {
+                let ttl = self.settings.auth_cache_ttl;
+                cache.retain(|_, (_, at)| at.elapsed() < ttl);
+            }
+            cache.insert(key.to_owned(), (answer.clone(), Instant::now()));
+        }
+        answer.ok_or_else(|| RelayError::new(api, ErrorKind::Authentication, "invalid API key"))
+    }
+
+    fn client_for(&self, proxy: Option<&str>) -> reqwest::Client {
+        let Some(proxy) = proxy.filter(|p| !p.is_empty()) else {
+            return self.http.clone();
+        };
+        let mut proxied = self.proxied.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(client) = proxied.get(proxy) {
+            return client.clone();
+        }
+        match build_client(self.settings.upstream_timeout, Some(proxy)) {
+            Ok(client) => {
+                proxied.insert(proxy.to_owned(), client.clone());
+                client
+            }
+            Err(error) => {
+                tracing::warn!(%error, "account proxy unusable; calling directly");
+                self.http.clone()
+            }
+        }
+    }
+
+    /// Runs the request to its answer.
+    pub async fn run(self: Arc<Self>, inbound: Inbound) -> Answer {
+        let api = inbound.api;
+        let started = Instant::now();
+        let deadline = started + self.settings.max_wait;
+        let mut exclude: Vec<i64> = Vec::new();
+        let mut failures = 0u32;
+        let mut acquires = 0u32;
+        let mut user_charged = false;
+        let mut last_failure: Option<(u16, HeaderMap, Bytes)> = None;
+        loop {
+            let plan = match self
+                .selection
+                .select(&PlanRequest {
+                    group: inbound.caller.group.clone(),
+                    platform: api.platform(),
+                    model: inbound.model.clone(),
+                    session_hash: inbound.session_hash.clone(),
+                    previous_response_id: inbound.previous_response_id.clone(),
+                    exclude: exclude.clone(),
+                })
+                .await
+            {
+                Ok(plan) => plan,
+                Err(error) => {
+                    tracing::warn!(%error, "selector unavailable");
+                    return Answer::Error(
+                        RelayError::new(
+                            api,
+                            ErrorKind::Overloaded,
+                            "account selection is unavailable; try again",
+                        )
+                        .retry_after_ms(1000),
+                    );
+                }
+            };
+            if plan.accounts.is_empty() {
+                if let Some((status, headers, body)) = last_failure {
+                    return upstream_error(status, headers, body);
+                }
+                let reason = plan.none_reason.unwrap_or_else(|| "no_accounts".into());
+                let remaining = deadline.saturating_duration_since(Instant::now());
+                if plan.retry_after_ms > 0
+                    && Duration::from_millis(plan.retry_after_ms) <= remaining
+                {
+                    // Every account is blocked for a while: wait for the earliest to come back.
+                    tokio::time::sleep(Duration::from_millis(plan.retry_after_ms)).await;
+                    continue;
+                }
+                let (kind, message) = match reason.as_str() {
+                    "model_not_allowed" => (
+                        ErrorKind::NotFound,
+                        format!("no account in your group serves model {:?}", inbound.model),
+                    ),
+                    "no_accounts" => (
+                        ErrorKind::Overloaded,
+                        "no account in your group serves this API".to_owned(),
+                    ),
+                    _ => (
+                        ErrorKind::Overloaded,
+                        format!("no capacity in the pool ({reason}); try again later"),
+                    ),
+                };
+                let retry = plan.retry_after_ms.max(1000);
+                return Answer::Error(RelayError::new(api, kind, message).retry_after_ms(retry));
+            }
+            let sticky = plan.sticky;
+            let mut leased = None;
+            let mut refused_all = true;
+            for (index, account) in plan.accounts.iter().enumerate() {
+                if acquires >= self.settings.max_acquires {
+                    break;
+                }
+                acquires += 1;
+                let terms = self.terms(&inbound, account, !user_charged, sticky && index == 0);
+                match self.leases.acquire(terms, Duration::ZERO).await {
+                    Ok(Acquired::Granted(lease)) => {
+                        leased = Some((account.clone(), lease));
+                        refused_all = false;
+                        break;
+                    }
+                    Ok(Acquired::Denied(denial)) if denial.reason == DenyReason::UserRpm => {
+                        return Answer::Error(
+                            RelayError::new(
+                                api,
+                                ErrorKind::RateLimited,
+                                "you sent too many requests this minute",
+                            )
+                            .retry_after_ms(denial.retry_after_ms.max(1000)),
+                        );
+                    }
+                    Ok(Acquired::Denied(denial)) => {
+                        self.metrics.failover(denial.reason.as_str(), "local");
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, account_id = account.id, "admission unavailable for this acquire");
+                        self.metrics.failover("admission_unavailable", "local");
+                    }
+                }
+            }
+            if leased.is_none() && refused_all {
+                // Everything is merely full: wait on the best candidate (the plan's first: the
+                // sticky account, else the one with most headroom).
+                let remaining = deadline.saturating_duration_since(Instant::now());
+                let best = &plan.accounts[0];
+                if !remaining.is_zero() && acquires < self.settings.max_acquires {
+                    acquires += 1;
+                    let terms = self.terms(&inbound, best, !user_charged, sticky);
+                    match self.leases.acquire(terms, remaining).await {
+                        Ok(Acquired::Granted(lease)) => leased = Some((best.clone(), lease)),
+                        Ok(Acquired::Denied(denial)) if denial.reason == DenyReason::UserRpm => {
+                            return Answer::Error(
+                                RelayError::new(
+                                    api,
+                                    ErrorKind::RateLimited,
+                                    "you sent too many requests this minute",
+                                )
+                                .retry_after_ms(denial.retry_after_ms.max(1000)),
+                            );
+                        }
+                        Ok(Acquired::Denied(_)) | Err(_) => {}
+                    }
+                }
+                if leased.is_none() {
+                    if let Some((status, headers, body)) = last_failure {
+                        return upstream_error(status, headers, body);
+                    }
+                    return Answer::Error(
+                        RelayError::new(
+                            api,
+                            ErrorKind::Overloaded,
+                            "every account is busy; try again shortly",
+                        )
+                        .retry_after_ms(1000),
+                    );
+                }
+            }
+            let Some((account, lease)) = leased else {
+                // The acquire budget ran out.
+                if let Some((status, headers, body)) = last_failure {
+                    return upstream_error(status, headers, body);
+                }
+                return Answer::Error(
+                    RelayError::new(api, ErrorKind::Overloaded, "no capacity in time; try again")
+                        .retry_after_ms(1000),
+                );
+            };
+            user_charged = true;
+            match self
+                .clone()
+                .call_with_retries(&inbound, &account, lease, started)
+                .await
+            {
+                Called::Served(answer) => return answer,
+                Called::Failed {
+                    classified,
+                    status,
+                    headers,
+                    body,
+                    lease,
+                } => {
+                    lease.release(0.0).await;
+                    if classified.class == OutcomeClass::ClientError {
+                        // Not the account's fault: the client gets the answer as it came.
+                        return upstream_error(status, headers, body);
+                    }
+                    let reason = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
+                    self.selection
+                        .report(account.id, classified, status, &reason)
+                        .await;
+                    failures += 1;
+                    exclude.push(account.id);
+                    last_failure = Some((status, headers, body));
+                    if failures >= self.settings.failover_budget {
+                        self.metrics.failover(classified.label, "budget_spent");
+                        let (status, headers, body) = last_failure.unwrap_or_default();
+                        return upstream_error(status, headers, body);
+                    }
+                    self.metrics.failover(classified.label, "failover");
+                }
+            }
+        }
+    }
+
+    fn terms(
+        &self,
+        inbound: &Inbound,
+        account: &Planned,
+        charge_user: bool,
+        bound: bool,
+    ) -> LeaseTerms {
+        let caller = &inbound.caller;
+        LeaseTerms {
+            account_id: account.id,
+            concurrency_limit: if inbound.ungoverned {
+                0
+            } else {
+                account.concurrency_limit
+            },
+            rpm_limit: if inbound.ungoverned {
+                0
+            } else {
+                account.rpm_limit
+            },
+            user: (charge_user && caller.user_rpm_limit > 0 && !inbound.ungoverned).then(|| {
+                UserLimit {
+                    user_id: caller.user.clone(),
+                    rpm_limit: caller.user_rpm_limit,
+                }
+            }),
+            session_hash: inbound.session_hash.clone(),
+            session_window_limit_micros: if inbound.ungoverned {
+                0
+            } else {
+                usd_to_micros(account.session_window_limit_usd.max(0.0)).unwrap_or(0)
+            },
+            session_bound: bound,
+        }
+    }
+
+    /// Calls one account, retrying the same account on conflicts (keeping the lease).
+    async fn call_with_retries(
+        self: Arc<Self>,
+        inbound: &Inbound,
+        account: &Planned,
+        mut lease: Box<dyn Lease>,
+        started: Instant,
+    ) -> Called {
+        let mut retries = 0;
+        loop {
+            match self.clone().call(inbound, account, lease, started).await {
+                Called::Failed {
+                    classified,
+                    status,
+                    headers,
+                    body,
+                    lease: mut returned,
+                } if classified.class == OutcomeClass::Conflict
+                    && retries < self.settings.conflict_retries =>
+                {
+                    retries += 1;
+                    tokio::time::sleep(self.settings.conflict_delay).await;
+                    self.metrics.same_account_retries.inc();
+                    if !returned.attempt().await {
+                        // The account's RPM refused the retry: try a sibling.
+                        self.metrics.failover("rpm", "local");
+                        return Called::Failed {
+                            classified,
+                            status,
+                            headers,
+                            body,
+                            lease: returned,
+                        };
+                    }
+                    self.metrics.failover("same_account", "retry");
+                    lease = returned;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn upstream_request(&self, inbound: &Inbound, account: &Planned) -> reqwest::RequestBuilder {
+        let base = account.base_url.trim_end_matches('/');
+        let path = if base.ends_with("/v1") {
+            inbound.path.trim_start_matches("/v1")
+        } else {
+            inbound.path
+        };
+        let client = self.client_for(account.proxy_url.as_deref());
+        let mut request = client.post(format!("{base}{path}"));
+        for name in PASSED_HEADERS {
+            for value in inbound.headers.get_all(name) {
+                request = request.header(name, value);
+            }
+        }
+        request = request.header(http::header::ACCEPT_ENCODING, "identity");
+        let credential = account.credential.expose();
+        request = match (inbound.api, account.credential_kind) {
+            (Api::Anthropic, CredentialKind::ApiKey) => request.header("x-api-key", credential),
+            (Api::Anthropic, CredentialKind::OAuth) => {
+                let beta = inbound
+                    .headers
+                    .get("anthropic-beta")
+                    .and_then(|v| v.to_str().ok())
+                    .map(|b| format!("{b},oauth-2025-04-20"))
+                    .unwrap_or_else(|| "oauth-2025-04-20".into());
+                request
+                    .bearer_auth(credential)
+                    .header("anthropic-beta", beta)
+            }
+            (Api::OpenAi, _) => request.bearer_auth(credential),
+        };
+        let body = if account.mapped_model != inbound.model {
+            let mut json = inbound.json.clone();
+            json["model"] = Value::String(account.mapped_model.clone());
+            Bytes::from(serde_json::to_vec(&json).unwrap_or_else(|_| inbound.body.to_vec()))
+        } else {
+            inbound.body.clone()
+        };
+        if !inbound.headers.contains_key(http::header::CONTENT_TYPE) {
+            request = request.header(http::header::CONTENT_TYPE, "application/json");
+        }
+        request.body(body)
+    }
+
+    async fn call(
+        self: Arc<Self>,
+        inbound: &Inbound,
+        account: &Planned,
+        lease: Box<dyn Lease>,
+        started: Instant,
+    ) -> Called {
+        let platform = inbound.api.platform().as_str();
+        let sent = Instant::now();
+        let response = match self.upstream_request(inbound, account).send().await {
+            Ok(response) => response,
+            Err(error) => {
+                tracing::warn!(account_id = account.id, error = %error.without_url(), "upstream unreachable");
+                return Called::Failed {
+                    classified: network_failure(),
+                    status: 502,
+                    headers: HeaderMap::new(),
+                    body: Bytes::from_static(b"upstream unreachable"),
+                    lease,
+                };
+            }
+        };
+        let status = response.status();
+        let headers = response.headers().clone();
+        if !status.is_success() {
+            let body = read_bounded(response, self.settings.max_body_bytes).await;
+            let classified = classify(
+                status.as_u16(),
+                &headers,
+                &body,
+                now_ms(),
+                self.settings.hard_block_threshold.as_millis() as u64,
+            );
+            return Called::Failed {
+                classified,
+                status: status.as_u16(),
+                headers,
+                body,
+                lease,
+            };
+        }
+        let is_sse = headers
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| ct.starts_with("text/event-stream"));
+        let client_headers = response_headers(&headers);
+        let mut upstream = response.bytes_stream();
+        if !is_sse {
+            let mut collected = Vec::new();
+            let mut failed = false;
+            while let Some(chunk) = upstream.next().await {
+                match chunk {
+                    Ok(chunk) if collected.len() + chunk.len() <= self.settings.max_body_bytes => {
+                        collected.extend_from_slice(&chunk)
+                    }
+                    _ => {
+                        failed = true;
+                        break;
+                    }
+                }
+            }
+            if failed {
+                return Called::Failed {
+                    classified: network_failure(),
+                    status: 502,
+                    headers: HeaderMap::new(),
+                    body: Bytes::from_static(b"upstream response broke off"),
+                    lease,
+                };
+            }
+            let body = Bytes::from(collected);
+            self.metrics.upstream_latency(platform, sent.elapsed());
+            let mut usage = Usage::default();
+            let mut response_id = None;
+            if let Ok(json) = serde_json::from_slice::<Value>(&body) {
+                usage.absorb_message(&json);
+                response_id = json
+                    .get("id")
+                    .and_then(Value::as_str)
+                    .filter(|id| id.starts_with("resp_"))
+                    .map(str::to_owned);
+            }
+            let finish = Finish {
+                relay: self.clone(),
+                account: account.clone(),
+                caller: inbound.caller.clone(),
+                session_hash: inbound.session_hash.clone(),
+                model: inbound.model.clone(),
+                started,
+                status: status.as_u16(),
+            };
+            tokio::spawn(finish.run(lease, usage, response_id, true));
+            return Called::Served(Answer::Upstream {
+                status,
+                headers: client_headers,
+                body: Body::Full(body),
+            });
+        }
+        // Streaming: fail over only before the first upstream byte reaches the client.
+        let first = match upstream.next().await {
+            Some(Ok(chunk)) => chunk,
+            _ => {
+                return Called::Failed {
+                    classified: network_failure(),
+                    status: 502,
+                    headers: HeaderMap::new(),
+                    body: Bytes::from_static(b"upstream stream ended before its first byte"),
+                    lease,
+                };
+            }
+        };
+        self.metrics.time_to_first_byte(platform, sent.elapsed());
+        let (sender, receiver) = mpsc::channel::<Bytes>(32);
+        let finish = Finish {
+            relay: self.clone(),
+            account: account.clone(),
+            caller: inbound.caller.clone(),
+            session_hash: inbound.session_hash.clone(),
+            model: inbound.model.clone(),
+            started,
+            status: status.as_u16(),
+        };
+        let api = inbound.api;
+        tokio::spawn(async move {
+            let mut scanner = SseScanner::default();
+            scanner.feed(&first);
+            let mut complete = sender.send(first).await.is_ok();
+            let mut client_gone = !complete;
+            while complete {
+                tokio::select! {
+                    chunk = upstream.next() => match chunk {
+                        Some(Ok(chunk)) => {
+                            scanner.feed(&chunk);
+                            if sender.send(chunk).await.is_err() {
+                                client_gone = true;
+                                complete = false;
+                            }
+                        }
+                        Some(Err(error)) => {
+                            tracing::warn!(account_id = finish.account.id, error = %error.without_url(), "upstream stream broke mid-way");
+                            let error = RelayError::new(api, ErrorKind::Upstream, "the upstream stream broke off; the response is incomplete");
+                            let _ = sender.send(error.sse_event()).await;
+                            complete = false;
+                            finish.relay.selection.report(finish.account.id, network_failure(), 0, "stream broke mid-way").await;
+                        }
+                        None => break,
+                    },
+                    // A client that disconnects cancels the upstream call at once.
+                    _ = sender.closed() => {
+                        client_gone = true;
+                        complete = false;
+                    }
+                }
+            }
+            drop(upstream);
+            finish
+                .relay
+                .metrics
+                .upstream_latency(api.platform().as_str(), sent.elapsed());
+            if client_gone {
+                finish.relay.metrics.client_disconnects.inc();
+            }
+            let succeeded = complete && !client_gone;
+            let response_id = scanner.response_id.clone();
+            finish
+                .run(lease, scanner.usage, response_id, succeeded)
+                .await;
+        });
+        Called::Served(Answer::Upstream {
+            status,
+            headers: client_headers,
+            body: Body::Stream(receiver),
+        })
+    }
+}
+
+/// Bookkeeping after the last byte: report, bind, spend on release, usage record.
+struct Finish {
+    relay: Arc<Relay>,
+    account: Planned,
+    caller: Caller,
+    session_hash: Option<String>,
+    model: String,
+    started: Instant,
+    status: u16,
+}
+
+impl Finish {
+    async fn run(
+        self,
+        lease: Box<dyn Lease>,
+        usage: Usage,
+        response_id: Option<String>,
+        succeeded: bool,
+    ) {
+        let cost = usage.cost_usd(&self.account.price);
+        // Spend travels with the release, in the same script.
+        lease.release(cost).await;
+        let selection = &self.relay.selection;
+        if succeeded {
+            let success = Classified {
+                class: OutcomeClass::Success,
+                reset_at_ms: None,
+                label: "success",
+            };
+            selection
+                .report(self.account.id, success, self.status, "")
+                .await;
+            if let Some(session) = &self.session_hash {
+                selection
+                    .bind_session(&self.caller.group, session, self.account.id)
+                    .await;
+            }
+            if let Some(response_id) = &response_id {
+                selection.bind_response(response_id, self.account.id).await;
+            }
+        }
+        self.relay
+            .metrics
+            .spend_micros
+            .inc_by(usd_to_micros(cost).unwrap_or(0).max(0) as u64);
+        selection.record_usage(UsageRecord {
+            api_key_id: self.caller.api_key_id,
+            user: self.caller.user.clone(),
+            account_id: self.account.id,
+            model: self.model.clone(),
+            input_tokens: usage.input,
+            output_tokens: usage.output,
+            cache_write_tokens: usage.cache_write,
+            cache_read_tokens: usage.cache_read,
+            cost_usd: cost,
+            status: self.status,
+            latency_ms: self.started.elapsed().as_millis().min(u32::MAX as u128) as u32,
+            at_ms: now_ms().max(0) as u64,
+        });
+    }
+}
+
+async fn read_bounded(response: reqwest::Response, max: usize) -> Bytes {
+    let mut stream = response.bytes_stream();
+    let mut body = Vec::new();
+    while let Some(Ok(chunk)) = stream.next().await {
+        let room = max.saturating_sub(body.len());
+        body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        if room <= chunk.len() {
+            break;
+        }
+    }
+    Bytes::from(body)
+}
+
+fn response_headers(upstream: &HeaderMap) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    for (name, value) in upstream {
+        if !DROPPED_RESPONSE_HEADERS.contains(&name.as_str()) {
+            headers.append(name.clone(), value.clone());
+        }
+    }
+    headers
+}
+
+/// The last upstream error, passed to the client as it came.
+fn upstream_error(status: u16, headers: HeaderMap, body: Bytes) -> Answer {
+    Answer::Upstream {
+        status: StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY),
+        headers: response_headers(&headers),
+        body: Body::Full(body),
+    }
+}
+
+/// `x-request-id` of every response.
+pub fn request_id_header() -> (HeaderName, HeaderValue) {
+    let id = format!("req_{:016x}{:08x}", fastrand::u64(..), fastrand::u32(..));
+    (
+        HeaderName::from_static("x-request-id"),
+        HeaderValue::from_str(&id).unwrap_or_else(|_| HeaderValue::from_static("req_unknown")),
+    )
+}

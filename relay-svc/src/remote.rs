@@ -1,0 +1,586 @@
+//! The gRPC-client backends: the selector (with usage records batched) and admission (one lease
+//! per stream, heartbeats every ttl/3, `Resume` on another replica when a stream breaks, and the
+//! upstream call finishing anyway when that fails). Channels balance over every endpoint given.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use admission_svc::domain::{Denial, DenyReason, LeaseTerms, micros_to_usd};
+use async_trait::async_trait;
+use poolgate_proto::admission::v1 as apb;
+use poolgate_proto::admission::v1::admission_client::AdmissionClient;
+use poolgate_proto::selector::v1 as spb;
+use poolgate_proto::selector::v1::selector_client::SelectorClient;
+use selector_svc::domain::{CredentialKind, OutcomeClass, Price, Secret};
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::backends::Backends;
+use crate::backends::{
+    Acquired, BackendError, Caller, Lease, Leases, Plan, PlanRequest, Planned, Selection,
+    UsageRecord,
+};
+use crate::classify::Classified;
+use crate::metrics::Metrics;
+
+/// A channel balanced over every endpoint (one HTTP/2 connection per replica).
+pub fn balanced_channel(endpoints: &[String]) -> Result<Channel, String> {
+    let mut list = Vec::new();
+    for url in endpoints {
+        let endpoint = Endpoint::from_shared(url.clone())
+            .map_err(|e| format!("bad endpoint {url:?}: {e}"))?
+            .tcp_nodelay(true)
+            .connect_timeout(Duration::from_secs(5))
+            .http2_keep_alive_interval(Duration::from_secs(10))
+            .keep_alive_timeout(Duration::from_secs(5))
+            .keep_alive_while_idle(true);
+        list.push(endpoint);
+    }
+    if list.is_empty() {
+        return Err("no endpoints".into());
+    }
+    Ok(Channel::balance_list(list.into_iter()))
+}
+
+fn backend(status: tonic::Status) -> BackendError {
+    BackendError(format!("{:?}: {}", status.code(), status.message()))
+}
+
+/// The selector over gRPC.
+pub struct RemoteSelection {
+    client: SelectorClient<Channel>,
+    usage: mpsc::Sender<UsageRecord>,
+}
+
+impl RemoteSelection {
+    pub fn new(channel: Channel) -> Self {
+        let client = SelectorClient::new(channel);
+        let (usage, receiver) = mpsc::channel(10_000);
+        tokio::spawn(flush_usage(client.clone(), receiver));
+        RemoteSelection { client, usage }
+    }
+}
+
+/// Writes usage records in batches: every second, or every 500 records.
+async fn flush_usage(
+    mut client: SelectorClient<Channel>,
+    mut receiver: mpsc::Receiver<UsageRecord>,
+) {
+    let mut batch = Vec::new();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        let (closed, ticked) = tokio::select! {
+            record = receiver.recv() => match record {
+                Some(record) => {
+                    batch.push(record);
+                    (false, false)
+                }
+                None => (true, false),
+            },
+            _ = tick.tick() => (false, true),
+        };
+        if !batch.is_empty() && (closed || ticked || batch.len() >= 500) {
+            let records = batch
+                .drain(..)
+                .map(|r| spb::UsageRecord {
+                    api_key_id: r.api_key_id,
+                    user: r.user,
+                    account_id: r.account_id,
+                    model: r.model,
+                    input_tokens: r.input_tokens,
+                    output_tokens: r.output_tokens,
+                    cache_write_tokens: r.cache_write_tokens,
+                    cache_read_tokens: r.cache_read_tokens,
+                    cost_usd: r.cost_usd,
+                    status: u32::from(r.status),
+                    latency_ms: r.latency_ms,
+                    at_ms: r.at_ms,
+                })
+                .collect();
+            if let Err(status) = client
+                .record_usage(spb::RecordUsageRequest { records })
+                .await
+            {
+                tracing::warn!(code = ?status.code(), "usage records lost: the selector refused the batch");
+            }
+        }
+        if closed {
+            return;
+        }
+    }
+}
+
+fn class_pb(class: OutcomeClass) -> spb::OutcomeClass {
+    match class {
+        OutcomeClass::Success => spb::OutcomeClass::Success,
+        OutcomeClass::Conflict => spb::OutcomeClass::Conflict,
+        OutcomeClass::Busy => spb::OutcomeClass::Busy,
+        OutcomeClass::WindowExhausted => spb::OutcomeClass::WindowExhausted,
+        OutcomeClass::Broken => spb::OutcomeClass::Broken,
+        OutcomeClass::Unauthorized => spb::OutcomeClass::Unauthorized,
+        OutcomeClass::QuotaGone => spb::OutcomeClass::QuotaGone,
+        OutcomeClass::ClientError => spb::OutcomeClass::ClientError,
+    }
+}
+
+#[async_trait]
+impl Selection for RemoteSelection {
+    async fn authenticate(&self, api_key: &str) -> Result<Option<Caller>, BackendError> {
+        match self
+            .client
+            .clone()
+            .authenticate(spb::AuthenticateRequest {
+                api_key: api_key.to_owned(),
+            })
+            .await
+        {
+            Ok(answer) => {
+                let answer = answer.into_inner();
+                Ok(Some(Caller {
+                    api_key_id: answer.api_key_id,
+                    user: answer.user,
+                    group: answer.group,
+                    user_rpm_limit: answer.user_rpm_limit,
+                }))
+            }
+            Err(status)
+                if matches!(
+                    status.code(),
+                    tonic::Code::Unauthenticated | tonic::Code::InvalidArgument
+                ) =>
+            {
+                Ok(None)
+            }
+            Err(status) => Err(backend(status)),
+        }
+    }
+
+    async fn select(&self, request: &PlanRequest) -> Result<Plan, BackendError> {
+        let platform = match request.platform {
+            selector_svc::domain::Platform::Anthropic => spb::Platform::Anthropic,
+            selector_svc::domain::Platform::OpenAi => spb::Platform::Openai,
+        };
+        let answer = self
+            .client
+            .clone()
+            .select(spb::SelectRequest {
+                group: request.group.clone(),
+                platform: platform as i32,
+                model: request.model.clone(),
+                session_hash: request.session_hash.clone().unwrap_or_default(),
+                previous_response_id: request.previous_response_id.clone().unwrap_or_default(),
+                exclude_account_ids: request.exclude.clone(),
+                max_accounts: 0,
+            })
+            .await;
+        let answer = match answer {
+            Ok(answer) => answer.into_inner(),
+            // An unknown group is "nothing eligible" to the client, not an outage.
+            Err(status) if status.code() == tonic::Code::NotFound => {
+                return Ok(Plan {
+                    none_reason: Some("no_accounts".into()),
+                    ..Plan::default()
+                });
+            }
+            Err(status) => return Err(backend(status)),
+        };
+        Ok(Plan {
+            accounts: answer
+                .accounts
+                .into_iter()
+                .map(|a| {
+                    let price = a.price.unwrap_or_default();
+                    Planned {
+                        id: a.account_id,
+                        name: a.name,
+                        base_url: a.base_url,
+                        credential: Secret::new(a.credential),
+                        credential_kind: CredentialKind::parse(&a.credential_kind)
+                            .unwrap_or(CredentialKind::ApiKey),
+                        mapped_model: a.mapped_model,
+                        concurrency_limit: a.concurrency_limit,
+                        rpm_limit: a.rpm_limit,
+                        session_window_limit_usd: a.session_window_limit_usd,
+                        proxy_url: (!a.proxy_url.is_empty()).then_some(a.proxy_url),
+                        price: Price {
+                            input_per_mtok: price.input_per_mtok,
+                            output_per_mtok: price.output_per_mtok,
+                            cache_write_per_mtok: price.cache_write_per_mtok,
+                            cache_read_per_mtok: price.cache_read_per_mtok,
+                        },
+                        soft_blocked: a.soft_blocked,
+                        inflight: u32::try_from(a.inflight).ok(),
+                    }
+                })
+                .collect(),
+            sticky: answer.sticky,
+            none_reason: (!answer.none_reason.is_empty()).then_some(answer.none_reason),
+            retry_after_ms: answer.retry_after_ms,
+        })
+    }
+
+    async fn report(&self, account_id: i64, outcome: Classified, status: u16, reason: &str) {
+        let reason: String = reason.chars().take(400).collect();
+        let request = spb::ReportOutcomeRequest {
+            account_id,
+            class: class_pb(outcome.class) as i32,
+            status: u32::from(status),
+            reset_at_ms: outcome.reset_at_ms.map(|ms| ms.max(0) as u64).unwrap_or(0),
+            reason,
+        };
+        if let Err(status) = self.client.clone().report_outcome(request).await {
+            tracing::warn!(account_id, code = ?status.code(), "outcome report failed");
+        }
+    }
+
+    async fn bind_session(&self, group: &str, session_hash: &str, account_id: i64) {
+        let request = spb::BindSessionRequest {
+            group: group.to_owned(),
+            session_hash: session_hash.to_owned(),
+            account_id,
+        };
+        if let Err(status) = self.client.clone().bind_session(request).await {
+            tracing::debug!(code = ?status.code(), "session bind failed");
+        }
+    }
+
+    async fn bind_response(&self, response_id: &str, account_id: i64) {
+        let request = spb::BindResponseRequest {
+            response_id: response_id.to_owned(),
+            account_id,
+        };
+        if let Err(status) = self.client.clone().bind_response(request).await {
+            tracing::debug!(code = ?status.code(), "response bind failed");
+        }
+    }
+
+    fn record_usage(&self, record: UsageRecord) {
+        if self.usage.try_send(record).is_err() {
+            tracing::warn!("usage record dropped: the batch queue is full");
+        }
+    }
+}
+
+/// Admission over gRPC.
+pub struct RemoteLeases {
+    client: AdmissionClient<Channel>,
+    metrics: Metrics,
+}
+
+impl RemoteLeases {
+    pub fn new(channel: Channel, metrics: Metrics) -> Self {
+        RemoteLeases {
+            client: AdmissionClient::new(channel),
+            metrics,
+        }
+    }
+}
+
+fn acquire_pb(terms: &LeaseTerms, wait: Duration) -> apb::Acquire {
+    apb::Acquire {
+        account_id: terms.account_id,
+        concurrency_limit: terms.concurrency_limit,
+        rpm_limit: terms.rpm_limit,
+        user_id: terms.user.as_ref().map(|u| u.user_id.clone()),
+        user_rpm_limit: terms.user.as_ref().map(|u| u.rpm_limit).unwrap_or(0),
+        session_hash: terms.session_hash.clone(),
+        session_window_limit_usd: micros_to_usd(terms.session_window_limit_micros),
+        session_bound: terms.session_bound,
+        wait_ms: wait.as_millis().min(600_000) as u32,
+    }
+}
+
+fn deny_reason(reason: i32) -> DenyReason {
+    match apb::DenyReason::try_from(reason) {
+        Ok(apb::DenyReason::Rpm) => DenyReason::Rpm,
+        Ok(apb::DenyReason::UserRpm) => DenyReason::UserRpm,
+        Ok(apb::DenyReason::SessionWindow) => DenyReason::SessionWindow,
+        Ok(apb::DenyReason::Cooling) => DenyReason::Cooling,
+        Ok(apb::DenyReason::QueueFull) => DenyReason::QueueFull,
+        Ok(apb::DenyReason::BackendUnavailable) => DenyReason::BackendUnavailable,
+        Ok(apb::DenyReason::LeaseUnknown) => DenyReason::LeaseUnknown,
+        _ => DenyReason::Concurrency,
+    }
+}
+
+fn message(kind: apb::lease_request::Kind) -> apb::LeaseRequest {
+    apb::LeaseRequest { kind: Some(kind) }
+}
+
+type Events = tonic::Streaming<apb::LeaseEvent>;
+
+/// Opens a lease stream with `first` and reads until the answer.
+async fn open(
+    client: &AdmissionClient<Channel>,
+    first: apb::lease_request::Kind,
+) -> Result<
+    (
+        mpsc::Sender<apb::LeaseRequest>,
+        Events,
+        Result<(String, u32), Denial>,
+    ),
+    BackendError,
+> {
+    let (sender, receiver) = mpsc::channel(8);
+    sender
+        .send(message(first))
+        .await
+        .map_err(|_| BackendError("lease stream closed".into()))?;
+    let mut events = client
+        .clone()
+        .lease(ReceiverStream::new(receiver))
+        .await
+        .map_err(backend)?
+        .into_inner();
+    loop {
+        match events.next().await {
+            Some(Ok(apb::LeaseEvent {
+                kind: Some(apb::lease_event::Kind::Queued(_)),
+            })) => continue,
+            Some(Ok(apb::LeaseEvent {
+                kind: Some(apb::lease_event::Kind::Granted(granted)),
+            })) => {
+                return Ok((sender, events, Ok((granted.lease_id, granted.ttl_ms))));
+            }
+            Some(Ok(apb::LeaseEvent {
+                kind: Some(apb::lease_event::Kind::Denied(denied)),
+            })) => {
+                return Ok((
+                    sender,
+                    events,
+                    Err(Denial::new(
+                        deny_reason(denied.reason),
+                        denied.retry_after_ms,
+                    )),
+                ));
+            }
+            Some(Ok(_)) => return Err(BackendError("unexpected lease event".into())),
+            Some(Err(status)) => return Err(backend(status)),
+            None => return Err(BackendError("lease stream ended without an answer".into())),
+        }
+    }
+}
+
+#[async_trait]
+impl Leases for RemoteLeases {
+    async fn acquire(&self, terms: LeaseTerms, wait: Duration) -> Result<Acquired, BackendError> {
+        let (sender, events, answer) = open(
+            &self.client,
+            apb::lease_request::Kind::Acquire(acquire_pb(&terms, wait)),
+        )
+        .await?;
+        match answer {
+            Err(denial) => Ok(Acquired::Denied(denial)),
+            Ok((lease_id, ttl_ms)) => {
+                let (commands, receiver) = mpsc::channel(4);
+                let keeper = Keeper {
+                    client: self.client.clone(),
+                    terms,
+                    lease_id,
+                    ttl: Duration::from_millis(u64::from(ttl_ms.max(300))),
+                    metrics: self.metrics.clone(),
+                };
+                tokio::spawn(keeper.run(sender, events, receiver));
+                Ok(Acquired::Granted(Box::new(RemoteLease {
+                    commands: Some(commands),
+                })))
+            }
+        }
+    }
+}
+
+enum Command {
+    Attempt(oneshot::Sender<bool>),
+    Release(f64, oneshot::Sender<()>),
+}
+
+/// Owns one lease stream: heartbeats, attempts, release, and resume when it breaks.
+struct Keeper {
+    client: AdmissionClient<Channel>,
+    terms: LeaseTerms,
+    lease_id: String,
+    ttl: Duration,
+    metrics: Metrics,
+}
+
+impl Keeper {
+    async fn run(
+        self,
+        sender: mpsc::Sender<apb::LeaseRequest>,
+        events: Events,
+        mut commands: mpsc::Receiver<Command>,
+    ) {
+        let mut stream = Some((sender, events));
+        let mut heartbeat = tokio::time::interval(self.ttl / 3);
+        heartbeat.tick().await;
+        loop {
+            let Some((sender, events)) = stream.as_mut() else {
+                // No stream: the lease is lost; serve commands so the request finishes anyway.
+                match commands.recv().await {
+                    Some(Command::Attempt(reply)) => {
+                        let _ = reply.send(true);
+                    }
+                    Some(Command::Release(_, reply)) => {
+                        let _ = self
+                            .client
+                            .clone()
+                            .release(apb::ReleaseRequest {
+                                lease_id: self.lease_id.clone(),
+                            })
+                            .await;
+                        let _ = reply.send(());
+                        return;
+                    }
+                    None => return,
+                }
+                continue;
+            };
+            tokio::select! {
+                _ = heartbeat.tick() => {
+                    if sender.send(message(apb::lease_request::Kind::Heartbeat(apb::Heartbeat {}))).await.is_err() {
+                        stream = self.resume().await;
+                    }
+                }
+                event = events.next() => match event {
+                    Some(Ok(apb::LeaseEvent { kind: Some(apb::lease_event::Kind::Renewed(_)) })) => {}
+                    Some(Ok(apb::LeaseEvent { kind: Some(apb::lease_event::Kind::Lost(_)) })) | Some(Err(_)) | None => {
+                        stream = self.resume().await;
+                    }
+                    Some(Ok(_)) => {}
+                },
+                command = commands.recv() => {
+                    let (kind, reply) = match command {
+                        Some(Command::Attempt(reply)) => (apb::lease_request::Kind::Attempt(apb::Attempt {}), Reply::Attempt(reply)),
+                        Some(Command::Release(spend, reply)) => (
+                            apb::lease_request::Kind::Release(apb::Release { spend_usd: if spend.is_finite() { spend.max(0.0) } else { 0.0 } }),
+                            Reply::Release(reply),
+                        ),
+                        // The holder dropped the lease without releasing: release it now.
+                        None => (apb::lease_request::Kind::Release(apb::Release { spend_usd: 0.0 }), Reply::Dropped),
+                    };
+                    let sent = sender.send(message(kind)).await.is_ok();
+                    let answer = if sent { self.await_answer(events).await } else { None };
+                    match reply {
+                        Reply::Attempt(reply) => {
+                            // Unknown (stream trouble) counts as accepted: the request goes on.
+                            let _ = reply.send(!matches!(answer, Some(Answer::Refused)));
+                        }
+                        Reply::Release(reply) => {
+                            if answer.is_none() {
+                                let _ = self.client.clone().release(apb::ReleaseRequest { lease_id: self.lease_id.clone() }).await;
+                            }
+                            let _ = reply.send(());
+                            return;
+                        }
+                        Reply::Dropped => {
+                            if answer.is_none() {
+                                let _ = self.client.clone().release(apb::ReleaseRequest { lease_id: self.lease_id.clone() }).await;
+                            }
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads events until the answer to the last command (heartbeat answers are skipped).
+    async fn await_answer(&self, events: &mut Events) -> Option<Answer> {
+        loop {
+            match tokio::time::timeout(Duration::from_secs(5), events.next()).await {
+                Ok(Some(Ok(apb::LeaseEvent { kind: Some(kind) }))) => match kind {
+                    apb::lease_event::Kind::Renewed(_) | apb::lease_event::Kind::Queued(_) => {
+                        continue;
+                    }
+                    apb::lease_event::Kind::AttemptAccepted(_)
+                    | apb::lease_event::Kind::Released(_) => return Some(Answer::Accepted),
+                    apb::lease_event::Kind::Denied(_) => return Some(Answer::Refused),
+                    _ => return None,
+                },
+                _ => return None,
+            }
+        }
+    }
+
+    /// Resumes the lease on any admission replica within the orphan grace; `None` when it cannot
+    /// (the upstream call finishes anyway, counted in a metric).
+    async fn resume(&self) -> Option<(mpsc::Sender<apb::LeaseRequest>, Events)> {
+        for attempt in 0..3 {
+            let resume = apb::lease_request::Kind::Resume(apb::Resume {
+                lease_id: self.lease_id.clone(),
+                terms: Some(acquire_pb(&self.terms, Duration::ZERO)),
+            });
+            match open(&self.client, resume).await {
+                Ok((sender, events, Ok(_))) => {
+                    tracing::info!(lease_id = %self.lease_id, "lease resumed after its stream broke");
+                    return Some((sender, events));
+                }
+                Ok((_, _, Err(_))) => break,
+                Err(_) => tokio::time::sleep(Duration::from_millis(200 * (attempt + 1))).await,
+            }
+        }
+        tracing::warn!(lease_id = %self.lease_id, "lease lost: stream broke and could not be resumed");
+        self.metrics.leases_lost.inc();
+        None
+    }
+}
+
+enum Reply {
+    Attempt(oneshot::Sender<bool>),
+    Release(oneshot::Sender<()>),
+    Dropped,
+}
+
+enum Answer {
+    Accepted,
+    Refused,
+}
+
+struct RemoteLease {
+    commands: Option<mpsc::Sender<Command>>,
+}
+
+#[async_trait]
+impl Lease for RemoteLease {
+    async fn attempt(&mut self) -> bool {
+        let Some(commands) = &self.commands else {
+            return false;
+        };
+        let (reply, answer) = oneshot::channel();
+        if commands.send(Command::Attempt(reply)).await.is_err() {
+            return true;
+        }
+        answer.await.unwrap_or(true)
+    }
+
+    async fn release(mut self: Box<Self>, spend_usd: f64) {
+        if let Some(commands) = self.commands.take() {
+            let (reply, done) = oneshot::channel();
+            if commands
+                .send(Command::Release(spend_usd, reply))
+                .await
+                .is_ok()
+            {
+                let _ = done.await;
+            }
+        }
+    }
+}
+
+/// Shared by both backends' constructors.
+pub fn remote_backends(
+    selector: &[String],
+    admission: &[String],
+    metrics: Metrics,
+) -> Result<Backends, String> {
+    let selection = RemoteSelection::new(
+        balanced_channel(selector).map_err(|e| format!("--selector-url: {e}"))?,
+    );
+    let leases = RemoteLeases::new(
+        balanced_channel(admission).map_err(|e| format!("--admission-url: {e}"))?,
+        metrics,
+    );
+    Ok((Arc::new(selection), Arc::new(leases)))
+}

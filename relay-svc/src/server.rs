@@ -1,0 +1,102 @@
+//! Wiring: backends from config (standalone or remote), the relay, the HTTP server with graceful
+//! shutdown (readiness off first, then in-flight requests finish up to a grace period).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use admission_svc::domain::Settings;
+use selector_svc::domain::RuntimeBlockSettings;
+use tokio::net::TcpListener;
+
+use crate::backends::Backends;
+use crate::http::{Front, router};
+use crate::metrics::Metrics;
+use crate::proxy::{Relay, RelaySettings};
+use crate::standalone::{LocalLeases, StandaloneFile, StandaloneSelection};
+
+#[derive(Debug, Clone)]
+pub enum Mode {
+    /// Everything in this process, accounts from a parsed YAML file.
+    Standalone { file: Arc<StandaloneFile> },
+    /// Selector and admission over gRPC, each a list of endpoints to balance over.
+    Remote {
+        selector: Vec<String>,
+        admission: Vec<String>,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub mode: Mode,
+    pub relay: RelaySettings,
+    pub blocks: RuntimeBlockSettings,
+    pub admission: Settings,
+    /// How long in-flight requests may run after SIGTERM.
+    pub shutdown_grace: Duration,
+}
+
+/// Builds the relay for `config`.
+pub fn build(config: &Config, metrics: Metrics) -> Result<Arc<Relay>, String> {
+    let (selection, leases): Backends = match &config.mode {
+        Mode::Standalone { file } => {
+            let engine = LocalLeases::engine(config.admission.clone());
+            let selection = StandaloneSelection::new(file, engine.clone(), config.blocks.clone())?;
+            (Arc::new(selection), Arc::new(LocalLeases::new(engine)))
+        }
+        Mode::Remote {
+            selector,
+            admission,
+        } => crate::remote::remote_backends(selector, admission, metrics.clone())?,
+    };
+    Ok(Arc::new(Relay::new(
+        selection,
+        leases,
+        config.relay.clone(),
+        metrics,
+    )?))
+}
+
+/// Serves until `shutdown`, then turns readiness off and lets in-flight requests finish (up to
+/// the grace period).
+pub async fn serve(
+    relay: Arc<Relay>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    grace: Duration,
+) -> Result<(), String> {
+    let ready = Arc::new(AtomicBool::new(true));
+    let front = Front {
+        relay,
+        ready: ready.clone(),
+    };
+    let (drained, drained_signal) = tokio::sync::oneshot::channel::<()>();
+    let graceful = async move {
+        shutdown.await;
+        ready.store(false, Ordering::Relaxed);
+        tracing::info!("shutting down: readiness off, finishing in-flight requests");
+        let _ = drained.send(());
+    };
+    let server = axum::serve(listener, router(front)).with_graceful_shutdown(graceful);
+    let mut server = tokio::spawn(async move { server.await });
+    tokio::select! {
+        result = &mut server => {
+            return match result {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(error)) => Err(format!("http server failed: {error}")),
+                Err(error) => Err(format!("http server task failed: {error}")),
+            };
+        }
+        _ = drained_signal => {}
+    }
+    match tokio::time::timeout(grace, server).await {
+        Ok(Ok(Ok(()))) => Ok(()),
+        Ok(Ok(Err(error))) => Err(format!("http server failed: {error}")),
+        Ok(Err(error)) => Err(format!("http server task failed: {error}")),
+        Err(_) => {
+            tracing::warn!("shutdown grace ran out with requests still open");
+            Ok(())
+        }
+    }
+}

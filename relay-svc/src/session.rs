@@ -1,0 +1,162 @@
+//! The session hash of a request (DESIGN §6), in order: Anthropic `metadata.user_id`'s session
+//! part; OpenAI `prompt_cache_key` or the `session_id` header; the `x-session-id` header; else a
+//! hash of the system prompt and the first user turn. At most 128 bytes (longer ones are hashed).
+
+use http::HeaderMap;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::api::Api;
+
+const MAX: usize = 128;
+
+fn hashed(text: &str) -> String {
+    let digest = Sha256::digest(text.as_bytes());
+    digest.iter().take(16).map(|b| format!("{b:02x}")).collect()
+}
+
+fn bounded(value: &str) -> Option<String> {
+    let value = value.trim();
+    if value.is_empty() {
+        None
+    } else if value.len() > MAX {
+        Some(hashed(value))
+    } else {
+        Some(value.to_owned())
+    }
+}
+
+fn header(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .and_then(bounded)
+}
+
+/// Derives the session hash; `None` only when the body has nothing to hash.
+pub fn session_hash(api: Api, headers: &HeaderMap, body: &Value) -> Option<String> {
+    match api {
+        Api::Anthropic => {
+            if let Some(user_id) = body.pointer("/metadata/user_id").and_then(Value::as_str) {
+                // Claude Code sends `user_<hash>_account_<uuid>_session_<uuid>`.
+                let session = user_id
+                    .rsplit_once("session_")
+                    .map(|(_, s)| s)
+                    .unwrap_or(user_id);
+                if let Some(session) = bounded(session) {
+                    return Some(session);
+                }
+            }
+        }
+        Api::OpenAi => {
+            if let Some(key) = body
+                .get("prompt_cache_key")
+                .and_then(Value::as_str)
+                .and_then(bounded)
+            {
+                return Some(key);
+            }
+            if let Some(session) = header(headers, "session_id") {
+                return Some(session);
+            }
+        }
+    }
+    if let Some(session) = header(headers, "x-session-id") {
+        return Some(session);
+    }
+    let system = body.get("system").or_else(|| body.get("instructions"));
+    let messages = body.get("messages").or_else(|| body.get("input"));
+    let first_user = match messages {
+        Some(Value::Array(items)) => items
+            .iter()
+            .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))
+            .cloned(),
+        Some(Value::String(text)) => Some(Value::String(text.clone())),
+        _ => None,
+    };
+    let system_messages: Vec<&Value> = match messages {
+        Some(Value::Array(items)) => items
+            .iter()
+            .filter(|m| {
+                matches!(
+                    m.get("role").and_then(Value::as_str),
+                    Some("system" | "developer")
+                )
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    if system.is_none() && first_user.is_none() && system_messages.is_empty() {
+        return None;
+    }
+    let basis = serde_json::json!([system, system_messages, first_user]);
+    Some(hashed(&basis.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn anthropic_metadata_session_part_first() {
+        let body = json!({"metadata": {"user_id": "user_abc_account_def_session_1234-5678"}, "messages": []});
+        assert_eq!(
+            session_hash(Api::Anthropic, &HeaderMap::new(), &body).as_deref(),
+            Some("1234-5678")
+        );
+        let plain = json!({"metadata": {"user_id": "someone"}});
+        assert_eq!(
+            session_hash(Api::Anthropic, &HeaderMap::new(), &plain).as_deref(),
+            Some("someone")
+        );
+    }
+
+    #[test]
+    fn openai_cache_key_then_headers() {
+        let mut headers = HeaderMap::new();
+        headers.insert("session_id", "sess-h".parse().expect("value"));
+        let body = json!({"prompt_cache_key": "pck"});
+        assert_eq!(
+            session_hash(Api::OpenAi, &headers, &body).as_deref(),
+            Some("pck")
+        );
+        assert_eq!(
+            session_hash(Api::OpenAi, &headers, &json!({})).as_deref(),
+            Some("sess-h")
+        );
+        let mut x = HeaderMap::new();
+        x.insert("x-session-id", "xs".parse().expect("value"));
+        assert_eq!(
+            session_hash(Api::Anthropic, &x, &json!({})).as_deref(),
+            Some("xs")
+        );
+    }
+
+    #[test]
+    fn falls_back_to_a_stable_hash_of_system_and_first_user_turn() {
+        let a = json!({"system": "be brief", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"}]});
+        let b = json!({"system": "be brief", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "y"}, {"role": "user", "content": "more"}]});
+        let c = json!({"system": "be long", "messages": [{"role": "user", "content": "hi"}]});
+        let ha = session_hash(Api::Anthropic, &HeaderMap::new(), &a).expect("hash");
+        assert_eq!(
+            Some(ha.clone()),
+            session_hash(Api::Anthropic, &HeaderMap::new(), &b),
+            "later turns do not change it"
+        );
+        assert_ne!(
+            Some(ha.clone()),
+            session_hash(Api::Anthropic, &HeaderMap::new(), &c)
+        );
+        assert_eq!(ha.len(), 32);
+        assert_eq!(
+            session_hash(Api::Anthropic, &HeaderMap::new(), &json!({})),
+            None
+        );
+        let long = json!({"metadata": {"user_id": "session_".to_owned() + &"z".repeat(500)}});
+        assert_eq!(
+            session_hash(Api::Anthropic, &HeaderMap::new(), &long).map(|s| s.len()),
+            Some(32)
+        );
+    }
+}

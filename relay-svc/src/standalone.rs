@@ -1,0 +1,633 @@
+//! `relay-svc --standalone`: the whole pool in one process, no Redis, no Postgres. Accounts and
+//! client keys come from a YAML file; health lives in memory with the same decisions as the
+//! selector (`selector_svc::outcome::decide`) and the same ordering (`selector_svc::select`);
+//! admission is the admission engine on its memory backend, and a lease is a drop guard.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use admission_svc::admission::{AcquireOutcome, Admission};
+use admission_svc::domain::{LeaseId, LeaseTerms, Settings, usd_to_micros};
+use admission_svc::memory::MemoryBackend;
+use async_trait::async_trait;
+use selector_svc::domain::{
+    Account, AccountStatus, CredentialKind, Outcome, Platform, Price, RuntimeBlockSettings, Secret,
+    now_ms,
+};
+use selector_svc::health::{AccountHealth, Breaker};
+use selector_svc::outcome::{Decision, decide};
+use selector_svc::select::{Candidate, order};
+use serde::Deserialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::backends::{
+    Acquired, BackendError, Caller, Lease, Leases, Plan, PlanRequest, Planned, Selection,
+    UsageRecord,
+};
+use crate::classify::Classified;
+
+/// The standalone account file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StandaloneFile {
+    #[serde(default)]
+    pub api_keys: Vec<KeyEntry>,
+    pub accounts: Vec<AccountEntry>,
+    #[serde(default)]
+    pub prices: HashMap<String, PriceEntry>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyEntry {
+    pub key: String,
+    pub user: String,
+    #[serde(default = "default_group")]
+    pub group: String,
+    #[serde(default)]
+    pub user_rpm: i32,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccountEntry {
+    pub name: String,
+    #[serde(default = "default_group")]
+    pub group: String,
+    /// `anthropic` or `openai`.
+    pub platform: String,
+    pub base_url: String,
+    /// The credential itself, or...
+    #[serde(default)]
+    pub credential: Option<String>,
+    /// ...the environment variable holding it.
+    #[serde(default)]
+    pub credential_env: Option<String>,
+    /// `api_key` (default) or `oauth` (an access token; refreshed by the selector only).
+    #[serde(default = "default_kind")]
+    pub credential_kind: String,
+    #[serde(default)]
+    pub priority: i32,
+    #[serde(default = "one")]
+    pub weight: i32,
+    #[serde(default)]
+    pub concurrency: i32,
+    #[serde(default)]
+    pub rpm: i32,
+    #[serde(default)]
+    pub session_window_usd: f64,
+    #[serde(default)]
+    pub models: Vec<String>,
+    #[serde(default)]
+    pub model_mapping: HashMap<String, String>,
+    #[serde(default)]
+    pub proxy_url: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PriceEntry {
+    #[serde(default)]
+    pub input: f64,
+    #[serde(default)]
+    pub output: f64,
+    #[serde(default)]
+    pub cache_write: f64,
+    #[serde(default)]
+    pub cache_read: f64,
+}
+
+fn default_group() -> String {
+    "default".into()
+}
+
+fn default_kind() -> String {
+    "api_key".into()
+}
+
+fn one() -> i32 {
+    1
+}
+
+impl StandaloneFile {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let file: StandaloneFile =
+            serde_yaml_ng::from_str(text).map_err(|e| format!("account file: {e}"))?;
+        if file.accounts.is_empty() {
+            return Err("account file: no accounts".into());
+        }
+        Ok(file)
+    }
+
+    fn accounts(&self) -> Result<Vec<Account>, String> {
+        let mut accounts = Vec::new();
+        for (index, entry) in self.accounts.iter().enumerate() {
+            let at = |message: &str| {
+                format!(
+                    "account file: accounts[{index}] ({}): {message}",
+                    entry.name
+                )
+            };
+            let platform = Platform::parse(&entry.platform)
+                .ok_or_else(|| at("platform must be anthropic or openai"))?;
+            let credential_kind = CredentialKind::parse(&entry.credential_kind)
+                .ok_or_else(|| at("credential_kind must be api_key or oauth"))?;
+            let credential = match (&entry.credential, &entry.credential_env) {
+                (Some(credential), _) => credential.clone(),
+                (None, Some(var)) => std::env::var(var)
+                    .map_err(|_| at(&format!("environment variable {var} is not set")))?,
+                (None, None) => return Err(at("needs credential or credential_env")),
+            };
+            if !(entry.base_url.starts_with("http://") || entry.base_url.starts_with("https://")) {
+                return Err(at("base_url must be an http(s) URL"));
+            }
+            accounts.push(Account {
+                id: index as i64 + 1,
+                name: entry.name.clone(),
+                group: entry.group.clone(),
+                platform,
+                base_url: entry.base_url.trim_end_matches('/').to_owned(),
+                credential_kind,
+                credential: Secret::new(credential),
+                oauth: None,
+                status: AccountStatus::Active,
+                status_reason: String::new(),
+                priority: entry.priority,
+                weight: entry.weight.max(1),
+                concurrency_limit: entry.concurrency,
+                rpm_limit: entry.rpm,
+                session_window_limit_usd: entry.session_window_usd,
+                allowed_models: entry.models.clone(),
+                model_mapping: entry.model_mapping.clone(),
+                proxy_url: entry.proxy_url.clone(),
+            });
+        }
+        Ok(accounts)
+    }
+}
+
+/// In-memory health of one account (the same state the selector keeps in Redis).
+#[derive(Debug, Default, Clone)]
+struct MemoryHealth {
+    soft_until: i64,
+    hard_until: i64,
+    failures: u32,
+    open_until: i64,
+    open_ms: i64,
+    probe_until: i64,
+    unauthorized: VecDeque<i64>,
+}
+
+/// The in-process selector of standalone mode.
+pub struct StandaloneSelection {
+    accounts: Mutex<Vec<Arc<Account>>>,
+    keys: HashMap<String, Caller>,
+    prices: HashMap<String, Price>,
+    health: Mutex<HashMap<i64, MemoryHealth>>,
+    sticky: Mutex<HashMap<(String, String), (i64, Instant)>>,
+    responses: Mutex<HashMap<String, (i64, Instant)>>,
+    admission: Arc<Admission>,
+    blocks: RuntimeBlockSettings,
+}
+
+const BINDING_TTL: Duration = Duration::from_secs(3600);
+
+impl StandaloneSelection {
+    pub fn new(
+        file: &StandaloneFile,
+        admission: Arc<Admission>,
+        blocks: RuntimeBlockSettings,
+    ) -> Result<Self, String> {
+        let accounts = file.accounts()?.into_iter().map(Arc::new).collect();
+        let mut keys = HashMap::new();
+        for (index, key) in file.api_keys.iter().enumerate() {
+            if key.key.len() < 8 {
+                return Err(format!(
+                    "account file: api_keys[{index}]: a key has at least 8 characters"
+                ));
+            }
+            keys.insert(
+                key.key.clone(),
+                Caller {
+                    api_key_id: index as i64 + 1,
+                    user: key.user.clone(),
+                    group: key.group.clone(),
+                    user_rpm_limit: key.user_rpm,
+                },
+            );
+        }
+        let prices = file
+            .prices
+            .iter()
+            .map(|(model, p)| {
+                (
+                    model.clone(),
+                    Price {
+                        input_per_mtok: p.input,
+                        output_per_mtok: p.output,
+                        cache_write_per_mtok: p.cache_write,
+                        cache_read_per_mtok: p.cache_read,
+                    },
+                )
+            })
+            .collect();
+        Ok(StandaloneSelection {
+            accounts: Mutex::new(accounts),
+            keys,
+            prices,
+            health: Mutex::new(HashMap::new()),
+            sticky: Mutex::new(HashMap::new()),
+            responses: Mutex::new(HashMap::new()),
+            admission,
+            blocks,
+        })
+    }
+
+    fn set_status(&self, id: i64, status: AccountStatus, reason: String) {
+        let mut accounts = self.accounts.lock().unwrap_or_else(|p| p.into_inner());
+        for account in accounts.iter_mut() {
+            if account.id == id {
+                let mut changed = (**account).clone();
+                changed.status = status;
+                changed.status_reason = reason.clone();
+                *account = Arc::new(changed);
+            }
+        }
+    }
+
+    /// The status of an account (for tests and the admin view of standalone mode).
+    pub fn status(&self, id: i64) -> Option<AccountStatus> {
+        let accounts = self.accounts.lock().unwrap_or_else(|p| p.into_inner());
+        accounts.iter().find(|a| a.id == id).map(|a| a.status)
+    }
+}
+
+#[async_trait]
+impl Selection for StandaloneSelection {
+    async fn authenticate(&self, api_key: &str) -> Result<Option<Caller>, BackendError> {
+        Ok(self.keys.get(api_key).cloned())
+    }
+
+    async fn select(&self, request: &PlanRequest) -> Result<Plan, BackendError> {
+        let accounts: Vec<Arc<Account>> = self
+            .accounts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|a| {
+                a.group == request.group
+                    && a.status == AccountStatus::Active
+                    && a.platform == request.platform
+            })
+            .cloned()
+            .collect();
+        let none = |reason: &str, retry_after_ms| Plan {
+            accounts: Vec::new(),
+            sticky: false,
+            none_reason: Some(reason.to_owned()),
+            retry_after_ms,
+        };
+        if accounts.is_empty() {
+            return Ok(none("no_accounts", 0));
+        }
+        let allowed: Vec<Arc<Account>> = accounts
+            .into_iter()
+            .filter(|a| a.allows(&request.model))
+            .collect();
+        if allowed.is_empty() {
+            return Ok(none("model_not_allowed", 0));
+        }
+        let included: Vec<Arc<Account>> = allowed
+            .into_iter()
+            .filter(|a| !request.exclude.contains(&a.id))
+            .collect();
+        if included.is_empty() {
+            return Ok(none("all_excluded", 0));
+        }
+        let ids: Vec<i64> = included.iter().map(|a| a.id).collect();
+        let inflight = self.admission.inflight(&ids).await.unwrap_or_default();
+        let now = now_ms();
+        let mut candidates = Vec::new();
+        let mut earliest = i64::MAX;
+        {
+            let mut health = self.health.lock().unwrap_or_else(|p| p.into_inner());
+            for (index, account) in included.into_iter().enumerate() {
+                let state = health.entry(account.id).or_default();
+                if state.hard_until > now {
+                    earliest = earliest.min(state.hard_until - now);
+                    continue;
+                }
+                let breaker = if state.open_until == 0 {
+                    Breaker::Closed
+                } else if state.open_until > now {
+                    earliest = earliest.min(state.open_until - now);
+                    Breaker::Open((state.open_until - now) as u64)
+                } else {
+                    Breaker::HalfOpen
+                };
+                match breaker {
+                    Breaker::Open(_) => continue,
+                    Breaker::HalfOpen if state.probe_until > now => continue,
+                    Breaker::HalfOpen => state.probe_until = now + 30_000,
+                    Breaker::Closed => {}
+                }
+                candidates.push(Candidate {
+                    health: Some(AccountHealth {
+                        inflight: inflight.get(index).copied(),
+                        hard_block_ms: 0,
+                        soft_block_ms: (state.soft_until - now).max(0) as u64,
+                        breaker,
+                    }),
+                    account,
+                });
+            }
+        }
+        if candidates.is_empty() {
+            return Ok(none(
+                "all_blocked",
+                if earliest == i64::MAX {
+                    0
+                } else {
+                    earliest as u64
+                },
+            ));
+        }
+        let sticky = self.binding(request);
+        let (ordered, is_sticky) = order(candidates, sticky, &mut fastrand::Rng::new());
+        Ok(Plan {
+            accounts: ordered
+                .into_iter()
+                .map(|candidate| {
+                    let account = &candidate.account;
+                    let mapped_model = account.mapped_model(&request.model);
+                    Planned {
+                        id: account.id,
+                        name: account.name.clone(),
+                        base_url: account.base_url.clone(),
+                        credential: account.credential.clone(),
+                        credential_kind: account.credential_kind,
+                        price: self.prices.get(&mapped_model).copied().unwrap_or_default(),
+                        mapped_model,
+                        concurrency_limit: account.concurrency_limit,
+                        rpm_limit: account.rpm_limit,
+                        session_window_limit_usd: account.session_window_limit_usd,
+                        proxy_url: account.proxy_url.clone(),
+                        soft_blocked: candidate.soft_blocked(),
+                        inflight: candidate.health.and_then(|h| h.inflight),
+                    }
+                })
+                .collect(),
+            sticky: is_sticky,
+            none_reason: None,
+            retry_after_ms: 0,
+        })
+    }
+
+    async fn report(&self, account_id: i64, outcome: Classified, status: u16, reason: &str) {
+        let now = now_ms();
+        let decision = decide(
+            &Outcome {
+                account_id,
+                class: outcome.class,
+                status,
+                reset_at_ms: outcome.reset_at_ms,
+                reason: reason.to_owned(),
+            },
+            &self.blocks,
+            now,
+        );
+        let mut cooldown = None;
+        let mut new_status = None;
+        {
+            let mut health = self.health.lock().unwrap_or_else(|p| p.into_inner());
+            let state = health.entry(account_id).or_default();
+            match decision {
+                Decision::Nothing => {}
+                Decision::Success => {
+                    state.failures = 0;
+                    state.open_until = 0;
+                    state.open_ms = 0;
+                    state.probe_until = 0;
+                }
+                Decision::SoftBlock { ms } => {
+                    state.soft_until = state.soft_until.max(now + ms as i64)
+                }
+                Decision::HardBlock { ms } => {
+                    state.hard_until = state.hard_until.max(now + ms as i64);
+                    cooldown = Some(ms);
+                }
+                Decision::Broken { ms } => {
+                    state.hard_until = state.hard_until.max(now + ms as i64);
+                    cooldown = Some(ms);
+                    state.failures += 1;
+                    let first = self.blocks.breaker_open.as_millis() as i64;
+                    let max = self.blocks.breaker_max_open.as_millis() as i64;
+                    if state.open_until > 0 && now >= state.open_until {
+                        state.open_ms = (state.open_ms * 2).min(max);
+                        state.open_until = now + state.open_ms;
+                        state.probe_until = 0;
+                    } else if state.open_until == 0
+                        && state.failures >= self.blocks.breaker_threshold
+                    {
+                        state.open_ms = first;
+                        state.open_until = now + first;
+                    }
+                }
+                Decision::Unauthorized { ms } => {
+                    state.hard_until = state.hard_until.max(now + ms as i64);
+                    cooldown = Some(ms);
+                    let window = self.blocks.unauthorized_window.as_millis() as i64;
+                    state.unauthorized.push_back(now);
+                    while state
+                        .unauthorized
+                        .front()
+                        .is_some_and(|at| *at < now - window)
+                    {
+                        state.unauthorized.pop_front();
+                    }
+                    if state.unauthorized.len() as u32 >= self.blocks.unauthorized_error_count {
+                        new_status = Some((
+                            AccountStatus::Error,
+                            format!("{} unauthorized outcomes", state.unauthorized.len()),
+                        ));
+                    }
+                }
+                Decision::Retire => {
+                    new_status = Some((
+                        AccountStatus::Retired,
+                        format!("quota gone ({status}): {reason}"),
+                    ))
+                }
+            }
+        }
+        if let Some(ms) = cooldown {
+            let _ = self
+                .admission
+                .set_cooldown(account_id, Duration::from_millis(ms))
+                .await;
+        }
+        if let Some((status, reason)) = new_status {
+            tracing::warn!(account_id, status = status.as_str(), %reason, "account status changed");
+            self.set_status(account_id, status, reason);
+        }
+    }
+
+    async fn bind_session(&self, group: &str, session_hash: &str, account_id: i64) {
+        let mut sticky = self.sticky.lock().unwrap_or_else(|p| p.into_inner());
+        if sticky.len() > 100_000 {
+            sticky.retain(|_, (_, at)| at.elapsed() < BINDING_TTL);
+        }
+        sticky.insert(
+            (group.to_owned(), session_hash.to_owned()),
+            (account_id, Instant::now()),
+        );
+    }
+
+    async fn bind_response(&self, response_id: &str, account_id: i64) {
+        let mut responses = self.responses.lock().unwrap_or_else(|p| p.into_inner());
+        if responses.len() > 100_000 {
+            responses.retain(|_, (_, at)| at.elapsed() < BINDING_TTL);
+        }
+        responses.insert(response_id.to_owned(), (account_id, Instant::now()));
+    }
+
+    fn record_usage(&self, record: UsageRecord) {
+        tracing::debug!(
+            account_id = record.account_id,
+            model = %record.model,
+            input = record.input_tokens,
+            output = record.output_tokens,
+            cost_usd = record.cost_usd,
+            "usage"
+        );
+    }
+}
+
+impl StandaloneSelection {
+    fn binding(&self, request: &PlanRequest) -> Option<i64> {
+        if let Some(response_id) = &request.previous_response_id {
+            let responses = self.responses.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((id, at)) = responses.get(response_id)
+                && at.elapsed() < BINDING_TTL
+            {
+                return Some(*id);
+            }
+        }
+        let session = request.session_hash.as_ref()?;
+        let mut sticky = self.sticky.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = sticky.get_mut(&(request.group.clone(), session.clone()))?;
+        if entry.1.elapsed() >= BINDING_TTL {
+            return None;
+        }
+        entry.1 = Instant::now();
+        Some(entry.0)
+    }
+}
+
+/// Admission in this process: the engine on its memory backend.
+pub struct LocalLeases {
+    admission: Arc<Admission>,
+}
+
+impl LocalLeases {
+    pub fn new(admission: Arc<Admission>) -> Self {
+        LocalLeases { admission }
+    }
+
+    /// A memory-backed admission engine with default settings.
+    pub fn engine(settings: Settings) -> Arc<Admission> {
+        Admission::new(
+            Arc::new(MemoryBackend::new()),
+            settings,
+            admission_svc::metrics::Metrics::new(),
+        )
+    }
+}
+
+#[async_trait]
+impl Leases for LocalLeases {
+    async fn acquire(&self, terms: LeaseTerms, wait: Duration) -> Result<Acquired, BackendError> {
+        let cancel = CancellationToken::new();
+        let outcome = self
+            .admission
+            .acquire(&terms, wait, &cancel, |_| {})
+            .await
+            .map_err(|e| BackendError(e.to_string()))?;
+        match outcome {
+            AcquireOutcome::Granted(lease_id) => {
+                let renewer = tokio::spawn(renew(
+                    self.admission.clone(),
+                    lease_id.clone(),
+                    terms.clone(),
+                ));
+                Ok(Acquired::Granted(Box::new(LocalLease {
+                    admission: self.admission.clone(),
+                    lease_id,
+                    terms,
+                    attempts: AtomicU32::new(0),
+                    renewer,
+                    released: false,
+                })))
+            }
+            AcquireOutcome::Denied(denial) => Ok(Acquired::Denied(denial)),
+            AcquireOutcome::Cancelled => Err(BackendError("acquire cancelled".into())),
+        }
+    }
+}
+
+async fn renew(admission: Arc<Admission>, lease_id: LeaseId, terms: LeaseTerms) {
+    let every = admission.settings().lease_ttl / 3;
+    loop {
+        tokio::time::sleep(every).await;
+        let _ = admission.renew(&lease_id, &terms).await;
+    }
+}
+
+struct LocalLease {
+    admission: Arc<Admission>,
+    lease_id: LeaseId,
+    terms: LeaseTerms,
+    attempts: AtomicU32,
+    renewer: tokio::task::JoinHandle<()>,
+    released: bool,
+}
+
+#[async_trait]
+impl Lease for LocalLease {
+    async fn attempt(&mut self) -> bool {
+        let n = self.attempts.fetch_add(1, Ordering::Relaxed) + 1;
+        matches!(
+            self.admission.attempt(&self.lease_id, &self.terms, n).await,
+            Ok(None)
+        )
+    }
+
+    async fn release(mut self: Box<Self>, spend_usd: f64) {
+        self.released = true;
+        self.renewer.abort();
+        let micros = usd_to_micros(spend_usd).unwrap_or(0);
+        self.admission
+            .release(&self.lease_id, Some(&self.terms), micros)
+            .await;
+    }
+}
+
+impl Drop for LocalLease {
+    fn drop(&mut self) {
+        self.renewer.abort();
+        if !self.released {
+            let (admission, lease_id, terms) = (
+                self.admission.clone(),
+                self.lease_id.clone(),
+                self.terms.clone(),
+            );
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    admission.release(&lease_id, Some(&terms), 0).await;
+                });
+            }
+        }
+    }
+}

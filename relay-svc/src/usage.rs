@@ -1,0 +1,202 @@
+//! Token usage read from responses as they pass (JSON bodies and SSE events, never by buffering a
+//! stream), and its cost under a price.
+
+use selector_svc::domain::Price;
+use serde_json::Value;
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub input: u64,
+    pub output: u64,
+    pub cache_write: u64,
+    pub cache_read: u64,
+}
+
+fn field(object: &Value, path: &str) -> Option<u64> {
+    object.pointer(path).and_then(Value::as_u64)
+}
+
+impl Usage {
+    /// Folds one `usage` object (Anthropic, OpenAI chat or Responses shape) into this one; later
+    /// non-zero values win (Anthropic's `message_delta` carries the final output count).
+    pub fn absorb(&mut self, usage: &Value) {
+        let cached = field(usage, "/cache_read_input_tokens")
+            .or_else(|| field(usage, "/prompt_tokens_details/cached_tokens"))
+            .or_else(|| field(usage, "/input_tokens_details/cached_tokens"));
+        let input = match (
+            field(usage, "/input_tokens"),
+            field(usage, "/prompt_tokens"),
+        ) {
+            // Anthropic counts cache reads apart from input_tokens.
+            (Some(input), _) if usage.get("cache_read_input_tokens").is_some() => Some(input),
+            // OpenAI (chat and Responses) counts cached tokens inside the prompt tokens.
+            (Some(input), _) | (None, Some(input)) => {
+                Some(input.saturating_sub(cached.unwrap_or(0)))
+            }
+            (None, None) => None,
+        };
+        let output = field(usage, "/output_tokens").or_else(|| field(usage, "/completion_tokens"));
+        let cache_write = field(usage, "/cache_creation_input_tokens");
+        for (slot, value) in [
+            (&mut self.input, input),
+            (&mut self.output, output),
+            (&mut self.cache_write, cache_write),
+            (&mut self.cache_read, cached),
+        ] {
+            if let Some(value) = value.filter(|v| *v > 0) {
+                *slot = value;
+            }
+        }
+    }
+
+    /// Finds the usage object in a response body or an event and absorbs it.
+    pub fn absorb_message(&mut self, message: &Value) {
+        for path in ["/usage", "/message/usage", "/response/usage"] {
+            if let Some(usage) = message.pointer(path).filter(|u| u.is_object()) {
+                self.absorb(usage);
+            }
+        }
+    }
+
+    pub fn cost_usd(&self, price: &Price) -> f64 {
+        (self.input as f64 * price.input_per_mtok
+            + self.output as f64 * price.output_per_mtok
+            + self.cache_write as f64 * price.cache_write_per_mtok
+            + self.cache_read as f64 * price.cache_read_per_mtok)
+            / 1_000_000.0
+    }
+}
+
+/// Reads SSE events out of a byte stream in passing: usage and the Responses API response id.
+#[derive(Debug, Default)]
+pub struct SseScanner {
+    line: Vec<u8>,
+    data: String,
+    pub usage: Usage,
+    pub response_id: Option<String>,
+}
+
+/// Longest SSE line kept for parsing; longer lines (huge deltas) are skipped, not buffered.
+const MAX_LINE: usize = 1 << 20;
+
+impl SseScanner {
+    pub fn feed(&mut self, chunk: &[u8]) {
+        for &byte in chunk {
+            if byte == b'\n' {
+                let line = std::mem::take(&mut self.line);
+                self.line_done(&line);
+            } else if self.line.len() < MAX_LINE {
+                self.line.push(byte);
+            }
+        }
+    }
+
+    fn line_done(&mut self, line: &[u8]) {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.is_empty() {
+            let data = std::mem::take(&mut self.data);
+            self.event_done(&data);
+        } else if let Some(rest) = line.strip_prefix(b"data:") {
+            let rest = rest.strip_prefix(b" ").unwrap_or(rest);
+            if !self.data.is_empty() {
+                self.data.push('\n');
+            }
+            self.data.push_str(&String::from_utf8_lossy(rest));
+        }
+    }
+
+    fn event_done(&mut self, data: &str) {
+        // Only events that can carry usage or ids are parsed; text deltas are skipped cheaply.
+        if data.is_empty()
+            || data == "[DONE]"
+            || !(data.contains("usage") || data.contains("\"resp_"))
+        {
+            return;
+        }
+        if let Ok(event) = serde_json::from_str::<Value>(data) {
+            self.usage.absorb_message(&event);
+            if self.response_id.is_none()
+                && let Some(id) = event.pointer("/response/id").and_then(Value::as_str)
+            {
+                self.response_id = Some(id.to_owned());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn anthropic_stream_usage_is_read_in_passing() {
+        let mut scanner = SseScanner::default();
+        let stream = concat!(
+            "event: message_start\n",
+            "data: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":12,\"cache_creation_input_tokens\":3,\"cache_read_input_tokens\":100,\"output_tokens\":1}}}\n\n",
+            "event: content_block_delta\n",
+            "data: {\"type\":\"content_block_delta\",\"delta\":{\"text\":\"hi\"}}\n\n",
+            "event: message_delta\n",
+            "data: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":42}}\n\n",
+        );
+        // Split at awkward places: the scanner keeps partial lines.
+        for piece in stream.as_bytes().chunks(7) {
+            scanner.feed(piece);
+        }
+        assert_eq!(
+            scanner.usage,
+            Usage {
+                input: 12,
+                output: 42,
+                cache_write: 3,
+                cache_read: 100
+            }
+        );
+    }
+
+    #[test]
+    fn openai_shapes() {
+        let mut chat = Usage::default();
+        chat.absorb_message(&json!({"usage": {"prompt_tokens": 50, "completion_tokens": 7, "prompt_tokens_details": {"cached_tokens": 20}}}));
+        assert_eq!(
+            chat,
+            Usage {
+                input: 30,
+                output: 7,
+                cache_write: 0,
+                cache_read: 20
+            }
+        );
+        let mut scanner = SseScanner::default();
+        scanner.feed(b"event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_123\"}}\n\n");
+        scanner.feed(b"data: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_123\",\"usage\":{\"input_tokens\":9,\"output_tokens\":4,\"input_tokens_details\":{\"cached_tokens\":0}}}}\n\n");
+        assert_eq!(scanner.response_id.as_deref(), Some("resp_123"));
+        assert_eq!(
+            scanner.usage,
+            Usage {
+                input: 9,
+                output: 4,
+                cache_write: 0,
+                cache_read: 0
+            }
+        );
+    }
+
+    #[test]
+    fn cost_uses_every_token_kind() {
+        let usage = Usage {
+            input: 1_000_000,
+            output: 500_000,
+            cache_write: 0,
+            cache_read: 2_000_000,
+        };
+        let price = Price {
+            input_per_mtok: 3.0,
+            output_per_mtok: 15.0,
+            cache_write_per_mtok: 3.75,
+            cache_read_per_mtok: 0.3,
+        };
+        assert!((usage.cost_usd(&price) - (3.0 + 7.5 + 0.6)).abs() < 1e-9);
+    }
+}
