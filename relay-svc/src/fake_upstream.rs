@@ -27,8 +27,6 @@ pub enum Scripted {
     },
     /// Answer normally after this delay.
     Delay(Duration),
-    /// Start a stream, send one event, then break the connection.
-    BreakMidStream,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -234,7 +232,6 @@ async fn answer(state: Arc<FakeState>, shape: Shape, headers: HeaderMap, body: B
         .and_then(VecDeque::pop_front);
     let delay = *state.delay.lock().unwrap_or_else(|p| p.into_inner());
     let chunk_delay = *state.chunk_delay.lock().unwrap_or_else(|p| p.into_inner());
-    let mut break_mid_stream = false;
     match scripted {
         Some(Scripted::Fail {
             status,
@@ -261,7 +258,6 @@ async fn answer(state: Arc<FakeState>, shape: Shape, headers: HeaderMap, body: B
             return response;
         }
         Some(Scripted::Delay(extra)) => tokio::time::sleep(delay + extra).await,
-        Some(Scripted::BreakMidStream) => break_mid_stream = true,
         None => tokio::time::sleep(delay).await,
     }
     let id = format!("{:016x}", fastrand::u64(..));
@@ -349,7 +345,7 @@ async fn answer(state: Arc<FakeState>, shape: Shape, headers: HeaderMap, body: B
             ),
         ],
     };
-    let stream = async_stream(events, chunk_delay, break_mid_stream, guard);
+    let stream = async_stream(events, chunk_delay, guard);
     let mut response = Response::new(Body::from_stream(stream));
     response.headers_mut().insert(
         http::header::CONTENT_TYPE,
@@ -362,19 +358,11 @@ async fn answer(state: Arc<FakeState>, shape: Shape, headers: HeaderMap, body: B
 fn async_stream(
     events: Vec<String>,
     chunk_delay: Duration,
-    break_mid_stream: bool,
     guard: InFlight,
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> {
     futures_util::stream::unfold(
-        (events.into_iter(), 0usize, Some(guard)),
+        (events.into_iter(), 0usize, guard),
         move |(mut events, sent, guard)| async move {
-            guard.as_ref()?;
-            if break_mid_stream && sent == 1 {
-                return Some((
-                    Err(std::io::Error::other("scripted break")),
-                    (events, sent + 1, None),
-                ));
-            }
             let event = events.next()?;
             if sent > 0 {
                 tokio::time::sleep(chunk_delay).await;
