@@ -1,0 +1,309 @@
+//! The distributed stack end to end: relay → selector (Postgres + Redis) and admission (Redis)
+//! over gRPC, against the fake upstream. Real Postgres and Redis, private to the test.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use admission_svc::redis_conn::{RedisOptions, RedisTarget};
+use poolgate_proto::keys::AccountKeys;
+use poolgate_testkit::{PostgresServer, RedisServer, eventually};
+use relay_svc::fake_upstream::{FakeUpstream, Scripted};
+use relay_svc::metrics::Metrics;
+use relay_svc::proxy::RelaySettings;
+use selector_svc::crypto::Keyring;
+use selector_svc::domain::{CredentialKind, Platform, Price, Secret};
+use selector_svc::store::{AccountInput, ConfigStore};
+use serde_json::{Value, json};
+
+struct Stack {
+    _postgres: PostgresServer,
+    redis: RedisServer,
+    store: ConfigStore,
+    upstream: FakeUpstream,
+    base: String,
+    key: String,
+    key_id: i64,
+    http: reqwest::Client,
+    _selector: selector_svc::server::Built,
+}
+
+fn account(name: &str, base_url: &str, concurrency: i32, priority: i32) -> AccountInput {
+    AccountInput {
+        name: name.into(),
+        group: "default".into(),
+        platform: Platform::Anthropic,
+        base_url: base_url.into(),
+        credential_kind: CredentialKind::ApiKey,
+        credential: Some(Secret::new(format!("cred-{name}"))),
+        oauth: None,
+        priority,
+        weight: 1,
+        concurrency_limit: concurrency,
+        rpm_limit: 0,
+        session_window_limit_usd: 0.0,
+        allowed_models: vec![],
+        model_mapping: Default::default(),
+        proxy_url: None,
+    }
+}
+
+async fn start() -> Stack {
+    let (postgres, redis) = tokio::join!(PostgresServer::start(), RedisServer::start());
+    let (postgres, redis) = (postgres.expect("postgres"), redis.expect("redis"));
+    let keyring =
+        Keyring::parse(&format!("k1:{}", Keyring::generate_key()), None).expect("keyring");
+    let store = ConfigStore::connect(&postgres.url(), Arc::new(keyring.clone()))
+        .await
+        .expect("connect");
+    store.migrate().await.expect("migrate");
+    let upstream = FakeUpstream::start().await.expect("upstream");
+    store
+        .upsert_account(&account("a", &upstream.base_url, 2, 0))
+        .await
+        .expect("account a");
+    store
+        .upsert_account(&account("b", &upstream.base_url, 2, 0))
+        .await
+        .expect("account b");
+    store
+        .set_price(
+            "claude-x",
+            Price {
+                input_per_mtok: 3.0,
+                output_per_mtok: 15.0,
+                ..Price::default()
+            },
+        )
+        .await
+        .expect("price");
+    let (key_id, key) = store
+        .create_api_key("test", "alice", "default", 0)
+        .await
+        .expect("key");
+
+    let target = RedisTarget::Single(redis.url());
+    let selector_config = selector_svc::server::Config {
+        database_url: postgres.url(),
+        redis_target: target.clone(),
+        redis_options: RedisOptions::default(),
+        keyring,
+        admin_token: Some("admin".into()),
+        settings: Default::default(),
+        refresh: Default::default(),
+        reload_interval: Duration::from_secs(3600),
+        refresh_interval: Duration::from_secs(3600),
+        max_concurrent_streams: 1000,
+    };
+    let selector =
+        selector_svc::server::build(&selector_config, selector_svc::metrics::Metrics::new())
+            .await
+            .expect("selector");
+    let selector_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let selector_addr = selector_listener.local_addr().expect("addr");
+    let serving = selector.selector.clone();
+    tokio::spawn(async move {
+        let _ = selector_svc::server::serve_selector(
+            serving,
+            &selector_config,
+            selector_listener,
+            None,
+            std::future::pending(),
+        )
+        .await;
+    });
+
+    let admission_config = admission_svc::Config {
+        backend: admission_svc::BackendConfig::Redis {
+            target,
+            options: RedisOptions::default(),
+            policy: Default::default(),
+        },
+        ..admission_svc::Config::default()
+    };
+    let admission = admission_svc::server::build_admission(
+        &admission_config,
+        admission_svc::metrics::Metrics::new(),
+    )
+    .await
+    .expect("admission");
+    let admission_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let admission_addr = admission_listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let _ = admission_svc::server::serve(
+            admission,
+            &admission_config,
+            admission_listener,
+            None,
+            std::future::pending(),
+        )
+        .await;
+    });
+
+    let config = relay_svc::server::Config {
+        mode: relay_svc::server::Mode::Remote {
+            selector: vec![format!("http://{selector_addr}")],
+            admission: vec![format!("http://{admission_addr}")],
+        },
+        relay: RelaySettings {
+            max_wait: Duration::from_secs(10),
+            ..RelaySettings::default()
+        },
+        blocks: Default::default(),
+        admission: Default::default(),
+        shutdown_grace: Duration::from_secs(5),
+    };
+    let relay = relay_svc::server::build(&config, Metrics::new()).expect("relay");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(relay_svc::server::serve(
+        relay,
+        listener,
+        std::future::pending(),
+        Duration::from_secs(1),
+    ));
+    Stack {
+        _postgres: postgres,
+        redis,
+        store,
+        upstream,
+        base: format!("http://{addr}"),
+        key: key.expose().to_owned(),
+        key_id,
+        http: reqwest::Client::new(),
+        _selector: selector,
+    }
+}
+
+impl Stack {
+    async fn message(&self, stream: bool) -> (u16, String) {
+        let response = self
+            .http
+            .post(format!("{}/v1/messages", self.base))
+            .header("x-api-key", &self.key)
+            .json(&json!({"model": "claude-x", "max_tokens": 8, "stream": stream, "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+            .await
+            .expect("relay answers");
+        let status = response.status().as_u16();
+        (status, response.text().await.unwrap_or_default())
+    }
+
+    async fn leases(&self, account: i64) -> u32 {
+        let mut conn = self.redis.client().await.expect("redis");
+        redis::cmd("ZCOUNT")
+            .arg(AccountKeys::new(account).leases)
+            .arg(0)
+            .arg("+inf")
+            .query_async(&mut conn)
+            .await
+            .expect("zcount")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_flow_through_selector_and_admission_and_never_exceed_the_limits() {
+    let stack = Arc::new(start().await);
+    let (status, body) = stack.message(false).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = stack.message(true).await;
+    assert_eq!(status, 200);
+    assert!(body.contains("message_stop"), "{body}");
+
+    stack.upstream.set_delay(Duration::from_millis(80));
+    let requests: Vec<_> = (0..16)
+        .map(|n| {
+            let stack = stack.clone();
+            tokio::spawn(async move { stack.message(n % 2 == 0).await.0 })
+        })
+        .collect();
+    for request in requests {
+        assert_eq!(request.await.expect("task"), 200);
+    }
+    for credential in ["cred-a", "cred-b"] {
+        let peak = stack.upstream.stats(credential).peak;
+        assert!(
+            peak <= 2,
+            "{credential} saw {peak} concurrent requests, limit 2"
+        );
+    }
+    // Every lease was released: the counts go back to 0 at once, not after a ttl.
+    eventually(Duration::from_secs(3), || async {
+        (stack.leases(1).await + stack.leases(2).await == 0).then_some(())
+    })
+    .await
+    .expect("no lease left");
+    // Usage reached Postgres in batches, priced.
+    let usage = eventually(Duration::from_secs(5), || async {
+        let totals = stack
+            .store
+            .read_usage(stack.key_id, 0, selector_svc::domain::now_ms() + 3_600_000)
+            .await
+            .ok()?;
+        (totals.requests >= 18).then_some(totals)
+    })
+    .await
+    .expect("usage recorded");
+    assert!(usage.cost_usd > 0.0, "{usage:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exhausted_window_hard_blocks_the_account_in_redis_for_every_replica() {
+    let stack = start().await;
+    let reset = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs()
+        + 7200)
+        .to_string();
+    // Whichever account goes first gets the exhausted window.
+    for credential in ["cred-a", "cred-b"] {
+        stack.upstream.script(
+            credential,
+            [Scripted::Fail {
+                status: 429,
+                headers: vec![("anthropic-ratelimit-unified-reset".into(), reset.clone())],
+                body: r#"{"type":"error","error":{"type":"rate_limit_error","message":"window"}}"#
+                    .into(),
+            }],
+        );
+    }
+    let (status, _) = stack.message(false).await;
+    assert_eq!(
+        status, 429,
+        "both windows exhausted: the last upstream error as it came"
+    );
+    let mut conn = stack.redis.client().await.expect("redis");
+    for account in [1, 2] {
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(AccountKeys::new(account).cooldown)
+            .query_async(&mut conn)
+            .await
+            .expect("pttl");
+        assert!(
+            ttl > 7_000_000,
+            "account {account} hard-blocked until the reset: {ttl}"
+        );
+    }
+    let response = stack
+        .http
+        .post(format!("{}/v1/messages", stack.base))
+        .header("x-api-key", &stack.key)
+        .json(&json!({"model": "claude-x", "max_tokens": 8, "messages": []}))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(
+        response.status().as_u16(),
+        503,
+        "nothing eligible for two hours: no wait that long"
+    );
+    assert!(response.headers().get("retry-after").is_some());
+    let body: Value = response.json().await.expect("json");
+    assert_eq!(body["error"]["type"], "overloaded_error");
+}
