@@ -283,13 +283,15 @@ impl Admission {
     }
 
     /// Takes over a lease whose stream broke. `false` = the lease is gone.
+    /// Takes over a lease whose stream broke: returns the new holder epoch, `None` when the lease
+    /// is gone.
     pub async fn resume(
         &self,
         lease_id: &LeaseId,
         terms: &LeaseTerms,
-    ) -> Result<bool, BackendError> {
+    ) -> Result<Option<u64>, BackendError> {
         if terms.account_unlimited() {
-            return Ok(true);
+            return Ok(Some(0));
         }
         self.backend.resume(lease_id, self.ttl_ms()).await
     }
@@ -408,14 +410,14 @@ impl Admission {
 
     /// The stream that held the lease ended without `Release`: leave the lease resumable for
     /// the orphan grace, then Redis reaps it.
-    pub async fn orphan(&self, lease_id: &LeaseId, terms: &LeaseTerms) {
+    pub async fn orphan(&self, lease_id: &LeaseId, terms: &LeaseTerms, holder_epoch: u64) {
         if terms.account_unlimited() {
             return;
         }
         self.metrics.orphaned.inc();
         if let Err(error) = self
             .backend
-            .orphan(lease_id, millis(self.settings.orphan_grace))
+            .orphan(lease_id, millis(self.settings.orphan_grace), holder_epoch)
             .await
         {
             tracing::warn!(%error, lease_id = %lease_id, "orphan failed; the lease expires at its ttl");

@@ -37,8 +37,9 @@ pub trait LeaseBackend: Send + Sync + 'static {
     /// Sets the lease's expiry to now + ttl, re-adding it if the backend lost it.
     async fn renew(&self, lease_id: &LeaseId, ttl_ms: u64) -> Result<Renewal, BackendError>;
 
-    /// Like `renew`, but only for a lease that is still live. `false` = unknown or expired.
-    async fn resume(&self, lease_id: &LeaseId, ttl_ms: u64) -> Result<bool, BackendError>;
+    /// Like `renew`, but only for a lease that is still live, and the caller becomes its holder:
+    /// returns the new holder epoch, or `None` when the lease is unknown or expired.
+    async fn resume(&self, lease_id: &LeaseId, ttl_ms: u64) -> Result<Option<u64>, BackendError>;
 
     /// Charges account RPM again for a same-account retry on a held lease. `None` = charged.
     async fn attempt(
@@ -58,8 +59,15 @@ pub trait LeaseBackend: Send + Sync + 'static {
         session_window_ms: u64,
     ) -> Result<bool, BackendError>;
 
-    /// Cuts a lease's expiry to now + grace (never lengthens it).
-    async fn orphan(&self, lease_id: &LeaseId, grace_ms: u64) -> Result<(), BackendError>;
+    /// Cuts a lease's expiry to now + grace (never lengthens it), only if `holder_epoch` is still
+    /// the lease's holder (0: the stream that acquired it; a resume makes a new holder). So a
+    /// stream whose end is noticed after its lease was resumed elsewhere does not cut it.
+    async fn orphan(
+        &self,
+        lease_id: &LeaseId,
+        grace_ms: u64,
+        holder_epoch: u64,
+    ) -> Result<(), BackendError>;
 
     /// Live lease counts, in the order asked.
     async fn inflight(&self, account_ids: &[AccountId]) -> Result<Vec<u32>, BackendError>;

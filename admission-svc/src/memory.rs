@@ -23,6 +23,8 @@ struct AccountState {
     cooldown_until: u64,
     /// waiter id -> expiry (ms)
     waiters: HashMap<String, u64>,
+    /// lease id -> holder epoch (resumed leases only)
+    holders: HashMap<String, u64>,
     window: Option<SpendWindow>,
 }
 
@@ -35,6 +37,8 @@ struct SpendWindow {
 impl AccountState {
     fn live_leases(&mut self, now: u64) -> usize {
         self.leases.retain(|_, expiry| *expiry >= now);
+        let leases = &self.leases;
+        self.holders.retain(|id, _| leases.contains_key(id));
         self.leases.len()
     }
 
@@ -309,17 +313,20 @@ impl LeaseBackend for MemoryBackend {
         }))
     }
 
-    async fn resume(&self, lease_id: &LeaseId, ttl_ms: u64) -> Result<bool, BackendError> {
+    async fn resume(&self, lease_id: &LeaseId, ttl_ms: u64) -> Result<Option<u64>, BackendError> {
         Ok(self.with_state(|state, now| {
-            let Some(account) = state.accounts.get_mut(&lease_id.account_id()) else {
-                return false;
-            };
+            let account = state.accounts.get_mut(&lease_id.account_id())?;
             match account.leases.get_mut(lease_id.as_str()) {
                 Some(expiry) if *expiry >= now => {
                     *expiry = now + ttl_ms;
-                    true
+                    let epoch = account
+                        .holders
+                        .entry(lease_id.as_str().to_owned())
+                        .or_insert(0);
+                    *epoch += 1;
+                    Some(*epoch)
                 }
-                _ => false,
+                _ => None,
             }
         }))
     }
@@ -363,6 +370,7 @@ impl LeaseBackend for MemoryBackend {
                 .leases
                 .remove(lease_id.as_str())
                 .is_some_and(|expiry| expiry >= now);
+            account.holders.remove(lease_id.as_str());
             if spend_micros > 0 {
                 account.add_spend(now, spend_micros, session_window_ms);
             }
@@ -374,9 +382,15 @@ impl LeaseBackend for MemoryBackend {
         }))
     }
 
-    async fn orphan(&self, lease_id: &LeaseId, grace_ms: u64) -> Result<(), BackendError> {
+    async fn orphan(
+        &self,
+        lease_id: &LeaseId,
+        grace_ms: u64,
+        holder_epoch: u64,
+    ) -> Result<(), BackendError> {
         self.with_state(|state, now| {
             if let Some(account) = state.accounts.get_mut(&lease_id.account_id())
+                && account.holders.get(lease_id.as_str()).copied().unwrap_or(0) == holder_epoch
                 && let Some(expiry) = account.leases.get_mut(lease_id.as_str())
             {
                 *expiry = (*expiry).min(now + grace_ms);

@@ -403,7 +403,7 @@ impl LeaseBackend for PolicyBackend {
             .await
     }
 
-    async fn resume(&self, lease_id: &LeaseId, ttl_ms: u64) -> Result<bool, BackendError> {
+    async fn resume(&self, lease_id: &LeaseId, ttl_ms: u64) -> Result<Option<u64>, BackendError> {
         let fallback = async {
             if self.settings.policy == FailurePolicy::Closed {
                 return Err(BackendError::Failed(
@@ -411,7 +411,8 @@ impl LeaseBackend for PolicyBackend {
                 ));
             }
             // Redis cannot be asked whether the lease is live; the holder says it is running.
-            self.fallback.renew(lease_id, ttl_ms).await.map(|_| true)
+            self.fallback.renew(lease_id, ttl_ms).await?;
+            Ok(self.fallback.resume(lease_id, ttl_ms).await?.or(Some(1)))
         };
         self.guarded("resume", self.redis.resume(lease_id, ttl_ms), fallback)
             .await
@@ -472,11 +473,16 @@ impl LeaseBackend for PolicyBackend {
         .await
     }
 
-    async fn orphan(&self, lease_id: &LeaseId, grace_ms: u64) -> Result<(), BackendError> {
+    async fn orphan(
+        &self,
+        lease_id: &LeaseId,
+        grace_ms: u64,
+        holder_epoch: u64,
+    ) -> Result<(), BackendError> {
         self.guarded(
             "orphan",
-            self.redis.orphan(lease_id, grace_ms),
-            self.fallback.orphan(lease_id, grace_ms),
+            self.redis.orphan(lease_id, grace_ms, holder_epoch),
+            self.fallback.orphan(lease_id, grace_ms, holder_epoch),
         )
         .await
     }

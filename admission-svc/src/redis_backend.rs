@@ -94,13 +94,11 @@ extend(KEYS[1], window)
 return {1, 0, now}
 "#;
 
-/// KEYS: leases. ARGV: lease id, ttl ms, only-if-live (1/0).
-/// Returns {state, now}: state 1 = renewed, 2 = restored (was missing or expired), 0 = unknown
-/// (only when only-if-live).
+/// KEYS: leases. ARGV: lease id, ttl ms.
+/// Returns {state, now}: state 1 = renewed, 2 = restored (was missing or expired).
 const RENEW: &str = r#"
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 local live = score and tonumber(score) >= now
-if ARGV[3] == '1' and not live then return {0, now} end
 local ttl = tonumber(ARGV[2])
 redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
 extend(KEYS[1], ttl)
@@ -108,7 +106,21 @@ if live then return {1, now} end
 return {2, now}
 "#;
 
-/// KEYS: leases, window. ARGV: lease id, spend micro-USD, session window ms.
+/// KEYS: leases, holders. ARGV: lease id, ttl ms.
+/// Returns {holder epoch, now}; 0 = the lease is unknown or expired. The caller becomes the
+/// lease's holder, so the stream it replaces can no longer orphan it.
+const RESUME: &str = r#"
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not (score and tonumber(score) >= now) then return {0, now} end
+local ttl = tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
+extend(KEYS[1], ttl)
+local epoch = redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
+extend(KEYS[2], ttl)
+return {epoch, now}
+"#;
+
+/// KEYS: leases, window, holders. ARGV: lease id, spend micro-USD, session window ms.
 /// Returns {removed (1/0), now}.
 const RELEASE: &str = r#"
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
@@ -116,14 +128,18 @@ local removed = 0
 if score then
   redis.call('ZREM', KEYS[1], ARGV[1])
   if tonumber(score) >= now then removed = 1 end
+  redis.call('HDEL', KEYS[3], ARGV[1])
 end
 local spend = tonumber(ARGV[2])
 if spend > 0 then add_spend(KEYS[2], spend, tonumber(ARGV[3])) end
 return {removed, now}
 "#;
 
-/// KEYS: leases. ARGV: lease id, grace ms. Cuts the expiry to now + grace, never lengthens it.
+/// KEYS: leases, holders. ARGV: lease id, grace ms, holder epoch. Cuts the expiry to
+/// now + grace (never lengthens it) if the caller is still the lease's holder.
 const ORPHAN: &str = r#"
+local holder = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
+if holder ~= tonumber(ARGV[3]) then return {0, now} end
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 local cut = now + tonumber(ARGV[2])
 if score and tonumber(score) > cut then redis.call('ZADD', KEYS[1], 'XX', cut, ARGV[1]) end
@@ -193,6 +209,7 @@ struct Scripts {
     acquire: Script,
     charge_rpm: Script,
     renew: Script,
+    resume: Script,
     release: Script,
     orphan: Script,
     record_spend: Script,
@@ -209,6 +226,7 @@ impl Scripts {
             acquire: script(ACQUIRE),
             charge_rpm: script(CHARGE_RPM),
             renew: script(RENEW),
+            resume: script(RESUME),
             release: script(RELEASE),
             orphan: script(ORPHAN),
             record_spend: script(RECORD_SPEND),
@@ -475,20 +493,20 @@ impl LeaseBackend for RedisBackend {
         })
     }
 
-    async fn resume(&self, lease_id: &LeaseId, ttl_ms: u64) -> Result<bool, BackendError> {
+    async fn resume(&self, lease_id: &LeaseId, ttl_ms: u64) -> Result<Option<u64>, BackendError> {
         let keys = AccountKeys::new(lease_id.account_id());
-        let (state, now): (i64, i64) = self
+        let (epoch, now): (u64, i64) = self
             .script(
                 self.scripts
-                    .renew
+                    .resume
                     .key(&keys.leases)
+                    .key(&keys.holders)
                     .arg(lease_id.as_str())
-                    .arg(ttl_ms)
-                    .arg(1),
+                    .arg(ttl_ms),
             )
             .await?;
         self.learn_clock(now);
-        Ok(state != 0)
+        Ok((epoch > 0).then_some(epoch))
     }
 
     async fn attempt(
@@ -526,6 +544,7 @@ impl LeaseBackend for RedisBackend {
         let mut invocation = self.scripts.release.key(&keys.leases);
         invocation
             .key(&keys.window)
+            .key(&keys.holders)
             .arg(lease_id.as_str())
             .arg(spend_micros.max(0))
             .arg(session_window_ms);
@@ -534,15 +553,22 @@ impl LeaseBackend for RedisBackend {
         Ok(removed == 1)
     }
 
-    async fn orphan(&self, lease_id: &LeaseId, grace_ms: u64) -> Result<(), BackendError> {
+    async fn orphan(
+        &self,
+        lease_id: &LeaseId,
+        grace_ms: u64,
+        holder_epoch: u64,
+    ) -> Result<(), BackendError> {
         let keys = AccountKeys::new(lease_id.account_id());
         let (_, now): (i64, i64) = self
             .script(
                 self.scripts
                     .orphan
                     .key(&keys.leases)
+                    .key(&keys.holders)
                     .arg(lease_id.as_str())
-                    .arg(grace_ms),
+                    .arg(grace_ms)
+                    .arg(holder_epoch),
             )
             .await?;
         self.learn_clock(now);

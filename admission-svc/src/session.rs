@@ -60,17 +60,17 @@ pub async fn serve_lease(
     mut inbound: impl Stream<Item = Inbound> + Unpin,
     out: Outbound,
 ) {
-    let (lease_id, terms) = match inbound.next().await {
+    let (lease_id, terms, holder_epoch) = match inbound.next().await {
         Some(Inbound::Message(ClientMessage::Acquire { terms, wait })) => {
             match acquire(&admission, &mut inbound, &out, &terms, wait).await {
-                Some(lease_id) => (lease_id, terms),
+                Some(lease_id) => (lease_id, terms, 0),
                 None => return,
             }
         }
         Some(Inbound::Message(ClientMessage::Resume { lease_id, terms })) => {
             match admission.resume(&lease_id, &terms).await {
-                Ok(true) => (lease_id, terms),
-                Ok(false) => {
+                Ok(Some(epoch)) => (lease_id, terms, epoch),
+                Ok(None) => {
                     let _ = out
                         .send(Ok(LeaseEvent::Denied(Denial::new(
                             DenyReason::LeaseUnknown,
@@ -107,14 +107,14 @@ pub async fn serve_lease(
         ttl,
     };
     if out.send(Ok(granted)).await.is_err() {
-        admission.orphan(&lease_id, &terms).await;
+        admission.orphan(&lease_id, &terms, holder_epoch).await;
         return;
     }
     admission.metrics().leases_in_flight.inc();
     let ended = hold(&admission, &mut inbound, &out, &lease_id, &terms).await;
     admission.metrics().leases_in_flight.dec();
     if ended == HoldEnd::Abandoned {
-        admission.orphan(&lease_id, &terms).await;
+        admission.orphan(&lease_id, &terms, holder_epoch).await;
     }
 }
 

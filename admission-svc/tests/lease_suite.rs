@@ -44,6 +44,7 @@ backend_suite!(
     abandoned_stream_frees_the_slot_after_the_orphan_grace,
     resume_within_the_grace_keeps_the_lease,
     resume_of_an_unknown_lease_is_denied,
+    an_old_stream_ending_after_a_resume_does_not_cut_the_resumed_lease,
     unary_release_is_idempotent,
     unlimited_account_is_granted_without_state,
     inflight_reads_many_accounts_in_request_order,
@@ -304,6 +305,27 @@ async fn resume_within_the_grace_keeps_the_lease(store: Store) {
     ));
     resumed.release(0.0).await;
     assert_eq!(inflight_one(&server.client, 101).await, 0);
+}
+
+async fn an_old_stream_ending_after_a_resume_does_not_cut_the_resumed_lease(store: Store) {
+    let server = TestServer::on(&store).await;
+    let terms = acquire(105, 1);
+    let (old, answer) = LeaseStream::acquire(&server.client, terms.clone()).await;
+    let Answer::Granted(lease_id) = answer else {
+        panic!("{answer:?}")
+    };
+    // The relay resumed elsewhere before this replica noticed the old stream's end.
+    let (resumed, answer) = LeaseStream::resume(&server.client, &lease_id, terms.clone()).await;
+    assert_eq!(answer, Answer::Granted(lease_id));
+    old.abandon();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(
+        inflight_one(&server.client, 105).await,
+        1,
+        "the late orphan did not cut the resumed lease"
+    );
+    resumed.release(0.0).await;
+    assert_eq!(inflight_one(&server.client, 105).await, 0);
 }
 
 async fn resume_of_an_unknown_lease_is_denied(store: Store) {

@@ -22,6 +22,9 @@ pub struct AccountKeys {
     pub waiters: String,
     /// HASH: `start` (window start, ms) and `spend` (micro-USD in the window).
     pub window: String,
+    /// HASH: lease id -> holder epoch, for leases that were resumed: a stream that ended only
+    /// orphans the lease if it is still the current holder.
+    pub holders: String,
 }
 
 impl AccountKeys {
@@ -33,6 +36,7 @@ impl AccountKeys {
             cooldown: format!("{tag}:cooldown"),
             waiters: format!("{tag}:waiters"),
             window: format!("{tag}:window"),
+            holders: format!("{tag}:holders"),
         }
     }
 

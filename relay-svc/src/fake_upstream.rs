@@ -58,7 +58,15 @@ pub struct FakeUpstream {
 impl FakeUpstream {
     /// Starts on a free loopback port.
     pub async fn start() -> std::io::Result<Self> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        Self::start_on("127.0.0.1:0".parse().map_err(std::io::Error::other)?).await
+    }
+
+    /// Starts on `addr`. Besides the two APIs it serves a control API: `POST /_mock/script`
+    /// (`{"credential": "...", "answers": [{"status": 429, "headers": {...}, "body": "..."},
+    /// {"delay_ms": 500}]}`), `GET /_mock/stats` (per credential: current, peak, total) and
+    /// `POST /_mock/reset` (peaks back to the current count).
+    pub async fn start_on(addr: std::net::SocketAddr) -> std::io::Result<Self> {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let state = Arc::new(FakeState::default());
         let router = Router::new()
@@ -66,6 +74,9 @@ impl FakeUpstream {
             .route("/v1/messages/count_tokens", post(count_tokens))
             .route("/v1/chat/completions", post(chat))
             .route("/v1/responses", post(responses))
+            .route("/_mock/script", post(control_script))
+            .route("/_mock/stats", axum::routing::get(control_stats))
+            .route("/_mock/reset", post(control_reset))
             .with_state(state.clone());
         tokio::spawn(async move {
             let _ = axum::serve(listener, router).await;
@@ -126,6 +137,85 @@ impl FakeUpstream {
             .unwrap_or_else(|p| p.into_inner())
             .clone()
     }
+}
+
+async fn control_script(
+    State(state): State<Arc<FakeState>>,
+    axum::Json(request): axum::Json<Value>,
+) -> Response {
+    let Some(credential) = request.get("credential").and_then(Value::as_str) else {
+        return (StatusCode::BAD_REQUEST, "credential: required").into_response();
+    };
+    let mut answers = Vec::new();
+    for answer in request
+        .get("answers")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        if let Some(ms) = answer.get("delay_ms").and_then(Value::as_u64) {
+            answers.push(Scripted::Delay(Duration::from_millis(ms)));
+        } else if let Some(status) = answer.get("status").and_then(Value::as_u64) {
+            let headers = answer
+                .get("headers")
+                .and_then(Value::as_object)
+                .map(|h| {
+                    h.iter()
+                        .map(|(k, v)| {
+                            (
+                                k.clone(),
+                                v.as_str()
+                                    .map(str::to_owned)
+                                    .unwrap_or_else(|| v.to_string()),
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            let body = match answer.get("body") {
+                Some(Value::String(text)) => text.clone(),
+                Some(other) => other.to_string(),
+                None => "{}".into(),
+            };
+            answers.push(Scripted::Fail {
+                status: status.min(999) as u16,
+                headers,
+                body,
+            });
+        }
+    }
+    let count = answers.len();
+    state
+        .scripts
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .entry(credential.to_owned())
+        .or_default()
+        .extend(answers);
+    axum::Json(json!({"queued": count})).into_response()
+}
+
+async fn control_stats(State(state): State<Arc<FakeState>>) -> Response {
+    let stats = state.stats.lock().unwrap_or_else(|p| p.into_inner());
+    let body: serde_json::Map<String, Value> = stats
+        .iter()
+        .map(|(credential, s)| {
+            (
+                credential.clone(),
+                json!({"current": s.current, "peak": s.peak, "total": s.total}),
+            )
+        })
+        .collect();
+    axum::Json(Value::Object(body)).into_response()
+}
+
+async fn control_reset(State(state): State<Arc<FakeState>>) -> Response {
+    let mut stats = state.stats.lock().unwrap_or_else(|p| p.into_inner());
+    for stat in stats.values_mut() {
+        stat.peak = stat.current;
+        stat.total = 0;
+    }
+    StatusCode::NO_CONTENT.into_response()
 }
 
 fn credential(headers: &HeaderMap) -> String {

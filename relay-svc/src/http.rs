@@ -29,24 +29,29 @@ pub struct Front {
 
 pub fn router(front: Front) -> Router {
     Router::new()
-        .route("/v1/messages", post(messages))
-        .route("/v1/messages/count_tokens", post(count_tokens))
-        .route("/v1/chat/completions", post(chat_completions))
-        .route("/v1/responses", post(responses))
+        .route("/v1/messages", post(messages).fallback(wrong_method))
+        .route(
+            "/v1/messages/count_tokens",
+            post(count_tokens).fallback(wrong_method),
+        )
+        .route(
+            "/v1/chat/completions",
+            post(chat_completions).fallback(wrong_method),
+        )
+        .route("/v1/responses", post(responses).fallback(wrong_method))
         .route("/v1/models", get(models))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .fallback(not_found)
-        .layer(axum::extract::DefaultBodyLimit::max(64 << 20))
         .with_state(front)
 }
 
-async fn messages(State(front): State<Front>, headers: HeaderMap, body: Bytes) -> Response {
+async fn messages(State(front): State<Front>, headers: HeaderMap, body: AxumBody) -> Response {
     handle(front, Api::Anthropic, "/v1/messages", false, headers, body).await
 }
 
-async fn count_tokens(State(front): State<Front>, headers: HeaderMap, body: Bytes) -> Response {
+async fn count_tokens(State(front): State<Front>, headers: HeaderMap, body: AxumBody) -> Response {
     handle(
         front,
         Api::Anthropic,
@@ -58,7 +63,11 @@ async fn count_tokens(State(front): State<Front>, headers: HeaderMap, body: Byte
     .await
 }
 
-async fn chat_completions(State(front): State<Front>, headers: HeaderMap, body: Bytes) -> Response {
+async fn chat_completions(
+    State(front): State<Front>,
+    headers: HeaderMap,
+    body: AxumBody,
+) -> Response {
     handle(
         front,
         Api::OpenAi,
@@ -70,7 +79,7 @@ async fn chat_completions(State(front): State<Front>, headers: HeaderMap, body: 
     .await
 }
 
-async fn responses(State(front): State<Front>, headers: HeaderMap, body: Bytes) -> Response {
+async fn responses(State(front): State<Front>, headers: HeaderMap, body: AxumBody) -> Response {
     handle(front, Api::OpenAi, "/v1/responses", false, headers, body).await
 }
 
@@ -106,6 +115,25 @@ async fn readyz(State(front): State<Front>) -> Response {
 
 async fn metrics(State(front): State<Front>) -> Response {
     front.relay.metrics.render().into_response()
+}
+
+async fn wrong_method(method: http::Method, uri: http::Uri) -> Response {
+    let api = if uri.path().starts_with("/v1/messages") {
+        Api::Anthropic
+    } else {
+        Api::OpenAi
+    };
+    let error = RelayError::new(
+        api,
+        ErrorKind::InvalidRequest,
+        format!("{method} is not allowed on {}; use POST", uri.path()),
+    );
+    let mut response = error.into_response();
+    *response.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+    response
+        .headers_mut()
+        .insert(http::header::ALLOW, HeaderValue::from_static("POST"));
+    with_request_id(response)
 }
 
 async fn not_found(headers: HeaderMap) -> Response {
@@ -144,10 +172,24 @@ async fn handle(
     path: &'static str,
     ungoverned: bool,
     headers: HeaderMap,
-    body: Bytes,
+    body: AxumBody,
 ) -> Response {
     let relay = front.relay.clone();
     relay.metrics.requests.with_label_values(&[path]).inc();
+    let limit = relay.settings.max_body_bytes;
+    let body = match axum::body::to_bytes(body, limit).await {
+        Ok(body) => body,
+        Err(_) => {
+            let error = RelayError::new(
+                api,
+                ErrorKind::InvalidRequest,
+                format!("the request body is larger than {limit} bytes"),
+            );
+            let mut response = error.into_response();
+            *response.status_mut() = StatusCode::PAYLOAD_TOO_LARGE;
+            return with_request_id(response);
+        }
+    };
     let caller = match relay
         .authenticate(api, client_key(&headers).as_deref())
         .await

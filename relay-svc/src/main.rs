@@ -16,16 +16,19 @@ use relay_svc::standalone::StandaloneFile;
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Cli {
-    /// HTTP listen address.
-    #[arg(long, env = "RELAY_LISTEN", default_value = "127.0.0.1:8080")]
-    listen: SocketAddr,
-    /// Run everything in this process (memory backends, accounts from --accounts). Without
-    /// --accounts: a demo pool over a built-in fake upstream.
+    /// HTTP listen address (default: the config file's `listen`, else 127.0.0.1:8080).
+    #[arg(long, env = "RELAY_LISTEN")]
+    listen: Option<SocketAddr>,
+    /// Run everything in this process (memory backends, accounts from --config). Without
+    /// --config: a demo pool over a built-in fake upstream.
     #[arg(long, env = "RELAY_STANDALONE")]
     standalone: bool,
-    /// YAML account file for --standalone (see examples/standalone.yaml).
-    #[arg(long, env = "RELAY_ACCOUNTS_FILE")]
-    accounts: Option<std::path::PathBuf>,
+    /// YAML config for --standalone: accounts, API keys, prices (see examples/standalone.yaml).
+    #[arg(long, alias = "accounts", env = "RELAY_CONFIG")]
+    config: Option<std::path::PathBuf>,
+    /// Largest request body accepted, bytes.
+    #[arg(long, env = "RELAY_MAX_BODY_BYTES", default_value_t = 32 << 20)]
+    max_body_bytes: usize,
     /// Selector gRPC endpoints, comma-separated (one per replica).
     #[arg(long, env = "RELAY_SELECTOR_URL", value_delimiter = ',')]
     selector_url: Vec<String>,
@@ -88,10 +91,10 @@ async fn demo_file() -> Result<StandaloneFile, String> {
 
 async fn config(cli: &Cli) -> Result<Config, String> {
     let mode = if cli.standalone {
-        let file = match &cli.accounts {
+        let file = match &cli.config {
             Some(path) => {
                 let text = std::fs::read_to_string(path)
-                    .map_err(|e| format!("--accounts {}: {e}", path.display()))?;
+                    .map_err(|e| format!("--config {}: {e}", path.display()))?;
                 StandaloneFile::parse(&text)?
             }
             None => demo_file().await?,
@@ -114,6 +117,7 @@ async fn config(cli: &Cli) -> Result<Config, String> {
             max_wait: Duration::from_millis(cli.max_wait_ms),
             ping_after: Duration::from_millis(cli.ping_after_ms.max(100)),
             failover_budget: cli.failover_budget,
+            max_body_bytes: cli.max_body_bytes.max(1024),
             ..RelaySettings::default()
         },
         blocks: Default::default(),
@@ -144,10 +148,21 @@ async fn main() -> ExitCode {
     let result = async {
         let config = config(&cli).await?;
         let relay = relay_svc::server::build(&config, Metrics::new())?;
-        let listener = tokio::net::TcpListener::bind(cli.listen)
+        let from_file = match &config.mode {
+            Mode::Standalone { file } => file.listen.clone(),
+            Mode::Remote { .. } => None,
+        };
+        let listen: SocketAddr = match (cli.listen, from_file) {
+            (Some(addr), _) => addr,
+            (None, Some(text)) => text
+                .parse()
+                .map_err(|_| format!("config: listen {text:?} is not an address"))?,
+            (None, None) => SocketAddr::from(([127, 0, 0, 1], 8080)),
+        };
+        let listener = tokio::net::TcpListener::bind(listen)
             .await
-            .map_err(|e| format!("cannot listen on {}: {e}", cli.listen))?;
-        tracing::info!(addr = %cli.listen, standalone = cli.standalone, "relay serving");
+            .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+        tracing::info!(addr = %listen, standalone = cli.standalone, "relay serving");
         relay_svc::server::serve(relay, listener, shutdown_signal(), config.shutdown_grace).await
     }
     .await;

@@ -28,67 +28,102 @@ use crate::backends::{
 };
 use crate::classify::Classified;
 
-/// The standalone account file.
+/// The standalone account file (see `examples/standalone.yaml`). Unknown fields are ignored, so
+/// a file written for a newer relay still loads.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct StandaloneFile {
+    /// Listen address (the `--listen` flag wins when given).
+    #[serde(default)]
+    pub listen: Option<String>,
     #[serde(default)]
     pub api_keys: Vec<KeyEntry>,
     pub accounts: Vec<AccountEntry>,
     #[serde(default)]
-    pub prices: HashMap<String, PriceEntry>,
+    pub prices: Prices,
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct KeyEntry {
     pub key: String,
+    #[serde(default = "default_user")]
     pub user: String,
     #[serde(default = "default_group")]
     pub group: String,
-    #[serde(default)]
-    pub user_rpm: i32,
+    /// Per-user requests per minute; <= 0: unlimited.
+    #[serde(default, alias = "user_rpm", alias = "user_rpm_limit")]
+    pub rpm_limit: i32,
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+pub struct OAuthEntry {
+    pub access_token: String,
+    #[serde(default)]
+    pub refresh_token: Option<String>,
+    #[serde(default)]
+    pub expires_at: Option<serde_yaml_ng::Value>,
+    #[serde(default)]
+    pub token_url: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
 pub struct AccountEntry {
+    /// Stable id (default: position in the file, from 1).
+    #[serde(default)]
+    pub id: Option<i64>,
     pub name: String,
     #[serde(default = "default_group")]
     pub group: String,
     /// `anthropic` or `openai`.
     pub platform: String,
     pub base_url: String,
-    /// The credential itself, or...
-    #[serde(default)]
-    pub credential: Option<String>,
-    /// ...the environment variable holding it.
-    #[serde(default)]
+    /// The upstream API key...
+    #[serde(default, alias = "credential")]
+    pub api_key: Option<String>,
+    /// ...or the environment variable holding it...
+    #[serde(default, alias = "api_key_env")]
     pub credential_env: Option<String>,
-    /// `api_key` (default) or `oauth` (an access token; refreshed by the selector only).
-    #[serde(default = "default_kind")]
-    pub credential_kind: String,
+    /// ...or an OAuth access token (refreshing it is the distributed selector's job).
+    #[serde(default)]
+    pub oauth: Option<OAuthEntry>,
     #[serde(default)]
     pub priority: i32,
     #[serde(default = "one")]
     pub weight: i32,
-    #[serde(default)]
+    #[serde(default, alias = "concurrency_limit")]
     pub concurrency: i32,
-    #[serde(default)]
-    pub rpm: i32,
-    #[serde(default)]
-    pub session_window_usd: f64,
-    #[serde(default)]
+    #[serde(default, alias = "rpm")]
+    pub rpm_limit: i32,
+    #[serde(default, alias = "session_window_usd")]
+    pub session_window_limit_usd: f64,
+    #[serde(default, alias = "allowed_models")]
     pub models: Vec<String>,
     #[serde(default)]
     pub model_mapping: HashMap<String, String>,
-    #[serde(default)]
+    #[serde(default, alias = "proxy")]
     pub proxy_url: Option<String>,
+    /// `active` (default) or `disabled`.
+    #[serde(default)]
+    pub status: Option<String>,
+}
+
+/// Prices as a list of `{model, input, output, cache_write, cache_read}` or a map by model.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Prices {
+    List(Vec<PriceEntry>),
+    Map(HashMap<String, PriceEntry>),
+}
+
+impl Default for Prices {
+    fn default() -> Self {
+        Prices::List(Vec::new())
+    }
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct PriceEntry {
+    #[serde(default)]
+    pub model: Option<String>,
     #[serde(default)]
     pub input: f64,
     #[serde(default)]
@@ -99,12 +134,12 @@ pub struct PriceEntry {
     pub cache_read: f64,
 }
 
-fn default_group() -> String {
+fn default_user() -> String {
     "default".into()
 }
 
-fn default_kind() -> String {
-    "api_key".into()
+fn default_group() -> String {
+    "default".into()
 }
 
 fn one() -> i32 {
@@ -123,28 +158,42 @@ impl StandaloneFile {
 
     fn accounts(&self) -> Result<Vec<Account>, String> {
         let mut accounts = Vec::new();
+        let mut ids = std::collections::HashSet::new();
         for (index, entry) in self.accounts.iter().enumerate() {
-            let at = |message: &str| {
-                format!(
-                    "account file: accounts[{index}] ({}): {message}",
-                    entry.name
-                )
-            };
+            let at =
+                |message: &str| format!("config: accounts[{index}] ({}): {message}", entry.name);
             let platform = Platform::parse(&entry.platform)
                 .ok_or_else(|| at("platform must be anthropic or openai"))?;
-            let credential_kind = CredentialKind::parse(&entry.credential_kind)
-                .ok_or_else(|| at("credential_kind must be api_key or oauth"))?;
-            let credential = match (&entry.credential, &entry.credential_env) {
-                (Some(credential), _) => credential.clone(),
-                (None, Some(var)) => std::env::var(var)
-                    .map_err(|_| at(&format!("environment variable {var} is not set")))?,
-                (None, None) => return Err(at("needs credential or credential_env")),
-            };
+            let (credential_kind, credential) =
+                match (&entry.api_key, &entry.credential_env, &entry.oauth) {
+                    (Some(key), _, _) => (CredentialKind::ApiKey, key.clone()),
+                    (None, Some(var), _) => (
+                        CredentialKind::ApiKey,
+                        std::env::var(var)
+                            .map_err(|_| at(&format!("environment variable {var} is not set")))?,
+                    ),
+                    (None, None, Some(oauth)) => {
+                        (CredentialKind::OAuth, oauth.access_token.clone())
+                    }
+                    (None, None, None) => return Err(at("needs api_key, credential_env or oauth")),
+                };
+            if credential.is_empty() {
+                return Err(at("the credential is empty"));
+            }
             if !(entry.base_url.starts_with("http://") || entry.base_url.starts_with("https://")) {
                 return Err(at("base_url must be an http(s) URL"));
             }
+            let id = entry.id.unwrap_or(index as i64 + 1);
+            if id <= 0 || !ids.insert(id) {
+                return Err(at("id must be positive and unique"));
+            }
+            let status = match entry.status.as_deref() {
+                None | Some("active") => AccountStatus::Active,
+                Some("disabled") => AccountStatus::Disabled,
+                Some(_) => return Err(at("status must be active or disabled")),
+            };
             accounts.push(Account {
-                id: index as i64 + 1,
+                id,
                 name: entry.name.clone(),
                 group: entry.group.clone(),
                 platform,
@@ -152,19 +201,45 @@ impl StandaloneFile {
                 credential_kind,
                 credential: Secret::new(credential),
                 oauth: None,
-                status: AccountStatus::Active,
+                status,
                 status_reason: String::new(),
                 priority: entry.priority,
                 weight: entry.weight.max(1),
                 concurrency_limit: entry.concurrency,
-                rpm_limit: entry.rpm,
-                session_window_limit_usd: entry.session_window_usd,
+                rpm_limit: entry.rpm_limit,
+                session_window_limit_usd: entry.session_window_limit_usd,
                 allowed_models: entry.models.clone(),
                 model_mapping: entry.model_mapping.clone(),
-                proxy_url: entry.proxy_url.clone(),
+                proxy_url: entry.proxy_url.clone().filter(|p| !p.is_empty()),
             });
         }
         Ok(accounts)
+    }
+
+    fn prices(&self) -> Result<HashMap<String, Price>, String> {
+        let price = |p: &PriceEntry| Price {
+            input_per_mtok: p.input,
+            output_per_mtok: p.output,
+            cache_write_per_mtok: p.cache_write,
+            cache_read_per_mtok: p.cache_read,
+        };
+        match &self.prices {
+            Prices::Map(map) => Ok(map
+                .iter()
+                .map(|(model, p)| (model.clone(), price(p)))
+                .collect()),
+            Prices::List(list) => list
+                .iter()
+                .enumerate()
+                .map(|(index, p)| {
+                    let model = p
+                        .model
+                        .clone()
+                        .ok_or_else(|| format!("config: prices[{index}]: model is required"))?;
+                    Ok((model, price(p)))
+                })
+                .collect(),
+        }
     }
 }
 
@@ -214,25 +289,11 @@ impl StandaloneSelection {
                     api_key_id: index as i64 + 1,
                     user: key.user.clone(),
                     group: key.group.clone(),
-                    user_rpm_limit: key.user_rpm,
+                    user_rpm_limit: key.rpm_limit,
                 },
             );
         }
-        let prices = file
-            .prices
-            .iter()
-            .map(|(model, p)| {
-                (
-                    model.clone(),
-                    Price {
-                        input_per_mtok: p.input,
-                        output_per_mtok: p.output,
-                        cache_write_per_mtok: p.cache_write,
-                        cache_read_per_mtok: p.cache_read,
-                    },
-                )
-            })
-            .collect();
+        let prices = file.prices()?;
         Ok(StandaloneSelection {
             accounts: Mutex::new(accounts),
             keys,
