@@ -42,6 +42,14 @@ export POOLGATE_PG_BIN="$pg_bin"
 redis-server --version | head -n1
 "$pg_bin/postgres" --version
 
+log "python SDKs (the official anthropic and openai clients, in .venv)"
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import anthropic, openai" 2>/dev/null; then
+  python3 -m venv .venv 2>/dev/null || { apt_install python3-venv && python3 -m venv .venv; }
+  .venv/bin/pip install -q --disable-pip-version-check anthropic openai
+fi
+export POOLGATE_SDK_PYTHON="$PWD/.venv/bin/python"
+"$POOLGATE_SDK_PYTHON" -c "import anthropic, openai; print('anthropic', anthropic.__version__, '/ openai', openai.__version__)"
+
 if [ "${SKIP_LINT:-0}" != 1 ]; then
   log "format and lints"
   rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt

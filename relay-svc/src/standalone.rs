@@ -149,9 +149,9 @@ fn one() -> i32 {
 impl StandaloneFile {
     pub fn parse(text: &str) -> Result<Self, String> {
         let file: StandaloneFile =
-            serde_yaml_ng::from_str(text).map_err(|e| format!("account file: {e}"))?;
+            serde_yaml_ng::from_str(text).map_err(|e| format!("config: {e}"))?;
         if file.accounts.is_empty() {
-            return Err("account file: no accounts".into());
+            return Err("config: no accounts".into());
         }
         Ok(file)
     }
@@ -278,10 +278,8 @@ impl StandaloneSelection {
         let accounts = file.accounts()?.into_iter().map(Arc::new).collect();
         let mut keys = HashMap::new();
         for (index, key) in file.api_keys.iter().enumerate() {
-            if key.key.len() < 8 {
-                return Err(format!(
-                    "account file: api_keys[{index}]: a key has at least 8 characters"
-                ));
+            if key.key.is_empty() {
+                return Err(format!("config: api_keys[{index}]: the key is empty"));
             }
             keys.insert(
                 key.key.clone(),
