@@ -149,6 +149,11 @@ impl PolicyBackend {
         (view.replicas, view.rank)
     }
 
+    /// Redis round trips this replica made (a script or pipeline is one).
+    pub fn redis_round_trips(&self) -> u64 {
+        self.redis.handle().round_trips()
+    }
+
     pub fn policy(&self) -> FailurePolicy {
         self.settings.policy
     }

@@ -79,6 +79,10 @@ impl FakeUpstream {
             .route("/_mock/reset", post(control_reset))
             .with_state(state.clone());
         tokio::spawn(async move {
+            use axum::serve::ListenerExt;
+            let listener = listener.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             let _ = axum::serve(listener, router).await;
         });
         Ok(FakeUpstream {

@@ -78,6 +78,11 @@ pub async fn serve(
         tracing::info!("shutting down: readiness off, finishing in-flight requests");
         let _ = drained.send(());
     };
+    // TCP_NODELAY: SSE events are small writes; Nagle plus delayed ACKs would hold each one back.
+    use axum::serve::ListenerExt;
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     let server = axum::serve(listener, router(front)).with_graceful_shutdown(graceful);
     let mut server = tokio::spawn(async move { server.await });
     tokio::select! {

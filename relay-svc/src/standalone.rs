@@ -398,6 +398,7 @@ impl Selection for StandaloneSelection {
                         hard_block_ms: 0,
                         soft_block_ms: (state.soft_until - now).max(0) as u64,
                         breaker,
+                        failures: state.failures,
                     }),
                     account,
                 });

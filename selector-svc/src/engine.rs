@@ -136,6 +136,9 @@ struct StickyEntry {
     touched: Instant,
 }
 
+/// How fresh a reading must be for a success to skip the breaker reset (nothing to reset).
+const SUCCESS_SKIP_AGE: Duration = Duration::from_secs(1);
+
 /// How long a binding read from Redis is trusted locally, and how often its TTL is refreshed.
 const STICKY_LOCAL: Duration = Duration::from_secs(5);
 const STICKY_TOUCH: Duration = Duration::from_secs(60);
@@ -387,7 +390,24 @@ impl Selector {
         let unavailable =
             |e: admission_svc::error::BackendError| SelectorError::Unavailable(e.to_string());
         let applied = match decide(outcome, blocks, now_ms()) {
+            Decision::Success
+                if self
+                    .oracle
+                    .latest(account.id, SUCCESS_SKIP_AGE)
+                    .is_some_and(|h| h.failures == 0 && h.breaker == Breaker::Closed) =>
+            {
+                // Nothing to reset: a closed breaker with no failures counted. Saves a round trip
+                // on the hot path (most outcomes are successes).
+                Applied {
+                    what: "none",
+                    block_ms: 0,
+                }
+            }
             Decision::Success => {
+                self.oracle.note(account.id, |h| {
+                    h.failures = 0;
+                    h.breaker = Breaker::Closed;
+                });
                 let was_open = self
                     .health
                     .breaker_success(account.id)
@@ -436,6 +456,7 @@ impl Selector {
                 }
             }
             Decision::Broken { ms } => {
+                self.oracle.note(account.id, |h| h.failures += 1);
                 let left = self
                     .health
                     .hard_block(account.id, ms, class, outcome.status, &outcome.reason)
@@ -548,6 +569,29 @@ impl Selector {
         session: &str,
         account: AccountId,
     ) -> Result<&'static str, SelectorError> {
+        // Bound here already and refreshed within a minute: a hit, no write (the binding's TTL is
+        // refreshed at most once a minute).
+        let cached_hit = {
+            let cache = self.sticky_cache.lock().unwrap_or_else(|p| p.into_inner());
+            cache
+                .get(&(group.to_owned(), session.to_owned()))
+                .is_some_and(|entry| {
+                    entry.account == account && entry.touched.elapsed() < STICKY_TOUCH
+                })
+        };
+        if cached_hit {
+            let platform = self
+                .snapshot
+                .get()
+                .account(account)
+                .map(|a| a.platform.as_str())
+                .unwrap_or("unknown");
+            self.metrics
+                .sticky
+                .with_label_values(&["hit", platform])
+                .inc();
+            return Ok("hit");
+        }
         let previous = self
             .health
             .sticky_set(group, session, account, millis(self.settings.sticky_ttl))

@@ -373,13 +373,14 @@ impl AdminGrpc {
 
     /// Reloads the snapshot now, so the answer shows the change just made.
     async fn reload(&self) -> Result<(), Status> {
+        let ticket = self.selector.snapshot().ticket();
         let snapshot = self
             .selector
             .store()
             .load_snapshot()
             .await
             .map_err(SelectorError::from)?;
-        self.selector.snapshot().set(snapshot);
+        self.selector.snapshot().set(ticket, snapshot);
         Ok(())
     }
 }

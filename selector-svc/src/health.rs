@@ -34,6 +34,8 @@ pub struct AccountHealth {
     /// Remaining soft block, ms (0: none).
     pub soft_block_ms: u64,
     pub breaker: Breaker,
+    /// Consecutive broken outcomes counted toward the breaker.
+    pub failures: u32,
 }
 
 impl AccountHealth {
@@ -42,6 +44,7 @@ impl AccountHealth {
         hard_block_ms: 0,
         soft_block_ms: 0,
         breaker: Breaker::Closed,
+        failures: 0,
     };
 }
 
@@ -207,13 +210,14 @@ impl RedisHealth {
             .arg(&keys.cooldown)
             .cmd("PTTL")
             .arg(keys::soft_block(id))
-            .cmd("HGET")
+            .cmd("HMGET")
             .arg(keys::breaker(id))
-            .arg("open_until");
+            .arg("open_until")
+            .arg("failures");
     }
 
-    fn health_of(values: (u32, i64, i64, Option<i64>), now: i64) -> AccountHealth {
-        let (inflight, hard, soft, open_until) = values;
+    fn health_of(values: (u32, i64, i64, (Option<i64>, Option<u32>)), now: i64) -> AccountHealth {
+        let (inflight, hard, soft, (open_until, failures)) = values;
         let breaker = match open_until {
             None | Some(0) => Breaker::Closed,
             Some(until) if until > now => Breaker::Open((until - now) as u64),
@@ -224,6 +228,7 @@ impl RedisHealth {
             hard_block_ms: hard.max(0) as u64,
             soft_block_ms: soft.max(0) as u64,
             breaker,
+            failures: failures.unwrap_or(0),
         }
     }
 
@@ -235,13 +240,13 @@ impl RedisHealth {
             Self::add_reads(&mut pipeline, id, now);
         }
         let mut conn = self.redis.conn().await?;
-        let values: Vec<(u32, i64, i64, Option<i64>)> = if self.redis.is_cluster() {
+        let values: Vec<(u32, i64, i64, (Option<i64>, Option<u32>))> = if self.redis.is_cluster() {
             // A cluster pipeline must stay on one slot: one concurrent pipeline per account.
             let reads = ids.iter().map(|&id| async move {
                 let mut pipeline = redis::pipe();
                 Self::add_reads(&mut pipeline, id, now);
                 let mut conn = self.redis.conn().await?;
-                let one: (u32, i64, i64, Option<i64>) =
+                let one: (u32, i64, i64, (Option<i64>, Option<u32>)) =
                     self.redis.bounded(pipeline.query_async(&mut conn)).await?;
                 Ok::<_, BackendError>(one)
             });
@@ -251,7 +256,7 @@ impl RedisHealth {
                 self.redis.bounded(pipeline.query_async(&mut conn)).await?;
             let mut out = Vec::with_capacity(ids.len());
             for chunk in flat.chunks(4) {
-                let tuple: (u32, i64, i64, Option<i64>) =
+                let tuple: (u32, i64, i64, (Option<i64>, Option<u32>)) =
                     redis::from_redis_value(redis::Value::Array(chunk.to_vec()))
                         .map_err(|e| BackendError::Failed(format!("health reply: {e}")))?;
                 out.push(tuple);
@@ -275,7 +280,7 @@ impl RedisHealth {
         let mut pipeline = redis::pipe();
         Self::add_reads(&mut pipeline, id, now);
         let mut conn = self.redis.conn().await?;
-        let values: (u32, i64, i64, Option<i64>) =
+        let values: (u32, i64, i64, (Option<i64>, Option<u32>)) =
             self.redis.bounded(pipeline.query_async(&mut conn)).await?;
         Ok(Self::health_of(values, now))
     }

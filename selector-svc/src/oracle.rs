@@ -65,6 +65,8 @@ pub struct LoadOracle {
     cache: Mutex<HashMap<u64, (Instant, Arc<Reading>)>>,
     flights: Mutex<HashMap<u64, Flight>>,
     permits: Arc<Semaphore>,
+    /// The latest reading of each account, whatever set it was read with.
+    latest: Mutex<HashMap<AccountId, (Instant, AccountHealth)>>,
 }
 
 fn fingerprint(ids: &[AccountId]) -> u64 {
@@ -81,6 +83,7 @@ impl LoadOracle {
             settings,
             cache: Mutex::new(HashMap::new()),
             flights: Mutex::new(HashMap::new()),
+            latest: Mutex::new(HashMap::new()),
         }
     }
 
@@ -88,6 +91,23 @@ impl LoadOracle {
     /// see it when their readings age out, within the cache period).
     pub fn invalidate(&self) {
         self.cache.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+
+    /// The latest health read of one account, if it is at most `max_age` old.
+    pub fn latest(&self, id: AccountId, max_age: Duration) -> Option<AccountHealth> {
+        let latest = self.latest.lock().unwrap_or_else(|p| p.into_inner());
+        latest
+            .get(&id)
+            .filter(|(at, _)| at.elapsed() <= max_age)
+            .map(|(_, health)| *health)
+    }
+
+    /// Notes a change this replica made (so its own next decision sees it without a read).
+    pub fn note(&self, id: AccountId, change: impl FnOnce(&mut AccountHealth)) {
+        let mut latest = self.latest.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, health)) = latest.get_mut(&id) {
+            change(health);
+        }
     }
 
     /// Health of `ids` (any order, duplicates allowed), from the cache unless `fresh`.
@@ -149,6 +169,15 @@ impl LoadOracle {
             let mut flights = self.flights.lock().unwrap_or_else(|p| p.into_inner());
             if flights.get(&key).is_some_and(|f| Arc::ptr_eq(f, &flight)) {
                 flights.remove(&key);
+            }
+        }
+        {
+            let mut latest = self.latest.lock().unwrap_or_else(|p| p.into_inner());
+            let now = Instant::now();
+            for (id, health) in reading.ids.iter().zip(&reading.health) {
+                if let Some(health) = health.filter(|h| h.inflight.is_some()) {
+                    latest.insert(*id, (now, health));
+                }
             }
         }
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());

@@ -111,6 +111,7 @@ mod tests {
             hard_block_ms: 0,
             soft_block_ms: soft,
             breaker: Breaker::Closed,
+            failures: 0,
         })
     }
 

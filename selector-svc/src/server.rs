@@ -127,9 +127,10 @@ async fn reload_loop(
     let reload = |trigger: &'static str| {
         let (store, snapshot, metrics) = (store.clone(), snapshot.clone(), metrics.clone());
         async move {
+            let ticket = snapshot.ticket();
             match store.load_snapshot().await {
                 Ok(fresh) => {
-                    snapshot.set(fresh);
+                    snapshot.set(ticket, fresh);
                     metrics.reloads.with_label_values(&[trigger]).inc();
                 }
                 Err(error) => {

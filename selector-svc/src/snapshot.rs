@@ -75,20 +75,42 @@ impl Snapshot {
     }
 }
 
-/// The current snapshot, swapped atomically on reload.
+/// The current snapshot, swapped atomically on reload. Loads overlap (NOTIFY, the periodic
+/// safety net, an admin change): each takes a ticket before it reads Postgres, and a load only
+/// replaces a snapshot read before it, so a slow older load never overwrites a newer one.
 #[derive(Debug, Default)]
-pub struct SnapshotCell(RwLock<Arc<Snapshot>>);
+pub struct SnapshotCell {
+    current: RwLock<(u64, Arc<Snapshot>)>,
+    tickets: std::sync::atomic::AtomicU64,
+}
 
 impl SnapshotCell {
     pub fn new(snapshot: Snapshot) -> Self {
-        SnapshotCell(RwLock::new(Arc::new(snapshot)))
+        SnapshotCell {
+            current: RwLock::new((0, Arc::new(snapshot))),
+            tickets: std::sync::atomic::AtomicU64::new(1),
+        }
     }
 
     pub fn get(&self) -> Arc<Snapshot> {
-        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .1
+            .clone()
     }
 
-    pub fn set(&self, snapshot: Snapshot) {
-        *self.0.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(snapshot);
+    /// Call before reading Postgres for a new snapshot.
+    pub fn ticket(&self) -> u64 {
+        self.tickets
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Installs a snapshot read under `ticket`, unless a later-started load already did.
+    pub fn set(&self, ticket: u64, snapshot: Snapshot) {
+        let mut current = self.current.write().unwrap_or_else(|p| p.into_inner());
+        if ticket > current.0 {
+            *current = (ticket, Arc::new(snapshot));
+        }
     }
 }

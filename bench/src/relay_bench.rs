@@ -1,0 +1,426 @@
+//! Relay benchmark: the same requests straight to the fake upstream and through the relay
+//! (standalone, and distributed over real Redis and Postgres), non-streaming and streaming;
+//! prints throughput, latency, the relay's added latency, and Redis round trips per request.
+//!
+//! ```text
+//! cargo run --release -p poolgate-bench --bin relay-bench -- [--seconds 5] [--concurrency 32] [--rate 1000]
+//! ```
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use futures_util::StreamExt;
+use relay_svc::fake_upstream::FakeUpstream;
+use relay_svc::proxy::RelaySettings;
+use relay_svc::server::{Config, Mode};
+use relay_svc::standalone::StandaloneFile;
+
+#[derive(Debug, Parser)]
+struct Args {
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+    /// Offered requests/s for the open-loop added-latency phase (0 skips it).
+    #[arg(long, default_value_t = 1000)]
+    rate: u32,
+    /// Skip the distributed phases (they start a private Redis and Postgres).
+    #[arg(long)]
+    no_distributed: bool,
+}
+
+#[derive(Default)]
+struct Sample {
+    micros: Vec<u64>,
+    elapsed: Duration,
+    errors: u64,
+}
+
+impl Sample {
+    fn rate(&self) -> f64 {
+        self.micros.len() as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    fn percentile(&mut self, p: f64) -> f64 {
+        if self.micros.is_empty() {
+            return f64::NAN;
+        }
+        self.micros.sort_unstable();
+        self.micros[((self.micros.len() as f64 - 1.0) * p).round() as usize] as f64 / 1000.0
+    }
+}
+
+fn body(stream: bool) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({"model": "claude-x", "max_tokens": 16, "stream": stream, "messages": [{"role": "user", "content": "hi"}]}))
+        .unwrap_or_default()
+}
+
+async fn one(client: &reqwest::Client, url: &str, key: &str, body: &[u8]) -> Option<u64> {
+    let start = Instant::now();
+    let response = client
+        .post(url)
+        .header("x-api-key", key)
+        .header("content-type", "application/json")
+        .body(body.to_vec())
+        .send()
+        .await
+        .ok()?;
+    if !response.status().is_success() {
+        return None;
+    }
+    let mut stream = response.bytes_stream();
+    while let Some(chunk) = stream.next().await {
+        chunk.ok()?;
+    }
+    Some(start.elapsed().as_micros() as u64)
+}
+
+async fn closed_loop(
+    client: &reqwest::Client,
+    url: &str,
+    key: &str,
+    stream: bool,
+    args: &Args,
+) -> Sample {
+    let deadline = Instant::now() + Duration::from_secs_f64(args.seconds);
+    let started = Instant::now();
+    let body = Arc::new(body(stream));
+    let mut workers = Vec::new();
+    for _ in 0..args.concurrency {
+        let (client, url, key, body) =
+            (client.clone(), url.to_owned(), key.to_owned(), body.clone());
+        workers.push(tokio::spawn(async move {
+            let mut micros = Vec::new();
+            let mut errors = 0;
+            while Instant::now() < deadline {
+                match one(&client, &url, &key, &body).await {
+                    Some(us) => micros.push(us),
+                    None => errors += 1,
+                }
+            }
+            (micros, errors)
+        }));
+    }
+    let mut sample = Sample::default();
+    for worker in workers {
+        if let Ok((micros, errors)) = worker.await {
+            sample.micros.extend(micros);
+            sample.errors += errors;
+        }
+    }
+    sample.elapsed = started.elapsed();
+    sample
+}
+
+async fn open_loop(client: &reqwest::Client, url: &str, key: &str, args: &Args) -> Sample {
+    let total = (f64::from(args.rate) * args.seconds) as u64;
+    let interval = Duration::from_secs_f64(1.0 / f64::from(args.rate.max(1)));
+    let started = Instant::now();
+    let body = Arc::new(body(false));
+    let (results, mut receiver) = tokio::sync::mpsc::unbounded_channel();
+    for n in 0..total {
+        let due = started + interval.mul_f64(n as f64);
+        let now = Instant::now();
+        if due > now {
+            tokio::time::sleep(due - now).await;
+        }
+        let (client, url, key, body, results) = (
+            client.clone(),
+            url.to_owned(),
+            key.to_owned(),
+            body.clone(),
+            results.clone(),
+        );
+        tokio::spawn(async move {
+            let _ = results.send(one(&client, &url, &key, &body).await);
+        });
+    }
+    drop(results);
+    let mut sample = Sample::default();
+    while let Some(result) = receiver.recv().await {
+        match result {
+            Some(us) => sample.micros.push(us),
+            None => sample.errors += 1,
+        }
+    }
+    sample.elapsed = started.elapsed();
+    sample
+}
+
+fn print(name: &str, sample: &mut Sample, direct: Option<(f64, f64)>) {
+    let (p50, p99) = (sample.percentile(0.5), sample.percentile(0.99));
+    let added = direct
+        .map(|(d50, d99)| {
+            format!(
+                "  added p50 {:>6.3} ms p99 {:>6.3} ms",
+                p50 - d50,
+                p99 - d99
+            )
+        })
+        .unwrap_or_default();
+    println!(
+        "{name:<44} {:>8.0}/s  p50 {p50:>7.3} ms  p99 {p99:>7.3} ms  errors {}{added}",
+        sample.rate(),
+        sample.errors
+    );
+}
+
+fn yaml(base: &str) -> String {
+    format!(
+        "api_keys:\n  - {{key: bench-key, group: default, user: bench}}\naccounts:\n  - {{name: a, platform: anthropic, base_url: \"{base}\", api_key: k-a, concurrency: 64}}\n  - {{name: b, platform: anthropic, base_url: \"{base}\", api_key: k-b, concurrency: 64}}\nprices:\n  - {{model: claude-x, input: 3, output: 15}}\n"
+    )
+}
+
+async fn serve_relay(config: Config) -> Result<String, String> {
+    let relay = relay_svc::server::build(&config, relay_svc::metrics::Metrics::new())?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| e.to_string())?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    tokio::spawn(relay_svc::server::serve(
+        relay,
+        listener,
+        std::future::pending(),
+        Duration::from_secs(1),
+    ));
+    Ok(format!("http://{addr}/v1/messages"))
+}
+
+async fn run(args: Args) -> Result<(), String> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let upstream = FakeUpstream::start().await.map_err(|e| e.to_string())?;
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(1024)
+        .tcp_nodelay(true)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let direct_url = format!("{}/v1/messages", upstream.base_url);
+    let file = Arc::new(StandaloneFile::parse(&yaml(&upstream.base_url))?);
+    let standalone_url = serve_relay(Config {
+        mode: Mode::Standalone { file },
+        relay: RelaySettings::default(),
+        blocks: Default::default(),
+        admission: Default::default(),
+        shutdown_grace: Duration::from_secs(1),
+    })
+    .await?;
+    println!(
+        "relay bench: concurrency {}, {} s per phase, fake upstream with no delay",
+        args.concurrency, args.seconds
+    );
+    // Warm-up.
+    let warm = Args {
+        seconds: 0.3,
+        ..Args::parse_from(["relay-bench"])
+    };
+    let _ = closed_loop(&client, &direct_url, "k-a", false, &warm).await;
+    let _ = closed_loop(&client, &standalone_url, "bench-key", false, &warm).await;
+
+    for stream in [false, true] {
+        let kind = if stream { "streaming" } else { "non-streaming" };
+        let mut direct = closed_loop(&client, &direct_url, "k-a", stream, &args).await;
+        let reference = (direct.percentile(0.5), direct.percentile(0.99));
+        print(&format!("direct to upstream, {kind}"), &mut direct, None);
+        let mut relayed = closed_loop(&client, &standalone_url, "bench-key", stream, &args).await;
+        print(
+            &format!("relay standalone, {kind}"),
+            &mut relayed,
+            Some(reference),
+        );
+        println!(
+            "  standalone / direct throughput: {:.1} % (goal >= 50 %)",
+            100.0 * relayed.rate() / direct.rate()
+        );
+    }
+    if args.rate > 0 {
+        let mut direct = open_loop(&client, &direct_url, "k-a", &args).await;
+        let reference = (direct.percentile(0.5), direct.percentile(0.99));
+        print(
+            &format!("direct, {} offered/s", args.rate),
+            &mut direct,
+            None,
+        );
+        let mut relayed = open_loop(&client, &standalone_url, "bench-key", &args).await;
+        print(
+            &format!("relay standalone, {} offered/s", args.rate),
+            &mut relayed,
+            Some(reference),
+        );
+    }
+    if !args.no_distributed {
+        distributed(&args, &client, &upstream).await?;
+    }
+    Ok(())
+}
+
+async fn distributed(
+    args: &Args,
+    client: &reqwest::Client,
+    upstream: &FakeUpstream,
+) -> Result<(), String> {
+    use admission_svc::redis_conn::{RedisOptions, RedisTarget};
+    use selector_svc::crypto::Keyring;
+    use selector_svc::domain::{CredentialKind, Platform, Secret};
+    use selector_svc::store::{AccountInput, ConfigStore};
+    let (postgres, redis) = tokio::join!(
+        poolgate_testkit::PostgresServer::start(),
+        poolgate_testkit::RedisServer::start()
+    );
+    let (postgres, redis) = (postgres?, redis?);
+    let keyring = Keyring::parse(&format!("k1:{}", Keyring::generate_key()), None)
+        .map_err(|e| e.to_string())?;
+    let store = ConfigStore::connect(&postgres.url(), Arc::new(keyring.clone()))
+        .await
+        .map_err(|e| e.to_string())?;
+    store.migrate().await.map_err(|e| e.to_string())?;
+    for name in ["a", "b"] {
+        store
+            .upsert_account(&AccountInput {
+                name: name.into(),
+                group: "default".into(),
+                platform: Platform::Anthropic,
+                base_url: upstream.base_url.clone(),
+                credential_kind: CredentialKind::ApiKey,
+                credential: Some(Secret::new(format!("k-{name}"))),
+                oauth: None,
+                priority: 0,
+                weight: 1,
+                concurrency_limit: 64,
+                rpm_limit: 0,
+                session_window_limit_usd: 0.0,
+                allowed_models: vec![],
+                model_mapping: Default::default(),
+                proxy_url: None,
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    let (_, key) = store
+        .create_api_key("bench", "bench", "default", 0)
+        .await
+        .map_err(|e| e.to_string())?;
+    let target = RedisTarget::Single(redis.url());
+    let selector_config = selector_svc::server::Config {
+        database_url: postgres.url(),
+        redis_target: target.clone(),
+        redis_options: RedisOptions::default(),
+        keyring,
+        admin_token: None,
+        settings: Default::default(),
+        refresh: Default::default(),
+        reload_interval: Duration::from_secs(3600),
+        refresh_interval: Duration::from_secs(3600),
+        max_concurrent_streams: 100_000,
+    };
+    let selector =
+        selector_svc::server::build(&selector_config, selector_svc::metrics::Metrics::new())
+            .await
+            .map_err(|e| e.to_string())?;
+    let selector_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| e.to_string())?;
+    let selector_addr = selector_listener.local_addr().map_err(|e| e.to_string())?;
+    let serving = selector.selector.clone();
+    let config_for_serve = selector_config.clone();
+    tokio::spawn(async move {
+        let _ = selector_svc::server::serve_selector(
+            serving,
+            &config_for_serve,
+            selector_listener,
+            None,
+            std::future::pending(),
+        )
+        .await;
+    });
+    let admission_config = admission_svc::Config {
+        backend: admission_svc::BackendConfig::Redis {
+            target,
+            options: RedisOptions::default(),
+            policy: Default::default(),
+        },
+        ..admission_svc::Config::default()
+    };
+    let admission = admission_svc::server::build_admission(
+        &admission_config,
+        admission_svc::metrics::Metrics::new(),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    let admission_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| e.to_string())?;
+    let admission_addr = admission_listener.local_addr().map_err(|e| e.to_string())?;
+    let serving = admission.clone();
+    tokio::spawn(async move {
+        let _ = admission_svc::server::serve(
+            serving,
+            &admission_config,
+            admission_listener,
+            None,
+            std::future::pending(),
+        )
+        .await;
+    });
+    let url = serve_relay(Config {
+        mode: Mode::Remote {
+            selector: vec![format!("http://{selector_addr}")],
+            admission: vec![format!("http://{admission_addr}")],
+        },
+        relay: RelaySettings::default(),
+        blocks: Default::default(),
+        admission: Default::default(),
+        shutdown_grace: Duration::from_secs(1),
+    })
+    .await?;
+    let key = key.expose().to_owned();
+    let warm = Args {
+        seconds: 0.5,
+        ..Args::parse_from(["relay-bench"])
+    };
+    let _ = closed_loop(client, &url, &key, false, &warm).await;
+    let trips = || {
+        admission
+            .policy()
+            .map(|p| p.redis_round_trips())
+            .unwrap_or(0)
+            + selector.selector.health().handle().round_trips()
+    };
+    for stream in [false, true] {
+        let kind = if stream { "streaming" } else { "non-streaming" };
+        let before = trips();
+        let mut sample = closed_loop(client, &url, &key, stream, args).await;
+        let per_request = (trips() - before) as f64 / sample.micros.len().max(1) as f64;
+        print(&format!("relay distributed, {kind}"), &mut sample, None);
+        println!(
+            "  Redis round trips per request (admission + selector): {per_request:.2} (goal <= 3)"
+        );
+    }
+    if args.rate > 0 {
+        let before = trips();
+        let mut sample = open_loop(client, &url, &key, args).await;
+        let per_request = (trips() - before) as f64 / sample.micros.len().max(1) as f64;
+        print(
+            &format!("relay distributed, {} offered/s", args.rate),
+            &mut sample,
+            None,
+        );
+        println!(
+            "  Redis round trips per request at {} req/s: {per_request:.2} (goal <= 3)",
+            args.rate
+        );
+    }
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    match run(Args::parse()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("relay-bench: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
