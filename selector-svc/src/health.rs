@@ -72,6 +72,10 @@ pub struct BlockInfo {
     pub remaining_ms: u64,
 }
 
+/// One account's pipelined reads: live leases, hard block PTTL, soft block PTTL,
+/// (breaker open_until, breaker failures).
+type HealthRow = (u32, i64, i64, (Option<i64>, Option<u32>));
+
 const PRELUDE: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -216,7 +220,7 @@ impl RedisHealth {
             .arg("failures");
     }
 
-    fn health_of(values: (u32, i64, i64, (Option<i64>, Option<u32>)), now: i64) -> AccountHealth {
+    fn health_of(values: HealthRow, now: i64) -> AccountHealth {
         let (inflight, hard, soft, (open_until, failures)) = values;
         let breaker = match open_until {
             None | Some(0) => Breaker::Closed,
@@ -240,14 +244,13 @@ impl RedisHealth {
             Self::add_reads(&mut pipeline, id, now);
         }
         let mut conn = self.redis.conn().await?;
-        let values: Vec<(u32, i64, i64, (Option<i64>, Option<u32>))> = if self.redis.is_cluster() {
+        let values: Vec<HealthRow> = if self.redis.is_cluster() {
             // A cluster pipeline must stay on one slot: one concurrent pipeline per account.
             let reads = ids.iter().map(|&id| async move {
                 let mut pipeline = redis::pipe();
                 Self::add_reads(&mut pipeline, id, now);
                 let mut conn = self.redis.conn().await?;
-                let one: (u32, i64, i64, (Option<i64>, Option<u32>)) =
-                    self.redis.bounded(pipeline.query_async(&mut conn)).await?;
+                let one: HealthRow = self.redis.bounded(pipeline.query_async(&mut conn)).await?;
                 Ok::<_, BackendError>(one)
             });
             futures_util::future::try_join_all(reads).await?
@@ -256,9 +259,8 @@ impl RedisHealth {
                 self.redis.bounded(pipeline.query_async(&mut conn)).await?;
             let mut out = Vec::with_capacity(ids.len());
             for chunk in flat.chunks(4) {
-                let tuple: (u32, i64, i64, (Option<i64>, Option<u32>)) =
-                    redis::from_redis_value(redis::Value::Array(chunk.to_vec()))
-                        .map_err(|e| BackendError::Failed(format!("health reply: {e}")))?;
+                let tuple: HealthRow = redis::from_redis_value(redis::Value::Array(chunk.to_vec()))
+                    .map_err(|e| BackendError::Failed(format!("health reply: {e}")))?;
                 out.push(tuple);
             }
             out
@@ -280,8 +282,7 @@ impl RedisHealth {
         let mut pipeline = redis::pipe();
         Self::add_reads(&mut pipeline, id, now);
         let mut conn = self.redis.conn().await?;
-        let values: (u32, i64, i64, (Option<i64>, Option<u32>)) =
-            self.redis.bounded(pipeline.query_async(&mut conn)).await?;
+        let values: HealthRow = self.redis.bounded(pipeline.query_async(&mut conn)).await?;
         Ok(Self::health_of(values, now))
     }
 
