@@ -47,8 +47,14 @@ fn request() -> pb::SelectRequest {
 }
 
 async fn commands(redis: &poolgate_testkit::RedisServer) -> u64 {
-    let Ok(mut conn) = redis.client().await else { return 0 };
-    let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut conn).await.unwrap_or_default();
+    let Ok(mut conn) = redis.client().await else {
+        return 0;
+    };
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .unwrap_or_default();
     info.lines()
         .filter_map(|line| line.split("calls=").nth(1))
         .filter_map(|rest| rest.split(',').next()?.parse::<u64>().ok())
@@ -56,10 +62,16 @@ async fn commands(redis: &poolgate_testkit::RedisServer) -> u64 {
 }
 
 async fn run(args: Args) -> Result<(), String> {
-    let (postgres, redis) = tokio::join!(poolgate_testkit::PostgresServer::start(), poolgate_testkit::RedisServer::start());
+    let (postgres, redis) = tokio::join!(
+        poolgate_testkit::PostgresServer::start(),
+        poolgate_testkit::RedisServer::start()
+    );
     let (postgres, redis) = (postgres?, redis?);
-    let keyring = Keyring::parse(&format!("k1:{}", Keyring::generate_key()), None).map_err(|e| e.to_string())?;
-    let store = ConfigStore::connect(&postgres.url(), Arc::new(keyring.clone())).await.map_err(|e| e.to_string())?;
+    let keyring = Keyring::parse(&format!("k1:{}", Keyring::generate_key()), None)
+        .map_err(|e| e.to_string())?;
+    let store = ConfigStore::connect(&postgres.url(), Arc::new(keyring.clone()))
+        .await
+        .map_err(|e| e.to_string())?;
     store.migrate().await.map_err(|e| e.to_string())?;
     for n in 0..args.accounts {
         store
@@ -98,12 +110,21 @@ async fn run(args: Args) -> Result<(), String> {
     let built = selector_svc::server::build(&config, selector_svc::metrics::Metrics::new())
         .await
         .map_err(|e| e.to_string())?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(|e| e.to_string())?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| e.to_string())?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let serving = built.selector.clone();
     let serve_config = config.clone();
     tokio::spawn(async move {
-        let _ = selector_svc::server::serve_selector(serving, &serve_config, listener, None, std::future::pending()).await;
+        let _ = selector_svc::server::serve_selector(
+            serving,
+            &serve_config,
+            listener,
+            None,
+            std::future::pending(),
+        )
+        .await;
     });
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
         .map_err(|e| e.to_string())?
@@ -114,7 +135,10 @@ async fn run(args: Args) -> Result<(), String> {
     let client = SelectorClient::new(channel);
     let _ = client.clone().select(request()).await;
 
-    println!("selector bench: {} accounts in one group, concurrency {}, {} s per phase", args.accounts, args.concurrency, args.seconds);
+    println!(
+        "selector bench: {} accounts in one group, concurrency {}, {} s per phase",
+        args.accounts, args.concurrency, args.seconds
+    );
     let deadline = Instant::now() + Duration::from_secs_f64(args.seconds);
     let started = Instant::now();
     let mut workers = Vec::new();

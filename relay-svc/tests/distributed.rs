@@ -48,6 +48,10 @@ fn account(name: &str, base_url: &str, concurrency: i32, priority: i32) -> Accou
 }
 
 async fn start() -> Stack {
+    start_with(admission_svc::domain::Settings::default()).await
+}
+
+async fn start_with(admission_settings: admission_svc::domain::Settings) -> Stack {
     let (postgres, redis) = tokio::join!(PostgresServer::start(), RedisServer::start());
     let (postgres, redis) = (postgres.expect("postgres"), redis.expect("redis"));
     let keyring =
@@ -120,6 +124,7 @@ async fn start() -> Stack {
             options: RedisOptions::default(),
             policy: Default::default(),
         },
+        settings: admission_settings,
         ..admission_svc::Config::default()
     };
     let admission = admission_svc::server::build_admission(
@@ -216,7 +221,7 @@ async fn requests_flow_through_selector_and_admission_and_never_exceed_the_limit
     assert!(body.contains("message_stop"), "{body}");
 
     stack.upstream.set_delay(Duration::from_millis(80));
-    let requests: Vec<_> = (0..16)
+    let requests: Vec<_> = (0..100)
         .map(|n| {
             let stack = stack.clone();
             tokio::spawn(async move { stack.message(n % 2 == 0).await.0 })
@@ -245,7 +250,7 @@ async fn requests_flow_through_selector_and_admission_and_never_exceed_the_limit
             .read_usage(stack.key_id, 0, selector_svc::domain::now_ms() + 3_600_000)
             .await
             .ok()?;
-        (totals.requests >= 18).then_some(totals)
+        (totals.requests >= 102).then_some(totals)
     })
     .await
     .expect("usage recorded");
@@ -306,4 +311,44 @@ async fn an_exhausted_window_hard_blocks_the_account_in_redis_for_every_replica(
     assert!(response.headers().get("retry-after").is_some());
     let body: Value = response.json().await.expect("json");
     assert_eq!(body["error"]["type"], "overloaded_error");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_aborts_mid_stream_frees_its_lease_long_before_the_orphan_grace() {
+    // The orphan grace is 30 s: only an explicit release can free the slot within the test.
+    let settings = admission_svc::domain::Settings {
+        orphan_grace: Duration::from_secs(30),
+        ..admission_svc::domain::Settings::default()
+    };
+    let stack = start_with(settings).await;
+    stack.upstream.set_chunk_delay(Duration::from_millis(500));
+    let response = stack
+        .http
+        .post(format!("{}/v1/messages", stack.base))
+        .header("x-api-key", &stack.key)
+        .json(&json!({"model": "claude-x", "max_tokens": 8, "stream": true, "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .expect("relay answers");
+    let mut body = response.bytes_stream();
+    futures_util::StreamExt::next(&mut body)
+        .await
+        .expect("first chunk")
+        .expect("bytes");
+    assert_eq!(
+        stack.leases(1).await + stack.leases(2).await,
+        1,
+        "the stream holds one lease"
+    );
+    let aborted = std::time::Instant::now();
+    drop(body);
+    eventually(Duration::from_secs(3), || async {
+        (stack.leases(1).await + stack.leases(2).await == 0).then_some(())
+    })
+    .await
+    .expect("the lease was released, not left to the 30 s grace");
+    println!(
+        "lease released {:?} after the client aborted",
+        aborted.elapsed()
+    );
 }

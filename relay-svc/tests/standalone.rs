@@ -258,16 +258,18 @@ async fn a_conflict_is_retried_on_the_same_account() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_clients_never_exceed_an_account_limit_and_all_get_served() {
+async fn a_hundred_concurrent_clients_never_exceed_an_account_limit_and_all_get_served() {
+    let mut settings = fast();
+    settings.max_wait = Duration::from_secs(20);
     let h = Arc::new(
         start(
             &[("a", "anthropic", 2, ""), ("b", "anthropic", 2, "")],
-            fast(),
+            settings,
         )
         .await,
     );
-    h.upstream.set_delay(Duration::from_millis(60));
-    let requests: Vec<_> = (0..24)
+    h.upstream.set_delay(Duration::from_millis(20));
+    let requests: Vec<_> = (0..100)
         .map(|n| {
             let h = h.clone();
             tokio::spawn(async move { h.messages(&message(n % 3 == 0)).await.0 })
