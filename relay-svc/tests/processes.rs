@@ -1,0 +1,220 @@
+//! Distributed mode with every service as its own process (the binaries the workspace builds),
+//! over a private Redis and Postgres: `selector-svc migrate`, accounts and a client key created
+//! through the `selector-svc admin` CLI, then requests through `relay-svc`.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use poolgate_testkit::{PostgresServer, RedisServer, eventually, free_port};
+use relay_svc::fake_upstream::FakeUpstream;
+use serde_json::json;
+
+fn binary(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_BIN_EXE_relay-svc"))
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_default();
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is not built: run the workspace's tests (`cargo nextest run --workspace` or `bash scripts/test.sh`)",
+        path.display()
+    );
+    path
+}
+
+/// Kills its process on drop.
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+struct Env {
+    vars: Vec<(String, String)>,
+}
+
+impl Env {
+    fn command(&self, name: &str) -> Command {
+        let mut command = Command::new(binary(name));
+        command.envs(self.vars.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        command.env_remove("RUST_LOG").stdin(Stdio::null());
+        command
+    }
+
+    fn spawn(&self, name: &str, args: &[&str]) -> Process {
+        Process(
+            self.command(name)
+                .args(args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("service starts"),
+        )
+    }
+
+    fn run(&self, name: &str, args: &[&str], extra_env: &[(&str, &str)]) -> String {
+        let output = self
+            .command(name)
+            .args(args)
+            .envs(extra_env.iter().copied())
+            .output()
+            .expect("command runs");
+        assert!(
+            output.status.success(),
+            "{name} {args:?} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_selector_and_admission_as_separate_processes() {
+    let (postgres, redis) = tokio::join!(PostgresServer::start(), RedisServer::start());
+    let (postgres, redis) = (postgres.expect("postgres"), redis.expect("redis"));
+    let upstream = FakeUpstream::start().await.expect("upstream");
+    let (selector_port, admission_port, relay_port) = (
+        free_port().expect("port"),
+        free_port().expect("port"),
+        free_port().expect("port"),
+    );
+    let keys = format!("k1:{}", selector_svc::crypto::Keyring::generate_key());
+    let env = Env {
+        vars: vec![
+            ("POOLGATE_DATABASE_URL".into(), postgres.url()),
+            ("POOLGATE_REDIS_URL".into(), redis.url()),
+            ("POOLGATE_CREDENTIAL_KEYS".into(), keys),
+            ("SELECTOR_ADMIN_TOKEN".into(), "admin-token".into()),
+            (
+                "SELECTOR_LISTEN".into(),
+                format!("127.0.0.1:{selector_port}"),
+            ),
+            (
+                "SELECTOR_METRICS_LISTEN".into(),
+                format!("127.0.0.1:{}", free_port().expect("port")),
+            ),
+            (
+                "SELECTOR_ENDPOINT".into(),
+                format!("http://127.0.0.1:{selector_port}"),
+            ),
+            (
+                "ADMISSION_LISTEN".into(),
+                format!("127.0.0.1:{admission_port}"),
+            ),
+            (
+                "ADMISSION_METRICS_LISTEN".into(),
+                format!("127.0.0.1:{}", free_port().expect("port")),
+            ),
+        ],
+    };
+    let migrated = env.run("selector-svc", &["migrate"], &[]);
+    assert!(migrated.contains("migrations applied"), "{migrated}");
+    let _selector = env.spawn("selector-svc", &[]);
+    let _admission = env.spawn("admission-svc", &[]);
+    let _relay = env.spawn(
+        "relay-svc",
+        &[
+            "--listen",
+            &format!("127.0.0.1:{relay_port}"),
+            "--selector-url",
+            &format!("http://127.0.0.1:{selector_port}"),
+            "--admission-url",
+            &format!("http://127.0.0.1:{admission_port}"),
+        ],
+    );
+    // Wait for the selector, then configure it through the admin CLI.
+    eventually(Duration::from_secs(20), || async {
+        tokio::net::TcpStream::connect(("127.0.0.1", selector_port))
+            .await
+            .ok()
+            .map(|_| ())
+    })
+    .await
+    .expect("selector listens");
+    for name in ["proc-a", "proc-b"] {
+        let credential = format!("cred-{name}");
+        let out = env.run(
+            "selector-svc",
+            &[
+                "admin",
+                "upsert-account",
+                "--name",
+                name,
+                "--group",
+                "default",
+                "--platform",
+                "anthropic",
+                "--base-url",
+                &upstream.base_url,
+                "--concurrency",
+                "2",
+            ],
+            &[("ACCOUNT_CREDENTIAL", credential.as_str())],
+        );
+        assert!(
+            out.contains(name) && !out.contains(&credential),
+            "credential masked in the listing: {out}"
+        );
+    }
+    let created = env.run(
+        "selector-svc",
+        &[
+            "admin",
+            "create-key",
+            "--user",
+            "alice",
+            "--group",
+            "default",
+        ],
+        &[],
+    );
+    let key = created
+        .lines()
+        .find_map(|line| line.strip_prefix("api_key="))
+        .expect("the new key is printed once")
+        .to_owned();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let http = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{relay_port}");
+    eventually(Duration::from_secs(20), || async {
+        let response = http
+            .post(format!("{base}/v1/messages"))
+            .header("x-api-key", &key)
+            .json(&json!({"model": "claude-x", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+            .await
+            .ok()?;
+        (response.status().as_u16() == 200).then_some(())
+    })
+    .await
+    .expect("a request goes through the three processes");
+    upstream.set_delay(Duration::from_millis(30));
+    let requests: Vec<_> = (0..30)
+        .map(|n| {
+            let (http, base, key) = (http.clone(), base.clone(), key.clone());
+            tokio::spawn(async move {
+                http.post(format!("{base}/v1/messages"))
+                    .header("x-api-key", &key)
+                    .json(&json!({"model": "claude-x", "max_tokens": 8, "stream": n % 2 == 0, "messages": [{"role": "user", "content": "hi"}]}))
+                    .send()
+                    .await
+                    .map(|r| r.status().as_u16())
+                    .unwrap_or(0)
+            })
+        })
+        .collect();
+    for request in requests {
+        assert_eq!(request.await.expect("task"), 200);
+    }
+    for name in ["proc-a", "proc-b"] {
+        let peak = upstream.stats(&format!("cred-{name}")).peak;
+        assert!(peak <= 2, "{name} saw {peak} concurrent requests, limit 2");
+    }
+    let blocks = env.run("selector-svc", &["admin", "blocks"], &[]);
+    assert!(blocks.trim().is_empty(), "no account was blocked: {blocks}");
+}
