@@ -620,6 +620,21 @@ async fn bad_requests_get_a_4xx_in_the_clients_format() {
         body["error"]["message"].is_string() && body.get("type").is_none(),
         "OpenAI format: {body}"
     );
+    let response = h
+        .http
+        .get(format!("{}/v1/messages", h.base))
+        .header("x-api-key", KEY)
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(response.status().as_u16(), 405);
+    let body: Value = response.json().await.expect("json");
+    assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
+    let huge = json!({"model": "claude-x", "messages": [{"role": "user", "content": "x".repeat(40 << 20)}]});
+    let response = h.post("/v1/messages", KEY, &huge).await;
+    assert_eq!(response.status().as_u16(), 413);
+    let body: Value = response.json().await.expect("json");
+    assert_eq!(body["type"], "error", "Anthropic format: {body}");
     assert_eq!(
         h.upstream.stats("cred-a").total,
         0,
