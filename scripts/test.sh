@@ -42,10 +42,10 @@ export POOLGATE_PG_BIN="$pg_bin"
 redis-server --version | head -n1
 "$pg_bin/postgres" --version
 
-log "python SDKs (the official anthropic and openai clients, in .venv)"
-if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import anthropic, openai" 2>/dev/null; then
+log "python tools in .venv: the official anthropic and openai SDKs, helm-python-sdk, kubernetes-validate"
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import anthropic, openai, helm_python, kubernetes_validate" 2>/dev/null; then
   python3 -m venv .venv 2>/dev/null || { apt_install python3-venv && python3 -m venv .venv; }
-  .venv/bin/pip install -q --disable-pip-version-check anthropic openai
+  .venv/bin/pip install -q --disable-pip-version-check anthropic openai helm-python-sdk kubernetes-validate
 fi
 export POOLGATE_SDK_PYTHON="$PWD/.venv/bin/python"
 "$POOLGATE_SDK_PYTHON" -c "import anthropic, openai; print('anthropic', anthropic.__version__, '/ openai', openai.__version__)"
@@ -57,6 +57,9 @@ if [ "${SKIP_LINT:-0}" != 1 ]; then
   cargo fmt --all -- --check
   cargo clippy --workspace --all-targets --locked -- -D warnings
 fi
+
+log "helm chart: render, lint and validate offline"
+.venv/bin/python scripts/validate_helm.py | tail -n 3
 
 log "bench smoke (a short run: the bench still builds and runs; figures are not checked)"
 cargo run --locked -q -p poolgate-bench --bin admission-bench -- --seconds 0.3 --rate 300 --concurrency 4
