@@ -59,6 +59,10 @@ struct Cli {
     /// Replica registry heartbeat interval (also the Redis probe while degraded), ms.
     #[arg(long, env = "ADMISSION_REGISTRY_INTERVAL_MS", default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(50..))]
     registry_interval_ms: u64,
+    /// After SIGTERM, how long open lease streams may go on before the process exits (leases
+    /// still open are left to the orphan grace, never released), ms.
+    #[arg(long, env = "ADMISSION_SHUTDOWN_GRACE_MS", default_value_t = 30_000)]
+    shutdown_grace_ms: u64,
     /// Log format.
     #[arg(long, env = "POOLGATE_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
@@ -110,6 +114,7 @@ impl Cli {
         Ok(Config {
             settings,
             backend,
+            shutdown_grace: Duration::from_millis(self.shutdown_grace_ms),
             ..Config::default()
         })
     }

@@ -39,6 +39,8 @@ pub struct Config {
     /// HTTP/2 streams per connection; each lease is one stream, so this bounds the leases one
     /// relay connection may hold (hyper's default of 200 is far too low).
     pub max_concurrent_streams: u32,
+    /// After the shutdown signal, how long open lease streams may go on.
+    pub shutdown_grace: Duration,
 }
 
 impl Default for Config {
@@ -47,6 +49,7 @@ impl Default for Config {
             settings: Settings::default(),
             backend: BackendConfig::Memory,
             max_concurrent_streams: 100_000,
+            shutdown_grace: Duration::from_secs(30),
         }
     }
 }
@@ -147,7 +150,21 @@ pub async fn serve(
 
     let local = listener.local_addr().ok();
     tracing::info!(addr = ?local, "admission serving");
-    let result = tonic::transport::Server::builder()
+    // On the shutdown signal: report NOT_SERVING, stop accepting, and keep serving the lease
+    // streams already open until they end or the grace runs out. Leases still open then are not
+    // released (their requests may still be running elsewhere): they are left to the orphan
+    // grace, within which the relay resumes them on another replica.
+    let (signalled, signal_received) = tokio::sync::oneshot::channel::<()>();
+    let reporter = health_reporter.clone();
+    let shutdown = async move {
+        shutdown.await;
+        reporter
+            .set_not_serving::<AdmissionServer<AdmissionGrpc>>()
+            .await;
+        tracing::info!("shutting down: no new connections; open lease streams may finish");
+        let _ = signalled.send(());
+    };
+    let server = tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(5)))
@@ -155,8 +172,20 @@ pub async fn serve(
         .add_service(health_service)
         .add_service(reflection)
         .add_service(AdmissionServer::new(AdmissionGrpc::new(admission.clone())))
-        .serve_with_incoming_shutdown(incoming(listener), shutdown)
-        .await;
+        .serve_with_incoming_shutdown(incoming(listener), shutdown);
+    let mut server = tokio::spawn(server);
+    let result = tokio::select! {
+        result = &mut server => result,
+        _ = signal_received => match tokio::time::timeout(config.shutdown_grace, &mut server).await {
+            Ok(result) => result,
+            Err(_) => {
+                tracing::warn!("shutdown grace ran out; open leases are left to the orphan grace");
+                server.abort();
+                Ok(Ok(()))
+            }
+        },
+    };
+    let result = result.unwrap_or(Ok(()));
     if let Some(policy) = admission.policy() {
         policy.leave().await;
     }
