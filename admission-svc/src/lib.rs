@@ -9,6 +9,7 @@ pub mod backend;
 pub mod domain;
 pub mod error;
 pub mod grpc;
+pub mod grpc_metrics;
 pub mod memory;
 pub mod metrics;
 pub mod policy;

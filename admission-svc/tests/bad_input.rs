@@ -220,3 +220,57 @@ async fn unary_rpcs_reject_bad_input_naming_the_field() {
     assert!(empty.accounts.is_empty());
     assert_eq!(inflight_one(&server.client, 3).await, 0);
 }
+
+/// GET /metrics from the test server, over a plain TCP connection.
+async fn scrape(addr: std::net::SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut socket = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("metrics port");
+    socket
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("write");
+    let mut text = String::new();
+    socket.read_to_string(&mut text).await.expect("read");
+    text
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_rpc_is_counted_by_method_and_code_without_unbounded_labels() {
+    let store = Store::memory().await;
+    let server = TestServer::on(&store).await;
+    let mut client = server.client.clone();
+    let _ = client
+        .inflight(pb::InflightRequest {
+            account_ids: vec![1],
+        })
+        .await;
+    let _ = client
+        .inflight(pb::InflightRequest {
+            account_ids: vec![-1],
+        })
+        .await;
+    let (held, _) = LeaseStream::acquire(&server.client, acquire(77, 1)).await;
+    held.release(0.0).await;
+    let text = scrape(server.metrics_addr).await;
+    assert!(
+        text.contains(r#"grpc_server_requests_total{code="Ok",method="Admission/Inflight"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            r#"grpc_server_requests_total{code="InvalidArgument",method="Admission/Inflight"} 1"#
+        ),
+        "{text}"
+    );
+    assert!(text.contains(r#"method="Admission/Lease""#), "{text}");
+    assert!(
+        text.contains(r#"admission_decisions_total{reason="none",result="granted"} 1"#),
+        "{text}"
+    );
+    assert!(
+        !text.contains("77."),
+        "no lease id or account id in any label"
+    );
+}

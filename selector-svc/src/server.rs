@@ -271,6 +271,9 @@ pub async fn serve_selector(
             auth.check(request)
         });
     let result = tonic::transport::Server::builder()
+        .layer(admission_svc::grpc_metrics::GrpcMetrics::new(
+            &selector.metrics().registry,
+        ))
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(5)))
         .max_concurrent_streams(Some(config.max_concurrent_streams))
