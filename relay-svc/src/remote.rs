@@ -25,23 +25,102 @@ use crate::backends::{
 use crate::classify::Classified;
 use crate::metrics::Metrics;
 
-/// A channel balanced over every endpoint (one HTTP/2 connection per replica).
+fn endpoint(url: &str) -> Result<Endpoint, String> {
+    Ok(Endpoint::from_shared(url.to_owned())
+        .map_err(|e| format!("bad endpoint {url:?}: {e}"))?
+        .tcp_nodelay(true)
+        .connect_timeout(Duration::from_secs(5))
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(5))
+        .keep_alive_while_idle(true))
+}
+
+/// How often DNS names of endpoints are resolved again (replicas come and go).
+const RESOLVE_EVERY: Duration = Duration::from_secs(5);
+
+/// A channel balanced over every replica: one HTTP/2 connection each, since a gRPC stream pins to
+/// its connection (a ClusterIP would send all of a relay's leases to one pod). An endpoint whose
+/// host is a DNS name (a Kubernetes headless Service) is resolved every few seconds, and each
+/// address it resolves to is a replica; an IP endpoint is one replica.
 pub fn balanced_channel(endpoints: &[String]) -> Result<Channel, String> {
-    let mut list = Vec::new();
-    for url in endpoints {
-        let endpoint = Endpoint::from_shared(url.clone())
-            .map_err(|e| format!("bad endpoint {url:?}: {e}"))?
-            .tcp_nodelay(true)
-            .connect_timeout(Duration::from_secs(5))
-            .http2_keep_alive_interval(Duration::from_secs(10))
-            .keep_alive_timeout(Duration::from_secs(5))
-            .keep_alive_while_idle(true);
-        list.push(endpoint);
-    }
-    if list.is_empty() {
+    if endpoints.is_empty() {
         return Err("no endpoints".into());
     }
-    Ok(Channel::balance_list(list.into_iter()))
+    let (channel, changes) = Channel::balance_channel::<String>(64);
+    for url in endpoints {
+        let uri: http::Uri = url
+            .parse()
+            .map_err(|e| format!("bad endpoint {url:?}: {e}"))?;
+        let scheme = uri.scheme_str().unwrap_or("http").to_owned();
+        let host = uri
+            .host()
+            .ok_or_else(|| format!("endpoint {url:?} has no host"))?
+            .to_owned();
+        let port = uri
+            .port_u16()
+            .unwrap_or(if scheme == "https" { 443 } else { 80 });
+        let literal = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok();
+        if literal {
+            let endpoint = endpoint(url)?;
+            changes
+                .try_send(tonic::transport::channel::Change::Insert(
+                    url.clone(),
+                    endpoint,
+                ))
+                .map_err(|_| "balancer queue full".to_string())?;
+            continue;
+        }
+        endpoint(url)?;
+        tokio::spawn(resolve_loop(scheme, host, port, changes.clone()));
+    }
+    Ok(channel)
+}
+
+/// Keeps the balancer's endpoints equal to what `host` resolves to.
+async fn resolve_loop(
+    scheme: String,
+    host: String,
+    port: u16,
+    changes: mpsc::Sender<tonic::transport::channel::Change<String, Endpoint>>,
+) {
+    use tonic::transport::channel::Change;
+    let mut current: std::collections::HashSet<String> = std::collections::HashSet::new();
+    loop {
+        match tokio::net::lookup_host((host.as_str(), port)).await {
+            Ok(addresses) => {
+                let resolved: std::collections::HashSet<String> = addresses
+                    .map(|address| format!("{scheme}://{address}"))
+                    .collect();
+                for gone in current.difference(&resolved) {
+                    if changes.send(Change::Remove(gone.clone())).await.is_err() {
+                        return;
+                    }
+                }
+                for new in resolved.difference(&current) {
+                    if let Ok(endpoint) = endpoint(new)
+                        && changes
+                            .send(Change::Insert(new.clone(), endpoint))
+                            .await
+                            .is_err()
+                    {
+                        return;
+                    }
+                }
+                if resolved != current {
+                    tracing::info!(%host, replicas = resolved.len(), "endpoint replicas changed");
+                }
+                current = resolved;
+            }
+            Err(error) => {
+                tracing::warn!(%host, %error, "endpoint name did not resolve; keeping the last replicas")
+            }
+        }
+        tokio::time::sleep(RESOLVE_EVERY).await;
+    }
 }
 
 fn backend(status: tonic::Status) -> BackendError {

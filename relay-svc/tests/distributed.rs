@@ -352,3 +352,142 @@ async fn a_client_that_aborts_mid_stream_frees_its_lease_long_before_the_orphan_
         aborted.elapsed()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_spread_over_both_admission_replicas_and_names_are_resolved() {
+    let (postgres, redis) = tokio::join!(PostgresServer::start(), RedisServer::start());
+    let (postgres, redis) = (postgres.expect("postgres"), redis.expect("redis"));
+    let keyring =
+        Keyring::parse(&format!("k1:{}", Keyring::generate_key()), None).expect("keyring");
+    let store = ConfigStore::connect(&postgres.url(), Arc::new(keyring.clone()))
+        .await
+        .expect("connect");
+    store.migrate().await.expect("migrate");
+    let upstream = FakeUpstream::start().await.expect("upstream");
+    store
+        .upsert_account(&account("a", &upstream.base_url, 50, 0))
+        .await
+        .expect("account");
+    let (_, key) = store
+        .create_api_key("t", "u", "default", 0)
+        .await
+        .expect("key");
+    let target = RedisTarget::Single(redis.url());
+    let selector_config = selector_svc::server::Config {
+        database_url: postgres.url(),
+        redis_target: target.clone(),
+        redis_options: RedisOptions::default(),
+        keyring,
+        admin_token: None,
+        settings: Default::default(),
+        refresh: Default::default(),
+        reload_interval: Duration::from_secs(3600),
+        refresh_interval: Duration::from_secs(3600),
+        max_concurrent_streams: 1000,
+    };
+    let selector =
+        selector_svc::server::build(&selector_config, selector_svc::metrics::Metrics::new())
+            .await
+            .expect("selector");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let selector_port = listener.local_addr().expect("addr").port();
+    let serving = selector.selector.clone();
+    tokio::spawn(async move {
+        let _ = selector_svc::server::serve_selector(
+            serving,
+            &selector_config,
+            listener,
+            None,
+            std::future::pending(),
+        )
+        .await;
+    });
+    let mut engines = Vec::new();
+    let mut urls = Vec::new();
+    for _ in 0..2 {
+        let config = admission_svc::Config {
+            backend: admission_svc::BackendConfig::Redis {
+                target: target.clone(),
+                options: RedisOptions::default(),
+                policy: Default::default(),
+            },
+            ..admission_svc::Config::default()
+        };
+        let engine =
+            admission_svc::server::build_admission(&config, admission_svc::metrics::Metrics::new())
+                .await
+                .expect("admission");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        urls.push(format!("http://{}", listener.local_addr().expect("addr")));
+        let serving = engine.clone();
+        tokio::spawn(async move {
+            let _ = admission_svc::server::serve(
+                serving,
+                &config,
+                listener,
+                None,
+                std::future::pending(),
+            )
+            .await;
+        });
+        engines.push(engine);
+    }
+    let config = relay_svc::server::Config {
+        mode: relay_svc::server::Mode::Remote {
+            // A name, resolved by the relay (as a headless Service name would be).
+            selector: vec![format!("http://localhost:{selector_port}")],
+            admission: urls,
+        },
+        relay: RelaySettings::default(),
+        blocks: Default::default(),
+        admission: Default::default(),
+        shutdown_grace: Duration::from_secs(1),
+    };
+    let relay = relay_svc::server::build(&config, Metrics::new()).expect("relay");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(relay_svc::server::serve(
+        relay,
+        listener,
+        std::future::pending(),
+        Duration::from_secs(1),
+    ));
+    let http = reqwest::Client::new();
+    let requests: Vec<_> = (0..40)
+        .map(|_| {
+            let (http, key) = (http.clone(), key.expose().to_owned());
+            tokio::spawn(async move {
+                http.post(format!("http://{addr}/v1/messages"))
+                    .header("x-api-key", key)
+                    .json(&json!({"model": "claude-x", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}))
+                    .send()
+                    .await
+                    .map(|r| r.status().as_u16())
+                    .unwrap_or(0)
+            })
+        })
+        .collect();
+    for request in requests {
+        assert_eq!(request.await.expect("task"), 200);
+    }
+    let granted: Vec<u64> = engines
+        .iter()
+        .map(|e| {
+            e.metrics()
+                .decisions
+                .with_label_values(&["granted", "none"])
+                .get()
+        })
+        .collect();
+    assert_eq!(granted.iter().sum::<u64>(), 40);
+    assert!(
+        granted.iter().all(|g| *g > 0),
+        "leases spread over both replicas: {granted:?}"
+    );
+}
