@@ -166,7 +166,27 @@ fn with_request_id(mut response: Response) -> Response {
     response
 }
 
+/// Every log line of one request carries its request id (the one returned in `x-request-id`).
 async fn handle(
+    front: Front,
+    api: Api,
+    path: &'static str,
+    ungoverned: bool,
+    headers: HeaderMap,
+    body: AxumBody,
+) -> Response {
+    use tracing::Instrument;
+    let (name, id) = request_id_header();
+    let span =
+        tracing::info_span!("request", request_id = %id.to_str().unwrap_or(""), endpoint = path);
+    let mut response = handle_inner(front, api, path, ungoverned, headers, body)
+        .instrument(span)
+        .await;
+    response.headers_mut().insert(name, id);
+    response
+}
+
+async fn handle_inner(
     front: Front,
     api: Api,
     path: &'static str,
@@ -187,7 +207,7 @@ async fn handle(
             );
             let mut response = error.into_response();
             *response.status_mut() = StatusCode::PAYLOAD_TOO_LARGE;
-            return with_request_id(response);
+            return response;
         }
     };
     let caller = match relay
@@ -195,48 +215,48 @@ async fn handle(
         .await
     {
         Ok(caller) => caller,
-        Err(error) => return with_request_id(error.into_response()),
+        Err(error) => return error.into_response(),
     };
     let json: Value = match serde_json::from_slice(&body) {
         Ok(json @ Value::Object(_)) => json,
         Ok(_) => {
-            return with_request_id(
+            return 
                 RelayError::new(
                     api,
                     ErrorKind::InvalidRequest,
                     "the request body must be a JSON object",
                 )
                 .into_response(),
-            );
+            ;
         }
         Err(error) => {
-            return with_request_id(
+            return 
                 RelayError::new(
                     api,
                     ErrorKind::InvalidRequest,
                     format!("the request body is not valid JSON: {error}"),
                 )
                 .into_response(),
-            );
+            ;
         }
     };
     let model = match json.get("model") {
         Some(Value::String(model)) if !model.is_empty() && model.len() <= 256 => model.clone(),
         Some(_) => {
-            return with_request_id(
+            return 
                 RelayError::new(
                     api,
                     ErrorKind::InvalidRequest,
                     "model: must be a non-empty string of at most 256 bytes",
                 )
                 .into_response(),
-            );
+            ;
         }
         None => {
-            return with_request_id(
+            return 
                 RelayError::new(api, ErrorKind::InvalidRequest, "model: field required")
                     .into_response(),
-            );
+            ;
         }
     };
     let stream = json.get("stream").and_then(Value::as_bool).unwrap_or(false);
@@ -259,16 +279,18 @@ async fn handle(
         ungoverned,
     };
     if !stream {
-        return with_request_id(respond(relay.run(inbound).await));
+        return respond(relay.run(inbound).await);
     }
     // A streaming request: answer with the real status when it comes in time; otherwise start
     // the SSE stream with keep-alive comments while the request waits for capacity.
     let ping_after = relay.settings.ping_after;
     let ping_every = relay.settings.ping_every;
-    let mut run = AbortOnDrop(Some(tokio::spawn(relay.run(inbound))));
+    let mut run = AbortOnDrop(Some(tokio::spawn(tracing::Instrument::in_current_span(
+        relay.run(inbound),
+    ))));
     tokio::select! {
-        answer = run.join() => with_request_id(respond(answer.unwrap_or_else(|| Answer::Error(RelayError::new(api, ErrorKind::Upstream, "internal error"))))),
-        _ = tokio::time::sleep(ping_after) => with_request_id(pinged_stream(api, run, ping_every)),
+        answer = run.join() => respond(answer.unwrap_or_else(|| Answer::Error(RelayError::new(api, ErrorKind::Upstream, "internal error")))),
+        _ = tokio::time::sleep(ping_after) => pinged_stream(api, run, ping_every),
     }
 }
 

@@ -637,7 +637,12 @@ impl Relay {
                 started,
                 status: status.as_u16(),
             };
-            tokio::spawn(finish.run(lease, usage, response_id, true));
+            tokio::spawn(tracing::Instrument::in_current_span(finish.run(
+                lease,
+                usage,
+                response_id,
+                true,
+            )));
             return Called::Served(Answer::Upstream {
                 status,
                 headers: client_headers,
@@ -669,7 +674,7 @@ impl Relay {
             status: status.as_u16(),
         };
         let api = inbound.api;
-        tokio::spawn(async move {
+        tokio::spawn(tracing::Instrument::in_current_span(async move {
             let mut scanner = SseScanner::default();
             scanner.feed(&first);
             let mut complete = sender.send(first).await.is_ok();
@@ -713,7 +718,7 @@ impl Relay {
             finish
                 .run(lease, scanner.usage, response_id, succeeded)
                 .await;
-        });
+        }));
         Called::Served(Answer::Upstream {
             status,
             headers: client_headers,
