@@ -220,43 +220,35 @@ async fn handle_inner(
     let json: Value = match serde_json::from_slice(&body) {
         Ok(json @ Value::Object(_)) => json,
         Ok(_) => {
-            return 
-                RelayError::new(
-                    api,
-                    ErrorKind::InvalidRequest,
-                    "the request body must be a JSON object",
-                )
-                .into_response(),
-            ;
+            return RelayError::new(
+                api,
+                ErrorKind::InvalidRequest,
+                "the request body must be a JSON object",
+            )
+            .into_response();
         }
         Err(error) => {
-            return 
-                RelayError::new(
-                    api,
-                    ErrorKind::InvalidRequest,
-                    format!("the request body is not valid JSON: {error}"),
-                )
-                .into_response(),
-            ;
+            return RelayError::new(
+                api,
+                ErrorKind::InvalidRequest,
+                format!("the request body is not valid JSON: {error}"),
+            )
+            .into_response();
         }
     };
     let model = match json.get("model") {
         Some(Value::String(model)) if !model.is_empty() && model.len() <= 256 => model.clone(),
         Some(_) => {
-            return 
-                RelayError::new(
-                    api,
-                    ErrorKind::InvalidRequest,
-                    "model: must be a non-empty string of at most 256 bytes",
-                )
-                .into_response(),
-            ;
+            return RelayError::new(
+                api,
+                ErrorKind::InvalidRequest,
+                "model: must be a non-empty string of at most 256 bytes",
+            )
+            .into_response();
         }
         None => {
-            return 
-                RelayError::new(api, ErrorKind::InvalidRequest, "model: field required")
-                    .into_response(),
-            ;
+            return RelayError::new(api, ErrorKind::InvalidRequest, "model: field required")
+                .into_response();
         }
     };
     let stream = json.get("stream").and_then(Value::as_bool).unwrap_or(false);
