@@ -17,5 +17,6 @@ pub mod redis_backend;
 pub mod redis_conn;
 pub mod server;
 pub mod session;
+pub mod telemetry;
 
 pub use server::{BackendConfig, Config, run};

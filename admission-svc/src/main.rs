@@ -68,17 +68,6 @@ struct Cli {
     log_format: String,
 }
 
-fn init_logging(format: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    if format == "json" {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
-}
-
 impl Cli {
     fn config(&self) -> Result<Config, String> {
         if !(self.sticky_reserve.is_finite() && (0.0..=10.0).contains(&self.sticky_reserve)) {
@@ -145,7 +134,7 @@ async fn shutdown_signal() {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(&cli.log_format);
+    let _telemetry = admission_svc::telemetry::init("admission-svc", &cli.log_format);
     let config = match cli.config() {
         Ok(config) => config,
         Err(message) => {

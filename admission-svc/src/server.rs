@@ -166,6 +166,7 @@ pub async fn serve(
     };
     let server = tonic::transport::Server::builder()
         .layer(crate::grpc_metrics::GrpcMetrics::new(&metrics.registry))
+        .layer(crate::telemetry::TraceLayer)
         .tcp_nodelay(true)
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(5)))

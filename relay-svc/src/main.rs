@@ -52,17 +52,6 @@ struct Cli {
     log_format: String,
 }
 
-fn init_logging(format: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    if format == "json" {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
-}
-
 const DEMO_KEY: &str = "pgk-demo-key-0001";
 
 async fn demo_file() -> Result<StandaloneFile, String> {
@@ -144,7 +133,7 @@ async fn shutdown_signal() {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(&cli.log_format);
+    let _telemetry = admission_svc::telemetry::init("relay-svc", &cli.log_format);
     let result = async {
         let config = config(&cli).await?;
         let relay = relay_svc::server::build(&config, Metrics::new())?;

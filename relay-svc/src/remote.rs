@@ -123,19 +123,22 @@ async fn resolve_loop(
     }
 }
 
+/// A balanced channel that carries the current trace context in every request's metadata.
+pub type Traced = admission_svc::telemetry::Inject<Channel>;
+
 fn backend(status: tonic::Status) -> BackendError {
     BackendError(format!("{:?}: {}", status.code(), status.message()))
 }
 
 /// The selector over gRPC.
 pub struct RemoteSelection {
-    client: SelectorClient<Channel>,
+    client: SelectorClient<Traced>,
     usage: mpsc::Sender<UsageRecord>,
 }
 
 impl RemoteSelection {
     pub fn new(channel: Channel) -> Self {
-        let client = SelectorClient::new(channel);
+        let client = SelectorClient::new(admission_svc::telemetry::Inject::new(channel));
         let (usage, receiver) = mpsc::channel(10_000);
         tokio::spawn(flush_usage(client.clone(), receiver));
         RemoteSelection { client, usage }
@@ -144,7 +147,7 @@ impl RemoteSelection {
 
 /// Writes usage records in batches: every second, or every 500 records.
 async fn flush_usage(
-    mut client: SelectorClient<Channel>,
+    mut client: SelectorClient<Traced>,
     mut receiver: mpsc::Receiver<UsageRecord>,
 ) {
     let mut batch = Vec::new();
@@ -344,14 +347,14 @@ impl Selection for RemoteSelection {
 
 /// Admission over gRPC.
 pub struct RemoteLeases {
-    client: AdmissionClient<Channel>,
+    client: AdmissionClient<Traced>,
     metrics: Metrics,
 }
 
 impl RemoteLeases {
     pub fn new(channel: Channel, metrics: Metrics) -> Self {
         RemoteLeases {
-            client: AdmissionClient::new(channel),
+            client: AdmissionClient::new(admission_svc::telemetry::Inject::new(channel)),
             metrics,
         }
     }
@@ -392,7 +395,7 @@ type Events = tonic::Streaming<apb::LeaseEvent>;
 
 /// Opens a lease stream with `first` and reads until the answer.
 async fn open(
-    client: &AdmissionClient<Channel>,
+    client: &AdmissionClient<Traced>,
     first: apb::lease_request::Kind,
 ) -> Result<
     (
@@ -477,7 +480,7 @@ enum Command {
 
 /// Owns one lease stream: heartbeats, attempts, release, and resume when it breaks.
 struct Keeper {
-    client: AdmissionClient<Channel>,
+    client: AdmissionClient<Traced>,
     terms: LeaseTerms,
     lease_id: String,
     ttl: Duration,

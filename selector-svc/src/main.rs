@@ -186,19 +186,6 @@ enum AdminAction {
     Usage { api_key_id: i64 },
 }
 
-fn init_logging(format: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if format == "json" {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
-}
-
 fn keyring(args: &ServeArgs) -> Result<Keyring, String> {
     let spec = match (&args.credential_keys, &args.credential_keys_file) {
         (Some(spec), _) => spec.clone(),
@@ -509,7 +496,7 @@ async fn admin(args: &ServeArgs, admin: &AdminArgs) -> Result<(), String> {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(&cli.serve.log_format);
+    let _telemetry = admission_svc::telemetry::init("selector-svc", &cli.serve.log_format);
     let result = match &cli.command {
         None | Some(Command::Serve) => serve(&cli.serve).await,
         Some(Command::Migrate) => match store(&cli.serve).await {

@@ -274,6 +274,7 @@ pub async fn serve_selector(
         .layer(admission_svc::grpc_metrics::GrpcMetrics::new(
             &selector.metrics().registry,
         ))
+        .layer(admission_svc::telemetry::TraceLayer)
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(5)))
         .max_concurrent_streams(Some(config.max_concurrent_streams))
