@@ -165,7 +165,8 @@ impl Selector {
         refresh_requests: tokio::sync::mpsc::UnboundedSender<AccountId>,
     ) -> Self {
         Selector {
-            oracle: LoadOracle::new(health.clone(), settings.oracle.clone()),
+            oracle: LoadOracle::new(health.clone(), settings.oracle.clone())
+                .with_active_blocks_gauge(metrics.active_blocks.clone()),
             snapshot,
             store,
             health,

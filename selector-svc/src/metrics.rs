@@ -1,6 +1,6 @@
 //! Prometheus metrics of one selector replica. Labels are bounded enums; account ids never.
 
-use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
+use prometheus::{IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry};
 
 #[derive(Clone)]
 pub struct Metrics {
@@ -18,6 +18,8 @@ pub struct Metrics {
     pub reloads: IntCounterVec,
     /// selector_token_refreshes_total{result}: refreshed, waited, failed.
     pub token_refreshes: IntCounterVec,
+    /// selector_active_blocks{kind}: hard, soft, breaker (from the latest readings).
+    pub active_blocks: IntGaugeVec,
 }
 
 fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -42,7 +44,14 @@ impl Metrics {
         )
         .unwrap_or_else(|error| unreachable!("static metric definition: {error}"));
         let _ = registry.register(Box::new(retirements.clone()));
+        let active_blocks = IntGaugeVec::new(
+            Opts::new("selector_active_blocks", "Accounts blocked in this replica's latest readings, by kind (hard, soft, breaker)."),
+            &["kind"],
+        )
+        .unwrap_or_else(|error| unreachable!("static metric definition: {error}"));
+        let _ = registry.register(Box::new(active_blocks.clone()));
         Metrics {
+            active_blocks,
             selects: counter_vec(
                 &registry,
                 "selector_selects_total",

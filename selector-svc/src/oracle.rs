@@ -67,6 +67,8 @@ pub struct LoadOracle {
     permits: Arc<Semaphore>,
     /// The latest reading of each account, whatever set it was read with.
     latest: Mutex<HashMap<AccountId, (Instant, AccountHealth)>>,
+    /// selector_active_blocks{kind}: accounts blocked in the latest readings.
+    active_blocks: Option<prometheus::IntGaugeVec>,
 }
 
 fn fingerprint(ids: &[AccountId]) -> u64 {
@@ -84,7 +86,14 @@ impl LoadOracle {
             cache: Mutex::new(HashMap::new()),
             flights: Mutex::new(HashMap::new()),
             latest: Mutex::new(HashMap::new()),
+            active_blocks: None,
         }
+    }
+
+    /// Keeps `selector_active_blocks{kind}` (hard, soft, breaker) up to date from the readings.
+    pub fn with_active_blocks_gauge(mut self, gauge: prometheus::IntGaugeVec) -> Self {
+        self.active_blocks = Some(gauge);
+        self
     }
 
     /// Forgets every cached reading (an operator just cleared blocks on this replica; the others
@@ -178,6 +187,17 @@ impl LoadOracle {
                 if let Some(health) = health.filter(|h| h.inflight.is_some()) {
                     latest.insert(*id, (now, health));
                 }
+            }
+            if let Some(gauge) = &self.active_blocks {
+                let (mut hard, mut soft, mut breaker) = (0, 0, 0);
+                for (_, health) in latest.values() {
+                    hard += i64::from(health.hard_block_ms > 0);
+                    soft += i64::from(health.soft_block_ms > 0);
+                    breaker += i64::from(matches!(health.breaker, crate::health::Breaker::Open(_)));
+                }
+                gauge.with_label_values(&["hard"]).set(hard);
+                gauge.with_label_values(&["soft"]).set(soft);
+                gauge.with_label_values(&["breaker"]).set(breaker);
             }
         }
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());

@@ -119,6 +119,12 @@ async fn a_429_with_a_reset_two_hours_ahead_hard_blocks_until_then() {
     assert!(plan.accounts.is_empty());
     assert_eq!(plan.none_reason, "all_blocked");
     assert!(plan.retry_after_ms > 2 * 3600 * 1000 - 60_000);
+    let gauge = &replica.built.selector.metrics().active_blocks;
+    assert_eq!(
+        gauge.with_label_values(&["hard"]).get(),
+        1,
+        "the active blocks gauge shows it"
+    );
     // Admission refuses it in its own script: the cooldown key holds the block.
     let mut conn = backends.redis.client().await.expect("redis");
     let cooldown: i64 = redis::cmd("PTTL")
