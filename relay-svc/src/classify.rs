@@ -31,7 +31,8 @@ fn header_i64(headers: &HeaderMap, name: &str) -> Option<i64> {
         .parse::<f64>()
         .ok()
         .filter(|v| v.is_finite())
-        .map(|v| v as i64)
+        // Upstream headers are input: clamp to ±100 years of seconds so no arithmetic overflows.
+        .map(|v| v.clamp(-3.2e9, 3.2e12) as i64)
 }
 
 /// Every reset the upstream announced for an exhausted limit, as ms since the epoch; the latest
@@ -39,14 +40,14 @@ fn header_i64(headers: &HeaderMap, name: &str) -> Option<i64> {
 pub fn reset_at_ms(headers: &HeaderMap, now_ms: i64) -> Option<i64> {
     let mut resets = Vec::new();
     if let Some(seconds) = header_i64(headers, "retry-after") {
-        resets.push(now_ms + seconds.max(0) * 1000);
+        resets.push(now_ms.saturating_add(seconds.max(0).saturating_mul(1000)));
     }
     if let Some(ms) = header_i64(headers, "retry-after-ms") {
-        resets.push(now_ms + ms.max(0));
+        resets.push(now_ms.saturating_add(ms.max(0)));
     }
     // Anthropic subscription windows: epoch seconds.
     if let Some(at) = header_i64(headers, "anthropic-ratelimit-unified-reset") {
-        resets.push(at * 1000);
+        resets.push(at.saturating_mul(1000));
     }
     for window in ["5h", "7d", "7d_opus", "7d_sonnet"] {
         let rejected = headers
@@ -59,7 +60,7 @@ pub fn reset_at_ms(headers: &HeaderMap, now_ms: i64) -> Option<i64> {
                 &format!("anthropic-ratelimit-unified-{window}-reset"),
             )
         {
-            resets.push(at * 1000);
+            resets.push(at.saturating_mul(1000));
         }
     }
     // Codex windows: a window at 100 % resets after so many seconds.
@@ -69,7 +70,7 @@ pub fn reset_at_ms(headers: &HeaderMap, now_ms: i64) -> Option<i64> {
             && let Some(seconds) =
                 header_i64(headers, &format!("x-codex-{window}-reset-after-seconds"))
         {
-            resets.push(now_ms + seconds.max(0) * 1000);
+            resets.push(now_ms.saturating_add(seconds.max(0).saturating_mul(1000)));
         }
     }
     resets.into_iter().max()
@@ -110,7 +111,8 @@ pub fn classify(
         409 | 423 => outcome(OutcomeClass::Conflict, "409"),
         429 => {
             let reset = reset_at_ms(headers, now_ms);
-            let hard = reset.is_some_and(|at| at - now_ms > hard_block_threshold_ms as i64);
+            let threshold = i64::try_from(hard_block_threshold_ms).unwrap_or(i64::MAX);
+            let hard = reset.is_some_and(|at| at.saturating_sub(now_ms) > threshold);
             Classified {
                 class: if hard {
                     OutcomeClass::WindowExhausted
@@ -123,8 +125,10 @@ pub fn classify(
         }
         529 => Classified {
             class: OutcomeClass::Busy,
-            reset_at_ms: reset_at_ms(headers, now_ms)
-                .filter(|at| at - now_ms <= hard_block_threshold_ms as i64),
+            reset_at_ms: reset_at_ms(headers, now_ms).filter(|at| {
+                at.saturating_sub(now_ms)
+                    <= i64::try_from(hard_block_threshold_ms).unwrap_or(i64::MAX)
+            }),
             label: "529",
         },
         401 => outcome(OutcomeClass::Unauthorized, "401"),

@@ -25,7 +25,7 @@ pub enum Decision {
 pub fn decide(outcome: &Outcome, blocks: &RuntimeBlockSettings, now_ms: i64) -> Decision {
     let reset_in = outcome
         .reset_at_ms
-        .map(|at| (at - now_ms).max(0) as u64)
+        .map(|at| at.saturating_sub(now_ms).max(0) as u64)
         .filter(|ms| *ms > 0);
     match outcome.class {
         OutcomeClass::Success => Decision::Success,
