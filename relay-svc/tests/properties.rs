@@ -61,7 +61,7 @@ fn bodies() -> impl Strategy<Value = Vec<u8>> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 400, failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn classification_never_panics_and_is_total(status in 0u16..1000, pairs in header_pairs(), body in bodies(), now in any::<i64>(), threshold in any::<u64>()) {
