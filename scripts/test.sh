@@ -25,6 +25,9 @@ apt_install() {
 }
 
 log "system packages"
+if ! command -v openssl >/dev/null; then
+  apt_install openssl
+fi
 if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
   apt_install redis-server redis-tools
 fi

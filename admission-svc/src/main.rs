@@ -63,6 +63,12 @@ struct Cli {
     /// still open are left to the orphan grace, never released), ms.
     #[arg(long, env = "ADMISSION_SHUTDOWN_GRACE_MS", default_value_t = 30_000)]
     shutdown_grace_ms: u64,
+    /// PEM certificate (chain) to serve gRPC over TLS (with --tls-key).
+    #[arg(long, env = "ADMISSION_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// PEM private key for --tls-cert.
+    #[arg(long, env = "ADMISSION_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
     /// Log format.
     #[arg(long, env = "POOLGATE_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
@@ -104,6 +110,13 @@ impl Cli {
             settings,
             backend,
             shutdown_grace: Duration::from_millis(self.shutdown_grace_ms),
+            tls: match (&self.tls_cert, &self.tls_key) {
+                (Some(cert), Some(key)) => Some(admission_svc::server::TlsFiles {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                }),
+                _ => None,
+            },
             ..Config::default()
         })
     }

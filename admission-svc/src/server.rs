@@ -41,6 +41,26 @@ pub struct Config {
     pub max_concurrent_streams: u32,
     /// After the shutdown signal, how long open lease streams may go on.
     pub shutdown_grace: Duration,
+    /// PEM certificate chain and key: serve gRPC over TLS. `None`: plaintext (inside a trusted
+    /// network only; see docs/SECURITY.md).
+    pub tls: Option<TlsFiles>,
+}
+
+/// PEM files of a server identity.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+}
+
+impl TlsFiles {
+    /// The tonic server TLS config, reading both files.
+    pub fn server_config(&self) -> Result<tonic::transport::ServerTlsConfig, std::io::Error> {
+        let cert = std::fs::read(&self.cert)?;
+        let key = std::fs::read(&self.key)?;
+        Ok(tonic::transport::ServerTlsConfig::new()
+            .identity(tonic::transport::Identity::from_pem(cert, key)))
+    }
 }
 
 impl Default for Config {
@@ -50,6 +70,7 @@ impl Default for Config {
             backend: BackendConfig::Memory,
             max_concurrent_streams: 100_000,
             shutdown_grace: Duration::from_secs(30),
+            tls: None,
         }
     }
 }
@@ -64,6 +85,8 @@ pub enum ServeError {
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("metrics server failed: {0}")]
     Metrics(#[from] std::io::Error),
+    #[error("tls: {0}")]
+    Tls(String),
 }
 
 /// Builds the engine for `config` (also used in process by the relay's standalone mode).
@@ -164,7 +187,14 @@ pub async fn serve(
         tracing::info!("shutting down: no new connections; open lease streams may finish");
         let _ = signalled.send(());
     };
-    let server = tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = &config.tls {
+        let tls = tls
+            .server_config()
+            .map_err(|e| ServeError::Tls(format!("cannot read the certificate or key: {e}")))?;
+        builder = builder.tls_config(tls)?;
+    }
+    let server = builder
         .layer(crate::grpc_metrics::GrpcMetrics::new(&metrics.registry))
         .layer(crate::telemetry::TraceLayer)
         .tcp_nodelay(true)

@@ -313,6 +313,7 @@ async fn distributed(
         reload_interval: Duration::from_secs(3600),
         refresh_interval: Duration::from_secs(3600),
         max_concurrent_streams: 100_000,
+        tls: None,
     };
     let selector =
         selector_svc::server::build(&selector_config, selector_svc::metrics::Metrics::new())
@@ -367,6 +368,7 @@ async fn distributed(
         mode: Mode::Remote {
             selector: vec![format!("http://{selector_addr}")],
             admission: vec![format!("http://{admission_addr}")],
+            tls_ca: None,
         },
         relay: RelaySettings::default(),
         blocks: Default::default(),

@@ -106,6 +106,7 @@ async fn run(args: Args) -> Result<(), String> {
         reload_interval: Duration::from_secs(3600),
         refresh_interval: Duration::from_secs(3600),
         max_concurrent_streams: 100_000,
+        tls: None,
     };
     let built = selector_svc::server::build(&config, selector_svc::metrics::Metrics::new())
         .await

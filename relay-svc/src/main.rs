@@ -35,6 +35,9 @@ struct Cli {
     /// Admission gRPC endpoints, comma-separated (one per replica).
     #[arg(long, env = "RELAY_ADMISSION_URL", value_delimiter = ',')]
     admission_url: Vec<String>,
+    /// PEM CA of the selector's and admission's TLS certificates; use https:// endpoint URLs.
+    #[arg(long, env = "RELAY_GRPC_TLS_CA")]
+    grpc_tls_ca: Option<std::path::PathBuf>,
     /// How long a request may wait for capacity, ms.
     #[arg(long, env = "RELAY_MAX_WAIT_MS", default_value_t = 30_000)]
     max_wait_ms: u64,
@@ -95,9 +98,17 @@ async fn config(cli: &Cli) -> Result<Config, String> {
         if cli.selector_url.is_empty() || cli.admission_url.is_empty() {
             return Err("give --selector-url and --admission-url, or run --standalone".into());
         }
+        let tls_ca = match &cli.grpc_tls_ca {
+            Some(path) => Some(
+                std::fs::read(path)
+                    .map_err(|e| format!("--grpc-tls-ca {}: {e}", path.display()))?,
+            ),
+            None => None,
+        };
         Mode::Remote {
             selector: cli.selector_url.clone(),
             admission: cli.admission_url.clone(),
+            tls_ca,
         }
     };
     Ok(Config {

@@ -25,9 +25,18 @@ use crate::backends::{
 use crate::classify::Classified;
 use crate::metrics::Metrics;
 
-fn endpoint(url: &str) -> Result<Endpoint, String> {
-    Ok(Endpoint::from_shared(url.to_owned())
-        .map_err(|e| format!("bad endpoint {url:?}: {e}"))?
+fn endpoint(
+    url: &str,
+    tls: Option<&tonic::transport::ClientTlsConfig>,
+) -> Result<Endpoint, String> {
+    let mut endpoint =
+        Endpoint::from_shared(url.to_owned()).map_err(|e| format!("bad endpoint {url:?}: {e}"))?;
+    if let Some(tls) = tls {
+        endpoint = endpoint
+            .tls_config(tls.clone())
+            .map_err(|e| format!("tls for {url:?}: {e}"))?;
+    }
+    Ok(endpoint
         .tcp_nodelay(true)
         .connect_timeout(Duration::from_secs(5))
         .http2_keep_alive_interval(Duration::from_secs(10))
@@ -41,8 +50,9 @@ const RESOLVE_EVERY: Duration = Duration::from_secs(5);
 /// A channel balanced over every replica: one HTTP/2 connection each, since a gRPC stream pins to
 /// its connection (a ClusterIP would send all of a relay's leases to one pod). An endpoint whose
 /// host is a DNS name (a Kubernetes headless Service) is resolved every few seconds, and each
-/// address it resolves to is a replica; an IP endpoint is one replica.
-pub fn balanced_channel(endpoints: &[String]) -> Result<Channel, String> {
+/// address it resolves to is a replica; an IP endpoint is one replica. With `tls_ca`, `https://`
+/// endpoints are verified against that CA and the name in the URL.
+pub fn balanced_channel(endpoints: &[String], tls_ca: Option<&[u8]>) -> Result<Channel, String> {
     if endpoints.is_empty() {
         return Err("no endpoints".into());
     }
@@ -59,13 +69,18 @@ pub fn balanced_channel(endpoints: &[String]) -> Result<Channel, String> {
         let port = uri
             .port_u16()
             .unwrap_or(if scheme == "https" { 443 } else { 80 });
-        let literal = host
+        let bare_host = host
             .trim_start_matches('[')
             .trim_end_matches(']')
-            .parse::<std::net::IpAddr>()
-            .is_ok();
+            .to_owned();
+        let literal = bare_host.parse::<std::net::IpAddr>().is_ok();
+        let tls = tls_ca.filter(|_| scheme == "https").map(|ca| {
+            tonic::transport::ClientTlsConfig::new()
+                .ca_certificate(tonic::transport::Certificate::from_pem(ca))
+                .domain_name(bare_host.clone())
+        });
         if literal {
-            let endpoint = endpoint(url)?;
+            let endpoint = endpoint(url, tls.as_ref())?;
             changes
                 .try_send(tonic::transport::channel::Change::Insert(
                     url.clone(),
@@ -74,8 +89,8 @@ pub fn balanced_channel(endpoints: &[String]) -> Result<Channel, String> {
                 .map_err(|_| "balancer queue full".to_string())?;
             continue;
         }
-        endpoint(url)?;
-        tokio::spawn(resolve_loop(scheme, host, port, changes.clone()));
+        endpoint(url, tls.as_ref())?;
+        tokio::spawn(resolve_loop(scheme, host, port, tls, changes.clone()));
     }
     Ok(channel)
 }
@@ -85,6 +100,7 @@ async fn resolve_loop(
     scheme: String,
     host: String,
     port: u16,
+    tls: Option<tonic::transport::ClientTlsConfig>,
     changes: mpsc::Sender<tonic::transport::channel::Change<String, Endpoint>>,
 ) {
     use tonic::transport::channel::Change;
@@ -101,7 +117,7 @@ async fn resolve_loop(
                     }
                 }
                 for new in resolved.difference(&current) {
-                    if let Ok(endpoint) = endpoint(new)
+                    if let Ok(endpoint) = endpoint(new, tls.as_ref())
                         && changes
                             .send(Change::Insert(new.clone(), endpoint))
                             .await
@@ -655,13 +671,14 @@ impl Lease for RemoteLease {
 pub fn remote_backends(
     selector: &[String],
     admission: &[String],
+    tls_ca: Option<&[u8]>,
     metrics: Metrics,
 ) -> Result<Backends, String> {
     let selection = RemoteSelection::new(
-        balanced_channel(selector).map_err(|e| format!("--selector-url: {e}"))?,
+        balanced_channel(selector, tls_ca).map_err(|e| format!("--selector-url: {e}"))?,
     );
     let leases = RemoteLeases::new(
-        balanced_channel(admission).map_err(|e| format!("--admission-url: {e}"))?,
+        balanced_channel(admission, tls_ca).map_err(|e| format!("--admission-url: {e}"))?,
         metrics,
     );
     Ok((Arc::new(selection), Arc::new(leases)))

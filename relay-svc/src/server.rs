@@ -24,6 +24,8 @@ pub enum Mode {
     Remote {
         selector: Vec<String>,
         admission: Vec<String>,
+        /// PEM CA that signs the selector's and admission's certificates (for https:// URLs).
+        tls_ca: Option<Vec<u8>>,
     },
 }
 
@@ -48,7 +50,10 @@ pub fn build(config: &Config, metrics: Metrics) -> Result<Arc<Relay>, String> {
         Mode::Remote {
             selector,
             admission,
-        } => crate::remote::remote_backends(selector, admission, metrics.clone())?,
+            tls_ca,
+        } => {
+            crate::remote::remote_backends(selector, admission, tls_ca.as_deref(), metrics.clone())?
+        }
     };
     Ok(Arc::new(Relay::new(
         selection,

@@ -97,6 +97,7 @@ async fn start_with(admission_settings: admission_svc::domain::Settings) -> Stac
         reload_interval: Duration::from_secs(3600),
         refresh_interval: Duration::from_secs(3600),
         max_concurrent_streams: 1000,
+        tls: None,
     };
     let selector =
         selector_svc::server::build(&selector_config, selector_svc::metrics::Metrics::new())
@@ -152,6 +153,7 @@ async fn start_with(admission_settings: admission_svc::domain::Settings) -> Stac
         mode: relay_svc::server::Mode::Remote {
             selector: vec![format!("http://{selector_addr}")],
             admission: vec![format!("http://{admission_addr}")],
+            tls_ca: None,
         },
         relay: RelaySettings {
             max_wait: Duration::from_secs(10),
@@ -384,6 +386,7 @@ async fn leases_spread_over_both_admission_replicas_and_names_are_resolved() {
         reload_interval: Duration::from_secs(3600),
         refresh_interval: Duration::from_secs(3600),
         max_concurrent_streams: 1000,
+        tls: None,
     };
     let selector =
         selector_svc::server::build(&selector_config, selector_svc::metrics::Metrics::new())
@@ -441,6 +444,7 @@ async fn leases_spread_over_both_admission_replicas_and_names_are_resolved() {
             // A name, resolved by the relay (as a headless Service name would be).
             selector: vec![format!("http://localhost:{selector_port}")],
             admission: urls,
+            tls_ca: None,
         },
         relay: RelaySettings::default(),
         blocks: Default::default(),

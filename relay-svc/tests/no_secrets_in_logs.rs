@@ -17,8 +17,22 @@ const CLIENT_KEY: &str = "pgk-CLIENT-KEY-SECRET-0003";
 async fn a_debug_level_run_logs_no_credential() {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let upstream = FakeUpstream::start().await.expect("upstream");
-    upstream.script(UPSTREAM_SECRET, [Scripted::Fail { status: 401, headers: vec![], body: r#"{"error":"bad key"}"#.into() }]);
-    upstream.script(OTHER_SECRET, [Scripted::Fail { status: 500, headers: vec![], body: "boom".into() }]);
+    upstream.script(
+        UPSTREAM_SECRET,
+        [Scripted::Fail {
+            status: 401,
+            headers: vec![],
+            body: r#"{"error":"bad key"}"#.into(),
+        }],
+    );
+    upstream.script(
+        OTHER_SECRET,
+        [Scripted::Fail {
+            status: 500,
+            headers: vec![],
+            body: "boom".into(),
+        }],
+    );
     let dir = std::env::temp_dir().join(format!("poolgate-secrets-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
     let config = dir.join("relay.yaml");
@@ -35,14 +49,22 @@ async fn a_debug_level_run_logs_no_credential() {
     let child = Command::new(binary)
         .args(["--standalone", "--config"])
         .arg(&config)
-        .args(["--listen", &format!("127.0.0.1:{port}"), "--shutdown-grace-ms", "1000"])
+        .args([
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--shutdown-grace-ms",
+            "1000",
+        ])
         .env("RUST_LOG", "debug")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("relay starts");
     eventually(Duration::from_secs(10), || async {
-        tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok().map(|_| ())
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()
+            .map(|_| ())
     })
     .await
     .expect("relay listens");
@@ -63,12 +85,35 @@ async fn a_debug_level_run_logs_no_credential() {
         .json(&json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}))
         .send()
         .await;
-    let _ = http.post(format!("{base}/v1/messages")).header("x-api-key", "pgk-wrong-key").json(&json!({"model": "m"})).send().await;
-    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
-    let output = tokio::task::spawn_blocking(move || child.wait_with_output()).await.expect("join").expect("output");
-    let logs = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
-    assert!(logs.contains("DEBUG") || logs.contains("debug"), "the run logged at debug level: {} bytes", logs.len());
-    for secret in [UPSTREAM_SECRET, OTHER_SECRET, CLIENT_KEY, "sk-ant-second-ok"] {
+    let _ = http
+        .post(format!("{base}/v1/messages"))
+        .header("x-api-key", "pgk-wrong-key")
+        .json(&json!({"model": "m"}))
+        .send()
+        .await;
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let output = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .expect("join")
+        .expect("output");
+    let logs = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        logs.contains("DEBUG") || logs.contains("debug"),
+        "the run logged at debug level: {} bytes",
+        logs.len()
+    );
+    for secret in [
+        UPSTREAM_SECRET,
+        OTHER_SECRET,
+        CLIENT_KEY,
+        "sk-ant-second-ok",
+    ] {
         assert!(!logs.contains(secret), "{secret} appeared in the logs");
     }
     let _ = std::fs::remove_dir_all(&dir);

@@ -187,6 +187,7 @@ async fn sigterm_to_one_admission_replica_under_load_never_over_admits() {
         reload_interval: Duration::from_secs(3600),
         refresh_interval: Duration::from_secs(3600),
         max_concurrent_streams: 10_000,
+        tls: None,
     };
     let selector =
         selector_svc::server::build(&selector_config, selector_svc::metrics::Metrics::new())
@@ -252,6 +253,7 @@ async fn sigterm_to_one_admission_replica_under_load_never_over_admits() {
                 .iter()
                 .map(|p| format!("http://127.0.0.1:{p}"))
                 .collect(),
+            tls_ca: None,
         },
         relay: RelaySettings {
             max_wait: Duration::from_secs(20),

@@ -75,6 +75,7 @@ async fn a_client_request_is_one_trace_across_relay_selector_and_admission() {
         reload_interval: Duration::from_secs(3600),
         refresh_interval: Duration::from_secs(3600),
         max_concurrent_streams: 1000,
+        tls: None,
     };
     let selector =
         selector_svc::server::build(&selector_config, selector_svc::metrics::Metrics::new())
@@ -127,6 +128,7 @@ async fn a_client_request_is_one_trace_across_relay_selector_and_admission() {
         mode: relay_svc::server::Mode::Remote {
             selector: vec![format!("http://{selector_addr}")],
             admission: vec![format!("http://{admission_addr}")],
+            tls_ca: None,
         },
         relay: Default::default(),
         blocks: Default::default(),

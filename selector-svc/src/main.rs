@@ -92,6 +92,12 @@ struct ServeArgs {
         global = true
     )]
     reload_interval_ms: u64,
+    /// PEM certificate (chain) to serve gRPC over TLS (with --tls-key).
+    #[arg(long, env = "SELECTOR_TLS_CERT", requires = "tls_key", global = true)]
+    tls_cert: Option<std::path::PathBuf>,
+    /// PEM private key for --tls-cert.
+    #[arg(long, env = "SELECTOR_TLS_KEY", requires = "tls_cert", global = true)]
+    tls_key: Option<std::path::PathBuf>,
     /// Log format.
     #[arg(long, env = "POOLGATE_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"], global = true)]
     log_format: String,
@@ -221,6 +227,13 @@ fn config(args: &ServeArgs) -> Result<Config, String> {
         reload_interval: Duration::from_millis(args.reload_interval_ms.max(100)),
         refresh_interval: Duration::from_secs(30),
         max_concurrent_streams: 10_000,
+        tls: match (&args.tls_cert, &args.tls_key) {
+            (Some(cert), Some(key)) => Some(admission_svc::server::TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+            }),
+            _ => None,
+        },
     })
 }
 

@@ -37,6 +37,8 @@ pub struct Config {
     /// How often OAuth expiries are checked.
     pub refresh_interval: Duration,
     pub max_concurrent_streams: u32,
+    /// Serve gRPC over TLS with this identity; `None`: plaintext.
+    pub tls: Option<admission_svc::server::TlsFiles>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -270,7 +272,14 @@ pub async fn serve_selector(
         SelectorAdminServer::with_interceptor(AdminGrpc::new(selector.clone()), move |request| {
             auth.check(request)
         });
-    let result = tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = &config.tls {
+        let tls = tls.server_config().map_err(|e| {
+            ServeError::Other(format!("tls: cannot read the certificate or key: {e}"))
+        })?;
+        builder = builder.tls_config(tls)?;
+    }
+    let result = builder
         .layer(admission_svc::grpc_metrics::GrpcMetrics::new(
             &selector.metrics().registry,
         ))

@@ -61,6 +61,7 @@ impl Backends {
             reload_interval: Duration::from_secs(3600),
             refresh_interval: Duration::from_secs(3600),
             max_concurrent_streams: 1000,
+            tls: None,
         }
     }
 
