@@ -20,9 +20,18 @@ pub struct GrpcMetrics {
 impl GrpcMetrics {
     /// Registers `grpc_server_*` metrics in `registry`.
     pub fn new(registry: &Registry) -> Self {
+        Self::with_side(registry, "server")
+    }
+
+    /// Registers `grpc_client_*` metrics in `registry` (for a service's outgoing calls).
+    pub fn client(registry: &Registry) -> Self {
+        Self::with_side(registry, "client")
+    }
+
+    fn with_side(registry: &Registry, side: &str) -> Self {
         let requests = IntCounterVec::new(
             Opts::new(
-                "grpc_server_requests_total",
+                &format!("grpc_{side}_requests_total"),
                 "gRPC requests by method and status code.",
             ),
             &["method", "code"],
@@ -30,7 +39,7 @@ impl GrpcMetrics {
         .unwrap_or_else(|e| unreachable!("static metric: {e}"));
         let in_flight = IntGaugeVec::new(
             Opts::new(
-                "grpc_server_in_flight",
+                &format!("grpc_{side}_in_flight"),
                 "gRPC requests (and open streams) in flight by method.",
             ),
             &["method"],
@@ -38,7 +47,7 @@ impl GrpcMetrics {
         .unwrap_or_else(|e| unreachable!("static metric: {e}"));
         let seconds = HistogramVec::new(
             HistogramOpts::new(
-                "grpc_server_duration_seconds",
+                &format!("grpc_{side}_duration_seconds"),
                 "gRPC request duration by method (until the response head).",
             )
             .buckets(vec![

@@ -139,8 +139,14 @@ async fn resolve_loop(
     }
 }
 
-/// A balanced channel that carries the current trace context in every request's metadata.
-pub type Traced = admission_svc::telemetry::Inject<Channel>;
+/// A balanced channel that carries the current trace context in every request's metadata, and
+/// counts every call (`grpc_client_*` metrics).
+pub type Traced =
+    admission_svc::grpc_metrics::GrpcMetricsService<admission_svc::telemetry::Inject<Channel>>;
+
+fn traced(channel: Channel, metrics: &admission_svc::grpc_metrics::GrpcMetrics) -> Traced {
+    tower::Layer::layer(metrics, admission_svc::telemetry::Inject::new(channel))
+}
 
 fn backend(status: tonic::Status) -> BackendError {
     BackendError(format!("{:?}: {}", status.code(), status.message()))
@@ -153,8 +159,8 @@ pub struct RemoteSelection {
 }
 
 impl RemoteSelection {
-    pub fn new(channel: Channel) -> Self {
-        let client = SelectorClient::new(admission_svc::telemetry::Inject::new(channel));
+    pub fn new(channel: Channel, grpc_metrics: &admission_svc::grpc_metrics::GrpcMetrics) -> Self {
+        let client = SelectorClient::new(traced(channel, grpc_metrics));
         let (usage, receiver) = mpsc::channel(10_000);
         tokio::spawn(flush_usage(client.clone(), receiver));
         RemoteSelection { client, usage }
@@ -368,9 +374,13 @@ pub struct RemoteLeases {
 }
 
 impl RemoteLeases {
-    pub fn new(channel: Channel, metrics: Metrics) -> Self {
+    pub fn new(
+        channel: Channel,
+        metrics: Metrics,
+        grpc_metrics: &admission_svc::grpc_metrics::GrpcMetrics,
+    ) -> Self {
         RemoteLeases {
-            client: AdmissionClient::new(admission_svc::telemetry::Inject::new(channel)),
+            client: AdmissionClient::new(traced(channel, grpc_metrics)),
             metrics,
         }
     }
@@ -674,12 +684,15 @@ pub fn remote_backends(
     tls_ca: Option<&[u8]>,
     metrics: Metrics,
 ) -> Result<Backends, String> {
+    let grpc_metrics = admission_svc::grpc_metrics::GrpcMetrics::client(&metrics.registry);
     let selection = RemoteSelection::new(
         balanced_channel(selector, tls_ca).map_err(|e| format!("--selector-url: {e}"))?,
+        &grpc_metrics,
     );
     let leases = RemoteLeases::new(
         balanced_channel(admission, tls_ca).map_err(|e| format!("--admission-url: {e}"))?,
         metrics,
+        &grpc_metrics,
     );
     Ok((Arc::new(selection), Arc::new(leases)))
 }

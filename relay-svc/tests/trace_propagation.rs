@@ -155,6 +155,17 @@ async fn a_client_request_is_one_trace_across_relay_selector_and_admission() {
         .await
         .expect("answer");
     assert_eq!(response.status().as_u16(), 200);
+    let metrics = reqwest::get(format!("http://{addr}/metrics"))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics.contains(r#"grpc_client_requests_total{code="Ok",method="Selector/Select"} 1"#),
+        "the relay counts its gRPC calls: {metrics}"
+    );
+    assert!(metrics.contains(r#"method="Admission/Lease""#), "{metrics}");
     tokio::time::sleep(Duration::from_millis(300)).await;
     let _ = provider.force_flush();
     let spans = exporter.get_finished_spans().expect("spans");
