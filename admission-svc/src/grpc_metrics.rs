@@ -31,7 +31,7 @@ impl GrpcMetrics {
     fn with_side(registry: &Registry, side: &str) -> Self {
         let requests = IntCounterVec::new(
             Opts::new(
-                &format!("grpc_{side}_requests_total"),
+                format!("grpc_{side}_requests_total"),
                 "gRPC requests by method and status code.",
             ),
             &["method", "code"],
@@ -39,7 +39,7 @@ impl GrpcMetrics {
         .unwrap_or_else(|e| unreachable!("static metric: {e}"));
         let in_flight = IntGaugeVec::new(
             Opts::new(
-                &format!("grpc_{side}_in_flight"),
+                format!("grpc_{side}_in_flight"),
                 "gRPC requests (and open streams) in flight by method.",
             ),
             &["method"],
@@ -47,7 +47,7 @@ impl GrpcMetrics {
         .unwrap_or_else(|e| unreachable!("static metric: {e}"));
         let seconds = HistogramVec::new(
             HistogramOpts::new(
-                &format!("grpc_{side}_duration_seconds"),
+                format!("grpc_{side}_duration_seconds"),
                 "gRPC request duration by method (until the response head).",
             )
             .buckets(vec![
