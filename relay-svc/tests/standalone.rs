@@ -641,3 +641,96 @@ async fn bad_requests_get_a_4xx_in_the_clients_format() {
         "nothing reached upstream"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_429_and_529_on_every_account_leaves_all_of_them_selectable() {
+    let upstream = FakeUpstream::start().await.expect("fake upstream");
+    let names = ["a", "b", "c"];
+    let mut yaml = format!("api_keys:\n  - {{key: {KEY}, user: alice}}\naccounts:\n");
+    for name in names {
+        yaml.push_str(&format!("  - {{name: {name}, platform: anthropic, base_url: \"{}\", api_key: cred-{name}, concurrency: 4}}\n", upstream.base_url));
+        let burst: Vec<Scripted> = (0..6)
+            .map(|n| {
+                fail(
+                    if n % 2 == 0 { 429 } else { 529 },
+                    r#"{"type":"error","error":{"type":"rate_limit_error","message":"busy"}}"#,
+                )
+            })
+            .collect();
+        upstream.script(&format!("cred-{name}"), burst);
+    }
+    let config = Config {
+        mode: Mode::Standalone {
+            file: Arc::new(StandaloneFile::parse(&yaml).expect("file")),
+        },
+        relay: fast(),
+        blocks: selector_svc::domain::RuntimeBlockSettings {
+            busy_429: Duration::from_millis(200),
+            busy_529: Duration::from_millis(300),
+            ..Default::default()
+        },
+        admission: Default::default(),
+        shutdown_grace: Duration::from_secs(1),
+    };
+    let relay = relay_svc::server::build(&config, Metrics::new()).expect("relay");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(relay_svc::server::serve(
+        relay.clone(),
+        listener,
+        std::future::pending(),
+        Duration::from_secs(1),
+    ));
+    let http = reqwest::Client::new();
+    // The burst: 18 scripted refusals spread over the requests; busy answers only soft-block.
+    let mut statuses = Vec::new();
+    for _ in 0..12 {
+        let response = http
+            .post(format!("http://{addr}/v1/messages"))
+            .header("x-api-key", KEY)
+            .json(&message(false))
+            .send()
+            .await
+            .expect("answer");
+        statuses.push(response.status().as_u16());
+    }
+    assert!(
+        statuses.iter().all(|s| *s == 200 || *s == 429 || *s == 529),
+        "{statuses:?}"
+    );
+    // Drain whatever is left of the scripts, then let the soft blocks end.
+    for _ in 0..20 {
+        let _ = http
+            .post(format!("http://{addr}/v1/messages"))
+            .header("x-api-key", KEY)
+            .json(&message(false))
+            .send()
+            .await;
+    }
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    upstream.reset_stats();
+    for n in 0..30 {
+        // Distinct conversations: no session stickiness, so the weighted choice spreads them.
+        let body = json!({"model": "claude-x", "max_tokens": 16, "messages": [{"role": "user", "content": format!("conversation {n}")}]});
+        let response = http
+            .post(format!("http://{addr}/v1/messages"))
+            .header("x-api-key", KEY)
+            .json(&body)
+            .send()
+            .await
+            .expect("answer");
+        assert_eq!(
+            response.status().as_u16(),
+            200,
+            "every account is healthy again"
+        );
+    }
+    for name in names {
+        assert!(
+            upstream.stats(&format!("cred-{name}")).total > 0,
+            "{name} is selectable again (none retired or excluded)"
+        );
+    }
+}
