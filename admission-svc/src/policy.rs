@@ -10,8 +10,12 @@
 //!   over-admit).
 //! - `closed`: refuse with `backend_unavailable`.
 //!
-//! A replica enters the degraded state on the first Redis failure (or a failed registry
+//! A replica enters the degraded state on the first Redis connection failure (or a failed registry
 //! heartbeat) and stops sending operations to Redis; the registry heartbeat doubles as the probe.
+//! A *timeout* of an acquire is not an outage: Redis is slow, and may even have applied it. It
+//! answers `backend_unavailable` for that acquire (the relay tries a sibling or waits) instead of
+//! admitting from the fallback, which would over-admit exactly when Redis is overloaded (a CI run
+//! under load caught that).
 //! When Redis answers again, the replica first writes the leases and RPM events it admitted on its
 //! own into Redis, then serves from Redis again, then replays releases and spend recorded during
 //! the outage — so the return neither over-admits nor loses spend.
@@ -179,12 +183,32 @@ impl PolicyBackend {
         on_redis: impl Future<Output = Result<T, BackendError>>,
         on_fallback: impl Future<Output = Result<T, BackendError>>,
     ) -> Result<T, BackendError> {
+        self.guarded_or(operation, on_redis, on_fallback, None)
+            .await
+    }
+
+    /// Like `guarded`, but a *timeout* (Redis slow, not gone: the operation may even have been
+    /// applied) answers `on_timeout` when given, instead of switching to the fallback. Admitting
+    /// from the fallback while Redis is merely slow would over-admit exactly when it is
+    /// overloaded; connection failures (Redis gone) still switch, and the registry probe decides
+    /// when Redis is back.
+    async fn guarded_or<T>(
+        &self,
+        operation: &'static str,
+        on_redis: impl Future<Output = Result<T, BackendError>>,
+        on_fallback: impl Future<Output = Result<T, BackendError>>,
+        on_timeout: Option<T>,
+    ) -> Result<T, BackendError> {
         if self.is_degraded() {
             self.count_fallback(operation, "degraded");
             return on_fallback.await;
         }
         match on_redis.await {
             Ok(value) => Ok(value),
+            Err(BackendError::Timeout) if on_timeout.is_some() => {
+                self.count_fallback(operation, "timeout");
+                on_timeout.ok_or(BackendError::Timeout)
+            }
             Err(error) => {
                 let reason = match error {
                     BackendError::Timeout => "timeout",
@@ -336,11 +360,12 @@ impl LeaseBackend for PolicyBackend {
                 .charge_user(user_id, share, event_id, window_ms)
                 .await
         };
-        self.guarded(
+        self.guarded_or(
             "charge_user",
             self.redis
                 .charge_user(user_id, rpm_limit, event_id, window_ms),
             fallback,
+            Some(Some(Self::unavailable())),
         )
         .await
     }
@@ -382,10 +407,11 @@ impl LeaseBackend for PolicyBackend {
                 }
             }
         };
-        self.guarded(
+        self.guarded_or(
             "acquire",
             self.redis.acquire(terms, lease_id, limits),
             fallback,
+            Some(Some(Self::unavailable())),
         )
         .await
     }
