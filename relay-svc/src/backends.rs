@@ -88,6 +88,12 @@ pub trait Selection: Send + Sync + 'static {
     async fn bind_response(&self, response_id: &str, account_id: i64);
     /// Queues usage records; they are written in batches.
     fn record_usage(&self, record: UsageRecord);
+
+    /// Models the group's accounts of `platform` name (allow-lists and mapping keys), for
+    /// `/v1/models`. Empty when unknown.
+    fn models(&self, _group: &str, _platform: Platform) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// The two backends a relay runs on.

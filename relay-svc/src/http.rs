@@ -89,18 +89,30 @@ async fn models(State(front): State<Front>, headers: HeaderMap) -> Response {
     } else {
         Api::OpenAi
     };
-    if let Err(error) = front
+    let caller = match front
         .relay
         .authenticate(api, client_key(&headers).as_deref())
         .await
     {
-        return with_request_id(error.into_response());
-    }
+        Ok(caller) => caller,
+        Err(error) => return with_request_id(error.into_response()),
+    };
+    let models = front.relay.selection.models(&caller.group, api.platform());
     let body = match api {
         Api::Anthropic => {
-            serde_json::json!({"data": [], "has_more": false, "first_id": null, "last_id": null})
+            let data: Vec<serde_json::Value> = models
+                .iter()
+                .map(|id| serde_json::json!({"type": "model", "id": id, "display_name": id, "created_at": "1970-01-01T00:00:00Z"}))
+                .collect();
+            serde_json::json!({"data": data, "has_more": false, "first_id": models.first(), "last_id": models.last()})
         }
-        Api::OpenAi => serde_json::json!({"object": "list", "data": []}),
+        Api::OpenAi => {
+            let data: Vec<serde_json::Value> = models
+                .iter()
+                .map(|id| serde_json::json!({"id": id, "object": "model", "created": 0, "owned_by": "poolgate"}))
+                .collect();
+            serde_json::json!({"object": "list", "data": data})
+        }
     };
     with_request_id(axum::Json(body).into_response())
 }

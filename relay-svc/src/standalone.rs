@@ -553,6 +553,25 @@ impl Selection for StandaloneSelection {
         responses.insert(response_id.to_owned(), (account_id, Instant::now()));
     }
 
+    fn models(&self, group: &str, platform: Platform) -> Vec<String> {
+        let accounts = self.accounts.lock().unwrap_or_else(|p| p.into_inner());
+        let mut models: Vec<String> = accounts
+            .iter()
+            .filter(|a| {
+                a.group == group && a.platform == platform && a.status == AccountStatus::Active
+            })
+            .flat_map(|a| {
+                a.allowed_models
+                    .iter()
+                    .chain(a.model_mapping.keys())
+                    .cloned()
+            })
+            .collect();
+        models.sort();
+        models.dedup();
+        models
+    }
+
     fn record_usage(&self, record: UsageRecord) {
         tracing::debug!(
             account_id = record.account_id,

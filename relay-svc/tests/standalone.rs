@@ -534,6 +534,18 @@ async fn sessions_stick_and_models_map_and_credentials_are_replaced() {
             .iter()
             .all(|m| m == "claude-upstream")
     );
+    let models: Value = h
+        .http
+        .get(format!("{}/v1/models", h.base))
+        .header("x-api-key", KEY)
+        .header("anthropic-version", "2023-06-01")
+        .send()
+        .await
+        .expect("models")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(models["data"][0]["id"], "claude-x", "{models}");
     for headers in h.upstream.seen_headers() {
         assert_ne!(
             headers.get("x-api-key").and_then(|v| v.to_str().ok()),

@@ -34,7 +34,7 @@ enum Command {
     /// Print a new random credential key (base64), for POOLGATE_CREDENTIAL_KEYS.
     Genkey,
     /// Call the admin API of a running selector.
-    Admin(AdminArgs),
+    Admin(Box<AdminArgs>),
 }
 
 #[derive(Debug, Args)]
@@ -155,6 +155,26 @@ enum AdminAction {
         rpm: i32,
         #[arg(long, default_value_t = 0.0)]
         session_window_usd: f64,
+        /// OAuth accounts: the refresh token (read from ACCOUNT_REFRESH_TOKEN when absent).
+        #[arg(
+            long,
+            env = "ACCOUNT_REFRESH_TOKEN",
+            hide_env_values = true,
+            default_value = ""
+        )]
+        refresh_token: String,
+        /// OAuth accounts: access token expiry, ms since the epoch.
+        #[arg(long, default_value_t = 0)]
+        expires_at_ms: u64,
+        /// OAuth accounts: the token endpoint URL.
+        #[arg(long, default_value = "")]
+        token_url: String,
+        /// Models the account may serve (repeatable; none: every model).
+        #[arg(long = "model")]
+        models: Vec<String>,
+        /// Per-account proxy URL.
+        #[arg(long, default_value = "")]
+        proxy_url: String,
     },
     /// Set an account's status: active | disabled | error.
     SetStatus {
@@ -340,6 +360,11 @@ async fn admin(args: &ServeArgs, admin: &AdminArgs) -> Result<(), String> {
             concurrency,
             rpm,
             session_window_usd,
+            refresh_token,
+            expires_at_ms,
+            token_url,
+            models,
+            proxy_url,
         } => {
             let platform = match platform.as_str() {
                 "anthropic" => pb::Platform::Anthropic,
@@ -363,6 +388,11 @@ async fn admin(args: &ServeArgs, admin: &AdminArgs) -> Result<(), String> {
                     concurrency_limit: *concurrency,
                     rpm_limit: *rpm,
                     session_window_limit_usd: *session_window_usd,
+                    refresh_token: refresh_token.clone(),
+                    expires_at_ms: *expires_at_ms,
+                    token_url: token_url.clone(),
+                    allowed_models: models.clone(),
+                    proxy_url: proxy_url.clone(),
                     ..Default::default()
                 })
                 .await
