@@ -273,6 +273,7 @@ impl PolicyBackend {
         }
         self.fallback.forget(&snapshot);
         self.degraded.store(false, Ordering::Relaxed);
+        self.metrics.degraded.set(0);
         // Leases granted between the snapshot and the switch.
         let late = self.fallback.snapshot(self.rpm_window_ms);
         if !late.is_empty() {

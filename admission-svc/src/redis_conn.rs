@@ -140,7 +140,14 @@ pub struct RedisHandle {
     backend: Backend,
     round_trips: Arc<AtomicU64>,
     timeout: Duration,
+    /// Until when (ms since the handle was made) Redis counts as unreachable: after a failed
+    /// connect, callers fail fast for a moment instead of each waiting out the connect timeout.
+    unreachable_until: Arc<AtomicU64>,
+    epoch: std::time::Instant,
 }
+
+/// How long a failed connect makes callers fail fast before the next one tries again.
+const FAIL_FAST: Duration = Duration::from_millis(1000);
 
 impl RedisHandle {
     /// Connects lazily for a single node (the service starts while Redis is down); a cluster
@@ -182,6 +189,8 @@ impl RedisHandle {
         Ok(RedisHandle {
             backend,
             round_trips: Arc::new(AtomicU64::new(0)),
+            unreachable_until: Arc::new(AtomicU64::new(0)),
+            epoch: std::time::Instant::now(),
             timeout: options.timeout,
         })
     }
@@ -209,9 +218,22 @@ impl RedisHandle {
             Backend::Single(pool) => {
                 let mut tries = pool.state().connections + 1;
                 loop {
-                    let pooled = pool.get().await.map_err(|e| match e {
-                        bb8::RunError::User(e) => BackendError::from(e),
-                        bb8::RunError::TimedOut => BackendError::Timeout,
+                    let now = self.epoch.elapsed().as_millis() as u64;
+                    if now < self.unreachable_until.load(Ordering::Relaxed) {
+                        return Err(BackendError::Failed(
+                            "redis unreachable (a connect failed just now)".into(),
+                        ));
+                    }
+                    let pooled = pool.get().await.map_err(|e| {
+                        let until =
+                            self.epoch.elapsed().as_millis() as u64 + FAIL_FAST.as_millis() as u64;
+                        self.unreachable_until.store(until, Ordering::Relaxed);
+                        match e {
+                            bb8::RunError::User(e) => BackendError::from(e),
+                            bb8::RunError::TimedOut => {
+                                BackendError::Failed("no redis connection in time".into())
+                            }
+                        }
                     })?;
                     let stale = pooled.generation < pooled.failures.load(Ordering::Relaxed);
                     if stale && tries > 0 {

@@ -25,6 +25,7 @@ struct Stack {
     key_id: i64,
     http: reqwest::Client,
     _selector: selector_svc::server::Built,
+    admission: Arc<admission_svc::admission::Admission>,
 }
 
 fn account(name: &str, base_url: &str, concurrency: i32, priority: i32) -> AccountInput {
@@ -134,6 +135,7 @@ async fn start_with(admission_settings: admission_svc::domain::Settings) -> Stac
     )
     .await
     .expect("admission");
+    let admission_engine = admission.clone();
     let admission_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -184,6 +186,7 @@ async fn start_with(admission_settings: admission_svc::domain::Settings) -> Stac
         key_id,
         http: reqwest::Client::new(),
         _selector: selector,
+        admission: admission_engine,
     }
 }
 
@@ -494,4 +497,60 @@ async fn leases_spread_over_both_admission_replicas_and_names_are_resolved() {
         granted.iter().all(|g| *g > 0),
         "leases spread over both replicas: {granted:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_keep_succeeding_through_a_redis_outage_and_enforcement_resumes() {
+    let mut stack = start().await;
+    stack.upstream.set_delay(Duration::from_millis(10));
+    let (status, _) = stack.message(false).await;
+    assert_eq!(status, 200);
+    stack.redis.kill();
+    // Under the `open` policy admission falls back to its in-process limits; the selector serves
+    // from its snapshot and last known health. Clients keep being served.
+    let mut statuses = Vec::new();
+    for n in 0..20 {
+        statuses.push(stack.message(n % 2 == 0).await.0);
+    }
+    assert!(
+        statuses.iter().all(|s| *s == 200),
+        "served through the outage: {statuses:?}"
+    );
+    assert!(
+        stack.admission.is_degraded(),
+        "admission knows it is degraded"
+    );
+    assert_eq!(stack.admission.metrics().degraded.get(), 1);
+    stack.redis.restart().await.expect("redis back, empty");
+    eventually(Duration::from_secs(5), || async {
+        (!stack.admission.is_degraded()).then_some(())
+    })
+    .await
+    .expect("admission recovers");
+    assert_eq!(stack.admission.metrics().degraded.get(), 0);
+    // Global enforcement resumes: concurrent requests never exceed the limits again.
+    stack.upstream.reset_stats();
+    stack.upstream.set_delay(Duration::from_millis(40));
+    let stack = Arc::new(stack);
+    let requests: Vec<_> = (0..20)
+        .map(|n| {
+            let stack = stack.clone();
+            tokio::spawn(async move { stack.message(n % 2 == 0).await.0 })
+        })
+        .collect();
+    for request in requests {
+        assert_eq!(request.await.expect("task"), 200);
+    }
+    for credential in ["cred-a", "cred-b"] {
+        let peak = stack.upstream.stats(credential).peak;
+        assert!(
+            peak <= 2,
+            "{credential} saw {peak} concurrent requests after recovery, limit 2"
+        );
+    }
+    eventually(Duration::from_secs(3), || async {
+        (stack.leases(1).await + stack.leases(2).await == 0).then_some(())
+    })
+    .await
+    .expect("no lease left after recovery");
 }
