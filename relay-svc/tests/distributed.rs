@@ -1,18 +1,21 @@
 //! The distributed stack end to end: relay → selector (Postgres + Redis) and admission (Redis)
 //! over gRPC, against the fake upstream. Real Postgres and Redis, private to the test.
 
+mod common;
+
+use common::account;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use admission_svc::redis_conn::{RedisOptions, RedisTarget};
 use poolgate_proto::keys::AccountKeys;
 use poolgate_testkit::{PostgresServer, RedisServer, eventually};
 use relay_svc::fake_upstream::{FakeUpstream, Scripted};
-use relay_svc::metrics::Metrics;
+
 use relay_svc::proxy::RelaySettings;
-use selector_svc::crypto::Keyring;
-use selector_svc::domain::{CredentialKind, Platform, Price, Secret};
-use selector_svc::store::{AccountInput, ConfigStore};
+
+use selector_svc::domain::Price;
+use selector_svc::store::ConfigStore;
 use serde_json::{Value, json};
 
 struct Stack {
@@ -28,49 +31,22 @@ struct Stack {
     admission: Arc<admission_svc::admission::Admission>,
 }
 
-fn account(name: &str, base_url: &str, concurrency: i32, priority: i32) -> AccountInput {
-    AccountInput {
-        name: name.into(),
-        group: "default".into(),
-        platform: Platform::Anthropic,
-        base_url: base_url.into(),
-        credential_kind: CredentialKind::ApiKey,
-        credential: Some(Secret::new(format!("cred-{name}"))),
-        oauth: None,
-        priority,
-        weight: 1,
-        concurrency_limit: concurrency,
-        rpm_limit: 0,
-        session_window_limit_usd: 0.0,
-        allowed_models: vec![],
-        model_mapping: Default::default(),
-        proxy_url: None,
-    }
-}
-
 async fn start() -> Stack {
     start_with(admission_svc::domain::Settings::default()).await
 }
 
 async fn start_with(admission_settings: admission_svc::domain::Settings) -> Stack {
-    let (postgres, redis) = tokio::join!(PostgresServer::start(), RedisServer::start());
-    let (postgres, redis) = (postgres.expect("postgres"), redis.expect("redis"));
-    let keyring =
-        Keyring::parse(&format!("k1:{}", Keyring::generate_key()), None).expect("keyring");
-    let store = ConfigStore::connect(&postgres.url(), Arc::new(keyring.clone()))
-        .await
-        .expect("connect");
-    store.migrate().await.expect("migrate");
+    let backends = common::backends().await;
     let upstream = FakeUpstream::start().await.expect("upstream");
-    store
-        .upsert_account(&account("a", &upstream.base_url, 2, 0))
-        .await
-        .expect("account a");
-    store
-        .upsert_account(&account("b", &upstream.base_url, 2, 0))
-        .await
-        .expect("account b");
-    store
+    for name in ["a", "b"] {
+        backends
+            .store
+            .upsert_account(&account(name, &upstream.base_url, 2, 0))
+            .await
+            .expect("account");
+    }
+    backends
+        .store
         .set_price(
             "claude-x",
             Price {
@@ -81,101 +57,29 @@ async fn start_with(admission_settings: admission_svc::domain::Settings) -> Stac
         )
         .await
         .expect("price");
-    let (key_id, key) = store
+    let (key_id, key) = backends
+        .store
         .create_api_key("test", "alice", "default", 0)
         .await
         .expect("key");
-
-    let target = RedisTarget::Single(redis.url());
-    let selector_config = selector_svc::server::Config {
-        database_url: postgres.url(),
-        redis_target: target.clone(),
-        redis_options: RedisOptions::default(),
-        keyring,
-        admin_token: Some("admin".into()),
-        settings: Default::default(),
-        refresh: Default::default(),
-        reload_interval: Duration::from_secs(3600),
-        refresh_interval: Duration::from_secs(3600),
-        max_concurrent_streams: 1000,
-        tls: None,
-    };
-    let selector =
-        selector_svc::server::build(&selector_config, selector_svc::metrics::Metrics::new())
-            .await
-            .expect("selector");
-    let selector_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let selector_addr = selector_listener.local_addr().expect("addr");
-    let serving = selector.selector.clone();
-    tokio::spawn(async move {
-        let _ = selector_svc::server::serve_selector(
-            serving,
-            &selector_config,
-            selector_listener,
-            None,
-            std::future::pending(),
-        )
-        .await;
-    });
-
-    let admission_config = admission_svc::Config {
-        backend: admission_svc::BackendConfig::Redis {
-            target,
-            options: RedisOptions::default(),
-            policy: Default::default(),
-        },
-        settings: admission_settings,
-        ..admission_svc::Config::default()
-    };
-    let admission = admission_svc::server::build_admission(
-        &admission_config,
-        admission_svc::metrics::Metrics::new(),
-    )
-    .await
-    .expect("admission");
-    let admission_engine = admission.clone();
-    let admission_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let admission_addr = admission_listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        let _ = admission_svc::server::serve(
-            admission,
-            &admission_config,
-            admission_listener,
-            None,
-            std::future::pending(),
-        )
-        .await;
-    });
-
-    let config = relay_svc::server::Config {
-        mode: relay_svc::server::Mode::Remote {
-            selector: vec![format!("http://{selector_addr}")],
-            admission: vec![format!("http://{admission_addr}")],
-            tls_ca: None,
-        },
-        relay: RelaySettings {
+    let (selector, selector_addr) = common::selector(&backends).await;
+    let (admission, admission_addr) =
+        common::admission(&backends.redis.url(), admission_settings).await;
+    let addr = common::relay(
+        vec![format!("http://{selector_addr}")],
+        vec![format!("http://{admission_addr}")],
+        RelaySettings {
             max_wait: Duration::from_secs(10),
             ..RelaySettings::default()
         },
-        blocks: Default::default(),
-        admission: Default::default(),
-        shutdown_grace: Duration::from_secs(5),
-    };
-    let relay = relay_svc::server::build(&config, Metrics::new()).expect("relay");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(relay_svc::server::serve(
-        relay,
-        listener,
-        std::future::pending(),
-        Duration::from_secs(1),
-    ));
+    )
+    .await;
+    let common::Backends {
+        postgres,
+        redis,
+        store,
+        ..
+    } = backends;
     Stack {
         _postgres: postgres,
         redis,
@@ -186,7 +90,7 @@ async fn start_with(admission_settings: admission_svc::domain::Settings) -> Stac
         key_id,
         http: reqwest::Client::new(),
         _selector: selector,
-        admission: admission_engine,
+        admission,
     }
 }
 
@@ -360,111 +264,33 @@ async fn a_client_that_aborts_mid_stream_frees_its_lease_long_before_the_orphan_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_spread_over_both_admission_replicas_and_names_are_resolved() {
-    let (postgres, redis) = tokio::join!(PostgresServer::start(), RedisServer::start());
-    let (postgres, redis) = (postgres.expect("postgres"), redis.expect("redis"));
-    let keyring =
-        Keyring::parse(&format!("k1:{}", Keyring::generate_key()), None).expect("keyring");
-    let store = ConfigStore::connect(&postgres.url(), Arc::new(keyring.clone()))
-        .await
-        .expect("connect");
-    store.migrate().await.expect("migrate");
+    let backends = common::backends().await;
     let upstream = FakeUpstream::start().await.expect("upstream");
-    store
+    backends
+        .store
         .upsert_account(&account("a", &upstream.base_url, 50, 0))
         .await
         .expect("account");
-    let (_, key) = store
+    let (_, key) = backends
+        .store
         .create_api_key("t", "u", "default", 0)
         .await
         .expect("key");
-    let target = RedisTarget::Single(redis.url());
-    let selector_config = selector_svc::server::Config {
-        database_url: postgres.url(),
-        redis_target: target.clone(),
-        redis_options: RedisOptions::default(),
-        keyring,
-        admin_token: None,
-        settings: Default::default(),
-        refresh: Default::default(),
-        reload_interval: Duration::from_secs(3600),
-        refresh_interval: Duration::from_secs(3600),
-        max_concurrent_streams: 1000,
-        tls: None,
-    };
-    let selector =
-        selector_svc::server::build(&selector_config, selector_svc::metrics::Metrics::new())
-            .await
-            .expect("selector");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let selector_port = listener.local_addr().expect("addr").port();
-    let serving = selector.selector.clone();
-    tokio::spawn(async move {
-        let _ = selector_svc::server::serve_selector(
-            serving,
-            &selector_config,
-            listener,
-            None,
-            std::future::pending(),
-        )
-        .await;
-    });
+    let (_selector, selector_addr) = common::selector(&backends).await;
     let mut engines = Vec::new();
     let mut urls = Vec::new();
     for _ in 0..2 {
-        let config = admission_svc::Config {
-            backend: admission_svc::BackendConfig::Redis {
-                target: target.clone(),
-                options: RedisOptions::default(),
-                policy: Default::default(),
-            },
-            ..admission_svc::Config::default()
-        };
-        let engine =
-            admission_svc::server::build_admission(&config, admission_svc::metrics::Metrics::new())
-                .await
-                .expect("admission");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        urls.push(format!("http://{}", listener.local_addr().expect("addr")));
-        let serving = engine.clone();
-        tokio::spawn(async move {
-            let _ = admission_svc::server::serve(
-                serving,
-                &config,
-                listener,
-                None,
-                std::future::pending(),
-            )
-            .await;
-        });
+        let (engine, addr) = common::admission(&backends.redis.url(), Default::default()).await;
         engines.push(engine);
+        urls.push(format!("http://{addr}"));
     }
-    let config = relay_svc::server::Config {
-        mode: relay_svc::server::Mode::Remote {
-            // A name, resolved by the relay (as a headless Service name would be).
-            selector: vec![format!("http://localhost:{selector_port}")],
-            admission: urls,
-            tls_ca: None,
-        },
-        relay: RelaySettings::default(),
-        blocks: Default::default(),
-        admission: Default::default(),
-        shutdown_grace: Duration::from_secs(1),
-    };
-    let relay = relay_svc::server::build(&config, Metrics::new()).expect("relay");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(relay_svc::server::serve(
-        relay,
-        listener,
-        std::future::pending(),
-        Duration::from_secs(1),
-    ));
+    // A name, resolved by the relay (as a headless Service name would be).
+    let addr = common::relay(
+        vec![format!("http://localhost:{}", selector_addr.port())],
+        urls,
+        RelaySettings::default(),
+    )
+    .await;
     let http = reqwest::Client::new();
     let requests: Vec<_> = (0..40)
         .map(|_| {

@@ -2,17 +2,16 @@
 //! finish and frees everything; SIGTERM to one of two admission replicas under load never lets
 //! the upstream see more than an account's limit.
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::Duration;
 
-use admission_svc::redis_conn::{RedisOptions, RedisTarget};
 use futures_util::StreamExt;
 use poolgate_proto::keys::AccountKeys;
-use poolgate_testkit::{PostgresServer, RedisServer, eventually, free_port};
+use poolgate_testkit::{eventually, free_port};
 use relay_svc::fake_upstream::FakeUpstream;
-use relay_svc::metrics::Metrics;
 use relay_svc::proxy::RelaySettings;
 use serde_json::json;
 
@@ -135,79 +134,24 @@ async fn sigterm_to_the_relay_lets_an_open_stream_finish() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_to_one_admission_replica_under_load_never_over_admits() {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let (postgres, redis) = tokio::join!(PostgresServer::start(), RedisServer::start());
-    let (postgres, redis) = (postgres.expect("postgres"), redis.expect("redis"));
-    let keyring = selector_svc::crypto::Keyring::parse(
-        &format!("k1:{}", selector_svc::crypto::Keyring::generate_key()),
-        None,
-    )
-    .expect("keys");
-    let store =
-        selector_svc::store::ConfigStore::connect(&postgres.url(), Arc::new(keyring.clone()))
-            .await
-            .expect("store");
-    store.migrate().await.expect("migrate");
+    let backends = common::backends().await;
     let upstream = FakeUpstream::start().await.expect("upstream");
     upstream.set_delay(Duration::from_millis(30));
     upstream.set_chunk_delay(Duration::from_millis(20));
     for name in ["a", "b"] {
-        store
-            .upsert_account(&selector_svc::store::AccountInput {
-                name: name.into(),
-                group: "default".into(),
-                platform: selector_svc::domain::Platform::Anthropic,
-                base_url: upstream.base_url.clone(),
-                credential_kind: selector_svc::domain::CredentialKind::ApiKey,
-                credential: Some(selector_svc::domain::Secret::new(format!("k-{name}"))),
-                oauth: None,
-                priority: 0,
-                weight: 1,
-                concurrency_limit: 2,
-                rpm_limit: 0,
-                session_window_limit_usd: 0.0,
-                allowed_models: vec![],
-                model_mapping: Default::default(),
-                proxy_url: None,
-            })
+        backends
+            .store
+            .upsert_account(&common::account(name, &upstream.base_url, 2, 0))
             .await
             .expect("account");
     }
-    let (_, key) = store
+    let (_, key) = backends
+        .store
         .create_api_key("t", "u", "default", 0)
         .await
         .expect("key");
-    let selector_config = selector_svc::server::Config {
-        database_url: postgres.url(),
-        redis_target: RedisTarget::Single(redis.url()),
-        redis_options: RedisOptions::default(),
-        keyring,
-        admin_token: None,
-        settings: Default::default(),
-        refresh: Default::default(),
-        reload_interval: Duration::from_secs(3600),
-        refresh_interval: Duration::from_secs(3600),
-        max_concurrent_streams: 10_000,
-        tls: None,
-    };
-    let selector =
-        selector_svc::server::build(&selector_config, selector_svc::metrics::Metrics::new())
-            .await
-            .expect("selector");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let selector_addr = listener.local_addr().expect("addr");
-    let serving = selector.selector.clone();
-    tokio::spawn(async move {
-        let _ = selector_svc::server::serve_selector(
-            serving,
-            &selector_config,
-            listener,
-            None,
-            std::future::pending(),
-        )
-        .await;
-    });
+    let (_selector, selector_addr) = common::selector(&backends).await;
+    let redis = &backends.redis;
     let admission_ports = [free_port().expect("port"), free_port().expect("port")];
     let admissions: Vec<Process> = admission_ports
         .iter()
@@ -246,34 +190,18 @@ async fn sigterm_to_one_admission_replica_under_load_never_over_admits() {
         .await
         .expect("admission listens");
     }
-    let config = relay_svc::server::Config {
-        mode: relay_svc::server::Mode::Remote {
-            selector: vec![format!("http://{selector_addr}")],
-            admission: admission_ports
-                .iter()
-                .map(|p| format!("http://127.0.0.1:{p}"))
-                .collect(),
-            tls_ca: None,
-        },
-        relay: RelaySettings {
+    let addr = common::relay(
+        vec![format!("http://{selector_addr}")],
+        admission_ports
+            .iter()
+            .map(|p| format!("http://127.0.0.1:{p}"))
+            .collect(),
+        RelaySettings {
             max_wait: Duration::from_secs(20),
             ..RelaySettings::default()
         },
-        blocks: Default::default(),
-        admission: Default::default(),
-        shutdown_grace: Duration::from_secs(5),
-    };
-    let relay = relay_svc::server::build(&config, Metrics::new()).expect("relay");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(relay_svc::server::serve(
-        relay,
-        listener,
-        std::future::pending(),
-        Duration::from_secs(1),
-    ));
+    )
+    .await;
     let http = reqwest::Client::new();
     let key = key.expose().to_owned();
     let requests: Vec<_> = (0..60)
