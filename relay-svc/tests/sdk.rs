@@ -2,14 +2,11 @@
 //! streaming and non-streaming calls succeed. `bash scripts/test.sh` installs them into `.venv`
 //! (or set `POOLGATE_SDK_PYTHON` to a Python that has them).
 
+mod common;
+
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::Duration;
 
 use relay_svc::fake_upstream::FakeUpstream;
-use relay_svc::metrics::Metrics;
-use relay_svc::server::{Config, Mode};
-use relay_svc::standalone::StandaloneFile;
 
 fn sdk_python() -> PathBuf {
     if let Some(python) = std::env::var_os("POOLGATE_SDK_PYTHON") {
@@ -31,26 +28,7 @@ async fn the_official_python_sdks_work_unchanged() {
         "api_keys:\n  - {{key: sk-sdk-test, group: default, user: sdk}}\naccounts:\n  - {{name: a, platform: anthropic, base_url: \"{0}\", api_key: k-a, concurrency: 2}}\n  - {{name: o, platform: openai, base_url: \"{0}\", api_key: k-o, concurrency: 2}}\n",
         upstream.base_url
     );
-    let config = Config {
-        mode: Mode::Standalone {
-            file: Arc::new(StandaloneFile::parse(&yaml).expect("config")),
-        },
-        relay: Default::default(),
-        blocks: Default::default(),
-        admission: Default::default(),
-        shutdown_grace: Duration::from_secs(1),
-    };
-    let relay = relay_svc::server::build(&config, Metrics::new()).expect("relay");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(relay_svc::server::serve(
-        relay,
-        listener,
-        std::future::pending(),
-        Duration::from_secs(1),
-    ));
+    let (_relay, addr) = common::standalone(&yaml, Default::default(), Default::default()).await;
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/sdk/sdk_check.py");
     let output = tokio::process::Command::new(&python)
         .arg(&script)

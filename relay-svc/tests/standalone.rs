@@ -2,16 +2,15 @@
 //! "busy is not broken", client errors passed through, waiting, user limits, streaming
 //! (failover before the first byte, errors after it, keep-alives, disconnects), stickiness.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use poolgate_testkit::eventually;
 use relay_svc::fake_upstream::{FakeUpstream, Scripted};
-use relay_svc::metrics::Metrics;
 use relay_svc::proxy::RelaySettings;
-use relay_svc::server::{Config, Mode};
-use relay_svc::standalone::StandaloneFile;
 use serde_json::{Value, json};
 
 const KEY: &str = "pgk-test-key-0001";
@@ -37,31 +36,7 @@ async fn start(accounts: &[(&str, &str, i32, &str)], settings: RelaySettings) ->
         ));
     }
     yaml.push_str("prices:\n  claude-x: {input: 3, output: 15}\n");
-    let file = StandaloneFile::parse(&yaml).expect("account file");
-    let config = Config {
-        mode: Mode::Standalone {
-            file: Arc::new(file),
-        },
-        relay: settings,
-        blocks: Default::default(),
-        admission: Default::default(),
-        shutdown_grace: Duration::from_secs(5),
-    };
-    let relay = relay_svc::server::build(&config, Metrics::new()).expect("relay builds");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let serving = relay.clone();
-    tokio::spawn(async move {
-        let _ = relay_svc::server::serve(
-            serving,
-            listener,
-            std::future::pending(),
-            Duration::from_secs(1),
-        )
-        .await;
-    });
+    let (relay, addr) = common::standalone(&yaml, settings, Default::default()).await;
     Harness {
         upstream,
         base: format!("http://{addr}"),
@@ -415,26 +390,7 @@ async fn a_stream_that_breaks_after_its_first_byte_ends_with_an_error_event() {
         "api_keys:\n  - {{key: {KEY}, user: alice}}\naccounts:\n  - {{name: a, platform: anthropic, base_url: \"{breaking}\", credential: cred-a, concurrency: 4}}\n  - {{name: b, platform: anthropic, base_url: \"{}\", credential: cred-b, concurrency: 4, priority: 5}}\n",
         h.upstream.base_url
     );
-    let config = Config {
-        mode: Mode::Standalone {
-            file: Arc::new(StandaloneFile::parse(&yaml).expect("file")),
-        },
-        relay: fast(),
-        blocks: Default::default(),
-        admission: Default::default(),
-        shutdown_grace: Duration::from_secs(5),
-    };
-    let relay = relay_svc::server::build(&config, Metrics::new()).expect("relay");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(relay_svc::server::serve(
-        relay,
-        listener,
-        std::future::pending(),
-        Duration::from_secs(1),
-    ));
+    let (_relay, addr) = common::standalone(&yaml, fast(), Default::default()).await;
     let response = h
         .http
         .post(format!("http://{addr}/v1/messages"))
@@ -671,30 +627,12 @@ async fn a_burst_of_429_and_529_on_every_account_leaves_all_of_them_selectable()
             .collect();
         upstream.script(&format!("cred-{name}"), burst);
     }
-    let config = Config {
-        mode: Mode::Standalone {
-            file: Arc::new(StandaloneFile::parse(&yaml).expect("file")),
-        },
-        relay: fast(),
-        blocks: selector_svc::domain::RuntimeBlockSettings {
-            busy_429: Duration::from_millis(200),
-            busy_529: Duration::from_millis(300),
-            ..Default::default()
-        },
-        admission: Default::default(),
-        shutdown_grace: Duration::from_secs(1),
+    let blocks = selector_svc::domain::RuntimeBlockSettings {
+        busy_429: Duration::from_millis(200),
+        busy_529: Duration::from_millis(300),
+        ..Default::default()
     };
-    let relay = relay_svc::server::build(&config, Metrics::new()).expect("relay");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(relay_svc::server::serve(
-        relay.clone(),
-        listener,
-        std::future::pending(),
-        Duration::from_secs(1),
-    ));
+    let (_relay, addr) = common::standalone(&yaml, fast(), blocks).await;
     let http = reqwest::Client::new();
     // The burst: 18 scripted refusals spread over the requests; busy answers only soft-block.
     let mut statuses = Vec::new();

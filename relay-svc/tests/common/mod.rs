@@ -129,13 +129,50 @@ pub async fn admission(
     (engine, addr)
 }
 
+/// A relay built from `config`, served on a free port.
+pub async fn serve(
+    config: relay_svc::server::Config,
+) -> (Arc<relay_svc::proxy::Relay>, SocketAddr) {
+    let relay = relay_svc::server::build(&config, Metrics::new()).expect("relay builds");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(relay_svc::server::serve(
+        relay.clone(),
+        listener,
+        std::future::pending(),
+        Duration::from_secs(1),
+    ));
+    (relay, addr)
+}
+
+/// A standalone relay over the accounts of `yaml`, served on a free port.
+pub async fn standalone(
+    yaml: &str,
+    settings: RelaySettings,
+    blocks: selector_svc::domain::RuntimeBlockSettings,
+) -> (Arc<relay_svc::proxy::Relay>, SocketAddr) {
+    let file = relay_svc::standalone::StandaloneFile::parse(yaml).expect("config file");
+    serve(relay_svc::server::Config {
+        mode: relay_svc::server::Mode::Standalone {
+            file: Arc::new(file),
+        },
+        relay: settings,
+        blocks,
+        admission: Default::default(),
+        shutdown_grace: Duration::from_secs(1),
+    })
+    .await
+}
+
 /// A relay in remote mode over the given endpoints, served on a free port.
 pub async fn relay(
     selector: Vec<String>,
     admission: Vec<String>,
     settings: RelaySettings,
 ) -> SocketAddr {
-    let config = relay_svc::server::Config {
+    serve(relay_svc::server::Config {
         mode: relay_svc::server::Mode::Remote {
             selector,
             admission,
@@ -145,17 +182,7 @@ pub async fn relay(
         blocks: Default::default(),
         admission: Default::default(),
         shutdown_grace: Duration::from_secs(1),
-    };
-    let relay = relay_svc::server::build(&config, Metrics::new()).expect("relay");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(relay_svc::server::serve(
-        relay,
-        listener,
-        std::future::pending(),
-        Duration::from_secs(1),
-    ));
-    addr
+    })
+    .await
+    .1
 }
