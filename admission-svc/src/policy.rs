@@ -20,6 +20,7 @@
 //! own into Redis, then serves from Redis again, then replays releases and spend recorded during
 //! the outage — so the return neither over-admits nor loses spend.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -115,6 +116,11 @@ pub struct PolicyBackend {
     degraded: AtomicBool,
     registry: Mutex<RegistryView>,
     outage: Mutex<Vec<OutageRecord>>,
+    /// Leases this replica's streams hold (lease -> ttl ms), wherever they were granted. When
+    /// Redis goes away they are adopted by the fallback, so the fallback counts what is already
+    /// running: without them a replica would admit a full limit on top of the requests Redis
+    /// admitted, and N replicas could exceed N × limit.
+    held: Mutex<HashMap<LeaseId, u64>>,
     rpm_window_ms: u64,
     metrics: Metrics,
 }
@@ -138,6 +144,7 @@ impl PolicyBackend {
                 rank: None,
             }),
             outage: Mutex::new(Vec::new()),
+            held: Mutex::new(HashMap::new()),
             rpm_window_ms: millis(rpm_window),
             metrics,
         })
@@ -162,11 +169,48 @@ impl PolicyBackend {
         self.settings.policy
     }
 
-    fn enter_degraded(&self, operation: &'static str, error: &BackendError) {
+    async fn enter_degraded(&self, operation: &'static str, error: &BackendError) {
         if !self.degraded.swap(true, Ordering::Relaxed) {
             tracing::warn!(%error, operation, policy = self.settings.policy.as_str(), "redis unavailable; failure policy in force");
             self.metrics.degraded.set(1);
+            self.adopt_held().await;
         }
+    }
+
+    /// Moves the leases this replica holds into the fallback (see `held`).
+    async fn adopt_held(&self) {
+        let held: Vec<(LeaseId, u64)> = self
+            .held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(lease, ttl)| (lease.clone(), *ttl))
+            .collect();
+        for (lease, ttl_ms) in &held {
+            // The memory backend cannot fail; a lease released meanwhile is removed again by
+            // its release, which now runs on the fallback.
+            let _ = self.fallback.renew(lease, *ttl_ms).await;
+        }
+        if !held.is_empty() {
+            tracing::info!(
+                leases = held.len(),
+                "leases held by this replica counted by the fallback"
+            );
+        }
+    }
+
+    fn hold(&self, lease_id: &LeaseId, ttl_ms: u64) {
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(lease_id.clone(), ttl_ms);
+    }
+
+    fn unhold(&self, lease_id: &LeaseId) {
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(lease_id);
     }
 
     fn count_fallback(&self, operation: &'static str, reason: &'static str) {
@@ -214,7 +258,7 @@ impl PolicyBackend {
                     BackendError::Timeout => "timeout",
                     BackendError::Failed(_) => "error",
                 };
-                self.enter_degraded(operation, &error);
+                self.enter_degraded(operation, &error).await;
                 self.count_fallback(operation, reason);
                 on_fallback.await
             }
@@ -259,7 +303,7 @@ impl PolicyBackend {
                     self.recover().await;
                 }
             }
-            Err(error) => self.enter_degraded("registry", &error),
+            Err(error) => self.enter_degraded("registry", &error).await,
         }
     }
 
@@ -408,13 +452,18 @@ impl LeaseBackend for PolicyBackend {
                 }
             }
         };
-        self.guarded_or(
-            "acquire",
-            self.redis.acquire(terms, lease_id, limits),
-            fallback,
-            Some(Some(Self::unavailable())),
-        )
-        .await
+        let answer = self
+            .guarded_or(
+                "acquire",
+                self.redis.acquire(terms, lease_id, limits),
+                fallback,
+                Some(Some(Self::unavailable())),
+            )
+            .await;
+        if let Ok(None) = answer {
+            self.hold(lease_id, limits.ttl_ms);
+        }
+        answer
     }
 
     async fn renew(&self, lease_id: &LeaseId, ttl_ms: u64) -> Result<Renewal, BackendError> {
@@ -446,8 +495,13 @@ impl LeaseBackend for PolicyBackend {
             self.fallback.renew(lease_id, ttl_ms).await?;
             Ok(self.fallback.resume(lease_id, ttl_ms).await?.or(Some(1)))
         };
-        self.guarded("resume", self.redis.resume(lease_id, ttl_ms), fallback)
-            .await
+        let resumed = self
+            .guarded("resume", self.redis.resume(lease_id, ttl_ms), fallback)
+            .await;
+        if let Ok(Some(_)) = resumed {
+            self.hold(lease_id, ttl_ms);
+        }
+        resumed
     }
 
     async fn attempt(
@@ -483,6 +537,7 @@ impl LeaseBackend for PolicyBackend {
         spend_micros: i64,
         session_window_ms: u64,
     ) -> Result<bool, BackendError> {
+        self.unhold(lease_id);
         let fallback = async {
             let removed = self
                 .fallback
@@ -511,6 +566,8 @@ impl LeaseBackend for PolicyBackend {
         grace_ms: u64,
         holder_epoch: u64,
     ) -> Result<(), BackendError> {
+        // The stream is gone: the lease is the orphan grace's now, on Redis or the fallback.
+        self.unhold(lease_id);
         self.guarded(
             "orphan",
             self.redis.orphan(lease_id, grace_ms, holder_epoch),

@@ -136,10 +136,15 @@ async fn acquire(
     let acquire = admission.acquire(terms, wait, &cancel, on_queued);
     tokio::pin!(acquire);
     let mut protocol_error = None;
+    let mut withdrawn = false;
     let outcome = loop {
         tokio::select! {
             outcome = &mut acquire => break outcome,
             message = inbound.next(), if !cancel.is_cancelled() => match message {
+                Some(Inbound::Message(ClientMessage::Release { .. })) => {
+                    withdrawn = true;
+                    cancel.cancel();
+                }
                 Some(Inbound::Message(_)) => {
                     protocol_error = Some(AdmissionError::Protocol(
                         "no message may follow acquire before its answer".into(),
@@ -160,6 +165,8 @@ async fn acquire(
             admission.release(&lease_id, Some(terms), 0).await;
             if let Some(error) = protocol_error {
                 let _ = out.send(Err(error)).await;
+            } else if withdrawn {
+                let _ = out.send(Ok(LeaseEvent::Released)).await;
             }
             None
         }
@@ -171,6 +178,8 @@ async fn acquire(
         Ok(AcquireOutcome::Cancelled) => {
             if let Some(error) = protocol_error {
                 let _ = out.send(Err(error)).await;
+            } else if withdrawn {
+                let _ = out.send(Ok(LeaseEvent::Released)).await;
             }
             None
         }

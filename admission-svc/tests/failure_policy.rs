@@ -99,6 +99,40 @@ async fn open_policy_lets_three_replicas_admit_exactly_three_times_the_limit_whi
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_running_when_redis_goes_away_count_against_the_fallback_limit() {
+    let mut redis = RedisServer::start().await.expect("redis");
+    let servers = replicas(&redis, FailurePolicy::Open, 1).await;
+    let server = &servers[0];
+    let terms = acquire(511, 2);
+    let (first, answer) = LeaseStream::acquire(&server.client, terms.clone()).await;
+    assert!(answer.is_granted(), "{answer:?}");
+    let (_second, answer) = LeaseStream::acquire(&server.client, terms.clone()).await;
+    assert!(answer.is_granted(), "{answer:?}");
+    redis.kill();
+    eventually(Duration::from_secs(5), || async {
+        server.admission.is_degraded().then_some(())
+    })
+    .await
+    .expect("the replica notices the outage");
+    // The two requests Redis admitted still run: the fallback counts them, so the replica does
+    // not admit a full limit on top of them.
+    let (_, answer) = LeaseStream::acquire(&server.client, terms.clone()).await;
+    assert_eq!(
+        answer.denied_reason(),
+        Some(pb::DenyReason::Concurrency),
+        "{answer:?}"
+    );
+    first.release(0.0).await;
+    let (_third, answer) = LeaseStream::acquire(&server.client, terms.clone()).await;
+    assert!(
+        answer.is_granted(),
+        "a release frees a fallback slot: {answer:?}"
+    );
+    let (_, answer) = LeaseStream::acquire(&server.client, terms).await;
+    assert_eq!(answer.denied_reason(), Some(pb::DenyReason::Concurrency));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn divided_policy_lets_three_replicas_admit_exactly_the_limit_in_total_while_redis_is_down() {
     let mut redis = RedisServer::start().await.expect("redis");
     let servers = replicas(&redis, FailurePolicy::Divided, 3).await;

@@ -8,7 +8,8 @@ use std::time::Duration;
 use poolgate_proto::admission::v1 as pb;
 use poolgate_testkit::eventually;
 use support::{
-    Answer, LeaseStream, Store, TestServer, acquire, inflight, inflight_one, record_spend,
+    Answer, LeaseStream, Store, TestServer, acquire, acquire_then_withdraw, inflight, inflight_one,
+    record_spend,
 };
 
 macro_rules! backend_suite {
@@ -51,6 +52,7 @@ backend_suite!(
     waiter_is_woken_by_a_release,
     full_wait_queue_is_denied_queue_full,
     waiter_that_goes_away_leaves_the_queue,
+    a_release_before_the_answer_withdraws_the_acquire_and_leaves_no_orphan,
 );
 
 async fn concurrency_gate_grants_up_to_the_limit_then_denies(store: Store) {
@@ -526,4 +528,38 @@ async fn waiter_that_goes_away_leaves_the_queue(store: Store) {
     })
     .await
     .expect("the abandoned waiter left the queue");
+}
+
+async fn a_release_before_the_answer_withdraws_the_acquire_and_leaves_no_orphan(store: Store) {
+    let server = TestServer::on(&store).await;
+    // A free slot: the grant and the withdrawal race; either way the slot is free at once, not
+    // after the orphan grace.
+    for _ in 0..5 {
+        let events = acquire_then_withdraw(&server.client, acquire(181, 1), Duration::ZERO).await;
+        assert!(
+            matches!(events.last(), Some(pb::lease_event::Kind::Released(_))),
+            "{events:?}"
+        );
+        assert_eq!(inflight_one(&server.client, 181).await, 0, "{events:?}");
+    }
+    // A waiting acquire: withdrawn from the queue, answered `Released`, never granted.
+    let (holder, answer) = LeaseStream::acquire(&server.client, acquire(182, 1)).await;
+    assert!(answer.is_granted());
+    let waiting = pb::Acquire {
+        wait_ms: 30_000,
+        ..acquire(182, 1)
+    };
+    let events = acquire_then_withdraw(&server.client, waiting, Duration::from_millis(200)).await;
+    assert!(
+        events
+            .iter()
+            .all(|e| !matches!(e, pb::lease_event::Kind::Granted(_))),
+        "{events:?}"
+    );
+    assert!(
+        matches!(events.last(), Some(pb::lease_event::Kind::Released(_))),
+        "{events:?}"
+    );
+    holder.release(0.0).await;
+    assert_eq!(inflight_one(&server.client, 182).await, 0);
 }

@@ -19,6 +19,8 @@ pub struct Metrics {
     /// relay_lease_lost_total: lease streams that broke and could not be resumed (the upstream
     /// call finished anyway).
     pub leases_lost: IntCounter,
+    /// relay_lease_resumed_total: lease streams that broke and were resumed on a replica.
+    pub leases_resumed: IntCounter,
     pub spend_micros: IntCounter,
     pub upstream_seconds: HistogramVec,
     pub first_byte_seconds: HistogramVec,
@@ -87,6 +89,10 @@ impl Metrics {
             leases_lost: counter(
                 "relay_lease_lost_total",
                 "Lease streams that broke and could not be resumed; the upstream call finished anyway.",
+            ),
+            leases_resumed: counter(
+                "relay_lease_resumed_total",
+                "Lease streams that broke and were resumed on an admission replica.",
             ),
             spend_micros: counter(
                 "relay_spend_recorded_micro_usd_total",

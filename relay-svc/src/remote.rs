@@ -46,12 +46,17 @@ fn endpoint(
 
 /// How often DNS names of endpoints are resolved again (replicas come and go).
 const RESOLVE_EVERY: Duration = Duration::from_secs(5);
+/// How often every replica's address is probed (a TCP connect).
+const PROBE_EVERY: Duration = Duration::from_secs(1);
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// A channel balanced over every replica: one HTTP/2 connection each, since a gRPC stream pins to
 /// its connection (a ClusterIP would send all of a relay's leases to one pod). An endpoint whose
 /// host is a DNS name (a Kubernetes headless Service) is resolved every few seconds, and each
-/// address it resolves to is a replica; an IP endpoint is one replica. With `tls_ca`, `https://`
-/// endpoints are verified against that CA and the name in the URL.
+/// address it resolves to is a replica; an IP endpoint is one replica. Every replica is probed
+/// each second: one that does not accept connections leaves the balancer until it does again
+/// (the balancer would otherwise keep sending calls to a dead replica, which fail at once).
+/// With `tls_ca`, `https://` endpoints are verified against that CA and the name in the URL.
 pub fn balanced_channel(endpoints: &[String], tls_ca: Option<&[u8]>) -> Result<Channel, String> {
     if endpoints.is_empty() {
         return Err("no endpoints".into());
@@ -73,69 +78,127 @@ pub fn balanced_channel(endpoints: &[String], tls_ca: Option<&[u8]>) -> Result<C
             .trim_start_matches('[')
             .trim_end_matches(']')
             .to_owned();
-        let literal = bare_host.parse::<std::net::IpAddr>().is_ok();
         let tls = tls_ca.filter(|_| scheme == "https").map(|ca| {
             tonic::transport::ClientTlsConfig::new()
                 .ca_certificate(tonic::transport::Certificate::from_pem(ca))
                 .domain_name(bare_host.clone())
         });
-        if literal {
-            let endpoint = endpoint(url, tls.as_ref())?;
+        endpoint(url, tls.as_ref())?;
+        let mut current = std::collections::HashSet::new();
+        if let Ok(ip) = bare_host.parse::<std::net::IpAddr>() {
+            // Usable at once; the watcher takes it out if it does not answer.
+            let address = std::net::SocketAddr::new(ip, port);
+            let key = format!("{scheme}://{address}");
             changes
                 .try_send(tonic::transport::channel::Change::Insert(
-                    url.clone(),
-                    endpoint,
+                    key.clone(),
+                    endpoint(&key, tls.as_ref())?,
                 ))
                 .map_err(|_| "balancer queue full".to_string())?;
-            continue;
+            current.insert(address);
         }
-        endpoint(url, tls.as_ref())?;
-        tokio::spawn(resolve_loop(scheme, host, port, tls, changes.clone()));
+        tokio::spawn(watch_replicas(
+            Replicas {
+                scheme,
+                host: bare_host,
+                port,
+                tls,
+            },
+            current,
+            changes.clone(),
+        ));
     }
     Ok(channel)
 }
 
-/// Keeps the balancer's endpoints equal to what `host` resolves to.
-async fn resolve_loop(
+struct Replicas {
     scheme: String,
     host: String,
     port: u16,
     tls: Option<tonic::transport::ClientTlsConfig>,
+}
+
+impl Replicas {
+    fn key(&self, address: &std::net::SocketAddr) -> String {
+        format!("{}://{address}", self.scheme)
+    }
+
+    async fn resolve(&self) -> std::io::Result<Vec<std::net::SocketAddr>> {
+        if let Ok(ip) = self.host.parse::<std::net::IpAddr>() {
+            return Ok(vec![std::net::SocketAddr::new(ip, self.port)]);
+        }
+        Ok(tokio::net::lookup_host((self.host.as_str(), self.port))
+            .await?
+            .collect())
+    }
+}
+
+async fn accepts_connections(address: std::net::SocketAddr) -> bool {
+    matches!(
+        tokio::time::timeout(PROBE_TIMEOUT, tokio::net::TcpStream::connect(address)).await,
+        Ok(Ok(_))
+    )
+}
+
+/// Keeps the balancer's endpoints equal to the replicas that resolve and accept connections (all
+/// that resolve when none does, so calls fail with an error rather than wait for a replica).
+async fn watch_replicas(
+    replicas: Replicas,
+    mut current: std::collections::HashSet<std::net::SocketAddr>,
     changes: mpsc::Sender<tonic::transport::channel::Change<String, Endpoint>>,
 ) {
     use tonic::transport::channel::Change;
-    let mut current: std::collections::HashSet<String> = std::collections::HashSet::new();
+    let mut resolved: Vec<std::net::SocketAddr> = current.iter().copied().collect();
+    let mut resolved_at: Option<tokio::time::Instant> = None;
     loop {
-        match tokio::net::lookup_host((host.as_str(), port)).await {
-            Ok(addresses) => {
-                let resolved: std::collections::HashSet<String> = addresses
-                    .map(|address| format!("{scheme}://{address}"))
-                    .collect();
-                for gone in current.difference(&resolved) {
-                    if changes.send(Change::Remove(gone.clone())).await.is_err() {
-                        return;
-                    }
+        if resolved_at.is_none_or(|at| at.elapsed() >= RESOLVE_EVERY) {
+            match replicas.resolve().await {
+                Ok(addresses) => {
+                    resolved = addresses;
+                    resolved_at = Some(tokio::time::Instant::now());
                 }
-                for new in resolved.difference(&current) {
-                    if let Ok(endpoint) = endpoint(new, tls.as_ref())
-                        && changes
-                            .send(Change::Insert(new.clone(), endpoint))
-                            .await
-                            .is_err()
-                    {
-                        return;
-                    }
+                Err(error) => {
+                    tracing::warn!(host = %replicas.host, %error, "endpoint name did not resolve; keeping the last replicas")
                 }
-                if resolved != current {
-                    tracing::info!(%host, replicas = resolved.len(), "endpoint replicas changed");
-                }
-                current = resolved;
-            }
-            Err(error) => {
-                tracing::warn!(%host, %error, "endpoint name did not resolve; keeping the last replicas")
             }
         }
-        tokio::time::sleep(RESOLVE_EVERY).await;
+        let mut probes = tokio::task::JoinSet::new();
+        for address in resolved.iter().copied() {
+            probes.spawn(async move { (address, accepts_connections(address).await) });
+        }
+        let mut live = std::collections::HashSet::new();
+        while let Some(probe) = probes.join_next().await {
+            if let Ok((address, true)) = probe {
+                live.insert(address);
+            }
+        }
+        let wanted: std::collections::HashSet<std::net::SocketAddr> = if live.is_empty() {
+            resolved.iter().copied().collect()
+        } else {
+            live
+        };
+        for gone in current.difference(&wanted) {
+            if changes
+                .send(Change::Remove(replicas.key(gone)))
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+        for new in wanted.difference(&current) {
+            let key = replicas.key(new);
+            if let Ok(endpoint) = endpoint(&key, replicas.tls.as_ref())
+                && changes.send(Change::Insert(key, endpoint)).await.is_err()
+            {
+                return;
+            }
+        }
+        if wanted != current {
+            tracing::info!(host = %replicas.host, replicas = wanted.len(), "endpoint replicas changed");
+        }
+        current = wanted;
+        tokio::time::sleep(PROBE_EVERY).await;
     }
 }
 
@@ -474,29 +537,151 @@ async fn open(
 #[async_trait]
 impl Leases for RemoteLeases {
     async fn acquire(&self, terms: LeaseTerms, wait: Duration) -> Result<Acquired, BackendError> {
-        let (sender, events, answer) = open(
-            &self.client,
-            apb::lease_request::Kind::Acquire(acquire_pb(&terms, wait)),
-        )
-        .await?;
-        match answer {
-            Err(denial) => Ok(Acquired::Denied(denial)),
-            Ok((lease_id, ttl_ms)) => {
-                let (commands, receiver) = mpsc::channel(4);
-                let keeper = Keeper {
-                    client: self.client.clone(),
-                    terms,
-                    lease_id,
-                    ttl: Duration::from_millis(u64::from(ttl_ms.max(300))),
-                    metrics: self.metrics.clone(),
+        let (reply, answer) = oneshot::channel();
+        // In the request's span, so the lease call carries its trace context.
+        tokio::spawn(tracing::Instrument::instrument(
+            acquire_task(
+                self.client.clone(),
+                self.metrics.clone(),
+                terms,
+                wait,
+                reply,
+            ),
+            tracing::Span::current(),
+        ));
+        answer
+            .await
+            .unwrap_or_else(|_| Err(BackendError("lease task ended".into())))
+    }
+}
+
+/// How long an acquire whose call breaks before its answer (a replica died or is unreachable)
+/// is tried again: long enough for the balancer to drop a dead replica (`PROBE_EVERY`).
+const ACQUIRE_RETRY_FOR: Duration = Duration::from_secs(2);
+
+/// A call that broke in transport, or a replica that could not reach its backend: another
+/// replica may answer. (A lease the broken call may have been granted is reaped at its TTL.)
+fn worth_another_replica(status: &tonic::Status) -> bool {
+    matches!(
+        status.code(),
+        tonic::Code::Unavailable
+            | tonic::Code::Unknown
+            | tonic::Code::Cancelled
+            | tonic::Code::Internal
+    )
+}
+
+/// One acquire, on its own task so that a caller that goes away (the client left) never strands
+/// a lease: a waiting acquire is withdrawn, and a grant that raced the departure is released at
+/// once instead of waiting out the orphan grace. A call that breaks before its answer is tried
+/// again, on whichever replica the balanced channel picks, within the caller's wait.
+async fn acquire_task(
+    client: AdmissionClient<Traced>,
+    metrics: Metrics,
+    terms: LeaseTerms,
+    wait: Duration,
+    mut reply: oneshot::Sender<Result<Acquired, BackendError>>,
+) {
+    let started = tokio::time::Instant::now();
+    let deadline = started + wait;
+    let mut tries = 0u64;
+    loop {
+        tries += 1;
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let (sender, receiver) = mpsc::channel(8);
+        if sender
+            .send(message(apb::lease_request::Kind::Acquire(acquire_pb(
+                &terms, left,
+            ))))
+            .await
+            .is_err()
+        {
+            let _ = reply.send(Err(BackendError("lease stream closed".into())));
+            return;
+        }
+        // Not raced with the caller's departure: once sent, the acquire must be answered (and
+        // a grant released), or the lease would be left to the orphan grace.
+        let status = match client.clone().lease(ReceiverStream::new(receiver)).await {
+            Err(status) => status,
+            Ok(response) => {
+                let mut events = response.into_inner();
+                let answer = loop {
+                    tokio::select! {
+                        event = events.next() => match event {
+                            Some(Ok(apb::LeaseEvent { kind: Some(apb::lease_event::Kind::Queued(_)) })) => {}
+                            Some(Ok(apb::LeaseEvent { kind: Some(apb::lease_event::Kind::Granted(granted)) })) => {
+                                break Ok(Ok(granted));
+                            }
+                            Some(Ok(apb::LeaseEvent { kind: Some(apb::lease_event::Kind::Denied(denied)) })) => {
+                                break Ok(Err(Denial::new(deny_reason(denied.reason), denied.retry_after_ms)));
+                            }
+                            Some(Ok(_)) => break Err(tonic::Status::internal("unexpected lease event")),
+                            Some(Err(status)) => break Err(status),
+                            None => break Err(tonic::Status::unavailable("lease stream ended without an answer")),
+                        },
+                        _ = reply.closed() => {
+                            withdraw(&sender, &mut events).await;
+                            return;
+                        }
+                    }
                 };
-                tokio::spawn(keeper.run(sender, events, receiver));
-                Ok(Acquired::Granted(Box::new(RemoteLease {
-                    commands: Some(commands),
-                })))
+                match answer {
+                    Ok(Ok(granted)) => {
+                        let (commands, receiver) = mpsc::channel(4);
+                        let keeper = Keeper {
+                            client: client.clone(),
+                            terms,
+                            lease_id: granted.lease_id,
+                            ttl: Duration::from_millis(u64::from(granted.ttl_ms.max(300))),
+                            metrics,
+                        };
+                        tokio::spawn(keeper.run(sender, events, receiver));
+                        // A caller that left just now drops the lease with the unsent reply;
+                        // the keeper sees its commands end and releases.
+                        let _ = reply.send(Ok(Acquired::Granted(Box::new(RemoteLease {
+                            commands: Some(commands),
+                        }))));
+                        return;
+                    }
+                    Ok(Err(denial)) => {
+                        let _ = reply.send(Ok(Acquired::Denied(denial)));
+                        return;
+                    }
+                    Err(status) => status,
+                }
+            }
+        };
+        if started.elapsed() < ACQUIRE_RETRY_FOR
+            && worth_another_replica(&status)
+            && !reply.is_closed()
+        {
+            tracing::debug!(code = ?status.code(), tries, "lease call broke before its answer; trying again");
+            tokio::time::sleep(Duration::from_millis((50 * tries).min(250))).await;
+            continue;
+        }
+        let _ = reply.send(Err(backend(status)));
+        return;
+    }
+}
+
+/// Withdraws an unanswered acquire (`Release` before the answer): admission cancels the wait or
+/// releases what it granted meanwhile, and answers `Released`.
+async fn withdraw(sender: &mpsc::Sender<apb::LeaseRequest>, events: &mut Events) {
+    let release = apb::lease_request::Kind::Release(apb::Release { spend_usd: 0.0 });
+    if sender.send(message(release)).await.is_err() {
+        return;
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Some(Ok(event)) = events.next().await {
+            if matches!(
+                event.kind,
+                Some(apb::lease_event::Kind::Released(_)) | Some(apb::lease_event::Kind::Denied(_))
+            ) {
+                return;
             }
         }
-    }
+    })
+    .await;
 }
 
 enum Command {
@@ -615,7 +800,12 @@ impl Keeper {
     /// Resumes the lease on any admission replica within the orphan grace; `None` when it cannot
     /// (the upstream call finishes anyway, counted in a metric).
     async fn resume(&self) -> Option<(mpsc::Sender<apb::LeaseRequest>, Events)> {
-        for attempt in 0..3 {
+        // Within half the ttl: the lease outlives its broken stream by the orphan grace (or the
+        // ttl since the last heartbeat); a replica that just died takes a moment to be skipped.
+        let give_up = tokio::time::Instant::now() + self.ttl / 2;
+        let mut attempt = 0u64;
+        while tokio::time::Instant::now() < give_up {
+            attempt += 1;
             let resume = apb::lease_request::Kind::Resume(apb::Resume {
                 lease_id: self.lease_id.clone(),
                 terms: Some(acquire_pb(&self.terms, Duration::ZERO)),
@@ -623,10 +813,13 @@ impl Keeper {
             match open(&self.client, resume).await {
                 Ok((sender, events, Ok(_))) => {
                     tracing::info!(lease_id = %self.lease_id, "lease resumed after its stream broke");
+                    self.metrics.leases_resumed.inc();
                     return Some((sender, events));
                 }
                 Ok((_, _, Err(_))) => break,
-                Err(_) => tokio::time::sleep(Duration::from_millis(200 * (attempt + 1))).await,
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis((100 * attempt).min(1000))).await
+                }
             }
         }
         tracing::warn!(lease_id = %self.lease_id, "lease lost: stream broke and could not be resumed");

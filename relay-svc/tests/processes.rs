@@ -2,76 +2,14 @@
 //! over a private Redis and Postgres: `selector-svc migrate`, accounts and a client key created
 //! through the `selector-svc admin` CLI, then requests through `relay-svc`.
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+mod common;
+
+use common::processes::Env;
 use poolgate_testkit::{PostgresServer, RedisServer, eventually, free_port};
 use relay_svc::fake_upstream::FakeUpstream;
 use serde_json::json;
-
-fn binary(name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_BIN_EXE_relay-svc"))
-        .parent()
-        .map(PathBuf::from)
-        .unwrap_or_default();
-    let path = dir.join(name);
-    assert!(
-        path.exists(),
-        "{} is not built: run the workspace's tests (`cargo nextest run --workspace` or `bash scripts/test.sh`)",
-        path.display()
-    );
-    path
-}
-
-/// Kills its process on drop.
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-struct Env {
-    vars: Vec<(String, String)>,
-}
-
-impl Env {
-    fn command(&self, name: &str) -> Command {
-        let mut command = Command::new(binary(name));
-        command.envs(self.vars.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-        command.env_remove("RUST_LOG").stdin(Stdio::null());
-        command
-    }
-
-    fn spawn(&self, name: &str, args: &[&str]) -> Process {
-        Process(
-            self.command(name)
-                .args(args)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("service starts"),
-        )
-    }
-
-    fn run(&self, name: &str, args: &[&str], extra_env: &[(&str, &str)]) -> String {
-        let output = self
-            .command(name)
-            .args(args)
-            .envs(extra_env.iter().copied())
-            .output()
-            .expect("command runs");
-        assert!(
-            output.status.success(),
-            "{name} {args:?} failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        String::from_utf8_lossy(&output.stdout).into_owned()
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relay_selector_and_admission_as_separate_processes() {
@@ -114,10 +52,11 @@ async fn relay_selector_and_admission_as_separate_processes() {
     };
     let migrated = env.run("selector-svc", &["migrate"], &[]);
     assert!(migrated.contains("migrations applied"), "{migrated}");
-    let _selector = env.spawn("selector-svc", &[]);
-    let _admission = env.spawn("admission-svc", &[]);
+    let _selector = env.spawn("selector-svc", "selector", &[]);
+    let _admission = env.spawn("admission-svc", "admission", &[]);
     let _relay = env.spawn(
         "relay-svc",
+        "relay",
         &[
             "--listen",
             &format!("127.0.0.1:{relay_port}"),

@@ -312,6 +312,40 @@ impl LeaseStream {
     }
 }
 
+/// Opens a lease stream with `Acquire` and sends `Release` after `delay` without waiting for the
+/// answer (a holder that no longer needs the lease); returns every event until the stream ends.
+pub async fn acquire_then_withdraw(
+    client: &Client,
+    acquire: pb::Acquire,
+    delay: Duration,
+) -> Vec<pb::lease_event::Kind> {
+    let (sender, receiver) = mpsc::channel(8);
+    sender
+        .send(request(pb::lease_request::Kind::Acquire(acquire)))
+        .await
+        .expect("queue acquire");
+    let mut events = client
+        .clone()
+        .lease(ReceiverStream::new(receiver))
+        .await
+        .expect("lease call")
+        .into_inner();
+    tokio::time::sleep(delay).await;
+    sender
+        .send(request(pb::lease_request::Kind::Release(pb::Release {
+            spend_usd: 0.0,
+        })))
+        .await
+        .expect("queue release");
+    let mut seen = Vec::new();
+    while let Ok(Some(Ok(event))) =
+        tokio::time::timeout(Duration::from_secs(10), events.next()).await
+    {
+        seen.extend(event.kind);
+    }
+    seen
+}
+
 pub async fn inflight(client: &Client, accounts: &[i64]) -> Vec<u32> {
     let mut client = client.clone();
     client

@@ -1,0 +1,95 @@
+//! The workspace's service binaries as child processes, for tests that kill and restart them.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+/// Path of a binary built next to `relay-svc` (the workspace's tests build all of them).
+pub fn binary(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_BIN_EXE_relay-svc"))
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_default();
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is not built: run the workspace's tests (`cargo nextest run --workspace` or `bash scripts/test.sh`)",
+        path.display()
+    );
+    path
+}
+
+/// A child process, killed (SIGKILL) on drop.
+pub struct Process(Child);
+
+impl Process {
+    /// `kill -9`: no shutdown path runs.
+    pub fn kill9(mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The environment every service process gets.
+pub struct Env {
+    pub vars: Vec<(String, String)>,
+}
+
+impl Env {
+    pub fn command(&self, name: &str) -> Command {
+        let mut command = Command::new(binary(name));
+        command.envs(self.vars.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        command.env_remove("RUST_LOG").stdin(Stdio::null());
+        command
+    }
+
+    /// Starts a service. Its output is discarded unless `POOLGATE_TEST_LOGS` names a directory,
+    /// where it goes to `<label>.log` (appended, so a restarted service keeps one file).
+    pub fn spawn(&self, name: &str, label: &str, args: &[&str]) -> Process {
+        let (stdout, stderr) = match std::env::var_os("POOLGATE_TEST_LOGS") {
+            Some(dir) => {
+                let path = PathBuf::from(dir).join(format!("{label}.log"));
+                match std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&path)
+                    .and_then(|file| Ok((file.try_clone()?, file)))
+                {
+                    Ok((out, err)) => (Stdio::from(out), Stdio::from(err)),
+                    Err(_) => (Stdio::null(), Stdio::null()),
+                }
+            }
+            None => (Stdio::null(), Stdio::null()),
+        };
+        Process(
+            self.command(name)
+                .args(args)
+                .stdout(stdout)
+                .stderr(stderr)
+                .spawn()
+                .expect("service starts"),
+        )
+    }
+
+    /// Runs a command to completion; panics with its stderr when it fails.
+    pub fn run(&self, name: &str, args: &[&str], extra_env: &[(&str, &str)]) -> String {
+        let output = self
+            .command(name)
+            .args(args)
+            .envs(extra_env.iter().copied())
+            .output()
+            .expect("command runs");
+        assert!(
+            output.status.success(),
+            "{name} {args:?} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+}
