@@ -19,6 +19,8 @@ pub struct Metrics {
     /// admission_redis_fallbacks_total{operation, reason}
     pub fallbacks: IntCounterVec,
     pub degraded: IntGauge,
+    /// admission_redis_round_trips_total: commands, scripts and pipelines sent to Redis.
+    pub redis_round_trips: IntCounter,
 }
 
 fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -104,6 +106,11 @@ impl Metrics {
                 &registry,
                 "admission_degraded",
                 "1 while Redis is unreachable and the failure policy decides.",
+            ),
+            redis_round_trips: counter(
+                &registry,
+                "admission_redis_round_trips_total",
+                "Redis round trips (a command, a script or a pipeline is one).",
             ),
             registry,
         }

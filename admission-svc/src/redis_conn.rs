@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use bb8_redis::RedisConnectionManager;
+use prometheus::IntCounter;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
@@ -138,7 +139,8 @@ enum Backend {
 #[derive(Clone)]
 pub struct RedisHandle {
     backend: Backend,
-    round_trips: Arc<AtomicU64>,
+    /// Shared with the service's metrics (`*_redis_round_trips_total`).
+    round_trips: IntCounter,
     timeout: Duration,
     /// Until when (ms since the handle was made) Redis counts as unreachable: after a failed
     /// connect, callers fail fast for a moment instead of each waiting out the connect timeout.
@@ -151,10 +153,12 @@ const FAIL_FAST: Duration = Duration::from_millis(1000);
 
 impl RedisHandle {
     /// Connects lazily for a single node (the service starts while Redis is down); a cluster
-    /// needs its topology, so it is read now.
+    /// needs its topology, so it is read now. Every round trip (a command, a script or a
+    /// pipeline) counts one in `round_trips`.
     pub async fn connect(
         target: &RedisTarget,
         options: &RedisOptions,
+        round_trips: IntCounter,
     ) -> Result<Self, BackendError> {
         let backend = match target {
             RedisTarget::Single(url) => {
@@ -188,7 +192,7 @@ impl RedisHandle {
         };
         Ok(RedisHandle {
             backend,
-            round_trips: Arc::new(AtomicU64::new(0)),
+            round_trips,
             unreachable_until: Arc::new(AtomicU64::new(0)),
             epoch: std::time::Instant::now(),
             timeout: options.timeout,
@@ -205,7 +209,7 @@ impl RedisHandle {
 
     /// Round trips made through this handle (and its clones) so far.
     pub fn round_trips(&self) -> u64 {
-        self.round_trips.load(Ordering::Relaxed)
+        self.round_trips.get()
     }
 
     /// Takes a connection for one operation (bounded by the pool's connection timeout).
@@ -282,7 +286,7 @@ enum ConnInner {
 /// commands, pipelines and scripts run on it as usual.
 pub struct Conn {
     inner: ConnInner,
-    round_trips: Arc<AtomicU64>,
+    round_trips: IntCounter,
 }
 
 impl Conn {
@@ -307,7 +311,7 @@ impl Conn {
 
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        self.round_trips.fetch_add(1, Ordering::Relaxed);
+        self.round_trips.inc();
         Box::pin(async move {
             let result = match &mut self.inner {
                 ConnInner::Single { connection, .. } => connection.req_packed_command(cmd).await,
@@ -324,7 +328,7 @@ impl ConnectionLike for Conn {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        self.round_trips.fetch_add(1, Ordering::Relaxed);
+        self.round_trips.inc();
         Box::pin(async move {
             let result = match &mut self.inner {
                 ConnInner::Single { connection, .. } => {

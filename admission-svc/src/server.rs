@@ -104,7 +104,8 @@ pub async fn build_admission(
             options,
             policy,
         } => {
-            let handle = RedisHandle::connect(target, options).await?;
+            let handle =
+                RedisHandle::connect(target, options, metrics.redis_round_trips.clone()).await?;
             let backend = PolicyBackend::new(
                 RedisBackend::new(handle),
                 policy.clone(),

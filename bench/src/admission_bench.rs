@@ -304,7 +304,8 @@ async fn run(args: Args) -> Result<(), String> {
     };
     let target = RedisTarget::parse(&redis_url)?;
     let options = RedisOptions::default();
-    let handle = RedisHandle::connect(&target, &options)
+    let round_trips = admission_svc::metrics::Metrics::new().redis_round_trips;
+    let handle = RedisHandle::connect(&target, &options, round_trips)
         .await
         .map_err(|e| e.to_string())?;
     let bare = Arc::new(RedisBackend::new(handle));

@@ -20,6 +20,8 @@ pub struct Metrics {
     pub token_refreshes: IntCounterVec,
     /// selector_active_blocks{kind}: hard, soft, breaker (from the latest readings).
     pub active_blocks: IntGaugeVec,
+    /// selector_redis_round_trips_total: commands, scripts and pipelines sent to Redis.
+    pub redis_round_trips: IntCounter,
 }
 
 fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -89,6 +91,15 @@ impl Metrics {
                 "OAuth token refreshes by result.",
                 &["result"],
             ),
+            redis_round_trips: {
+                let metric = IntCounter::new(
+                    "selector_redis_round_trips_total",
+                    "Redis round trips (a command, a script or a pipeline is one).",
+                )
+                .unwrap_or_else(|error| unreachable!("static metric definition: {error}"));
+                let _ = registry.register(Box::new(metric.clone()));
+                metric
+            },
             registry,
         }
     }

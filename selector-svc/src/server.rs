@@ -77,9 +77,13 @@ pub async fn build(config: &Config, metrics: Metrics) -> Result<Built, ServeErro
     store.check_schema().await?;
     let snapshot = Arc::new(SnapshotCell::new(store.load_snapshot().await?));
     metrics.reloads.with_label_values(&["startup"]).inc();
-    let redis = RedisHandle::connect(&config.redis_target, &config.redis_options)
-        .await
-        .map_err(|e| ServeError::Redis(e.to_string()))?;
+    let redis = RedisHandle::connect(
+        &config.redis_target,
+        &config.redis_options,
+        metrics.redis_round_trips.clone(),
+    )
+    .await
+    .map_err(|e| ServeError::Redis(e.to_string()))?;
     let health = RedisHealth::new(redis);
     let (refresh_sender, refresh_receiver) = mpsc::unbounded_channel();
     let selector = Arc::new(Selector::new(
