@@ -1,34 +1,89 @@
 #!/usr/bin/env bash
-# Side by side, in one run on this machine: the fake upstream directly, poolgate standalone, and
-# the LiteLLM proxy (PyPI `litellm[proxy]`, one worker), all in front of the same fake upstream,
-# non-streaming and streaming, at the same concurrency. Prints throughput, p50/p99 and peak RSS,
-# and the poolgate/LiteLLM ratios.
+# poolgate against LiteLLM, in one run on this machine, all four in front of the same Rust fake
+# upstream (`mock-upstream`, no model latency) with the same two upstream accounts:
 #
-# Usage: bash bench/compare_litellm.sh [seconds] [concurrency]
+#   direct       the fake upstream itself (the ceiling)
+#   standalone   relay-svc --standalone (memory backends)
+#   distributed  relay-svc + selector-svc + admission-svc as processes, over Redis and Postgres
+#   litellm      the LiteLLM proxy (PyPI `litellm[proxy]`, two workers)
+#
+# 1. Closed loop at a fixed concurrency, non-streaming and streaming: throughput, p50/p99, the
+#    latency each proxy adds to the direct call, and the poolgate/LiteLLM ratios.
+# 2. Open loop at rising offered loads: p50/p99 against offered load for all four, written to
+#    a CSV and plotted to a PNG (matplotlib in the LiteLLM venv). A target stops rising once it
+#    serves less than 80 % of what is offered (saturated).
+# 3. Redis round trips per governed request at 1 000 requests/s in distributed mode, from the
+#    services' `*_redis_round_trips_total` counters.
+# 4. Peak RSS of every process (LiteLLM: all its processes).
+#
+# Usage: bash bench/compare_litellm.sh [seconds per run] [concurrency]
+# Env: LITELLM_VENV (default .venv-litellm), OUT_DIR (default docs), LOADS (offered req/s list).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_PER_RUN=${1:-10}
 CONCURRENCY=${2:-16}
 VENV=${LITELLM_VENV:-.venv-litellm}
-if [ ! -x "$VENV/bin/litellm" ]; then
-  python3 -m venv "$VENV"
-  "$VENV/bin/pip" install -q 'litellm[proxy]'
-fi
-cargo build --release -q -p relay-svc --bins -p poolgate-bench --bin http-load
-work=$(mktemp -d)
-pids=()
-cleanup() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; rm -rf "$work"; }
-trap cleanup EXIT
+OUT_DIR=${OUT_DIR:-docs}
+LOADS=${LOADS:-"50 100 200 500 1000 2000 4000"}
+SWEEP_SECONDS=${SWEEP_SECONDS:-4}
 
-target/release/mock-upstream --listen 127.0.0.1:9190 >/dev/null 2>&1 & pids+=($!)
+if [ ! -x "$VENV/bin/litellm" ] || ! "$VENV/bin/python" -c 'import matplotlib' 2>/dev/null; then
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q 'litellm[proxy]' matplotlib
+fi
+command -v redis-server >/dev/null || { echo "redis-server is missing: apt-get install -y redis-server" >&2; exit 1; }
+PGBIN=$(dirname "$(ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null | sort -V | tail -1)")
+[ -x "$PGBIN/initdb" ] || { echo "Postgres is missing: apt-get install -y postgresql-15" >&2; exit 1; }
+cargo build --release -q -p relay-svc --bins -p selector-svc -p admission-svc -p poolgate-bench --bin http-load
+BIN=target/release
+
+work=$(mktemp -d)
+chmod 755 "$work"
+pids=()
+as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  [ -f "$work/pg/postmaster.pid" ] && as_pg "$PGBIN/pg_ctl" -D "$work/pg" -m immediate stop >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+wait_port() { for _ in $(seq 1 150); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.2; done; echo "port $1 never opened" >&2; return 1; }
+
+# The fake upstream and the standalone relay.
+"$BIN/mock-upstream" --listen 127.0.0.1:9190 >/dev/null 2>&1 & pids+=($!)
 cat > "$work/relay.yaml" <<YAML
 api_keys:
   - {key: sk-bench, group: default, user: bench}
 accounts:
-  - {name: o1, platform: openai, base_url: "http://127.0.0.1:9190", api_key: sk-up-1, concurrency: 0}
-  - {name: o2, platform: openai, base_url: "http://127.0.0.1:9190", api_key: sk-up-2, concurrency: 0}
+  - {name: o1, platform: openai, base_url: "http://127.0.0.1:9190", api_key: sk-up-1, concurrency: 10000}
+  - {name: o2, platform: openai, base_url: "http://127.0.0.1:9190", api_key: sk-up-2, concurrency: 10000}
 YAML
-target/release/relay-svc --standalone --config "$work/relay.yaml" --listen 127.0.0.1:8190 >/dev/null 2>&1 & relay_pid=$!; pids+=($relay_pid)
+"$BIN/relay-svc" --standalone --config "$work/relay.yaml" --listen 127.0.0.1:8190 >/dev/null 2>&1 & standalone_pid=$!; pids+=($standalone_pid)
+
+# Distributed: Redis, Postgres, selector, admission, relay (accounts governed: limits > 0).
+redis-server --port 6390 --bind 127.0.0.1 --save '' --appendonly no >/dev/null 2>&1 & redis_pid=$!; pids+=($redis_pid)
+mkdir -p "$work/pg"
+[ "$(id -u)" = 0 ] && chown postgres "$work/pg"
+as_pg "$PGBIN/initdb" -D "$work/pg" -A trust -U postgres >/dev/null
+as_pg "$PGBIN/pg_ctl" -D "$work/pg" -l "$work/pg/log" -w \
+  -o "-p 5490 -k $work/pg -c listen_addresses=127.0.0.1 -c fsync=off" start >/dev/null
+export POOLGATE_DATABASE_URL=postgres://postgres@127.0.0.1:5490/postgres
+export POOLGATE_REDIS_URL=redis://127.0.0.1:6390
+POOLGATE_CREDENTIAL_KEYS="k1:$("$BIN/selector-svc" genkey)"; export POOLGATE_CREDENTIAL_KEYS
+export SELECTOR_ADMIN_TOKEN=bench-admin SELECTOR_ENDPOINT=http://127.0.0.1:50162
+"$BIN/selector-svc" migrate >/dev/null
+"$BIN/selector-svc" --listen 127.0.0.1:50162 --metrics-listen 127.0.0.1:9562 >/dev/null 2>&1 & selector_pid=$!; pids+=($selector_pid)
+"$BIN/admission-svc" --listen 127.0.0.1:50161 --metrics-listen 127.0.0.1:9561 >/dev/null 2>&1 & admission_pid=$!; pids+=($admission_pid)
+wait_port 50162
+for n in 1 2; do
+  ACCOUNT_CREDENTIAL=sk-up-$n "$BIN/selector-svc" admin upsert-account --name "o$n" --group default \
+    --platform openai --base-url http://127.0.0.1:9190 --concurrency 10000 >/dev/null
+done
+dist_key=$("$BIN/selector-svc" admin create-key --user bench --group default | sed -n 's/^api_key=//p')
+"$BIN/relay-svc" --listen 127.0.0.1:8191 --selector-url http://127.0.0.1:50162 \
+  --admission-url http://127.0.0.1:50161 >/dev/null 2>&1 & distributed_pid=$!; pids+=($distributed_pid)
+
+# LiteLLM, two workers, the same two accounts.
 cat > "$work/litellm.yaml" <<YAML
 model_list:
   - model_name: gpt-x
@@ -37,24 +92,94 @@ model_list:
     litellm_params: {model: openai/gpt-x, api_base: "http://127.0.0.1:9190/v1", api_key: sk-up-2}
 YAML
 LITELLM_MASTER_KEY=sk-litellm LITELLM_LOCAL_MODEL_COST_MAP=True "$VENV/bin/litellm" --config "$work/litellm.yaml" \
-  --host 127.0.0.1 --port 4190 --num_workers 1 >"$work/litellm.log" 2>&1 & litellm_pid=$!; pids+=($litellm_pid)
-for _ in $(seq 1 120); do
+  --host 127.0.0.1 --port 4190 --num_workers 2 >"$work/litellm.log" 2>&1 & litellm_pid=$!; pids+=($litellm_pid)
+for _ in $(seq 1 180); do
   curl -sf -o /dev/null http://127.0.0.1:4190/health/liveliness && break
   sleep 1
 done
+wait_port 8190; wait_port 8191
 
-peak_rss_mb() { awk '/VmHWM/ {printf "%.1f", $2/1024}' "/proc/$1/status" 2>/dev/null || echo "?"; }
-body='{"model":"gpt-x","messages":[{"role":"user","content":"hi"}]STREAM}'
-run() { # label url auth stream
-  local b=${body/STREAM/$4}
-  target/release/http-load --label "$1" --url "$2" --header "authorization: Bearer $3" --body "$b" \
-    --concurrency "$CONCURRENCY" --seconds "$SECONDS_PER_RUN"
+declare -A URL KEY
+URL[direct]=http://127.0.0.1:9190/v1/chat/completions; KEY[direct]=sk-up-1
+URL[standalone]=http://127.0.0.1:8190/v1/chat/completions; KEY[standalone]=sk-bench
+URL[distributed]=http://127.0.0.1:8191/v1/chat/completions; KEY[distributed]=$dist_key
+URL[litellm]=http://127.0.0.1:4190/v1/chat/completions; KEY[litellm]=sk-litellm
+TARGETS="direct standalone distributed litellm"
+body() { echo "{\"model\":\"gpt-x\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]$1}"; }
+load() { # target stream-suffix extra-args...
+  local target=$1 suffix=$2; shift 2
+  "$BIN/http-load" --label "$target" --url "${URL[$target]}" --header "authorization: Bearer ${KEY[$target]}" \
+    --body "$(body "$suffix")" "$@"
 }
-echo "concurrency $CONCURRENCY, $SECONDS_PER_RUN s per run, fake upstream without model latency"
+# Every target answers before measuring.
+for target in $TARGETS; do
+  for _ in $(seq 1 50); do
+    load "$target" "" --rate 5 --seconds 0.2 --csv | awk -F, '$7 == 0 {ok=1} END {exit !ok}' && break
+    sleep 0.5
+  done
+done
+
+tree_rss_mb() { # peak RSS of a process and its descendants
+  local all=("$1") queue=("$1")
+  while [ ${#queue[@]} -gt 0 ]; do
+    local kids; kids=$(pgrep -P "${queue[0]}" || true); queue=("${queue[@]:1}")
+    for kid in $kids; do all+=("$kid"); queue+=("$kid"); done
+  done
+  for pid in "${all[@]}"; do awk '/VmHWM/ {print $2}' "/proc/$pid/status" 2>/dev/null; done | awk '{s += $1} END {printf "%.1f", s / 1024}'
+}
+
+echo "== 1. closed loop: concurrency $CONCURRENCY, $SECONDS_PER_RUN s per run"
+csv_closed="$work/closed.csv"
 for mode in "" ',"stream":true'; do
   kind=$([ -z "$mode" ] && echo non-streaming || echo streaming)
-  run "direct to upstream, $kind" http://127.0.0.1:9190/v1/chat/completions sk-up-1 "$mode"
-  run "poolgate standalone, $kind" http://127.0.0.1:8190/v1/chat/completions sk-bench "$mode"
-  run "litellm proxy (1 worker), $kind" http://127.0.0.1:4190/v1/chat/completions sk-litellm "$mode"
+  for target in $TARGETS; do
+    line=$(load "$target" "$mode" --concurrency "$CONCURRENCY" --seconds "$SECONDS_PER_RUN" --csv)
+    echo "$kind,$line" >> "$csv_closed"
+  done
 done
-echo "peak RSS: poolgate relay $(peak_rss_mb $relay_pid) MiB, litellm $(peak_rss_mb $litellm_pid) MiB (main process)"
+awk -F, '
+  { kind=$1; t=$2; rate[kind,t]=$4; p50[kind,t]=$5; p99[kind,t]=$6; err[kind,t]=$8; kinds[kind]=1; order[++n]=kind SUBSEP t }
+  END {
+    printf "%-14s %-12s %11s %9s %9s %13s %13s %7s\n", "mode", "target", "req/s", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms", "errors"
+    for (i = 1; i <= n; i++) { split(order[i], k, SUBSEP)
+      printf "%-14s %-12s %11.1f %9.3f %9.3f %13.3f %13.3f %7d\n", k[1], k[2], rate[k[1],k[2]], p50[k[1],k[2]], p99[k[1],k[2]],
+        p50[k[1],k[2]] - p50[k[1],"direct"], p99[k[1],k[2]] - p99[k[1],"direct"], err[k[1],k[2]] }
+    for (kind in kinds) {
+      printf "%s: throughput standalone/litellm %.1fx, distributed/litellm %.1fx; standalone %.0f%% and distributed %.0f%% of direct\n",
+        kind, rate[kind,"standalone"] / rate[kind,"litellm"], rate[kind,"distributed"] / rate[kind,"litellm"],
+        100 * rate[kind,"standalone"] / rate[kind,"direct"], 100 * rate[kind,"distributed"] / rate[kind,"direct"]
+      printf "%s: p50 standalone/litellm %.3f, distributed/litellm %.3f\n", kind,
+        p50[kind,"standalone"] / p50[kind,"litellm"], p50[kind,"distributed"] / p50[kind,"litellm"]
+    }
+  }' "$csv_closed"
+
+echo "== 2. open loop: latency against offered load ($SWEEP_SECONDS s per point)"
+mkdir -p "$OUT_DIR"
+csv_sweep="$OUT_DIR/bench-latency.csv"
+echo "mode,target,offered,achieved,p50_ms,p99_ms,ok,errors" > "$csv_sweep"
+for mode in "" ',"stream":true'; do
+  kind=$([ -z "$mode" ] && echo non-streaming || echo streaming)
+  for target in $TARGETS; do
+    for rate in $LOADS; do
+      line=$(load "$target" "$mode" --rate "$rate" --seconds "$SWEEP_SECONDS" --csv)
+      echo "$kind,$line" | tee -a "$csv_sweep"
+      achieved=$(echo "$line" | cut -d, -f3)
+      awk -v a="$achieved" -v r="$rate" 'BEGIN {exit !(a < 0.8 * r)}' && break
+    done
+  done
+done
+"$VENV/bin/python" bench/plot_latency.py "$csv_sweep" "$OUT_DIR/bench-latency.png"
+
+echo "== 3. Redis round trips per governed request at 1000 req/s (distributed)"
+trips() { curl -sf "http://127.0.0.1:$1/metrics" | awk -v m="$2" '$1 == m {print $2}'; }
+a0=$(trips 9561 admission_redis_round_trips_total); s0=$(trips 9562 selector_redis_round_trips_total)
+line=$(load distributed "" --rate 1000 --seconds "$SECONDS_PER_RUN" --csv)
+a1=$(trips 9561 admission_redis_round_trips_total); s1=$(trips 9562 selector_redis_round_trips_total)
+ok=$(echo "$line" | cut -d, -f6)
+awk -v a="$((a1 - a0))" -v s="$((s1 - s0))" -v n="$ok" -v line="$line" 'BEGIN {
+  printf "%s\n%d requests: admission %.2f + selector %.2f = %.2f round trips per request (goal <= 3)\n", line, n, a / n, s / n, (a + s) / n }'
+
+echo "== 4. peak RSS (MiB)"
+echo "poolgate standalone relay $(tree_rss_mb $standalone_pid)"
+echo "poolgate distributed: relay $(tree_rss_mb $distributed_pid), selector $(tree_rss_mb $selector_pid), admission $(tree_rss_mb $admission_pid) (Redis and Postgres not counted)"
+echo "litellm (all $(($(pgrep -P $litellm_pid | wc -l) + 1)) processes) $(tree_rss_mb $litellm_pid)"
