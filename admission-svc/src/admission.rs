@@ -41,6 +41,9 @@ pub struct Admission {
     sequence: AtomicU64,
     /// Waiters on this replica per account, woken at once by a release here.
     local_wakeups: Mutex<HashMap<AccountId, Arc<Notify>>>,
+    /// Acquires of this replica waiting per account. A new acquire does not barge in front of
+    /// them (see `acquire`).
+    local_waiting: Arc<Mutex<HashMap<AccountId, usize>>>,
     pending_releases: Mutex<Vec<PendingRelease>>,
     metrics: Metrics,
     /// The Redis failure policy layer, when the backend is Redis.
@@ -79,6 +82,7 @@ impl Admission {
             instance: new_instance_id(),
             sequence: AtomicU64::new(0),
             local_wakeups: Mutex::new(HashMap::new()),
+            local_waiting: Arc::new(Mutex::new(HashMap::new())),
             pending_releases: Mutex::new(Vec::new()),
             metrics,
         })
@@ -136,6 +140,11 @@ impl Admission {
         if let Some(notify) = wakeups.get(&account_id) {
             notify.notify_one();
         }
+    }
+
+    fn has_local_waiters(&self, account_id: AccountId) -> bool {
+        let waiting = self.local_waiting.lock().unwrap_or_else(|p| p.into_inner());
+        waiting.get(&account_id).is_some_and(|n| *n > 0)
     }
 
     /// One try at every gate: user RPM first (its own slot) when set, then the account script;
@@ -201,8 +210,22 @@ impl Admission {
         let deadline = Instant::now() + wait;
         let mut waiter: Option<WaiterGuard> = None;
         let mut delay = self.settings.wait_poll_initial;
+        // Fairness: while acquires of this replica wait for the account, a new one queues behind
+        // them instead of taking a slot one of them is about to get (under overload, new
+        // requests probing with no wait would otherwise win every freed slot and starve the
+        // queue). It nudges a waiter instead, so a slot freed elsewhere is not left idle.
+        let mut queue_first =
+            !terms.account_unlimited() && self.has_local_waiters(terms.account_id);
         loop {
-            let outcome = self.try_acquire(terms).await;
+            let outcome = if std::mem::take(&mut queue_first) {
+                self.wake_one(terms.account_id);
+                Ok(AcquireOutcome::Denied(Denial::new(
+                    DenyReason::Concurrency,
+                    0,
+                )))
+            } else {
+                self.try_acquire(terms).await
+            };
             let denial = match outcome {
                 Ok(AcquireOutcome::Denied(denial)) => denial,
                 other => {
@@ -241,11 +264,18 @@ impl Admission {
                     return outcome;
                 };
                 self.metrics.waiters.inc();
+                *self
+                    .local_waiting
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .entry(terms.account_id)
+                    .or_default() += 1;
                 waiter = Some(WaiterGuard {
                     backend: self.backend.clone(),
                     account_id: terms.account_id,
                     waiter_id,
                     metrics: self.metrics.clone(),
+                    local_waiting: self.local_waiting.clone(),
                 });
                 on_queued(position);
             }
@@ -463,11 +493,21 @@ struct WaiterGuard {
     account_id: AccountId,
     waiter_id: String,
     metrics: Metrics,
+    local_waiting: Arc<Mutex<HashMap<AccountId, usize>>>,
 }
 
 impl Drop for WaiterGuard {
     fn drop(&mut self) {
         self.metrics.waiters.dec();
+        {
+            let mut waiting = self.local_waiting.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(count) = waiting.get_mut(&self.account_id) {
+                *count = count.saturating_sub(1);
+                if *count == 0 {
+                    waiting.remove(&self.account_id);
+                }
+            }
+        }
         let backend = self.backend.clone();
         let account_id = self.account_id;
         let waiter_id = std::mem::take(&mut self.waiter_id);

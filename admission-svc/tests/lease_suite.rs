@@ -53,6 +53,7 @@ backend_suite!(
     full_wait_queue_is_denied_queue_full,
     waiter_that_goes_away_leaves_the_queue,
     a_release_before_the_answer_withdraws_the_acquire_and_leaves_no_orphan,
+    a_new_acquire_does_not_take_the_slot_a_waiter_is_waiting_for,
 );
 
 async fn concurrency_gate_grants_up_to_the_limit_then_denies(store: Store) {
@@ -562,4 +563,47 @@ async fn a_release_before_the_answer_withdraws_the_acquire_and_leaves_no_orphan(
     );
     holder.release(0.0).await;
     assert_eq!(inflight_one(&server.client, 182).await, 0);
+}
+
+async fn a_new_acquire_does_not_take_the_slot_a_waiter_is_waiting_for(store: Store) {
+    // Waiters poll every 1-3 s here, and the slot frees without waking anyone (the holder's
+    // stream ends: the slot is free after the 300 ms orphan grace), so without fairness the
+    // newcomer would find the slot free long before the waiter looks again.
+    let mut settings = support::test_settings();
+    settings.wait_poll_initial = Duration::from_secs(2);
+    settings.wait_poll_max = Duration::from_secs(2);
+    let server = TestServer::start(store.backend_config(), settings).await;
+    let (holder, answer) = LeaseStream::acquire(&server.client, acquire(191, 1)).await;
+    assert!(answer.is_granted());
+    let client = server.client.clone();
+    let waiter = tokio::spawn(async move {
+        let terms = pb::Acquire {
+            wait_ms: 10_000,
+            ..acquire(191, 1)
+        };
+        LeaseStream::acquire(&client, terms).await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    holder.abandon();
+    eventually(Duration::from_secs(2), || async {
+        (inflight_one(&server.client, 191).await == 0).then_some(())
+    })
+    .await
+    .expect("the abandoned slot frees after the grace");
+    // The slot is free, but it is the waiter's: a newcomer that will not wait is refused, and
+    // its try nudges the waiter, which takes the slot at once instead of at its next poll.
+    let (_, barging) = LeaseStream::acquire(&server.client, acquire(191, 1)).await;
+    assert_eq!(
+        barging.denied_reason(),
+        Some(pb::DenyReason::Concurrency),
+        "{barging:?}"
+    );
+    let nudged = std::time::Instant::now();
+    let (_held, answer) = waiter.await.expect("waiter task");
+    assert!(answer.is_granted(), "the waiter got the slot: {answer:?}");
+    assert!(
+        nudged.elapsed() < Duration::from_millis(900),
+        "woken by the newcomer's nudge, not its 1-3 s poll: {:?}",
+        nudged.elapsed()
+    );
 }

@@ -2,6 +2,7 @@
 //! gRPC-client implementation (`remote.rs`: many replicas) and an in-process one
 //! (`standalone.rs`: one process, memory backends, a YAML account file).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use admission_svc::domain::{Denial, LeaseTerms};
@@ -110,12 +111,80 @@ pub trait Leases: Send + Sync + 'static {
     async fn acquire(&self, terms: LeaseTerms, wait: Duration) -> Result<Acquired, BackendError>;
 }
 
-/// A held lease. Dropping it without `release` releases it (a client that went away frees its
-/// slot at once).
+/// A held lease. Dropping it without `release` releases it (after the relay's cancel linger:
+/// see [`Lingering`]).
 #[async_trait]
 pub trait Lease: Send + Sync {
     /// Charges account RPM for a same-account retry; `false` when refused (the lease is kept).
     async fn attempt(&mut self) -> bool;
     /// Frees the slot, recording the request's spend.
     async fn release(self: Box<Self>, spend_usd: f64);
+}
+
+/// Leases whose holder went away (the client disconnected, the request future was dropped)
+/// are released after `linger` instead of at once: the upstream call was cancelled by closing
+/// its connection, and the upstream counts the request until it notices, which it does at its
+/// next write. Reusing the slot before then would put one request too many on the account.
+pub struct Lingering {
+    inner: Arc<dyn Leases>,
+    linger: Duration,
+}
+
+impl Lingering {
+    pub fn new(inner: Arc<dyn Leases>, linger: Duration) -> Self {
+        Lingering { inner, linger }
+    }
+}
+
+#[async_trait]
+impl Leases for Lingering {
+    async fn acquire(&self, terms: LeaseTerms, wait: Duration) -> Result<Acquired, BackendError> {
+        Ok(match self.inner.acquire(terms, wait).await? {
+            Acquired::Granted(lease) => Acquired::Granted(Box::new(LingeringLease {
+                inner: Some(lease),
+                linger: self.linger,
+            })),
+            denied => denied,
+        })
+    }
+}
+
+struct LingeringLease {
+    inner: Option<Box<dyn Lease>>,
+    linger: Duration,
+}
+
+#[async_trait]
+impl Lease for LingeringLease {
+    async fn attempt(&mut self) -> bool {
+        match self.inner.as_mut() {
+            Some(lease) => lease.attempt().await,
+            None => false,
+        }
+    }
+
+    async fn release(mut self: Box<Self>, spend_usd: f64) {
+        if let Some(lease) = self.inner.take() {
+            lease.release(spend_usd).await;
+        }
+    }
+}
+
+impl Drop for LingeringLease {
+    fn drop(&mut self) {
+        let Some(lease) = self.inner.take() else {
+            return;
+        };
+        let linger = self.linger;
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    tokio::time::sleep(linger).await;
+                    lease.release(0.0).await;
+                });
+            }
+            // No runtime (the process is ending): the inner lease's own drop releases it.
+            Err(_) => drop(lease),
+        }
+    }
 }

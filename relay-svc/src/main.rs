@@ -44,6 +44,10 @@ struct Cli {
     /// A streaming client waiting this long gets SSE keep-alive comments, ms.
     #[arg(long, env = "RELAY_PING_AFTER_MS", default_value_t = 10_000)]
     ping_after_ms: u64,
+    /// After a client disconnects, how long its slot stays held before release, ms: the
+    /// upstream counts the cancelled call until it notices the closed connection.
+    #[arg(long, env = "RELAY_CANCEL_LINGER_MS", default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    cancel_linger_ms: u64,
     /// Upstream failures one request may fail over on.
     #[arg(long, env = "RELAY_FAILOVER_BUDGET", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=16))]
     failover_budget: u32,
@@ -117,6 +121,7 @@ async fn config(cli: &Cli) -> Result<Config, String> {
             max_wait: Duration::from_millis(cli.max_wait_ms),
             ping_after: Duration::from_millis(cli.ping_after_ms.max(100)),
             failover_budget: cli.failover_budget,
+            cancel_linger: Duration::from_millis(cli.cancel_linger_ms),
             max_body_bytes: cli.max_body_bytes.max(1024),
             ..RelaySettings::default()
         },

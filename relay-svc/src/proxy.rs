@@ -45,6 +45,9 @@ pub struct RelaySettings {
     pub auth_cache_ttl: Duration,
     /// Largest request body accepted, and largest error body kept.
     pub max_body_bytes: usize,
+    /// After a client disconnects, how long its slot stays held before release (the upstream
+    /// counts the cancelled call until it notices the closed connection).
+    pub cancel_linger: Duration,
 }
 
 impl Default for RelaySettings {
@@ -61,6 +64,7 @@ impl Default for RelaySettings {
             upstream_timeout: Duration::from_secs(600),
             auth_cache_ttl: Duration::from_millis(500),
             max_body_bytes: 32 << 20,
+            cancel_linger: Duration::from_secs(1),
         }
     }
 }
@@ -173,7 +177,10 @@ impl Relay {
         Ok(Relay {
             http: build_client(settings.upstream_timeout, None)?,
             selection,
-            leases,
+            leases: Arc::new(crate::backends::Lingering::new(
+                leases,
+                settings.cancel_linger,
+            )),
             settings,
             metrics,
             proxied: Mutex::new(HashMap::new()),
@@ -712,6 +719,9 @@ impl Relay {
                 .upstream_latency(api.platform().as_str(), sent.elapsed());
             if client_gone {
                 finish.relay.metrics.client_disconnects.inc();
+                // The upstream notices the closed connection at its next write; until then it
+                // still counts the request (see `Lingering`).
+                tokio::time::sleep(finish.relay.settings.cancel_linger).await;
             }
             let succeeded = complete && !client_gone;
             let response_id = scanner.response_id.clone();

@@ -44,8 +44,16 @@ const LEASE_TTL: Duration = Duration::from_secs(10);
 const ORPHAN_GRACE: Duration = Duration::from_secs(5);
 /// Slack on top of a deadline for a loaded 2-core machine.
 const SLACK: Duration = Duration::from_secs(2);
+/// How long after the clients stopped every lease must be gone (nothing is running then).
+const QUIET: Duration = Duration::from_secs(3);
 /// A request that takes longer than this has hung.
 const HANG: Duration = Duration::from_secs(45);
+
+/// More clients than the CI suite's 100 (the bench mode): the pool is overloaded, so a request
+/// may wait out the relay's 20 s and get a clean 503; such answers are counted, not failures.
+fn overloaded() -> bool {
+    clients() > 100
+}
 
 fn clients() -> usize {
     std::env::var("POOLGATE_CHAOS_CLIENTS")
@@ -242,11 +250,7 @@ impl Cluster {
     /// Live leases per account (score = expiry on the Redis clock).
     async fn live_leases(&self) -> Result<Vec<(i64, u32)>, String> {
         let mut conn = self.redis.client().await?;
-        let (seconds, micros): (u64, u64) = redis::cmd("TIME")
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| e.to_string())?;
-        let now_ms = seconds * 1000 + micros / 1000;
+        let now_ms = redis_now_ms(&mut conn).await?;
         let mut held = Vec::new();
         for account in &self.accounts {
             let count: u32 = redis::cmd("ZCOUNT")
@@ -261,6 +265,67 @@ impl Cluster {
             }
         }
         Ok(held)
+    }
+
+    /// The live leases (account key, lease id) right now.
+    async fn live_lease_ids(&self) -> Result<Vec<(String, String)>, String> {
+        let mut conn = self.redis.client().await?;
+        let now_ms = redis_now_ms(&mut conn).await?;
+        let mut live = Vec::new();
+        for account in &self.accounts {
+            let key = AccountKeys::new(account.id).leases;
+            let members: Vec<String> = redis::cmd("ZRANGEBYSCORE")
+                .arg(&key)
+                .arg(now_ms)
+                .arg("+inf")
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| e.to_string())?;
+            live.extend(members.into_iter().map(|m| (key.clone(), m)));
+        }
+        Ok(live)
+    }
+
+    /// Waits until none of `leases` is live any more (released, reaped or expired), while the
+    /// load goes on; panics after `deadline` (counted from `since`).
+    async fn expect_gone(
+        &self,
+        leases: &[(String, String)],
+        since: Instant,
+        deadline: Duration,
+        what: &str,
+    ) -> Duration {
+        let still_live = || async {
+            let mut conn = self.redis.client().await.ok()?;
+            let now_ms = redis_now_ms(&mut conn).await.ok()?;
+            let mut live = Vec::new();
+            for (key, lease) in leases {
+                let score: Option<f64> = redis::cmd("ZSCORE")
+                    .arg(key)
+                    .arg(lease)
+                    .query_async(&mut conn)
+                    .await
+                    .ok()?;
+                if score.is_some_and(|expiry| expiry >= now_ms as f64) {
+                    live.push(lease.clone());
+                }
+            }
+            Some(live)
+        };
+        let left = deadline.saturating_sub(since.elapsed());
+        let result = eventually(left, || async {
+            still_live().await.filter(|live| live.is_empty())
+        })
+        .await;
+        if result.is_err() {
+            panic!(
+                "{what}: of the {} leases live at the fault, {:?} still live {:?} after it (deadline {deadline:?})",
+                leases.len(),
+                still_live().await,
+                since.elapsed()
+            );
+        }
+        since.elapsed()
     }
 
     /// Waits until no account holds a lease; panics after `deadline` (counted from `since`).
@@ -330,11 +395,20 @@ impl Cluster {
     }
 }
 
+async fn redis_now_ms(conn: &mut redis::aio::MultiplexedConnection) -> Result<u64, String> {
+    let (seconds, micros): (u64, u64) = redis::cmd("TIME")
+        .query_async(conn)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(seconds * 1000 + micros / 1000)
+}
+
 #[derive(Debug)]
 enum Answer {
     Ok,
-    /// An error in the client's format (HTTP status, or 200 with a stream `error` event).
-    Clean(u16),
+    /// An error in the client's format (HTTP status, or 200 with a stream `error` event), and
+    /// its body.
+    Clean(u16, String),
     /// The connection failed or was cut (expected only from a killed relay).
     Transport(String),
     /// An answer that is neither a response nor a clean error.
@@ -369,7 +443,7 @@ async fn request(
         if status == 200 {
             let complete = if stream {
                 if text.contains("event: error") {
-                    return Answer::Clean(200);
+                    return Answer::Clean(200, text);
                 }
                 text.contains("event: message_stop")
             } else {
@@ -384,7 +458,7 @@ async fn request(
         }
         let error: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
         if error["type"] == "error" && error["error"]["type"].is_string() {
-            Answer::Clean(status)
+            Answer::Clean(status, text)
         } else {
             Answer::Unclean(status, text)
         }
@@ -399,6 +473,8 @@ async fn request(
 struct Tally {
     ok: u64,
     clean: BTreeMap<u16, u64>,
+    /// One body per status, for the report.
+    clean_samples: BTreeMap<u16, String>,
     transport: u64,
     /// The first connection failure, for the report.
     transport_sample: Option<String>,
@@ -418,7 +494,12 @@ impl Tally {
     fn add(&mut self, answer: Answer) {
         match answer {
             Answer::Ok => self.ok += 1,
-            Answer::Clean(status) => *self.clean.entry(status).or_default() += 1,
+            Answer::Clean(status, body) => {
+                *self.clean.entry(status).or_default() += 1;
+                self.clean_samples
+                    .entry(status)
+                    .or_insert_with(|| body.chars().take(300).collect());
+            }
             Answer::Transport(error) => {
                 self.transport += 1;
                 self.transport_sample.get_or_insert(error);
@@ -493,6 +574,9 @@ impl Load {
             for (status, count) in tally.clean {
                 *into.clean.entry(status).or_default() += count;
             }
+            for (status, body) in tally.clean_samples {
+                into.clean_samples.entry(status).or_insert(body);
+            }
             into.transport += tally.transport;
             if into.transport_sample.is_none() {
                 into.transport_sample = tally.transport_sample;
@@ -540,10 +624,10 @@ async fn chaos_one_fault_at_a_time_under_load_never_over_admits_and_loses_nothin
     let load = start_load(&cluster, "baseline");
     tokio::time::sleep(phase_length).await;
     let tallies = load.finish().await;
-    assert_answered("baseline", &tallies, &[], false);
+    assert_answered("baseline", &tallies, &[], overloaded());
     assert_eq!(cluster.over_limit(1), Vec::<String>::new(), "baseline");
     cluster
-        .expect_no_leases(Instant::now(), SLACK, "baseline")
+        .expect_no_leases(Instant::now(), QUIET, "baseline")
         .await;
 
     // 2. kill -9 of a relay mid-load.
@@ -558,12 +642,18 @@ async fn chaos_one_fault_at_a_time_under_load_never_over_admits_and_loses_nothin
     if let Some(relay) = cluster.relays[2].take() {
         relay.kill9();
     }
-    tokio::time::sleep(phase_length).await;
-    let tallies = load.finish().await;
-    assert_answered("kill-relay", &tallies, &[2], false);
-    assert_eq!(cluster.over_limit(1), Vec::<String>::new(), "kill-relay");
+    // Every lease live at the kill is gone within the orphan grace: the dead relay's are reaped,
+    // the others' are released as their requests end; meanwhile the load goes on.
+    let at_kill = cluster.live_lease_ids().await.expect("redis");
     let reaped = cluster
-        .expect_no_leases(killed, ORPHAN_GRACE + SLACK, "kill-relay")
+        .expect_gone(&at_kill, killed, ORPHAN_GRACE + SLACK, "kill-relay")
+        .await;
+    tokio::time::sleep(phase_length.saturating_sub(killed.elapsed())).await;
+    let tallies = load.finish().await;
+    assert_answered("kill-relay", &tallies, &[2], overloaded());
+    assert_eq!(cluster.over_limit(1), Vec::<String>::new(), "kill-relay");
+    cluster
+        .expect_no_leases(Instant::now(), QUIET, "after kill-relay")
         .await;
     for (relay, before) in lost_before.iter().enumerate() {
         assert_eq!(
@@ -572,7 +662,10 @@ async fn chaos_one_fault_at_a_time_under_load_never_over_admits_and_loses_nothin
             "relay {relay} lost no lease: the dead relay's cleanup touched nothing else"
         );
     }
-    eprintln!("kill-relay: the dead relay's leases were gone {reaped:?} after the kill");
+    eprintln!(
+        "kill-relay: the {} leases live at the kill were gone {reaped:?} after it",
+        at_kill.len()
+    );
     cluster.start_relay(2).await;
 
     // 3. kill -9 of an admission replica mid-load.
@@ -585,7 +678,13 @@ async fn chaos_one_fault_at_a_time_under_load_never_over_admits_and_loses_nothin
     if let Some(admission) = cluster.admissions[1].take() {
         admission.kill9();
     }
-    tokio::time::sleep(phase_length).await;
+    // Every lease live at the kill is gone within the TTL: resumed ones are released as their
+    // requests end, what was not resumed (a grant that never reached its relay) expires.
+    let at_kill = cluster.live_lease_ids().await.expect("redis");
+    let reaped = cluster
+        .expect_gone(&at_kill, killed, LEASE_TTL + SLACK, "kill-admission")
+        .await;
+    tokio::time::sleep(phase_length.saturating_sub(killed.elapsed())).await;
     let tallies = load.finish().await;
     // Requests waiting on the killed replica get a clean 503; none hangs or over-admits.
     assert_answered("kill-admission", &tallies, &[], true);
@@ -600,13 +699,14 @@ async fn chaos_one_fault_at_a_time_under_load_never_over_admits_and_loses_nothin
         Vec::<String>::new(),
         "kill-admission"
     );
-    let reaped = cluster
-        .expect_no_leases(killed, LEASE_TTL + SLACK, "kill-admission")
+    cluster
+        .expect_no_leases(Instant::now(), QUIET, "after kill-admission")
         .await;
     let resumed = cluster.relays_counter("relay_lease_resumed_total").await - resumed_before;
     let lost = cluster.relays_counter("relay_lease_lost_total").await - lost_before;
     eprintln!(
-        "kill-admission: {resumed} leases resumed on the other replica, {lost} lost; no lease left {reaped:?} after the kill"
+        "kill-admission: {resumed} leases resumed on the other replica, {lost} lost; the {} leases live at the kill were gone {reaped:?} after it",
+        at_kill.len()
     );
     assert!(resumed > 0.0, "the dead replica's leases were resumed");
     assert_eq!(lost, 0.0, "every broken lease stream was resumed");
@@ -687,7 +787,7 @@ async fn chaos_one_fault_at_a_time_under_load_never_over_admits_and_loses_nothin
         .unwrap_or_else(|_| panic!("admission {n} recovers"));
     }
     let tallies = load.finish().await;
-    assert_answered("redis-outage", &tallies, &[], false);
+    assert_answered("redis-outage", &tallies, &[], overloaded());
     // In the outage each replica enforces the limits on its own: at most 2 × limit.
     assert_eq!(
         cluster.over_limit(ADMISSIONS as u32),
@@ -695,17 +795,17 @@ async fn chaos_one_fault_at_a_time_under_load_never_over_admits_and_loses_nothin
         "redis-outage"
     );
     cluster
-        .expect_no_leases(Instant::now(), SLACK, "after the outage")
+        .expect_no_leases(Instant::now(), QUIET, "after the outage")
         .await;
     // Global enforcement again.
     cluster.upstream.reset_stats();
     let load = start_load(&cluster, "after-outage");
     tokio::time::sleep(phase_length).await;
     let tallies = load.finish().await;
-    assert_answered("after-outage", &tallies, &[], false);
+    assert_answered("after-outage", &tallies, &[], overloaded());
     assert_eq!(cluster.over_limit(1), Vec::<String>::new(), "after-outage");
     cluster
-        .expect_no_leases(Instant::now(), SLACK, "after-outage")
+        .expect_no_leases(Instant::now(), QUIET, "after-outage")
         .await;
 
     // 6. A burst of 429 and 529 on every account.
@@ -743,7 +843,7 @@ async fn chaos_one_fault_at_a_time_under_load_never_over_admits_and_loses_nothin
     let load = start_load(&cluster, "after-burst");
     tokio::time::sleep(phase_length).await;
     let tallies = load.finish().await;
-    assert_answered("after-burst", &tallies, &[], false);
+    assert_answered("after-burst", &tallies, &[], overloaded());
     let idle: Vec<&str> = cluster
         .accounts
         .iter()
@@ -756,6 +856,6 @@ async fn chaos_one_fault_at_a_time_under_load_never_over_admits_and_loses_nothin
     );
     assert_eq!(cluster.over_limit(1), Vec::<String>::new(), "after-burst");
     cluster
-        .expect_no_leases(Instant::now(), SLACK, "the end")
+        .expect_no_leases(Instant::now(), QUIET, "the end")
         .await;
 }
