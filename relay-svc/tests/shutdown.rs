@@ -4,47 +4,16 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use common::processes::{Process, binary};
 use futures_util::StreamExt;
 use poolgate_proto::keys::AccountKeys;
 use poolgate_testkit::{eventually, free_port};
 use relay_svc::fake_upstream::FakeUpstream;
 use relay_svc::proxy::RelaySettings;
 use serde_json::json;
-
-fn binary(name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_BIN_EXE_relay-svc"))
-        .parent()
-        .map(PathBuf::from)
-        .unwrap_or_default();
-    let path = dir.join(name);
-    assert!(
-        path.exists(),
-        "{} is not built: run the workspace's tests",
-        path.display()
-    );
-    path
-}
-
-struct Process(Child);
-
-impl Process {
-    fn terminate(&self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.0.id().to_string()])
-            .status();
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn stream_body() -> serde_json::Value {
     json!({"model": "claude-x", "max_tokens": 8, "stream": true, "messages": [{"role": "user", "content": "hi"}]})

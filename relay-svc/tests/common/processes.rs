@@ -19,9 +19,16 @@ pub fn binary(name: &str) -> PathBuf {
 }
 
 /// A child process, killed (SIGKILL) on drop.
-pub struct Process(Child);
+pub struct Process(pub Child);
 
 impl Process {
+    /// SIGTERM: the graceful shutdown path.
+    pub fn terminate(&self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+    }
+
     /// `kill -9`: no shutdown path runs.
     pub fn kill9(mut self) {
         let _ = self.0.kill();
