@@ -219,6 +219,38 @@ fn backend(status: tonic::Status) -> BackendError {
 pub struct RemoteSelection {
     client: SelectorClient<Traced>,
     usage: mpsc::Sender<UsageRecord>,
+    report_failures: Throttle,
+}
+
+/// Lets a repeated warning through at most once per `every` and counts what it held back, so an
+/// outage behind the selector does not write one log line per request.
+struct Throttle {
+    every: Duration,
+    last: std::sync::Mutex<Option<tokio::time::Instant>>,
+    held_back: std::sync::atomic::AtomicU64,
+}
+
+impl Throttle {
+    fn new(every: Duration) -> Self {
+        Throttle {
+            every,
+            last: std::sync::Mutex::new(None),
+            held_back: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// `Some(held back since the last one)` when this occurrence may be logged.
+    fn allow(&self) -> Option<u64> {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let now = tokio::time::Instant::now();
+        if last.is_some_and(|at| now.duration_since(at) < self.every) {
+            self.held_back
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return None;
+        }
+        *last = Some(now);
+        Some(self.held_back.swap(0, std::sync::atomic::Ordering::Relaxed))
+    }
 }
 
 impl RemoteSelection {
@@ -226,7 +258,11 @@ impl RemoteSelection {
         let client = SelectorClient::new(traced(channel, grpc_metrics));
         let (usage, receiver) = mpsc::channel(10_000);
         tokio::spawn(flush_usage(client.clone(), receiver));
-        RemoteSelection { client, usage }
+        RemoteSelection {
+            client,
+            usage,
+            report_failures: Throttle::new(Duration::from_secs(5)),
+        }
     }
 }
 
@@ -397,8 +433,10 @@ impl Selection for RemoteSelection {
             reset_at_ms: outcome.reset_at_ms.map(|ms| ms.max(0) as u64).unwrap_or(0),
             reason,
         };
-        if let Err(status) = self.client.clone().report_outcome(request).await {
-            tracing::warn!(account_id, code = ?status.code(), "outcome report failed");
+        if let Err(status) = self.client.clone().report_outcome(request).await
+            && let Some(held_back) = self.report_failures.allow()
+        {
+            tracing::warn!(account_id, code = ?status.code(), held_back, "outcome report failed (held_back: failures not logged since the last line)");
         }
     }
 
@@ -888,4 +926,20 @@ pub fn remote_backends(
         &grpc_metrics,
     );
     Ok((Arc::new(selection), Arc::new(leases)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_throttled_warning_passes_once_per_period_and_counts_the_rest() {
+        let throttle = Throttle::new(Duration::from_millis(50));
+        assert_eq!(throttle.allow(), Some(0));
+        assert_eq!(throttle.allow(), None);
+        assert_eq!(throttle.allow(), None);
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        assert_eq!(throttle.allow(), Some(2), "the two held back are reported");
+        assert_eq!(throttle.allow(), None);
+    }
 }
