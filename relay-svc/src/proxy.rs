@@ -644,12 +644,15 @@ impl Relay {
                 started,
                 status: status.as_u16(),
             };
-            tokio::spawn(tracing::Instrument::in_current_span(finish.run(
-                lease,
-                usage,
-                response_id,
-                true,
-            )));
+            // Bound before the client has the answer: its next request in the conversation
+            // (or with this `previous_response_id`) must find the binding.
+            finish.bind_session().await;
+            if let Some(response_id) = &response_id {
+                self.selection.bind_response(response_id, account.id).await;
+            }
+            tokio::spawn(tracing::Instrument::in_current_span(
+                finish.run(lease, usage, None, true),
+            ));
             return Called::Served(Answer::Upstream {
                 status,
                 headers: client_headers,
@@ -685,6 +688,10 @@ impl Relay {
             let mut scanner = SseScanner::default();
             scanner.feed(&first);
             let mut complete = sender.send(first).await.is_ok();
+            // Bound while the stream runs, long before the client can send its next request.
+            if complete {
+                finish.bind_session().await;
+            }
             let mut client_gone = !complete;
             while complete {
                 tokio::select! {
@@ -749,6 +756,18 @@ struct Finish {
 }
 
 impl Finish {
+    /// Binds the conversation to the account that answered it (sticky sessions).
+    async fn bind_session(&self) {
+        if let Some(session) = &self.session_hash {
+            self.relay
+                .selection
+                .bind_session(&self.caller.group, session, self.account.id)
+                .await;
+        }
+    }
+
+    /// Release, outcome report, a streamed response's id binding, usage. The session binding
+    /// is made earlier (`bind_session`), before the client can ask again.
     async fn run(
         self,
         lease: Box<dyn Lease>,
@@ -769,11 +788,6 @@ impl Finish {
             selection
                 .report(self.account.id, success, self.status, "")
                 .await;
-            if let Some(session) = &self.session_hash {
-                selection
-                    .bind_session(&self.caller.group, session, self.account.id)
-                    .await;
-            }
             if let Some(response_id) = &response_id {
                 selection.bind_response(response_id, self.account.id).await;
             }
