@@ -121,6 +121,9 @@ pub struct PolicyBackend {
     /// running: without them a replica would admit a full limit on top of the requests Redis
     /// admitted, and N replicas could exceed N × limit.
     held: Mutex<HashMap<LeaseId, u64>>,
+    /// Held for writing while the leases above are adopted: no fallback decision is made on a
+    /// fallback that does not count them yet.
+    adoption: tokio::sync::RwLock<()>,
     rpm_window_ms: u64,
     metrics: Metrics,
 }
@@ -145,13 +148,14 @@ impl PolicyBackend {
             }),
             outage: Mutex::new(Vec::new()),
             held: Mutex::new(HashMap::new()),
+            adoption: tokio::sync::RwLock::new(()),
             rpm_window_ms: millis(rpm_window),
             metrics,
         })
     }
 
     pub fn is_degraded(&self) -> bool {
-        self.degraded.load(Ordering::Relaxed)
+        self.degraded.load(Ordering::SeqCst)
     }
 
     /// (live replicas, this replica's rank) as last read from the registry.
@@ -170,7 +174,11 @@ impl PolicyBackend {
     }
 
     async fn enter_degraded(&self, operation: &'static str, error: &BackendError) {
-        if !self.degraded.swap(true, Ordering::Relaxed) {
+        if self.is_degraded() {
+            return;
+        }
+        let _adopting = self.adoption.write().await;
+        if !self.degraded.swap(true, Ordering::SeqCst) {
             tracing::warn!(%error, operation, policy = self.settings.policy.as_str(), "redis unavailable; failure policy in force");
             self.metrics.degraded.set(1);
             self.adopt_held().await;
@@ -199,11 +207,17 @@ impl PolicyBackend {
         }
     }
 
-    fn hold(&self, lease_id: &LeaseId, ttl_ms: u64) {
+    /// Records a lease this replica now holds. Granted by Redis just as Redis went away (after
+    /// the adoption read `held`), it is adopted here: either the adoption saw it, or this sees
+    /// the degraded flag the adoption set first.
+    async fn hold(&self, lease_id: &LeaseId, ttl_ms: u64) {
         self.held
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(lease_id.clone(), ttl_ms);
+        if self.is_degraded() {
+            let _ = self.fallback.renew(lease_id, ttl_ms).await;
+        }
     }
 
     fn unhold(&self, lease_id: &LeaseId) {
@@ -245,6 +259,7 @@ impl PolicyBackend {
     ) -> Result<T, BackendError> {
         if self.is_degraded() {
             self.count_fallback(operation, "degraded");
+            let _adopted = self.adoption.read().await;
             return on_fallback.await;
         }
         match on_redis.await {
@@ -260,6 +275,7 @@ impl PolicyBackend {
                 };
                 self.enter_degraded(operation, &error).await;
                 self.count_fallback(operation, reason);
+                let _adopted = self.adoption.read().await;
                 on_fallback.await
             }
         }
@@ -316,7 +332,7 @@ impl PolicyBackend {
             return;
         }
         self.fallback.forget(&snapshot);
-        self.degraded.store(false, Ordering::Relaxed);
+        self.degraded.store(false, Ordering::SeqCst);
         self.metrics.degraded.set(0);
         // Leases granted between the snapshot and the switch.
         let late = self.fallback.snapshot(self.rpm_window_ms);
@@ -461,7 +477,7 @@ impl LeaseBackend for PolicyBackend {
             )
             .await;
         if let Ok(None) = answer {
-            self.hold(lease_id, limits.ttl_ms);
+            self.hold(lease_id, limits.ttl_ms).await;
         }
         answer
     }
@@ -499,7 +515,7 @@ impl LeaseBackend for PolicyBackend {
             .guarded("resume", self.redis.resume(lease_id, ttl_ms), fallback)
             .await;
         if let Ok(Some(_)) = resumed {
-            self.hold(lease_id, ttl_ms);
+            self.hold(lease_id, ttl_ms).await;
         }
         resumed
     }
