@@ -121,8 +121,10 @@ pub struct PolicyBackend {
     /// running: without them a replica would admit a full limit on top of the requests Redis
     /// admitted, and N replicas could exceed N × limit.
     held: Mutex<HashMap<LeaseId, u64>>,
-    /// Held for writing while the leases above are adopted: no fallback decision is made on a
-    /// fallback that does not count them yet.
+    /// Every fallback operation holds it for reading; entering and leaving the degraded state
+    /// hold it for writing. So no fallback decision is made on a fallback that does not count
+    /// the adopted leases yet, and none runs while recovery moves the fallback's leases into
+    /// Redis (a release or a grant in that window would be lost between the two).
     adoption: tokio::sync::RwLock<()>,
     rpm_window_ms: u64,
     metrics: Metrics,
@@ -258,9 +260,12 @@ impl PolicyBackend {
         on_timeout: Option<T>,
     ) -> Result<T, BackendError> {
         if self.is_degraded() {
-            self.count_fallback(operation, "degraded");
-            let _adopted = self.adoption.read().await;
-            return on_fallback.await;
+            let _gate = self.adoption.read().await;
+            // Still degraded under the gate (recovery may have finished while this waited).
+            if self.is_degraded() {
+                self.count_fallback(operation, "degraded");
+                return on_fallback.await;
+            }
         }
         match on_redis.await {
             Ok(value) => Ok(value),
@@ -326,6 +331,11 @@ impl PolicyBackend {
     /// Writes what the fallback admitted into Redis, resumes Redis, then replays the outage's
     /// releases and spend. Any failure leaves the replica degraded for the next tick.
     async fn recover(&self) {
+        // No fallback operation runs until the switch is complete (see `adoption`).
+        let _recovering = self.adoption.write().await;
+        if !self.is_degraded() {
+            return;
+        }
         let snapshot = self.fallback.snapshot(self.rpm_window_ms);
         if let Err(error) = self.redis.restore(&snapshot).await {
             tracing::warn!(%error, "redis answers again but the fallback leases could not be written; staying degraded");
@@ -334,7 +344,7 @@ impl PolicyBackend {
         self.fallback.forget(&snapshot);
         self.degraded.store(false, Ordering::SeqCst);
         self.metrics.degraded.set(0);
-        // Leases granted between the snapshot and the switch.
+        // A safety net: with the gate held no fallback operation ran since the snapshot.
         let late = self.fallback.snapshot(self.rpm_window_ms);
         if !late.is_empty() {
             match self.redis.restore(&late).await {

@@ -2,6 +2,7 @@
 //! per stream, heartbeats every ttl/3, `Resume` on another replica when a stream breaks, and the
 //! upstream call finishing anyway when that fails). Channels balance over every endpoint given.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -219,8 +220,17 @@ fn backend(status: tonic::Status) -> BackendError {
 pub struct RemoteSelection {
     client: SelectorClient<Traced>,
     usage: mpsc::Sender<UsageRecord>,
-    report_failures: Throttle,
+    report_failures: Arc<Throttle>,
+    /// Successes waiting to be reported, per account (the last status). Most outcomes are
+    /// successes and most change nothing, so they are coalesced: at most one report per account
+    /// every `SUCCESS_FLUSH`, instead of a call per request. Any other outcome of an account
+    /// sends that account's pending success first, so the selector sees them in order.
+    successes: Arc<std::sync::Mutex<HashMap<i64, u16>>>,
 }
+
+/// How often coalesced success reports are sent (a breaker probe's success closes the breaker
+/// this much later at most).
+const SUCCESS_FLUSH: Duration = Duration::from_millis(50);
 
 /// Lets a repeated warning through at most once per `every` and counts what it held back, so an
 /// outage behind the selector does not write one log line per request.
@@ -258,10 +268,57 @@ impl RemoteSelection {
         let client = SelectorClient::new(traced(channel, grpc_metrics));
         let (usage, receiver) = mpsc::channel(10_000);
         tokio::spawn(flush_usage(client.clone(), receiver));
+        let successes = Arc::new(std::sync::Mutex::new(HashMap::new()));
+        let report_failures = Arc::new(Throttle::new(Duration::from_secs(5)));
+        tokio::spawn(flush_successes(
+            client.clone(),
+            Arc::downgrade(&successes),
+            report_failures.clone(),
+        ));
         RemoteSelection {
             client,
             usage,
-            report_failures: Throttle::new(Duration::from_secs(5)),
+            report_failures,
+            successes,
+        }
+    }
+}
+
+fn success_report(account_id: i64, status: u16) -> spb::ReportOutcomeRequest {
+    spb::ReportOutcomeRequest {
+        account_id,
+        class: spb::OutcomeClass::Success as i32,
+        status: u32::from(status),
+        reset_at_ms: 0,
+        reason: String::new(),
+    }
+}
+
+/// Sends the coalesced success reports every `SUCCESS_FLUSH` (ends with the selection).
+async fn flush_successes(
+    client: SelectorClient<Traced>,
+    successes: std::sync::Weak<std::sync::Mutex<HashMap<i64, u16>>>,
+    failures: Arc<Throttle>,
+) {
+    loop {
+        tokio::time::sleep(SUCCESS_FLUSH).await;
+        let Some(successes) = successes.upgrade() else {
+            return;
+        };
+        let pending: Vec<(i64, u16)> =
+            std::mem::take(&mut *successes.lock().unwrap_or_else(|p| p.into_inner()))
+                .into_iter()
+                .collect();
+        drop(successes);
+        for (account_id, status) in pending {
+            if let Err(status) = client
+                .clone()
+                .report_outcome(success_report(account_id, status))
+                .await
+                && let Some(held_back) = failures.allow()
+            {
+                tracing::warn!(account_id, code = ?status.code(), held_back, "outcome report failed (held_back: failures not logged since the last line)");
+            }
         }
     }
 }
@@ -425,6 +482,22 @@ impl Selection for RemoteSelection {
     }
 
     async fn report(&self, account_id: i64, outcome: Classified, status: u16, reason: &str) {
+        let pending_success = {
+            let mut successes = self.successes.lock().unwrap_or_else(|p| p.into_inner());
+            if outcome.class == OutcomeClass::Success {
+                successes.insert(account_id, status);
+                return;
+            }
+            successes.remove(&account_id)
+        };
+        if let Some(success_status) = pending_success {
+            // In order: the success happened before this outcome.
+            let _ = self
+                .client
+                .clone()
+                .report_outcome(success_report(account_id, success_status))
+                .await;
+        }
         let reason: String = reason.chars().take(400).collect();
         let request = spb::ReportOutcomeRequest {
             account_id,

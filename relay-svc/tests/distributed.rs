@@ -380,3 +380,32 @@ async fn requests_keep_succeeding_through_a_redis_outage_and_enforcement_resumes
     .await
     .expect("no lease left after recovery");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn successes_are_reported_coalesced_not_one_call_per_request() {
+    let stack = start().await;
+    let reported = |stack: &Stack| -> u64 {
+        let outcomes = &stack._selector.selector.metrics().outcomes;
+        ["none", "breaker_closed"]
+            .iter()
+            .map(|applied| outcomes.with_label_values(&["success", applied]).get())
+            .sum()
+    };
+    let before = reported(&stack);
+    for n in 0..20 {
+        let (status, _) = stack.message(n % 2 == 0).await;
+        assert_eq!(status, 200);
+    }
+    let after = eventually(Duration::from_secs(3), || async {
+        let now = reported(&stack);
+        (now > before).then_some(now)
+    })
+    .await
+    .expect("successes reach the selector");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let sent = reported(&stack).max(after) - before;
+    assert!(
+        (1..20).contains(&sent),
+        "20 successes on two accounts coalesced into fewer reports: {sent}"
+    );
+}
