@@ -593,6 +593,53 @@ fn message(kind: apb::lease_request::Kind) -> apb::LeaseRequest {
 
 type Events = tonic::Streaming<apb::LeaseEvent>;
 
+/// Opens a lease stream whose first message is `first`.
+async fn start(
+    client: &AdmissionClient<Traced>,
+    first: apb::lease_request::Kind,
+) -> Result<(mpsc::Sender<apb::LeaseRequest>, Events), tonic::Status> {
+    let (sender, receiver) = mpsc::channel(8);
+    sender
+        .send(message(first))
+        .await
+        .map_err(|_| tonic::Status::internal("lease stream closed"))?;
+    let events = client
+        .clone()
+        .lease(ReceiverStream::new(receiver))
+        .await?
+        .into_inner();
+    Ok((sender, events))
+}
+
+/// Reads a lease stream until the answer to its first message (`Queued` events skipped).
+async fn answer(events: &mut Events) -> Result<Result<apb::Granted, Denial>, tonic::Status> {
+    loop {
+        match events.next().await {
+            Some(Ok(apb::LeaseEvent {
+                kind: Some(apb::lease_event::Kind::Queued(_)),
+            })) => continue,
+            Some(Ok(apb::LeaseEvent {
+                kind: Some(apb::lease_event::Kind::Granted(granted)),
+            })) => return Ok(Ok(granted)),
+            Some(Ok(apb::LeaseEvent {
+                kind: Some(apb::lease_event::Kind::Denied(denied)),
+            })) => {
+                return Ok(Err(Denial::new(
+                    deny_reason(denied.reason),
+                    denied.retry_after_ms,
+                )));
+            }
+            Some(Ok(_)) => return Err(tonic::Status::internal("unexpected lease event")),
+            Some(Err(status)) => return Err(status),
+            None => {
+                return Err(tonic::Status::unavailable(
+                    "lease stream ended without an answer",
+                ));
+            }
+        }
+    }
+}
+
 /// Opens a lease stream with `first` and reads until the answer.
 async fn open(
     client: &AdmissionClient<Traced>,
@@ -601,48 +648,13 @@ async fn open(
     (
         mpsc::Sender<apb::LeaseRequest>,
         Events,
-        Result<(String, u32), Denial>,
+        Result<apb::Granted, Denial>,
     ),
     BackendError,
 > {
-    let (sender, receiver) = mpsc::channel(8);
-    sender
-        .send(message(first))
-        .await
-        .map_err(|_| BackendError("lease stream closed".into()))?;
-    let mut events = client
-        .clone()
-        .lease(ReceiverStream::new(receiver))
-        .await
-        .map_err(backend)?
-        .into_inner();
-    loop {
-        match events.next().await {
-            Some(Ok(apb::LeaseEvent {
-                kind: Some(apb::lease_event::Kind::Queued(_)),
-            })) => continue,
-            Some(Ok(apb::LeaseEvent {
-                kind: Some(apb::lease_event::Kind::Granted(granted)),
-            })) => {
-                return Ok((sender, events, Ok((granted.lease_id, granted.ttl_ms))));
-            }
-            Some(Ok(apb::LeaseEvent {
-                kind: Some(apb::lease_event::Kind::Denied(denied)),
-            })) => {
-                return Ok((
-                    sender,
-                    events,
-                    Err(Denial::new(
-                        deny_reason(denied.reason),
-                        denied.retry_after_ms,
-                    )),
-                ));
-            }
-            Some(Ok(_)) => return Err(BackendError("unexpected lease event".into())),
-            Some(Err(status)) => return Err(backend(status)),
-            None => return Err(BackendError("lease stream ended without an answer".into())),
-        }
-    }
+    let (sender, mut events) = start(client, first).await.map_err(backend)?;
+    let answer = answer(&mut events).await.map_err(backend)?;
+    Ok((sender, events, answer))
 }
 
 #[async_trait]
@@ -699,42 +711,19 @@ async fn acquire_task(
     loop {
         tries += 1;
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let (sender, receiver) = mpsc::channel(8);
-        if sender
-            .send(message(apb::lease_request::Kind::Acquire(acquire_pb(
-                &terms, left,
-            ))))
-            .await
-            .is_err()
-        {
-            let _ = reply.send(Err(BackendError("lease stream closed".into())));
-            return;
-        }
         // Not raced with the caller's departure: once sent, the acquire must be answered (and
         // a grant released), or the lease would be left to the orphan grace.
-        let status = match client.clone().lease(ReceiverStream::new(receiver)).await {
+        let first = apb::lease_request::Kind::Acquire(acquire_pb(&terms, left));
+        let status = match start(&client, first).await {
             Err(status) => status,
-            Ok(response) => {
-                let mut events = response.into_inner();
-                let answer = loop {
-                    tokio::select! {
-                        event = events.next() => match event {
-                            Some(Ok(apb::LeaseEvent { kind: Some(apb::lease_event::Kind::Queued(_)) })) => {}
-                            Some(Ok(apb::LeaseEvent { kind: Some(apb::lease_event::Kind::Granted(granted)) })) => {
-                                break Ok(Ok(granted));
-                            }
-                            Some(Ok(apb::LeaseEvent { kind: Some(apb::lease_event::Kind::Denied(denied)) })) => {
-                                break Ok(Err(Denial::new(deny_reason(denied.reason), denied.retry_after_ms)));
-                            }
-                            Some(Ok(_)) => break Err(tonic::Status::internal("unexpected lease event")),
-                            Some(Err(status)) => break Err(status),
-                            None => break Err(tonic::Status::unavailable("lease stream ended without an answer")),
-                        },
-                        _ = reply.closed() => {
-                            withdraw(&sender, &mut events).await;
-                            return;
-                        }
-                    }
+            Ok((sender, mut events)) => {
+                let answer = tokio::select! {
+                    answer = answer(&mut events) => Some(answer),
+                    _ = reply.closed() => None,
+                };
+                let Some(answer) = answer else {
+                    withdraw(&sender, &mut events).await;
+                    return;
                 };
                 match answer {
                     Ok(Ok(granted)) => {
