@@ -47,7 +47,8 @@ redis-server --version | head -n1
 
 log "python tools in .venv: the official anthropic and openai SDKs, helm-python-sdk, kubernetes-validate"
 if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import anthropic, openai, helm_python, kubernetes_validate" 2>/dev/null; then
-  python3 -m venv .venv 2>/dev/null || { apt_install python3-venv && python3 -m venv .venv; }
+  command -v python3 >/dev/null || apt_install python3 python3-venv
+  python3 -m venv .venv 2>/dev/null || { apt_install python3-venv && python3 -m venv --clear .venv; }
   .venv/bin/pip install -q --disable-pip-version-check anthropic openai helm-python-sdk kubernetes-validate
 fi
 export POOLGATE_SDK_PYTHON="$PWD/.venv/bin/python"
