@@ -42,6 +42,10 @@ pub struct LeaseTerms {
     pub session_window_limit_micros: i64,
     /// The session is bound to this account: it may use the sticky reserve.
     pub session_bound: bool,
+    /// The selector's confirmation probe: the account's cooldown (the "confirming" hard block
+    /// that keeps client traffic away while the probe runs) does not refuse it; every other gate
+    /// does. Only in-process callers set it; the gRPC API has no such field.
+    pub ignore_cooldown: bool,
 }
 
 impl LeaseTerms {
@@ -250,6 +254,7 @@ mod tests {
             session_hash: None,
             session_window_limit_micros: 10_000_000,
             session_bound: false,
+            ignore_cooldown: false,
         };
         assert_eq!(terms.effective_window_limit_micros(0.1), 10_000_000);
         terms.session_bound = true;

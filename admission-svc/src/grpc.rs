@@ -119,6 +119,7 @@ fn terms(acquire: pb::Acquire, prefix: &str) -> Result<(LeaseTerms, Duration), A
         session_hash,
         session_window_limit_micros,
         session_bound: acquire.session_bound,
+        ignore_cooldown: false,
     };
     Ok((terms, wait))
 }

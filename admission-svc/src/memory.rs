@@ -264,7 +264,7 @@ impl LeaseBackend for MemoryBackend {
     ) -> Result<Option<Denial>, BackendError> {
         Ok(self.with_state(|state, now| {
             let account = state.accounts.entry(terms.account_id).or_default();
-            if account.cooldown_until > now {
+            if !terms.ignore_cooldown && account.cooldown_until > now {
                 return Some(Denial::new(
                     DenyReason::Cooling,
                     account.cooldown_until - now,

@@ -48,12 +48,14 @@ end
 
 /// KEYS: leases, rpm, cooldown, window.
 /// ARGV: lease id, ttl ms, concurrency limit, rpm limit, window limit (micro-USD, 0 = none),
-/// rpm window ms, session window ms.
+/// rpm window ms, session window ms, ignore cooldown (1/0).
 /// Returns {reason, retry_ms, now}; reason 'granted' when the lease and RPM event were added.
 /// A refusal at any gate writes nothing.
 const ACQUIRE: &str = r#"
-local cool = redis.call('PTTL', KEYS[3])
-if cool ~= -2 then return {'cooling', math.max(cool, 0), now} end
+if ARGV[8] ~= '1' then
+  local cool = redis.call('PTTL', KEYS[3])
+  if cool ~= -2 then return {'cooling', math.max(cool, 0), now} end
+end
 local ttl = tonumber(ARGV[2])
 local concurrency = tonumber(ARGV[3])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. now)
@@ -455,7 +457,8 @@ impl LeaseBackend for RedisBackend {
             .arg(terms.rpm_limit)
             .arg(limits.window_limit_micros)
             .arg(limits.rpm_window_ms)
-            .arg(limits.session_window_ms);
+            .arg(limits.session_window_ms)
+            .arg(u8::from(terms.ignore_cooldown));
         let mut conn = self.redis.conn().await?;
         let reply = tokio::time::timeout(
             self.redis.timeout(),

@@ -87,6 +87,7 @@ fn terms(account_id: i64) -> LeaseTerms {
         session_hash: None,
         session_window_limit_micros: 0,
         session_bound: false,
+        ignore_cooldown: false,
     }
 }
 

@@ -464,6 +464,7 @@ impl Relay {
                 usd_to_micros(account.session_window_limit_usd.max(0.0)).unwrap_or(0)
             },
             session_bound: bound,
+            ignore_cooldown: false,
         }
     }
 
