@@ -293,6 +293,7 @@ async fn distributed(
                 allowed_models: vec![],
                 model_mapping: Default::default(),
                 proxy_url: None,
+                probe_model: None,
             })
             .await
             .map_err(|e| e.to_string())?;

@@ -91,6 +91,7 @@ async fn run(args: Args) -> Result<(), String> {
                 allowed_models: vec![],
                 model_mapping: Default::default(),
                 proxy_url: None,
+                probe_model: None,
             })
             .await
             .map_err(|e| e.to_string())?;

@@ -93,6 +93,12 @@ pub fn response_binding(response_id: &str) -> String {
     format!("{PREFIX}:sel:resp:{response_id}")
 }
 
+/// Selector-only: lock held while one replica confirms a billing-class answer with its probe
+/// (or checks a half-open breaker): one confirmation per account, cluster-wide.
+pub fn confirm_lock(account_id: i64) -> String {
+    format!("{PREFIX}:sel:confirm:{account_id}")
+}
+
 /// Selector-only: lock held while one replica refreshes an account's OAuth token.
 pub fn token_refresh_lock(account_id: i64) -> String {
     format!("{PREFIX}:sel:tokenlock:{account_id}")

@@ -3,7 +3,7 @@
 //! per credential (and their peak), and answers from a per-credential script of queued outcomes
 //! (429, 529, 500, 401, quota, delays), so tests can drive every failover path.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -46,6 +46,10 @@ struct FakeState {
     chunk_delay: Mutex<Duration>,
     seen_models: Mutex<Vec<String>>,
     seen_headers: Mutex<Vec<HeaderMap>>,
+    /// When set, any other model gets the real APIs' 404, which echoes the model name.
+    known_models: Mutex<Option<HashSet<String>>>,
+    /// Credentials whose account has no credit left: every request gets the billing answer.
+    out_of_credit: Mutex<HashSet<String>>,
 }
 
 /// A handle on a running fake upstream.
@@ -98,6 +102,33 @@ impl FakeUpstream {
             .entry(credential.to_owned())
             .or_default()
             .extend(answers);
+    }
+
+    /// Only these models exist; any other gets a 404 that echoes the model name, as the real
+    /// APIs answer (`model: <name>`), so a client controls part of that error body.
+    pub fn set_known_models(&self, models: &[&str]) {
+        *self
+            .state
+            .known_models
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) =
+            Some(models.iter().map(|m| (*m).to_owned()).collect());
+    }
+
+    /// The account behind `credential` has no credit left (or has again): every request gets
+    /// the provider's billing answer (Anthropic's 400 credit-balance error, OpenAI's 429
+    /// `insufficient_quota`).
+    pub fn set_out_of_credit(&self, credential: &str, out: bool) {
+        let mut set = self
+            .state
+            .out_of_credit
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if out {
+            set.insert(credential.to_owned());
+        } else {
+            set.remove(credential);
+        }
     }
 
     pub fn set_delay(&self, delay: Duration) {
@@ -326,6 +357,49 @@ async fn answer(state: Arc<FakeState>, shape: Shape, headers: HeaderMap, body: B
         .and_then(VecDeque::pop_front);
     let delay = *state.delay.lock().unwrap_or_else(|p| p.into_inner());
     let chunk_delay = *state.chunk_delay.lock().unwrap_or_else(|p| p.into_inner());
+    let broke = state
+        .out_of_credit
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .contains(&credential);
+    let unknown_model = state
+        .known_models
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .is_some_and(|known| !known.contains(&model));
+    let scripted = scripted.or_else(|| {
+        let (status, body) = if broke {
+            match shape {
+                Shape::Anthropic => (
+                    400,
+                    json!({"type": "error", "error": {"type": "invalid_request_error", "message": "Your credit balance is too low to access the Anthropic API. Please go to Plans & Billing to upgrade or purchase credits."}}),
+                ),
+                Shape::Chat | Shape::Responses => (
+                    429,
+                    json!({"error": {"message": "You exceeded your current quota, please check your plan and billing details.", "type": "insufficient_quota", "param": null, "code": "insufficient_quota"}}),
+                ),
+            }
+        } else if unknown_model {
+            match shape {
+                Shape::Anthropic => (
+                    404,
+                    json!({"type": "error", "error": {"type": "not_found_error", "message": format!("model: {model}")}}),
+                ),
+                Shape::Chat | Shape::Responses => (
+                    404,
+                    json!({"error": {"message": format!("The model `{model}` does not exist or you do not have access to it."), "type": "invalid_request_error", "param": null, "code": "model_not_found"}}),
+                ),
+            }
+        } else {
+            return None;
+        };
+        Some(Scripted::Fail {
+            status,
+            headers: Vec::new(),
+            body: body.to_string(),
+        })
+    });
     match scripted {
         Some(Scripted::Fail {
             status,

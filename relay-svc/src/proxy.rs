@@ -19,7 +19,9 @@ use crate::api::{Api, ErrorKind, RelayError};
 use crate::backends::{
     Acquired, Caller, Lease, Leases, PlanRequest, Planned, Selection, UsageRecord,
 };
-use crate::classify::{Classified, classify, network_failure};
+use crate::classify::{
+    Classified, UpstreamError, classify, classify_stream_error, network_failure,
+};
 use crate::metrics::Metrics;
 use crate::usage::{SseScanner, Usage};
 
@@ -257,6 +259,9 @@ impl Relay {
         let mut acquires = 0u32;
         let mut user_charged = false;
         let mut last_failure: Option<(u16, HeaderMap, Bytes)> = None;
+        // Upstream models that answered 404: the request fails over only to an account that
+        // maps the client's model to a different upstream model.
+        let mut not_found_models: Vec<String> = Vec::new();
         loop {
             let plan = match self
                 .selection
@@ -283,6 +288,16 @@ impl Relay {
                     );
                 }
             };
+            let mut plan = plan;
+            if !not_found_models.is_empty() {
+                plan.accounts
+                    .retain(|a| !not_found_models.contains(&a.mapped_model));
+                if plan.accounts.is_empty()
+                    && let Some((status, headers, body)) = last_failure
+                {
+                    return upstream_error(status, headers, body);
+                }
+            }
             if plan.accounts.is_empty() {
                 if let Some((status, headers, body)) = last_failure {
                     return upstream_error(status, headers, body);
@@ -410,13 +425,29 @@ impl Relay {
                 } => {
                     lease.release(0.0).await;
                     if classified.class == OutcomeClass::ClientError {
-                        // Not the account's fault: the client gets the answer as it came.
-                        return upstream_error(status, headers, body);
+                        // Not the account's fault, and nothing reported: a client's request
+                        // never changes an account's health. The client gets the answer as it
+                        // came, unless another account may answer differently: one with
+                        // permission (403 permission_error), or one that maps the model to a
+                        // different upstream model (404).
+                        let other_may_answer = classified.is_permission_refusal()
+                            || (status == 404 && {
+                                not_found_models.push(account.mapped_model.clone());
+                                true
+                            });
+                        if !other_may_answer {
+                            return upstream_error(status, headers, body);
+                        }
+                    } else {
+                        // The status reason carries what the upstream asserted (type/code),
+                        // never the message, which can carry the client's input.
+                        let reason = UpstreamError::parse(&body)
+                            .map(|e| e.summary())
+                            .unwrap_or_default();
+                        self.selection
+                            .report(account.id, classified, status, &reason)
+                            .await;
                     }
-                    let reason = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
-                    self.selection
-                        .report(account.id, classified, status, &reason)
-                        .await;
                     failures += 1;
                     exclude.push(account.id);
                     last_failure = Some((status, headers, body));
@@ -731,7 +762,22 @@ impl Relay {
                 // still counts the request (see `Lingering`).
                 tokio::time::sleep(finish.relay.settings.cancel_linger).await;
             }
-            let succeeded = complete && !client_gone;
+            let succeeded = complete && !client_gone && scanner.error.is_none();
+            if let Some(event) = &scanner.error {
+                // A 200 whose stream carried an error event is not a success; what the event
+                // says decides (busy, broken, billing), and a request-caused one changes nothing.
+                let classified = classify_stream_error(event);
+                if classified.class != OutcomeClass::ClientError {
+                    let reason = UpstreamError::from_json(event)
+                        .map(|e| e.summary())
+                        .unwrap_or_default();
+                    finish
+                        .relay
+                        .selection
+                        .report(finish.account.id, classified, 200, &reason)
+                        .await;
+                }
+            }
             let response_id = scanner.response_id.clone();
             finish
                 .run(lease, scanner.usage, response_id, succeeded)

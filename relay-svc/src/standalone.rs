@@ -27,6 +27,7 @@ use crate::backends::{
     UsageRecord,
 };
 use crate::classify::Classified;
+use selector_svc::confirm::{ProbeSettings, Verdict, confirm};
 
 /// The standalone account file (see `examples/standalone.yaml`). Unknown fields are ignored, so
 /// a file written for a newer relay still loads.
@@ -101,6 +102,9 @@ pub struct AccountEntry {
     pub model_mapping: HashMap<String, String>,
     #[serde(default, alias = "proxy")]
     pub proxy_url: Option<String>,
+    /// The model the confirmation probe asks for (none: the platform default).
+    #[serde(default)]
+    pub probe_model: Option<String>,
     /// `active` (default) or `disabled`.
     #[serde(default)]
     pub status: Option<String>,
@@ -211,6 +215,7 @@ impl StandaloneFile {
                 allowed_models: entry.models.clone(),
                 model_mapping: entry.model_mapping.clone(),
                 proxy_url: entry.proxy_url.clone().filter(|p| !p.is_empty()),
+                probe_model: entry.probe_model.clone().filter(|m| !m.is_empty()),
             });
         }
         Ok(accounts)
@@ -252,19 +257,23 @@ struct MemoryHealth {
     open_until: i64,
     open_ms: i64,
     probe_until: i64,
+    /// A billing-class answer is being confirmed by the probe until then (excluded meanwhile).
+    confirming_until: i64,
     unauthorized: VecDeque<i64>,
 }
 
 /// The in-process selector of standalone mode.
 pub struct StandaloneSelection {
-    accounts: Mutex<Vec<Arc<Account>>>,
+    accounts: Arc<Mutex<Vec<Arc<Account>>>>,
     keys: HashMap<String, Caller>,
     prices: HashMap<String, Price>,
-    health: Mutex<HashMap<i64, MemoryHealth>>,
+    health: Arc<Mutex<HashMap<i64, MemoryHealth>>>,
     sticky: Mutex<HashMap<(String, String), (i64, Instant)>>,
     responses: Mutex<HashMap<String, (i64, Instant)>>,
     admission: Arc<Admission>,
     blocks: RuntimeBlockSettings,
+    probe: ProbeSettings,
+    probe_http: reqwest::Client,
 }
 
 const BINDING_TTL: Duration = Duration::from_secs(3600);
@@ -292,11 +301,18 @@ impl StandaloneSelection {
             );
         }
         let prices = file.prices()?;
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let probe_http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|e| format!("http client: {e}"))?;
         Ok(StandaloneSelection {
-            accounts: Mutex::new(accounts),
+            accounts: Arc::new(Mutex::new(accounts)),
             keys,
             prices,
-            health: Mutex::new(HashMap::new()),
+            health: Arc::new(Mutex::new(HashMap::new())),
+            probe: ProbeSettings::default(),
+            probe_http,
             sticky: Mutex::new(HashMap::new()),
             responses: Mutex::new(HashMap::new()),
             admission,
@@ -305,21 +321,75 @@ impl StandaloneSelection {
     }
 
     fn set_status(&self, id: i64, status: AccountStatus, reason: String) {
-        let mut accounts = self.accounts.lock().unwrap_or_else(|p| p.into_inner());
-        for account in accounts.iter_mut() {
-            if account.id == id {
-                let mut changed = (**account).clone();
-                changed.status = status;
-                changed.status_reason = reason.clone();
-                *account = Arc::new(changed);
+        set_status(&self.accounts, id, status, reason);
+    }
+
+    /// Confirms a billing-class answer with the probe (see `selector_svc::confirm`), in the
+    /// background; the account is excluded until the verdict.
+    fn start_confirmation(&self, account_id: i64) {
+        let account = {
+            let accounts = self.accounts.lock().unwrap_or_else(|p| p.into_inner());
+            accounts.iter().find(|a| a.id == account_id).cloned()
+        };
+        let Some(account) = account else { return };
+        let (admission, http, probe) = (
+            self.admission.clone(),
+            self.probe_http.clone(),
+            self.probe.clone(),
+        );
+        let (accounts, health) = (self.accounts.clone(), self.health.clone());
+        let threshold = self.blocks.hard_block_threshold.as_millis() as u64;
+        tracing::warn!(
+            account_id,
+            "billing-class answer; confirming with a probe before any retirement"
+        );
+        tokio::spawn(async move {
+            let verdict = confirm(&admission, &http, &account, &probe, threshold).await;
+            if let Verdict::Confirmed(probed) = &verdict {
+                let reason = format!(
+                    "quota gone: confirmed by probe ({} {})",
+                    probed.status, probed.summary
+                );
+                tracing::warn!(account_id, %reason, "account retired");
+                set_status(&accounts, account_id, AccountStatus::Retired, reason);
+            } else {
+                tracing::info!(
+                    account_id,
+                    verdict = verdict.label(),
+                    "billing-class answer not confirmed; the account stays"
+                );
             }
-        }
+            let mut health = health.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(state) = health.get_mut(&account_id) {
+                state.confirming_until = 0;
+            }
+        });
+    }
+
+    /// Whether a confirmation probe is running for the account.
+    pub fn is_confirming(&self, id: i64) -> bool {
+        let health = self.health.lock().unwrap_or_else(|p| p.into_inner());
+        health
+            .get(&id)
+            .is_some_and(|state| state.confirming_until > now_ms())
     }
 
     /// The status of an account (for tests and the admin view of standalone mode).
     pub fn status(&self, id: i64) -> Option<AccountStatus> {
         let accounts = self.accounts.lock().unwrap_or_else(|p| p.into_inner());
         accounts.iter().find(|a| a.id == id).map(|a| a.status)
+    }
+}
+
+fn set_status(accounts: &Mutex<Vec<Arc<Account>>>, id: i64, status: AccountStatus, reason: String) {
+    let mut accounts = accounts.lock().unwrap_or_else(|p| p.into_inner());
+    for account in accounts.iter_mut() {
+        if account.id == id {
+            let mut changed = (**account).clone();
+            changed.status = status;
+            changed.status_reason = reason.clone();
+            *account = Arc::new(changed);
+        }
     }
 }
 
@@ -374,8 +444,9 @@ impl Selection for StandaloneSelection {
             let mut health = self.health.lock().unwrap_or_else(|p| p.into_inner());
             for (index, account) in included.into_iter().enumerate() {
                 let state = health.entry(account.id).or_default();
-                if state.hard_until > now {
-                    earliest = earliest.min(state.hard_until - now);
+                let blocked_until = state.hard_until.max(state.confirming_until);
+                if blocked_until > now {
+                    earliest = earliest.min(blocked_until - now);
                     continue;
                 }
                 let breaker = if state.open_until == 0 {
@@ -460,6 +531,7 @@ impl Selection for StandaloneSelection {
         );
         let mut cooldown = None;
         let mut new_status = None;
+        let mut confirm = false;
         {
             let mut health = self.health.lock().unwrap_or_else(|p| p.into_inner());
             let state = health.entry(account_id).or_default();
@@ -514,13 +586,17 @@ impl Selection for StandaloneSelection {
                         ));
                     }
                 }
-                Decision::Retire => {
-                    new_status = Some((
-                        AccountStatus::Retired,
-                        format!("quota gone ({status}): {reason}"),
-                    ))
+                Decision::Confirm => {
+                    // One confirmation at a time; never a retirement by itself.
+                    if state.confirming_until <= now {
+                        state.confirming_until = now + self.probe.block.as_millis() as i64;
+                        confirm = true;
+                    }
                 }
             }
+        }
+        if confirm {
+            self.start_confirmation(account_id);
         }
         if let Some(ms) = cooldown {
             let _ = self

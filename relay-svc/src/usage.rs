@@ -74,6 +74,9 @@ pub struct SseScanner {
     data: String,
     pub usage: Usage,
     pub response_id: Option<String>,
+    /// The first error event of the stream (Anthropic `error`, Responses `response.failed` or
+    /// `error`, chat `{"error":…}`): a 200 that carries one is not a success.
+    pub error: Option<Value>,
 }
 
 /// Longest SSE line kept for parsing; longer lines (huge deltas) are skipped, not buffered.
@@ -106,14 +109,21 @@ impl SseScanner {
     }
 
     fn event_done(&mut self, data: &str) {
-        // Only events that can carry usage or ids are parsed; text deltas are skipped cheaply.
+        // Only events that can carry usage, ids or an error are parsed; text deltas are skipped
+        // cheaply (an `"error"` inside a delta's text is escaped, so it does not match).
         if data.is_empty()
             || data == "[DONE]"
-            || !(data.contains("usage") || data.contains("\"resp_"))
+            || !(data.contains("usage")
+                || data.contains("\"resp_")
+                || data.contains("\"error\"")
+                || data.contains("response.failed"))
         {
             return;
         }
         if let Ok(event) = serde_json::from_str::<Value>(data) {
+            if self.error.is_none() && selector_svc::classify::is_stream_error(&event) {
+                self.error = Some(event.clone());
+            }
             self.usage.absorb_message(&event);
             if self.response_id.is_none()
                 && let Some(id) = event.pointer("/response/id").and_then(Value::as_str)

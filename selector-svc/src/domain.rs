@@ -157,6 +157,8 @@ pub struct Account {
     pub allowed_models: Vec<String>,
     pub model_mapping: HashMap<String, String>,
     pub proxy_url: Option<String>,
+    /// The model the confirmation probe asks for; `None`: the platform's default.
+    pub probe_model: Option<String>,
 }
 
 impl Account {

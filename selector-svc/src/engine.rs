@@ -6,8 +6,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use admission_svc::admission::Admission;
+use admission_svc::redis_backend::RedisBackend;
 use tokio::time::Instant;
 
+use crate::confirm::{ProbeSettings, Verdict, confirm};
 use crate::crypto::api_key_hash;
 use crate::domain::{
     Account, AccountId, AccountStatus, ApiKeyRecord, Outcome, Platform, Price,
@@ -77,6 +80,8 @@ pub struct SelectorSettings {
     pub response_ttl: Duration,
     /// How long a half-open breaker's probe token lives.
     pub probe_ttl: Duration,
+    /// The confirmation probe (billing-class answers, half-open breakers).
+    pub probe: ProbeSettings,
 }
 
 impl Default for SelectorSettings {
@@ -88,6 +93,7 @@ impl Default for SelectorSettings {
             sticky_ttl: Duration::from_secs(3600),
             response_ttl: Duration::from_secs(3600),
             probe_ttl: Duration::from_secs(30),
+            probe: ProbeSettings::default(),
         }
     }
 }
@@ -153,6 +159,10 @@ pub struct Selector {
     metrics: Metrics,
     /// Accounts that need a token refresh after an unauthorized outcome.
     refresh_requests: tokio::sync::mpsc::UnboundedSender<AccountId>,
+    /// The admission engine on the same Redis: the confirmation probe holds a lease like any
+    /// request.
+    admission: Arc<Admission>,
+    probe_http: reqwest::Client,
 }
 
 impl Selector {
@@ -164,7 +174,19 @@ impl Selector {
         metrics: Metrics,
         refresh_requests: tokio::sync::mpsc::UnboundedSender<AccountId>,
     ) -> Self {
+        let admission = Admission::new(
+            Arc::new(RedisBackend::new(health.handle().clone())),
+            admission_svc::domain::Settings::default(),
+            admission_svc::metrics::Metrics::new(),
+        );
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let probe_http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .build()
+            .unwrap_or_default();
         Selector {
+            admission,
+            probe_http,
             oracle: LoadOracle::new(health.clone(), settings.oracle.clone())
                 .with_active_blocks_gauge(metrics.active_blocks.clone()),
             snapshot,
@@ -532,27 +554,18 @@ impl Selector {
                     }
                 }
             }
-            Decision::Retire => {
-                let reason = format!("quota gone ({}): {}", outcome.status, outcome.reason);
-                self.store
-                    .set_status(account.id, AccountStatus::Retired, &reason)
-                    .await?;
-                // Until every snapshot has the new status, admission refuses it too.
-                let _ = self
-                    .health
-                    .hard_block(
-                        account.id,
-                        millis(blocks.max_hard_block),
-                        class,
-                        outcome.status,
-                        &outcome.reason,
-                    )
-                    .await;
-                self.metrics.retirements.inc();
-                tracing::warn!(account_id = account.id, %reason, "account retired");
+            Decision::Confirm => {
+                let started = self
+                    .start_confirmation(account, outcome.status)
+                    .await
+                    .map_err(unavailable)?;
                 Applied {
-                    what: "retired",
-                    block_ms: 0,
+                    what: if started { "confirming" } else { "none" },
+                    block_ms: if started {
+                        millis(self.settings.probe.block)
+                    } else {
+                        0
+                    },
                 }
             }
         };
@@ -561,6 +574,108 @@ impl Selector {
             .with_label_values(&[class, applied.what])
             .inc();
         Ok(applied)
+    }
+
+    /// Starts confirming a billing-class answer: under the account's cluster-wide confirmation
+    /// lock, hard-block it ("confirming") and send the probe in the background. `false`: a
+    /// confirmation is already running (here or on another replica).
+    async fn start_confirmation(
+        &self,
+        account: Arc<Account>,
+        status: u16,
+    ) -> Result<bool, admission_svc::error::BackendError> {
+        let owner = format!("{:016x}", fastrand::u64(..));
+        let block_ms = millis(self.settings.probe.block);
+        if !self
+            .health
+            .lock_confirm(account.id, &owner, block_ms)
+            .await?
+        {
+            self.metrics
+                .confirmations
+                .with_label_values(&["already_running"])
+                .inc();
+            return Ok(false);
+        }
+        let block = self
+            .health
+            .block_confirming(account.id, block_ms, "quota_gone", status, &owner)
+            .await?;
+        self.oracle.invalidate();
+        self.metrics
+            .confirmations
+            .with_label_values(&["started"])
+            .inc();
+        tracing::warn!(
+            account_id = account.id,
+            status,
+            "billing-class answer; confirming with a probe before any retirement"
+        );
+        let (admission, http, health, store, metrics) = (
+            self.admission.clone(),
+            self.probe_http.clone(),
+            self.health.clone(),
+            self.store.clone(),
+            self.metrics.clone(),
+        );
+        let (probe, blocks) = (self.settings.probe.clone(), self.settings.blocks.clone());
+        tokio::spawn(async move {
+            let threshold = millis(blocks.hard_block_threshold);
+            let verdict = confirm(&admission, &http, &account, &probe, threshold).await;
+            metrics
+                .confirmations
+                .with_label_values(&[verdict.label()])
+                .inc();
+            match &verdict {
+                Verdict::Confirmed(probed) => {
+                    let reason = format!(
+                        "quota gone: confirmed by probe ({} {})",
+                        probed.status, probed.summary
+                    );
+                    match store
+                        .set_status(account.id, AccountStatus::Retired, &reason)
+                        .await
+                    {
+                        Ok(()) => {
+                            metrics.retirements.inc();
+                            tracing::warn!(account_id = account.id, %reason, "account retired");
+                            // Until every snapshot has the new status, admission refuses it too.
+                            let _ = health
+                                .hard_block(
+                                    account.id,
+                                    millis(blocks.max_hard_block),
+                                    "quota_gone",
+                                    probed.status,
+                                    "retired",
+                                )
+                                .await;
+                        }
+                        Err(error) => {
+                            tracing::warn!(account_id = account.id, %error, "retirement not written; the confirming block lapses");
+                        }
+                    }
+                }
+                Verdict::NotConfirmed(probed) => {
+                    tracing::info!(
+                        account_id = account.id,
+                        status = probed.status,
+                        class = probed.classified.class.as_str(),
+                        "billing-class answer not confirmed by the probe; the account stays"
+                    );
+                    let _ = health.unblock_confirming(account.id, &block).await;
+                }
+                Verdict::Inconclusive(why) => {
+                    tracing::info!(
+                        account_id = account.id,
+                        why,
+                        "confirmation probe not sent; the account stays"
+                    );
+                    let _ = health.unblock_confirming(account.id, &block).await;
+                }
+            }
+            let _ = health.unlock_confirm(account.id, &owner).await;
+        });
+        Ok(true)
     }
 
     /// Binds a session to the account that served it; returns `hit`, `bound` or `rebind`.

@@ -404,6 +404,7 @@ fn account_view(account: &crate::domain::Account) -> pb::AccountView {
         allowed_models: account.allowed_models.clone(),
         model_mapping: account.model_mapping.clone().into_iter().collect(),
         proxy_url: account.proxy_url.clone().unwrap_or_default(),
+        probe_model: account.probe_model.clone().unwrap_or_default(),
     }
 }
 
@@ -443,6 +444,12 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
         if !r.proxy_url.is_empty() && r.proxy_url.len() > 2048 {
             return Err(invalid("proxy_url", "at most 2048 bytes"));
         }
+        if r.probe_model.len() > MAX_NAME_BYTES || r.probe_model.chars().any(char::is_control) {
+            return Err(invalid(
+                "probe_model",
+                "at most 128 bytes, no control characters",
+            ));
+        }
         let oauth = (kind == CredentialKind::OAuth).then(|| OAuthState {
             refresh_token: Secret::new(r.refresh_token.clone()),
             expires_at_ms: r.expires_at_ms.min(i64::MAX as u64) as i64,
@@ -464,6 +471,7 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
             allowed_models: r.allowed_models,
             model_mapping: r.model_mapping.into_iter().collect::<HashMap<_, _>>(),
             proxy_url: (!r.proxy_url.is_empty()).then_some(r.proxy_url),
+            probe_model: (!r.probe_model.is_empty()).then_some(r.probe_model),
         };
         let id = self
             .selector

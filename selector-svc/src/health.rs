@@ -129,7 +129,7 @@ redis.call('PEXPIRE', KEYS[1], window)
 return {redis.call('ZCARD', KEYS[1]), now}
 "#;
 
-/// KEYS: lock. ARGV: owner. Deletes the lock only if this owner holds it.
+/// KEYS: a lock or block. ARGV: its value. Deletes the key only if it still holds that value.
 const UNLOCK: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
 return {0, now}
@@ -625,6 +625,68 @@ impl RedisHealth {
         Ok(())
     }
 
+    /// Takes the cluster-wide confirmation lock of an account (see `confirm.rs`).
+    pub async fn lock_confirm(
+        &self,
+        id: AccountId,
+        owner: &str,
+        ttl_ms: u64,
+    ) -> Result<bool, BackendError> {
+        let mut conn = self.redis.conn().await?;
+        let taken: Option<String> = self
+            .redis
+            .bounded(
+                redis::cmd("SET")
+                    .arg(keys::confirm_lock(id))
+                    .arg(owner)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(ttl_ms.max(1))
+                    .query_async(&mut conn),
+            )
+            .await?;
+        Ok(taken.is_some())
+    }
+
+    pub async fn unlock_confirm(&self, id: AccountId, owner: &str) -> Result<(), BackendError> {
+        self.delete_if(keys::confirm_lock(id), owner).await
+    }
+
+    /// Hard-blocks an account while its confirmation runs; returns the value to lift it with.
+    pub async fn block_confirming(
+        &self,
+        id: AccountId,
+        ttl_ms: u64,
+        class: &str,
+        status: u16,
+        owner: &str,
+    ) -> Result<String, BackendError> {
+        let value = block_value(class, status, &format!("confirming {owner}"));
+        self.block(AccountKeys::new(id).cooldown, ttl_ms, value.clone())
+            .await?;
+        Ok(value)
+    }
+
+    /// Lifts the "confirming" hard block, unless another block replaced it meanwhile.
+    pub async fn unblock_confirming(&self, id: AccountId, value: &str) -> Result<(), BackendError> {
+        self.delete_if(AccountKeys::new(id).cooldown, value).await
+    }
+
+    async fn delete_if(&self, key: String, value: &str) -> Result<(), BackendError> {
+        let mut conn = self.redis.conn().await?;
+        let _: (i64, i64) = self
+            .redis
+            .bounded(
+                self.scripts
+                    .unlock
+                    .key(key)
+                    .arg(value)
+                    .invoke_async(&mut conn),
+            )
+            .await?;
+        Ok(())
+    }
+
     /// Takes the cluster-wide token-refresh lock for an account.
     pub async fn lock_refresh(
         &self,
@@ -649,17 +711,6 @@ impl RedisHealth {
     }
 
     pub async fn unlock_refresh(&self, id: AccountId, owner: &str) -> Result<(), BackendError> {
-        let mut conn = self.redis.conn().await?;
-        let _: (i64, i64) = self
-            .redis
-            .bounded(
-                self.scripts
-                    .unlock
-                    .key(keys::token_refresh_lock(id))
-                    .arg(owner)
-                    .invoke_async(&mut conn),
-            )
-            .await?;
-        Ok(())
+        self.delete_if(keys::token_refresh_lock(id), owner).await
     }
 }

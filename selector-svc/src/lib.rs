@@ -5,6 +5,8 @@
 //! → `select` (ordering, pure) / `oracle` (load reads) / `health` (Redis) / `store` (Postgres)
 //! over a `snapshot` of the config; `refresh` keeps OAuth tokens fresh.
 
+pub mod classify;
+pub mod confirm;
 pub mod crypto;
 pub mod domain;
 pub mod engine;

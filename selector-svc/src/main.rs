@@ -117,6 +117,10 @@ struct AdminArgs {
 }
 
 #[derive(Debug, Subcommand)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "parsed once per admin command; boxing buys nothing"
+)]
 enum AdminAction {
     /// List accounts (credentials masked).
     Accounts {
@@ -175,6 +179,9 @@ enum AdminAction {
         /// Per-account proxy URL.
         #[arg(long, default_value = "")]
         proxy_url: String,
+        /// The model the confirmation probe asks for (none: the selector's platform default).
+        #[arg(long, default_value = "")]
+        probe_model: String,
     },
     /// Set an account's status: active | disabled | error.
     SetStatus {
@@ -365,6 +372,7 @@ async fn admin(args: &ServeArgs, admin: &AdminArgs) -> Result<(), String> {
             token_url,
             models,
             proxy_url,
+            probe_model,
         } => {
             let platform = match platform.as_str() {
                 "anthropic" => pb::Platform::Anthropic,
@@ -393,6 +401,7 @@ async fn admin(args: &ServeArgs, admin: &AdminArgs) -> Result<(), String> {
                     token_url: token_url.clone(),
                     allowed_models: models.clone(),
                     proxy_url: proxy_url.clone(),
+                    probe_model: probe_model.clone(),
                     ..Default::default()
                 })
                 .await

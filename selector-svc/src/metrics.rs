@@ -12,6 +12,9 @@ pub struct Metrics {
     /// selector_breaker_changes_total{change}: opened, reopened, closed.
     pub breaker_changes: IntCounterVec,
     pub retirements: IntCounter,
+    /// selector_confirmations_total{result}: started, already_running, confirmed,
+    /// not_confirmed, inconclusive.
+    pub confirmations: IntCounterVec,
     /// selector_sticky_total{result, platform}: hit, bound, rebind.
     pub sticky: IntCounterVec,
     /// selector_reloads_total{trigger}: notify, periodic, startup.
@@ -42,7 +45,7 @@ impl Metrics {
         let registry = Registry::new();
         let retirements = IntCounter::new(
             "selector_retirements_total",
-            "Accounts retired by quota-gone outcomes.",
+            "Accounts retired after a billing-class answer was confirmed by the probe.",
         )
         .unwrap_or_else(|error| unreachable!("static metric definition: {error}"));
         let _ = registry.register(Box::new(retirements.clone()));
@@ -73,6 +76,12 @@ impl Metrics {
                 &["change"],
             ),
             retirements,
+            confirmations: counter_vec(
+                &registry,
+                "selector_confirmations_total",
+                "Confirmation probes of billing-class answers by result (started, already_running, confirmed, not_confirmed, inconclusive).",
+                &["result"],
+            ),
             sticky: counter_vec(
                 &registry,
                 "selector_sticky_total",

@@ -17,8 +17,9 @@ pub enum Decision {
     Broken { ms: u64 },
     /// Unauthorized: hard block, count it (too many: `error`), refresh the token.
     Unauthorized { ms: u64 },
-    /// Quota gone: retired until an operator restores it.
-    Retire,
+    /// Billing-class answer: confirm it with the selector's own probe; retire only if the
+    /// probe gets the same class of answer (`confirm.rs`). Never a retirement by itself.
+    Confirm,
 }
 
 /// Decides; `now_ms` is the clock upstream reset times are compared with.
@@ -53,7 +54,7 @@ pub fn decide(outcome: &Outcome, blocks: &RuntimeBlockSettings, now_ms: i64) -> 
         OutcomeClass::Unauthorized => Decision::Unauthorized {
             ms: millis(blocks.unauthorized_block),
         },
-        OutcomeClass::QuotaGone => Decision::Retire,
+        OutcomeClass::QuotaGone => Decision::Confirm,
     }
 }
 

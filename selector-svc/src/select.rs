@@ -102,6 +102,7 @@ mod tests {
             allowed_models: vec![],
             model_mapping: HashMap::new(),
             proxy_url: None,
+            probe_model: None,
         })
     }
 

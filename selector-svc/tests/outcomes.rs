@@ -3,6 +3,7 @@
 
 mod support;
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use poolgate_proto::keys::AccountKeys;
@@ -232,10 +233,62 @@ async fn a_failed_probe_reopens_the_breaker_for_twice_as_long() {
     assert_eq!(applied.block_ms, 800, "400 ms doubled");
 }
 
+/// A stand-in upstream for the confirmation probe: answers every `/v1/messages` with one
+/// status and body, after a delay, and keeps what it was sent.
+struct ProbeUpstream {
+    url: String,
+    seen: Arc<Mutex<Vec<(http::HeaderMap, serde_json::Value)>>>,
+}
+
+impl ProbeUpstream {
+    async fn start(status: u16, body: &'static str, delay: Duration) -> Self {
+        let seen: Arc<Mutex<Vec<(http::HeaderMap, serde_json::Value)>>> = Arc::default();
+        let kept = seen.clone();
+        let router = axum::Router::new().route(
+            "/v1/messages",
+            axum::routing::post(
+                move |headers: http::HeaderMap, body_in: axum::body::Bytes| {
+                    let kept = kept.clone();
+                    async move {
+                        let json = serde_json::from_slice(&body_in).unwrap_or_default();
+                        kept.lock().expect("seen").push((headers, json));
+                        tokio::time::sleep(delay).await;
+                        (
+                            http::StatusCode::from_u16(status).expect("status"),
+                            [(http::header::CONTENT_TYPE, "application/json")],
+                            body,
+                        )
+                    }
+                },
+            ),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, router).await;
+        });
+        ProbeUpstream { url, seen }
+    }
+
+    fn calls(&self) -> usize {
+        self.seen.lock().expect("seen").len()
+    }
+}
+
+const BILLING: &str = r#"{"type":"error","error":{"type":"billing_error","message":"Your account has run out of credit."}}"#;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_quota_outcome_retires_the_account_in_postgres_and_a_restore_brings_it_back() {
+async fn a_quota_outcome_retires_only_after_the_probe_confirms_it_and_a_restore_brings_it_back() {
     let backends = Backends::start().await;
-    let id = backends.account("spent", "g", |_| {}).await;
+    let upstream = ProbeUpstream::start(402, BILLING, Duration::from_millis(300)).await;
+    let id = backends
+        .account("spent", "g", |a| {
+            a.base_url = upstream.url.clone();
+            a.concurrency_limit = 1;
+        })
+        .await;
     let other = backends.account("spare", "g", |_| {}).await;
     let replica = Replica::start(backends.config(fast_settings())).await;
     let mut client = replica.client.clone();
@@ -244,12 +297,60 @@ async fn a_quota_outcome_retires_the_account_in_postgres_and_a_restore_brings_it
         .await
         .expect("report")
         .into_inner();
-    assert_eq!(applied.applied, "retired");
+    assert_eq!(
+        applied.applied, "confirming",
+        "never a retirement by itself"
+    );
     let account = backends.store.load_account(id).await.expect("account");
-    assert_eq!(account.status, selector_svc::domain::AccountStatus::Retired);
+    assert_eq!(
+        account.status,
+        selector_svc::domain::AccountStatus::Active,
+        "still active while the probe runs"
+    );
+    // Hard-blocked ("confirming") meanwhile: plans leave it out.
+    let plan = client
+        .select(select_request("g", "claude"))
+        .await
+        .expect("select")
+        .into_inner();
+    assert_eq!(
+        plan.accounts
+            .iter()
+            .map(|a| a.account_id)
+            .collect::<Vec<_>>(),
+        vec![other]
+    );
+    // A second report while the probe runs starts nothing (one confirmation at a time).
+    let again = client
+        .report_outcome(report(id, pb::OutcomeClass::QuotaGone, 402, 0))
+        .await
+        .expect("report")
+        .into_inner();
+    assert_eq!(again.applied, "none");
+    eventually(Duration::from_secs(10), || async {
+        let account = backends.store.load_account(id).await.ok()?;
+        (account.status == selector_svc::domain::AccountStatus::Retired).then_some(())
+    })
+    .await
+    .expect("retired once the probe got the same answer");
+    assert_eq!(upstream.calls(), 1, "one probe");
+    let (headers, probe) = upstream.seen.lock().expect("seen")[0].clone();
+    assert_eq!(
+        probe["model"], "claude-haiku-4-5",
+        "the platform's probe model"
+    );
+    assert_eq!(probe["max_tokens"], 1);
+    assert_eq!(
+        headers.get("x-api-key").and_then(|v| v.to_str().ok()),
+        Some("sk-ant-spent-secret-credential")
+    );
+    let account = backends.store.load_account(id).await.expect("account");
     assert!(
-        account.status_reason.contains("402"),
-        "{}",
+        account.status_reason.contains("confirmed by probe")
+            && account.status_reason.contains("402")
+            && account.status_reason.contains("billing_error")
+            && !account.status_reason.contains("run out of credit"),
+        "type and status, never the message: {}",
         account.status_reason
     );
     // Gone from plans once the snapshot reloaded (NOTIFY).
@@ -283,6 +384,56 @@ async fn a_quota_outcome_retires_the_account_in_postgres_and_a_restore_brings_it
         2,
         "back in the pool, its block cleared"
     );
+    let metrics = replica.built.selector.metrics().render();
+    assert!(
+        metrics.contains("selector_confirmations_total{result=\"confirmed\"} 1"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quota_outcome_the_probe_does_not_confirm_leaves_the_account_active_and_unblocked() {
+    let backends = Backends::start().await;
+    let upstream = ProbeUpstream::start(
+        200,
+        r#"{"id":"msg_1","type":"message","role":"assistant","content":[{"type":"text","text":"p"}],"usage":{"input_tokens":1,"output_tokens":1}}"#,
+        Duration::ZERO,
+    )
+    .await;
+    let id = backends
+        .account("healthy", "g", |a| {
+            a.base_url = upstream.url.clone();
+            a.probe_model = Some("claude-probe-override".into());
+        })
+        .await;
+    let replica = Replica::start(backends.config(fast_settings())).await;
+    let applied = replica
+        .client
+        .clone()
+        .report_outcome(report(id, pb::OutcomeClass::QuotaGone, 400, 0))
+        .await
+        .expect("report")
+        .into_inner();
+    assert_eq!(applied.applied, "confirming");
+    eventually(Duration::from_secs(10), || async {
+        let mut conn = backends.redis.client().await.ok()?;
+        let cooldown: i64 = redis::cmd("PTTL")
+            .arg(AccountKeys::new(id).cooldown)
+            .query_async(&mut conn)
+            .await
+            .ok()?;
+        (upstream.calls() == 1 && cooldown == -2).then_some(())
+    })
+    .await
+    .expect("the probe ran and the confirming block was lifted");
+    let account = backends.store.load_account(id).await.expect("account");
+    assert_eq!(account.status, selector_svc::domain::AccountStatus::Active);
+    assert_eq!(
+        upstream.seen.lock().expect("seen")[0].1["model"],
+        "claude-probe-override",
+        "the account's probe model wins"
+    );
+    assert_eq!(primary(&replica).await, Some(id), "selectable again");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -61,6 +61,7 @@ pub fn account(name: &str, base_url: &str, concurrency: i32, priority: i32) -> A
         allowed_models: vec![],
         model_mapping: Default::default(),
         proxy_url: None,
+        probe_model: None,
     }
 }
 

@@ -98,6 +98,7 @@ pub fn api_account(name: &str, group: &str) -> AccountInput {
         allowed_models: vec![],
         model_mapping: HashMap::new(),
         proxy_url: None,
+        probe_model: None,
     }
 }
 

@@ -1,0 +1,418 @@
+//! Classifying an upstream outcome, once, into exactly one class (DESIGN §1), from what the
+//! upstream *asserts*: the status, the structured error fields each provider defines (Anthropic
+//! `error.type`; OpenAI `error.type` / `error.code`) and documented headers.
+//!
+//! Message text is never enough on its own to change an account's health: upstreams echo the
+//! client's input into it ("model: insufficient_quota"). The one place a message is read is
+//! Anthropic's credit-balance answer (a 400 `invalid_request_error`), and then only its documented
+//! opening, and only to ask for a confirmation the client cannot shape (`confirm.rs`).
+//!
+//! Who can change what:
+//! - client-caused answers (`invalid_request_error`, `not_found_error`, 400/404/413/422) never
+//!   touch account health;
+//! - billing-class answers (`QuotaGone`) fail over and ask for confirmation; they never retire
+//!   by themselves;
+//! - a 429 is a window exhaustion only when the upstream says so (`anthropic-ratelimit-unified-
+//!   status: rejected`, a Codex window at 100 %, `usage_limit_reached`); otherwise it is busy.
+
+use http::HeaderMap;
+use serde_json::Value;
+
+use crate::domain::OutcomeClass;
+
+/// A classified outcome, with the label failover metrics use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Classified {
+    pub class: OutcomeClass,
+    /// When the upstream said the limit resets, ms since the epoch.
+    pub reset_at_ms: Option<i64>,
+    /// Failover reason label: `429`, `529`, `5xx`, `401`, `403`, `network`, `quota`, `409`,
+    /// `client`, `stream_error`.
+    pub label: &'static str,
+}
+
+impl Classified {
+    fn new(class: OutcomeClass, label: &'static str) -> Self {
+        Classified {
+            class,
+            reset_at_ms: None,
+            label,
+        }
+    }
+
+    /// A `403 permission_error`: the account may not use what this request asks for (often a
+    /// model). Another account may; the account's health is not touched.
+    pub fn is_permission_refusal(&self) -> bool {
+        self.class == OutcomeClass::ClientError && self.label == "403"
+    }
+}
+
+/// The structured part of an upstream error body: Anthropic
+/// `{"type":"error","error":{"type":…,"message":…}}`, OpenAI
+/// `{"error":{"type":…,"code":…,"message":…}}`, or an SSE error event of either.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UpstreamError {
+    /// `error.type`, as the upstream spelled it.
+    pub kind: Option<String>,
+    /// OpenAI's `error.code` (a string; numeric codes are ignored).
+    pub code: Option<String>,
+    /// `error.message`: may carry the client's input; read only where documented above.
+    pub message: String,
+}
+
+impl UpstreamError {
+    /// Reads the structured fields of a JSON error body; `None` when it is not one.
+    pub fn parse(body: &[u8]) -> Option<Self> {
+        let json: Value = serde_json::from_slice(body).ok()?;
+        Self::from_json(&json)
+    }
+
+    pub fn from_json(json: &Value) -> Option<Self> {
+        let error = json.get("error")?;
+        // Some OpenAI-compatible upstreams send `{"error": "text"}`: no structure to read.
+        let error = error.as_object()?;
+        let text = |name: &str| {
+            error
+                .get(name)
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+                .filter(|s| !s.is_empty())
+        };
+        Some(UpstreamError {
+            kind: text("type"),
+            code: text("code"),
+            message: text("message").unwrap_or_default(),
+        })
+    }
+
+    fn is(&self, names: &[&str]) -> bool {
+        [&self.kind, &self.code]
+            .into_iter()
+            .flatten()
+            .any(|value| names.contains(&value.as_str()))
+    }
+
+    /// The account has no money left on it, as the upstream states it.
+    fn is_billing(&self, status: u16) -> bool {
+        if self.is(BILLING) {
+            return true;
+        }
+        // Anthropic answers an empty prepaid balance with a 400 `invalid_request_error`. Its
+        // message is the only sign, so the documented text must be the *whole* message: open
+        // and close it. Upstreams echo client input with fixed text on at least one side
+        // ("model: …", "…: Extra inputs are not permitted"), so an echo never matches.
+        let message = self.message.trim().to_ascii_lowercase();
+        status == 400
+            && self.kind.as_deref() == Some("invalid_request_error")
+            && message.starts_with(CREDIT_BALANCE_OPENING)
+            && message.ends_with(CREDIT_BALANCE_CLOSING)
+    }
+
+    /// `type` and `code`, reduced to a safe alphabet: fit for a status reason or a log line
+    /// (never the message, which can carry client input).
+    pub fn summary(&self) -> String {
+        let clean = |text: &str| -> String {
+            text.chars()
+                .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+                .take(64)
+                .collect()
+        };
+        match (&self.kind, &self.code) {
+            (Some(kind), Some(code)) if kind != code => format!("{}/{}", clean(kind), clean(code)),
+            (Some(kind), _) => clean(kind),
+            (None, Some(code)) => clean(code),
+            (None, None) => String::new(),
+        }
+    }
+}
+
+/// Error types and codes that mean "the account's money or plan is gone" (either provider).
+const BILLING: &[&str] = &[
+    "billing_error",
+    "insufficient_quota",
+    "billing_hard_limit_reached",
+    "billing_not_active",
+];
+
+/// How Anthropic's "Your credit balance is too low to access the Anthropic API. Please go to
+/// Plans & Billing to upgrade or purchase credits." opens and closes.
+const CREDIT_BALANCE_OPENING: &str = "your credit balance is too low";
+const CREDIT_BALANCE_CLOSING: &str = "purchase credits.";
+
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name)?.to_str().ok().map(str::trim)
+}
+
+fn header_i64(headers: &HeaderMap, name: &str) -> Option<i64> {
+    parse_number(header(headers, name)?)
+}
+
+/// Upstream headers are input: clamp to ±100 years of seconds so no arithmetic overflows.
+fn parse_number(text: &str) -> Option<i64> {
+    text.parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite())
+        .map(|v| v.clamp(-3.2e9, 3.2e12) as i64)
+}
+
+/// `Retry-After` as delay seconds or as an HTTP date (RFC 9110 §10.2.3), as ms since the epoch.
+pub fn retry_after_at_ms(headers: &HeaderMap, now_ms: i64) -> Option<i64> {
+    let value = header(headers, "retry-after")?;
+    if let Some(seconds) = parse_number(value) {
+        return Some(now_ms.saturating_add(seconds.max(0).saturating_mul(1000)));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    let ms = at
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))?;
+    Some(ms.max(now_ms))
+}
+
+/// Anthropic's subscription windows: the representative claim names the window that decided.
+fn unified_window(claim: &str) -> Option<&'static str> {
+    match claim {
+        "five_hour" | "5h" => Some("5h"),
+        "seven_day" | "7d" => Some("7d"),
+        "seven_day_opus" | "7d_opus" => Some("7d_opus"),
+        "seven_day_sonnet" | "7d_sonnet" => Some("7d_sonnet"),
+        _ => None,
+    }
+}
+
+/// When an exhausted Anthropic subscription window resets (`unified-status: rejected`): the
+/// representative claim's reset when present, else the overall reset, else every rejected
+/// window's, latest first.
+fn unified_rejected_reset_ms(headers: &HeaderMap) -> Option<Option<i64>> {
+    if header(headers, "anthropic-ratelimit-unified-status") != Some("rejected") {
+        return None;
+    }
+    let reset = |name: String| header_i64(headers, &name).map(|s| s.saturating_mul(1000));
+    if let Some(window) =
+        header(headers, "anthropic-ratelimit-unified-representative-claim").and_then(unified_window)
+        && let Some(at) = reset(format!("anthropic-ratelimit-unified-{window}-reset"))
+    {
+        return Some(Some(at));
+    }
+    if let Some(at) = reset("anthropic-ratelimit-unified-reset".into()) {
+        return Some(Some(at));
+    }
+    let latest = ["5h", "7d", "7d_opus", "7d_sonnet"]
+        .into_iter()
+        .filter(|w| {
+            header(headers, &format!("anthropic-ratelimit-unified-{w}-status")) == Some("rejected")
+        })
+        .filter_map(|w| reset(format!("anthropic-ratelimit-unified-{w}-reset")))
+        .max();
+    Some(latest)
+}
+
+/// A Codex (ChatGPT) window the headers say is used up, and when it resets.
+fn codex_exhausted_reset_ms(headers: &HeaderMap, now_ms: i64) -> Option<Option<i64>> {
+    let mut exhausted = false;
+    let mut resets = Vec::new();
+    for window in ["primary", "secondary"] {
+        let used = header_i64(headers, &format!("x-codex-{window}-used-percent")).unwrap_or(0);
+        if used >= 100 {
+            exhausted = true;
+            if let Some(seconds) =
+                header_i64(headers, &format!("x-codex-{window}-reset-after-seconds"))
+            {
+                resets.push(now_ms.saturating_add(seconds.max(0).saturating_mul(1000)));
+            }
+        }
+    }
+    exhausted.then(|| resets.into_iter().max())
+}
+
+/// Codex's `usage_limit_reached` body: `resets_at` (epoch s) or `resets_in_seconds`.
+fn usage_limit_reset_ms(body: &[u8], now_ms: i64) -> Option<i64> {
+    let json: Value = serde_json::from_slice(body).ok()?;
+    let error = json.get("error")?;
+    if let Some(at) = error.get("resets_at").and_then(Value::as_f64) {
+        return parse_number(&at.to_string()).map(|s| s.saturating_mul(1000));
+    }
+    let seconds = error.get("resets_in_seconds").and_then(Value::as_f64)?;
+    parse_number(&seconds.to_string()).map(|s| now_ms.saturating_add(s.max(0).saturating_mul(1000)))
+}
+
+/// Every reset the upstream announced, as ms since the epoch; the latest wins. Used for how long
+/// a busy account is moved back (soft block), never to decide a hard block on its own.
+pub fn reset_at_ms(headers: &HeaderMap, now_ms: i64) -> Option<i64> {
+    let mut resets = Vec::new();
+    resets.extend(retry_after_at_ms(headers, now_ms));
+    if let Some(ms) = header_i64(headers, "retry-after-ms") {
+        resets.push(now_ms.saturating_add(ms.max(0)));
+    }
+    if let Some(Some(at)) = unified_rejected_reset_ms(headers) {
+        resets.push(at);
+    }
+    if let Some(Some(at)) = codex_exhausted_reset_ms(headers, now_ms) {
+        resets.push(at);
+    }
+    resets.into_iter().max()
+}
+
+fn is_json(headers: &HeaderMap) -> bool {
+    header(headers, http::header::CONTENT_TYPE.as_str()).is_some_and(|ct| ct.contains("json"))
+}
+
+/// Classifies a response the upstream sent.
+pub fn classify(
+    status: u16,
+    headers: &HeaderMap,
+    body: &[u8],
+    now_ms: i64,
+    hard_block_threshold_ms: u64,
+) -> Classified {
+    if (200..300).contains(&status) {
+        return Classified::new(OutcomeClass::Success, "success");
+    }
+    let error = UpstreamError::parse(&body[..body.len().min(64 * 1024)]);
+    let error = error.as_ref();
+    let threshold = i64::try_from(hard_block_threshold_ms).unwrap_or(i64::MAX);
+    if status == 402 || error.is_some_and(|e| e.is_billing(status)) {
+        return Classified::new(OutcomeClass::QuotaGone, "quota");
+    }
+    if error.is_some_and(|e| e.is(&["overloaded_error"])) || status == 529 {
+        return Classified {
+            class: OutcomeClass::Busy,
+            reset_at_ms: reset_at_ms(headers, now_ms)
+                .filter(|at| at.saturating_sub(now_ms) <= threshold),
+            label: "529",
+        };
+    }
+    match status {
+        429 => {
+            let exhausted = unified_rejected_reset_ms(headers)
+                .or_else(|| codex_exhausted_reset_ms(headers, now_ms))
+                .or_else(|| {
+                    error
+                        .is_some_and(|e| e.is(&["usage_limit_reached"]))
+                        .then(|| usage_limit_reset_ms(body, now_ms))
+                });
+            match exhausted {
+                Some(reset) => Classified {
+                    class: OutcomeClass::WindowExhausted,
+                    reset_at_ms: reset.or_else(|| reset_at_ms(headers, now_ms)),
+                    label: "429",
+                },
+                None => Classified {
+                    class: OutcomeClass::Busy,
+                    reset_at_ms: reset_at_ms(headers, now_ms),
+                    label: "429",
+                },
+            }
+        }
+        409 | 423 => Classified::new(OutcomeClass::Conflict, "409"),
+        401 => Classified::new(OutcomeClass::Unauthorized, "401"),
+        403 if error.is_some_and(|e| e.is(&["permission_error"])) => {
+            Classified::new(OutcomeClass::ClientError, "403")
+        }
+        // A JSON 403 is the upstream refusing the credential; an HTML one is a proxy in the way.
+        403 if is_json(headers) || error.is_some() => {
+            Classified::new(OutcomeClass::Unauthorized, "401")
+        }
+        403 => Classified::new(OutcomeClass::Broken, "5xx"),
+        500..=599 => Classified::new(OutcomeClass::Broken, "5xx"),
+        _ => Classified::new(OutcomeClass::ClientError, "client"),
+    }
+}
+
+/// An `error` event inside a 200 stream (Anthropic `event: error`, OpenAI Responses
+/// `response.failed` / `error`, chat completions `{"error":…}`): never a success. Overload and
+/// rate limits are busy, the upstream's own failure is broken, a billing type asks for
+/// confirmation; anything else (an invalid request found mid-way) leaves the account alone.
+pub fn classify_stream_error(event: &Value) -> Classified {
+    let error = UpstreamError::from_json(event)
+        .or_else(|| {
+            event
+                .pointer("/response")
+                .and_then(UpstreamError::from_json)
+        })
+        .or_else(|| {
+            // OpenAI Responses `{"type":"error","code":…,"message":…}` carries the fields flat.
+            (event.get("type").and_then(Value::as_str) == Some("error")).then(|| UpstreamError {
+                kind: None,
+                code: event.get("code").and_then(Value::as_str).map(str::to_owned),
+                message: String::new(),
+            })
+        })
+        .unwrap_or_default();
+    let class = if error.is(&[
+        "overloaded_error",
+        "rate_limit_error",
+        "rate_limit_exceeded",
+    ]) {
+        OutcomeClass::Busy
+    } else if error.is(BILLING) {
+        OutcomeClass::QuotaGone
+    } else if error.is(&["api_error", "server_error", "internal_error"]) {
+        OutcomeClass::Broken
+    } else {
+        OutcomeClass::ClientError
+    };
+    Classified::new(class, "stream_error")
+}
+
+/// Whether a parsed SSE event is an error event (see `classify_stream_error`).
+pub fn is_stream_error(event: &Value) -> bool {
+    match event.get("type").and_then(Value::as_str) {
+        Some("error") | Some("response.failed") => true,
+        Some(_) => false,
+        None => event.get("error").is_some_and(Value::is_object),
+    }
+}
+
+/// A network error or timeout before any response.
+pub fn network_failure() -> Classified {
+    Classified::new(OutcomeClass::Broken, "network")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.insert(
+                http::HeaderName::from_bytes(name.as_bytes()).expect("name"),
+                value.parse().expect("value"),
+            );
+        }
+        map
+    }
+
+    const NOW: i64 = 1_700_000_000_000;
+
+    #[test]
+    fn retry_after_is_read_as_seconds_and_as_an_http_date() {
+        let seconds = headers(&[("retry-after", "20")]);
+        assert_eq!(retry_after_at_ms(&seconds, NOW), Some(NOW + 20_000));
+        // 2023-11-14T22:13:20Z is NOW; a date 90 s later.
+        let date = headers(&[("retry-after", "Tue, 14 Nov 2023 22:14:50 GMT")]);
+        assert_eq!(retry_after_at_ms(&date, NOW), Some(NOW + 90_000));
+        let past = headers(&[("retry-after", "Tue, 14 Nov 2000 22:14:50 GMT")]);
+        assert_eq!(retry_after_at_ms(&past, NOW), Some(NOW));
+        assert_eq!(
+            retry_after_at_ms(&headers(&[("retry-after", "soon")]), NOW),
+            None
+        );
+    }
+
+    #[test]
+    fn summaries_are_type_and_code_only() {
+        let error = UpstreamError::parse(
+            br#"{"error":{"type":"insufficient_quota","code":"insufficient_quota","message":"secret client text"}}"#,
+        )
+        .expect("parsed");
+        assert_eq!(error.summary(), "insufficient_quota");
+        let odd = UpstreamError {
+            kind: Some("a b<script>".into()),
+            code: Some("c\nd".into()),
+            message: String::new(),
+        };
+        assert_eq!(odd.summary(), "abscript/cd");
+    }
+}

@@ -1,0 +1,236 @@
+//! Confirmation: before an account is retired for a billing-class answer, poolgate asks the
+//! upstream again with a request the client cannot shape — a fixed minimal request built here
+//! (`max_tokens: 1`, the platform's probe model) — under an admission lease, so the probe never
+//! takes the account over its concurrency limit. Only when that request gets the same class of
+//! answer is the account retired.
+//!
+//! This module is the probe and the verdict; who holds the lock and where the result is written
+//! is the caller's (the selector engine over Redis and Postgres, the relay's standalone mode in
+//! memory).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use admission_svc::admission::{AcquireOutcome, Admission};
+use admission_svc::domain::LeaseTerms;
+use http::HeaderMap;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::classify::{Classified, UpstreamError, classify, network_failure};
+use crate::domain::{Account, CredentialKind, OutcomeClass, Platform, now_ms};
+
+/// How a confirmation runs.
+#[derive(Debug, Clone)]
+pub struct ProbeSettings {
+    /// Bound on the whole probe call (connect, answer, body).
+    pub timeout: Duration,
+    /// How long the probe waits for a slot on the account.
+    pub lease_wait: Duration,
+    /// The "confirming" hard block while the probe runs, and the lock's lifetime: longer than
+    /// `lease_wait + timeout`, so a selector that dies mid-way leaves nothing behind for long.
+    pub block: Duration,
+    /// The probe model per platform, unless the account's `probe_model` says otherwise.
+    pub anthropic_model: String,
+    pub openai_model: String,
+}
+
+impl Default for ProbeSettings {
+    fn default() -> Self {
+        ProbeSettings {
+            timeout: Duration::from_secs(30),
+            lease_wait: Duration::from_secs(20),
+            block: Duration::from_secs(90),
+            anthropic_model: "claude-haiku-4-5".into(),
+            openai_model: "gpt-4o-mini".into(),
+        }
+    }
+}
+
+impl ProbeSettings {
+    pub fn model_for(&self, account: &Account) -> String {
+        match &account.probe_model {
+            Some(model) if !model.is_empty() => model.clone(),
+            _ => match account.platform {
+                Platform::Anthropic => self.anthropic_model.clone(),
+                Platform::OpenAi => self.openai_model.clone(),
+            },
+        }
+    }
+}
+
+/// What the probe got.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Probed {
+    /// Upstream status; 0 when no answer came.
+    pub status: u16,
+    pub classified: Classified,
+    /// The error's `type/code` (never its message), for the status reason.
+    pub summary: String,
+}
+
+/// The end of a confirmation.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict {
+    /// The probe got a billing-class answer too: retire.
+    Confirmed(Probed),
+    /// The probe got some other answer: the account stays.
+    NotConfirmed(Probed),
+    /// No probe was sent (no slot in time, admission unavailable): the account stays.
+    Inconclusive(&'static str),
+}
+
+impl Verdict {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Verdict::Confirmed(_) => "confirmed",
+            Verdict::NotConfirmed(_) => "not_confirmed",
+            Verdict::Inconclusive(_) => "inconclusive",
+        }
+    }
+}
+
+/// The upstream URL for a path such as `/v1/messages`, whether or not the base ends in `/v1`.
+fn upstream_url(base: &str, path: &str) -> String {
+    let base = base.trim_end_matches('/');
+    if base.ends_with("/v1") {
+        format!("{base}{}", path.trim_start_matches("/v1"))
+    } else {
+        format!("{base}{path}")
+    }
+}
+
+/// Claude Code's identity line: Anthropic accepts subscription (OAuth) tokens only on requests
+/// that open with it.
+pub const CLAUDE_CODE_IDENTITY: &str = "You are Claude Code, Anthropic's official CLI for Claude.";
+
+/// The probe request: fixed, minimal, nothing of any client in it.
+pub fn probe_request(
+    client: &reqwest::Client,
+    account: &Account,
+    model: &str,
+) -> reqwest::RequestBuilder {
+    let credential = account.credential.expose();
+    match account.platform {
+        Platform::Anthropic => {
+            let mut body = json!({
+                "model": model,
+                "max_tokens": 1,
+                "messages": [{"role": "user", "content": "ping"}],
+            });
+            let request = client
+                .post(upstream_url(&account.base_url, "/v1/messages"))
+                .header("anthropic-version", "2023-06-01");
+            match account.credential_kind {
+                CredentialKind::ApiKey => request.header("x-api-key", credential).json(&body),
+                CredentialKind::OAuth => {
+                    body["system"] = json!([{"type": "text", "text": CLAUDE_CODE_IDENTITY}]);
+                    request
+                        .bearer_auth(credential)
+                        .header("anthropic-beta", "claude-code-20250219,oauth-2025-04-20")
+                        .json(&body)
+                }
+            }
+        }
+        Platform::OpenAi => client
+            .post(upstream_url(&account.base_url, "/v1/chat/completions"))
+            .bearer_auth(credential)
+            .json(&json!({
+                "model": model,
+                "max_completion_tokens": 1,
+                "messages": [{"role": "user", "content": "ping"}],
+            })),
+    }
+}
+
+/// Sends the probe and classifies its answer with the relay's rules.
+pub async fn send_probe(
+    client: &reqwest::Client,
+    account: &Account,
+    settings: &ProbeSettings,
+    hard_block_threshold_ms: u64,
+) -> Probed {
+    let model = settings.model_for(account);
+    let request = probe_request(client, account, &model).timeout(settings.timeout);
+    let response = match request.send().await {
+        Ok(response) => response,
+        Err(error) => {
+            tracing::warn!(account_id = account.id, error = %error.without_url(), "confirmation probe got no answer");
+            return Probed {
+                status: 0,
+                classified: network_failure(),
+                summary: "network".into(),
+            };
+        }
+    };
+    let status = response.status().as_u16();
+    let headers: HeaderMap = response.headers().clone();
+    let body = response.bytes().await.unwrap_or_default();
+    let body = &body[..body.len().min(64 * 1024)];
+    Probed {
+        status,
+        classified: classify(status, &headers, body, now_ms(), hard_block_threshold_ms),
+        summary: UpstreamError::parse(body)
+            .map(|e| e.summary())
+            .unwrap_or_default(),
+    }
+}
+
+/// One confirmation: a lease on the account (its cooldown, the "confirming" block, does not
+/// refuse it; its concurrency and RPM limits do), the probe, the release.
+pub async fn confirm(
+    admission: &Arc<Admission>,
+    client: &reqwest::Client,
+    account: &Account,
+    settings: &ProbeSettings,
+    hard_block_threshold_ms: u64,
+) -> Verdict {
+    let terms = LeaseTerms {
+        account_id: account.id,
+        concurrency_limit: account.concurrency_limit,
+        rpm_limit: account.rpm_limit,
+        user: None,
+        session_hash: None,
+        session_window_limit_micros: 0,
+        session_bound: false,
+        ignore_cooldown: true,
+    };
+    let cancel = CancellationToken::new();
+    let lease = match admission
+        .acquire(&terms, settings.lease_wait, &cancel, |_| {})
+        .await
+    {
+        Ok(AcquireOutcome::Granted(lease_id)) => lease_id,
+        Ok(AcquireOutcome::Denied(_) | AcquireOutcome::Cancelled) => {
+            return Verdict::Inconclusive("no_slot");
+        }
+        Err(error) => {
+            tracing::warn!(account_id = account.id, %error, "confirmation probe: admission unavailable");
+            return Verdict::Inconclusive("admission_unavailable");
+        }
+    };
+    let probed = send_probe(client, account, settings, hard_block_threshold_ms).await;
+    admission.release(&lease, Some(&terms), 0).await;
+    if probed.classified.class == OutcomeClass::QuotaGone {
+        Verdict::Confirmed(probed)
+    } else {
+        Verdict::NotConfirmed(probed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_join_with_or_without_v1() {
+        assert_eq!(
+            upstream_url("https://api.anthropic.com", "/v1/messages"),
+            "https://api.anthropic.com/v1/messages"
+        );
+        assert_eq!(
+            upstream_url("http://127.0.0.1:9/v1/", "/v1/chat/completions"),
+            "http://127.0.0.1:9/v1/chat/completions"
+        );
+    }
+}
