@@ -366,14 +366,6 @@ impl StandaloneSelection {
         });
     }
 
-    /// Whether a confirmation probe is running for the account.
-    pub fn is_confirming(&self, id: i64) -> bool {
-        let health = self.health.lock().unwrap_or_else(|p| p.into_inner());
-        health
-            .get(&id)
-            .is_some_and(|state| state.confirming_until > now_ms())
-    }
-
     /// The status of an account (for tests and the admin view of standalone mode).
     pub fn status(&self, id: i64) -> Option<AccountStatus> {
         let accounts = self.accounts.lock().unwrap_or_else(|p| p.into_inner());

@@ -181,7 +181,13 @@ async fn an_exhausted_window_hard_blocks_the_account_in_redis_for_every_replica(
             credential,
             [Scripted::Fail {
                 status: 429,
-                headers: vec![("anthropic-ratelimit-unified-reset".into(), reset.clone())],
+                headers: vec![
+                    (
+                        "anthropic-ratelimit-unified-status".into(),
+                        "rejected".into(),
+                    ),
+                    ("anthropic-ratelimit-unified-reset".into(), reset.clone()),
+                ],
                 body: r#"{"type":"error","error":{"type":"rate_limit_error","message":"window"}}"#
                     .into(),
             }],
@@ -408,4 +414,107 @@ async fn successes_are_reported_coalesced_not_one_call_per_request() {
         (1..20).contains(&sent),
         "20 successes on two accounts coalesced into fewer reports: {sent}"
     );
+}
+
+async fn status_of(stack: &Stack, id: i64) -> (selector_svc::domain::AccountStatus, String) {
+    let account = stack.store.load_account(id).await.expect("account");
+    (account.status, account.status_reason)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crafted_models_and_messages_sent_to_every_account_leave_every_account_active() {
+    let stack = start().await;
+    stack.upstream.set_known_models(&["claude-x"]);
+    let crafted = [
+        "insufficient_quota",
+        "billing_error",
+        "Your credit balance is too low to access the Anthropic API. Please go to Plans & Billing to upgrade or purchase credits.",
+        "exceeded your current quota",
+    ];
+    // `b` maps every crafted model to another upstream model, so a 404 on `a` fails over to
+    // `b`: each crafted request reaches both accounts.
+    let mut b = account("b", &stack.upstream.base_url, 2, 0);
+    b.model_mapping = crafted
+        .iter()
+        .map(|m| ((*m).to_owned(), format!("{m}-on-b")))
+        .collect();
+    stack.store.upsert_account(&b).await.expect("mapping");
+    for model in crafted {
+        let body = json!({"model": model, "max_tokens": 8, "messages": [{"role": "user", "content": model}], "metadata": {"user_id": model}});
+        let answered = eventually(Duration::from_secs(5), || async {
+            let response = stack
+                .http
+                .post(format!("{}/v1/messages", stack.base))
+                .header("x-api-key", &stack.key)
+                .json(&body)
+                .send()
+                .await
+                .ok()?;
+            let status = response.status().as_u16();
+            let body: Value = response.json().await.ok()?;
+            // Until the snapshot has b's mapping, the 404 may come from one account only.
+            let seen = stack.upstream.seen_models();
+            (status == 404 && seen.iter().any(|m| m == &format!("{model}-on-b"))).then_some(body)
+        })
+        .await
+        .expect("a 404 from both accounts");
+        assert_eq!(answered["error"]["type"], "not_found_error", "{answered}");
+    }
+    // Crafted text in a valid request: a success.
+    let (status, _) = stack.message(false).await;
+    assert_eq!(status, 200);
+    for id in [1, 2] {
+        let (status, reason) = status_of(&stack, id).await;
+        assert_eq!(
+            status,
+            selector_svc::domain::AccountStatus::Active,
+            "account {id}: {reason}"
+        );
+        let mut conn = stack.redis.client().await.expect("redis");
+        let cooldown: i64 = redis::cmd("PTTL")
+            .arg(AccountKeys::new(id).cooldown)
+            .query_async(&mut conn)
+            .await
+            .expect("pttl");
+        assert_eq!(cooldown, -2, "account {id}: no hard block, no confirmation");
+    }
+    assert!(stack.upstream.stats("cred-a").total >= 4);
+    assert!(stack.upstream.stats("cred-b").total >= 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_account_really_out_of_credit_is_retired_after_the_probe_confirms_it() {
+    let stack = start().await;
+    stack.upstream.set_out_of_credit("cred-a", true);
+    stack.upstream.set_out_of_credit("cred-b", false);
+    // Whichever account comes first, `a` gets asked within a few requests.
+    for n in 0..6 {
+        let body = json!({"model": "claude-x", "max_tokens": 8, "messages": [{"role": "user", "content": format!("q{n}")}]});
+        let response = stack
+            .http
+            .post(format!("{}/v1/messages", stack.base))
+            .header("x-api-key", &stack.key)
+            .json(&body)
+            .send()
+            .await
+            .expect("answer");
+        assert_eq!(response.status().as_u16(), 200, "failed over to b");
+    }
+    eventually(Duration::from_secs(10), || async {
+        let (status, _) = status_of(&stack, 1).await;
+        (status == selector_svc::domain::AccountStatus::Retired).then_some(())
+    })
+    .await
+    .expect("a retired");
+    let (_, reason) = status_of(&stack, 1).await;
+    assert!(reason.contains("confirmed by probe"), "{reason}");
+    let (status, _) = status_of(&stack, 2).await;
+    assert_eq!(status, selector_svc::domain::AccountStatus::Active);
+    let probes = stack
+        .upstream
+        .seen_models()
+        .iter()
+        .filter(|m| *m == "claude-haiku-4-5")
+        .count();
+    assert_eq!(probes, 1, "one probe, to a");
 }

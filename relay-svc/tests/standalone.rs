@@ -186,7 +186,7 @@ async fn a_client_error_is_returned_as_is_and_does_not_fail_over() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_quota_answer_retires_the_account() {
+async fn a_billing_answer_retires_the_account_only_after_the_probe_confirms_it() {
     let h = start(
         &[
             ("a", "anthropic", 4, ", priority: 0"),
@@ -195,17 +195,100 @@ async fn a_quota_answer_retires_the_account() {
         fast(),
     )
     .await;
-    h.upstream.script("cred-a", [fail(400, r#"{"type":"error","error":{"type":"invalid_request_error","message":"Your credit balance is too low to access the Anthropic API."}}"#)]);
+    // Really out of credit: the client's request and the probe both get the billing answer.
+    h.upstream.set_out_of_credit("cred-a", true);
     let (status, _) = h.messages(&message(false)).await;
     assert_eq!(status, 200, "failed over to b");
+    eventually(Duration::from_secs(5), || async {
+        (h.upstream.stats("cred-a").total == 2).then_some(())
+    })
+    .await
+    .expect("the probe asked again");
     for _ in 0..5 {
         let (status, _) = h.messages(&message(false)).await;
         assert_eq!(status, 200);
     }
     assert_eq!(
         h.upstream.stats("cred-a").total,
-        1,
-        "retired: never selected again"
+        2,
+        "retired after the probe: never selected again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_billing_answer_the_probe_does_not_confirm_keeps_the_account() {
+    let h = start(
+        &[
+            ("a", "anthropic", 4, ", priority: 0"),
+            ("b", "anthropic", 4, ", priority: 1"),
+        ],
+        fast(),
+    )
+    .await;
+    // One billing answer, then the account answers normally (the probe gets a 200).
+    h.upstream.script(
+        "cred-a",
+        [fail(
+            402,
+            r#"{"type":"error","error":{"type":"billing_error","message":"billing"}}"#,
+        )],
+    );
+    let (status, _) = h.messages(&message(false)).await;
+    assert_eq!(status, 200, "failed over to b");
+    // Once the probe (a 200) is in, `a` (priority 0) serves again (a new conversation each
+    // time: the first one is bound to `b` now).
+    eventually(Duration::from_secs(5), || async {
+        let before = h.upstream.stats("cred-a").total;
+        let fresh = json!({"model": "claude-x", "max_tokens": 16, "messages": [{"role": "user", "content": format!("hi {}", fastrand::u64(..))}]});
+        let (status, _) = h.messages(&fresh).await;
+        (status == 200 && h.upstream.stats("cred-a").total > before).then_some(())
+    })
+    .await
+    .unwrap_or_else(|_| panic!("a serves again: not retired, not blocked; a saw {:?}", h.upstream.stats("cred-a")));
+    assert!(
+        h.upstream.stats("cred-a").total >= 3,
+        "request, probe, request"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crafted_model_names_and_messages_change_no_account() {
+    let h = start(
+        &[
+            ("a", "anthropic", 4, ", priority: 0"),
+            ("b", "anthropic", 4, ", priority: 1"),
+        ],
+        fast(),
+    )
+    .await;
+    h.upstream.set_known_models(&["claude-x"]);
+    for crafted in [
+        "insufficient_quota",
+        "billing_error",
+        "Your credit balance is too low to access the Anthropic API. Please go to Plans & Billing to upgrade or purchase credits.",
+        "exceeded your current quota",
+    ] {
+        let (status, body) = h
+            .messages(&json!({"model": crafted, "max_tokens": 16, "messages": [{"role": "user", "content": crafted}]}))
+            .await;
+        assert_eq!(status, 404, "the upstream's answer, as it came: {body}");
+        assert_eq!(body["error"]["type"], "not_found_error");
+    }
+    assert_eq!(
+        h.upstream.stats("cred-b").total,
+        0,
+        "a 404 fails over only to an account that maps the model differently"
+    );
+    // Every account still serves.
+    h.upstream.reset_stats();
+    for _ in 0..4 {
+        let (status, _) = h.messages(&message(false)).await;
+        assert_eq!(status, 200);
+    }
+    assert_eq!(
+        h.upstream.stats("cred-a").total,
+        4,
+        "a untouched, still first"
     );
 }
 
