@@ -27,7 +27,7 @@ use crate::backends::{
     UsageRecord,
 };
 use crate::classify::Classified;
-use selector_svc::confirm::{ProbeSettings, Verdict, confirm};
+use selector_svc::confirm::{ProbeSettings, Verdict, breaker_closes, confirm, probe_under_lease};
 
 /// The standalone account file (see `examples/standalone.yaml`). Unknown fields are ignored, so
 /// a file written for a newer relay still loads.
@@ -366,6 +366,50 @@ impl StandaloneSelection {
         });
     }
 
+    /// Checks a half-open breaker with the probe, in the background: closes it unless the
+    /// upstream itself failed, in which case it reopens for twice as long.
+    fn start_half_open_check(&self, account: Arc<Account>) {
+        let (admission, http, probe) = (
+            self.admission.clone(),
+            self.probe_http.clone(),
+            self.probe.clone(),
+        );
+        let health = self.health.clone();
+        let blocks = self.blocks.clone();
+        tokio::spawn(async move {
+            let threshold = blocks.hard_block_threshold.as_millis() as u64;
+            let probed = probe_under_lease(&admission, &http, &account, &probe, threshold).await;
+            let mut health = health.lock().unwrap_or_else(|p| p.into_inner());
+            let state = health.entry(account.id).or_default();
+            state.probe_until = 0;
+            match probed {
+                Ok(probed) if breaker_closes(&probed) => {
+                    tracing::info!(
+                        account_id = account.id,
+                        "half-open probe answered; breaker closed"
+                    );
+                    state.failures = 0;
+                    state.open_until = 0;
+                    state.open_ms = 0;
+                }
+                Ok(_) => {
+                    let now = now_ms();
+                    let max = blocks.breaker_max_open.as_millis() as i64;
+                    state.open_ms = (state.open_ms * 2).min(max);
+                    state.open_until = now + state.open_ms;
+                    tracing::warn!(
+                        account_id = account.id,
+                        open_ms = state.open_ms,
+                        "half-open probe failed; breaker reopened"
+                    );
+                }
+                Err(why) => {
+                    tracing::info!(account_id = account.id, why, "half-open probe not sent")
+                }
+            }
+        });
+    }
+
     /// The status of an account (for tests and the admin view of standalone mode).
     pub fn status(&self, id: i64) -> Option<AccountStatus> {
         let accounts = self.accounts.lock().unwrap_or_else(|p| p.into_inner());
@@ -432,6 +476,7 @@ impl Selection for StandaloneSelection {
         let now = now_ms();
         let mut candidates = Vec::new();
         let mut earliest = i64::MAX;
+        let mut half_open = Vec::new();
         {
             let mut health = self.health.lock().unwrap_or_else(|p| p.into_inner());
             for (index, account) in included.into_iter().enumerate() {
@@ -451,8 +496,15 @@ impl Selection for StandaloneSelection {
                 };
                 match breaker {
                     Breaker::Open(_) => continue,
-                    Breaker::HalfOpen if state.probe_until > now => continue,
-                    Breaker::HalfOpen => state.probe_until = now + 30_000,
+                    // The probe decides (no client request goes through as the probe); the
+                    // account is excluded until then.
+                    Breaker::HalfOpen => {
+                        if state.probe_until <= now {
+                            state.probe_until = now + self.probe.block.as_millis() as i64;
+                            half_open.push(account.clone());
+                        }
+                        continue;
+                    }
                     Breaker::Closed => {}
                 }
                 candidates.push(Candidate {
@@ -466,6 +518,9 @@ impl Selection for StandaloneSelection {
                     account,
                 });
             }
+        }
+        for account in half_open {
+            self.start_half_open_check(account);
         }
         if candidates.is_empty() {
             return Ok(none(

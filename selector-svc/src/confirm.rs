@@ -2,7 +2,8 @@
 //! upstream again with a request the client cannot shape — a fixed minimal request built here
 //! (`max_tokens: 1`, the platform's probe model) — under an admission lease, so the probe never
 //! takes the account over its concurrency limit. Only when that request gets the same class of
-//! answer is the account retired.
+//! answer is the account retired. The same probe is a half-open breaker's check: no client
+//! request is let through as the probe (a crafted one could keep the breaker open).
 //!
 //! This module is the probe and the verdict; who holds the lock and where the result is written
 //! is the caller's (the selector engine over Redis and Postgres, the relay's standalone mode in
@@ -176,8 +177,7 @@ pub async fn send_probe(
     }
 }
 
-/// One confirmation: a lease on the account (its cooldown, the "confirming" block, does not
-/// refuse it; its concurrency and RPM limits do), the probe, the release.
+/// One confirmation: the probe under a lease; retire only on a billing-class answer.
 pub async fn confirm(
     admission: &Arc<Admission>,
     client: &reqwest::Client,
@@ -185,6 +185,32 @@ pub async fn confirm(
     settings: &ProbeSettings,
     hard_block_threshold_ms: u64,
 ) -> Verdict {
+    match probe_under_lease(
+        admission,
+        client,
+        account,
+        settings,
+        hard_block_threshold_ms,
+    )
+    .await
+    {
+        Ok(probed) if probed.classified.class == OutcomeClass::QuotaGone => {
+            Verdict::Confirmed(probed)
+        }
+        Ok(probed) => Verdict::NotConfirmed(probed),
+        Err(why) => Verdict::Inconclusive(why),
+    }
+}
+
+/// The probe under a lease on the account: its cooldown (a "confirming" block) does not refuse
+/// the lease; its concurrency and RPM limits do. `Err`: no probe was sent, and why.
+pub async fn probe_under_lease(
+    admission: &Arc<Admission>,
+    client: &reqwest::Client,
+    account: &Account,
+    settings: &ProbeSettings,
+    hard_block_threshold_ms: u64,
+) -> Result<Probed, &'static str> {
     let terms = LeaseTerms {
         account_id: account.id,
         concurrency_limit: account.concurrency_limit,
@@ -201,21 +227,21 @@ pub async fn confirm(
         .await
     {
         Ok(AcquireOutcome::Granted(lease_id)) => lease_id,
-        Ok(AcquireOutcome::Denied(_) | AcquireOutcome::Cancelled) => {
-            return Verdict::Inconclusive("no_slot");
-        }
+        Ok(AcquireOutcome::Denied(_) | AcquireOutcome::Cancelled) => return Err("no_slot"),
         Err(error) => {
-            tracing::warn!(account_id = account.id, %error, "confirmation probe: admission unavailable");
-            return Verdict::Inconclusive("admission_unavailable");
+            tracing::warn!(account_id = account.id, %error, "probe: admission unavailable");
+            return Err("admission_unavailable");
         }
     };
     let probed = send_probe(client, account, settings, hard_block_threshold_ms).await;
     admission.release(&lease, Some(&terms), 0).await;
-    if probed.classified.class == OutcomeClass::QuotaGone {
-        Verdict::Confirmed(probed)
-    } else {
-        Verdict::NotConfirmed(probed)
-    }
+    Ok(probed)
+}
+
+/// What a half-open breaker's probe decides: only the upstream's own failure (5xx, no
+/// answer) keeps the breaker open; any other answer shows the account is reachable.
+pub fn breaker_closes(probed: &Probed) -> bool {
+    probed.classified.class != OutcomeClass::Broken
 }
 
 #[cfg(test)]

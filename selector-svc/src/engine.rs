@@ -10,7 +10,7 @@ use admission_svc::admission::Admission;
 use admission_svc::redis_backend::RedisBackend;
 use tokio::time::Instant;
 
-use crate::confirm::{ProbeSettings, Verdict, confirm};
+use crate::confirm::{ProbeSettings, Verdict, breaker_closes, confirm, probe_under_lease};
 use crate::crypto::api_key_hash;
 use crate::domain::{
     Account, AccountId, AccountStatus, ApiKeyRecord, Outcome, Platform, Price,
@@ -78,8 +78,6 @@ pub struct SelectorSettings {
     pub plan_size: usize,
     pub sticky_ttl: Duration,
     pub response_ttl: Duration,
-    /// How long a half-open breaker's probe token lives.
-    pub probe_ttl: Duration,
     /// The confirmation probe (billing-class answers, half-open breakers).
     pub probe: ProbeSettings,
 }
@@ -92,7 +90,6 @@ impl Default for SelectorSettings {
             plan_size: 4,
             sticky_ttl: Duration::from_secs(3600),
             response_ttl: Duration::from_secs(3600),
-            probe_ttl: Duration::from_secs(30),
             probe: ProbeSettings::default(),
         }
     }
@@ -380,13 +377,12 @@ impl Selector {
                 match health.breaker {
                     Breaker::Open(_) => continue,
                     Breaker::HalfOpen => {
-                        let probe = self
-                            .health
-                            .take_probe(account.id, millis(self.settings.probe_ttl))
-                            .await;
-                        if !probe.unwrap_or(false) {
-                            continue;
+                        // The selector's own probe decides; no client request goes through
+                        // as the probe. Excluded until then.
+                        if let Err(error) = self.start_half_open_check((*account).clone()).await {
+                            tracing::debug!(%error, account_id = account.id, "half-open check not started");
                         }
+                        continue;
                     }
                     Breaker::Closed => {}
                 }
@@ -676,6 +672,74 @@ impl Selector {
             let _ = health.unlock_confirm(account.id, &owner).await;
         });
         Ok(true)
+    }
+
+    /// Checks a half-open breaker with the probe, in the background, under the account's
+    /// confirmation lock (so one check runs cluster-wide): closes the breaker unless the
+    /// upstream itself failed, in which case it reopens for twice as long.
+    async fn start_half_open_check(
+        &self,
+        account: Arc<Account>,
+    ) -> Result<(), admission_svc::error::BackendError> {
+        let owner = format!("{:016x}", fastrand::u64(..));
+        let lock_ms = millis(self.settings.probe.block);
+        if !self
+            .health
+            .lock_confirm(account.id, &owner, lock_ms)
+            .await?
+        {
+            return Ok(());
+        }
+        let (admission, http, health, metrics) = (
+            self.admission.clone(),
+            self.probe_http.clone(),
+            self.health.clone(),
+            self.metrics.clone(),
+        );
+        let (probe, blocks) = (self.settings.probe.clone(), self.settings.blocks.clone());
+        let linger = millis(self.settings.oracle.cache_ttl * 3).max(1000);
+        tokio::spawn(async move {
+            let threshold = millis(blocks.hard_block_threshold);
+            match probe_under_lease(&admission, &http, &account, &probe, threshold).await {
+                Ok(probed) if breaker_closes(&probed) => {
+                    if health.breaker_success(account.id).await.is_ok() {
+                        metrics.breaker_changes.with_label_values(&["closed"]).inc();
+                        tracing::info!(
+                            account_id = account.id,
+                            status = probed.status,
+                            "half-open probe answered; breaker closed"
+                        );
+                    }
+                }
+                Ok(probed) => {
+                    let change = health
+                        .breaker_failure(
+                            account.id,
+                            blocks.breaker_threshold,
+                            millis(blocks.breaker_open),
+                            millis(blocks.breaker_max_open),
+                        )
+                        .await;
+                    if let Ok(BreakerChange::Reopened(ms)) = change {
+                        metrics
+                            .breaker_changes
+                            .with_label_values(&["reopened"])
+                            .inc();
+                        tracing::warn!(
+                            account_id = account.id,
+                            status = probed.status,
+                            open_ms = ms,
+                            "half-open probe failed; breaker reopened"
+                        );
+                    }
+                }
+                Err(why) => {
+                    tracing::info!(account_id = account.id, why, "half-open probe not sent")
+                }
+            }
+            let _ = health.linger_confirm(account.id, &owner, linger).await;
+        });
+        Ok(())
     }
 
     /// Binds a session to the account that served it; returns `hit`, `bound` or `rebind`.

@@ -135,11 +135,18 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
 return {0, now}
 "#;
 
+/// KEYS: lock. ARGV: owner, ms. Shortens the lock to `ms` only if this owner holds it.
+const LINGER: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return {0, now}
+"#;
+
 struct Scripts {
     block: Script,
     breaker_failure: Script,
     count_event: Script,
     unlock: Script,
+    linger: Script,
 }
 
 /// Health in Redis.
@@ -173,6 +180,7 @@ impl RedisHealth {
                 breaker_failure: script(BREAKER_FAILURE),
                 count_event: script(COUNT_EVENT),
                 unlock: script(UNLOCK),
+                linger: script(LINGER),
             }),
             clock_offset_ms: Arc::new(AtomicI64::new(i64::MIN)),
         }
@@ -384,24 +392,6 @@ impl RedisHealth {
             )
             .await?;
         Ok(was_open.unwrap_or(0) > 0)
-    }
-
-    /// Takes the half-open probe token; only one request at a time gets it.
-    pub async fn take_probe(&self, id: AccountId, ttl_ms: u64) -> Result<bool, BackendError> {
-        let mut conn = self.redis.conn().await?;
-        let taken: Option<String> = self
-            .redis
-            .bounded(
-                redis::cmd("SET")
-                    .arg(keys::breaker_probe(id))
-                    .arg(1)
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(ttl_ms.max(1))
-                    .query_async(&mut conn),
-            )
-            .await?;
-        Ok(taken.is_some())
     }
 
     /// Counts an unauthorized outcome; returns how many fell in the window.
@@ -650,6 +640,30 @@ impl RedisHealth {
 
     pub async fn unlock_confirm(&self, id: AccountId, owner: &str) -> Result<(), BackendError> {
         self.delete_if(keys::confirm_lock(id), owner).await
+    }
+
+    /// Keeps the confirmation lock `ms` longer and then lets it lapse: readings cached on every
+    /// replica still show the old breaker state for a moment, and must not start a second
+    /// check.
+    pub async fn linger_confirm(
+        &self,
+        id: AccountId,
+        owner: &str,
+        ms: u64,
+    ) -> Result<(), BackendError> {
+        let mut conn = self.redis.conn().await?;
+        let _: (i64, i64) = self
+            .redis
+            .bounded(
+                self.scripts
+                    .linger
+                    .key(keys::confirm_lock(id))
+                    .arg(owner)
+                    .arg(ms.max(1))
+                    .invoke_async(&mut conn),
+            )
+            .await?;
+        Ok(())
     }
 
     /// Hard-blocks an account while its confirmation runs; returns the value to lift it with.

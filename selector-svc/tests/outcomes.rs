@@ -163,9 +163,12 @@ async fn a_429_with_a_reset_two_hours_ahead_hard_blocks_until_then() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn five_500s_open_the_breaker_and_a_successful_probe_closes_it() {
+async fn five_500s_open_the_breaker_and_the_selectors_own_probe_closes_it() {
     let backends = Backends::start().await;
-    let id = backends.account("flaky", "g", |_| {}).await;
+    let upstream = ProbeUpstream::start(200, OK, Duration::from_millis(200)).await;
+    let id = backends
+        .account("flaky", "g", |a| a.base_url = upstream.url.clone())
+        .await;
     let replica = Replica::start(backends.config(fast_settings())).await;
     let mut client = replica.client.clone();
     for n in 1..=5 {
@@ -184,35 +187,35 @@ async fn five_500s_open_the_breaker_and_a_successful_probe_closes_it() {
         .expect("select")
         .into_inner();
     assert!(plan.accounts.is_empty());
-    // Half-open after 400 ms: exactly one select gets it as a probe.
-    let probe = eventually(Duration::from_secs(3), || async { primary(&replica).await })
-        .await
-        .expect("half-open");
-    assert_eq!(probe, id);
-    let second = client
-        .select(select_request("g", "claude"))
-        .await
-        .expect("select")
-        .into_inner();
-    assert!(second.accounts.is_empty(), "one probe at a time");
-    let applied = client
-        .report_outcome(report(id, pb::OutcomeClass::Success, 200, 0))
-        .await
-        .expect("report")
-        .into_inner();
-    assert_eq!(applied.applied, "breaker_closed");
-    tokio::time::sleep(Duration::from_millis(250)).await;
-    assert_eq!(
-        primary(&replica).await,
-        Some(id),
-        "closed: selectable again"
+    // Half-open after 400 ms: the select that sees it starts the probe and leaves the account
+    // out (no client request is the probe); once the probe answers, the breaker is closed.
+    let back = eventually(Duration::from_secs(5), || async {
+        let primary = primary(&replica).await;
+        primary.filter(|_| upstream.calls() > 0)
+    })
+    .await
+    .expect("closed by the probe");
+    assert_eq!(back, id);
+    assert_eq!(upstream.calls(), 1, "one probe, cluster-wide");
+    let metrics = replica.built.selector.metrics().render();
+    assert!(
+        metrics.contains("selector_breaker_changes_total{change=\"closed\"} 1"),
+        "{metrics}"
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_probe_reopens_the_breaker_for_twice_as_long() {
     let backends = Backends::start().await;
-    let id = backends.account("flaky", "g", |_| {}).await;
+    let upstream = ProbeUpstream::start(
+        500,
+        r#"{"type":"error","error":{"type":"api_error","message":"Internal server error"}}"#,
+        Duration::ZERO,
+    )
+    .await;
+    let id = backends
+        .account("flaky", "g", |a| a.base_url = upstream.url.clone())
+        .await;
     let replica = Replica::start(backends.config(fast_settings())).await;
     let mut client = replica.client.clone();
     for _ in 0..5 {
@@ -221,16 +224,27 @@ async fn a_failed_probe_reopens_the_breaker_for_twice_as_long() {
             .await
             .expect("report");
     }
-    eventually(Duration::from_secs(3), || async { primary(&replica).await })
-        .await
-        .expect("half-open");
-    let applied = client
-        .report_outcome(report(id, pb::OutcomeClass::Broken, 502, 0))
-        .await
-        .expect("report")
-        .into_inner();
-    assert_eq!(applied.applied, "breaker_open");
-    assert_eq!(applied.block_ms, 800, "400 ms doubled");
+    let conn = backends.redis.client().await.expect("redis");
+    let open_ms = eventually(Duration::from_secs(5), || {
+        let mut conn = conn.clone();
+        let replica = &replica;
+        async move {
+            // Selects notice the half-open breaker and start the probe.
+            let _ = primary(replica).await;
+            let open_ms: Option<u64> = redis::cmd("HGET")
+                .arg(poolgate_proto::keys::breaker(id))
+                .arg("open_ms")
+                .query_async(&mut conn)
+                .await
+                .ok()?;
+            open_ms.filter(|ms| *ms > 400)
+        }
+    })
+    .await
+    .expect("reopened");
+    assert_eq!(open_ms, 800, "400 ms doubled");
+    assert!(upstream.calls() >= 1);
+    assert_eq!(primary(&replica).await, None, "open again: not selectable");
 }
 
 /// A stand-in upstream for the confirmation probe: answers every `/v1/messages` with one
@@ -276,6 +290,8 @@ impl ProbeUpstream {
         self.seen.lock().expect("seen").len()
     }
 }
+
+const OK: &str = r#"{"id":"msg_1","type":"message","role":"assistant","content":[{"type":"text","text":"p"}],"usage":{"input_tokens":1,"output_tokens":1}}"#;
 
 const BILLING: &str = r#"{"type":"error","error":{"type":"billing_error","message":"Your account has run out of credit."}}"#;
 
@@ -394,12 +410,7 @@ async fn a_quota_outcome_retires_only_after_the_probe_confirms_it_and_a_restore_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quota_outcome_the_probe_does_not_confirm_leaves_the_account_active_and_unblocked() {
     let backends = Backends::start().await;
-    let upstream = ProbeUpstream::start(
-        200,
-        r#"{"id":"msg_1","type":"message","role":"assistant","content":[{"type":"text","text":"p"}],"usage":{"input_tokens":1,"output_tokens":1}}"#,
-        Duration::ZERO,
-    )
-    .await;
+    let upstream = ProbeUpstream::start(200, OK, Duration::ZERO).await;
     let id = backends
         .account("healthy", "g", |a| {
             a.base_url = upstream.url.clone();
