@@ -444,8 +444,15 @@ impl Relay {
                         let reason = UpstreamError::parse(&body)
                             .map(|e| e.summary())
                             .unwrap_or_default();
+                        // Status 0: no upstream answer at all (the selector applies that at
+                        // once; an answer is confirmed by its probe first).
+                        let reported = if classified.label == "network" {
+                            0
+                        } else {
+                            status
+                        };
                         self.selection
-                            .report(account.id, classified, status, &reason)
+                            .report(account.id, classified, reported, &reason)
                             .await;
                     }
                     failures += 1;

@@ -13,8 +13,8 @@ use admission_svc::domain::{LeaseId, LeaseTerms, Settings, usd_to_micros};
 use admission_svc::memory::MemoryBackend;
 use async_trait::async_trait;
 use selector_svc::domain::{
-    Account, AccountStatus, CredentialKind, Outcome, Platform, Price, RuntimeBlockSettings, Secret,
-    now_ms,
+    Account, AccountStatus, CredentialKind, Outcome, OutcomeClass, Platform, Price,
+    RuntimeBlockSettings, Secret, millis, now_ms,
 };
 use selector_svc::health::{AccountHealth, Breaker};
 use selector_svc::outcome::{Decision, decide};
@@ -324,9 +324,10 @@ impl StandaloneSelection {
         set_status(&self.accounts, id, status, reason);
     }
 
-    /// Confirms a billing-class answer with the probe (see `selector_svc::confirm`), in the
-    /// background; the account is excluded until the verdict.
-    fn start_confirmation(&self, account_id: i64) {
+    /// Confirms an answer the request may have shaped (billing-class, or the upstream failing)
+    /// with the probe (see `selector_svc::confirm`), in the background; the account is excluded
+    /// until the verdict, and the outcome applies only if the probe gets the same class.
+    fn start_confirmation(&self, account_id: i64, suspicion: Suspicion) {
         let account = {
             let accounts = self.accounts.lock().unwrap_or_else(|p| p.into_inner());
             accounts.iter().find(|a| a.id == account_id).cloned()
@@ -338,12 +339,36 @@ impl StandaloneSelection {
             self.probe.clone(),
         );
         let (accounts, health) = (self.accounts.clone(), self.health.clone());
-        let threshold = self.blocks.hard_block_threshold.as_millis() as u64;
-        tracing::warn!(
+        let blocks = self.blocks.clone();
+        let threshold = blocks.hard_block_threshold.as_millis() as u64;
+        tracing::info!(
             account_id,
-            "billing-class answer; confirming with a probe before any retirement"
+            ?suspicion,
+            "confirming with a probe before the outcome applies"
         );
         tokio::spawn(async move {
+            if suspicion == Suspicion::Broken {
+                let probed =
+                    probe_under_lease(&admission, &http, &account, &probe, threshold).await;
+                let confirmed = probed
+                    .as_ref()
+                    .is_ok_and(|p| p.classified.class == OutcomeClass::Broken);
+                let ms = millis(blocks.broken_block);
+                {
+                    let mut health = health.lock().unwrap_or_else(|p| p.into_inner());
+                    let state = health.entry(account_id).or_default();
+                    state.confirming_until = 0;
+                    if confirmed {
+                        apply_broken(state, &blocks, now_ms(), ms);
+                    }
+                }
+                if confirmed {
+                    let _ = admission
+                        .set_cooldown(account_id, Duration::from_millis(ms))
+                        .await;
+                }
+                return;
+            }
             let verdict = confirm(&admission, &http, &account, &probe, threshold).await;
             if let Verdict::Confirmed(probed) = &verdict {
                 let reason = format!(
@@ -414,6 +439,30 @@ impl StandaloneSelection {
     pub fn status(&self, id: i64) -> Option<AccountStatus> {
         let accounts = self.accounts.lock().unwrap_or_else(|p| p.into_inner());
         accounts.iter().find(|a| a.id == id).map(|a| a.status)
+    }
+}
+
+/// What a confirmation suspects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Suspicion {
+    QuotaGone,
+    Broken,
+}
+
+/// A broken outcome: hard block, one more count toward the breaker (opened at the threshold,
+/// reopened for twice as long when it fails while half-open).
+fn apply_broken(state: &mut MemoryHealth, blocks: &RuntimeBlockSettings, now: i64, ms: u64) {
+    state.hard_until = state.hard_until.max(now + ms as i64);
+    state.failures += 1;
+    let first = blocks.breaker_open.as_millis() as i64;
+    let max = blocks.breaker_max_open.as_millis() as i64;
+    if state.open_until > 0 && now >= state.open_until {
+        state.open_ms = (state.open_ms * 2).min(max);
+        state.open_until = now + state.open_ms;
+        state.probe_until = 0;
+    } else if state.open_until == 0 && state.failures >= blocks.breaker_threshold {
+        state.open_ms = first;
+        state.open_until = now + first;
     }
 }
 
@@ -578,7 +627,7 @@ impl Selection for StandaloneSelection {
         );
         let mut cooldown = None;
         let mut new_status = None;
-        let mut confirm = false;
+        let mut confirm = None;
         {
             let mut health = self.health.lock().unwrap_or_else(|p| p.into_inner());
             let state = health.entry(account_id).or_default();
@@ -597,22 +646,16 @@ impl Selection for StandaloneSelection {
                     state.hard_until = state.hard_until.max(now + ms as i64);
                     cooldown = Some(ms);
                 }
-                Decision::Broken { ms } => {
-                    state.hard_until = state.hard_until.max(now + ms as i64);
-                    cooldown = Some(ms);
-                    state.failures += 1;
-                    let first = self.blocks.breaker_open.as_millis() as i64;
-                    let max = self.blocks.breaker_max_open.as_millis() as i64;
-                    if state.open_until > 0 && now >= state.open_until {
-                        state.open_ms = (state.open_ms * 2).min(max);
-                        state.open_until = now + state.open_ms;
-                        state.probe_until = 0;
-                    } else if state.open_until == 0
-                        && state.failures >= self.blocks.breaker_threshold
-                    {
-                        state.open_ms = first;
-                        state.open_until = now + first;
+                // An upstream answer may have been shaped by the request: the probe confirms it.
+                Decision::Broken { .. } if status != 0 => {
+                    if state.confirming_until <= now {
+                        state.confirming_until = now + self.probe.block.as_millis() as i64;
+                        confirm = Some(Suspicion::Broken);
                     }
+                }
+                Decision::Broken { ms } => {
+                    apply_broken(state, &self.blocks, now, ms);
+                    cooldown = Some(ms);
                 }
                 Decision::Unauthorized { ms } => {
                     state.hard_until = state.hard_until.max(now + ms as i64);
@@ -637,13 +680,13 @@ impl Selection for StandaloneSelection {
                     // One confirmation at a time; never a retirement by itself.
                     if state.confirming_until <= now {
                         state.confirming_until = now + self.probe.block.as_millis() as i64;
-                        confirm = true;
+                        confirm = Some(Suspicion::QuotaGone);
                     }
                 }
             }
         }
-        if confirm {
-            self.start_confirmation(account_id);
+        if let Some(suspicion) = confirm {
+            self.start_confirmation(account_id, suspicion);
         }
         if let Some(ms) = cooldown {
             let _ = self

@@ -161,10 +161,13 @@ async fn a_spent_failover_budget_returns_the_last_upstream_error_as_it_came() {
             .is_some_and(|m| m.starts_with("boom ")),
         "{body}"
     );
-    let calls: u64 = ["a", "b", "c", "d"]
+    // Client requests only: each 500 is then confirmed by a probe of its own (another model).
+    let calls = h
+        .upstream
+        .seen_models()
         .iter()
-        .map(|n| h.upstream.stats(&format!("cred-{n}")).total)
-        .sum();
+        .filter(|m| *m == "claude-x")
+        .count();
     assert_eq!(calls, 3, "the budget is 3 upstream failures");
 }
 
@@ -248,6 +251,65 @@ async fn a_billing_answer_the_probe_does_not_confirm_keeps_the_account() {
     assert!(
         h.upstream.stats("cred-a").total >= 3,
         "request, probe, request"
+    );
+}
+
+fn fresh_message() -> Value {
+    json!({"model": "claude-x", "max_tokens": 16, "messages": [{"role": "user", "content": format!("hi {}", fastrand::u64(..))}]})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_5xx_blocks_the_account_only_when_the_probe_fails_too() {
+    let h = start(
+        &[
+            ("a", "anthropic", 4, ", priority: 0"),
+            ("b", "anthropic", 4, ", priority: 1"),
+        ],
+        fast(),
+    )
+    .await;
+    let boom = || {
+        fail(
+            500,
+            r#"{"type":"error","error":{"type":"api_error","message":"boom"}}"#,
+        )
+    };
+    // One 500 (say a request the upstream chokes on): the probe gets a 200, `a` stays.
+    h.upstream.script("cred-a", [boom()]);
+    let (status, _) = h.messages(&fresh_message()).await;
+    assert_eq!(status, 200, "failed over to b");
+    eventually(Duration::from_secs(5), || async {
+        let before = h.upstream.stats("cred-a").total;
+        let (status, _) = h.messages(&fresh_message()).await;
+        (status == 200 && h.upstream.stats("cred-a").total > before).then_some(())
+    })
+    .await
+    .expect("a serves again after an unconfirmed 500");
+    // Now `a` really fails: the request, and the probe after it.
+    h.upstream.script("cred-a", (0..20).map(|_| boom()));
+    let (status, _) = h.messages(&fresh_message()).await;
+    assert_eq!(status, 200, "failed over to b");
+    eventually(Duration::from_secs(5), || async {
+        let probes = h
+            .upstream
+            .seen_models()
+            .iter()
+            .filter(|m| *m == "claude-haiku-4-5")
+            .count();
+        (probes == 2).then_some(())
+    })
+    .await
+    .expect("the second probe ran");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let before = h.upstream.stats("cred-a").total;
+    for _ in 0..4 {
+        let (status, _) = h.messages(&fresh_message()).await;
+        assert_eq!(status, 200);
+    }
+    assert_eq!(
+        h.upstream.stats("cred-a").total,
+        before,
+        "confirmed broken: hard-blocked, not asked"
     );
 }
 

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use crate::confirm::{ProbeSettings, Verdict, breaker_closes, confirm, probe_under_lease};
 use crate::crypto::api_key_hash;
 use crate::domain::{
-    Account, AccountId, AccountStatus, ApiKeyRecord, Outcome, Platform, Price,
+    Account, AccountId, AccountStatus, ApiKeyRecord, Outcome, OutcomeClass, Platform, Price,
     RuntimeBlockSettings, millis, now_ms,
 };
 use crate::health::{Breaker, BreakerChange, RedisHealth};
@@ -474,49 +474,32 @@ impl Selector {
                     block_ms: left,
                 }
             }
-            Decision::Broken { ms } => {
-                self.oracle.note(account.id, |h| h.failures += 1);
-                let left = self
-                    .health
-                    .hard_block(account.id, ms, class, outcome.status, &outcome.reason)
+            Decision::Broken { .. } if outcome.status != 0 => {
+                // The upstream answered, and its answer may depend on the request (a crafted
+                // request can make an upstream fail): the probe confirms it first.
+                let started = self
+                    .start_confirmation(account, outcome.status, Suspicion::Broken)
                     .await
                     .map_err(unavailable)?;
-                let change = self
-                    .health
-                    .breaker_failure(
-                        account.id,
-                        blocks.breaker_threshold,
-                        millis(blocks.breaker_open),
-                        millis(blocks.breaker_max_open),
-                    )
-                    .await
-                    .map_err(unavailable)?;
-                match change {
-                    BreakerChange::Opened(ms) | BreakerChange::Reopened(ms) => {
-                        let label = if matches!(change, BreakerChange::Opened(_)) {
-                            "opened"
-                        } else {
-                            "reopened"
-                        };
-                        self.metrics
-                            .breaker_changes
-                            .with_label_values(&[label])
-                            .inc();
-                        tracing::warn!(
-                            account_id = account.id,
-                            open_ms = ms,
-                            "circuit breaker opened"
-                        );
-                        Applied {
-                            what: "breaker_open",
-                            block_ms: ms,
-                        }
-                    }
-                    _ => Applied {
-                        what: "hard_block",
-                        block_ms: left,
-                    },
+                Applied {
+                    what: if started { "confirming" } else { "none" },
+                    block_ms: 0,
                 }
+            }
+            Decision::Broken { ms } => {
+                // No answer at all (status 0): nothing in the request shaped that.
+                self.oracle.note(account.id, |h| h.failures += 1);
+                apply_broken(
+                    &self.health,
+                    &self.metrics,
+                    blocks,
+                    account.id,
+                    ms,
+                    outcome.status,
+                    &outcome.reason,
+                )
+                .await
+                .map_err(unavailable)?
             }
             Decision::Unauthorized { ms } => {
                 let left = self
@@ -552,7 +535,7 @@ impl Selector {
             }
             Decision::Confirm => {
                 let started = self
-                    .start_confirmation(account, outcome.status)
+                    .start_confirmation(account, outcome.status, Suspicion::QuotaGone)
                     .await
                     .map_err(unavailable)?;
                 Applied {
@@ -572,13 +555,16 @@ impl Selector {
         Ok(applied)
     }
 
-    /// Starts confirming a billing-class answer: under the account's cluster-wide confirmation
-    /// lock, hard-block it ("confirming") and send the probe in the background. `false`: a
-    /// confirmation is already running (here or on another replica).
+    /// Starts confirming an answer a client's request may have shaped (billing-class, or the
+    /// upstream failing): under the account's cluster-wide confirmation lock, hard-block it
+    /// ("confirming") and send the probe in the background; only when the probe gets the same
+    /// class of answer does the outcome apply. `false`: a confirmation is already running (here
+    /// or on another replica).
     async fn start_confirmation(
         &self,
         account: Arc<Account>,
         status: u16,
+        suspicion: Suspicion,
     ) -> Result<bool, admission_svc::error::BackendError> {
         let owner = format!("{:016x}", fastrand::u64(..));
         let block_ms = millis(self.settings.probe.block);
@@ -589,23 +575,24 @@ impl Selector {
         {
             self.metrics
                 .confirmations
-                .with_label_values(&["already_running"])
+                .with_label_values(&[suspicion.as_str(), "already_running"])
                 .inc();
             return Ok(false);
         }
         let block = self
             .health
-            .block_confirming(account.id, block_ms, "quota_gone", status, &owner)
+            .block_confirming(account.id, block_ms, suspicion.as_str(), status, &owner)
             .await?;
         self.oracle.invalidate();
         self.metrics
             .confirmations
-            .with_label_values(&["started"])
+            .with_label_values(&[suspicion.as_str(), "started"])
             .inc();
-        tracing::warn!(
+        tracing::info!(
             account_id = account.id,
             status,
-            "billing-class answer; confirming with a probe before any retirement"
+            suspect = suspicion.as_str(),
+            "confirming with a probe before the outcome applies"
         );
         let (admission, http, health, store, metrics) = (
             self.admission.clone(),
@@ -618,11 +605,40 @@ impl Selector {
         tokio::spawn(async move {
             let threshold = millis(blocks.hard_block_threshold);
             let verdict = confirm(&admission, &http, &account, &probe, threshold).await;
+            let verdict = match (suspicion, verdict) {
+                (Suspicion::Broken, Verdict::Confirmed(probed) | Verdict::NotConfirmed(probed)) => {
+                    if probed.classified.class == OutcomeClass::Broken {
+                        Verdict::Confirmed(probed)
+                    } else {
+                        Verdict::NotConfirmed(probed)
+                    }
+                }
+                (_, verdict) => verdict,
+            };
             metrics
                 .confirmations
-                .with_label_values(&[verdict.label()])
+                .with_label_values(&[suspicion.as_str(), verdict.label()])
                 .inc();
             match &verdict {
+                Verdict::Confirmed(probed) if suspicion == Suspicion::Broken => {
+                    let _ = health.unblock_confirming(account.id, &block).await;
+                    let applied = apply_broken(
+                        &health,
+                        &metrics,
+                        &blocks,
+                        account.id,
+                        millis(blocks.broken_block),
+                        probed.status,
+                        &probed.summary,
+                    )
+                    .await;
+                    if let Ok(applied) = applied {
+                        metrics
+                            .outcomes
+                            .with_label_values(&["broken", applied.what])
+                            .inc();
+                    }
+                }
                 Verdict::Confirmed(probed) => {
                     let reason = format!(
                         "quota gone: confirmed by probe ({} {})",
@@ -656,7 +672,8 @@ impl Selector {
                         account_id = account.id,
                         status = probed.status,
                         class = probed.classified.class.as_str(),
-                        "billing-class answer not confirmed by the probe; the account stays"
+                        suspect = suspicion.as_str(),
+                        "not confirmed by the probe; the account stays"
                     );
                     let _ = health.unblock_confirming(account.id, &block).await;
                 }
@@ -846,6 +863,66 @@ impl Selector {
             .map(|id| reading.get(*id).and_then(|h| h.inflight))
             .collect()
     }
+}
+
+/// What a confirmation suspects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Suspicion {
+    /// A billing-class answer: retire when confirmed.
+    QuotaGone,
+    /// The upstream failed on a request: hard block and breaker count when confirmed.
+    Broken,
+}
+
+impl Suspicion {
+    fn as_str(self) -> &'static str {
+        match self {
+            Suspicion::QuotaGone => "quota_gone",
+            Suspicion::Broken => "broken",
+        }
+    }
+}
+
+/// A broken outcome: a hard block, and one more count toward the breaker.
+async fn apply_broken(
+    health: &RedisHealth,
+    metrics: &Metrics,
+    blocks: &RuntimeBlockSettings,
+    id: AccountId,
+    block_ms: u64,
+    status: u16,
+    reason: &str,
+) -> Result<Applied, admission_svc::error::BackendError> {
+    let left = health
+        .hard_block(id, block_ms, "broken", status, reason)
+        .await?;
+    let change = health
+        .breaker_failure(
+            id,
+            blocks.breaker_threshold,
+            millis(blocks.breaker_open),
+            millis(blocks.breaker_max_open),
+        )
+        .await?;
+    Ok(match change {
+        BreakerChange::Opened(ms) | BreakerChange::Reopened(ms) => {
+            let label = if matches!(change, BreakerChange::Opened(_)) {
+                "opened"
+            } else {
+                "reopened"
+            };
+            metrics.breaker_changes.with_label_values(&[label]).inc();
+            tracing::warn!(account_id = id, open_ms = ms, "circuit breaker opened");
+            Applied {
+                what: "breaker_open",
+                block_ms: ms,
+            }
+        }
+        _ => Applied {
+            what: "hard_block",
+            block_ms: left,
+        },
+    })
 }
 
 impl Plan {

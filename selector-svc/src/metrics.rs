@@ -12,8 +12,8 @@ pub struct Metrics {
     /// selector_breaker_changes_total{change}: opened, reopened, closed.
     pub breaker_changes: IntCounterVec,
     pub retirements: IntCounter,
-    /// selector_confirmations_total{result}: started, already_running, confirmed,
-    /// not_confirmed, inconclusive.
+    /// selector_confirmations_total{suspect, result}: suspect quota_gone or broken; result
+    /// started, already_running, confirmed, not_confirmed, inconclusive.
     pub confirmations: IntCounterVec,
     /// selector_sticky_total{result, platform}: hit, bound, rebind.
     pub sticky: IntCounterVec,
@@ -79,8 +79,8 @@ impl Metrics {
             confirmations: counter_vec(
                 &registry,
                 "selector_confirmations_total",
-                "Confirmation probes of billing-class answers by result (started, already_running, confirmed, not_confirmed, inconclusive).",
-                &["result"],
+                "Confirmation probes by what they suspect (quota_gone, broken) and result (started, already_running, confirmed, not_confirmed, inconclusive).",
+                &["suspect", "result"],
             ),
             sticky: counter_vec(
                 &registry,

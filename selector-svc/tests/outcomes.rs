@@ -151,36 +151,66 @@ async fn a_429_with_a_reset_two_hours_ahead_hard_blocks_until_then() {
         applied.block_ms
     );
     let broken = client
-        .report_outcome(report(id, pb::OutcomeClass::Broken, 500, 0))
+        .report_outcome(report(id, pb::OutcomeClass::Broken, 0, 0))
         .await
         .expect("report")
         .into_inner();
     assert!(
         broken.block_ms > 2 * 3600 * 1000 - 60_000,
-        "a 2-minute block does not shorten it: {}",
+        "a network failure's 2-minute block does not shorten it: {}",
         broken.block_ms
     );
 }
 
+async fn breaker_failures(backends: &Backends, id: i64) -> u32 {
+    let mut conn = backends.redis.client().await.expect("redis");
+    let failures: Option<u32> = redis::cmd("HGET")
+        .arg(poolgate_proto::keys::breaker(id))
+        .arg("failures")
+        .query_async(&mut conn)
+        .await
+        .expect("hget");
+    failures.unwrap_or(0)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn five_500s_open_the_breaker_and_the_selectors_own_probe_closes_it() {
+async fn confirmed_failures_open_the_breaker_and_the_selectors_own_probe_closes_it() {
     let backends = Backends::start().await;
-    let upstream = ProbeUpstream::start(200, OK, Duration::from_millis(200)).await;
+    let upstream = ProbeUpstream::start(500, API_ERROR, Duration::ZERO).await;
     let id = backends
         .account("flaky", "g", |a| a.base_url = upstream.url.clone())
         .await;
     let replica = Replica::start(backends.config(fast_settings())).await;
     let mut client = replica.client.clone();
-    for n in 1..=5 {
-        let applied = client
-            .report_outcome(report(id, pb::OutcomeClass::Broken, 500, 0))
-            .await
-            .expect("report")
-            .into_inner();
-        let expected = if n < 5 { "hard_block" } else { "breaker_open" };
-        assert_eq!(applied.applied, expected, "outcome {n}");
+    // No answer at all (status 0): nothing in a request shaped that, so it applies at once.
+    let applied = client
+        .report_outcome(report(id, pb::OutcomeClass::Broken, 0, 0))
+        .await
+        .expect("report")
+        .into_inner();
+    assert_eq!(applied.applied, "hard_block");
+    // A 5xx answer may have been shaped by the request: the probe confirms each one.
+    for n in 2..=5 {
+        eventually(Duration::from_secs(5), || async {
+            let applied = replica
+                .client
+                .clone()
+                .report_outcome(report(id, pb::OutcomeClass::Broken, 500, 0))
+                .await
+                .ok()?
+                .into_inner();
+            (applied.applied == "confirming").then_some(())
+        })
+        .await
+        .expect("a confirmation starts once the last one is over");
+        eventually(Duration::from_secs(5), || async {
+            (breaker_failures(&backends, id).await == n).then_some(())
+        })
+        .await
+        .unwrap_or_else(|_| panic!("failure {n} confirmed by the probe"));
     }
-    // Hard block (100 ms) and open breaker (400 ms): not selectable.
+    assert_eq!(upstream.calls(), 4, "one probe per 5xx");
+    // The fifth opened the breaker (400 ms): not selectable.
     let plan = client
         .select(select_request("g", "claude"))
         .await
@@ -189,14 +219,15 @@ async fn five_500s_open_the_breaker_and_the_selectors_own_probe_closes_it() {
     assert!(plan.accounts.is_empty());
     // Half-open after 400 ms: the select that sees it starts the probe and leaves the account
     // out (no client request is the probe); once the probe answers, the breaker is closed.
+    upstream.set_status(200, OK);
     let back = eventually(Duration::from_secs(5), || async {
         let primary = primary(&replica).await;
-        primary.filter(|_| upstream.calls() > 0)
+        primary.filter(|_| upstream.calls() > 4)
     })
     .await
-    .expect("closed by the probe");
+    .unwrap_or_else(|_| panic!("closed by the probe; calls {}", upstream.calls()));
     assert_eq!(back, id);
-    assert_eq!(upstream.calls(), 1, "one probe, cluster-wide");
+    assert_eq!(upstream.calls(), 5, "one half-open probe, cluster-wide");
     let metrics = replica.built.selector.metrics().render();
     assert!(
         metrics.contains("selector_breaker_changes_total{change=\"closed\"} 1"),
@@ -205,14 +236,40 @@ async fn five_500s_open_the_breaker_and_the_selectors_own_probe_closes_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_5xx_the_probe_does_not_confirm_changes_nothing() {
+    let backends = Backends::start().await;
+    let upstream = ProbeUpstream::start(200, OK, Duration::ZERO).await;
+    let id = backends
+        .account("fine", "g", |a| a.base_url = upstream.url.clone())
+        .await;
+    let replica = Replica::start(backends.config(fast_settings())).await;
+    let applied = replica
+        .client
+        .clone()
+        .report_outcome(report(id, pb::OutcomeClass::Broken, 500, 0))
+        .await
+        .expect("report")
+        .into_inner();
+    assert_eq!(applied.applied, "confirming");
+    eventually(Duration::from_secs(5), || async {
+        let mut conn = backends.redis.client().await.ok()?;
+        let cooldown: i64 = redis::cmd("PTTL")
+            .arg(AccountKeys::new(id).cooldown)
+            .query_async(&mut conn)
+            .await
+            .ok()?;
+        (upstream.calls() == 1 && cooldown == -2).then_some(())
+    })
+    .await
+    .expect("probed, confirming block lifted");
+    assert_eq!(breaker_failures(&backends, id).await, 0, "not counted");
+    assert_eq!(primary(&replica).await, Some(id));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_probe_reopens_the_breaker_for_twice_as_long() {
     let backends = Backends::start().await;
-    let upstream = ProbeUpstream::start(
-        500,
-        r#"{"type":"error","error":{"type":"api_error","message":"Internal server error"}}"#,
-        Duration::ZERO,
-    )
-    .await;
+    let upstream = ProbeUpstream::start(500, API_ERROR, Duration::ZERO).await;
     let id = backends
         .account("flaky", "g", |a| a.base_url = upstream.url.clone())
         .await;
@@ -220,7 +277,7 @@ async fn a_failed_probe_reopens_the_breaker_for_twice_as_long() {
     let mut client = replica.client.clone();
     for _ in 0..5 {
         client
-            .report_outcome(report(id, pb::OutcomeClass::Broken, 502, 0))
+            .report_outcome(report(id, pb::OutcomeClass::Broken, 0, 0))
             .await
             .expect("report");
     }
@@ -243,7 +300,7 @@ async fn a_failed_probe_reopens_the_breaker_for_twice_as_long() {
     .await
     .expect("reopened");
     assert_eq!(open_ms, 800, "400 ms doubled");
-    assert!(upstream.calls() >= 1);
+    assert_eq!(upstream.calls(), 1, "the half-open probe");
     assert_eq!(primary(&replica).await, None, "open again: not selectable");
 }
 
@@ -252,17 +309,21 @@ async fn a_failed_probe_reopens_the_breaker_for_twice_as_long() {
 struct ProbeUpstream {
     url: String,
     seen: Arc<Mutex<Vec<(http::HeaderMap, serde_json::Value)>>>,
+    answer: Arc<Mutex<(u16, &'static str)>>,
 }
 
 impl ProbeUpstream {
     async fn start(status: u16, body: &'static str, delay: Duration) -> Self {
         let seen: Arc<Mutex<Vec<(http::HeaderMap, serde_json::Value)>>> = Arc::default();
         let kept = seen.clone();
+        let answer = Arc::new(Mutex::new((status, body)));
+        let answers = answer.clone();
         let router = axum::Router::new().route(
             "/v1/messages",
             axum::routing::post(
                 move |headers: http::HeaderMap, body_in: axum::body::Bytes| {
                     let kept = kept.clone();
+                    let (status, body) = *answers.lock().expect("answer");
                     async move {
                         let json = serde_json::from_slice(&body_in).unwrap_or_default();
                         kept.lock().expect("seen").push((headers, json));
@@ -283,13 +344,20 @@ impl ProbeUpstream {
         tokio::spawn(async move {
             let _ = axum::serve(listener, router).await;
         });
-        ProbeUpstream { url, seen }
+        ProbeUpstream { url, seen, answer }
+    }
+
+    fn set_status(&self, status: u16, body: &'static str) {
+        *self.answer.lock().expect("answer") = (status, body);
     }
 
     fn calls(&self) -> usize {
         self.seen.lock().expect("seen").len()
     }
 }
+
+const API_ERROR: &str =
+    r#"{"type":"error","error":{"type":"api_error","message":"Internal server error"}}"#;
 
 const OK: &str = r#"{"id":"msg_1","type":"message","role":"assistant","content":[{"type":"text","text":"p"}],"usage":{"input_tokens":1,"output_tokens":1}}"#;
 
@@ -402,7 +470,9 @@ async fn a_quota_outcome_retires_only_after_the_probe_confirms_it_and_a_restore_
     );
     let metrics = replica.built.selector.metrics().render();
     assert!(
-        metrics.contains("selector_confirmations_total{result=\"confirmed\"} 1"),
+        metrics.contains(
+            "selector_confirmations_total{result=\"confirmed\",suspect=\"quota_gone\"} 1"
+        ),
         "{metrics}"
     );
 }
