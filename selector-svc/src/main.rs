@@ -8,6 +8,7 @@ use std::time::Duration;
 use admission_svc::redis_conn::{RedisOptions, RedisTarget};
 use clap::{Args, Parser, Subcommand};
 use poolgate_proto::selector::v1 as pb;
+use selector_svc::confirm::ProbeSettings;
 use selector_svc::crypto::Keyring;
 use selector_svc::engine::SelectorSettings;
 use selector_svc::server::Config;
@@ -98,6 +99,24 @@ struct ServeArgs {
     /// PEM private key for --tls-cert.
     #[arg(long, env = "SELECTOR_TLS_KEY", requires = "tls_cert", global = true)]
     tls_key: Option<std::path::PathBuf>,
+    /// Model of the confirmation probe on Anthropic accounts (an account's `probe_model` wins).
+    /// The probe confirms a billing-class or 5xx answer before it retires or blocks an
+    /// account, and checks half-open breakers.
+    #[arg(
+        long,
+        env = "SELECTOR_PROBE_MODEL_ANTHROPIC",
+        default_value = "claude-haiku-4-5",
+        global = true
+    )]
+    probe_model_anthropic: String,
+    /// Model of the confirmation probe on OpenAI accounts.
+    #[arg(
+        long,
+        env = "SELECTOR_PROBE_MODEL_OPENAI",
+        default_value = "gpt-4o-mini",
+        global = true
+    )]
+    probe_model_openai: String,
     /// Log format.
     #[arg(long, env = "POOLGATE_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"], global = true)]
     log_format: String,
@@ -249,7 +268,14 @@ fn config(args: &ServeArgs) -> Result<Config, String> {
         redis_options: RedisOptions::default(),
         keyring: keyring(args)?,
         admin_token: args.admin_token.clone(),
-        settings: SelectorSettings::default(),
+        settings: SelectorSettings {
+            probe: ProbeSettings {
+                anthropic_model: args.probe_model_anthropic.clone(),
+                openai_model: args.probe_model_openai.clone(),
+                ..ProbeSettings::default()
+            },
+            ..SelectorSettings::default()
+        },
         refresh: Default::default(),
         reload_interval: Duration::from_millis(args.reload_interval_ms.max(100)),
         refresh_interval: Duration::from_secs(30),
