@@ -194,6 +194,19 @@ mod tests {
     }
 
     #[test]
+    fn an_error_event_is_kept_and_text_about_errors_is_not() {
+        let mut scanner = SseScanner::default();
+        scanner.feed(b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_delta\",\"text\":\"an \\\"error\\\": {} in code\"}}\n\n");
+        assert_eq!(scanner.error, None, "a delta's text is not an error event");
+        scanner.feed(b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n");
+        let error = scanner.error.as_ref().expect("error event kept");
+        assert_eq!(error["error"]["type"], "overloaded_error");
+        let mut responses = SseScanner::default();
+        responses.feed(b"data: {\"type\":\"response.failed\",\"response\":{\"id\":\"resp_1\",\"error\":{\"code\":\"server_error\"}}}\n\n");
+        assert!(responses.error.is_some());
+    }
+
+    #[test]
     fn cost_uses_every_token_kind() {
         let usage = Usage {
             input: 1_000_000,
