@@ -498,20 +498,34 @@ async fn answer(state: Arc<FakeState>, shape: Shape, headers: HeaderMap, body: B
             ),
             "data: [DONE]\n\n".to_owned(),
         ],
-        Shape::Responses => vec![
-            format!(
-                "event: response.created\ndata: {}\n\n",
-                json!({"type": "response.created", "sequence_number": 0, "response": {"id": format!("resp_{id}"), "object": "response", "created_at": 1_700_000_000, "model": model, "status": "in_progress", "output": []}})
-            ),
-            format!(
-                "event: response.output_text.delta\ndata: {}\n\n",
-                json!({"type": "response.output_text.delta", "sequence_number": 1, "item_id": format!("msg_{id}"), "output_index": 0, "content_index": 0, "delta": "Hello there."})
-            ),
-            format!(
-                "event: response.completed\ndata: {}\n\n",
-                json!({"type": "response.completed", "sequence_number": 2, "response": {"id": format!("resp_{id}"), "object": "response", "created_at": 1_700_000_000, "model": model, "status": "completed", "output": [], "usage": {"input_tokens": 10, "output_tokens": 7, "total_tokens": 17}}})
-            ),
-        ],
+        Shape::Responses => {
+            // The full sequence the Codex CLI expects, as the real API sends it.
+            let msg = format!("msg_{id}");
+            let text = "Hello there.";
+            let item = |status: &str, content: Value| json!({"id": msg, "type": "message", "status": status, "role": "assistant", "content": content});
+            let part = json!({"type": "output_text", "text": text, "annotations": []});
+            let response = |status: &str, output: Value, usage: Value| json!({"id": format!("resp_{id}"), "object": "response", "created_at": 1_700_000_000, "model": model, "status": status, "output": output, "usage": usage});
+            let usage = json!({"input_tokens": 10, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 7, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 17});
+            [
+                json!({"type": "response.created", "response": response("in_progress", json!([]), Value::Null)}),
+                json!({"type": "response.in_progress", "response": response("in_progress", json!([]), Value::Null)}),
+                json!({"type": "response.output_item.added", "output_index": 0, "item": item("in_progress", json!([]))}),
+                json!({"type": "response.content_part.added", "item_id": msg, "output_index": 0, "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}}),
+                json!({"type": "response.output_text.delta", "item_id": msg, "output_index": 0, "content_index": 0, "delta": text}),
+                json!({"type": "response.output_text.done", "item_id": msg, "output_index": 0, "content_index": 0, "text": text}),
+                json!({"type": "response.content_part.done", "item_id": msg, "output_index": 0, "content_index": 0, "part": part}),
+                json!({"type": "response.output_item.done", "output_index": 0, "item": item("completed", json!([part]))}),
+                json!({"type": "response.completed", "response": response("completed", json!([item("completed", json!([part]))]), usage)}),
+            ]
+            .into_iter()
+            .enumerate()
+            .map(|(sequence, mut event)| {
+                event["sequence_number"] = json!(sequence);
+                let name = event["type"].as_str().unwrap_or("message").to_owned();
+                format!("event: {name}\ndata: {event}\n\n")
+            })
+            .collect()
+        }
     };
     let stream = async_stream(events, chunk_delay, guard);
     let mut response = Response::new(Body::from_stream(stream));
