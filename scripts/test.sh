@@ -54,6 +54,11 @@ fi
 export POOLGATE_SDK_PYTHON="$PWD/.venv/bin/python"
 "$POOLGATE_SDK_PYTHON" -c "import anthropic, openai; print('anthropic', anthropic.__version__, '/ openai', openai.__version__)"
 
+log "the official CLIs under test (Claude Code, Codex): npm ci into a cache outside the clone, once per lockfile"
+command -v npm >/dev/null || apt_install nodejs npm
+POOLGATE_CLIENTS_BIN="$(bash scripts/clients.sh)"
+export POOLGATE_CLIENTS_BIN
+
 if [ "${SKIP_LINT:-0}" != 1 ]; then
   log "format and lints"
   rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt

@@ -29,6 +29,15 @@ pub enum Scripted {
     Delay(Duration),
 }
 
+/// One request as the fake upstream received it (the first 1 000 are kept).
+#[derive(Debug, Clone)]
+pub struct SeenRequest {
+    pub path: String,
+    pub query: Option<String>,
+    pub headers: HeaderMap,
+    pub body: Value,
+}
+
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct CredentialStats {
     pub current: u32,
@@ -45,7 +54,7 @@ struct FakeState {
     /// Pause between stream events.
     chunk_delay: Mutex<Duration>,
     seen_models: Mutex<Vec<String>>,
-    seen_headers: Mutex<Vec<HeaderMap>>,
+    seen: Mutex<Vec<SeenRequest>>,
     /// When set, any other model gets the real APIs' 404, which echoes the model name.
     known_models: Mutex<Option<HashSet<String>>>,
     /// Credentials whose account has no credit left: every request gets the billing answer.
@@ -81,6 +90,7 @@ impl FakeUpstream {
             .route("/_mock/script", post(control_script))
             .route("/_mock/stats", axum::routing::get(control_stats))
             .route("/_mock/reset", post(control_reset))
+            .route("/_mock/requests", axum::routing::get(control_requests))
             .with_state(state.clone());
         tokio::spawn(async move {
             use axum::serve::ListenerExt;
@@ -166,8 +176,16 @@ impl FakeUpstream {
     }
 
     pub fn seen_headers(&self) -> Vec<HeaderMap> {
+        self.seen_requests()
+            .into_iter()
+            .map(|r| r.headers)
+            .collect()
+    }
+
+    /// Every request received (path, query, headers, body), oldest first.
+    pub fn seen_requests(&self) -> Vec<SeenRequest> {
         self.state
-            .seen_headers
+            .seen
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
@@ -244,6 +262,30 @@ async fn control_stats(State(state): State<Arc<FakeState>>) -> Response {
     axum::Json(Value::Object(body)).into_response()
 }
 
+/// What the fake received: path, query, headers (credentials masked) and body of each request.
+async fn control_requests(State(state): State<Arc<FakeState>>) -> Response {
+    let seen = state.seen.lock().unwrap_or_else(|p| p.into_inner());
+    let requests: Vec<Value> = seen
+        .iter()
+        .map(|r| {
+            let headers: serde_json::Map<String, Value> = r
+                .headers
+                .iter()
+                .map(|(name, value)| {
+                    let value = if matches!(name.as_str(), "authorization" | "x-api-key") {
+                        "***".to_owned()
+                    } else {
+                        value.to_str().unwrap_or("").to_owned()
+                    };
+                    (name.as_str().to_owned(), Value::String(value))
+                })
+                .collect();
+            json!({"path": r.path, "query": r.query, "headers": headers, "body": r.body})
+        })
+        .collect();
+    axum::Json(Value::Array(requests)).into_response()
+}
+
 async fn control_reset(State(state): State<Arc<FakeState>>) -> Response {
     let mut stats = state.stats.lock().unwrap_or_else(|p| p.into_inner());
     for stat in stats.values_mut() {
@@ -303,29 +345,42 @@ enum Shape {
 
 async fn messages(
     State(state): State<Arc<FakeState>>,
+    uri: http::Uri,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    answer(state, Shape::Anthropic, headers, body).await
+    answer(state, Shape::Anthropic, uri, headers, body).await
 }
 
-async fn chat(State(state): State<Arc<FakeState>>, headers: HeaderMap, body: Bytes) -> Response {
-    answer(state, Shape::Chat, headers, body).await
+async fn chat(
+    State(state): State<Arc<FakeState>>,
+    uri: http::Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    answer(state, Shape::Chat, uri, headers, body).await
 }
 
 async fn responses(
     State(state): State<Arc<FakeState>>,
+    uri: http::Uri,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    answer(state, Shape::Responses, headers, body).await
+    answer(state, Shape::Responses, uri, headers, body).await
 }
 
 async fn count_tokens(body: Bytes) -> Response {
     axum::Json(json!({"input_tokens": body.len() / 4})).into_response()
 }
 
-async fn answer(state: Arc<FakeState>, shape: Shape, headers: HeaderMap, body: Bytes) -> Response {
+async fn answer(
+    state: Arc<FakeState>,
+    shape: Shape,
+    uri: http::Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let credential = credential(&headers);
     let guard = InFlight::enter(&state, &credential);
     let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
@@ -340,9 +395,14 @@ async fn answer(state: Arc<FakeState>, shape: Shape, headers: HeaderMap, body: B
         .unwrap_or_else(|p| p.into_inner())
         .push(model.clone());
     {
-        let mut seen = state.seen_headers.lock().unwrap_or_else(|p| p.into_inner());
+        let mut seen = state.seen.lock().unwrap_or_else(|p| p.into_inner());
         if seen.len() < 1000 {
-            seen.push(headers.clone());
+            seen.push(SeenRequest {
+                path: uri.path().to_owned(),
+                query: uri.query().map(str::to_owned),
+                headers: headers.clone(),
+                body: request.clone(),
+            });
         }
     }
     let stream = request

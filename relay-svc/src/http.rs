@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
 use futures_util::StreamExt;
-use http::{HeaderMap, HeaderValue, StatusCode};
+use http::{HeaderMap, HeaderValue, StatusCode, Uri};
 use serde_json::Value;
 use tokio::sync::mpsc;
 
@@ -47,41 +47,72 @@ pub fn router(front: Front) -> Router {
         .with_state(front)
 }
 
-async fn messages(State(front): State<Front>, headers: HeaderMap, body: AxumBody) -> Response {
-    handle(front, Api::Anthropic, "/v1/messages", false, headers, body).await
+async fn messages(
+    State(front): State<Front>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: AxumBody,
+) -> Response {
+    let route = Route::new(Api::Anthropic, "/v1/messages", &uri);
+    handle(front, route, headers, body).await
 }
 
-async fn count_tokens(State(front): State<Front>, headers: HeaderMap, body: AxumBody) -> Response {
-    handle(
-        front,
-        Api::Anthropic,
-        "/v1/messages/count_tokens",
-        true,
-        headers,
-        body,
-    )
-    .await
+async fn count_tokens(
+    State(front): State<Front>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: AxumBody,
+) -> Response {
+    let route = Route {
+        ungoverned: true,
+        ..Route::new(Api::Anthropic, "/v1/messages/count_tokens", &uri)
+    };
+    handle(front, route, headers, body).await
 }
 
 async fn chat_completions(
     State(front): State<Front>,
+    uri: Uri,
     headers: HeaderMap,
     body: AxumBody,
 ) -> Response {
-    handle(
-        front,
-        Api::OpenAi,
-        "/v1/chat/completions",
-        false,
-        headers,
-        body,
-    )
-    .await
+    let route = Route::new(Api::OpenAi, "/v1/chat/completions", &uri);
+    handle(front, route, headers, body).await
 }
 
-async fn responses(State(front): State<Front>, headers: HeaderMap, body: AxumBody) -> Response {
-    handle(front, Api::OpenAi, "/v1/responses", false, headers, body).await
+async fn responses(
+    State(front): State<Front>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: AxumBody,
+) -> Response {
+    let route = Route::new(Api::OpenAi, "/v1/responses", &uri);
+    handle(front, route, headers, body).await
 }
+
+/// Which endpoint a request came in on, and its query string (passed upstream as it came:
+/// Claude Code sends `/v1/messages?beta=true`).
+struct Route {
+    api: Api,
+    path: &'static str,
+    query: Option<String>,
+    /// Requests that cost nothing and take no lease (count_tokens).
+    ungoverned: bool,
+}
+
+impl Route {
+    fn new(api: Api, path: &'static str, uri: &Uri) -> Self {
+        Route {
+            api,
+            path,
+            query: uri.query().filter(|q| !q.is_empty()).map(str::to_owned),
+            ungoverned: false,
+        }
+    }
+}
+
+/// Longest query string passed upstream.
+const MAX_QUERY_BYTES: usize = 2048;
 
 async fn models(State(front): State<Front>, headers: HeaderMap) -> Response {
     let api = if headers.contains_key("anthropic-version") || headers.contains_key("x-api-key") {
@@ -179,33 +210,24 @@ fn with_request_id(mut response: Response) -> Response {
 }
 
 /// Every log line of one request carries its request id (the one returned in `x-request-id`).
-async fn handle(
-    front: Front,
-    api: Api,
-    path: &'static str,
-    ungoverned: bool,
-    headers: HeaderMap,
-    body: AxumBody,
-) -> Response {
+async fn handle(front: Front, route: Route, headers: HeaderMap, body: AxumBody) -> Response {
     use tracing::Instrument;
     let (name, id) = request_id_header();
-    let span =
-        tracing::info_span!("request", request_id = %id.to_str().unwrap_or(""), endpoint = path);
-    let mut response = handle_inner(front, api, path, ungoverned, headers, body)
+    let span = tracing::info_span!("request", request_id = %id.to_str().unwrap_or(""), endpoint = route.path);
+    let mut response = handle_inner(front, route, headers, body)
         .instrument(span)
         .await;
     response.headers_mut().insert(name, id);
     response
 }
 
-async fn handle_inner(
-    front: Front,
-    api: Api,
-    path: &'static str,
-    ungoverned: bool,
-    headers: HeaderMap,
-    body: AxumBody,
-) -> Response {
+async fn handle_inner(front: Front, route: Route, headers: HeaderMap, body: AxumBody) -> Response {
+    let Route {
+        api,
+        path,
+        query,
+        ungoverned,
+    } = route;
     let relay = front.relay.clone();
     relay.metrics.requests.with_label_values(&[path]).inc();
     let limit = relay.settings.max_body_bytes;
@@ -229,6 +251,14 @@ async fn handle_inner(
         Ok(caller) => caller,
         Err(error) => return error.into_response(),
     };
+    if query.as_ref().is_some_and(|q| q.len() > MAX_QUERY_BYTES) {
+        return RelayError::new(
+            api,
+            ErrorKind::InvalidRequest,
+            format!("the query string is longer than {MAX_QUERY_BYTES} bytes"),
+        )
+        .into_response();
+    }
     let json: Value = match serde_json::from_slice(&body) {
         Ok(json @ Value::Object(_)) => json,
         Ok(_) => {
@@ -272,6 +302,7 @@ async fn handle_inner(
     let inbound = Inbound {
         api,
         path,
+        query,
         session_hash: session_hash(api, &headers, &json),
         headers,
         body,

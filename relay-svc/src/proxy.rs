@@ -94,6 +94,8 @@ pub struct Inbound {
     pub api: Api,
     /// Upstream path, e.g. `/v1/messages`.
     pub path: &'static str,
+    /// The client's query string, passed upstream as it came (`beta=true`).
+    pub query: Option<String>,
     pub headers: HeaderMap,
     pub body: Bytes,
     pub json: Value,
@@ -116,20 +118,50 @@ pub struct Relay {
     auth_cache: Mutex<HashMap<String, (Option<Caller>, Instant)>>,
 }
 
-/// Request headers passed upstream as they are. Everything else (credentials, hop-by-hop,
-/// encodings) is dropped or set by the relay.
-const PASSED_HEADERS: [&str; 10] = [
-    "anthropic-version",
-    "anthropic-beta",
-    "anthropic-dangerous-direct-browser-access",
-    "openai-beta",
+/// Request headers passed upstream as they are: what the official SDKs and CLIs send (Claude
+/// Code: `anthropic-*`, `x-app`, `x-stainless-*`, `x-claude-code-session-id`; Codex: `originator`,
+/// `session-id`, `thread-id`, `x-client-request-id`, `x-codex-*`). Everything else (credentials,
+/// cookies, hop-by-hop, encodings, `host`) is dropped or set by the relay.
+const PASSED_HEADERS: [&str; 11] = [
     "content-type",
     "accept",
     "user-agent",
     "idempotency-key",
-    "x-stainless-retry-count",
-    "x-stainless-timeout",
+    "openai-beta",
+    "originator",
+    "session-id",
+    "session_id",
+    "thread-id",
+    "x-client-request-id",
+    "x-app",
 ];
+
+/// Header prefixes passed upstream (`anthropic-beta` is merged with the account's own betas).
+const PASSED_PREFIXES: [&str; 4] = ["anthropic-", "x-stainless-", "x-codex-", "x-claude-code-"];
+
+/// Whether a client's request header goes upstream.
+pub fn passes_upstream(name: &str) -> bool {
+    PASSED_HEADERS.contains(&name)
+        || (PASSED_PREFIXES.iter().any(|p| name.starts_with(p)) && name != "anthropic-beta")
+}
+
+/// The `anthropic-beta` value sent upstream: the client's betas (every header line, comma
+/// lists) and the account's own, each once, in order.
+pub fn merged_betas(client: &HeaderMap, own: &[&str]) -> Option<String> {
+    let mut betas: Vec<String> = Vec::new();
+    let client_betas = client
+        .get_all("anthropic-beta")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim);
+    for beta in client_betas.chain(own.iter().copied()) {
+        if !beta.is_empty() && !betas.iter().any(|b| b == beta) {
+            betas.push(beta.to_owned());
+        }
+    }
+    (!betas.is_empty()).then(|| betas.join(","))
+}
 
 /// Response headers never copied back (hop-by-hop, or re-computed).
 const DROPPED_RESPONSE_HEADERS: [&str; 6] = [
@@ -556,28 +588,31 @@ impl Relay {
             inbound.path
         };
         let client = self.client_for(account.proxy_url.as_deref());
-        let mut request = client.post(format!("{base}{path}"));
-        for name in PASSED_HEADERS {
-            for value in inbound.headers.get_all(name) {
+        let url = match &inbound.query {
+            Some(query) => format!("{base}{path}?{query}"),
+            None => format!("{base}{path}"),
+        };
+        let mut request = client.post(url);
+        for (name, value) in &inbound.headers {
+            if passes_upstream(name.as_str()) {
                 request = request.header(name, value);
             }
         }
         request = request.header(http::header::ACCEPT_ENCODING, "identity");
         let credential = account.credential.expose();
+        // `anthropic-beta` goes upstream once: the client's list, plus the account's own.
+        let own_betas: &[&str] = match (inbound.api, account.credential_kind) {
+            (Api::Anthropic, CredentialKind::OAuth) => &["oauth-2025-04-20"],
+            _ => &[],
+        };
+        if let Some(betas) = merged_betas(&inbound.headers, own_betas) {
+            request = request.header("anthropic-beta", betas);
+        }
         request = match (inbound.api, account.credential_kind) {
             (Api::Anthropic, CredentialKind::ApiKey) => request.header("x-api-key", credential),
-            (Api::Anthropic, CredentialKind::OAuth) => {
-                let beta = inbound
-                    .headers
-                    .get("anthropic-beta")
-                    .and_then(|v| v.to_str().ok())
-                    .map(|b| format!("{b},oauth-2025-04-20"))
-                    .unwrap_or_else(|| "oauth-2025-04-20".into());
-                request
-                    .bearer_auth(credential)
-                    .header("anthropic-beta", beta)
+            (Api::Anthropic, CredentialKind::OAuth) | (Api::OpenAi, _) => {
+                request.bearer_auth(credential)
             }
-            (Api::OpenAi, _) => request.bearer_auth(credential),
         };
         let body = if account.mapped_model != inbound.model {
             let mut json = inbound.json.clone();
@@ -906,4 +941,66 @@ pub fn request_id_header() -> (HeaderName, HeaderValue) {
         HeaderName::from_static("x-request-id"),
         HeaderValue::from_str(&id).unwrap_or_else(|_| HeaderValue::from_static("req_unknown")),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_the_clis_send_goes_upstream_and_credentials_do_not() {
+        for name in [
+            "anthropic-version",
+            "anthropic-dangerous-direct-browser-access",
+            "x-stainless-os",
+            "x-stainless-retry-count",
+            "x-app",
+            "x-claude-code-session-id",
+            "originator",
+            "session-id",
+            "session_id",
+            "thread-id",
+            "x-client-request-id",
+            "x-codex-turn-metadata",
+            "x-codex-beta-features",
+            "user-agent",
+        ] {
+            assert!(passes_upstream(name), "{name}");
+        }
+        for name in [
+            "authorization",
+            "x-api-key",
+            "cookie",
+            "host",
+            "content-length",
+            "accept-encoding",
+            "connection",
+            "anthropic-beta",
+            "x-forwarded-for",
+        ] {
+            assert!(!passes_upstream(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn anthropic_beta_goes_once_with_the_accounts_own() {
+        let mut headers = HeaderMap::new();
+        headers.append(
+            "anthropic-beta",
+            HeaderValue::from_static("claude-code-20250219, oauth-2025-04-20"),
+        );
+        headers.append(
+            "anthropic-beta",
+            HeaderValue::from_static("interleaved-thinking-2025-05-14"),
+        );
+        assert_eq!(
+            merged_betas(&headers, &["oauth-2025-04-20"]).as_deref(),
+            Some("claude-code-20250219,oauth-2025-04-20,interleaved-thinking-2025-05-14")
+        );
+        assert_eq!(
+            merged_betas(&HeaderMap::new(), &["oauth-2025-04-20"]).as_deref(),
+            Some("oauth-2025-04-20")
+        );
+        assert_eq!(merged_betas(&HeaderMap::new(), &[]), None);
+    }
 }

@@ -1,6 +1,8 @@
 //! The session hash of a request (DESIGN §6), in order: Anthropic `metadata.user_id`'s session
-//! part; OpenAI `prompt_cache_key` or the `session_id` header; the `x-session-id` header; else a
-//! hash of the system prompt and the first user turn. At most 128 bytes (longer ones are hashed).
+//! part, then Claude Code's `x-claude-code-session-id` header; OpenAI `prompt_cache_key`, then
+//! the `session-id` / `session_id` header (Codex sends the first), then
+//! `client_metadata.session_id`; the `x-session-id` header; else a hash of the system prompt and
+//! the first user turn. At most 128 bytes (longer ones are hashed).
 
 use http::HeaderMap;
 use serde_json::Value;
@@ -47,6 +49,9 @@ pub fn session_hash(api: Api, headers: &HeaderMap, body: &Value) -> Option<Strin
                     return Some(session);
                 }
             }
+            if let Some(session) = header(headers, "x-claude-code-session-id") {
+                return Some(session);
+            }
         }
         Api::OpenAi => {
             if let Some(key) = body
@@ -56,7 +61,16 @@ pub fn session_hash(api: Api, headers: &HeaderMap, body: &Value) -> Option<Strin
             {
                 return Some(key);
             }
-            if let Some(session) = header(headers, "session_id") {
+            if let Some(session) =
+                header(headers, "session-id").or_else(|| header(headers, "session_id"))
+            {
+                return Some(session);
+            }
+            if let Some(session) = body
+                .pointer("/client_metadata/session_id")
+                .and_then(Value::as_str)
+                .and_then(bounded)
+            {
                 return Some(session);
             }
         }
@@ -124,6 +138,28 @@ mod tests {
         assert_eq!(
             session_hash(Api::OpenAi, &headers, &json!({})).as_deref(),
             Some("sess-h")
+        );
+        let mut codex = HeaderMap::new();
+        codex.insert("session-id", "sess-dash".parse().expect("value"));
+        assert_eq!(
+            session_hash(Api::OpenAi, &codex, &json!({})).as_deref(),
+            Some("sess-dash"),
+            "Codex sends session-id"
+        );
+        assert_eq!(
+            session_hash(
+                Api::OpenAi,
+                &HeaderMap::new(),
+                &json!({"client_metadata": {"session_id": "meta"}})
+            )
+            .as_deref(),
+            Some("meta")
+        );
+        let mut claude = HeaderMap::new();
+        claude.insert("x-claude-code-session-id", "cc".parse().expect("value"));
+        assert_eq!(
+            session_hash(Api::Anthropic, &claude, &json!({})).as_deref(),
+            Some("cc")
         );
         let mut x = HeaderMap::new();
         x.insert("x-session-id", "xs".parse().expect("value"));

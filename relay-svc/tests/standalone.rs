@@ -599,6 +599,41 @@ async fn a_client_that_disconnects_mid_stream_frees_its_slot_at_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_codex_conversation_of_several_turns_stays_on_one_account() {
+    let h = start(
+        &[
+            ("a", "openai", 8, ""),
+            ("b", "openai", 8, ""),
+            ("c", "openai", 8, ""),
+        ],
+        fast(),
+    )
+    .await;
+    // As Codex sends it: the session in the `session-id` header, a different input every turn
+    // (and, on the first turn of a fork, no `prompt_cache_key`).
+    for turn in 0..9 {
+        let response = h
+            .http
+            .post(format!("{}/v1/responses", h.base))
+            .header("authorization", format!("Bearer {KEY}"))
+            .header("session-id", "019a2f3e-codex-conversation")
+            .header("originator", "codex_exec")
+            .json(&json!({"model": "gpt-x", "stream": true, "input": [{"role": "user", "content": format!("turn {turn}")}]}))
+            .send()
+            .await
+            .expect("relay answers");
+        assert_eq!(response.status().as_u16(), 200);
+        let text = response.text().await.expect("stream");
+        assert!(text.contains("response.completed"), "{text}");
+    }
+    let totals: Vec<u64> = ["a", "b", "c"]
+        .iter()
+        .map(|n| h.upstream.stats(&format!("cred-{n}")).total)
+        .collect();
+    assert!(totals.contains(&9), "every turn on one account: {totals:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_stick_and_models_map_and_credentials_are_replaced() {
     let h = start(
         &[

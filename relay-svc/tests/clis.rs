@@ -1,0 +1,244 @@
+//! The official CLIs through the relay: Claude Code (`claude -p`) and Codex (`codex exec`, a
+//! `model_providers` entry with `wire_api = "responses"`), at the versions pinned in
+//! `tests/clients/package-lock.json`, in standalone and in distributed mode, against the
+//! project's fake upstream. Each must exit 0 with the upstream's text, and what it sends must
+//! reach the upstream: Claude Code's query string and headers, Codex's session headers and body
+//! fields.
+//!
+//! The CLIs come from `scripts/clients.sh` (an `npm ci` into a cache outside the clone, keyed by
+//! the lockfile), or from `POOLGATE_CLIENTS_BIN`.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use poolgate_testkit::Scratch;
+use relay_svc::fake_upstream::{FakeUpstream, SeenRequest};
+use relay_svc::proxy::RelaySettings;
+use selector_svc::domain::Platform;
+
+const KEY: &str = "pgk-cli-test-key-0001";
+
+fn clients_bin() -> PathBuf {
+    if let Some(dir) = std::env::var_os("POOLGATE_CLIENTS_BIN") {
+        return PathBuf::from(dir);
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let output = std::process::Command::new("bash")
+        .arg(root.join("scripts/clients.sh"))
+        .output()
+        .expect("bash runs");
+    assert!(
+        output.status.success(),
+        "scripts/clients.sh failed (npm and the registry are needed once): {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    PathBuf::from(stdout.lines().last().unwrap_or_default().trim())
+}
+
+/// Runs a CLI with a clean environment (PATH for node, a scratch HOME, the given variables).
+async fn run(program: &Path, args: &[&str], home: &Path, env: &[(&str, String)]) -> (bool, String) {
+    let mut command = tokio::process::Command::new(program);
+    command
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", home)
+        .env("TERM", "dumb")
+        .current_dir(home)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let output = tokio::time::timeout(Duration::from_secs(180), command.output())
+        .await
+        .unwrap_or_else(|_| panic!("{} did not finish in 180 s", program.display()))
+        .unwrap_or_else(|e| panic!("{} does not start: {e}", program.display()));
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    if !output.status.success() {
+        eprintln!(
+            "{} failed: {}\nstdout: {stdout}\nstderr: {}",
+            program.display(),
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    (output.status.success(), stdout)
+}
+
+async fn claude_code(bin: &Path, relay: &str, key: &str) -> (bool, String) {
+    let home = Scratch::new("claude-home").expect("scratch");
+    run(
+        &bin.join("claude"),
+        &["-p", "Say hello."],
+        home.path(),
+        &[
+            ("ANTHROPIC_BASE_URL", relay.to_owned()),
+            ("ANTHROPIC_API_KEY", key.to_owned()),
+            ("DISABLE_TELEMETRY", "1".to_owned()),
+            ("DISABLE_AUTOUPDATER", "1".to_owned()),
+            ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1".to_owned()),
+        ],
+    )
+    .await
+}
+
+async fn codex(bin: &Path, relay: &str, key: &str) -> (bool, String) {
+    let home = Scratch::new("codex-home").expect("scratch");
+    let codex_home = home.path().join(".codex");
+    std::fs::create_dir_all(&codex_home).expect("mkdir");
+    std::fs::write(
+        codex_home.join("config.toml"),
+        format!(
+            "model = \"gpt-5-codex\"\nmodel_provider = \"poolgate\"\n\n[model_providers.poolgate]\nname = \"poolgate\"\nbase_url = \"{relay}/v1\"\nenv_key = \"POOLGATE_API_KEY\"\nwire_api = \"responses\"\n"
+        ),
+    )
+    .expect("config.toml");
+    run(
+        &bin.join("codex"),
+        &["exec", "--skip-git-repo-check", "Say hello."],
+        home.path(),
+        &[
+            ("CODEX_HOME", codex_home.display().to_string()),
+            ("POOLGATE_API_KEY", key.to_owned()),
+        ],
+    )
+    .await
+}
+
+fn header<'a>(request: &'a SeenRequest, name: &str) -> Option<&'a str> {
+    request.headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// Checks what Claude Code's main request looked like when it reached the upstream.
+fn check_claude_code(seen: &[SeenRequest]) {
+    let request = seen
+        .iter()
+        .find(|r| r.path == "/v1/messages" && r.body.get("stream").is_some())
+        .unwrap_or_else(|| panic!("no /v1/messages reached the upstream: {seen:?}"));
+    assert_eq!(
+        request.query.as_deref(),
+        Some("beta=true"),
+        "the query string goes upstream"
+    );
+    assert_eq!(
+        request.headers.get_all("anthropic-beta").iter().count(),
+        1,
+        "anthropic-beta goes upstream exactly once"
+    );
+    assert!(header(request, "anthropic-beta").is_some_and(|b| b.contains("claude-code-")));
+    assert_eq!(header(request, "anthropic-version"), Some("2023-06-01"));
+    assert!(
+        request
+            .headers
+            .keys()
+            .any(|name| name.as_str().starts_with("x-stainless-")),
+        "x-stainless-* headers go upstream"
+    );
+    assert!(
+        header(request, "x-api-key").is_some_and(|k| k.starts_with("cred-")),
+        "the account's credential, never the client's key"
+    );
+}
+
+/// Checks what Codex's request looked like when it reached the upstream.
+fn check_codex(seen: &[SeenRequest]) {
+    let request = seen
+        .iter()
+        .find(|r| r.path == "/v1/responses")
+        .unwrap_or_else(|| panic!("no /v1/responses reached the upstream: {seen:?}"));
+    for name in [
+        "session-id",
+        "thread-id",
+        "originator",
+        "x-client-request-id",
+    ] {
+        assert!(header(request, name).is_some(), "{name} goes upstream");
+    }
+    assert!(
+        request
+            .headers
+            .keys()
+            .any(|name| name.as_str().starts_with("x-codex-")),
+        "x-codex-* headers go upstream"
+    );
+    assert!(request.body.get("prompt_cache_key").is_some());
+    assert!(
+        request
+            .body
+            .pointer("/client_metadata/session_id")
+            .is_some()
+    );
+    assert!(
+        header(request, "authorization").is_some_and(|a| a.starts_with("Bearer cred-")),
+        "the account's credential"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_and_codex_work_through_the_standalone_relay() {
+    let bin = clients_bin();
+    let upstream = FakeUpstream::start().await.expect("fake upstream");
+    let yaml = format!(
+        "api_keys:\n  - {{key: {KEY}, user: cli, group: default}}\naccounts:\n  - {{name: claude-a, platform: anthropic, base_url: \"{base}\", credential: cred-claude-a, concurrency: 4}}\n  - {{name: claude-b, platform: anthropic, base_url: \"{base}\", credential: cred-claude-b, concurrency: 4}}\n  - {{name: codex-a, platform: openai, base_url: \"{base}\", credential: cred-codex-a, concurrency: 4}}\n",
+        base = upstream.base_url
+    );
+    let (_relay, addr) =
+        common::standalone(&yaml, RelaySettings::default(), Default::default()).await;
+    let relay = format!("http://{addr}");
+    let (ok, stdout) = claude_code(&bin, &relay, KEY).await;
+    assert!(ok, "claude -p exits 0");
+    assert!(stdout.contains("Hello there."), "{stdout}");
+    check_claude_code(&upstream.seen_requests());
+    let (ok, stdout) = codex(&bin, &relay, KEY).await;
+    assert!(ok, "codex exec exits 0");
+    assert!(stdout.contains("Hello there."), "{stdout}");
+    check_codex(&upstream.seen_requests());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_and_codex_work_through_the_distributed_relay() {
+    let bin = clients_bin();
+    let backends = common::backends().await;
+    let upstream = FakeUpstream::start().await.expect("fake upstream");
+    for (name, platform) in [
+        ("claude-a", Platform::Anthropic),
+        ("claude-b", Platform::Anthropic),
+        ("codex-a", Platform::OpenAi),
+    ] {
+        let mut account = common::account(name, &upstream.base_url, 4, 0);
+        account.platform = platform;
+        backends
+            .store
+            .upsert_account(&account)
+            .await
+            .expect("account");
+    }
+    let (_, key) = backends
+        .store
+        .create_api_key("cli", "cli", "default", 0)
+        .await
+        .expect("key");
+    let (_selector, selector_addr) = common::selector(&backends).await;
+    let (_admission, admission_addr) =
+        common::admission(&backends.redis.url(), Default::default()).await;
+    let addr = common::relay(
+        vec![format!("http://{selector_addr}")],
+        vec![format!("http://{admission_addr}")],
+        RelaySettings::default(),
+    )
+    .await;
+    let relay = format!("http://{addr}");
+    let key = key.expose().to_owned();
+    let (ok, stdout) = claude_code(&bin, &relay, &key).await;
+    assert!(ok, "claude -p exits 0");
+    assert!(stdout.contains("Hello there."), "{stdout}");
+    check_claude_code(&upstream.seen_requests());
+    let (ok, stdout) = codex(&bin, &relay, &key).await;
+    assert!(ok, "codex exec exits 0");
+    assert!(stdout.contains("Hello there."), "{stdout}");
+    check_codex(&upstream.seen_requests());
+}
