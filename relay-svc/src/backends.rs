@@ -92,7 +92,7 @@ pub trait Selection: Send + Sync + 'static {
 
     /// Models the group's accounts of `platform` name (allow-lists and mapping keys), for
     /// `/v1/models`. Empty when unknown.
-    fn models(&self, _group: &str, _platform: Platform) -> Vec<String> {
+    async fn models(&self, _group: &str, _platform: Platform) -> Vec<String> {
         Vec::new()
     }
 }

@@ -128,7 +128,11 @@ async fn models(State(front): State<Front>, headers: HeaderMap) -> Response {
         Ok(caller) => caller,
         Err(error) => return with_request_id(error.into_response()),
     };
-    let models = front.relay.selection.models(&caller.group, api.platform());
+    let models = front
+        .relay
+        .selection
+        .models(&caller.group, api.platform())
+        .await;
     let body = match api {
         Api::Anthropic => {
             let data: Vec<serde_json::Value> = models

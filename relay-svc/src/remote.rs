@@ -539,6 +539,28 @@ impl Selection for RemoteSelection {
             tracing::warn!("usage record dropped: the batch queue is full");
         }
     }
+
+    async fn models(&self, group: &str, platform: selector_svc::domain::Platform) -> Vec<String> {
+        let platform = match platform {
+            selector_svc::domain::Platform::Anthropic => spb::Platform::Anthropic,
+            selector_svc::domain::Platform::OpenAi => spb::Platform::Openai,
+        };
+        match self
+            .client
+            .clone()
+            .list_models(spb::ListModelsRequest {
+                group: group.to_owned(),
+                platform: platform as i32,
+            })
+            .await
+        {
+            Ok(answer) => answer.into_inner().models,
+            Err(status) => {
+                tracing::warn!(code = ?status.code(), "model list unavailable");
+                Vec::new()
+            }
+        }
+    }
 }
 
 /// Admission over gRPC.

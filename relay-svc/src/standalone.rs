@@ -14,7 +14,7 @@ use admission_svc::memory::MemoryBackend;
 use async_trait::async_trait;
 use selector_svc::domain::{
     Account, AccountStatus, CredentialKind, Outcome, OutcomeClass, Platform, Price,
-    RuntimeBlockSettings, Secret, millis, now_ms,
+    RuntimeBlockSettings, Secret, group_models, millis, now_ms,
 };
 use selector_svc::health::{AccountHealth, Breaker};
 use selector_svc::outcome::{Decision, decide};
@@ -719,23 +719,9 @@ impl Selection for StandaloneSelection {
         responses.insert(response_id.to_owned(), (account_id, Instant::now()));
     }
 
-    fn models(&self, group: &str, platform: Platform) -> Vec<String> {
+    async fn models(&self, group: &str, platform: Platform) -> Vec<String> {
         let accounts = self.accounts.lock().unwrap_or_else(|p| p.into_inner());
-        let mut models: Vec<String> = accounts
-            .iter()
-            .filter(|a| {
-                a.group == group && a.platform == platform && a.status == AccountStatus::Active
-            })
-            .flat_map(|a| {
-                a.allowed_models
-                    .iter()
-                    .chain(a.model_mapping.keys())
-                    .cloned()
-            })
-            .collect();
-        models.sort();
-        models.dedup();
-        models
+        group_models(accounts.iter().map(|a| a.as_ref()), group, platform)
     }
 
     fn record_usage(&self, record: UsageRecord) {

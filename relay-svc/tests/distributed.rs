@@ -518,3 +518,68 @@ async fn an_account_really_out_of_credit_is_retired_after_the_probe_confirms_it(
         .count();
     assert_eq!(probes, 1, "one probe, to a");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn models_are_listed_the_same_in_both_modes() {
+    let stack = start().await;
+    let mut a = account("a", &stack.upstream.base_url, 2, 0);
+    a.allowed_models = vec!["claude-x".into(), "claude-y".into()];
+    let mut b = account("b", &stack.upstream.base_url, 2, 0);
+    b.model_mapping = [("claude-z".to_owned(), "claude-upstream".to_owned())].into();
+    for account in [&a, &b] {
+        stack.store.upsert_account(account).await.expect("account");
+    }
+    let yaml = format!(
+        "api_keys:\n  - {{key: pgk-standalone-models, user: alice, group: default}}\naccounts:\n  - {{name: a, platform: anthropic, base_url: \"{base}\", credential: cred-a, models: [claude-x, claude-y]}}\n  - {{name: b, platform: anthropic, base_url: \"{base}\", credential: cred-b, model_mapping: {{claude-z: claude-upstream}}}}\n",
+        base = stack.upstream.base_url
+    );
+    let (_relay, standalone) = common::standalone(
+        &yaml,
+        RelaySettings::default(),
+        selector_svc::domain::RuntimeBlockSettings::default(),
+    )
+    .await;
+    let list = |base: String, key: String, anthropic: bool| {
+        let http = stack.http.clone();
+        async move {
+            let mut request = http.get(format!("{base}/v1/models"));
+            request = if anthropic {
+                request
+                    .header("x-api-key", key)
+                    .header("anthropic-version", "2023-06-01")
+            } else {
+                request.bearer_auth(key)
+            };
+            let response = request.send().await.ok()?;
+            response.json::<Value>().await.ok()
+        }
+    };
+    for anthropic in [true, false] {
+        let expected = list(
+            format!("http://{standalone}"),
+            "pgk-standalone-models".into(),
+            anthropic,
+        )
+        .await
+        .expect("standalone models");
+        let ids: Vec<&str> = expected["data"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|m| m["id"].as_str())
+            .collect();
+        if anthropic {
+            assert_eq!(ids, ["claude-x", "claude-y", "claude-z"], "{expected}");
+        } else {
+            assert!(ids.is_empty(), "no OpenAI accounts: {expected}");
+        }
+        // The snapshot reloads on NOTIFY: wait until the distributed relay lists the same.
+        eventually(Duration::from_secs(5), || {
+            let list = list(stack.base.clone(), stack.key.clone(), anthropic);
+            let expected = expected.clone();
+            async move { (list.await? == expected).then_some(()) }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("distributed lists {expected} too"));
+    }
+}

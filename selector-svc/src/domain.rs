@@ -174,6 +174,24 @@ impl Account {
     }
 }
 
+/// The models a group's active accounts of `platform` name (allow-lists and mapping keys),
+/// sorted, each once: what `/v1/models` lists, in both modes.
+pub fn group_models<'a>(
+    accounts: impl IntoIterator<Item = &'a Account>,
+    group: &str,
+    platform: Platform,
+) -> Vec<String> {
+    let mut models: Vec<String> = accounts
+        .into_iter()
+        .filter(|a| a.group == group && a.platform == platform && a.status == AccountStatus::Active)
+        .flat_map(|a| a.allowed_models.iter().chain(a.model_mapping.keys()))
+        .cloned()
+        .collect();
+    models.sort();
+    models.dedup();
+    models
+}
+
 /// A client API key, as authentication needs it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApiKeyRecord {

@@ -9,7 +9,7 @@ use tonic::{Request, Response, Status};
 
 use crate::domain::{
     AccountId, AccountStatus, CredentialKind, MAX_NAME_BYTES, OAuthState, Outcome, OutcomeClass,
-    Platform, Secret, now_ms,
+    Platform, Secret, group_models, now_ms,
 };
 use crate::engine::{Plan, SelectQuery, Selector, SelectorError};
 use crate::store::{AccountInput, UsageInput};
@@ -309,6 +309,22 @@ impl pb::selector_server::Selector for SelectorGrpc {
         Ok(Response::new(pb::RecordUsageResponse {
             accepted: accepted as u32,
         }))
+    }
+
+    async fn list_models(
+        &self,
+        request: Request<pb::ListModelsRequest>,
+    ) -> Result<Response<pb::ListModelsResponse>, Status> {
+        let request = request.into_inner();
+        name("group", &request.group)?;
+        let platform = platform("platform", request.platform)?;
+        let snapshot = self.selector.snapshot().get();
+        let models = group_models(
+            snapshot.accounts().map(|a| a.as_ref()),
+            &request.group,
+            platform,
+        );
+        Ok(Response::new(pb::ListModelsResponse { models }))
     }
 }
 
