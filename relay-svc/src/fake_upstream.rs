@@ -370,7 +370,26 @@ async fn responses(
     answer(state, Shape::Responses, uri, headers, body).await
 }
 
-async fn count_tokens(body: Bytes) -> Response {
+async fn count_tokens(
+    State(state): State<Arc<FakeState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let scripted = state
+        .scripts
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get_mut(&credential(&headers))
+        .and_then(VecDeque::pop_front);
+    if let Some(Scripted::Fail { status, body, .. }) = scripted {
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        return (
+            status,
+            [(http::header::CONTENT_TYPE, "application/json")],
+            body,
+        )
+            .into_response();
+    }
     axum::Json(json!({"input_tokens": body.len() / 4})).into_response()
 }
 

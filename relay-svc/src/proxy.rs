@@ -470,9 +470,10 @@ impl Relay {
                         if !other_may_answer {
                             return upstream_error(status, headers, body);
                         }
-                    } else {
+                    } else if !inbound.ungoverned {
                         // The status reason carries what the upstream asserted (type/code),
-                        // never the message, which can carry the client's input.
+                        // never the message, which can carry the client's input. (An
+                        // ungoverned count_tokens call changes no account's health.)
                         let reason = UpstreamError::parse(&body)
                             .map(|e| e.summary())
                             .unwrap_or_default();
@@ -717,15 +718,18 @@ impl Relay {
                 model: inbound.model.clone(),
                 started,
                 status: status.as_u16(),
+                governed: !inbound.ungoverned,
             };
             // Bound before the client has the answer: its next request in the conversation
             // (or with this `previous_response_id`) must find the binding.
             finish.bind_session().await;
-            if let Some(response_id) = &response_id {
+            if let Some(response_id) = &response_id
+                && finish.governed
+            {
                 self.selection.bind_response(response_id, account.id).await;
             }
             tokio::spawn(tracing::Instrument::in_current_span(
-                finish.run(lease, usage, None, true),
+                finish.run(lease, usage, true),
             ));
             return Called::Served(Answer::Upstream {
                 status,
@@ -756,11 +760,16 @@ impl Relay {
             model: inbound.model.clone(),
             started,
             status: status.as_u16(),
+            governed: !inbound.ungoverned,
         };
         let api = inbound.api;
         tokio::spawn(tracing::Instrument::in_current_span(async move {
             let mut scanner = SseScanner::default();
+            let mut response_bound = false;
             scanner.feed(&first);
+            finish
+                .bind_response_once(&scanner, &mut response_bound)
+                .await;
             let mut complete = sender.send(first).await.is_ok();
             // Bound while the stream runs, long before the client can send its next request.
             if complete {
@@ -772,6 +781,8 @@ impl Relay {
                     chunk = upstream.next() => match chunk {
                         Some(Ok(chunk)) => {
                             scanner.feed(&chunk);
+                            // Bound as soon as the id shows, before the client has it.
+                            finish.bind_response_once(&scanner, &mut response_bound).await;
                             if sender.send(chunk).await.is_err() {
                                 client_gone = true;
                                 complete = false;
@@ -782,7 +793,9 @@ impl Relay {
                             let error = RelayError::new(api, ErrorKind::Upstream, "the upstream stream broke off; the response is incomplete");
                             let _ = sender.send(error.sse_event()).await;
                             complete = false;
-                            finish.relay.selection.report(finish.account.id, network_failure(), 0, "stream broke mid-way").await;
+                            if finish.governed {
+                                finish.relay.selection.report(finish.account.id, network_failure(), 0, "stream broke mid-way").await;
+                            }
                         }
                         None => break,
                     },
@@ -809,7 +822,7 @@ impl Relay {
                 // A 200 whose stream carried an error event is not a success; what the event
                 // says decides (busy, broken, billing), and a request-caused one changes nothing.
                 let classified = classify_stream_error(event);
-                if classified.class != OutcomeClass::ClientError {
+                if classified.class != OutcomeClass::ClientError && finish.governed {
                     let reason = UpstreamError::from_json(event)
                         .map(|e| e.summary())
                         .unwrap_or_default();
@@ -820,10 +833,7 @@ impl Relay {
                         .await;
                 }
             }
-            let response_id = scanner.response_id.clone();
-            finish
-                .run(lease, scanner.usage, response_id, succeeded)
-                .await;
+            finish.run(lease, scanner.usage, succeeded).await;
         }));
         Called::Served(Answer::Upstream {
             status,
@@ -842,11 +852,16 @@ struct Finish {
     model: String,
     started: Instant,
     status: u16,
+    /// Ungoverned requests (count_tokens) change no shared state: no outcome report, no binding.
+    governed: bool,
 }
 
 impl Finish {
     /// Binds the conversation to the account that answered it (sticky sessions).
     async fn bind_session(&self) {
+        if !self.governed {
+            return;
+        }
         if let Some(session) = &self.session_hash {
             self.relay
                 .selection
@@ -855,20 +870,28 @@ impl Finish {
         }
     }
 
-    /// Release, outcome report, a streamed response's id binding, usage. The session binding
-    /// is made earlier (`bind_session`), before the client can ask again.
-    async fn run(
-        self,
-        lease: Box<dyn Lease>,
-        usage: Usage,
-        response_id: Option<String>,
-        succeeded: bool,
-    ) {
+    /// Binds a streamed response's `resp_` id the first time the scanner has seen it.
+    async fn bind_response_once(&self, scanner: &SseScanner, bound: &mut bool) {
+        if *bound || !self.governed {
+            return;
+        }
+        if let Some(response_id) = &scanner.response_id {
+            self.relay
+                .selection
+                .bind_response(response_id, self.account.id)
+                .await;
+            *bound = true;
+        }
+    }
+
+    /// Release, outcome report, usage. The session and response bindings are made earlier,
+    /// before the client can ask again.
+    async fn run(self, lease: Box<dyn Lease>, usage: Usage, succeeded: bool) {
         let cost = usage.cost_usd(&self.account.price);
         // Spend travels with the release, in the same script.
         lease.release(cost).await;
         let selection = &self.relay.selection;
-        if succeeded {
+        if succeeded && self.governed {
             let success = Classified {
                 class: OutcomeClass::Success,
                 reset_at_ms: None,
@@ -877,9 +900,6 @@ impl Finish {
             selection
                 .report(self.account.id, success, self.status, "")
                 .await;
-            if let Some(response_id) = &response_id {
-                selection.bind_response(response_id, self.account.id).await;
-            }
         }
         self.relay
             .metrics

@@ -314,6 +314,59 @@ async fn a_5xx_blocks_the_account_only_when_the_probe_fails_too() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn count_tokens_never_changes_account_health() {
+    let h = start(
+        &[
+            ("a", "anthropic", 4, ", priority: 0"),
+            ("b", "anthropic", 4, ", priority: 1"),
+        ],
+        fast(),
+    )
+    .await;
+    h.upstream.script(
+        "cred-a",
+        [
+            fail(
+                500,
+                r#"{"type":"error","error":{"type":"api_error","message":"boom"}}"#,
+            ),
+            fail(
+                402,
+                r#"{"type":"error","error":{"type":"billing_error","message":"no"}}"#,
+            ),
+        ],
+    );
+    for _ in 0..2 {
+        let response = h
+            .post("/v1/messages/count_tokens", KEY, &message(false))
+            .await;
+        assert!(response.status().as_u16() < 600);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !h.upstream
+            .seen_models()
+            .iter()
+            .any(|m| m == "claude-haiku-4-5"),
+        "no outcome reported: no confirmation probe"
+    );
+    let (a, b) = (
+        h.upstream.stats("cred-a").total,
+        h.upstream.stats("cred-b").total,
+    );
+    let (status, _) = h.messages(&fresh_message()).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        (
+            h.upstream.stats("cred-a").total,
+            h.upstream.stats("cred-b").total
+        ),
+        (a + 1, b),
+        "a (priority 0) still serves first, and its scripted failures went to count_tokens"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crafted_model_names_and_messages_change_no_account() {
     let h = start(
         &[
