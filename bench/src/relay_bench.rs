@@ -294,6 +294,7 @@ async fn distributed(
                 model_mapping: Default::default(),
                 proxy_url: None,
                 probe_model: None,
+                stream_usage: true,
             })
             .await
             .map_err(|e| e.to_string())?;

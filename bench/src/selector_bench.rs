@@ -92,6 +92,7 @@ async fn run(args: Args) -> Result<(), String> {
                 model_mapping: Default::default(),
                 proxy_url: None,
                 probe_model: None,
+                stream_usage: true,
             })
             .await
             .map_err(|e| e.to_string())?;

@@ -48,6 +48,8 @@ pub struct Planned {
     pub rpm_limit: i32,
     pub session_window_limit_usd: f64,
     pub proxy_url: Option<String>,
+    /// OpenAI chat streams: ask the upstream for usage when the client did not.
+    pub stream_usage: bool,
     pub price: Price,
     pub soft_blocked: bool,
     pub inflight: Option<u32>,

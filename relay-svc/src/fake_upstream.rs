@@ -562,21 +562,39 @@ async fn answer(
                 json!({"type": "message_stop"})
             ),
         ],
-        Shape::Chat => vec![
-            format!(
-                "data: {}\n\n",
-                json!({"id": format!("chatcmpl-{id}"), "object": "chat.completion.chunk", "created": 1_700_000_000, "model": model, "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hello"}, "finish_reason": null}]})
-            ),
-            format!(
-                "data: {}\n\n",
-                json!({"id": format!("chatcmpl-{id}"), "object": "chat.completion.chunk", "created": 1_700_000_000, "model": model, "choices": [{"index": 0, "delta": {"content": " there."}, "finish_reason": "stop"}]})
-            ),
-            format!(
-                "data: {}\n\n",
-                json!({"id": format!("chatcmpl-{id}"), "object": "chat.completion.chunk", "created": 1_700_000_000, "model": model, "choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 7, "total_tokens": 17}})
-            ),
-            "data: [DONE]\n\n".to_owned(),
-        ],
+        Shape::Chat => {
+            // As the real API: usage only when asked for (`stream_options.include_usage`), then
+            // `"usage": null` on every chunk and a last chunk with no choices and the usage.
+            let with_usage = request
+                .pointer("/stream_options/include_usage")
+                .and_then(Value::as_bool)
+                == Some(true);
+            let chunk = |choices: Value, usage: Value| {
+                let mut chunk = json!({"id": format!("chatcmpl-{id}"), "object": "chat.completion.chunk", "created": 1_700_000_000, "model": model, "choices": choices});
+                if with_usage {
+                    chunk["usage"] = usage;
+                }
+                format!("data: {chunk}\n\n")
+            };
+            let mut events = vec![
+                chunk(
+                    json!([{"index": 0, "delta": {"role": "assistant", "content": "Hello"}, "finish_reason": null}]),
+                    Value::Null,
+                ),
+                chunk(
+                    json!([{"index": 0, "delta": {"content": " there."}, "finish_reason": "stop"}]),
+                    Value::Null,
+                ),
+            ];
+            if with_usage {
+                events.push(chunk(
+                    json!([]),
+                    json!({"prompt_tokens": 10, "completion_tokens": 7, "total_tokens": 17}),
+                ));
+            }
+            events.push("data: [DONE]\n\n".to_owned());
+            events
+        }
         Shape::Responses => {
             // The full sequence the Codex CLI expects, as the real API sends it.
             let msg = format!("msg_{id}");

@@ -22,6 +22,8 @@ pub struct Metrics {
     /// relay_lease_resumed_total: lease streams that broke and were resumed on a replica.
     pub leases_resumed: IntCounter,
     pub spend_micros: IntCounter,
+    /// relay_unpriced_usage_total: answers with tokens whose model has no price (spend 0).
+    pub unpriced_usage: IntCounter,
     pub upstream_seconds: HistogramVec,
     pub first_byte_seconds: HistogramVec,
 }
@@ -97,6 +99,10 @@ impl Metrics {
             spend_micros: counter(
                 "relay_spend_recorded_micro_usd_total",
                 "Spend recorded with lease releases, in micro-USD.",
+            ),
+            unpriced_usage: counter(
+                "relay_unpriced_usage_total",
+                "Answers with token usage whose model has no price (recorded at $0; each model is also logged once).",
             ),
             upstream_seconds: histogram(
                 "relay_upstream_seconds",

@@ -11,7 +11,7 @@ use admission_svc::domain::{DenyReason, LeaseTerms, UserLimit, usd_to_micros};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
-use selector_svc::domain::{CredentialKind, OutcomeClass, now_ms};
+use selector_svc::domain::{CredentialKind, OutcomeClass, Price, now_ms};
 use serde_json::Value;
 use tokio::sync::mpsc;
 
@@ -23,7 +23,7 @@ use crate::classify::{
     Classified, UpstreamError, classify, classify_stream_error, network_failure,
 };
 use crate::metrics::Metrics;
-use crate::usage::{SseScanner, Usage};
+use crate::usage::{ChatUsageStripper, SseScanner, Usage};
 
 #[derive(Debug, Clone)]
 pub struct RelaySettings {
@@ -116,6 +116,8 @@ pub struct Relay {
     http: reqwest::Client,
     proxied: Mutex<HashMap<String, reqwest::Client>>,
     auth_cache: Mutex<HashMap<String, (Option<Caller>, Instant)>>,
+    /// Models already logged as having no price (each once; bounded).
+    unpriced_models: Mutex<std::collections::HashSet<String>>,
 }
 
 /// Request headers passed upstream as they are: what the official SDKs and CLIs send (Claude
@@ -219,6 +221,7 @@ impl Relay {
             metrics,
             proxied: Mutex::new(HashMap::new()),
             auth_cache: Mutex::new(HashMap::new()),
+            unpriced_models: Mutex::new(std::collections::HashSet::new()),
         })
     }
 
@@ -259,6 +262,21 @@ impl Relay {
             cache.insert(key.to_owned(), (answer.clone(), Instant::now()));
         }
         answer.ok_or_else(|| RelayError::new(api, ErrorKind::Authentication, "invalid API key"))
+    }
+
+    /// Counts an answer whose model has no price, and logs each such model once.
+    fn note_unpriced(&self, model: &str) {
+        self.metrics.unpriced_usage.inc();
+        let mut seen = self
+            .unpriced_models
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if seen.len() < 1000 && seen.insert(model.to_owned()) {
+            tracing::warn!(
+                model,
+                "no price for this model: its usage is recorded at $0 (add a price)"
+            );
+        }
     }
 
     fn client_for(&self, proxy: Option<&str>) -> reqwest::Client {
@@ -615,9 +633,22 @@ impl Relay {
                 request.bearer_auth(credential)
             }
         };
-        let body = if account.mapped_model != inbound.model {
+        let ask_usage = asks_stream_usage(inbound, account);
+        let body = if account.mapped_model != inbound.model || ask_usage {
+            // `inbound.json` is an object (checked when the request came in).
             let mut json = inbound.json.clone();
             json["model"] = Value::String(account.mapped_model.clone());
+            if ask_usage {
+                match json
+                    .get_mut("stream_options")
+                    .and_then(Value::as_object_mut)
+                {
+                    Some(options) => {
+                        options.insert("include_usage".into(), Value::Bool(true));
+                    }
+                    None => json["stream_options"] = serde_json::json!({"include_usage": true}),
+                }
+            }
             Bytes::from(serde_json::to_vec(&json).unwrap_or_else(|_| inbound.body.to_vec()))
         } else {
             inbound.body.clone()
@@ -752,6 +783,8 @@ impl Relay {
         };
         self.metrics.time_to_first_byte(platform, sent.elapsed());
         let (sender, receiver) = mpsc::channel::<Bytes>(32);
+        // What the relay added to the stream by asking for usage comes out again.
+        let mut stripper = asks_stream_usage(inbound, account).then(ChatUsageStripper::default);
         let finish = Finish {
             relay: self.clone(),
             account: account.clone(),
@@ -770,7 +803,7 @@ impl Relay {
             finish
                 .bind_response_once(&scanner, &mut response_bound)
                 .await;
-            let mut complete = sender.send(first).await.is_ok();
+            let mut complete = sender.send(strip(&mut stripper, first)).await.is_ok();
             // Bound while the stream runs, long before the client can send its next request.
             if complete {
                 finish.bind_session().await;
@@ -783,7 +816,8 @@ impl Relay {
                             scanner.feed(&chunk);
                             // Bound as soon as the id shows, before the client has it.
                             finish.bind_response_once(&scanner, &mut response_bound).await;
-                            if sender.send(chunk).await.is_err() {
+                            let chunk = strip(&mut stripper, chunk);
+                            if !chunk.is_empty() && sender.send(chunk).await.is_err() {
                                 client_gone = true;
                                 complete = false;
                             }
@@ -797,7 +831,14 @@ impl Relay {
                                 finish.relay.selection.report(finish.account.id, network_failure(), 0, "stream broke mid-way").await;
                             }
                         }
-                        None => break,
+                        None => {
+                            if let Some(rest) = stripper.as_mut().map(ChatUsageStripper::finish)
+                                && !rest.is_empty()
+                            {
+                                let _ = sender.send(Bytes::from(rest)).await;
+                            }
+                            break;
+                        }
                     },
                     // A client that disconnects cancels the upstream call at once.
                     _ = sender.closed() => {
@@ -888,6 +929,9 @@ impl Finish {
     /// before the client can ask again.
     async fn run(self, lease: Box<dyn Lease>, usage: Usage, succeeded: bool) {
         let cost = usage.cost_usd(&self.account.price);
+        if usage != Usage::default() && self.account.price == Price::default() {
+            self.relay.note_unpriced(&self.account.mapped_model);
+        }
         // Spend travels with the release, in the same script.
         lease.release(cost).await;
         let selection = &self.relay.selection;
@@ -943,6 +987,29 @@ fn response_headers(upstream: &HeaderMap) -> HeaderMap {
         }
     }
     headers
+}
+
+/// A stream chunk as the client gets it (see `ChatUsageStripper`).
+fn strip(stripper: &mut Option<ChatUsageStripper>, chunk: Bytes) -> Bytes {
+    match stripper {
+        Some(stripper) => Bytes::from(stripper.feed(&chunk)),
+        None => chunk,
+    }
+}
+
+/// An OpenAI chat stream whose client did not ask for usage, on an account that allows asking:
+/// the relay asks the upstream for it (so streamed spend is recorded) and strips it from what
+/// the client gets.
+fn asks_stream_usage(inbound: &Inbound, account: &Planned) -> bool {
+    inbound.api == Api::OpenAi
+        && inbound.path == "/v1/chat/completions"
+        && inbound.stream
+        && account.stream_usage
+        && inbound
+            .json
+            .pointer("/stream_options/include_usage")
+            .and_then(Value::as_bool)
+            != Some(true)
 }
 
 /// The last upstream error, passed to the client as it came.

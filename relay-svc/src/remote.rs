@@ -464,6 +464,7 @@ impl Selection for RemoteSelection {
                         rpm_limit: a.rpm_limit,
                         session_window_limit_usd: a.session_window_limit_usd,
                         proxy_url: (!a.proxy_url.is_empty()).then_some(a.proxy_url),
+                        stream_usage: !a.disable_stream_usage,
                         price: Price {
                             input_per_mtok: price.input_per_mtok,
                             output_per_mtok: price.output_per_mtok,

@@ -105,6 +105,9 @@ pub struct AccountEntry {
     /// The model the confirmation probe asks for (none: the platform default).
     #[serde(default)]
     pub probe_model: Option<String>,
+    /// OpenAI chat streams: ask the upstream for usage when the client did not (default true).
+    #[serde(default = "yes")]
+    pub stream_usage: bool,
     /// `active` (default) or `disabled`.
     #[serde(default)]
     pub status: Option<String>,
@@ -148,6 +151,10 @@ fn default_group() -> String {
 
 fn one() -> i32 {
     1
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl StandaloneFile {
@@ -216,6 +223,7 @@ impl StandaloneFile {
                 model_mapping: entry.model_mapping.clone(),
                 proxy_url: entry.proxy_url.clone().filter(|p| !p.is_empty()),
                 probe_model: entry.probe_model.clone().filter(|m| !m.is_empty()),
+                stream_usage: entry.stream_usage,
             });
         }
         Ok(accounts)
@@ -601,6 +609,7 @@ impl Selection for StandaloneSelection {
                         rpm_limit: account.rpm_limit,
                         session_window_limit_usd: account.session_window_limit_usd,
                         proxy_url: account.proxy_url.clone(),
+                        stream_usage: account.stream_usage,
                         soft_blocked: candidate.soft_blocked(),
                         inflight: candidate.health.and_then(|h| h.inflight),
                     }

@@ -134,6 +134,70 @@ impl SseScanner {
     }
 }
 
+/// Takes out of an OpenAI chat stream what the relay added by asking for usage the client did not
+/// ask for (`stream_options.include_usage`): the final usage-only chunk (`"choices": []`) and the
+/// `"usage": null` field of every other chunk. The client gets the stream it asked for; the
+/// scanner, fed the upstream bytes, still sees the usage.
+#[derive(Debug, Default)]
+pub struct ChatUsageStripper {
+    pending: Vec<u8>,
+}
+
+impl ChatUsageStripper {
+    /// The complete events of `chunk` (and of earlier chunks' tails), stripped.
+    pub fn feed(&mut self, chunk: &[u8]) -> Vec<u8> {
+        self.pending.extend_from_slice(chunk);
+        let mut out = Vec::new();
+        while let Some(end) = find(&self.pending, b"\n\n") {
+            let event: Vec<u8> = self.pending.drain(..end + 2).collect();
+            strip_event(&event, &mut out);
+        }
+        if self.pending.len() > MAX_LINE {
+            // Not an SSE stream we understand: pass it on untouched.
+            out.append(&mut self.pending);
+        }
+        out
+    }
+
+    /// Whatever is left when the stream ends.
+    pub fn finish(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.pending)
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+fn strip_event(event: &[u8], out: &mut Vec<u8>) {
+    let text = String::from_utf8_lossy(event);
+    let data = text
+        .trim_end()
+        .strip_prefix("data:")
+        .map(str::trim_start)
+        .filter(|d| d.contains("\"usage\""));
+    let Some(Ok(Value::Object(mut chunk))) = data.map(serde_json::from_str::<Value>) else {
+        out.extend_from_slice(event);
+        return;
+    };
+    let usage_only = chunk
+        .get("choices")
+        .and_then(Value::as_array)
+        .is_some_and(Vec::is_empty)
+        && chunk.get("usage").is_some_and(Value::is_object);
+    if usage_only {
+        return;
+    }
+    if chunk.get("usage").is_some_and(Value::is_null) {
+        chunk.remove("usage");
+        out.extend_from_slice(b"data: ");
+        out.extend_from_slice(Value::Object(chunk).to_string().as_bytes());
+        out.extend_from_slice(b"\n\n");
+        return;
+    }
+    out.extend_from_slice(event);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -204,6 +268,30 @@ mod tests {
         let mut responses = SseScanner::default();
         responses.feed(b"data: {\"type\":\"response.failed\",\"response\":{\"id\":\"resp_1\",\"error\":{\"code\":\"server_error\"}}}\n\n");
         assert!(responses.error.is_some());
+    }
+
+    #[test]
+    fn the_usage_the_relay_asked_for_is_stripped_from_a_chat_stream() {
+        let upstream = concat!(
+            "data: {\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}],\"usage\":null}\n\n",
+            "data: {\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}],\"usage\":null}\n\n",
+            "data: {\"id\":\"c1\",\"choices\":[],\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":7}}\n\n",
+            "data: [DONE]\n\n",
+        );
+        let mut stripper = ChatUsageStripper::default();
+        let mut scanner = SseScanner::default();
+        let mut client = Vec::new();
+        for piece in upstream.as_bytes().chunks(9) {
+            scanner.feed(piece);
+            client.extend(stripper.feed(piece));
+        }
+        client.extend(stripper.finish());
+        let client = String::from_utf8(client).expect("utf-8");
+        assert!(!client.contains("usage"), "{client}");
+        assert!(client.contains("\"content\":\"Hi\""), "{client}");
+        assert!(client.ends_with("data: [DONE]\n\n"), "{client}");
+        assert_eq!(client.matches("data: ").count(), 3, "{client}");
+        assert_eq!((scanner.usage.input, scanner.usage.output), (10, 7));
     }
 
     #[test]

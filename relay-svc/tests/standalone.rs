@@ -35,7 +35,7 @@ async fn start(accounts: &[(&str, &str, i32, &str)], settings: RelaySettings) ->
             upstream.base_url
         ));
     }
-    yaml.push_str("prices:\n  claude-x: {input: 3, output: 15}\n");
+    yaml.push_str("prices:\n  claude-x: {input: 3, output: 15}\n  gpt-x: {input: 2, output: 8}\n");
     let (relay, addr) = common::standalone(&yaml, settings, Default::default()).await;
     Harness {
         upstream,
@@ -684,6 +684,86 @@ async fn a_codex_conversation_of_several_turns_stays_on_one_account() {
         .map(|n| h.upstream.stats(&format!("cred-{n}")).total)
         .collect();
     assert!(totals.contains(&9), "every turn on one account: {totals:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_openai_chat_stream_is_charged_like_the_same_answer_unstreamed() {
+    let h = start(&[("o", "openai", 8, "")], fast()).await;
+    let chat = |stream: bool, options: Option<Value>| {
+        let mut body = json!({"model": "gpt-x", "stream": stream, "messages": [{"role": "user", "content": format!("hi {}", fastrand::u64(..))}]});
+        if let Some(options) = options {
+            body["stream_options"] = options;
+        }
+        let http = h.http.clone();
+        let url = format!("{}/v1/chat/completions", h.base);
+        async move {
+            let response = http
+                .post(url)
+                .bearer_auth(KEY)
+                .json(&body)
+                .send()
+                .await
+                .expect("relay answers");
+            assert_eq!(response.status().as_u16(), 200);
+            response.text().await.expect("body")
+        }
+    };
+    let spent = || h.relay.metrics.spend_micros.get();
+    chat(false, None).await;
+    let unstreamed = eventually(Duration::from_secs(3), || async {
+        (spent() > 0).then(spent)
+    })
+    .await
+    .expect("non-streaming spend recorded");
+    assert_eq!(
+        unstreamed, 76,
+        "10 in at $2/M and 7 out at $8/M, in micro-USD"
+    );
+    // The client did not ask for usage: the relay asks, accounts it, and strips it.
+    let text = chat(true, None).await;
+    assert!(
+        !text.contains("usage"),
+        "the client gets the stream it asked for: {text}"
+    );
+    assert!(
+        text.contains("Hello") && text.trim_end().ends_with("data: [DONE]"),
+        "{text}"
+    );
+    eventually(Duration::from_secs(3), || async {
+        (spent() == 2 * unstreamed).then_some(())
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "streamed spend equals unstreamed: {} vs {unstreamed}",
+            spent() - unstreamed
+        )
+    });
+    // A client that asks for usage gets it as the upstream sent it.
+    let text = chat(true, Some(json!({"include_usage": true}))).await;
+    assert!(text.contains("\"prompt_tokens\":10"), "{text}");
+    let asked = h
+        .upstream
+        .seen_requests()
+        .iter()
+        .filter(|r| r.body.pointer("/stream_options/include_usage") == Some(&json!(true)))
+        .count();
+    assert_eq!(asked, 2, "usage asked upstream for both streams");
+    // A model with no price: usage recorded at $0, counted.
+    let response = h
+        .http
+        .post(format!("{}/v1/chat/completions", h.base))
+        .bearer_auth(KEY)
+        .json(&json!({"model": "gpt-unpriced", "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .expect("relay answers");
+    assert_eq!(response.status().as_u16(), 200);
+    eventually(Duration::from_secs(3), || async {
+        (h.relay.metrics.unpriced_usage.get() == 1).then_some(())
+    })
+    .await
+    .expect("counted as unpriced");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

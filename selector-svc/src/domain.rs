@@ -159,6 +159,8 @@ pub struct Account {
     pub proxy_url: Option<String>,
     /// The model the confirmation probe asks for; `None`: the platform's default.
     pub probe_model: Option<String>,
+    /// OpenAI chat streams: ask the upstream for usage when the client did not (default on).
+    pub stream_usage: bool,
 }
 
 impl Account {

@@ -94,6 +94,7 @@ fn plan_response(plan: Plan) -> pb::SelectResponse {
                     rpm_limit: account.rpm_limit,
                     session_window_limit_usd: account.session_window_limit_usd,
                     proxy_url: account.proxy_url.clone().unwrap_or_default(),
+                    disable_stream_usage: !account.stream_usage,
                     price: Some(pb::Price {
                         input_per_mtok: entry.price.input_per_mtok,
                         output_per_mtok: entry.price.output_per_mtok,
@@ -421,6 +422,7 @@ fn account_view(account: &crate::domain::Account) -> pb::AccountView {
         model_mapping: account.model_mapping.clone().into_iter().collect(),
         proxy_url: account.proxy_url.clone().unwrap_or_default(),
         probe_model: account.probe_model.clone().unwrap_or_default(),
+        disable_stream_usage: !account.stream_usage,
     }
 }
 
@@ -488,6 +490,7 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
             model_mapping: r.model_mapping.into_iter().collect::<HashMap<_, _>>(),
             proxy_url: (!r.proxy_url.is_empty()).then_some(r.proxy_url),
             probe_model: (!r.probe_model.is_empty()).then_some(r.probe_model),
+            stream_usage: !r.disable_stream_usage,
         };
         let id = self
             .selector

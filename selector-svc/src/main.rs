@@ -201,6 +201,10 @@ enum AdminAction {
         /// The model the confirmation probe asks for (none: the selector's platform default).
         #[arg(long, default_value = "")]
         probe_model: String,
+        /// OpenAI chat streams: do not ask the upstream for usage when the client did not
+        /// (for upstreams that reject `stream_options`).
+        #[arg(long)]
+        no_stream_usage: bool,
     },
     /// Set an account's status: active | disabled | error.
     SetStatus {
@@ -399,6 +403,7 @@ async fn admin(args: &ServeArgs, admin: &AdminArgs) -> Result<(), String> {
             models,
             proxy_url,
             probe_model,
+            no_stream_usage,
         } => {
             let platform = match platform.as_str() {
                 "anthropic" => pb::Platform::Anthropic,
@@ -428,6 +433,7 @@ async fn admin(args: &ServeArgs, admin: &AdminArgs) -> Result<(), String> {
                     allowed_models: models.clone(),
                     proxy_url: proxy_url.clone(),
                     probe_model: probe_model.clone(),
+                    disable_stream_usage: *no_stream_usage,
                     ..Default::default()
                 })
                 .await

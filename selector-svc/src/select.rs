@@ -103,6 +103,7 @@ mod tests {
             model_mapping: HashMap::new(),
             proxy_url: None,
             probe_model: None,
+            stream_usage: true,
         })
     }
 

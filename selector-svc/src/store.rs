@@ -25,7 +25,7 @@ macro_rules! account_select {
     (extract(epoch FROM a.expires_at) * 1000)::bigint AS expires_at_ms, a.token_url, a.status, \
     a.status_reason, a.priority, a.weight, a.concurrency_limit, a.rpm_limit, \
     a.session_window_limit_usd, a.allowed_models, a.model_mapping, a.proxy_url, \
-    a.probe_model \
+    a.probe_model, a.stream_usage \
     FROM accounts a JOIN groups g ON g.id = a.group_id"
     };
 }
@@ -92,6 +92,7 @@ pub struct AccountInput {
     pub model_mapping: HashMap<String, String>,
     pub proxy_url: Option<String>,
     pub probe_model: Option<String>,
+    pub stream_usage: bool,
 }
 
 /// One usage record.
@@ -295,6 +296,7 @@ impl ConfigStore {
             model_mapping,
             proxy_url: row.try_get("proxy_url").map_err(convert)?,
             probe_model: row.try_get("probe_model").map_err(convert)?,
+            stream_usage: row.try_get("stream_usage").map_err(convert)?,
         })
     }
 
@@ -341,12 +343,12 @@ impl ConfigStore {
             "INSERT INTO accounts (name, group_id, platform, base_url, credential_kind, \
                credential_ciphertext, credential_key_id, refresh_token_ciphertext, expires_at, token_url, \
                priority, weight, concurrency_limit, rpm_limit, session_window_limit_usd, allowed_models, \
-               model_mapping, proxy_url, probe_model) \
+               model_mapping, proxy_url, probe_model, stream_usage) \
              SELECT $1, $2, $3, $4, $5, \
                COALESCE($6, (SELECT credential_ciphertext FROM accounts WHERE name = $1)), \
                COALESCE($7, (SELECT credential_key_id FROM accounts WHERE name = $1)), \
                $8, to_timestamp($9::double precision / 1000), $10, \
-               $11, $12, $13, $14, $15, $16, $17, $18, $19 \
+               $11, $12, $13, $14, $15, $16, $17, $18, $19, $20 \
              WHERE $6::bytea IS NOT NULL OR EXISTS (SELECT 1 FROM accounts WHERE name = $1) \
              ON CONFLICT (name) DO UPDATE SET group_id = EXCLUDED.group_id, platform = EXCLUDED.platform, \
                base_url = EXCLUDED.base_url, credential_kind = EXCLUDED.credential_kind, \
@@ -359,7 +361,8 @@ impl ConfigStore {
                concurrency_limit = EXCLUDED.concurrency_limit, rpm_limit = EXCLUDED.rpm_limit, \
                session_window_limit_usd = EXCLUDED.session_window_limit_usd, \
                allowed_models = EXCLUDED.allowed_models, model_mapping = EXCLUDED.model_mapping, \
-               proxy_url = EXCLUDED.proxy_url, probe_model = EXCLUDED.probe_model, updated_at = now() \
+               proxy_url = EXCLUDED.proxy_url, probe_model = EXCLUDED.probe_model, stream_usage = EXCLUDED.stream_usage, \
+               updated_at = now() \
              RETURNING id",
         )
         .bind(&input.name)
@@ -381,6 +384,7 @@ impl ConfigStore {
         .bind(mapping)
         .bind(&input.proxy_url)
         .bind(&input.probe_model)
+        .bind(input.stream_usage)
         .fetch_optional(&self.pool)
         .await
         .map_err(convert)?;

@@ -62,6 +62,7 @@ pub fn account(name: &str, base_url: &str, concurrency: i32, priority: i32) -> A
         model_mapping: Default::default(),
         proxy_url: None,
         probe_model: None,
+        stream_usage: true,
     }
 }
 

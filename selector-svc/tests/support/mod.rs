@@ -99,6 +99,7 @@ pub fn api_account(name: &str, group: &str) -> AccountInput {
         model_mapping: HashMap::new(),
         proxy_url: None,
         probe_model: None,
+        stream_usage: true,
     }
 }
 

@@ -1,3 +1,6 @@
 -- poolgate selector schema, version 2: the model an account's confirmation probe asks for
 -- (NULL: the selector's per-platform default, --probe-model-anthropic / --probe-model-openai).
 ALTER TABLE accounts ADD COLUMN probe_model TEXT CHECK (length(probe_model) BETWEEN 1 AND 128);
+-- OpenAI chat streams: ask the upstream for usage (`stream_options.include_usage`) when the client
+-- did not, so streamed spend is recorded. Off for upstreams that reject the option.
+ALTER TABLE accounts ADD COLUMN stream_usage BOOLEAN NOT NULL DEFAULT true;
