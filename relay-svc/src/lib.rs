@@ -18,3 +18,4 @@ pub mod server;
 pub mod session;
 pub mod standalone;
 pub mod usage;
+pub mod usage_sink;

@@ -24,6 +24,8 @@ pub struct Metrics {
     pub spend_micros: IntCounter,
     /// relay_unpriced_usage_total: answers with tokens whose model has no price (spend 0).
     pub unpriced_usage: IntCounter,
+    /// relay_usage_records_lost_total: usage records that never reached the selector.
+    pub usage_lost: IntCounter,
     pub upstream_seconds: HistogramVec,
     pub first_byte_seconds: HistogramVec,
 }
@@ -99,6 +101,10 @@ impl Metrics {
             spend_micros: counter(
                 "relay_spend_recorded_micro_usd_total",
                 "Spend recorded with lease releases, in micro-USD.",
+            ),
+            usage_lost: counter(
+                "relay_usage_records_lost_total",
+                "Usage records that never reached the selector (refused, or past the bound kept through an outage).",
             ),
             unpriced_usage: counter(
                 "relay_unpriced_usage_total",

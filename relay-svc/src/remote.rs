@@ -25,6 +25,7 @@ use crate::backends::{
 };
 use crate::classify::Classified;
 use crate::metrics::Metrics;
+use crate::usage_sink::{SinkSettings, UsageSink, UsageWriter, WriteError};
 
 fn endpoint(
     url: &str,
@@ -219,7 +220,7 @@ fn backend(status: tonic::Status) -> BackendError {
 /// The selector over gRPC.
 pub struct RemoteSelection {
     client: SelectorClient<Traced>,
-    usage: mpsc::Sender<UsageRecord>,
+    usage: UsageSink,
     report_failures: Arc<Throttle>,
     /// Successes waiting to be reported, per account (the last status). Most outcomes are
     /// successes and most change nothing, so they are coalesced: at most one report per account
@@ -264,10 +265,17 @@ impl Throttle {
 }
 
 impl RemoteSelection {
-    pub fn new(channel: Channel, grpc_metrics: &admission_svc::grpc_metrics::GrpcMetrics) -> Self {
+    pub fn new(
+        channel: Channel,
+        grpc_metrics: &admission_svc::grpc_metrics::GrpcMetrics,
+        usage_lost: prometheus::IntCounter,
+    ) -> Self {
         let client = SelectorClient::new(traced(channel, grpc_metrics));
-        let (usage, receiver) = mpsc::channel(10_000);
-        tokio::spawn(flush_usage(client.clone(), receiver));
+        let usage = UsageSink::start(
+            SelectorUsage(client.clone()),
+            usage_lost,
+            SinkSettings::default(),
+        );
         let successes = Arc::new(std::sync::Mutex::new(HashMap::new()));
         let report_failures = Arc::new(Throttle::new(Duration::from_secs(5)));
         tokio::spawn(flush_successes(
@@ -323,51 +331,41 @@ async fn flush_successes(
     }
 }
 
-/// Writes usage records in batches: every second, or every 500 records.
-async fn flush_usage(
-    mut client: SelectorClient<Traced>,
-    mut receiver: mpsc::Receiver<UsageRecord>,
-) {
-    let mut batch = Vec::new();
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    loop {
-        let (closed, ticked) = tokio::select! {
-            record = receiver.recv() => match record {
-                Some(record) => {
-                    batch.push(record);
-                    (false, false)
-                }
-                None => (true, false),
-            },
-            _ = tick.tick() => (false, true),
-        };
-        if !batch.is_empty() && (closed || ticked || batch.len() >= 500) {
-            let records = batch
-                .drain(..)
-                .map(|r| spb::UsageRecord {
-                    api_key_id: r.api_key_id,
-                    user: r.user,
-                    account_id: r.account_id,
-                    model: r.model,
-                    input_tokens: r.input_tokens,
-                    output_tokens: r.output_tokens,
-                    cache_write_tokens: r.cache_write_tokens,
-                    cache_read_tokens: r.cache_read_tokens,
-                    cost_usd: r.cost_usd,
-                    status: u32::from(r.status),
-                    latency_ms: r.latency_ms,
-                    at_ms: r.at_ms,
-                })
-                .collect();
-            if let Err(status) = client
-                .record_usage(spb::RecordUsageRequest { records })
-                .await
-            {
-                tracing::warn!(code = ?status.code(), "usage records lost: the selector refused the batch");
+/// The selector's `RecordUsage`, as the usage sink's writer.
+struct SelectorUsage(SelectorClient<Traced>);
+
+#[async_trait]
+impl UsageWriter for SelectorUsage {
+    async fn write(&self, records: Vec<UsageRecord>) -> Result<(), WriteError> {
+        let records = records
+            .into_iter()
+            .map(|r| spb::UsageRecord {
+                api_key_id: r.api_key_id,
+                user: r.user,
+                account_id: r.account_id,
+                model: r.model,
+                input_tokens: r.input_tokens,
+                output_tokens: r.output_tokens,
+                cache_write_tokens: r.cache_write_tokens,
+                cache_read_tokens: r.cache_read_tokens,
+                cost_usd: r.cost_usd,
+                status: u32::from(r.status),
+                latency_ms: r.latency_ms,
+                at_ms: r.at_ms,
+            })
+            .collect();
+        match self
+            .0
+            .clone()
+            .record_usage(spb::RecordUsageRequest { records })
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(status) if status.code() == tonic::Code::InvalidArgument => {
+                tracing::warn!(code = ?status.code(), "the selector refused a usage batch");
+                Err(WriteError::Refused)
             }
-        }
-        if closed {
-            return;
+            Err(_) => Err(WriteError::Retry),
         }
     }
 }
@@ -536,9 +534,7 @@ impl Selection for RemoteSelection {
     }
 
     fn record_usage(&self, record: UsageRecord) {
-        if self.usage.try_send(record).is_err() {
-            tracing::warn!("usage record dropped: the batch queue is full");
-        }
+        self.usage.record(record);
     }
 
     async fn models(&self, group: &str, platform: selector_svc::domain::Platform) -> Vec<String> {
@@ -1004,6 +1000,7 @@ pub fn remote_backends(
     let selection = RemoteSelection::new(
         balanced_channel(selector, tls_ca).map_err(|e| format!("--selector-url: {e}"))?,
         &grpc_metrics,
+        metrics.usage_lost.clone(),
     );
     let leases = RemoteLeases::new(
         balanced_channel(admission, tls_ca).map_err(|e| format!("--admission-url: {e}"))?,
