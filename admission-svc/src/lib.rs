@@ -16,6 +16,7 @@ pub mod policy;
 pub mod redis_backend;
 pub mod redis_conn;
 pub mod server;
+pub mod service_auth;
 pub mod session;
 pub mod telemetry;
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 use admission_svc::domain::Settings;
 use admission_svc::policy::{FailurePolicy, PolicySettings};
 use admission_svc::redis_conn::{RedisOptions, RedisTarget};
+use admission_svc::service_auth::CallerCheck;
 use admission_svc::{BackendConfig, Config};
 use clap::Parser;
 
@@ -69,6 +70,16 @@ struct Cli {
     /// PEM private key for --tls-cert.
     #[arg(long, env = "ADMISSION_TLS_KEY", requires = "tls_cert")]
     tls_key: Option<std::path::PathBuf>,
+    /// Mutual TLS: callers must present a certificate signed by this CA (PEM; with --tls-cert).
+    #[arg(long, env = "ADMISSION_TLS_CLIENT_CA", requires = "tls_cert")]
+    tls_client_ca: Option<std::path::PathBuf>,
+    /// The service token every caller sends in the `x-poolgate-service-token` metadata key
+    /// (health checks excepted). Required unless --tls-client-ca or --insecure-dev.
+    #[arg(long, env = "POOLGATE_SERVICE_TOKEN", hide_env_values = true)]
+    service_token: Option<String>,
+    /// Accept calls from anyone who can reach the port (development only).
+    #[arg(long, env = "POOLGATE_INSECURE_DEV")]
+    insecure_dev: bool,
     /// Log format.
     #[arg(long, env = "POOLGATE_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
@@ -106,6 +117,11 @@ impl Cli {
             max_waiting: self.max_waiting,
             ..Settings::default()
         };
+        let callers = CallerCheck::from_flags(
+            self.service_token.as_deref(),
+            self.tls_client_ca.is_some(),
+            self.insecure_dev,
+        )?;
         Ok(Config {
             settings,
             backend,
@@ -114,9 +130,11 @@ impl Cli {
                 (Some(cert), Some(key)) => Some(admission_svc::server::TlsFiles {
                     cert: cert.clone(),
                     key: key.clone(),
+                    client_ca: self.tls_client_ca.clone(),
                 }),
                 _ => None,
             },
+            callers,
             ..Config::default()
         })
     }

@@ -19,6 +19,7 @@ use crate::metrics::Metrics;
 use crate::policy::{PolicyBackend, PolicySettings};
 use crate::redis_backend::RedisBackend;
 use crate::redis_conn::{RedisHandle, RedisOptions, RedisTarget};
+use crate::service_auth::CallerCheck;
 
 /// Where admission state lives.
 #[derive(Debug, Clone)]
@@ -44,22 +45,32 @@ pub struct Config {
     /// PEM certificate chain and key: serve gRPC over TLS. `None`: plaintext (inside a trusted
     /// network only; see docs/SECURITY.md).
     pub tls: Option<TlsFiles>,
+    /// How callers prove who they are (service token, mutual TLS, or open for development).
+    pub callers: CallerCheck,
 }
 
-/// PEM files of a server identity.
+/// PEM files of a server identity, and the CA its callers' certificates must chain to when
+/// mutual TLS is on.
 #[derive(Debug, Clone)]
 pub struct TlsFiles {
     pub cert: std::path::PathBuf,
     pub key: std::path::PathBuf,
+    /// Mutual TLS: every caller presents a certificate signed by this CA.
+    pub client_ca: Option<std::path::PathBuf>,
 }
 
 impl TlsFiles {
-    /// The tonic server TLS config, reading both files.
+    /// The tonic server TLS config, reading the files.
     pub fn server_config(&self) -> Result<tonic::transport::ServerTlsConfig, std::io::Error> {
         let cert = std::fs::read(&self.cert)?;
         let key = std::fs::read(&self.key)?;
-        Ok(tonic::transport::ServerTlsConfig::new()
-            .identity(tonic::transport::Identity::from_pem(cert, key)))
+        let mut config = tonic::transport::ServerTlsConfig::new()
+            .identity(tonic::transport::Identity::from_pem(cert, key));
+        if let Some(ca) = &self.client_ca {
+            config =
+                config.client_ca_root(tonic::transport::Certificate::from_pem(std::fs::read(ca)?));
+        }
+        Ok(config)
     }
 }
 
@@ -71,6 +82,7 @@ impl Default for Config {
             max_concurrent_streams: 100_000,
             shutdown_grace: Duration::from_secs(30),
             tls: None,
+            callers: CallerCheck::Open,
         }
     }
 }
@@ -198,6 +210,7 @@ pub async fn serve(
     let server = builder
         .layer(crate::grpc_metrics::GrpcMetrics::new(&metrics.registry))
         .layer(crate::telemetry::TraceLayer)
+        .layer(config.callers.layer())
         .tcp_nodelay(true)
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(5)))

@@ -20,6 +20,7 @@ use admission_svc::metrics::Metrics;
 use admission_svc::redis_backend::RedisBackend;
 use admission_svc::redis_conn::{RedisHandle, RedisOptions, RedisTarget};
 use admission_svc::server::{self, BackendConfig, Config};
+use admission_svc::service_auth::{CallerCheck, WithToken};
 use clap::Parser;
 use poolgate_proto::admission::v1 as pb;
 use poolgate_proto::admission::v1::admission_client::AdmissionClient;
@@ -27,6 +28,9 @@ use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
+
+/// The service token the bench's admission server requires and its clients send.
+const BENCH_TOKEN: &str = "bench-service-token";
 
 #[derive(Debug, Parser)]
 struct Args {
@@ -159,7 +163,10 @@ fn message(kind: pb::lease_request::Kind) -> pb::LeaseRequest {
 
 /// One lease through the API: open the stream, Acquire → Granted, Release → Released.
 /// Returns (acquire latency, whole cycle) in µs.
-async fn one_lease(client: &mut AdmissionClient<Channel>, account_id: i64) -> Option<(u64, u64)> {
+async fn one_lease(
+    client: &mut AdmissionClient<WithToken<Channel>>,
+    account_id: i64,
+) -> Option<(u64, u64)> {
     let start = Instant::now();
     let (sender, receiver) = mpsc::channel(2);
     let acquire = pb::Acquire {
@@ -198,7 +205,10 @@ async fn one_lease(client: &mut AdmissionClient<Channel>, account_id: i64) -> Op
 }
 
 /// Closed loop: `concurrency` workers each run leases back to back.
-async fn grpc_closed_loop(clients: &[AdmissionClient<Channel>], args: &Args) -> (Sample, Sample) {
+async fn grpc_closed_loop(
+    clients: &[AdmissionClient<WithToken<Channel>>],
+    args: &Args,
+) -> (Sample, Sample) {
     let deadline = Instant::now() + Duration::from_secs_f64(args.seconds);
     let started = Instant::now();
     let mut workers = Vec::new();
@@ -246,7 +256,10 @@ async fn grpc_closed_loop(clients: &[AdmissionClient<Channel>], args: &Args) -> 
 }
 
 /// Open loop: leases started at a fixed rate, whatever the latency.
-async fn grpc_open_loop(clients: &[AdmissionClient<Channel>], args: &Args) -> (Sample, Sample) {
+async fn grpc_open_loop(
+    clients: &[AdmissionClient<WithToken<Channel>>],
+    args: &Args,
+) -> (Sample, Sample) {
     let total = (args.rate as f64 * args.seconds) as u64;
     let interval = Duration::from_secs_f64(1.0 / args.rate.max(1) as f64);
     let started = Instant::now();
@@ -317,6 +330,7 @@ async fn run(args: Args) -> Result<(), String> {
             options,
             policy: Default::default(),
         },
+        callers: CallerCheck::Token(BENCH_TOKEN.into()),
         ..Config::default()
     };
     let admission = server::build_admission(&config, Metrics::new())
@@ -337,7 +351,10 @@ async fn run(args: Args) -> Result<(), String> {
             .connect()
             .await
             .map_err(|e| e.to_string())?;
-        clients.push(AdmissionClient::new(channel));
+        clients.push(AdmissionClient::new(WithToken::new(
+            channel,
+            Some(BENCH_TOKEN),
+        )));
     }
 
     println!(

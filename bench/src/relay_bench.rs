@@ -17,6 +17,9 @@ use relay_svc::proxy::RelaySettings;
 use relay_svc::server::{Config, Mode};
 use relay_svc::standalone::StandaloneFile;
 
+/// The service token the bench's servers require and their clients send.
+const BENCH_TOKEN: &str = "bench-service-token";
+
 #[derive(Debug, Parser)]
 struct Args {
     #[arg(long, default_value_t = 5.0)]
@@ -316,6 +319,7 @@ async fn distributed(
         refresh_interval: Duration::from_secs(3600),
         max_concurrent_streams: 100_000,
         tls: None,
+        callers: admission_svc::service_auth::CallerCheck::Token(BENCH_TOKEN.into()),
     };
     let selector =
         selector_svc::server::build(&selector_config, selector_svc::metrics::Metrics::new())
@@ -343,6 +347,7 @@ async fn distributed(
             options: RedisOptions::default(),
             policy: Default::default(),
         },
+        callers: admission_svc::service_auth::CallerCheck::Token(BENCH_TOKEN.into()),
         ..admission_svc::Config::default()
     };
     let admission = admission_svc::server::build_admission(
@@ -370,7 +375,10 @@ async fn distributed(
         mode: Mode::Remote {
             selector: vec![format!("http://{selector_addr}")],
             admission: vec![format!("http://{admission_addr}")],
-            tls_ca: None,
+            client: relay_svc::remote::GrpcClient {
+                service_token: Some(BENCH_TOKEN.into()),
+                ..Default::default()
+            },
         },
         relay: RelaySettings::default(),
         blocks: Default::default(),

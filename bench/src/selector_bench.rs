@@ -17,6 +17,9 @@ use selector_svc::crypto::Keyring;
 use selector_svc::domain::{CredentialKind, Platform, Secret};
 use selector_svc::store::{AccountInput, ConfigStore};
 
+/// The service token the bench's servers require and their clients send.
+const BENCH_TOKEN: &str = "bench-service-token";
+
 #[derive(Debug, Parser)]
 struct Args {
     #[arg(long, default_value_t = 1000)]
@@ -109,6 +112,7 @@ async fn run(args: Args) -> Result<(), String> {
         refresh_interval: Duration::from_secs(3600),
         max_concurrent_streams: 100_000,
         tls: None,
+        callers: admission_svc::service_auth::CallerCheck::Token(BENCH_TOKEN.into()),
     };
     let built = selector_svc::server::build(&config, selector_svc::metrics::Metrics::new())
         .await
@@ -135,7 +139,10 @@ async fn run(args: Args) -> Result<(), String> {
         .connect()
         .await
         .map_err(|e| e.to_string())?;
-    let client = SelectorClient::new(channel);
+    let client = SelectorClient::new(admission_svc::service_auth::WithToken::new(
+        channel,
+        Some(BENCH_TOKEN),
+    ));
     let _ = client.clone().select(request()).await;
 
     println!(

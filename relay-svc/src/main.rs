@@ -38,6 +38,17 @@ struct Cli {
     /// PEM CA of the selector's and admission's TLS certificates; use https:// endpoint URLs.
     #[arg(long, env = "RELAY_GRPC_TLS_CA")]
     grpc_tls_ca: Option<std::path::PathBuf>,
+    /// PEM client certificate for selector and admission servers that require mutual TLS
+    /// (with --grpc-tls-key).
+    #[arg(long, env = "RELAY_GRPC_TLS_CERT", requires = "grpc_tls_key")]
+    grpc_tls_cert: Option<std::path::PathBuf>,
+    /// PEM private key of --grpc-tls-cert.
+    #[arg(long, env = "RELAY_GRPC_TLS_KEY", requires = "grpc_tls_cert")]
+    grpc_tls_key: Option<std::path::PathBuf>,
+    /// The service token sent to the selector and admission in the `x-poolgate-service-token`
+    /// metadata key.
+    #[arg(long, env = "POOLGATE_SERVICE_TOKEN", hide_env_values = true)]
+    service_token: Option<String>,
     /// How long a request may wait for capacity, ms.
     #[arg(long, env = "RELAY_MAX_WAIT_MS", default_value_t = 30_000)]
     max_wait_ms: u64,
@@ -102,17 +113,33 @@ async fn config(cli: &Cli) -> Result<Config, String> {
         if cli.selector_url.is_empty() || cli.admission_url.is_empty() {
             return Err("give --selector-url and --admission-url, or run --standalone".into());
         }
+        let read = |flag: &str, path: &std::path::Path| {
+            std::fs::read(path).map_err(|e| format!("{flag} {}: {e}", path.display()))
+        };
         let tls_ca = match &cli.grpc_tls_ca {
-            Some(path) => Some(
-                std::fs::read(path)
-                    .map_err(|e| format!("--grpc-tls-ca {}: {e}", path.display()))?,
-            ),
+            Some(path) => Some(read("--grpc-tls-ca", path)?),
             None => None,
         };
+        let tls_identity = match (&cli.grpc_tls_cert, &cli.grpc_tls_key) {
+            (Some(cert), Some(key)) => {
+                Some((read("--grpc-tls-cert", cert)?, read("--grpc-tls-key", key)?))
+            }
+            _ => None,
+        };
+        if cli.service_token.as_deref().is_none_or(str::is_empty) && tls_identity.is_none() {
+            tracing::warn!(
+                "no --service-token (POOLGATE_SERVICE_TOKEN) and no client certificate: the \
+                 selector and admission accept this relay only if they run with --insecure-dev"
+            );
+        }
         Mode::Remote {
             selector: cli.selector_url.clone(),
             admission: cli.admission_url.clone(),
-            tls_ca,
+            client: relay_svc::remote::GrpcClient {
+                tls_ca,
+                tls_identity,
+                service_token: cli.service_token.clone(),
+            },
         }
     };
     Ok(Config {

@@ -26,6 +26,7 @@ use crate::backends::{
 use crate::classify::Classified;
 use crate::metrics::Metrics;
 use crate::usage_sink::{SinkSettings, UsageSink, UsageWriter, WriteError};
+use admission_svc::service_auth::WithToken;
 
 fn endpoint(
     url: &str,
@@ -58,8 +59,9 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// address it resolves to is a replica; an IP endpoint is one replica. Every replica is probed
 /// each second: one that does not accept connections leaves the balancer until it does again
 /// (the balancer would otherwise keep sending calls to a dead replica, which fail at once).
-/// With `tls_ca`, `https://` endpoints are verified against that CA and the name in the URL.
-pub fn balanced_channel(endpoints: &[String], tls_ca: Option<&[u8]>) -> Result<Channel, String> {
+/// With a CA, `https://` endpoints are verified against it and the name in the URL; with an
+/// identity, the relay presents that client certificate (mutual TLS).
+pub fn balanced_channel(endpoints: &[String], client: &GrpcClient) -> Result<Channel, String> {
     if endpoints.is_empty() {
         return Err("no endpoints".into());
     }
@@ -80,11 +82,21 @@ pub fn balanced_channel(endpoints: &[String], tls_ca: Option<&[u8]>) -> Result<C
             .trim_start_matches('[')
             .trim_end_matches(']')
             .to_owned();
-        let tls = tls_ca.filter(|_| scheme == "https").map(|ca| {
-            tonic::transport::ClientTlsConfig::new()
-                .ca_certificate(tonic::transport::Certificate::from_pem(ca))
-                .domain_name(bare_host.clone())
-        });
+        let tls = client
+            .tls_ca
+            .as_ref()
+            .filter(|_| scheme == "https")
+            .map(|ca| {
+                let tls = tonic::transport::ClientTlsConfig::new()
+                    .ca_certificate(tonic::transport::Certificate::from_pem(ca))
+                    .domain_name(bare_host.clone());
+                match &client.tls_identity {
+                    Some((cert, key)) => {
+                        tls.identity(tonic::transport::Identity::from_pem(cert, key))
+                    }
+                    None => tls,
+                }
+            });
         endpoint(url, tls.as_ref())?;
         let mut current = std::collections::HashSet::new();
         if let Ok(ip) = bare_host.parse::<std::net::IpAddr>() {
@@ -206,10 +218,14 @@ async fn watch_replicas(
 
 /// A balanced channel that carries the current trace context in every request's metadata, and
 /// counts every call (`grpc_client_*` metrics).
-pub type Traced =
-    admission_svc::grpc_metrics::GrpcMetricsService<admission_svc::telemetry::Inject<Channel>>;
+pub type Traced = admission_svc::grpc_metrics::GrpcMetricsService<
+    admission_svc::telemetry::Inject<WithToken<Channel>>,
+>;
 
-fn traced(channel: Channel, metrics: &admission_svc::grpc_metrics::GrpcMetrics) -> Traced {
+fn traced(
+    channel: WithToken<Channel>,
+    metrics: &admission_svc::grpc_metrics::GrpcMetrics,
+) -> Traced {
     tower::Layer::layer(metrics, admission_svc::telemetry::Inject::new(channel))
 }
 
@@ -266,7 +282,7 @@ impl Throttle {
 
 impl RemoteSelection {
     pub fn new(
-        channel: Channel,
+        channel: WithToken<Channel>,
         grpc_metrics: &admission_svc::grpc_metrics::GrpcMetrics,
         usage_lost: prometheus::IntCounter,
     ) -> Self {
@@ -568,7 +584,7 @@ pub struct RemoteLeases {
 
 impl RemoteLeases {
     pub fn new(
-        channel: Channel,
+        channel: WithToken<Channel>,
         metrics: Metrics,
         grpc_metrics: &admission_svc::grpc_metrics::GrpcMetrics,
     ) -> Self {
@@ -989,21 +1005,39 @@ impl Lease for RemoteLease {
     }
 }
 
+/// How the relay reaches and authenticates to the selector and admission.
+#[derive(Debug, Clone, Default)]
+pub struct GrpcClient {
+    /// PEM CA of their certificates (for `https://` endpoints).
+    pub tls_ca: Option<Vec<u8>>,
+    /// PEM client certificate and key, for servers that require mutual TLS.
+    pub tls_identity: Option<(Vec<u8>, Vec<u8>)>,
+    /// Sent in `x-poolgate-service-token` on every call.
+    pub service_token: Option<String>,
+}
+
 /// Shared by both backends' constructors.
 pub fn remote_backends(
     selector: &[String],
     admission: &[String],
-    tls_ca: Option<&[u8]>,
+    client: &GrpcClient,
     metrics: Metrics,
 ) -> Result<Backends, String> {
     let grpc_metrics = admission_svc::grpc_metrics::GrpcMetrics::client(&metrics.registry);
+    let token = client.service_token.as_deref();
     let selection = RemoteSelection::new(
-        balanced_channel(selector, tls_ca).map_err(|e| format!("--selector-url: {e}"))?,
+        WithToken::new(
+            balanced_channel(selector, client).map_err(|e| format!("--selector-url: {e}"))?,
+            token,
+        ),
         &grpc_metrics,
         metrics.usage_lost.clone(),
     );
     let leases = RemoteLeases::new(
-        balanced_channel(admission, tls_ca).map_err(|e| format!("--admission-url: {e}"))?,
+        WithToken::new(
+            balanced_channel(admission, client).map_err(|e| format!("--admission-url: {e}"))?,
+            token,
+        ),
         metrics,
         &grpc_metrics,
     );

@@ -24,8 +24,8 @@ pub enum Mode {
     Remote {
         selector: Vec<String>,
         admission: Vec<String>,
-        /// PEM CA that signs the selector's and admission's certificates (for https:// URLs).
-        tls_ca: Option<Vec<u8>>,
+        /// TLS and the service token toward the selector and admission.
+        client: crate::remote::GrpcClient,
     },
 }
 
@@ -50,10 +50,8 @@ pub fn build(config: &Config, metrics: Metrics) -> Result<Arc<Relay>, String> {
         Mode::Remote {
             selector,
             admission,
-            tls_ca,
-        } => {
-            crate::remote::remote_backends(selector, admission, tls_ca.as_deref(), metrics.clone())?
-        }
+            client,
+        } => crate::remote::remote_backends(selector, admission, client, metrics.clone())?,
     };
     Ok(Arc::new(Relay::new(
         selection,

@@ -19,11 +19,8 @@ fn openssl(dir: &std::path::Path, args: &[&str]) {
     assert!(status.success(), "openssl {args:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn admission_over_tls_verified_by_the_relays_channel() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let scratch = Scratch::new("tls").expect("scratch");
-    let dir = scratch.path();
+/// A CA, a server certificate for localhost and a client certificate, all in `dir`.
+fn certificates(dir: &std::path::Path) {
     openssl(
         dir,
         &[
@@ -42,51 +39,126 @@ async fn admission_over_tls_verified_by_the_relays_channel() {
             "/CN=poolgate-test-ca",
         ],
     );
-    openssl(
-        dir,
-        &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-            "-subj",
-            "/CN=localhost",
-        ],
-    );
     std::fs::write(
         dir.join("ext.cnf"),
         "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
     )
     .expect("ext");
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "server.pem",
-            "-days",
-            "1",
-            "-extfile",
-            "ext.cnf",
-        ],
-    );
+    for (name, subject) in [
+        ("server", "/CN=localhost"),
+        ("client", "/CN=poolgate-relay"),
+    ] {
+        openssl(
+            dir,
+            &[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                &format!("{name}.key"),
+                "-out",
+                &format!("{name}.csr"),
+                "-subj",
+                subject,
+            ],
+        );
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &format!("{name}.csr"),
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                &format!("{name}.pem"),
+                "-days",
+                "1",
+                "-extfile",
+                "ext.cnf",
+            ],
+        );
+    }
+}
 
+async fn inflight(client: &relay_svc::remote::GrpcClient, port: u16) -> Result<u32, String> {
+    let channel =
+        relay_svc::remote::balanced_channel(&[format!("https://localhost:{port}")], client)?;
+    let mut client = AdmissionClient::new(channel);
+    let mut last = String::from("no attempt");
+    for _ in 0..30 {
+        match client
+            .inflight(pb::InflightRequest {
+                account_ids: vec![1],
+            })
+            .await
+        {
+            Ok(response) => return Ok(response.into_inner().accounts[0].inflight),
+            Err(status) => last = format!("{:?}: {}", status.code(), status.message()),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(last)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_admits_callers_with_a_certificate_from_the_ca_and_no_one_else() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let scratch = Scratch::new("mtls").expect("scratch");
+    let dir = scratch.path();
+    certificates(dir);
     let config = admission_svc::Config {
         tls: Some(admission_svc::server::TlsFiles {
             cert: dir.join("server.pem"),
             key: dir.join("server.key"),
+            client_ca: Some(dir.join("ca.pem")),
+        }),
+        callers: admission_svc::service_auth::CallerCheck::MutualTls,
+        ..admission_svc::Config::default()
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    tokio::spawn(async move {
+        let _ = admission_svc::run(config, listener, None, std::future::pending()).await;
+    });
+    let ca = std::fs::read(dir.join("ca.pem")).expect("ca");
+    let with_certificate = relay_svc::remote::GrpcClient {
+        tls_ca: Some(ca.clone()),
+        tls_identity: Some((
+            std::fs::read(dir.join("client.pem")).expect("cert"),
+            std::fs::read(dir.join("client.key")).expect("key"),
+        )),
+        service_token: None,
+    };
+    assert_eq!(inflight(&with_certificate, port).await, Ok(0));
+    let without = relay_svc::remote::GrpcClient {
+        tls_ca: Some(ca),
+        ..Default::default()
+    };
+    assert!(
+        inflight(&without, port).await.is_err(),
+        "no client certificate: refused in the handshake"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_over_tls_verified_by_the_relays_channel() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let scratch = Scratch::new("tls").expect("scratch");
+    let dir = scratch.path();
+    certificates(dir);
+    let config = admission_svc::Config {
+        tls: Some(admission_svc::server::TlsFiles {
+            cert: dir.join("server.pem"),
+            key: dir.join("server.key"),
+            client_ca: None,
         }),
         ..admission_svc::Config::default()
     };
@@ -98,25 +170,15 @@ async fn admission_over_tls_verified_by_the_relays_channel() {
         let _ = admission_svc::run(config, listener, None, std::future::pending()).await;
     });
     let ca = std::fs::read(dir.join("ca.pem")).expect("ca");
-    let channel =
-        relay_svc::remote::balanced_channel(&[format!("https://localhost:{port}")], Some(&ca))
-            .expect("channel");
-    let mut client = AdmissionClient::new(channel);
-    let mut answer = None;
-    for _ in 0..50 {
-        if let Ok(response) = client
-            .inflight(pb::InflightRequest {
-                account_ids: vec![1],
-            })
-            .await
-        {
-            answer = Some(response.into_inner());
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let answer = answer.expect("a verified TLS call succeeds");
-    assert_eq!(answer.accounts[0].inflight, 0);
+    let client = relay_svc::remote::GrpcClient {
+        tls_ca: Some(ca),
+        ..Default::default()
+    };
+    assert_eq!(
+        inflight(&client, port).await,
+        Ok(0),
+        "a verified TLS call succeeds"
+    );
     // Plaintext is refused.
     let plain = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
         .expect("endpoint")

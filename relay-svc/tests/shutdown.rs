@@ -141,6 +141,7 @@ async fn sigterm_to_one_admission_replica_under_load_never_over_admits() {
                         "--orphan-grace-ms",
                         "3000",
                     ])
+                    .env("POOLGATE_SERVICE_TOKEN", common::SERVICE_TOKEN)
                     .env_remove("RUST_LOG")
                     .stdout(Stdio::null())
                     .stderr(Stdio::null())

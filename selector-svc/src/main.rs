@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use admission_svc::redis_conn::{RedisOptions, RedisTarget};
+use admission_svc::service_auth::{CallerCheck, WithToken};
 use clap::{Args, Parser, Subcommand};
 use poolgate_proto::selector::v1 as pb;
 use selector_svc::confirm::ProbeSettings;
@@ -117,6 +118,27 @@ struct ServeArgs {
         global = true
     )]
     probe_model_openai: String,
+    /// Mutual TLS: callers must present a certificate signed by this CA (PEM; with --tls-cert).
+    #[arg(
+        long,
+        env = "SELECTOR_TLS_CLIENT_CA",
+        requires = "tls_cert",
+        global = true
+    )]
+    tls_client_ca: Option<std::path::PathBuf>,
+    /// The service token every caller sends in the `x-poolgate-service-token` metadata key
+    /// (health checks excepted; the admin CLI sends it too). Required unless --tls-client-ca or
+    /// --insecure-dev.
+    #[arg(
+        long,
+        env = "POOLGATE_SERVICE_TOKEN",
+        hide_env_values = true,
+        global = true
+    )]
+    service_token: Option<String>,
+    /// Accept calls from anyone who can reach the port (development only).
+    #[arg(long, env = "POOLGATE_INSECURE_DEV", global = true)]
+    insecure_dev: bool,
     /// Log format.
     #[arg(long, env = "POOLGATE_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"], global = true)]
     log_format: String,
@@ -288,9 +310,15 @@ fn config(args: &ServeArgs) -> Result<Config, String> {
             (Some(cert), Some(key)) => Some(admission_svc::server::TlsFiles {
                 cert: cert.clone(),
                 key: key.clone(),
+                client_ca: args.tls_client_ca.clone(),
             }),
             _ => None,
         },
+        callers: CallerCheck::from_flags(
+            args.service_token.as_deref(),
+            args.tls_client_ca.is_some(),
+            args.insecure_dev,
+        )?,
     })
 }
 
@@ -348,6 +376,7 @@ async fn admin(args: &ServeArgs, admin: &AdminArgs) -> Result<(), String> {
     let bearer: tonic::metadata::MetadataValue<_> = format!("Bearer {token}")
         .parse()
         .map_err(|_| "the admin token is not a valid header value".to_string())?;
+    let channel = WithToken::new(channel, args.service_token.as_deref());
     let mut client =
         SelectorAdminClient::with_interceptor(channel, move |mut request: tonic::Request<()>| {
             request

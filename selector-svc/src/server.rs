@@ -39,6 +39,9 @@ pub struct Config {
     pub max_concurrent_streams: u32,
     /// Serve gRPC over TLS with this identity; `None`: plaintext.
     pub tls: Option<admission_svc::server::TlsFiles>,
+    /// How callers prove who they are (service token, mutual TLS, or open for development).
+    /// The admin RPCs check the admin token on top.
+    pub callers: admission_svc::service_auth::CallerCheck,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -288,6 +291,7 @@ pub async fn serve_selector(
             &selector.metrics().registry,
         ))
         .layer(admission_svc::telemetry::TraceLayer)
+        .layer(config.callers.layer())
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(5)))
         .max_concurrent_streams(Some(config.max_concurrent_streams))

@@ -496,3 +496,50 @@ mod harness_tests {
         assert_eq!(value, None);
     }
 }
+
+/// Every RPC path (`/package.Service/Method`) of the named services (`package.Service`) in an
+/// encoded file descriptor set: tests that must cover every RPC read the list from the protos.
+pub fn rpc_paths(descriptor_set: &[u8], services: &[&str]) -> HarnessResult<Vec<String>> {
+    use prost::Message;
+    let set = prost_types::FileDescriptorSet::decode(descriptor_set)
+        .map_err(|e| format!("descriptor set: {e}"))?;
+    let mut paths = Vec::new();
+    for file in &set.file {
+        let package = file.package();
+        for service in &file.service {
+            let full = format!("{package}.{}", service.name());
+            if services.contains(&full.as_str()) {
+                for method in &service.method {
+                    paths.push(format!("/{full}/{}", method.name()));
+                }
+            }
+        }
+    }
+    Ok(paths)
+}
+
+/// Calls `path` with an empty message and the given metadata; the status code the call ends
+/// with (`Ok` for an answer).
+pub async fn call_empty(
+    channel: tonic::transport::Channel,
+    path: &str,
+    metadata: &[(&str, &str)],
+) -> HarnessResult<(tonic::Code, String)> {
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.map_err(|e| format!("not ready: {e}"))?;
+    let mut request = tonic::Request::new(());
+    for (key, value) in metadata {
+        let key = tonic::metadata::MetadataKey::from_bytes(key.as_bytes())
+            .map_err(|e| format!("metadata key {key}: {e}"))?;
+        let value = value
+            .parse()
+            .map_err(|_| format!("metadata value for {key}"))?;
+        request.metadata_mut().insert(key, value);
+    }
+    let path: http::uri::PathAndQuery = path.parse().map_err(|e| format!("{path}: {e}"))?;
+    let codec = tonic_prost::ProstCodec::<(), ()>::default();
+    Ok(match grpc.unary(request, path, codec).await {
+        Ok(_) => (tonic::Code::Ok, String::new()),
+        Err(status) => (status.code(), status.message().to_owned()),
+    })
+}

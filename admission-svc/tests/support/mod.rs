@@ -12,6 +12,7 @@ use admission_svc::domain::Settings;
 use admission_svc::metrics::Metrics;
 use admission_svc::redis_conn::{RedisOptions, RedisTarget};
 use admission_svc::server::{self, BackendConfig, Config};
+use admission_svc::service_auth::{CallerCheck, WithToken};
 use poolgate_proto::admission::v1 as pb;
 use poolgate_proto::admission::v1::admission_client::AdmissionClient;
 use poolgate_testkit::{RedisServer, free_port};
@@ -21,7 +22,10 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
 use tonic::transport::Channel;
 
-pub type Client = AdmissionClient<Channel>;
+pub type Client = AdmissionClient<WithToken<Channel>>;
+
+/// The service token every test server requires; test clients send it.
+pub const SERVICE_TOKEN: &str = "test-service-token";
 
 /// Settings short enough for tests: ttl 3 s, orphan grace 300 ms, fast polls.
 pub fn test_settings() -> Settings {
@@ -82,6 +86,7 @@ impl TestServer {
         let config = Config {
             settings,
             backend,
+            callers: CallerCheck::Token(SERVICE_TOKEN.into()),
             ..Config::default()
         };
         let admission = server::build_admission(&config, Metrics::new())
@@ -133,8 +138,10 @@ impl Drop for TestServer {
 pub async fn connect(addr: std::net::SocketAddr) -> Client {
     let endpoint = format!("http://{addr}");
     for _ in 0..100 {
-        if let Ok(client) = AdmissionClient::connect(endpoint.clone()).await {
-            return client;
+        if let Ok(endpoint) = tonic::transport::Endpoint::from_shared(endpoint.clone())
+            && let Ok(channel) = endpoint.connect().await
+        {
+            return AdmissionClient::new(WithToken::new(channel, Some(SERVICE_TOKEN)));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -394,6 +401,7 @@ impl AdmissionProcess {
             .args(["--metrics-listen", &format!("127.0.0.1:{metrics_port}")])
             .args(["--redis-url", redis_url])
             .args(extra_args)
+            .env("POOLGATE_SERVICE_TOKEN", SERVICE_TOKEN)
             .env_remove("RUST_LOG")
             .stdout(Stdio::null())
             .stderr(Stdio::null())

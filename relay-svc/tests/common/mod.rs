@@ -18,6 +18,9 @@ use selector_svc::crypto::Keyring;
 use selector_svc::domain::{CredentialKind, Platform, Secret};
 use selector_svc::store::{AccountInput, ConfigStore};
 
+/// The service token the test's selector and admission require; the relay sends it.
+pub const SERVICE_TOKEN: &str = "test-service-token";
+
 /// Postgres (migrated) and Redis, private to the test.
 pub struct Backends {
     pub postgres: PostgresServer,
@@ -80,6 +83,7 @@ pub async fn selector(backends: &Backends) -> (selector_svc::server::Built, Sock
         refresh_interval: Duration::from_secs(3600),
         max_concurrent_streams: 1000,
         tls: None,
+        callers: admission_svc::service_auth::CallerCheck::Token(SERVICE_TOKEN.into()),
     };
     let built = selector_svc::server::build(&config, selector_svc::metrics::Metrics::new())
         .await
@@ -114,6 +118,7 @@ pub async fn admission(
             policy: Default::default(),
         },
         settings,
+        callers: admission_svc::service_auth::CallerCheck::Token(SERVICE_TOKEN.into()),
         ..admission_svc::Config::default()
     };
     let engine =
@@ -180,7 +185,10 @@ pub async fn relay(
         mode: relay_svc::server::Mode::Remote {
             selector,
             admission,
-            tls_ca: None,
+            client: relay_svc::remote::GrpcClient {
+                service_token: Some(SERVICE_TOKEN.into()),
+                ..Default::default()
+            },
         },
         relay: settings,
         blocks: Default::default(),

@@ -51,6 +51,8 @@ pub struct Env {
 impl Env {
     pub fn command(&self, name: &str) -> Command {
         let mut command = Command::new(binary(name));
+        // Every service requires, and the relay sends, the service token.
+        command.env("POOLGATE_SERVICE_TOKEN", super::SERVICE_TOKEN);
         command.envs(self.vars.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         command.env_remove("RUST_LOG").stdin(Stdio::null());
         command

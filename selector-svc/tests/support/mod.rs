@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use admission_svc::redis_conn::{RedisOptions, RedisTarget};
+use admission_svc::service_auth::{CallerCheck, WithToken};
 use poolgate_proto::selector::v1 as pb;
 use poolgate_proto::selector::v1::selector_admin_client::SelectorAdminClient;
 use poolgate_proto::selector::v1::selector_client::SelectorClient;
@@ -22,6 +23,17 @@ use tokio::sync::oneshot;
 use tonic::transport::Channel;
 
 pub const ADMIN_TOKEN: &str = "test-admin-token";
+
+/// The service token the test selectors require; their clients send it.
+pub const SERVICE_TOKEN: &str = "test-service-token";
+
+pub type Client = SelectorClient<WithToken<Channel>>;
+pub type AdminClient = SelectorAdminClient<WithToken<Channel>>;
+
+/// A channel that sends the service token.
+pub fn with_token(channel: Channel) -> WithToken<Channel> {
+    WithToken::new(channel, Some(SERVICE_TOKEN))
+}
 
 pub struct Backends {
     pub postgres: PostgresServer,
@@ -62,6 +74,7 @@ impl Backends {
             refresh_interval: Duration::from_secs(3600),
             max_concurrent_streams: 1000,
             tls: None,
+            callers: CallerCheck::Token(SERVICE_TOKEN.into()),
         }
     }
 
@@ -128,8 +141,9 @@ pub fn fast_settings() -> SelectorSettings {
 /// One selector replica served on a free port.
 pub struct Replica {
     pub built: Built,
-    pub client: SelectorClient<Channel>,
-    pub admin: SelectorAdminClient<Channel>,
+    pub client: Client,
+    pub admin: AdminClient,
+    pub addr: std::net::SocketAddr,
     stop: Option<oneshot::Sender<()>>,
 }
 
@@ -171,8 +185,9 @@ impl Replica {
         let channel = channel.expect("selector accepts connections");
         Replica {
             built,
-            client: SelectorClient::new(channel.clone()),
-            admin: SelectorAdminClient::new(channel),
+            client: SelectorClient::new(with_token(channel.clone())),
+            admin: SelectorAdminClient::new(with_token(channel)),
+            addr,
             stop: Some(stop),
         }
     }
