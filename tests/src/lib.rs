@@ -461,42 +461,6 @@ impl Drop for PostgresServer {
     }
 }
 
-#[cfg(test)]
-mod harness_tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn postgres_starts_answers_and_stops() {
-        let server = PostgresServer::start().await.expect("postgres starts");
-        let port = server.port();
-        let answered = std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
-        assert!(answered, "postgres listens on {port}");
-        drop(server);
-        let gone = std::net::TcpStream::connect(("127.0.0.1", port)).is_err();
-        assert!(gone, "postgres stopped on drop");
-    }
-
-    #[tokio::test]
-    async fn redis_restart_keeps_the_port_and_loses_the_data() {
-        let mut server = RedisServer::start().await.expect("redis starts");
-        let mut conn = server.client().await.expect("client");
-        let _: () = redis::cmd("SET")
-            .arg("k")
-            .arg("v")
-            .query_async(&mut conn)
-            .await
-            .expect("set");
-        server.restart().await.expect("restart");
-        let mut conn = server.client().await.expect("client");
-        let value: Option<String> = redis::cmd("GET")
-            .arg("k")
-            .query_async(&mut conn)
-            .await
-            .expect("get");
-        assert_eq!(value, None);
-    }
-}
-
 /// Every RPC path (`/package.Service/Method`) of the named services (`package.Service`) in an
 /// encoded file descriptor set: tests that must cover every RPC read the list from the protos.
 pub fn rpc_paths(descriptor_set: &[u8], services: &[&str]) -> HarnessResult<Vec<String>> {
@@ -542,4 +506,40 @@ pub async fn call_empty(
         Ok(_) => (tonic::Code::Ok, String::new()),
         Err(status) => (status.code(), status.message().to_owned()),
     })
+}
+
+#[cfg(test)]
+mod harness_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn postgres_starts_answers_and_stops() {
+        let server = PostgresServer::start().await.expect("postgres starts");
+        let port = server.port();
+        let answered = std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
+        assert!(answered, "postgres listens on {port}");
+        drop(server);
+        let gone = std::net::TcpStream::connect(("127.0.0.1", port)).is_err();
+        assert!(gone, "postgres stopped on drop");
+    }
+
+    #[tokio::test]
+    async fn redis_restart_keeps_the_port_and_loses_the_data() {
+        let mut server = RedisServer::start().await.expect("redis starts");
+        let mut conn = server.client().await.expect("client");
+        let _: () = redis::cmd("SET")
+            .arg("k")
+            .arg("v")
+            .query_async(&mut conn)
+            .await
+            .expect("set");
+        server.restart().await.expect("restart");
+        let mut conn = server.client().await.expect("client");
+        let value: Option<String> = redis::cmd("GET")
+            .arg("k")
+            .query_async(&mut conn)
+            .await
+            .expect("get");
+        assert_eq!(value, None);
+    }
 }
