@@ -58,7 +58,8 @@ accounts:
   - {name: o1, platform: openai, base_url: "http://127.0.0.1:9190", api_key: sk-up-1, concurrency: 10000}
   - {name: o2, platform: openai, base_url: "http://127.0.0.1:9190", api_key: sk-up-2, concurrency: 10000}
 YAML
-"$BIN/relay-svc" --standalone --config "$work/relay.yaml" --listen 127.0.0.1:8190 >/dev/null 2>&1 & standalone_pid=$!; pids+=($standalone_pid)
+"$BIN/relay-svc" --standalone --config "$work/relay.yaml" --listen 127.0.0.1:8190 \
+  --metrics-listen 127.0.0.1:9590 >/dev/null 2>&1 & standalone_pid=$!; pids+=($standalone_pid)
 
 # Distributed: Redis, Postgres, selector, admission, relay (accounts governed: limits > 0).
 redis-server --port 6390 --bind 127.0.0.1 --save '' --appendonly no >/dev/null 2>&1 & redis_pid=$!; pids+=($redis_pid)
@@ -71,6 +72,7 @@ export POOLGATE_DATABASE_URL=postgres://postgres@127.0.0.1:5490/postgres
 export POOLGATE_REDIS_URL=redis://127.0.0.1:6390
 POOLGATE_CREDENTIAL_KEYS="k1:$("$BIN/selector-svc" genkey)"; export POOLGATE_CREDENTIAL_KEYS
 export SELECTOR_ADMIN_TOKEN=bench-admin SELECTOR_ENDPOINT=http://127.0.0.1:50162
+export POOLGATE_SERVICE_TOKEN=bench-service-token   # selector and admission require it; relay and CLI send it
 "$BIN/selector-svc" migrate >/dev/null
 "$BIN/selector-svc" --listen 127.0.0.1:50162 --metrics-listen 127.0.0.1:9562 >/dev/null 2>&1 & selector_pid=$!; pids+=($selector_pid)
 "$BIN/admission-svc" --listen 127.0.0.1:50161 --metrics-listen 127.0.0.1:9561 >/dev/null 2>&1 & admission_pid=$!; pids+=($admission_pid)
@@ -80,7 +82,7 @@ for n in 1 2; do
     --platform openai --base-url http://127.0.0.1:9190 --concurrency 10000 >/dev/null
 done
 dist_key=$("$BIN/selector-svc" admin create-key --user bench --group default | sed -n 's/^api_key=//p')
-"$BIN/relay-svc" --listen 127.0.0.1:8191 --selector-url http://127.0.0.1:50162 \
+"$BIN/relay-svc" --listen 127.0.0.1:8191 --metrics-listen 127.0.0.1:9591 --selector-url http://127.0.0.1:50162 \
   --admission-url http://127.0.0.1:50161 >/dev/null 2>&1 & distributed_pid=$!; pids+=($distributed_pid)
 
 # LiteLLM, two workers, the same two accounts.

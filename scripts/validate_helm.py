@@ -22,11 +22,12 @@ SERVICE_MONITOR_SCHEMA = json.loads((CHART / "crds-schemas" / "servicemonitor.sc
 
 VALUE_SETS = {
     "defaults": {},
-    "hpa off, servicemonitor on": {
+    "hpa off, servicemonitor on, no network policy": {
         "relay": {"hpa": {"enabled": False}},
         "selector": {"hpa": {"enabled": False}},
         "admission": {"hpa": {"enabled": False}},
         "serviceMonitor": {"enabled": True},
+        "networkPolicy": {"enabled": False},
     },
     "no migrations, divided policy, no pdb": {
         "migrations": {"enabled": False},
@@ -81,6 +82,21 @@ def validate(label, values):
         except Exception as error:  # noqa: BLE001
             check(name, False, f"{type(error).__name__}: {error}")
     check(f"[{label}] has the three Deployments", kinds.count("Deployment") == 3, str(kinds))
+    policies = kinds.count("NetworkPolicy")
+    wanted = 0 if values.get("networkPolicy", {}).get("enabled") is False else 2
+    check(f"[{label}] network policies for selector and admission", policies == wanted, str(kinds))
+    docs = [document for _, document in manifests(rendered)]
+    for deployment in (d for d in docs if d.get("kind") == "Deployment"):
+        env = deployment["spec"]["template"]["spec"]["containers"][0].get("env", [])
+        check(
+            f"[{label}] {deployment['metadata']['name']} gets the service token from a Secret",
+            any(e.get("name") == "POOLGATE_SERVICE_TOKEN" and "secretKeyRef" in e.get("valueFrom", {}) for e in env),
+        )
+    config = next(d for d in docs if d.get("kind") == "ConfigMap")["data"]
+    admission = values.get("admission", {})
+    hpa_on = admission.get("hpa", {}).get("enabled", True)
+    expected = str(admission.get("hpa", {}).get("maxReplicas", 6) if hpa_on else admission.get("replicas", 2))
+    check(f"[{label}] ADMISSION_EXPECTED_REPLICAS follows the HPA", config["ADMISSION_EXPECTED_REPLICAS"] == expected, config["ADMISSION_EXPECTED_REPLICAS"])
     text = "\n".join(rendered.values())
     check(f"[{label}] no secret value inlined", "secretKeyRef" in text and "redis://" not in text and "postgres://" not in text)
 

@@ -185,6 +185,7 @@ async fn serve_relay(config: Config) -> Result<String, String> {
     tokio::spawn(relay_svc::server::serve(
         relay,
         listener,
+        None,
         std::future::pending(),
         Duration::from_secs(1),
     ));

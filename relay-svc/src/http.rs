@@ -42,7 +42,6 @@ pub fn router(front: Front) -> Router {
         .route("/v1/models", get(models))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
         .fallback(not_found)
         .with_state(front)
 }
@@ -158,10 +157,6 @@ async fn readyz(State(front): State<Front>) -> Response {
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "shutting down").into_response()
     }
-}
-
-async fn metrics(State(front): State<Front>) -> Response {
-    front.relay.metrics.render().into_response()
 }
 
 async fn wrong_method(method: http::Method, uri: http::Uri) -> Response {

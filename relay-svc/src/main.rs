@@ -35,6 +35,9 @@ struct Cli {
     /// Admission gRPC endpoints, comma-separated (one per replica).
     #[arg(long, env = "RELAY_ADMISSION_URL", value_delimiter = ',')]
     admission_url: Vec<String>,
+    /// Prometheus `/metrics` listen address (its own port, off the client port).
+    #[arg(long, env = "RELAY_METRICS_LISTEN", default_value = "127.0.0.1:9463")]
+    metrics_listen: SocketAddr,
     /// PEM CA of the selector's and admission's TLS certificates; use https:// endpoint URLs.
     #[arg(long, env = "RELAY_GRPC_TLS_CA")]
     grpc_tls_ca: Option<std::path::PathBuf>,
@@ -194,8 +197,18 @@ async fn main() -> ExitCode {
         let listener = tokio::net::TcpListener::bind(listen)
             .await
             .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
-        tracing::info!(addr = %listen, standalone = cli.standalone, "relay serving");
-        relay_svc::server::serve(relay, listener, shutdown_signal(), config.shutdown_grace).await
+        let metrics_listener = tokio::net::TcpListener::bind(cli.metrics_listen)
+            .await
+            .map_err(|e| format!("cannot listen on {}: {e}", cli.metrics_listen))?;
+        tracing::info!(addr = %listen, metrics = %cli.metrics_listen, standalone = cli.standalone, "relay serving");
+        relay_svc::server::serve(
+            relay,
+            listener,
+            Some(metrics_listener),
+            shutdown_signal(),
+            config.shutdown_grace,
+        )
+        .await
     }
     .await;
     match result {

@@ -66,6 +66,38 @@ pub fn build(config: &Config, metrics: Metrics) -> Result<Arc<Relay>, String> {
 pub async fn serve(
     relay: Arc<Relay>,
     listener: TcpListener,
+    metrics_listener: Option<TcpListener>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    grace: Duration,
+) -> Result<(), String> {
+    // `/metrics` on its own port, as the other services do: clients never reach it.
+    let metrics_task = metrics_listener.map(|listener| {
+        let metrics = relay.metrics.clone();
+        tokio::spawn(async move {
+            let router = axum::Router::new()
+                .route(
+                    "/metrics",
+                    axum::routing::get(move || {
+                        let metrics = metrics.clone();
+                        async move { metrics.render() }
+                    }),
+                )
+                .route("/healthz", axum::routing::get(|| async { "ok" }));
+            if let Err(error) = axum::serve(listener, router).await {
+                tracing::warn!(%error, "metrics server failed");
+            }
+        })
+    });
+    let result = serve_clients(relay, listener, shutdown, grace).await;
+    if let Some(task) = metrics_task {
+        task.abort();
+    }
+    result
+}
+
+async fn serve_clients(
+    relay: Arc<Relay>,
+    listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
     grace: Duration,
 ) -> Result<(), String> {

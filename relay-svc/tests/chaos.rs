@@ -82,6 +82,7 @@ struct Cluster {
     admission_ports: Vec<(u16, u16)>,
     relays: Vec<Option<Process>>,
     relay_ports: Vec<u16>,
+    relay_metrics_ports: Vec<u16>,
     selector_urls: String,
     admission_urls: String,
 }
@@ -120,6 +121,8 @@ impl Cluster {
             .map(|_| (free_port().expect("port"), free_port().expect("port")))
             .collect();
         let relay_ports: Vec<u16> = (0..RELAYS).map(|_| free_port().expect("port")).collect();
+        let relay_metrics_ports: Vec<u16> =
+            (0..RELAYS).map(|_| free_port().expect("port")).collect();
         let urls = |ports: Vec<u16>| {
             ports
                 .iter()
@@ -175,6 +178,7 @@ impl Cluster {
             admission_ports,
             relays: (0..RELAYS).map(|_| None).collect(),
             relay_ports,
+            relay_metrics_ports,
             selector_urls: urls(selector_ports),
         };
         for n in 0..ADMISSIONS {
@@ -215,12 +219,15 @@ impl Cluster {
     /// Starts relay `n` and waits until a request goes through it.
     async fn start_relay(&mut self, n: usize) {
         let port = self.relay_ports[n];
+        let metrics_port = self.relay_metrics_ports[n];
         self.relays[n] = Some(self.env.spawn(
             "relay-svc",
             &format!("relay-{n}"),
             &[
                 "--listen",
                 &format!("127.0.0.1:{port}"),
+                "--metrics-listen",
+                &format!("127.0.0.1:{metrics_port}"),
                 "--selector-url",
                 &self.selector_urls,
                 "--admission-url",
@@ -380,7 +387,7 @@ impl Cluster {
     }
 
     async fn relay_counter(&self, n: usize, metric: &str) -> f64 {
-        self.scrape(self.relay_ports[n], metric)
+        self.scrape(self.relay_metrics_ports[n], metric)
             .await
             .unwrap_or(0.0)
     }

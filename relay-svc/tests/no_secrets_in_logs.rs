@@ -52,6 +52,8 @@ async fn a_debug_level_run_logs_no_credential() {
         .args([
             "--listen",
             &format!("127.0.0.1:{port}"),
+            "--metrics-listen",
+            "127.0.0.1:0",
             "--shutdown-grace-ms",
             "1000",
         ])

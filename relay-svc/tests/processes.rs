@@ -16,7 +16,8 @@ async fn relay_selector_and_admission_as_separate_processes() {
     let (postgres, redis) = tokio::join!(PostgresServer::start(), RedisServer::start());
     let (postgres, redis) = (postgres.expect("postgres"), redis.expect("redis"));
     let upstream = FakeUpstream::start().await.expect("upstream");
-    let (selector_port, admission_port, relay_port) = (
+    let (selector_port, admission_port, relay_port, relay_metrics_port) = (
+        free_port().expect("port"),
         free_port().expect("port"),
         free_port().expect("port"),
         free_port().expect("port"),
@@ -60,6 +61,8 @@ async fn relay_selector_and_admission_as_separate_processes() {
         &[
             "--listen",
             &format!("127.0.0.1:{relay_port}"),
+            "--metrics-listen",
+            &format!("127.0.0.1:{relay_metrics_port}"),
             "--selector-url",
             &format!("http://127.0.0.1:{selector_port}"),
             "--admission-url",
@@ -156,4 +159,20 @@ async fn relay_selector_and_admission_as_separate_processes() {
     }
     let blocks = env.run("selector-svc", &["admin", "blocks"], &[]);
     assert!(blocks.trim().is_empty(), "no account was blocked: {blocks}");
+    // The relay's metrics are on their own port, not on the clients'.
+    let metrics = http
+        .get(format!("http://127.0.0.1:{relay_metrics_port}/metrics"))
+        .send()
+        .await
+        .expect("metrics port answers")
+        .text()
+        .await
+        .expect("text");
+    assert!(metrics.contains("relay_requests_total"), "{metrics}");
+    let on_client_port = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .expect("relay answers");
+    assert_eq!(on_client_port.status().as_u16(), 404);
 }

@@ -43,6 +43,8 @@ async fn sigterm_to_the_relay_lets_an_open_stream_finish() {
             .args([
                 "--listen",
                 &format!("127.0.0.1:{port}"),
+                "--metrics-listen",
+                "127.0.0.1:0",
                 "--shutdown-grace-ms",
                 "10000",
             ])

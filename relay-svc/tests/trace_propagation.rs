@@ -40,11 +40,20 @@ async fn a_client_request_is_one_trace_across_relay_selector_and_admission() {
     let (_selector, selector_addr) = common::selector(&backends).await;
     let (_admission, admission_addr) =
         common::admission(&backends.redis.url(), Default::default()).await;
-    let addr = common::relay(
-        vec![format!("http://{selector_addr}")],
-        vec![format!("http://{admission_addr}")],
-        Default::default(),
-    )
+    let (relay, addr) = common::serve(relay_svc::server::Config {
+        mode: relay_svc::server::Mode::Remote {
+            selector: vec![format!("http://{selector_addr}")],
+            admission: vec![format!("http://{admission_addr}")],
+            client: relay_svc::remote::GrpcClient {
+                service_token: Some(common::SERVICE_TOKEN.into()),
+                ..Default::default()
+            },
+        },
+        relay: Default::default(),
+        blocks: Default::default(),
+        admission: Default::default(),
+        shutdown_grace: std::time::Duration::from_secs(1),
+    })
     .await;
 
     let response = reqwest::Client::new()
@@ -55,12 +64,8 @@ async fn a_client_request_is_one_trace_across_relay_selector_and_admission() {
         .await
         .expect("answer");
     assert_eq!(response.status().as_u16(), 200);
-    let metrics = reqwest::get(format!("http://{addr}/metrics"))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    // The relay's registry, as its metrics listener serves it.
+    let metrics = relay.metrics.render();
     assert!(
         metrics.contains(r#"grpc_client_requests_total{code="Ok",method="Selector/Select"} 1"#),
         "the relay counts its gRPC calls: {metrics}"

@@ -150,6 +150,7 @@ pub async fn serve(
     tokio::spawn(relay_svc::server::serve(
         relay.clone(),
         listener,
+        None,
         std::future::pending(),
         Duration::from_secs(1),
     ));
