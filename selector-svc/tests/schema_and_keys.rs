@@ -452,3 +452,39 @@ async fn reencrypt_upgrades_v1_rows_and_never_overwrites_a_token_refreshed_meanw
         assert_eq!(account.credential.expose(), credential);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_upserts_of_a_new_name_make_one_row_whose_blobs_fit_it() {
+    let postgres = poolgate_testkit::PostgresServer::start()
+        .await
+        .expect("postgres");
+    let store = store_with(&postgres, &format!("k1:{}", Keyring::generate_key()), None).await;
+    store.migrate().await.expect("migrate");
+    // Each writer takes its own id from the sequence; the losers of the insert must find the
+    // winner's row and update it under that row's id, or their blobs would be bound to an id
+    // the row does not have.
+    // Interleaving is up to the scheduler: several rounds make a lost race likely in each run.
+    for round in 0..4 {
+        let name = format!("raced-{round}");
+        let writers = (0..8).map(|n| {
+            let (store, name) = (store.clone(), name.clone());
+            async move {
+                let mut input = api_account(&name, "g");
+                input.credential = Some(Secret::new(format!("sk-writer-{n}")));
+                store.upsert_account(&input).await
+            }
+        });
+        let ids = futures_util::future::join_all(writers).await;
+        let first = *ids[0].as_ref().expect("upsert");
+        for id in &ids {
+            assert_eq!(id.as_ref().expect("every upsert succeeds"), &first);
+        }
+        let account = store.load_account(first).await.expect("the row loads");
+        assert!(account.credential.expose().starts_with("sk-writer-"));
+    }
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM accounts")
+        .fetch_one(store.pool())
+        .await
+        .expect("count");
+    assert_eq!(rows, 4);
+}
