@@ -31,7 +31,7 @@ enum Command {
     Serve,
     /// Apply the database migrations, then exit.
     Migrate,
-    /// Re-encrypt every credential under the active key, then exit.
+    /// Re-encrypt every credential as a row-bound (v2) blob under the active key, then exit.
     Reencrypt,
     /// Print a new random credential key (base64), for POOLGATE_CREDENTIAL_KEYS.
     Genkey,
@@ -626,7 +626,26 @@ async fn main() -> ExitCode {
                 .reencrypt_all()
                 .await
                 .map_err(|e| e.to_string())
-                .map(|moved| println!("re-encrypted {moved} account(s)")),
+                .and_then(|report| {
+                    println!(
+                        "upgraded={}\talready_current={}\tchanged_meanwhile={}\tunreadable={}",
+                        report.upgraded,
+                        report.already_current,
+                        report.changed_meanwhile,
+                        report.unreadable
+                    );
+                    // A row changed meanwhile was rewritten by its writer (a refresh, an admin
+                    // update) in that writer's form; a second run checks it.
+                    if report.unreadable > 0 {
+                        Err(format!(
+                            "{} account(s) could not be decrypted and were left as they are \
+                             (see the log for their ids; is the key ring complete?)",
+                            report.unreadable
+                        ))
+                    } else {
+                        Ok(())
+                    }
+                }),
             Err(error) => Err(error),
         },
         Some(Command::Genkey) => {

@@ -2,7 +2,7 @@
 //! decrypted), and every write the selector makes (admin changes, token refreshes, retirements,
 //! usage). Queries are checked at run time, so a clean clone builds without a database.
 //!
-//! The only module that knows SQL; `sqlx::Error` never leaves it.
+//! The only module that knows SQL (with its `store/reencrypt.rs`); `sqlx::Error` never leaves it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -10,12 +10,15 @@ use std::sync::Arc;
 use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
 use sqlx::{Row, migrate::Migrator};
 
-use crate::crypto::{CryptoError, Keyring, api_key_hash, api_key_prefix, new_api_key};
+use crate::crypto::{BlobPlace, CryptoError, Keyring, api_key_hash, api_key_prefix, new_api_key};
 use crate::domain::{
     Account, AccountId, AccountStatus, ApiKeyRecord, CredentialKind, OAuthState, Platform, Price,
     Secret,
 };
 use crate::snapshot::Snapshot;
+
+mod reencrypt;
+pub use reencrypt::{ReencryptOutcome, ReencryptReport, StoredCiphertexts};
 
 /// The account columns every read uses (a macro so `concat!` can extend it).
 macro_rules! account_select {
@@ -233,10 +236,16 @@ impl ConfigStore {
         Ok(Snapshot::new(groups, accounts, api_keys, prices))
     }
 
+    /// An account as stored. A blob that does not decrypt for this row and field (wrong key, or
+    /// moved here from another row or column) fails the whole account: the snapshot load skips
+    /// it with an error log, `load_account` returns the error; it never yields a credential.
     fn account_from_row(&self, row: &PgRow) -> Result<Account, StoreError> {
+        let id: AccountId = row.try_get("id").map_err(convert)?;
         let key_id: String = row.try_get("credential_key_id").map_err(convert)?;
         let blob: Vec<u8> = row.try_get("credential_ciphertext").map_err(convert)?;
-        let credential = self.keyring.decrypt(&key_id, &blob)?;
+        let credential = self
+            .keyring
+            .decrypt(&key_id, &blob, BlobPlace::credential(id))?;
         let kind_text: String = row.try_get("credential_kind").map_err(convert)?;
         let credential_kind = CredentialKind::parse(&kind_text)
             .ok_or_else(|| StoreError::Conflict(format!("credential kind {kind_text}")))?;
@@ -246,7 +255,10 @@ impl ConfigStore {
                 let refresh: Option<Vec<u8>> =
                     row.try_get("refresh_token_ciphertext").map_err(convert)?;
                 let refresh_token = match refresh {
-                    Some(blob) => self.keyring.decrypt(&key_id, &blob)?,
+                    Some(blob) => {
+                        self.keyring
+                            .decrypt(&key_id, &blob, BlobPlace::refresh_token(id))?
+                    }
                     None => Secret::default(),
                 };
                 Some(OAuthState {
@@ -275,7 +287,7 @@ impl ConfigStore {
             })
             .unwrap_or_default();
         Ok(Account {
-            id: row.try_get("id").map_err(convert)?,
+            id,
             name: row.try_get("name").map_err(convert)?,
             group: row.try_get("group_name").map_err(convert)?,
             platform: Platform::parse(&platform_text)
@@ -310,62 +322,174 @@ impl ConfigStore {
         .map_err(convert)
     }
 
-    /// Creates or updates an account by name; returns its id.
+    /// Creates or updates an account by name; returns its id. An update without a credential
+    /// keeps the stored one (and its refresh token).
     pub async fn upsert_account(&self, input: &AccountInput) -> Result<AccountId, StoreError> {
         let group_id = self.group_id(&input.group).await?;
         let mapping = serde_json::to_value(&input.model_mapping)
             .map_err(|e| StoreError::Conflict(format!("model mapping: {e}")))?;
-        let encrypted = match &input.credential {
-            Some(credential) => Some(self.keyring.encrypt(credential.expose())?),
-            None => None,
-        };
-        let refresh = match (&input.oauth, &encrypted) {
-            (Some(oauth), Some(_)) if !oauth.refresh_token.is_empty() => {
-                Some(self.keyring.encrypt(oauth.refresh_token.expose())?.1)
+        // A second attempt only when another writer inserted the same name between our lookup
+        // and our insert: it finds that row and updates it, as `ON CONFLICT` would have.
+        for _ in 0..2 {
+            if let Some(id) = self.try_upsert_account(input, group_id, &mapping).await? {
+                return Ok(id);
             }
-            _ => None,
-        };
+        }
+        Err(StoreError::Conflict(format!(
+            "account {:?} was created concurrently; try again",
+            input.name
+        )))
+    }
+
+    /// One upsert in one transaction; `None` when a concurrent insert of the same name won.
+    ///
+    /// The blobs are bound to the row's id, so the id must be known before they are sealed: an
+    /// existing row is locked and updated under its own id, a new row's id is taken from the
+    /// sequence first and inserted explicitly.
+    async fn try_upsert_account(
+        &self,
+        input: &AccountInput,
+        group_id: i64,
+        mapping: &serde_json::Value,
+    ) -> Result<Option<AccountId>, StoreError> {
         let expires_at_ms = input
             .oauth
             .as_ref()
             .map(|o| o.expires_at_ms)
-            .filter(|ms| *ms > 0);
+            .filter(|ms| *ms > 0)
+            .map(|ms| ms as f64);
         let token_url = input
             .oauth
             .as_ref()
             .map(|o| o.token_url.clone())
             .filter(|u| !u.is_empty());
-        let (key_id, blob) = match encrypted {
-            Some((key_id, blob)) => (Some(key_id), Some(blob)),
-            None => (None, None),
-        };
-        let id: Option<i64> = sqlx::query_scalar(
-            "INSERT INTO accounts (name, group_id, platform, base_url, credential_kind, \
-               credential_ciphertext, credential_key_id, refresh_token_ciphertext, expires_at, token_url, \
-               priority, weight, concurrency_limit, rpm_limit, session_window_limit_usd, allowed_models, \
-               model_mapping, proxy_url, probe_model, stream_usage) \
-             SELECT $1, $2, $3, $4, $5, \
-               COALESCE($6, (SELECT credential_ciphertext FROM accounts WHERE name = $1)), \
-               COALESCE($7, (SELECT credential_key_id FROM accounts WHERE name = $1)), \
-               $8, to_timestamp($9::double precision / 1000), $10, \
-               $11, $12, $13, $14, $15, $16, $17, $18, $19, $20 \
-             WHERE $6::bytea IS NOT NULL OR EXISTS (SELECT 1 FROM accounts WHERE name = $1) \
-             ON CONFLICT (name) DO UPDATE SET group_id = EXCLUDED.group_id, platform = EXCLUDED.platform, \
-               base_url = EXCLUDED.base_url, credential_kind = EXCLUDED.credential_kind, \
-               credential_ciphertext = COALESCE($6, accounts.credential_ciphertext), \
-               credential_key_id = COALESCE($7, accounts.credential_key_id), \
-               refresh_token_ciphertext = COALESCE($8, accounts.refresh_token_ciphertext), \
-               expires_at = COALESCE(EXCLUDED.expires_at, accounts.expires_at), \
-               token_url = COALESCE(EXCLUDED.token_url, accounts.token_url), \
-               priority = EXCLUDED.priority, weight = EXCLUDED.weight, \
-               concurrency_limit = EXCLUDED.concurrency_limit, rpm_limit = EXCLUDED.rpm_limit, \
-               session_window_limit_usd = EXCLUDED.session_window_limit_usd, \
-               allowed_models = EXCLUDED.allowed_models, model_mapping = EXCLUDED.model_mapping, \
-               proxy_url = EXCLUDED.proxy_url, probe_model = EXCLUDED.probe_model, stream_usage = EXCLUDED.stream_usage, \
-               updated_at = now() \
-             RETURNING id",
+        let new_refresh_token = input
+            .oauth
+            .as_ref()
+            .map(|o| &o.refresh_token)
+            .filter(|token| !token.is_empty());
+        let mut tx = self.pool.begin().await.map_err(convert)?;
+        let existing = sqlx::query(
+            "SELECT id, credential_key_id, refresh_token_ciphertext FROM accounts WHERE name = $1 FOR UPDATE",
         )
         .bind(&input.name)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(convert)?;
+        let Some(existing) = existing else {
+            let Some(credential) = &input.credential else {
+                return Err(StoreError::NotFound(format!(
+                    "account {:?} does not exist; a new account needs a credential",
+                    input.name
+                )));
+            };
+            let id: AccountId =
+                sqlx::query_scalar("SELECT nextval(pg_get_serial_sequence('accounts', 'id'))")
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(convert)?;
+            let (key_id, blob) = self
+                .keyring
+                .encrypt(credential.expose(), BlobPlace::credential(id))?;
+            let refresh = match new_refresh_token {
+                Some(token) => Some(
+                    self.keyring
+                        .encrypt(token.expose(), BlobPlace::refresh_token(id))?
+                        .1,
+                ),
+                None => None,
+            };
+            let inserted: Option<AccountId> = sqlx::query_scalar(
+                "INSERT INTO accounts (id, name, group_id, platform, base_url, credential_kind, \
+                   credential_ciphertext, credential_key_id, refresh_token_ciphertext, expires_at, token_url, \
+                   priority, weight, concurrency_limit, rpm_limit, session_window_limit_usd, allowed_models, \
+                   model_mapping, proxy_url, probe_model, stream_usage) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, to_timestamp($10::double precision / 1000), $11, \
+                   $12, $13, $14, $15, $16, $17, $18, $19, $20, $21) \
+                 ON CONFLICT (name) DO NOTHING RETURNING id",
+            )
+            .bind(id)
+            .bind(&input.name)
+            .bind(group_id)
+            .bind(input.platform.as_str())
+            .bind(&input.base_url)
+            .bind(input.credential_kind.as_str())
+            .bind(blob)
+            .bind(key_id)
+            .bind(refresh)
+            .bind(expires_at_ms)
+            .bind(token_url)
+            .bind(input.priority)
+            .bind(input.weight.max(1))
+            .bind(input.concurrency_limit)
+            .bind(input.rpm_limit)
+            .bind(input.session_window_limit_usd)
+            .bind(&input.allowed_models)
+            .bind(mapping)
+            .bind(&input.proxy_url)
+            .bind(&input.probe_model)
+            .bind(input.stream_usage)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(convert)?;
+            if inserted.is_none() {
+                // Rolled back on drop; the sequence value is simply not used.
+                return Ok(None);
+            }
+            tx.commit().await.map_err(convert)?;
+            return Ok(Some(id));
+        };
+        let id: AccountId = existing.try_get("id").map_err(convert)?;
+        let (key_id, blob, refresh) = match &input.credential {
+            None => (None, None, None),
+            Some(credential) => {
+                let (key_id, blob) = self
+                    .keyring
+                    .encrypt(credential.expose(), BlobPlace::credential(id))?;
+                // One key id covers both blobs: a kept refresh token is sealed again under the
+                // key the new credential uses, or it would no longer decrypt after a rotation.
+                let refresh_token = match new_refresh_token {
+                    Some(token) => Some(token.clone()),
+                    None => {
+                        let stored_key_id: String =
+                            existing.try_get("credential_key_id").map_err(convert)?;
+                        let stored: Option<Vec<u8>> = existing
+                            .try_get("refresh_token_ciphertext")
+                            .map_err(convert)?;
+                        match stored {
+                            Some(stored) => Some(self.keyring.decrypt(
+                                &stored_key_id,
+                                &stored,
+                                BlobPlace::refresh_token(id),
+                            )?),
+                            None => None,
+                        }
+                    }
+                };
+                let refresh = match refresh_token {
+                    Some(token) => Some(
+                        self.keyring
+                            .encrypt(token.expose(), BlobPlace::refresh_token(id))?
+                            .1,
+                    ),
+                    None => None,
+                };
+                (Some(key_id), Some(blob), refresh)
+            }
+        };
+        sqlx::query(
+            "UPDATE accounts SET group_id = $2, platform = $3, base_url = $4, credential_kind = $5, \
+               credential_ciphertext = COALESCE($6, credential_ciphertext), \
+               credential_key_id = COALESCE($7, credential_key_id), \
+               refresh_token_ciphertext = COALESCE($8, refresh_token_ciphertext), \
+               expires_at = COALESCE(to_timestamp($9::double precision / 1000), expires_at), \
+               token_url = COALESCE($10, token_url), \
+               priority = $11, weight = $12, concurrency_limit = $13, rpm_limit = $14, \
+               session_window_limit_usd = $15, allowed_models = $16, model_mapping = $17, \
+               proxy_url = $18, probe_model = $19, stream_usage = $20, updated_at = now() \
+             WHERE id = $1",
+        )
+        .bind(id)
         .bind(group_id)
         .bind(input.platform.as_str())
         .bind(&input.base_url)
@@ -373,7 +497,7 @@ impl ConfigStore {
         .bind(blob)
         .bind(key_id)
         .bind(refresh)
-        .bind(expires_at_ms.map(|ms| ms as f64))
+        .bind(expires_at_ms)
         .bind(token_url)
         .bind(input.priority)
         .bind(input.weight.max(1))
@@ -385,15 +509,11 @@ impl ConfigStore {
         .bind(&input.proxy_url)
         .bind(&input.probe_model)
         .bind(input.stream_usage)
-        .fetch_optional(&self.pool)
+        .execute(&mut *tx)
         .await
         .map_err(convert)?;
-        id.ok_or_else(|| {
-            StoreError::NotFound(format!(
-                "account {:?} does not exist; a new account needs a credential",
-                input.name
-            ))
-        })
+        tx.commit().await.map_err(convert)?;
+        Ok(Some(id))
     }
 
     pub async fn set_status(
@@ -417,7 +537,7 @@ impl ConfigStore {
         Ok(())
     }
 
-    /// Writes refreshed OAuth tokens (encrypted under the active key).
+    /// Writes refreshed OAuth tokens (encrypted under the active key, bound to the row).
     pub async fn store_tokens(
         &self,
         id: AccountId,
@@ -425,8 +545,12 @@ impl ConfigStore {
         refresh_token: &Secret,
         expires_at_ms: i64,
     ) -> Result<(), StoreError> {
-        let (key_id, access) = self.keyring.encrypt(access_token.expose())?;
-        let (_, refresh) = self.keyring.encrypt(refresh_token.expose())?;
+        let (key_id, access) = self
+            .keyring
+            .encrypt(access_token.expose(), BlobPlace::credential(id))?;
+        let (_, refresh) = self
+            .keyring
+            .encrypt(refresh_token.expose(), BlobPlace::refresh_token(id))?;
         sqlx::query(
             "UPDATE accounts SET credential_ciphertext = $2, credential_key_id = $3, refresh_token_ciphertext = $4, \
              expires_at = to_timestamp($5::double precision / 1000), updated_at = now() WHERE id = $1",
@@ -452,47 +576,6 @@ impl ConfigStore {
             .map_err(convert)?
             .ok_or_else(|| StoreError::NotFound(format!("account {id}")))?;
         self.account_from_row(&row)
-    }
-
-    /// Re-encrypts every credential under the active key; returns how many rows moved.
-    pub async fn reencrypt_all(&self) -> Result<u64, StoreError> {
-        let rows = sqlx::query(
-            "SELECT id, credential_key_id, credential_ciphertext, refresh_token_ciphertext FROM accounts WHERE credential_key_id <> $1",
-        )
-        .bind(self.keyring.active_id())
-        .fetch_all(&self.pool)
-        .await
-        .map_err(convert)?;
-        let mut moved = 0;
-        for row in rows {
-            let id: i64 = row.try_get("id").map_err(convert)?;
-            let key_id: String = row.try_get("credential_key_id").map_err(convert)?;
-            let blob: Vec<u8> = row.try_get("credential_ciphertext").map_err(convert)?;
-            let refresh: Option<Vec<u8>> =
-                row.try_get("refresh_token_ciphertext").map_err(convert)?;
-            let credential = self.keyring.decrypt(&key_id, &blob)?;
-            let (new_id, new_blob) = self.keyring.encrypt(credential.expose())?;
-            let new_refresh = match refresh {
-                Some(blob) => Some(
-                    self.keyring
-                        .encrypt(self.keyring.decrypt(&key_id, &blob)?.expose())?
-                        .1,
-                ),
-                None => None,
-            };
-            sqlx::query(
-                "UPDATE accounts SET credential_ciphertext = $2, credential_key_id = $3, refresh_token_ciphertext = $4 WHERE id = $1",
-            )
-            .bind(id)
-            .bind(new_blob)
-            .bind(new_id)
-            .bind(new_refresh)
-            .execute(&self.pool)
-            .await
-            .map_err(convert)?;
-            moved += 1;
-        }
-        Ok(moved)
     }
 
     /// Creates a client API key; returns (id, the key — shown once).
