@@ -168,7 +168,6 @@ async fn session_window_refuses_unbound_sessions_and_bound_ones_use_the_reserve(
     };
     let bound = pb::Acquire {
         session_bound: true,
-        ignore_cooldown: false,
         ..unbound.clone()
     };
     let (stream, answer) = LeaseStream::acquire(&server.client, unbound.clone()).await;

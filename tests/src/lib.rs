@@ -161,6 +161,17 @@ impl RedisServer {
         self.spawn().await
     }
 
+    /// Drops every key (`FLUSHALL`): the data loss of an eviction or a restart, on a server
+    /// that keeps running (connections survive).
+    pub async fn flush(&self) -> HarnessResult<()> {
+        let mut conn = self.client().await?;
+        redis::cmd("FLUSHALL")
+            .query_async::<String>(&mut conn)
+            .await
+            .map(|_| ())
+            .map_err(|e| format!("flushall on {}: {e}", self.url()))
+    }
+
     /// A plain client connection, for the test's own reads.
     pub async fn client(&self) -> HarnessResult<redis::aio::MultiplexedConnection> {
         let client = redis::Client::open(self.url()).map_err(|e| e.to_string())?;
@@ -255,6 +266,14 @@ impl RedisCluster {
 
     pub fn node_urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// Drops every key on every master (the cluster keeps its slots and connections).
+    pub async fn flush(&self) -> HarnessResult<()> {
+        for node in &self.nodes {
+            node.flush().await?;
+        }
+        Ok(())
     }
 }
 
