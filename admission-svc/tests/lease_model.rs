@@ -342,7 +342,8 @@ impl<'a> Run<'a> {
         Some((lease, stream % found.holders.len()))
     }
 
-    async fn step(&mut self, op: &Op) -> Result<(), Violation> {
+    /// Applies one operation; `Ok(false)` when it was skipped (no such lease or stream).
+    async fn step(&mut self, op: &Op) -> Result<bool, Violation> {
         match *op {
             Op::Acquire {
                 replica,
@@ -354,7 +355,7 @@ impl<'a> Run<'a> {
                 let Ok((stream, answer)) =
                     LeaseStream::try_open(&client, pb::lease_request::Kind::Acquire(acquire)).await
                 else {
-                    return Ok(());
+                    return Ok(false);
                 };
                 if let Answer::Granted(id) = answer {
                     self.leases.push(ModelLease {
@@ -368,7 +369,7 @@ impl<'a> Run<'a> {
             }
             Op::Heartbeat { lease, stream } => {
                 let Some((lease, stream)) = self.pick_holder(lease, stream) else {
-                    return Ok(());
+                    return Ok(false);
                 };
                 let event = self.leases[lease].holders[stream].stream.heartbeat().await;
                 match event {
@@ -390,7 +391,7 @@ impl<'a> Run<'a> {
             }
             Op::StreamRelease { lease, stream } => {
                 let Some((lease, stream)) = self.pick_holder(lease, stream) else {
-                    return Ok(());
+                    return Ok(false);
                 };
                 let mut holder = self.leases[lease].holders.remove(stream);
                 holder
@@ -407,7 +408,7 @@ impl<'a> Run<'a> {
             }
             Op::UnaryRelease { lease, replica } => {
                 let Some(id) = self.leases.get(lease).map(|l| l.id.clone()) else {
-                    return Ok(());
+                    return Ok(false);
                 };
                 let mut client = self.replicas[replica].client.clone();
                 if client
@@ -420,13 +421,13 @@ impl<'a> Run<'a> {
             }
             Op::Drop { lease, stream } => {
                 let Some((lease, stream)) = self.pick_holder(lease, stream) else {
-                    return Ok(());
+                    return Ok(false);
                 };
                 self.leases[lease].holders.remove(stream).stream.abandon();
             }
             Op::Resume { lease, replica } => {
                 let Some(found) = self.leases.get(lease) else {
-                    return Ok(());
+                    return Ok(false);
                 };
                 let account = found.account;
                 let resume = pb::lease_request::Kind::Resume(pb::Resume {
@@ -436,7 +437,7 @@ impl<'a> Run<'a> {
                 let sent_at = Instant::now();
                 let client = self.replicas[replica].client.clone();
                 let Ok((stream, answer)) = LeaseStream::try_open(&client, resume).await else {
-                    return Ok(());
+                    return Ok(false);
                 };
                 if answer.is_granted() {
                     if self.fenced(lease) {
@@ -451,7 +452,7 @@ impl<'a> Run<'a> {
             }
             Op::Attempt { lease, stream } => {
                 let Some((lease, stream)) = self.pick_holder(lease, stream) else {
-                    return Ok(());
+                    return Ok(false);
                 };
                 match self.leases[lease].holders[stream].stream.attempt().await {
                     Ok(Some(
@@ -478,7 +479,7 @@ impl<'a> Run<'a> {
                 }
             }
         }
-        Ok(())
+        Ok(true)
     }
 
     /// The store's live counts against the limits and the model.
@@ -517,11 +518,37 @@ impl<'a> Run<'a> {
         Ok(())
     }
 
-    /// Applies `ops` in order, checking after each; returns the steps done and the violation.
-    async fn apply(&mut self, ops: &[Op]) -> Result<(), (usize, Violation)> {
-        for (index, op) in ops.iter().enumerate() {
-            self.step(op).await.map_err(|v| (index, v))?;
-            self.check().await.map_err(|v| (index, v))?;
+    /// Applies `ops` in order, checking after each. On a violation returns the operations that
+    /// were applied (skipped ones left out), the failing one last.
+    async fn apply(&mut self, ops: &[Op]) -> Result<(), Failure> {
+        let mut applied = Vec::new();
+        for op in ops {
+            let result = match self.step(op).await {
+                Ok(true) => self.check().await,
+                Ok(false) => continue,
+                Err(violation) => Err(violation),
+            };
+            applied.push(op.clone());
+            if let Err(violation) = result {
+                return Err(Failure { applied, violation });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A run that broke an invariant.
+#[derive(Debug)]
+pub struct Failure {
+    pub applied: Vec<Op>,
+    pub violation: Violation,
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "{}; the operations applied:", self.violation)?;
+        for (index, op) in self.applied.iter().enumerate() {
+            writeln!(f, "  {index:>2}: {op:?},")?;
         }
         Ok(())
     }
@@ -551,7 +578,7 @@ impl Harness {
     }
 
     /// Runs `ops` on fresh accounts.
-    pub async fn run(&mut self, ops: &[Op]) -> Result<(), (usize, Violation)> {
+    pub async fn run(&mut self, ops: &[Op]) -> Result<(), Failure> {
         let first_account = self.next_account;
         self.next_account += LIMITS.len() as i64;
         let mut run = Run::new(
@@ -585,13 +612,26 @@ pub fn sequence(seed: u64) -> Vec<Op> {
 /// when the grants do; a sequence whose lease index points past the grants skips that step.
 pub async fn replay(store: Store, ops: &[Op]) {
     let mut harness = Harness::start(store).await;
-    if let Err((step, violation)) = harness.run(ops).await {
-        panic!(
-            "replay on {}: step {step} ({:?}) broke an invariant: {violation}\nsequence: {ops:#?}",
-            harness.store.name(),
-            ops[step]
-        );
+    if let Err(failure) = harness.run(ops).await {
+        panic!("replay on {}: {failure}", harness.store.name());
     }
+}
+
+/// Shortens a failing sequence: drops one operation at a time (last first) and keeps the drop
+/// when the rest still fails (on fresh accounts). Timing makes this best effort.
+async fn shrink(harness: &mut Harness, failure: Failure) -> Failure {
+    let mut best = failure;
+    let mut index = best.applied.len().saturating_sub(1);
+    while index > 0 {
+        index -= 1;
+        let mut candidate = best.applied.clone();
+        candidate.remove(index);
+        if let Err(smaller) = harness.run(&candidate).await {
+            best = smaller;
+            index = index.min(best.applied.len().saturating_sub(1));
+        }
+    }
+    best
 }
 
 fn env_u64(name: &str) -> Option<u64> {
@@ -614,12 +654,11 @@ async fn explore(store: Store) {
         let seed = first_seed.wrapping_add(runs);
         let ops = sequence(seed);
         runs += 1;
-        if let Err((step, violation)) = harness.run(&ops).await {
+        if let Err(failure) = harness.run(&ops).await {
+            let shrunk = shrink(&mut harness, failure).await;
             panic!(
-                "lease model on {name}: seed {seed} (POOLGATE_MODEL_SEED={seed}), step {step} \
-                 ({:?}) broke an invariant: {violation}\nsequence up to the failure: {:#?}",
-                ops[step],
-                &ops[..=step]
+                "lease model on {name}: seed {seed} (replay: POOLGATE_MODEL_SEED={seed}) broke \
+                 an invariant: {shrunk}"
             );
         }
         steps += ops.len();
