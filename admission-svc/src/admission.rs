@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backend::{AcquireLimits, LeaseBackend};
 use crate::domain::{
-    AccountId, Denial, DenyReason, LeaseId, LeaseTerms, Renewal, Settings, millis,
+    AccountId, Denial, DenyReason, LeaseId, LeaseTerms, Renewal, Resumption, Settings, millis,
 };
 use crate::error::BackendError;
 use crate::metrics::Metrics;
@@ -119,6 +119,13 @@ impl Admission {
 
     fn ttl_ms(&self) -> u64 {
         millis(self.settings.lease_ttl)
+    }
+
+    /// How long a released lease stays fenced: its last holder heartbeats at most a ttl after
+    /// its last renewal, and an orphaned one is resumable for the grace, so after this no
+    /// holder of it can still be asking.
+    fn fence_ms(&self) -> u64 {
+        millis(self.settings.lease_ttl + self.settings.orphan_grace)
     }
 
     fn limits(&self, terms: &LeaseTerms) -> AcquireLimits {
@@ -312,31 +319,41 @@ impl Admission {
             .inc();
     }
 
-    /// Takes over a lease whose stream broke. `false` = the lease is gone.
-    /// Takes over a lease whose stream broke: returns the new holder epoch, `None` when the lease
-    /// is gone.
+    /// Takes over a lease whose stream broke (or that another stream still holds: the last
+    /// `Resume` holds it). Never adds a lease the backend does not have live.
     pub async fn resume(
         &self,
         lease_id: &LeaseId,
         terms: &LeaseTerms,
-    ) -> Result<Option<u64>, BackendError> {
+    ) -> Result<Resumption, BackendError> {
         if terms.account_unlimited() {
-            return Ok(Some(0));
+            return Ok(Resumption::Resumed { holder_epoch: 0 });
         }
         self.backend.resume(lease_id, self.ttl_ms()).await
     }
 
+    /// A heartbeat: renews the lease, re-adds it if the backend lost it and the account has
+    /// room, or reports it lost (released, or no room).
     pub async fn renew(
         &self,
         lease_id: &LeaseId,
         terms: &LeaseTerms,
     ) -> Result<Renewal, BackendError> {
         if terms.account_unlimited() {
-            return Ok(Renewal { restored: false });
+            return Ok(Renewal::Renewed);
         }
-        let renewal = self.backend.renew(lease_id, self.ttl_ms()).await?;
-        if renewal.restored {
-            self.metrics.leases_restored.inc();
+        let renewal = self
+            .backend
+            .renew(lease_id, self.ttl_ms(), terms.concurrency_limit)
+            .await?;
+        match renewal {
+            Renewal::Renewed => {}
+            Renewal::Restored => self.metrics.leases_restored.inc(),
+            Renewal::Lost(reason) => self
+                .metrics
+                .leases_lost
+                .with_label_values(&[reason.as_str()])
+                .inc(),
         }
         Ok(renewal)
     }
@@ -386,7 +403,7 @@ impl Admission {
         let session_window_ms = millis(self.settings.session_window);
         match self
             .backend
-            .release(lease_id, spend_micros, session_window_ms)
+            .release(lease_id, spend_micros, session_window_ms, self.fence_ms())
             .await
         {
             Ok(removed) => {
@@ -423,7 +440,12 @@ impl Admission {
         for release in batch {
             match self
                 .backend
-                .release(&release.lease_id, release.spend_micros, session_window_ms)
+                .release(
+                    &release.lease_id,
+                    release.spend_micros,
+                    session_window_ms,
+                    self.fence_ms(),
+                )
                 .await
             {
                 Ok(_) => self.wake_one(release.lease_id.account_id()),
@@ -447,7 +469,12 @@ impl Admission {
         self.metrics.orphaned.inc();
         if let Err(error) = self
             .backend
-            .orphan(lease_id, millis(self.settings.orphan_grace), holder_epoch)
+            .orphan(
+                lease_id,
+                millis(self.settings.orphan_grace),
+                holder_epoch,
+                self.fence_ms(),
+            )
             .await
         {
             tracing::warn!(%error, lease_id = %lease_id, "orphan failed; the lease expires at its ttl");

@@ -4,7 +4,7 @@
 
 use async_trait::async_trait;
 
-use crate::domain::{AccountId, Denial, LeaseId, LeaseTerms, Renewal};
+use crate::domain::{AccountId, Denial, LeaseId, LeaseTerms, Renewal, Resumption};
 use crate::error::BackendError;
 
 /// Everything admission keeps per account. Every method is one round trip on Redis.
@@ -34,12 +34,19 @@ pub trait LeaseBackend: Send + Sync + 'static {
         limits: AcquireLimits,
     ) -> Result<Option<Denial>, BackendError>;
 
-    /// Sets the lease's expiry to now + ttl, re-adding it if the backend lost it.
-    async fn renew(&self, lease_id: &LeaseId, ttl_ms: u64) -> Result<Renewal, BackendError>;
+    /// Sets a live lease's expiry to now + ttl. A lease the backend no longer has is re-added
+    /// only when it was not released (its release fence is down) and the account has room
+    /// (fewer than `concurrency_limit` live leases; <= 0: unlimited); otherwise it is `Lost`.
+    async fn renew(
+        &self,
+        lease_id: &LeaseId,
+        ttl_ms: u64,
+        concurrency_limit: i32,
+    ) -> Result<Renewal, BackendError>;
 
-    /// Like `renew`, but only for a lease that is still live, and the caller becomes its holder:
-    /// returns the new holder epoch, or `None` when the lease is unknown or expired.
-    async fn resume(&self, lease_id: &LeaseId, ttl_ms: u64) -> Result<Option<u64>, BackendError>;
+    /// Like `renew`, but only for a lease that is still live, and the caller becomes its holder
+    /// (a new holder epoch, also when the lease already was resumed: the last `Resume` holds it).
+    async fn resume(&self, lease_id: &LeaseId, ttl_ms: u64) -> Result<Resumption, BackendError>;
 
     /// Charges account RPM again for a same-account retry on a held lease. `None` = charged.
     async fn attempt(
@@ -50,23 +57,28 @@ pub trait LeaseBackend: Send + Sync + 'static {
         window_ms: u64,
     ) -> Result<Option<Denial>, BackendError>;
 
-    /// Removes the lease and adds `spend_micros` (if > 0) to the session window, in one step.
-    /// Returns whether a lease was removed.
+    /// Removes the lease and adds `spend_micros` (if > 0) to the session window, in one step,
+    /// and raises the lease's release fence for `fence_ms`: until it falls no renewal or resume
+    /// brings the lease back. Returns whether a live lease was removed.
     async fn release(
         &self,
         lease_id: &LeaseId,
         spend_micros: i64,
         session_window_ms: u64,
+        fence_ms: u64,
     ) -> Result<bool, BackendError>;
 
     /// Cuts a lease's expiry to now + grace (never lengthens it), only if `holder_epoch` is still
     /// the lease's holder (0: the stream that acquired it; a resume makes a new holder). So a
     /// stream whose end is noticed after its lease was resumed elsewhere does not cut it.
+    /// Raises the release fence from the lease's new expiry for `fence_ms` (a `Resume` within
+    /// the grace lowers it again), so the orphan reaper's release is fenced like the others.
     async fn orphan(
         &self,
         lease_id: &LeaseId,
         grace_ms: u64,
         holder_epoch: u64,
+        fence_ms: u64,
     ) -> Result<(), BackendError>;
 
     /// Live lease counts, in the order asked.

@@ -13,8 +13,8 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::admission::Admission;
 use crate::domain::{
-    AccountId, DenyReason, LeaseId, LeaseTerms, MAX_NAME_BYTES, MAX_WAIT, UserLimit, micros_to_usd,
-    millis, usd_to_micros,
+    AccountId, DenyReason, LeaseId, LeaseTerms, LostReason, MAX_NAME_BYTES, MAX_WAIT, UserLimit,
+    micros_to_usd, millis, usd_to_micros,
 };
 use crate::error::AdmissionError;
 use crate::session::{ClientMessage, Inbound, LeaseEvent, serve_lease};
@@ -170,6 +170,14 @@ fn deny_reason(reason: DenyReason) -> pb::DenyReason {
     }
 }
 
+fn lost_reason(reason: LostReason) -> pb::LostReason {
+    match reason {
+        LostReason::BackendUnavailable => pb::LostReason::BackendUnavailable,
+        LostReason::Released => pb::LostReason::Released,
+        LostReason::NoRoom => pb::LostReason::NoRoom,
+    }
+}
+
 fn ttl_ms(ttl: Duration) -> u32 {
     u32::try_from(millis(ttl)).unwrap_or(u32::MAX)
 }
@@ -192,7 +200,10 @@ fn lease_event(event: LeaseEvent) -> pb::LeaseEvent {
         }),
         LeaseEvent::AttemptAccepted => Kind::AttemptAccepted(pb::AttemptAccepted {}),
         LeaseEvent::Released => Kind::Released(pb::Released {}),
-        LeaseEvent::Lost { reason } => Kind::Lost(pb::Lost { reason }),
+        LeaseEvent::Lost { reason, detail } => Kind::Lost(pb::Lost {
+            reason: detail,
+            lost_reason: lost_reason(reason) as i32,
+        }),
     };
     pb::LeaseEvent { kind: Some(kind) }
 }

@@ -11,7 +11,9 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use crate::backend::{AcquireLimits, LeaseBackend};
-use crate::domain::{AccountId, Denial, DenyReason, LeaseId, LeaseTerms, Renewal};
+use crate::domain::{
+    AccountId, Denial, DenyReason, LeaseId, LeaseTerms, LostReason, Renewal, Resumption,
+};
 use crate::error::BackendError;
 
 #[derive(Default)]
@@ -25,6 +27,8 @@ struct AccountState {
     waiters: HashMap<String, u64>,
     /// lease id -> holder epoch (resumed leases only)
     holders: HashMap<String, u64>,
+    /// lease id -> release fence expiry (ms): released leases no renewal or resume restores.
+    released: HashMap<String, u64>,
     window: Option<SpendWindow>,
 }
 
@@ -42,8 +46,25 @@ impl AccountState {
         self.leases.len()
     }
 
+    fn is_live(&self, lease_id: &str, now: u64) -> bool {
+        self.leases
+            .get(lease_id)
+            .is_some_and(|expiry| *expiry >= now)
+    }
+
+    fn is_fenced(&mut self, lease_id: &str, now: u64) -> bool {
+        self.released.retain(|_, until| *until >= now);
+        self.released.contains_key(lease_id)
+    }
+
+    fn fence(&mut self, lease_id: &str, until: u64) {
+        let fence = self.released.entry(lease_id.to_owned()).or_default();
+        *fence = (*fence).max(until);
+    }
+
     fn is_empty(&self) -> bool {
         self.leases.is_empty()
+            && self.released.is_empty()
             && self.rpm_events.is_empty()
             && self.waiters.is_empty()
             && self.window.is_none()
@@ -301,32 +322,51 @@ impl LeaseBackend for MemoryBackend {
         }))
     }
 
-    async fn renew(&self, lease_id: &LeaseId, ttl_ms: u64) -> Result<Renewal, BackendError> {
+    async fn renew(
+        &self,
+        lease_id: &LeaseId,
+        ttl_ms: u64,
+        concurrency_limit: i32,
+    ) -> Result<Renewal, BackendError> {
         Ok(self.with_state(|state, now| {
             let account = state.accounts.entry(lease_id.account_id()).or_default();
-            let previous = account
-                .leases
-                .insert(lease_id.as_str().to_owned(), now + ttl_ms);
-            Renewal {
-                restored: previous.is_none_or(|expiry| expiry < now),
+            let id = lease_id.as_str();
+            if account.is_live(id, now) {
+                account.leases.insert(id.to_owned(), now + ttl_ms);
+                account.released.remove(id);
+                return Renewal::Renewed;
             }
+            if account.is_fenced(id, now) {
+                return Renewal::Lost(LostReason::Released);
+            }
+            let held = account.live_leases(now);
+            if concurrency_limit > 0 && held >= concurrency_limit as usize {
+                return Renewal::Lost(LostReason::NoRoom);
+            }
+            account.leases.insert(id.to_owned(), now + ttl_ms);
+            Renewal::Restored
         }))
     }
 
-    async fn resume(&self, lease_id: &LeaseId, ttl_ms: u64) -> Result<Option<u64>, BackendError> {
+    async fn resume(&self, lease_id: &LeaseId, ttl_ms: u64) -> Result<Resumption, BackendError> {
         Ok(self.with_state(|state, now| {
-            let account = state.accounts.get_mut(&lease_id.account_id())?;
-            match account.leases.get_mut(lease_id.as_str()) {
-                Some(expiry) if *expiry >= now => {
-                    *expiry = now + ttl_ms;
-                    let epoch = account
-                        .holders
-                        .entry(lease_id.as_str().to_owned())
-                        .or_insert(0);
-                    *epoch += 1;
-                    Some(*epoch)
-                }
-                _ => None,
+            let Some(account) = state.accounts.get_mut(&lease_id.account_id()) else {
+                return Resumption::Unknown;
+            };
+            let id = lease_id.as_str();
+            if !account.is_live(id, now) {
+                return if account.is_fenced(id, now) {
+                    Resumption::Released
+                } else {
+                    Resumption::Unknown
+                };
+            }
+            account.leases.insert(id.to_owned(), now + ttl_ms);
+            account.released.remove(id);
+            let epoch = account.holders.entry(id.to_owned()).or_insert(0);
+            *epoch += 1;
+            Resumption::Resumed {
+                holder_epoch: *epoch,
             }
         }))
     }
@@ -355,22 +395,18 @@ impl LeaseBackend for MemoryBackend {
         lease_id: &LeaseId,
         spend_micros: i64,
         session_window_ms: u64,
+        fence_ms: u64,
     ) -> Result<bool, BackendError> {
         Ok(self.with_state(|state, now| {
             let account_id = lease_id.account_id();
-            let Some(account) = state.accounts.get_mut(&account_id) else {
-                if spend_micros > 0 {
-                    let mut account = AccountState::default();
-                    account.add_spend(now, spend_micros, session_window_ms);
-                    state.accounts.insert(account_id, account);
-                }
-                return false;
-            };
+            let account = state.accounts.entry(account_id).or_default();
             let removed = account
                 .leases
                 .remove(lease_id.as_str())
                 .is_some_and(|expiry| expiry >= now);
             account.holders.remove(lease_id.as_str());
+            account.is_fenced(lease_id.as_str(), now);
+            account.fence(lease_id.as_str(), now + fence_ms);
             if spend_micros > 0 {
                 account.add_spend(now, spend_micros, session_window_ms);
             }
@@ -387,13 +423,18 @@ impl LeaseBackend for MemoryBackend {
         lease_id: &LeaseId,
         grace_ms: u64,
         holder_epoch: u64,
+        fence_ms: u64,
     ) -> Result<(), BackendError> {
         self.with_state(|state, now| {
+            let id = lease_id.as_str();
             if let Some(account) = state.accounts.get_mut(&lease_id.account_id())
-                && account.holders.get(lease_id.as_str()).copied().unwrap_or(0) == holder_epoch
-                && let Some(expiry) = account.leases.get_mut(lease_id.as_str())
+                && account.holders.get(id).copied().unwrap_or(0) == holder_epoch
+                && let Some(expiry) = account.leases.get_mut(id)
+                && *expiry >= now
             {
                 *expiry = (*expiry).min(now + grace_ms);
+                let ends = *expiry;
+                account.fence(id, ends + fence_ms);
             }
         });
         Ok(())

@@ -28,7 +28,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::backend::{AcquireLimits, LeaseBackend};
-use crate::domain::{AccountId, Denial, DenyReason, LeaseId, LeaseTerms, Renewal, millis};
+use crate::domain::{
+    AccountId, Denial, DenyReason, LeaseId, LeaseTerms, LostReason, Renewal, Resumption, millis,
+};
 use crate::error::BackendError;
 use crate::memory::MemoryBackend;
 use crate::metrics::Metrics;
@@ -91,6 +93,7 @@ enum OutageRecord {
         lease_id: LeaseId,
         spend_micros: i64,
         session_window_ms: u64,
+        fence_ms: u64,
     },
     Spend {
         account_id: AccountId,
@@ -198,8 +201,9 @@ impl PolicyBackend {
             .collect();
         for (lease, ttl_ms) in &held {
             // The memory backend cannot fail; a lease released meanwhile is removed again by
-            // its release, which now runs on the fallback.
-            let _ = self.fallback.renew(lease, *ttl_ms).await;
+            // its release, which now runs on the fallback. Adopted whatever the limit: these
+            // requests are already running.
+            let _ = self.fallback.renew(lease, *ttl_ms, 0).await;
         }
         if !held.is_empty() {
             tracing::info!(
@@ -218,7 +222,7 @@ impl PolicyBackend {
             .unwrap_or_else(|p| p.into_inner())
             .insert(lease_id.clone(), ttl_ms);
         if self.is_degraded() {
-            let _ = self.fallback.renew(lease_id, ttl_ms).await;
+            let _ = self.fallback.renew(lease_id, ttl_ms, 0).await;
         }
     }
 
@@ -363,9 +367,10 @@ impl PolicyBackend {
                     lease_id,
                     spend_micros,
                     session_window_ms,
+                    fence_ms,
                 } => self
                     .redis
-                    .release(lease_id, *spend_micros, *session_window_ms)
+                    .release(lease_id, *spend_micros, *session_window_ms, *fence_ms)
                     .await
                     .map(|_| ()),
                 OutageRecord::Spend {
@@ -492,25 +497,41 @@ impl LeaseBackend for PolicyBackend {
         answer
     }
 
-    async fn renew(&self, lease_id: &LeaseId, ttl_ms: u64) -> Result<Renewal, BackendError> {
+    async fn renew(
+        &self,
+        lease_id: &LeaseId,
+        ttl_ms: u64,
+        concurrency_limit: i32,
+    ) -> Result<Renewal, BackendError> {
         // A lease Redis granted before the outage moves into the fallback on its first renewal,
-        // so it is counted locally and written back on recovery.
+        // whatever the limit (the request is already running), so it is counted locally and
+        // written back on recovery. Only a release made during the outage fences it there.
         let fallback = async {
             if self.settings.policy == FailurePolicy::Closed {
                 return Err(BackendError::Failed(
                     "redis unavailable (policy closed)".into(),
                 ));
             }
-            self.fallback
-                .renew(lease_id, ttl_ms)
-                .await
-                .map(|_| Renewal { restored: false })
+            Ok(match self.fallback.renew(lease_id, ttl_ms, 0).await? {
+                Renewal::Lost(reason) => Renewal::Lost(reason),
+                Renewal::Renewed | Renewal::Restored => Renewal::Renewed,
+            })
         };
-        self.guarded("renew", self.redis.renew(lease_id, ttl_ms), fallback)
-            .await
+        let renewal = self
+            .guarded(
+                "renew",
+                self.redis.renew(lease_id, ttl_ms, concurrency_limit),
+                fallback,
+            )
+            .await;
+        if let Ok(Renewal::Lost(_)) = renewal {
+            // Not held any more: the next outage must not adopt it.
+            self.unhold(lease_id);
+        }
+        renewal
     }
 
-    async fn resume(&self, lease_id: &LeaseId, ttl_ms: u64) -> Result<Option<u64>, BackendError> {
+    async fn resume(&self, lease_id: &LeaseId, ttl_ms: u64) -> Result<Resumption, BackendError> {
         let fallback = async {
             if self.settings.policy == FailurePolicy::Closed {
                 return Err(BackendError::Failed(
@@ -518,13 +539,23 @@ impl LeaseBackend for PolicyBackend {
                 ));
             }
             // Redis cannot be asked whether the lease is live; the holder says it is running.
-            self.fallback.renew(lease_id, ttl_ms).await?;
-            Ok(self.fallback.resume(lease_id, ttl_ms).await?.or(Some(1)))
+            // Only a release made during the outage (fenced in the fallback) refuses it.
+            if let Renewal::Lost(LostReason::Released) =
+                self.fallback.renew(lease_id, ttl_ms, 0).await?
+            {
+                return Ok(Resumption::Released);
+            }
+            Ok(match self.fallback.resume(lease_id, ttl_ms).await? {
+                Resumption::Resumed { holder_epoch } => Resumption::Resumed { holder_epoch },
+                Resumption::Unknown | Resumption::Released => {
+                    Resumption::Resumed { holder_epoch: 1 }
+                }
+            })
         };
         let resumed = self
             .guarded("resume", self.redis.resume(lease_id, ttl_ms), fallback)
             .await;
-        if let Ok(Some(_)) = resumed {
+        if let Ok(Resumption::Resumed { .. }) = resumed {
             self.hold(lease_id, ttl_ms).await;
         }
         resumed
@@ -562,25 +593,27 @@ impl LeaseBackend for PolicyBackend {
         lease_id: &LeaseId,
         spend_micros: i64,
         session_window_ms: u64,
+        fence_ms: u64,
     ) -> Result<bool, BackendError> {
         self.unhold(lease_id);
         let fallback = async {
             let removed = self
                 .fallback
-                .release(lease_id, 0, session_window_ms)
+                .release(lease_id, 0, session_window_ms, fence_ms)
                 .await?;
             // Redis may still hold the lease (granted before the outage) and must get the spend.
             self.push_outage(OutageRecord::Release {
                 lease_id: lease_id.clone(),
                 spend_micros,
                 session_window_ms,
+                fence_ms,
             });
             Ok(removed)
         };
         self.guarded(
             "release",
             self.redis
-                .release(lease_id, spend_micros, session_window_ms),
+                .release(lease_id, spend_micros, session_window_ms, fence_ms),
             fallback,
         )
         .await
@@ -591,13 +624,16 @@ impl LeaseBackend for PolicyBackend {
         lease_id: &LeaseId,
         grace_ms: u64,
         holder_epoch: u64,
+        fence_ms: u64,
     ) -> Result<(), BackendError> {
         // The stream is gone: the lease is the orphan grace's now, on Redis or the fallback.
         self.unhold(lease_id);
         self.guarded(
             "orphan",
-            self.redis.orphan(lease_id, grace_ms, holder_epoch),
-            self.fallback.orphan(lease_id, grace_ms, holder_epoch),
+            self.redis
+                .orphan(lease_id, grace_ms, holder_epoch, fence_ms),
+            self.fallback
+                .orphan(lease_id, grace_ms, holder_epoch, fence_ms),
         )
         .await
     }

@@ -12,7 +12,9 @@ use poolgate_proto::keys::{self, AccountKeys};
 use redis::Script;
 
 use crate::backend::{AcquireLimits, LeaseBackend};
-use crate::domain::{AccountId, Denial, DenyReason, LeaseId, LeaseTerms, Renewal};
+use crate::domain::{
+    AccountId, Denial, DenyReason, LeaseId, LeaseTerms, LostReason, Renewal, Resumption,
+};
 use crate::error::BackendError;
 use crate::memory::FallbackSnapshot;
 use crate::redis_conn::{Conn, RedisHandle};
@@ -96,34 +98,66 @@ extend(KEYS[1], window)
 return {1, 0, now}
 "#;
 
-/// KEYS: leases. ARGV: lease id, ttl ms.
-/// Returns {state, now}: state 1 = renewed, 2 = restored (was missing or expired).
+/// Shared by the lease scripts: whether a lease is live, and whether its release fence is up.
+/// The fence (KEYS `released`: member = lease id, score = fence expiry) is raised by every
+/// release path, so no heartbeat or resume brings a released lease back.
+const LEASE_PRELUDE: &str = r#"
+local function live(key, id)
+  local score = redis.call('ZSCORE', key, id)
+  return score and tonumber(score) >= now
+end
+local function fenced(key, id)
+  local fence = redis.call('ZSCORE', key, id)
+  return fence and tonumber(fence) >= now
+end
+local function raise_fence(key, id, expires)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. now)
+  redis.call('ZADD', key, 'GT', expires, id)
+  extend(key, expires - now)
+end
+"#;
+
+/// KEYS: leases, released. ARGV: lease id, ttl ms, concurrency limit (<= 0: unlimited).
+/// Returns {state, now}: 1 = renewed, 2 = restored (was missing or expired, and the account had
+/// room), 3 = lost: released (fence up), 4 = lost: no room. A lost lease writes nothing.
 const RENEW: &str = r#"
-local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
-local live = score and tonumber(score) >= now
 local ttl = tonumber(ARGV[2])
+if live(KEYS[1], ARGV[1]) then
+  redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
+  extend(KEYS[1], ttl)
+  redis.call('ZREM', KEYS[2], ARGV[1])
+  return {1, now}
+end
+if fenced(KEYS[2], ARGV[1]) then return {3, now} end
+local limit = tonumber(ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. now)
+if limit > 0 and redis.call('ZCOUNT', KEYS[1], now, '+inf') >= limit then return {4, now} end
 redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
 extend(KEYS[1], ttl)
-if live then return {1, now} end
 return {2, now}
 "#;
 
-/// KEYS: leases, holders. ARGV: lease id, ttl ms.
-/// Returns {holder epoch, now}; 0 = the lease is unknown or expired. The caller becomes the
-/// lease's holder, so the stream it replaces can no longer orphan it.
+/// KEYS: leases, holders, released. ARGV: lease id, ttl ms.
+/// Returns {holder epoch, now}; 0 = the lease is unknown or expired, -1 = it was released (fence
+/// up). The caller becomes the lease's holder, so the stream it replaces can no longer orphan
+/// it; a resume within the orphan grace lowers the fence the orphaning raised.
 const RESUME: &str = r#"
-local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if not (score and tonumber(score) >= now) then return {0, now} end
+if not live(KEYS[1], ARGV[1]) then
+  if fenced(KEYS[3], ARGV[1]) then return {-1, now} end
+  return {0, now}
+end
 local ttl = tonumber(ARGV[2])
 redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
 extend(KEYS[1], ttl)
+redis.call('ZREM', KEYS[3], ARGV[1])
 local epoch = redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
 extend(KEYS[2], ttl)
 return {epoch, now}
 "#;
 
-/// KEYS: leases, window, holders. ARGV: lease id, spend micro-USD, session window ms.
-/// Returns {removed (1/0), now}.
+/// KEYS: leases, window, holders, released. ARGV: lease id, spend micro-USD, session window ms,
+/// fence ms. Returns {removed (1/0), now}. Raises the release fence whether or not the lease was
+/// still there: a lease released after it expired must not come back either.
 const RELEASE: &str = r#"
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 local removed = 0
@@ -132,19 +166,23 @@ if score then
   if tonumber(score) >= now then removed = 1 end
   redis.call('HDEL', KEYS[3], ARGV[1])
 end
+raise_fence(KEYS[4], ARGV[1], now + tonumber(ARGV[4]))
 local spend = tonumber(ARGV[2])
 if spend > 0 then add_spend(KEYS[2], spend, tonumber(ARGV[3])) end
 return {removed, now}
 "#;
 
-/// KEYS: leases, holders. ARGV: lease id, grace ms, holder epoch. Cuts the expiry to
-/// now + grace (never lengthens it) if the caller is still the lease's holder.
+/// KEYS: leases, holders, released. ARGV: lease id, grace ms, holder epoch, fence ms. Cuts the
+/// expiry to now + grace (never lengthens it) if the caller is still the lease's holder, and
+/// raises the release fence from that expiry.
 const ORPHAN: &str = r#"
 local holder = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
 if holder ~= tonumber(ARGV[3]) then return {0, now} end
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
-local cut = now + tonumber(ARGV[2])
-if score and tonumber(score) > cut then redis.call('ZADD', KEYS[1], 'XX', cut, ARGV[1]) end
+if not (score and tonumber(score) >= now) then return {0, now} end
+local ends = math.min(tonumber(score), now + tonumber(ARGV[2]))
+redis.call('ZADD', KEYS[1], 'XX', ends, ARGV[1])
+raise_fence(KEYS[3], ARGV[1], ends + tonumber(ARGV[4]))
 return {0, now}
 "#;
 
@@ -224,13 +262,14 @@ struct Scripts {
 impl Scripts {
     fn new() -> Self {
         let script = |body: &str| Script::new(&format!("{PRELUDE}{body}"));
+        let lease_script = |body: &str| Script::new(&format!("{PRELUDE}{LEASE_PRELUDE}{body}"));
         Scripts {
             acquire: script(ACQUIRE),
             charge_rpm: script(CHARGE_RPM),
-            renew: script(RENEW),
-            resume: script(RESUME),
-            release: script(RELEASE),
-            orphan: script(ORPHAN),
+            renew: lease_script(RENEW),
+            resume: lease_script(RESUME),
+            release: lease_script(RELEASE),
+            orphan: lease_script(ORPHAN),
             record_spend: script(RECORD_SPEND),
             set_cooldown: script(SET_COOLDOWN),
             register_waiter: script(REGISTER_WAITER),
@@ -478,38 +517,54 @@ impl LeaseBackend for RedisBackend {
         }
     }
 
-    async fn renew(&self, lease_id: &LeaseId, ttl_ms: u64) -> Result<Renewal, BackendError> {
+    async fn renew(
+        &self,
+        lease_id: &LeaseId,
+        ttl_ms: u64,
+        concurrency_limit: i32,
+    ) -> Result<Renewal, BackendError> {
         let keys = AccountKeys::new(lease_id.account_id());
         let (state, now): (i64, i64) = self
             .script(
                 self.scripts
                     .renew
                     .key(&keys.leases)
+                    .key(&keys.released)
                     .arg(lease_id.as_str())
                     .arg(ttl_ms)
-                    .arg(0),
+                    .arg(concurrency_limit),
             )
             .await?;
         self.learn_clock(now);
-        Ok(Renewal {
-            restored: state == 2,
+        Ok(match state {
+            1 => Renewal::Renewed,
+            2 => Renewal::Restored,
+            3 => Renewal::Lost(LostReason::Released),
+            _ => Renewal::Lost(LostReason::NoRoom),
         })
     }
 
-    async fn resume(&self, lease_id: &LeaseId, ttl_ms: u64) -> Result<Option<u64>, BackendError> {
+    async fn resume(&self, lease_id: &LeaseId, ttl_ms: u64) -> Result<Resumption, BackendError> {
         let keys = AccountKeys::new(lease_id.account_id());
-        let (epoch, now): (u64, i64) = self
+        let (epoch, now): (i64, i64) = self
             .script(
                 self.scripts
                     .resume
                     .key(&keys.leases)
                     .key(&keys.holders)
+                    .key(&keys.released)
                     .arg(lease_id.as_str())
                     .arg(ttl_ms),
             )
             .await?;
         self.learn_clock(now);
-        Ok((epoch > 0).then_some(epoch))
+        Ok(match epoch {
+            epoch if epoch > 0 => Resumption::Resumed {
+                holder_epoch: epoch as u64,
+            },
+            0 => Resumption::Unknown,
+            _ => Resumption::Released,
+        })
     }
 
     async fn attempt(
@@ -542,15 +597,18 @@ impl LeaseBackend for RedisBackend {
         lease_id: &LeaseId,
         spend_micros: i64,
         session_window_ms: u64,
+        fence_ms: u64,
     ) -> Result<bool, BackendError> {
         let keys = AccountKeys::new(lease_id.account_id());
         let mut invocation = self.scripts.release.key(&keys.leases);
         invocation
             .key(&keys.window)
             .key(&keys.holders)
+            .key(&keys.released)
             .arg(lease_id.as_str())
             .arg(spend_micros.max(0))
-            .arg(session_window_ms);
+            .arg(session_window_ms)
+            .arg(fence_ms.max(1));
         let (removed, now): (i64, i64) = self.script(&invocation).await?;
         self.learn_clock(now);
         Ok(removed == 1)
@@ -561,6 +619,7 @@ impl LeaseBackend for RedisBackend {
         lease_id: &LeaseId,
         grace_ms: u64,
         holder_epoch: u64,
+        fence_ms: u64,
     ) -> Result<(), BackendError> {
         let keys = AccountKeys::new(lease_id.account_id());
         let (_, now): (i64, i64) = self
@@ -569,9 +628,11 @@ impl LeaseBackend for RedisBackend {
                     .orphan
                     .key(&keys.leases)
                     .key(&keys.holders)
+                    .key(&keys.released)
                     .arg(lease_id.as_str())
                     .arg(grace_ms)
-                    .arg(holder_epoch),
+                    .arg(holder_epoch)
+                    .arg(fence_ms.max(1)),
             )
             .await?;
         self.learn_clock(now);

@@ -11,7 +11,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::admission::{AcquireOutcome, Admission};
-use crate::domain::{Denial, DenyReason, LeaseId, LeaseTerms, millis};
+use crate::domain::{
+    Denial, DenyReason, LeaseId, LeaseTerms, LostReason, Renewal, Resumption, millis,
+};
 use crate::error::AdmissionError;
 
 /// A validated message from the lease holder.
@@ -35,13 +37,25 @@ pub enum ClientMessage {
 /// What the lease stream tells the holder.
 #[derive(Debug, Clone, PartialEq)]
 pub enum LeaseEvent {
-    Granted { lease_id: LeaseId, ttl: Duration },
+    Granted {
+        lease_id: LeaseId,
+        ttl: Duration,
+    },
     Denied(Denial),
-    Queued { position: u32 },
-    Renewed { ttl: Duration, restored: bool },
+    Queued {
+        position: u32,
+    },
+    Renewed {
+        ttl: Duration,
+        restored: bool,
+    },
     AttemptAccepted,
     Released,
-    Lost { reason: String },
+    /// The lease is not held any more; ends the stream.
+    Lost {
+        reason: LostReason,
+        detail: String,
+    },
 }
 
 /// An inbound item: a message, bad input (ends the stream with that error), or a broken stream
@@ -69,8 +83,16 @@ pub async fn serve_lease(
         }
         Some(Inbound::Message(ClientMessage::Resume { lease_id, terms })) => {
             match admission.resume(&lease_id, &terms).await {
-                Ok(Some(epoch)) => (lease_id, terms, epoch),
-                Ok(None) => {
+                Ok(Resumption::Resumed { holder_epoch }) => (lease_id, terms, holder_epoch),
+                Ok(Resumption::Released) => {
+                    let lost = LeaseEvent::Lost {
+                        reason: LostReason::Released,
+                        detail: "the lease was released; it cannot be resumed".into(),
+                    };
+                    let _ = out.send(Ok(lost)).await;
+                    return;
+                }
+                Ok(Resumption::Unknown) => {
                     let _ = out
                         .send(Ok(LeaseEvent::Denied(Denial::new(
                             DenyReason::LeaseUnknown,
@@ -218,12 +240,25 @@ async fn hold(
         let event = match message {
             Some(Inbound::Message(ClientMessage::Heartbeat)) => {
                 match admission.renew(lease_id, terms).await {
-                    Ok(renewal) => {
+                    Ok(renewal @ (Renewal::Renewed | Renewal::Restored)) => {
                         renewed_at = Instant::now();
                         LeaseEvent::Renewed {
                             ttl,
-                            restored: renewal.restored,
+                            // The backend had lost the lease and the account had room for it.
+                            restored: renewal == Renewal::Restored,
                         }
+                    }
+                    Ok(Renewal::Lost(reason)) => {
+                        let detail = match reason {
+                            LostReason::Released => "the lease was released".to_owned(),
+                            LostReason::NoRoom => {
+                                "the backend lost the lease and the account has no room for it"
+                                    .to_owned()
+                            }
+                            LostReason::BackendUnavailable => "the backend is unavailable".into(),
+                        };
+                        let _ = out.send(Ok(LeaseEvent::Lost { reason, detail })).await;
+                        return HoldEnd::Lost;
                     }
                     // A missed renewal is not fatal while the lease still has time left: the
                     // next heartbeat may get through.
@@ -232,9 +267,18 @@ async fn hold(
                         continue;
                     }
                     Err(error) => {
-                        let reason =
+                        admission
+                            .metrics()
+                            .leases_lost
+                            .with_label_values(&[LostReason::BackendUnavailable.as_str()])
+                            .inc();
+                        let detail =
                             format!("lease could not be renewed for {} ms: {error}", millis(ttl));
-                        let _ = out.send(Ok(LeaseEvent::Lost { reason })).await;
+                        let lost = LeaseEvent::Lost {
+                            reason: LostReason::BackendUnavailable,
+                            detail,
+                        };
+                        let _ = out.send(Ok(lost)).await;
                         return HoldEnd::Lost;
                     }
                 }

@@ -456,7 +456,8 @@ impl<'a> Run<'a> {
                 };
                 match self.leases[lease].holders[stream].stream.attempt().await {
                     Ok(Some(
-                        pb::lease_event::Kind::AttemptAccepted(_) | pb::lease_event::Kind::Denied(_),
+                        pb::lease_event::Kind::AttemptAccepted(_)
+                        | pb::lease_event::Kind::Denied(_),
                     )) => {}
                     Ok(Some(pb::lease_event::Kind::Lost(_))) | Ok(None) | Err(_) => {
                         self.leases[lease].holders.remove(stream);
@@ -646,7 +647,9 @@ async fn explore(store: Store) {
     let first_seed = fixed.unwrap_or_else(|| fastrand::u64(..));
     let mut harness = Harness::start(store).await;
     let name = harness.store.name();
-    println!("lease model on {name}: first seed {first_seed} (replay: POOLGATE_MODEL_SEED={first_seed})");
+    println!(
+        "lease model on {name}: first seed {first_seed} (replay: POOLGATE_MODEL_SEED={first_seed})"
+    );
     let started = Instant::now();
     let mut runs = 0u64;
     let mut steps = 0usize;
