@@ -629,6 +629,10 @@ async fn answer(events: &mut Events) -> Result<Result<apb::Granted, Denial>, ton
                     denied.retry_after_ms,
                 )));
             }
+            // The answer to a `Resume` of a released lease: it is gone for good.
+            Some(Ok(apb::LeaseEvent {
+                kind: Some(apb::lease_event::Kind::Lost(_)),
+            })) => return Ok(Err(Denial::new(DenyReason::LeaseUnknown, 0))),
             Some(Ok(_)) => return Err(tonic::Status::internal("unexpected lease event")),
             Some(Err(status)) => return Err(status),
             None => {
@@ -838,7 +842,10 @@ impl Keeper {
                 }
                 event = events.next() => match event {
                     Some(Ok(apb::LeaseEvent { kind: Some(apb::lease_event::Kind::Renewed(_)) })) => {}
-                    Some(Ok(apb::LeaseEvent { kind: Some(apb::lease_event::Kind::Lost(_)) })) | Some(Err(_)) | None => {
+                    Some(Ok(apb::LeaseEvent { kind: Some(apb::lease_event::Kind::Lost(lost)) })) => {
+                        stream = self.lost(lost.lost_reason()).await;
+                    }
+                    Some(Err(_)) | None => {
                         stream = self.resume().await;
                     }
                     Some(Ok(_)) => {}
@@ -897,8 +904,29 @@ impl Keeper {
         }
     }
 
+    /// Admission answered `Lost`. A released lease, or one the backend lost with no room left
+    /// for it, is not resumed (resuming would take a slot that went to someone else); the
+    /// request finishes anyway. A backend outage is resumed elsewhere.
+    async fn lost(
+        &self,
+        reason: apb::LostReason,
+    ) -> Option<(mpsc::Sender<apb::LeaseRequest>, Events)> {
+        let label = match reason {
+            apb::LostReason::Released => "released",
+            apb::LostReason::NoRoom => "no_room",
+            // An older admission sends no reason: it only ever meant an outage.
+            apb::LostReason::BackendUnavailable | apb::LostReason::Unspecified => {
+                return self.resume().await;
+            }
+        };
+        tracing::warn!(lease_id = %self.lease_id, reason = label, "lease lost; not resumed");
+        self.metrics.leases_lost.with_label_values(&[label]).inc();
+        None
+    }
+
     /// Resumes the lease on any admission replica within the orphan grace; `None` when it cannot
-    /// (the upstream call finishes anyway, counted in a metric).
+    /// (the upstream call finishes anyway, counted in a metric). A released lease answers the
+    /// resume with `Lost` (read as a refusal by `answer`).
     async fn resume(&self) -> Option<(mpsc::Sender<apb::LeaseRequest>, Events)> {
         // Within half the ttl: the lease outlives its broken stream by the orphan grace (or the
         // ttl since the last heartbeat); a replica that just died takes a moment to be skipped.
@@ -923,7 +951,10 @@ impl Keeper {
             }
         }
         tracing::warn!(lease_id = %self.lease_id, "lease lost: stream broke and could not be resumed");
-        self.metrics.leases_lost.inc();
+        self.metrics
+            .leases_lost
+            .with_label_values(&["not_resumed"])
+            .inc();
         None
     }
 }
