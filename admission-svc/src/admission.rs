@@ -332,19 +332,35 @@ impl Admission {
         self.backend.resume(lease_id, self.ttl_ms()).await
     }
 
-    /// A heartbeat: renews the lease, re-adds it if the backend lost it and the account has
-    /// room, or reports it lost (released, or no room).
+    /// A renewal by a holder that renews every ttl/3 (the standalone relay's lease): see
+    /// [`Self::heartbeat`].
     pub async fn renew(
         &self,
         lease_id: &LeaseId,
         terms: &LeaseTerms,
     ) -> Result<Renewal, BackendError> {
+        self.heartbeat(lease_id, terms, Duration::ZERO).await
+    }
+
+    /// A heartbeat: renews the lease, re-adds it if the backend lost it and the account has
+    /// room, or reports it lost (released, no room). `since_renewal` is how long ago the
+    /// holder's last renewal succeeded: after a whole ttl the lease surely expired, and it is
+    /// not re-added (its release fence, which lasts a ttl plus the grace from the release, may
+    /// have fallen already), so the holder is told `Lost{expired}`.
+    pub async fn heartbeat(
+        &self,
+        lease_id: &LeaseId,
+        terms: &LeaseTerms,
+        since_renewal: Duration,
+    ) -> Result<Renewal, BackendError> {
         if terms.account_unlimited() {
             return Ok(Renewal::Renewed);
         }
+        let restore_within =
+            (since_renewal < self.settings.lease_ttl).then_some(terms.concurrency_limit);
         let renewal = self
             .backend
-            .renew(lease_id, self.ttl_ms(), terms.concurrency_limit)
+            .renew(lease_id, self.ttl_ms(), restore_within)
             .await?;
         match renewal {
             Renewal::Renewed => {}

@@ -34,14 +34,15 @@ pub trait LeaseBackend: Send + Sync + 'static {
         limits: AcquireLimits,
     ) -> Result<Option<Denial>, BackendError>;
 
-    /// Sets a live lease's expiry to now + ttl. A lease the backend no longer has is re-added
-    /// only when it was not released (its release fence is down) and the account has room
-    /// (fewer than `concurrency_limit` live leases; <= 0: unlimited); otherwise it is `Lost`.
+    /// Sets a live lease's expiry to now + ttl. A lease the backend no longer has is `Lost`
+    /// (released while its release fence is up), or re-added when `restore_within` is
+    /// `Some(limit)` and the account has room (fewer than `limit` live leases; <= 0: unlimited),
+    /// or `Lost` (no room; expired when `restore_within` is `None`).
     async fn renew(
         &self,
         lease_id: &LeaseId,
         ttl_ms: u64,
-        concurrency_limit: i32,
+        restore_within: Option<i32>,
     ) -> Result<Renewal, BackendError>;
 
     /// Like `renew`, but only for a lease that is still live, and the caller becomes its holder

@@ -182,6 +182,9 @@ pub enum LostReason {
     /// The backend had lost the lease (a flush, a restart, an eviction) and the account has no
     /// room to take it back: the slots went to grants made since.
     NoRoom,
+    /// The holder's heartbeats stopped for longer than the ttl: the lease expired and its slot
+    /// may have been granted (or its release fence may have fallen) since.
+    Expired,
 }
 
 impl LostReason {
@@ -191,6 +194,7 @@ impl LostReason {
             LostReason::BackendUnavailable => "backend_unavailable",
             LostReason::Released => "released",
             LostReason::NoRoom => "no_room",
+            LostReason::Expired => "expired",
         }
     }
 }

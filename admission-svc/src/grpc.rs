@@ -175,6 +175,7 @@ fn lost_reason(reason: LostReason) -> pb::LostReason {
         LostReason::BackendUnavailable => pb::LostReason::BackendUnavailable,
         LostReason::Released => pb::LostReason::Released,
         LostReason::NoRoom => pb::LostReason::NoRoom,
+        LostReason::Expired => pb::LostReason::Expired,
     }
 }
 

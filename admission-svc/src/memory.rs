@@ -326,7 +326,7 @@ impl LeaseBackend for MemoryBackend {
         &self,
         lease_id: &LeaseId,
         ttl_ms: u64,
-        concurrency_limit: i32,
+        restore_within: Option<i32>,
     ) -> Result<Renewal, BackendError> {
         Ok(self.with_state(|state, now| {
             let account = state.accounts.entry(lease_id.account_id()).or_default();
@@ -339,8 +339,11 @@ impl LeaseBackend for MemoryBackend {
             if account.is_fenced(id, now) {
                 return Renewal::Lost(LostReason::Released);
             }
+            let Some(limit) = restore_within else {
+                return Renewal::Lost(LostReason::Expired);
+            };
             let held = account.live_leases(now);
-            if concurrency_limit > 0 && held >= concurrency_limit as usize {
+            if limit > 0 && held >= limit as usize {
                 return Renewal::Lost(LostReason::NoRoom);
             }
             account.leases.insert(id.to_owned(), now + ttl_ms);

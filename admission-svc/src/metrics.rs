@@ -14,7 +14,7 @@ pub struct Metrics {
     pub waiters: IntGauge,
     pub leases_restored: IntCounter,
     /// admission_leases_lost_total{reason}: heartbeats answered `Lost` (`released`, `no_room`,
-    /// `backend_unavailable`).
+    /// `expired`, `backend_unavailable`).
     pub leases_lost: IntCounterVec,
     pub orphaned: IntCounter,
     pub release_retries: IntCounter,
@@ -87,7 +87,7 @@ impl Metrics {
             leases_lost: counter_vec(
                 &registry,
                 "admission_leases_lost_total",
-                "Lease streams ended with Lost, by reason (released, no_room, backend_unavailable).",
+                "Lease streams ended with Lost, by reason (released, no_room, expired, backend_unavailable).",
                 &["reason"],
             ),
             orphaned: counter(

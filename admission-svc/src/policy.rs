@@ -203,7 +203,7 @@ impl PolicyBackend {
             // The memory backend cannot fail; a lease released meanwhile is removed again by
             // its release, which now runs on the fallback. Adopted whatever the limit: these
             // requests are already running.
-            let _ = self.fallback.renew(lease, *ttl_ms, 0).await;
+            let _ = self.fallback.renew(lease, *ttl_ms, Some(0)).await;
         }
         if !held.is_empty() {
             tracing::info!(
@@ -222,7 +222,7 @@ impl PolicyBackend {
             .unwrap_or_else(|p| p.into_inner())
             .insert(lease_id.clone(), ttl_ms);
         if self.is_degraded() {
-            let _ = self.fallback.renew(lease_id, ttl_ms, 0).await;
+            let _ = self.fallback.renew(lease_id, ttl_ms, Some(0)).await;
         }
     }
 
@@ -501,7 +501,7 @@ impl LeaseBackend for PolicyBackend {
         &self,
         lease_id: &LeaseId,
         ttl_ms: u64,
-        concurrency_limit: i32,
+        restore_within: Option<i32>,
     ) -> Result<Renewal, BackendError> {
         // A lease Redis granted before the outage moves into the fallback on its first renewal,
         // whatever the limit (the request is already running), so it is counted locally and
@@ -512,7 +512,8 @@ impl LeaseBackend for PolicyBackend {
                     "redis unavailable (policy closed)".into(),
                 ));
             }
-            Ok(match self.fallback.renew(lease_id, ttl_ms, 0).await? {
+            let adopt = restore_within.map(|_| 0);
+            Ok(match self.fallback.renew(lease_id, ttl_ms, adopt).await? {
                 Renewal::Lost(reason) => Renewal::Lost(reason),
                 Renewal::Renewed | Renewal::Restored => Renewal::Renewed,
             })
@@ -520,7 +521,7 @@ impl LeaseBackend for PolicyBackend {
         let renewal = self
             .guarded(
                 "renew",
-                self.redis.renew(lease_id, ttl_ms, concurrency_limit),
+                self.redis.renew(lease_id, ttl_ms, restore_within),
                 fallback,
             )
             .await;
@@ -541,7 +542,7 @@ impl LeaseBackend for PolicyBackend {
             // Redis cannot be asked whether the lease is live; the holder says it is running.
             // Only a release made during the outage (fenced in the fallback) refuses it.
             if let Renewal::Lost(LostReason::Released) =
-                self.fallback.renew(lease_id, ttl_ms, 0).await?
+                self.fallback.renew(lease_id, ttl_ms, Some(0)).await?
             {
                 return Ok(Resumption::Released);
             }

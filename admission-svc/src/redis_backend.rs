@@ -117,9 +117,11 @@ local function raise_fence(key, id, expires)
 end
 "#;
 
-/// KEYS: leases, released. ARGV: lease id, ttl ms, concurrency limit (<= 0: unlimited).
+/// KEYS: leases, released. ARGV: lease id, ttl ms, restore ('1': a missing lease may be re-added
+/// with room, '0': never), concurrency limit (<= 0: unlimited).
 /// Returns {state, now}: 1 = renewed, 2 = restored (was missing or expired, and the account had
-/// room), 3 = lost: released (fence up), 4 = lost: no room. A lost lease writes nothing.
+/// room), 3 = lost: released (fence up), 4 = lost: no room, 5 = lost: expired (no restore). A
+/// lost lease writes nothing.
 const RENEW: &str = r#"
 local ttl = tonumber(ARGV[2])
 if live(KEYS[1], ARGV[1]) then
@@ -129,7 +131,8 @@ if live(KEYS[1], ARGV[1]) then
   return {1, now}
 end
 if fenced(KEYS[2], ARGV[1]) then return {3, now} end
-local limit = tonumber(ARGV[3])
+if ARGV[3] ~= '1' then return {5, now} end
+local limit = tonumber(ARGV[4])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. now)
 if limit > 0 and redis.call('ZCOUNT', KEYS[1], now, '+inf') >= limit then return {4, now} end
 redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
@@ -521,7 +524,7 @@ impl LeaseBackend for RedisBackend {
         &self,
         lease_id: &LeaseId,
         ttl_ms: u64,
-        concurrency_limit: i32,
+        restore_within: Option<i32>,
     ) -> Result<Renewal, BackendError> {
         let keys = AccountKeys::new(lease_id.account_id());
         let (state, now): (i64, i64) = self
@@ -532,7 +535,8 @@ impl LeaseBackend for RedisBackend {
                     .key(&keys.released)
                     .arg(lease_id.as_str())
                     .arg(ttl_ms)
-                    .arg(concurrency_limit),
+                    .arg(u8::from(restore_within.is_some()))
+                    .arg(restore_within.unwrap_or(0)),
             )
             .await?;
         self.learn_clock(now);
@@ -540,7 +544,8 @@ impl LeaseBackend for RedisBackend {
             1 => Renewal::Renewed,
             2 => Renewal::Restored,
             3 => Renewal::Lost(LostReason::Released),
-            _ => Renewal::Lost(LostReason::NoRoom),
+            4 => Renewal::Lost(LostReason::NoRoom),
+            _ => Renewal::Lost(LostReason::Expired),
         })
     }
 

@@ -239,7 +239,10 @@ async fn hold(
         };
         let event = match message {
             Some(Inbound::Message(ClientMessage::Heartbeat)) => {
-                match admission.renew(lease_id, terms).await {
+                match admission
+                    .heartbeat(lease_id, terms, renewed_at.elapsed())
+                    .await
+                {
                     Ok(renewal @ (Renewal::Renewed | Renewal::Restored)) => {
                         renewed_at = Instant::now();
                         LeaseEvent::Renewed {
@@ -256,6 +259,9 @@ async fn hold(
                                     .to_owned()
                             }
                             LostReason::BackendUnavailable => "the backend is unavailable".into(),
+                            LostReason::Expired => {
+                                "no heartbeat for a whole ttl: the lease expired".to_owned()
+                            }
                         };
                         let _ = out.send(Ok(LeaseEvent::Lost { reason, detail })).await;
                         return HoldEnd::Lost;

@@ -22,6 +22,7 @@
 
 mod support;
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -565,7 +566,10 @@ pub struct Harness {
 
 impl Harness {
     pub async fn start(store: Store) -> Self {
-        let settings = model_settings();
+        Self::start_with(store, model_settings()).await
+    }
+
+    pub async fn start_with(store: Store, settings: Settings) -> Self {
         let mut replicas = Vec::new();
         for _ in 0..REPLICAS {
             replicas.push(Replica::start(&store, &settings).await);
@@ -688,4 +692,168 @@ async fn lease_invariants_hold_on_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_invariants_hold_on_a_redis_cluster() {
     explore(Store::cluster().await).await;
+}
+
+// The sequences the model found on the code before issue 12's fix (shrunk), replayed as plain
+// tests. Both ended with the old holder's heartbeat answered `Renewed` for a released lease.
+
+/// Found on memory (seed 15494168160578800756) and on the Cluster (seed 15935339091107387932).
+fn unary_release_then_old_heartbeat() -> Vec<Op> {
+    vec![
+        Op::Acquire {
+            replica: 2,
+            account: 0,
+            wait_ms: 0,
+        },
+        Op::UnaryRelease {
+            lease: 0,
+            replica: 0,
+        },
+        Op::Acquire {
+            replica: 1,
+            account: 0,
+            wait_ms: 0,
+        },
+        Op::Heartbeat {
+            lease: 0,
+            stream: 0,
+        },
+    ]
+}
+
+/// Found on Redis (seed 15312692336594586171): released on the resumed stream, renewed by the
+/// stream the resume replaced.
+fn release_on_a_resumed_stream_then_old_heartbeat() -> Vec<Op> {
+    vec![
+        Op::Acquire {
+            replica: 1,
+            account: 1,
+            wait_ms: 0,
+        },
+        Op::Resume {
+            lease: 0,
+            replica: 2,
+        },
+        Op::StreamRelease {
+            lease: 0,
+            stream: 1,
+        },
+        Op::Heartbeat {
+            lease: 0,
+            stream: 1,
+        },
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_unary_release_then_old_heartbeat_on_memory() {
+    replay(Store::memory().await, &unary_release_then_old_heartbeat()).await;
+    replay(
+        Store::memory().await,
+        &release_on_a_resumed_stream_then_old_heartbeat(),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_unary_release_then_old_heartbeat_on_redis() {
+    replay(Store::redis().await, &unary_release_then_old_heartbeat()).await;
+    replay(
+        Store::redis().await,
+        &release_on_a_resumed_stream_then_old_heartbeat(),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_unary_release_then_old_heartbeat_on_a_redis_cluster() {
+    let store = Store::cluster().await;
+    let mut harness = Harness::start(store).await;
+    for ops in [
+        unary_release_then_old_heartbeat(),
+        release_on_a_resumed_stream_then_old_heartbeat(),
+    ] {
+        if let Err(failure) = harness.run(&ops).await {
+            panic!("replay on cluster: {failure}");
+        }
+    }
+}
+
+/// Issue 12's done-when: 50 leases held over 5 accounts (limit 10) on 3 replicas, the data
+/// flushed, new acquires take part of the freed slots, then every old holder heartbeats: every
+/// account ends within its limit, the old holders that found room restored their lease, and the
+/// others were told `Lost{NO_ROOM}`.
+async fn flush_under_held_leases_keeps_every_account_within_its_limit(store: Store) {
+    const ACCOUNTS: i64 = 5;
+    const LIMIT: i32 = 10;
+    // A long ttl: no lease may expire while the test runs.
+    let settings = Settings {
+        lease_ttl: Duration::from_secs(30),
+        ..model_settings()
+    };
+    let harness = Harness::start_with(store, settings).await;
+    let accounts: Vec<i64> = (0..ACCOUNTS).map(|n| 7_000 + n).collect();
+    let terms = |account: i64| terms(account, LIMIT, 0);
+    let mut old = Vec::new();
+    for (n, &account) in accounts.iter().enumerate() {
+        for k in 0..LIMIT as usize {
+            let client = &harness.replicas[(n + k) % REPLICAS].client;
+            let (stream, answer) = LeaseStream::acquire(client, terms(account)).await;
+            assert!(answer.is_granted(), "{answer:?}");
+            old.push((account, stream));
+        }
+    }
+    assert_eq!(old.len(), 50);
+    assert!(harness.store.flush().await);
+    // Account n gets 2n new leases (0, 2, 4, 6, 8): room for 10 - 2n old ones.
+    let mut new = Vec::new();
+    for (n, &account) in accounts.iter().enumerate() {
+        for k in 0..2 * n {
+            let client = &harness.replicas[k % REPLICAS].client;
+            let (stream, answer) = LeaseStream::acquire(client, terms(account)).await;
+            assert!(answer.is_granted(), "{answer:?}");
+            new.push(stream);
+        }
+    }
+    let mut restored: HashMap<i64, i32> = HashMap::new();
+    let mut no_room: HashMap<i64, i32> = HashMap::new();
+    for (account, stream) in &mut old {
+        match stream.heartbeat().await {
+            Ok(Some(pb::lease_event::Kind::Renewed(renewed))) => {
+                assert!(renewed.restored, "the flush lost every old lease");
+                *restored.entry(*account).or_default() += 1;
+            }
+            Ok(Some(pb::lease_event::Kind::Lost(lost))) => {
+                assert_eq!(lost.lost_reason(), pb::LostReason::NoRoom);
+                *no_room.entry(*account).or_default() += 1;
+            }
+            other => panic!("heartbeat answered {other:?}"),
+        }
+    }
+    let live = harness.replicas[0]
+        .admission
+        .inflight(&accounts)
+        .await
+        .expect("inflight");
+    for (n, &account) in accounts.iter().enumerate() {
+        let room = LIMIT - 2 * n as i32;
+        assert_eq!(live[n] as i32, LIMIT, "account {account}: live {live:?}");
+        assert_eq!(restored.get(&account).copied().unwrap_or(0), room);
+        assert_eq!(no_room.get(&account).copied().unwrap_or(0), LIMIT - room);
+    }
+    // Nothing new is granted at the limit.
+    for &account in &accounts {
+        let (_, answer) = LeaseStream::acquire(&harness.replicas[1].client, terms(account)).await;
+        assert_eq!(answer.denied_reason(), Some(pb::DenyReason::Concurrency));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flush_under_50_held_leases_keeps_every_account_within_its_limit_on_redis() {
+    flush_under_held_leases_keeps_every_account_within_its_limit(Store::redis().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flush_under_50_held_leases_keeps_every_account_within_its_limit_on_a_redis_cluster() {
+    flush_under_held_leases_keeps_every_account_within_its_limit(Store::cluster().await).await;
 }

@@ -17,7 +17,8 @@ pub struct Metrics {
     pub same_account_retries: IntCounter,
     pub client_disconnects: IntCounter,
     /// relay_lease_lost_total{reason}: leases lost while their request ran (the upstream call
-    /// finished anyway): `released` and `no_room` (admission answered `Lost`; never resumed),
+    /// finished anyway): `released`, `no_room`, `expired` (admission answered `Lost`; never
+    /// resumed),
     /// `not_resumed` (the stream broke or the backend was unavailable, and no replica resumed
     /// it).
     pub leases_lost: IntCounterVec,
@@ -90,7 +91,7 @@ impl Metrics {
             ),
             leases_lost: counter_vec(
                 "relay_lease_lost_total",
-                "Leases lost while their request ran, by reason (released, no_room, not_resumed); the upstream call finished anyway.",
+                "Leases lost while their request ran, by reason (released, no_room, expired, not_resumed); the upstream call finished anyway.",
                 &["reason"],
             ),
             leases_resumed: counter(

@@ -914,6 +914,7 @@ impl Keeper {
         let label = match reason {
             apb::LostReason::Released => "released",
             apb::LostReason::NoRoom => "no_room",
+            apb::LostReason::Expired => "expired",
             // An older admission sends no reason: it only ever meant an outage.
             apb::LostReason::BackendUnavailable | apb::LostReason::Unspecified => {
                 return self.resume().await;
