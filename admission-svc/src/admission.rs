@@ -154,60 +154,95 @@ impl Admission {
         waiting.get(&account_id).is_some_and(|n| *n > 0)
     }
 
-    /// One try at every gate: user RPM first (its own slot) when set, then the account script;
-    /// the user charge is refunded when the account refuses.
+    /// One try at every gate. Where the backend joins the user gate (one Redis node, memory) it
+    /// is one step that writes nothing when refused; otherwise `terms` carries no user here (the
+    /// user was charged once for the whole acquire, see `acquire`).
     async fn try_acquire(&self, terms: &LeaseTerms) -> Result<AcquireOutcome, BackendError> {
         let lease_id = self.next_lease_id(terms.account_id);
-        let rpm_window_ms = millis(self.settings.rpm_window);
-        let user = terms.user.as_ref().filter(|user| user.rpm_limit > 0);
-        if let Some(user) = user
-            && let Some(denial) = self
-                .backend
-                .charge_user(
-                    &user.user_id,
-                    user.rpm_limit,
-                    lease_id.as_str(),
-                    rpm_window_ms,
-                )
-                .await?
-        {
-            return Ok(AcquireOutcome::Denied(denial));
+        if terms.account_unlimited() {
+            return Ok(AcquireOutcome::Granted(lease_id));
         }
-        let result = if terms.account_unlimited() {
-            Ok(None)
-        } else {
-            self.backend
-                .acquire(terms, &lease_id, self.limits(terms))
-                .await
-        };
-        match result {
-            Ok(None) => Ok(AcquireOutcome::Granted(lease_id)),
-            Ok(Some(denial)) => {
-                if let Some(user) = user {
-                    self.refund_user(&user.user_id, &lease_id).await;
-                }
-                Ok(AcquireOutcome::Denied(denial))
-            }
-            Err(error) => {
-                if let Some(user) = user {
-                    self.refund_user(&user.user_id, &lease_id).await;
-                }
-                Err(error)
-            }
-        }
-    }
-
-    async fn refund_user(&self, user_id: &str, lease_id: &LeaseId) {
-        if let Err(error) = self.backend.refund_user(user_id, lease_id.as_str()).await {
-            tracing::warn!(%error, "user rpm refund failed; the event ages out within a minute");
-        }
+        let denial = self
+            .backend
+            .acquire(terms, &lease_id, self.limits(terms))
+            .await?;
+        Ok(match denial {
+            None => AcquireOutcome::Granted(lease_id),
+            Some(denial) => AcquireOutcome::Denied(denial),
+        })
     }
 
     /// Takes a lease, waiting up to `wait` for a slot (or an RPM event) to free up. `on_queued`
     /// is told the queue position once the acquire registers as a waiter. `cancel` ends the wait
     /// (the client went away); a script already running is allowed to finish so its result is
     /// never lost.
+    ///
+    /// The user RPM gate joins the account gates in one step where the backend can
+    /// (`joins_user_gate`). Otherwise (a Redis Cluster, or an unlimited account) the user is
+    /// charged once, before the first try, with an event id of its own (the charge is idempotent
+    /// by it), kept through the wait (no charge per poll), and refunded when no lease came of
+    /// it — also when the caller goes away (the refund then runs detached).
     pub async fn acquire(
+        &self,
+        terms: &LeaseTerms,
+        wait: Duration,
+        cancel: &CancellationToken,
+        on_queued: impl FnMut(u32),
+    ) -> Result<AcquireOutcome, BackendError> {
+        let separate_user = terms
+            .user
+            .as_ref()
+            .filter(|user| user.rpm_limit > 0)
+            .filter(|_| terms.account_unlimited() || !self.backend.joins_user_gate());
+        let Some(user) = separate_user else {
+            return self.wait_for_grant(terms, wait, cancel, on_queued).await;
+        };
+        let event_id = format!("u{}", self.next_lease_id(terms.account_id));
+        let charged = self
+            .backend
+            .charge_user(
+                &user.user_id,
+                user.rpm_limit,
+                &event_id,
+                millis(self.settings.rpm_window),
+            )
+            .await;
+        match charged {
+            Ok(None) => {}
+            Ok(Some(denial)) => {
+                let outcome = Ok(AcquireOutcome::Denied(denial));
+                self.record_decision(&outcome);
+                return outcome;
+            }
+            Err(error) => {
+                let outcome = Err(error);
+                self.record_decision(&outcome);
+                return outcome;
+            }
+        }
+        let charge = UserCharge {
+            backend: self.backend.clone(),
+            user_id: user.user_id.clone(),
+            event_id,
+            armed: true,
+        };
+        let account_terms = LeaseTerms {
+            user: None,
+            ..terms.clone()
+        };
+        let outcome = self
+            .wait_for_grant(&account_terms, wait, cancel, on_queued)
+            .await;
+        match outcome {
+            Ok(AcquireOutcome::Granted(_)) => charge.keep(),
+            _ => charge.refund().await,
+        }
+        outcome
+    }
+
+    /// The wait loop of `acquire`: tries, registers as a waiter, sleeps until woken or the next
+    /// poll, until granted, refused for good, or cancelled.
+    async fn wait_for_grant(
         &self,
         terms: &LeaseTerms,
         wait: Duration,
@@ -526,6 +561,51 @@ impl Admission {
         self.backend
             .set_cooldown(account_id, millis(duration))
             .await
+    }
+}
+
+/// A user RPM charge made apart from the account gates (a Cluster): refunded unless the
+/// acquire it was made for got a lease; dropped while armed (the caller went away), the refund
+/// runs detached.
+struct UserCharge {
+    backend: Arc<dyn LeaseBackend>,
+    user_id: String,
+    event_id: String,
+    armed: bool,
+}
+
+impl UserCharge {
+    fn keep(mut self) {
+        self.armed = false;
+    }
+
+    async fn refund(mut self) {
+        self.armed = false;
+        if let Err(error) = self
+            .backend
+            .refund_user(&self.user_id, &self.event_id)
+            .await
+        {
+            tracing::warn!(%error, "user rpm refund failed; the event ages out within the rpm window");
+        }
+    }
+}
+
+impl Drop for UserCharge {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let backend = self.backend.clone();
+        let user_id = std::mem::take(&mut self.user_id);
+        let event_id = std::mem::take(&mut self.event_id);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(error) = backend.refund_user(&user_id, &event_id).await {
+                    tracing::debug!(%error, "user rpm refund failed; the event ages out");
+                }
+            });
+        }
     }
 }
 

@@ -23,10 +23,22 @@ pub trait LeaseBackend: Send + Sync + 'static {
     ) -> Result<Option<Denial>, BackendError>;
 
     /// Removes a user RPM event again (the account refused the acquire it was charged for).
+    /// Idempotent: removing an event that is not there does nothing.
     async fn refund_user(&self, user_id: &str, event_id: &str) -> Result<(), BackendError>;
 
-    /// Checks cooldown, concurrency, account RPM and the session window, and only if all pass
-    /// adds the lease and the RPM event. `None` = granted. Never called for unlimited accounts.
+    /// Whether `acquire` checks and charges the user RPM in the same step as the account gates
+    /// (one node, or one process). On a Redis Cluster the user's key lives in another slot, so
+    /// the engine charges the user once per acquire (`charge_user`, idempotent by event id) and
+    /// refunds when no lease came of it.
+    fn joins_user_gate(&self) -> bool {
+        true
+    }
+
+    /// Checks the user RPM (when `terms.user` is set), cooldown, concurrency, account RPM and the
+    /// session window, and only if all pass adds the lease and the RPM events (account and
+    /// user, both with the lease id as event id). `None` = granted. A refusal writes nothing.
+    /// Never called for unlimited accounts, and with `terms.user` only when
+    /// [`Self::joins_user_gate`].
     async fn acquire(
         &self,
         terms: &LeaseTerms,

@@ -257,6 +257,9 @@ impl LeaseBackend for MemoryBackend {
     ) -> Result<Option<Denial>, BackendError> {
         Ok(self.with_state(|state, now| {
             let events = state.users.entry(user_id.to_owned()).or_default();
+            if events.iter().any(|(_, id)| id == event_id) {
+                return None;
+            }
             if let Some(denial) = rpm_check(events, now, rpm_limit, window_ms) {
                 return Some(Denial::new(DenyReason::UserRpm, denial.retry_after_ms));
             }
@@ -284,7 +287,17 @@ impl LeaseBackend for MemoryBackend {
         limits: AcquireLimits,
     ) -> Result<Option<Denial>, BackendError> {
         Ok(self.with_state(|state, now| {
-            let account = state.accounts.entry(terms.account_id).or_default();
+            let State { accounts, users } = state;
+            // The user gate first (its refusal wins, as on Redis), checked only: it is charged
+            // below, with the lease, when every gate passed.
+            let user = terms.user.as_ref().filter(|user| user.rpm_limit > 0);
+            if let Some(user) = user
+                && let Some(events) = users.get_mut(&user.user_id)
+                && let Some(denial) = rpm_check(events, now, user.rpm_limit, limits.rpm_window_ms)
+            {
+                return Some(Denial::new(DenyReason::UserRpm, denial.retry_after_ms));
+            }
+            let account = accounts.entry(terms.account_id).or_default();
             if !terms.ignore_cooldown && account.cooldown_until > now {
                 return Some(Denial::new(
                     DenyReason::Cooling,
@@ -316,6 +329,12 @@ impl LeaseBackend for MemoryBackend {
             if terms.rpm_limit > 0 {
                 account
                     .rpm_events
+                    .push_back((now, lease_id.as_str().to_owned()));
+            }
+            if let Some(user) = user {
+                users
+                    .entry(user.user_id.clone())
+                    .or_default()
                     .push_back((now, lease_id.as_str().to_owned()));
             }
             None

@@ -29,7 +29,8 @@ use async_trait::async_trait;
 
 use crate::backend::{AcquireLimits, LeaseBackend};
 use crate::domain::{
-    AccountId, Denial, DenyReason, LeaseId, LeaseTerms, LostReason, Renewal, Resumption, millis,
+    AccountId, Denial, DenyReason, LeaseId, LeaseTerms, LostReason, Renewal, Resumption, UserLimit,
+    millis,
 };
 use crate::error::BackendError;
 use crate::memory::MemoryBackend;
@@ -417,6 +418,10 @@ impl PolicyBackend {
 
 #[async_trait]
 impl LeaseBackend for PolicyBackend {
+    fn joins_user_gate(&self) -> bool {
+        self.redis.joins_user_gate()
+    }
+
     async fn charge_user(
         &self,
         user_id: &str,
@@ -474,9 +479,23 @@ impl LeaseBackend for PolicyBackend {
                     if terms.rpm_limit > 0 && rpm == 0 {
                         return Ok(Some(Denial::new(DenyReason::Rpm, 1000)));
                     }
+                    let user = match &terms.user {
+                        Some(user) if user.rpm_limit > 0 => {
+                            let share = self.share(user.rpm_limit);
+                            if share == 0 {
+                                return Ok(Some(Denial::new(DenyReason::UserRpm, 1000)));
+                            }
+                            Some(UserLimit {
+                                rpm_limit: share,
+                                ..user.clone()
+                            })
+                        }
+                        other => other.clone(),
+                    };
                     let shared = LeaseTerms {
                         concurrency_limit: concurrency,
                         rpm_limit: rpm,
+                        user,
                         ..terms.clone()
                     };
                     self.fallback.acquire(&shared, lease_id, limits).await

@@ -48,12 +48,19 @@ local function add_spend(key, micros, window)
 end
 "#;
 
-/// KEYS: leases, rpm, cooldown, window.
+/// KEYS: leases, rpm, cooldown, window, user rpm (on a Cluster, where the user's key is in
+/// another slot, the account rpm key again with a user limit of 0).
 /// ARGV: lease id, ttl ms, concurrency limit, rpm limit, window limit (micro-USD, 0 = none),
-/// rpm window ms, session window ms, ignore cooldown (1/0).
-/// Returns {reason, retry_ms, now}; reason 'granted' when the lease and RPM event were added.
-/// A refusal at any gate writes nothing.
+/// rpm window ms, session window ms, ignore cooldown (1/0), user rpm limit (0 = none).
+/// Returns {reason, retry_ms, now}; reason 'granted' when the lease and the RPM events (account
+/// and user, member = lease id) were added. A refusal at any gate writes nothing, so a refused
+/// acquire is this one round trip.
 const ACQUIRE: &str = r#"
+local user_limit = tonumber(ARGV[9])
+if user_limit > 0 then
+  local user_retry = rpm_full(KEYS[5], user_limit, tonumber(ARGV[6]))
+  if user_retry then return {'user_rpm', user_retry, now} end
+end
 if ARGV[8] ~= '1' then
   local cool = redis.call('PTTL', KEYS[3])
   if cool ~= -2 then return {'cooling', math.max(cool, 0), now} end
@@ -83,12 +90,18 @@ if rpm > 0 then
   redis.call('ZADD', KEYS[2], now, ARGV[1])
   extend(KEYS[2], rpm_window)
 end
+if user_limit > 0 then
+  redis.call('ZADD', KEYS[5], now, ARGV[1])
+  extend(KEYS[5], rpm_window)
+end
 return {'granted', 0, now}
 "#;
 
 /// KEYS: an RPM ZSET (account or user). ARGV: event id, limit, window ms.
-/// Returns {charged (1/0), retry_ms, now}.
+/// Returns {charged (1/0), retry_ms, now}. Idempotent by event id: an event already charged
+/// answers charged and counts once.
 const CHARGE_RPM: &str = r#"
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then return {1, 0, now} end
 local limit = tonumber(ARGV[2])
 local window = tonumber(ARGV[3])
 local retry = rpm_full(KEYS[1], limit, window)
@@ -346,19 +359,29 @@ impl RedisBackend {
         self.redis.bounded(invocation.invoke_async(&mut conn)).await
     }
 
-    /// After an acquire that timed out (the script may have committed), removes the lease once,
-    /// detached and bounded by 500 ms, so no ghost slot stays for a whole TTL. Not retried.
+    /// After an acquire that timed out (the script may have committed), removes the lease and
+    /// its RPM events (account, and user when `user_rpm` is given) once, detached and bounded by
+    /// 500 ms, so no ghost slot or charge stays. Not retried.
     ///
-    /// The `ZREM` goes out on the *same* connection as the timed-out script: Redis answers one
+    /// The `ZREM`s go out on the *same* connection as the timed-out script: Redis answers one
     /// connection's commands in order, so the removal cannot overtake the script it cleans up
     /// after (on another connection it could run first and remove nothing).
-    fn remove_uncertain_lease(&self, lease_id: &LeaseId, mut conn: Conn) {
-        let key = AccountKeys::new(lease_id.account_id()).leases;
+    fn remove_uncertain_lease(&self, lease_id: &LeaseId, user_rpm: Option<String>, mut conn: Conn) {
+        let keys = AccountKeys::new(lease_id.account_id());
         let member = lease_id.as_str().to_owned();
         tokio::spawn(async move {
-            let mut zrem = redis::cmd("ZREM");
-            zrem.arg(&key).arg(&member);
-            let cleanup = zrem.query_async::<i64>(&mut conn);
+            let mut cleanup = redis::pipe();
+            cleanup
+                .cmd("ZREM")
+                .arg(&keys.leases)
+                .arg(&member)
+                .cmd("ZREM")
+                .arg(&keys.rpm)
+                .arg(&member);
+            if let Some(user_rpm) = &user_rpm {
+                cleanup.cmd("ZREM").arg(user_rpm).arg(&member);
+            }
+            let cleanup = cleanup.query_async::<Vec<i64>>(&mut conn);
             match tokio::time::timeout(UNCERTAIN_CLEANUP_TIMEOUT, cleanup).await {
                 Ok(Ok(_)) => tracing::debug!(lease_id = %member, "uncertain acquire cleaned up"),
                 _ => {
@@ -441,12 +464,17 @@ fn deny_reason(name: &str) -> DenyReason {
         "cooling" => DenyReason::Cooling,
         "rpm" => DenyReason::Rpm,
         "session_window" => DenyReason::SessionWindow,
+        "user_rpm" => DenyReason::UserRpm,
         _ => DenyReason::Concurrency,
     }
 }
 
 #[async_trait]
 impl LeaseBackend for RedisBackend {
+    fn joins_user_gate(&self) -> bool {
+        !self.redis.is_cluster()
+    }
+
     async fn charge_user(
         &self,
         user_id: &str,
@@ -454,18 +482,40 @@ impl LeaseBackend for RedisBackend {
         event_id: &str,
         window_ms: u64,
     ) -> Result<Option<Denial>, BackendError> {
-        let (charged, retry, now): (i64, u64, i64) = self
-            .script(
-                self.scripts
-                    .charge_rpm
-                    .key(keys::user_rpm(user_id))
-                    .arg(event_id)
-                    .arg(rpm_limit)
-                    .arg(window_ms),
-            )
-            .await?;
-        self.learn_clock(now);
-        Ok((charged == 0).then(|| Denial::new(DenyReason::UserRpm, retry)))
+        let key = keys::user_rpm(user_id);
+        let mut invocation = self.scripts.charge_rpm.key(&key);
+        invocation.arg(event_id).arg(rpm_limit).arg(window_ms);
+        let mut conn = self.redis.conn().await?;
+        let reply = tokio::time::timeout(
+            self.redis.timeout(),
+            invocation.invoke_async::<(i64, u64, i64)>(&mut conn),
+        )
+        .await;
+        match reply {
+            Ok(Ok((charged, retry, now))) => {
+                self.learn_clock(now);
+                Ok((charged == 0).then(|| Denial::new(DenyReason::UserRpm, retry)))
+            }
+            Ok(Err(error)) => Err(BackendError::from(error)),
+            Err(_) => {
+                // The charge may have landed: take it back on the same connection (after it).
+                let member = event_id.to_owned();
+                tokio::spawn(async move {
+                    let mut zrem = redis::cmd("ZREM");
+                    zrem.arg(&key).arg(&member);
+                    let refund = zrem.query_async::<i64>(&mut conn);
+                    if !matches!(
+                        tokio::time::timeout(UNCERTAIN_CLEANUP_TIMEOUT, refund).await,
+                        Ok(Ok(_))
+                    ) {
+                        tracing::warn!(
+                            "uncertain user charge not refunded; it ages out within the rpm window"
+                        );
+                    }
+                });
+                Err(BackendError::Timeout)
+            }
+        }
     }
 
     async fn refund_user(&self, user_id: &str, event_id: &str) -> Result<(), BackendError> {
@@ -488,11 +538,18 @@ impl LeaseBackend for RedisBackend {
         limits: AcquireLimits,
     ) -> Result<Option<Denial>, BackendError> {
         let keys = AccountKeys::new(terms.account_id);
+        // On a Cluster the engine charges the user separately (see `joins_user_gate`).
+        let user = terms
+            .user
+            .as_ref()
+            .filter(|user| user.rpm_limit > 0 && !self.redis.is_cluster());
+        let user_rpm = user.map(|user| keys::user_rpm(&user.user_id));
         let mut invocation = self.scripts.acquire.key(&keys.leases);
         invocation
             .key(&keys.rpm)
             .key(&keys.cooldown)
             .key(&keys.window)
+            .key(user_rpm.as_deref().unwrap_or(&keys.rpm))
             .arg(lease_id.as_str())
             .arg(limits.ttl_ms)
             .arg(terms.concurrency_limit)
@@ -500,7 +557,8 @@ impl LeaseBackend for RedisBackend {
             .arg(limits.window_limit_micros)
             .arg(limits.rpm_window_ms)
             .arg(limits.session_window_ms)
-            .arg(u8::from(terms.ignore_cooldown));
+            .arg(u8::from(terms.ignore_cooldown))
+            .arg(user.map_or(0, |user| user.rpm_limit));
         let mut conn = self.redis.conn().await?;
         let reply = tokio::time::timeout(
             self.redis.timeout(),
@@ -514,7 +572,7 @@ impl LeaseBackend for RedisBackend {
             }
             Ok(Err(error)) => Err(BackendError::from(error)),
             Err(_) => {
-                self.remove_uncertain_lease(lease_id, conn);
+                self.remove_uncertain_lease(lease_id, user_rpm, conn);
                 Err(BackendError::Timeout)
             }
         }

@@ -58,6 +58,7 @@ backend_suite!(
     a_lost_lease_comes_back_only_with_room_and_a_recent_heartbeat,
     a_second_resume_of_a_held_lease_takes_it_over_and_one_release_ends_it_for_all,
     a_lease_reaped_after_the_orphan_grace_stays_released,
+    a_refused_acquire_is_one_round_trip_and_writes_nothing,
 );
 
 async fn concurrency_gate_grants_up_to_the_limit_then_denies(store: Store) {
@@ -760,4 +761,60 @@ async fn a_lease_reaped_after_the_orphan_grace_stays_released(store: Store) {
     let (_, answer) = LeaseStream::resume(&server.client, &lease_id, terms).await;
     assert_eq!(answer, Answer::Lost(pb::LostReason::Released));
     assert_eq!(inflight_one(&server.client, 231).await, 0);
+}
+
+/// Invariant 3: on one node the user RPM gate joins the account gates in one script, so a
+/// refusal at any gate is one round trip and writes nothing (it used to be a user charge, the
+/// account script and a refund: three, on every try).
+async fn a_refused_acquire_is_one_round_trip_and_writes_nothing(store: Store) {
+    let server = TestServer::on(&store).await;
+    let terms = |account| pb::Acquire {
+        user_id: Some("bob".into()),
+        user_rpm_limit: 5,
+        rpm_limit: 100,
+        ..acquire(account, 1)
+    };
+    let (_held, answer) = LeaseStream::acquire(&server.client, terms(241)).await;
+    assert!(answer.is_granted());
+    let round_trips = || server.admission.policy().map(|p| p.redis_round_trips());
+    let before = round_trips();
+    const REFUSALS: u64 = 20;
+    for _ in 0..REFUSALS {
+        let (_, refused) = LeaseStream::acquire(&server.client, terms(241)).await;
+        assert_eq!(refused.denied_reason(), Some(pb::DenyReason::Concurrency));
+    }
+    if let (Some(before), Some(after)) = (before, round_trips()) {
+        // The replica registry heartbeats once a second on its own: allow two of those.
+        assert!(
+            after - before <= REFUSALS + 2,
+            "{} round trips for {REFUSALS} refusals",
+            after - before
+        );
+    }
+    if let Some(redis) = store.redis_server() {
+        let mut conn = redis.client().await.expect("redis client");
+        let user_events: u32 = redis::cmd("ZCARD")
+            .arg(poolgate_proto::keys::user_rpm("bob"))
+            .query_async(&mut conn)
+            .await
+            .expect("zcard");
+        let account_events: u32 = redis::cmd("ZCARD")
+            .arg(poolgate_proto::keys::AccountKeys::new(241).rpm)
+            .query_async(&mut conn)
+            .await
+            .expect("zcard");
+        assert_eq!(
+            (user_events, account_events),
+            (1, 1),
+            "refusals wrote nothing"
+        );
+    }
+    // The user's budget is intact: 4 more requests on other accounts, then the user gate.
+    for account in 242..246 {
+        let (_, answer) = LeaseStream::acquire(&server.client, terms(account)).await;
+        assert!(answer.is_granted(), "{answer:?}");
+    }
+    let (_, answer) = LeaseStream::acquire(&server.client, terms(246)).await;
+    assert_eq!(answer.denied_reason(), Some(pb::DenyReason::UserRpm));
+    assert_eq!(inflight_one(&server.client, 246).await, 0);
 }
