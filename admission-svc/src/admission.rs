@@ -419,7 +419,10 @@ impl Admission {
         if terms.rpm_limit <= 0 {
             return Ok(None);
         }
-        let event_id = format!("{lease_id}:{attempt}");
+        // Unique across resumes (a resumed stream counts its attempts from 1 again) and replicas:
+        // an event id seen twice would be charged once.
+        let sequence = self.sequence.fetch_add(1, Ordering::Relaxed);
+        let event_id = format!("{lease_id}:{attempt}.{}.{sequence}", self.instance);
         let rpm_window_ms = millis(self.settings.rpm_window);
         let denial = self
             .backend
@@ -436,8 +439,9 @@ impl Admission {
         Ok(denial)
     }
 
-    /// Frees a lease (recording spend when the terms keep a window). A release the backend
-    /// cannot take now is queued and retried; the holder is done either way.
+    /// Frees a lease (recording spend when the terms keep a window, or, without terms (the
+    /// unary `Release`), whenever it is given). A release the backend cannot take now is queued
+    /// and retried; the holder is done either way.
     pub async fn release(
         &self,
         lease_id: &LeaseId,
@@ -448,8 +452,8 @@ impl Admission {
             return true;
         }
         let spend_micros = match terms {
-            Some(terms) if terms.session_window_limit_micros > 0 => spend_micros,
-            _ => 0,
+            Some(terms) if terms.session_window_limit_micros <= 0 => 0,
+            _ => spend_micros.max(0),
         };
         let session_window_ms = millis(self.settings.session_window);
         match self
@@ -529,6 +533,14 @@ impl Admission {
             .await
         {
             tracing::warn!(%error, lease_id = %lease_id, "orphan failed; the lease expires at its ttl");
+        }
+    }
+
+    /// The holder was told `Lost`: the lease is no longer this replica's (the failure policy
+    /// must not adopt it at the next outage).
+    pub fn forget_held(&self, lease_id: &LeaseId) {
+        if let Some(policy) = &self.policy {
+            policy.forget_held(lease_id);
         }
     }
 

@@ -244,8 +244,10 @@ impl pb::admission_server::Admission for AdmissionGrpc {
         &self,
         request: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::ReleaseResponse>, Status> {
-        let lease_id = lease_id("lease_id", &request.into_inner().lease_id)?;
-        let released = self.admission.release(&lease_id, None, 0).await;
+        let request = request.into_inner();
+        let lease_id = lease_id("lease_id", &request.lease_id)?;
+        let spend_micros = spend("spend_usd", request.spend_usd)?;
+        let released = self.admission.release(&lease_id, None, spend_micros).await;
         Ok(Response::new(pb::ReleaseResponse { released }))
     }
 

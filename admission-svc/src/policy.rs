@@ -227,6 +227,16 @@ impl PolicyBackend {
         }
     }
 
+    /// Forgets a lease this replica's stream held but lost (see `held`).
+    pub fn forget_held(&self, lease_id: &LeaseId) {
+        self.unhold(lease_id);
+    }
+
+    /// How many leases this replica's streams hold (for tests and debugging).
+    pub fn held_count(&self) -> usize {
+        self.held.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
     fn unhold(&self, lease_id: &LeaseId) {
         self.held
             .lock()

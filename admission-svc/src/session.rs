@@ -135,8 +135,10 @@ pub async fn serve_lease(
     admission.metrics().leases_in_flight.inc();
     let ended = hold(&admission, &mut inbound, &out, &lease_id, &terms).await;
     admission.metrics().leases_in_flight.dec();
-    if ended == HoldEnd::Abandoned {
-        admission.orphan(&lease_id, &terms, holder_epoch).await;
+    match ended {
+        HoldEnd::Abandoned => admission.orphan(&lease_id, &terms, holder_epoch).await,
+        HoldEnd::Lost => admission.forget_held(&lease_id),
+        HoldEnd::Released => {}
     }
 }
 

@@ -413,7 +413,10 @@ impl<'a> Run<'a> {
                 };
                 let mut client = self.replicas[replica].client.clone();
                 if client
-                    .release(pb::ReleaseRequest { lease_id: id })
+                    .release(pb::ReleaseRequest {
+                        lease_id: id,
+                        ..Default::default()
+                    })
                     .await
                     .is_ok()
                 {

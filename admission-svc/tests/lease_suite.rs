@@ -59,6 +59,8 @@ backend_suite!(
     a_second_resume_of_a_held_lease_takes_it_over_and_one_release_ends_it_for_all,
     a_lease_reaped_after_the_orphan_grace_stays_released,
     a_refused_acquire_is_one_round_trip_and_writes_nothing,
+    a_unary_release_keeps_the_spend,
+    attempts_after_a_resume_are_charged_as_new_events,
 );
 
 async fn concurrency_gate_grants_up_to_the_limit_then_denies(store: Store) {
@@ -352,12 +354,16 @@ async fn unary_release_is_idempotent(store: Store) {
     let first = client
         .release(pb::ReleaseRequest {
             lease_id: lease_id.clone(),
+            ..Default::default()
         })
         .await
         .expect("release")
         .into_inner();
     let second = client
-        .release(pb::ReleaseRequest { lease_id })
+        .release(pb::ReleaseRequest {
+            lease_id,
+            ..Default::default()
+        })
         .await
         .expect("release again")
         .into_inner();
@@ -629,6 +635,7 @@ async fn unary_release(server: &TestServer, lease_id: &str) -> bool {
     client
         .release(pb::ReleaseRequest {
             lease_id: lease_id.to_owned(),
+            ..Default::default()
         })
         .await
         .expect("release")
@@ -695,6 +702,11 @@ async fn a_lost_lease_comes_back_only_with_room_and_a_recent_heartbeat(store: St
     assert!(answer.is_granted(), "{answer:?}");
     assert_eq!(lost_reason(old.heartbeat().await), pb::LostReason::NoRoom);
     assert_eq!(inflight_one(&server.client, 212).await, 1);
+    if let Some(policy) = server.admission.policy() {
+        // The lost leases (`silent`, `old`) left the held set: a later outage does not adopt
+        // them. `roomy` and `_newer` are held.
+        assert_eq!(policy.held_count(), 2);
+    }
     // With room, the heartbeat restores its lease.
     match roomy.heartbeat().await {
         Ok(Some(pb::lease_event::Kind::Renewed(renewed))) => assert!(renewed.restored),
@@ -817,4 +829,62 @@ async fn a_refused_acquire_is_one_round_trip_and_writes_nothing(store: Store) {
     let (_, answer) = LeaseStream::acquire(&server.client, terms(246)).await;
     assert_eq!(answer.denied_reason(), Some(pb::DenyReason::UserRpm));
     assert_eq!(inflight_one(&server.client, 246).await, 0);
+}
+
+/// `ReleaseRequest.spend_usd`: a holder whose stream broke releases by id and keeps its spend.
+async fn a_unary_release_keeps_the_spend(store: Store) {
+    let server = TestServer::on(&store).await;
+    let terms = pb::Acquire {
+        session_window_limit_usd: 10.0,
+        ..acquire(251, 1)
+    };
+    let (_stream, answer) = LeaseStream::acquire(&server.client, terms).await;
+    let Answer::Granted(lease_id) = answer else {
+        panic!("{answer:?}")
+    };
+    let mut client = server.client.clone();
+    let released = client
+        .release(pb::ReleaseRequest {
+            lease_id,
+            spend_usd: 2.5,
+        })
+        .await
+        .expect("release")
+        .into_inner();
+    assert!(released.released);
+    assert_eq!(record_spend(&server.client, 251, 0.0).await, 2.5);
+    assert_eq!(inflight_one(&server.client, 251).await, 0);
+}
+
+/// Attempt event ids are unique across resumes: a resumed stream counts its attempts from 1
+/// again, and the same event id would have been charged once for two upstream calls.
+async fn attempts_after_a_resume_are_charged_as_new_events(store: Store) {
+    let server = TestServer::on(&store).await;
+    let terms = pb::Acquire {
+        rpm_limit: 3,
+        ..acquire(261, 1)
+    };
+    let (mut first, answer) = LeaseStream::acquire(&server.client, terms.clone()).await;
+    let Answer::Granted(lease_id) = answer else {
+        panic!("{answer:?}")
+    };
+    assert!(matches!(
+        first.attempt().await,
+        Ok(Some(pb::lease_event::Kind::AttemptAccepted(_)))
+    ));
+    first.abandon();
+    let (mut resumed, answer) = LeaseStream::resume(&server.client, &lease_id, terms).await;
+    assert!(answer.is_granted(), "{answer:?}");
+    assert!(matches!(
+        resumed.attempt().await,
+        Ok(Some(pb::lease_event::Kind::AttemptAccepted(_)))
+    ));
+    // The acquire and two attempts used the budget of 3.
+    match resumed.attempt().await {
+        Ok(Some(pb::lease_event::Kind::Denied(denied))) => {
+            assert_eq!(denied.reason(), pb::DenyReason::Rpm)
+        }
+        other => panic!("expected Denied(rpm), got {other:?}"),
+    }
+    resumed.release(0.0).await;
 }

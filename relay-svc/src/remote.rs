@@ -819,12 +819,14 @@ impl Keeper {
                     Some(Command::Attempt(reply)) => {
                         let _ = reply.send(true);
                     }
-                    Some(Command::Release(_, reply)) => {
+                    Some(Command::Release(spend, reply)) => {
+                        // No stream carried this release: the unary one keeps the spend.
                         let _ = self
                             .client
                             .clone()
                             .release(apb::ReleaseRequest {
                                 lease_id: self.lease_id.clone(),
+                                spend_usd: spend_usd(spend),
                             })
                             .await;
                         let _ = reply.send(());
@@ -854,8 +856,8 @@ impl Keeper {
                     let (kind, reply) = match command {
                         Some(Command::Attempt(reply)) => (apb::lease_request::Kind::Attempt(apb::Attempt {}), Reply::Attempt(reply)),
                         Some(Command::Release(spend, reply)) => (
-                            apb::lease_request::Kind::Release(apb::Release { spend_usd: if spend.is_finite() { spend.max(0.0) } else { 0.0 } }),
-                            Reply::Release(reply),
+                            apb::lease_request::Kind::Release(apb::Release { spend_usd: spend_usd(spend) }),
+                            Reply::Release(reply, spend_usd(spend)),
                         ),
                         // The holder dropped the lease without releasing: release it now.
                         None => (apb::lease_request::Kind::Release(apb::Release { spend_usd: 0.0 }), Reply::Dropped),
@@ -867,16 +869,19 @@ impl Keeper {
                             // Unknown (stream trouble) counts as accepted: the request goes on.
                             let _ = reply.send(!matches!(answer, Some(Answer::Refused)));
                         }
-                        Reply::Release(reply) => {
+                        Reply::Release(reply, spend) => {
                             if answer.is_none() {
-                                let _ = self.client.clone().release(apb::ReleaseRequest { lease_id: self.lease_id.clone() }).await;
+                                // A release that went out on the stream may have landed with its
+                                // spend: only one that never went out carries it again.
+                                let spend_usd = if sent { 0.0 } else { spend };
+                                let _ = self.client.clone().release(apb::ReleaseRequest { lease_id: self.lease_id.clone(), spend_usd }).await;
                             }
                             let _ = reply.send(());
                             return;
                         }
                         Reply::Dropped => {
                             if answer.is_none() {
-                                let _ = self.client.clone().release(apb::ReleaseRequest { lease_id: self.lease_id.clone() }).await;
+                                let _ = self.client.clone().release(apb::ReleaseRequest { lease_id: self.lease_id.clone(), spend_usd: 0.0 }).await;
                             }
                             return;
                         }
@@ -962,8 +967,18 @@ impl Keeper {
 
 enum Reply {
     Attempt(oneshot::Sender<bool>),
-    Release(oneshot::Sender<()>),
+    /// With the spend, for a unary release if the stream one got no answer.
+    Release(oneshot::Sender<()>, f64),
     Dropped,
+}
+
+/// A spend admission accepts: finite and >= 0.
+fn spend_usd(spend: f64) -> f64 {
+    if spend.is_finite() {
+        spend.max(0.0)
+    } else {
+        0.0
+    }
 }
 
 enum Answer {
