@@ -18,7 +18,10 @@
 //! under load caught that).
 //! When Redis answers again, the replica first writes the leases and RPM events it admitted on its
 //! own into Redis, then serves from Redis again, then replays releases and spend recorded during
-//! the outage — so the return neither over-admits nor loses spend.
+//! the outage — so the return neither over-admits nor loses spend. Under `divided`, the replicas
+//! come back one tick apart: for one registry ttl after its recovery (by then every live replica
+//! has ticked, and recovered) a replica also keeps to its outage share of each concurrency limit,
+//! so the first one back does not grant from a Redis that lacks the others' fallback leases.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -103,6 +106,14 @@ enum OutageRecord {
     },
 }
 
+/// See `PolicyBackend::transition`.
+#[derive(Debug, Clone, Copy)]
+struct Transition {
+    until: tokio::time::Instant,
+    /// The registry as it was during the outage (Redis may have come back empty, without it).
+    view: RegistryView,
+}
+
 #[derive(Debug, Clone, Copy)]
 struct RegistryView {
     replicas: u32,
@@ -130,6 +141,13 @@ pub struct PolicyBackend {
     /// the adopted leases yet, and none runs while recovery moves the fallback's leases into
     /// Redis (a release or a grant in that window would be lost between the two).
     adoption: tokio::sync::RwLock<()>,
+    /// `divided` only: after this replica recovers, until every live replica has ticked (one
+    /// registry ttl), the others may still be degraded, granting from their fallbacks leases
+    /// Redis does not hold yet. Until then this replica also keeps to its outage share (counted
+    /// over the leases its streams hold), so the shares still add up to the limit.
+    transition: Mutex<Option<Transition>>,
+    /// Serializes the acquires made during the transition (count, then grant).
+    transition_gate: tokio::sync::Mutex<()>,
     rpm_window_ms: u64,
     metrics: Metrics,
 }
@@ -155,6 +173,8 @@ impl PolicyBackend {
             outage: Mutex::new(Vec::new()),
             held: Mutex::new(HashMap::new()),
             adoption: tokio::sync::RwLock::new(()),
+            transition: Mutex::new(None),
+            transition_gate: tokio::sync::Mutex::new(()),
             rpm_window_ms: millis(rpm_window),
             metrics,
         })
@@ -307,6 +327,10 @@ impl PolicyBackend {
             return limit;
         }
         let view = *self.registry.lock().unwrap_or_else(|p| p.into_inner());
+        Self::share_of(view, limit)
+    }
+
+    fn share_of(view: RegistryView, limit: i32) -> i32 {
         let replicas = view.replicas.max(1) as i32;
         let base = limit / replicas;
         let extra = match view.rank {
@@ -330,13 +354,21 @@ impl PolicyBackend {
                     .iter()
                     .position(|m| *m == self.member)
                     .map(|r| r as u32);
-                {
+                let outage_view = {
                     let mut view = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+                    let outage_view = *view;
                     view.replicas = (members.len() as u32).max(1);
                     view.rank = rank;
-                }
-                if self.is_degraded() {
-                    self.recover().await;
+                    outage_view
+                };
+                if self.is_degraded()
+                    && self.recover().await
+                    && self.settings.policy == FailurePolicy::Divided
+                {
+                    *self.transition.lock().unwrap_or_else(|p| p.into_inner()) = Some(Transition {
+                        until: tokio::time::Instant::now() + self.settings.registry_ttl,
+                        view: outage_view,
+                    });
                 }
             }
             Err(error) => self.enter_degraded("registry", &error).await,
@@ -344,17 +376,18 @@ impl PolicyBackend {
     }
 
     /// Writes what the fallback admitted into Redis, resumes Redis, then replays the outage's
-    /// releases and spend. Any failure leaves the replica degraded for the next tick.
-    async fn recover(&self) {
+    /// releases and spend. Any failure leaves the replica degraded for the next tick. Returns
+    /// whether this call recovered.
+    async fn recover(&self) -> bool {
         // No fallback operation runs until the switch is complete (see `adoption`).
         let _recovering = self.adoption.write().await;
         if !self.is_degraded() {
-            return;
+            return false;
         }
         let snapshot = self.fallback.snapshot(self.rpm_window_ms);
         if let Err(error) = self.redis.restore(&snapshot).await {
             tracing::warn!(%error, "redis answers again but the fallback leases could not be written; staying degraded");
-            return;
+            return false;
         }
         self.fallback.forget(&snapshot);
         self.degraded.store(false, Ordering::SeqCst);
@@ -409,6 +442,30 @@ impl PolicyBackend {
             unreplayed,
             "redis is back; fallback leases written, global enforcement resumed"
         );
+        true
+    }
+
+    /// The outage's registry view while the `divided` transition after a recovery lasts.
+    fn transition_view(&self) -> Option<RegistryView> {
+        let mut transition = self.transition.lock().unwrap_or_else(|p| p.into_inner());
+        match *transition {
+            Some(t) if t.until > tokio::time::Instant::now() => Some(t.view),
+            Some(_) => {
+                *transition = None;
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Leases of `account_id` this replica's streams hold.
+    fn held_on(&self, account_id: AccountId) -> usize {
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .filter(|lease| lease.account_id() == account_id)
+            .count()
     }
 
     /// Leaves the registry on shutdown.
@@ -512,6 +569,20 @@ impl LeaseBackend for PolicyBackend {
                 }
             }
         };
+        // The `divided` transition after a recovery: Redis may not hold the other replicas'
+        // fallback leases yet, so this replica keeps to its outage share too (see `transition`).
+        let transition = match self.transition_view() {
+            Some(view) if terms.concurrency_limit > 0 && !self.is_degraded() => {
+                let serial = self.transition_gate.lock().await;
+                if self.held_on(terms.account_id)
+                    >= Self::share_of(view, terms.concurrency_limit).max(0) as usize
+                {
+                    return Ok(Some(Denial::new(DenyReason::Concurrency, 0)));
+                }
+                Some(serial)
+            }
+            _ => None,
+        };
         let answer = self
             .guarded_or(
                 "acquire",
@@ -523,6 +594,7 @@ impl LeaseBackend for PolicyBackend {
         if let Ok(None) = answer {
             self.hold(lease_id, limits.ttl_ms).await;
         }
+        drop(transition);
         answer
     }
 

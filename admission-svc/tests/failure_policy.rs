@@ -154,6 +154,61 @@ async fn divided_policy_lets_three_replicas_admit_exactly_the_limit_in_total_whi
     }
 }
 
+/// Invariant 4: `divided` holds the limit in total through the recovery too. The replicas tick
+/// by hand here, so replica 0 is back while the two others have not written their fallback
+/// leases into Redis yet: it used to grant from a Redis holding only its own 2 (limit 6: 2+2+2
+/// during the outage, then 6+2+2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn divided_recovery_keeps_the_limit_in_total_until_every_replica_wrote_its_leases() {
+    let mut redis = RedisServer::start().await.expect("redis");
+    let mut servers = Vec::new();
+    for _ in 0..3 {
+        let mut config = backend(redis.url(), FailurePolicy::Divided, 3);
+        if let BackendConfig::Redis { policy, .. } = &mut config {
+            policy.registry_interval = Duration::from_secs(3600);
+            policy.registry_ttl = Duration::from_secs(3600);
+        }
+        servers.push(TestServer::start(config, test_settings()).await);
+    }
+    let policy = |n: usize| servers[n].admission.policy().expect("redis policy").clone();
+    for n in 0..3 {
+        policy(n).tick().await;
+    }
+    for n in 0..3 {
+        assert_eq!(policy(n).registry_view().0, 3, "every replica sees 3");
+    }
+    redis.kill();
+    let terms = acquire(561, 6);
+    let (grants, mut held) = fill(&servers, &terms).await;
+    assert_eq!(grants, vec![2, 2, 2], "the shares during the outage");
+    redis.restart().await.expect("redis back");
+    policy(0).tick().await;
+    assert!(!servers[0].admission.is_degraded(), "replica 0 recovered");
+    assert!(servers[1].admission.is_degraded() && servers[2].admission.is_degraded());
+    let mut extra = 0;
+    for _ in 0..6 {
+        let (stream, answer) = LeaseStream::acquire(&servers[0].client, terms.clone()).await;
+        if answer.is_granted() {
+            extra += 1;
+            held.push(stream);
+        } else {
+            assert_eq!(answer.denied_reason(), Some(pb::DenyReason::Concurrency));
+        }
+    }
+    assert_eq!(
+        extra, 0,
+        "replica 0 keeps to its share until the others wrote theirs"
+    );
+    policy(1).tick().await;
+    policy(2).tick().await;
+    assert_eq!(support::inflight_one(&servers[0].client, 561).await, 6);
+    for server in &servers {
+        let (_, answer) = LeaseStream::acquire(&server.client, terms.clone()).await;
+        assert_eq!(answer.denied_reason(), Some(pb::DenyReason::Concurrency));
+    }
+    assert_eq!(held.len(), 6, "the test's clients hold exactly the limit");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn divided_policy_uses_expected_replicas_when_redis_was_never_reached() {
     let dead = format!("redis://127.0.0.1:{}", free_port().expect("port"));
