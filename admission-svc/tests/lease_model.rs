@@ -84,6 +84,18 @@ impl Store {
         }
     }
 
+    /// Restarts Redis empty (connections break: the replicas go through their failure policy,
+    /// `open`, and recover); `false` where not supported (memory, the Cluster).
+    async fn restart(&mut self) -> bool {
+        match self {
+            Store::Redis(server) => {
+                server.restart().await.expect("redis restarts");
+                true
+            }
+            Store::Memory(_) | Store::Cluster(_) => false,
+        }
+    }
+
     /// Drops all data; `false` when the store cannot lose data (memory).
     async fn flush(&self) -> bool {
         match self {
@@ -216,6 +228,8 @@ pub enum Op {
         ms: u64,
     },
     Flush,
+    /// Redis restarts empty: an outage, the `open` fallback, and recovery.
+    Restart,
     KillReplica {
         replica: usize,
     },
@@ -251,7 +265,8 @@ impl Op {
             83..=92 => Op::Sleep {
                 ms: [60, 200, 1000][rng.usize(0..3)],
             },
-            93..=96 => Op::Flush,
+            93..=95 => Op::Flush,
+            96 => Op::Restart,
             _ => Op::KillReplica { replica },
         }
     }
@@ -291,13 +306,18 @@ struct ModelLease {
 
 /// The reference model and the system under test for one run.
 pub struct Run<'a> {
-    store: &'a Store,
+    store: &'a mut Store,
     replicas: &'a mut Vec<Replica>,
     settings: &'a Settings,
     accounts: [i64; LIMITS.len()],
     leases: Vec<ModelLease>,
     /// Bumped on every flush: releases of older generations are no longer fenced.
     generation: u64,
+    /// Redis restarted in this run: under the `open` policy the replicas admitted on their own
+    /// (up to the limit each, adopting what their holders say is running), so from here on only
+    /// the answers' protocol is checked; `Harness::run` waits for every replica's recovery
+    /// before the next run. (Recovery itself is held by the failure_policy tests.)
+    outage: bool,
 }
 
 fn terms(account_id: i64, limit: i32, wait_ms: u32) -> pb::Acquire {
@@ -312,7 +332,7 @@ fn terms(account_id: i64, limit: i32, wait_ms: u32) -> pb::Acquire {
 
 impl<'a> Run<'a> {
     fn new(
-        store: &'a Store,
+        store: &'a mut Store,
         replicas: &'a mut Vec<Replica>,
         settings: &'a Settings,
         first_account: i64,
@@ -324,6 +344,7 @@ impl<'a> Run<'a> {
             accounts: [first_account, first_account + 1],
             leases: Vec::new(),
             generation: 0,
+            outage: false,
         }
     }
 
@@ -332,7 +353,7 @@ impl<'a> Run<'a> {
     }
 
     fn fenced(&self, lease: usize) -> bool {
-        self.leases[lease].released_in == Some(self.generation)
+        !self.outage && self.leases[lease].released_in == Some(self.generation)
     }
 
     fn pick_holder(&mut self, lease: usize, stream: usize) -> Option<(usize, usize)> {
@@ -447,7 +468,8 @@ impl<'a> Run<'a> {
                     if self.fenced(lease) {
                         violation!("released lease {} resumed", self.leases[lease].id);
                     }
-                    if self.leases[lease].renewed_at + self.ttl() + SLACK < sent_at {
+                    if !self.outage && self.leases[lease].renewed_at + self.ttl() + SLACK < sent_at
+                    {
                         violation!("expired lease {} resumed", self.leases[lease].id);
                     }
                     self.leases[lease].renewed_at = Instant::now();
@@ -471,13 +493,21 @@ impl<'a> Run<'a> {
             }
             Op::Sleep { ms } => tokio::time::sleep(Duration::from_millis(ms)).await,
             Op::Flush => {
-                if self.store.flush().await {
-                    self.generation += 1;
+                if !self.store.flush().await {
+                    return Ok(false);
                 }
+                self.generation += 1;
+            }
+            Op::Restart => {
+                if !self.store.restart().await {
+                    return Ok(false);
+                }
+                self.generation += 1;
+                self.outage = true;
             }
             Op::KillReplica { replica } => {
                 self.replicas[replica].kill();
-                let fresh = Replica::start(self.store, self.settings).await;
+                let fresh = Replica::start(&*self.store, self.settings).await;
                 self.replicas[replica] = fresh;
                 for lease in &mut self.leases {
                     lease.holders.retain(|holder| holder.replica != replica);
@@ -489,6 +519,9 @@ impl<'a> Run<'a> {
 
     /// The store's live counts against the limits and the model.
     async fn check(&self) -> Result<(), Violation> {
+        if self.outage {
+            return Ok(());
+        }
         let asked_at = Instant::now();
         let counts = self.replicas[0]
             .admission
@@ -590,12 +623,33 @@ impl Harness {
         let first_account = self.next_account;
         self.next_account += LIMITS.len() as i64;
         let mut run = Run::new(
-            &self.store,
+            &mut self.store,
             &mut self.replicas,
             &self.settings,
             first_account,
         );
-        run.apply(ops).await
+        let result = run.apply(ops).await;
+        if run.outage {
+            self.recover().await;
+        }
+        result
+    }
+
+    /// After a Redis restart: every replica notices the outage (a read fails on its broken
+    /// connections) and recovers (its registry tick), before the next run starts.
+    async fn recover(&self) {
+        for replica in &self.replicas {
+            let _ = replica.admission.inflight(&[1]).await;
+        }
+        let replicas = &self.replicas;
+        poolgate_testkit::eventually(Duration::from_secs(15), || async move {
+            replicas
+                .iter()
+                .all(|replica| !replica.admission.is_degraded())
+                .then_some(())
+        })
+        .await
+        .expect("every replica recovers after the restart");
     }
 }
 
