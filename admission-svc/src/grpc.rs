@@ -199,6 +199,9 @@ fn lease_event(event: LeaseEvent) -> pb::LeaseEvent {
             ttl_ms: ttl_ms(ttl),
             restored,
         }),
+        LeaseEvent::NotRenewed { left } => Kind::NotRenewed(pb::NotRenewed {
+            ttl_ms: ttl_ms(left),
+        }),
         LeaseEvent::AttemptAccepted => Kind::AttemptAccepted(pb::AttemptAccepted {}),
         LeaseEvent::Released => Kind::Released(pb::Released {}),
         LeaseEvent::Lost { reason, detail } => Kind::Lost(pb::Lost {

@@ -49,6 +49,10 @@ pub enum LeaseEvent {
         ttl: Duration,
         restored: bool,
     },
+    /// A heartbeat the backend could not take; the lease holds for `left` more.
+    NotRenewed {
+        left: Duration,
+    },
     AttemptAccepted,
     Released,
     /// The lease is not held any more; ends the stream.
@@ -272,7 +276,9 @@ async fn hold(
                     // next heartbeat may get through.
                     Err(error) if renewed_at.elapsed() < ttl => {
                         tracing::warn!(%error, lease_id = %lease_id, "lease renewal failed; will retry on next heartbeat");
-                        continue;
+                        LeaseEvent::NotRenewed {
+                            left: ttl.saturating_sub(renewed_at.elapsed()),
+                        }
                     }
                     Err(error) => {
                         admission

@@ -246,6 +246,32 @@ async fn closed_policy_refuses_with_backend_unavailable_while_redis_is_down() {
     }
 }
 
+/// Invariant 5: a heartbeat the backend cannot take gets an answer (`NotRenewed` with the time
+/// left); after a whole ttl without a renewal the stream ends `Lost{BACKEND_UNAVAILABLE}`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_heartbeat_is_answered_not_renewed_then_lost_after_a_ttl() {
+    let mut redis = RedisServer::start().await.expect("redis");
+    let mut settings = test_settings();
+    settings.lease_ttl = Duration::from_millis(1_000);
+    let server = TestServer::start(backend(redis.url(), FailurePolicy::Closed, 1), settings).await;
+    let (mut stream, answer) = LeaseStream::acquire(&server.client, acquire(571, 1)).await;
+    assert!(answer.is_granted());
+    redis.kill();
+    match stream.heartbeat().await {
+        Ok(Some(pb::lease_event::Kind::NotRenewed(not_renewed))) => {
+            assert!(not_renewed.ttl_ms <= 1_000, "{not_renewed:?}")
+        }
+        other => panic!("expected NotRenewed, got {other:?}"),
+    }
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    match stream.heartbeat().await {
+        Ok(Some(pb::lease_event::Kind::Lost(lost))) => {
+            assert_eq!(lost.lost_reason(), pb::LostReason::BackendUnavailable)
+        }
+        other => panic!("expected Lost, got {other:?}"),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_redis_restarts_enforcement_resumes_without_over_admission_from_outage_leases() {
     let mut redis = RedisServer::start().await.expect("redis");

@@ -405,6 +405,8 @@ impl<'a> Run<'a> {
                         self.leases[lease].released_in = None;
                         self.leases[lease].renewed_at = Instant::now();
                     }
+                    // The backend did not answer (not with `open` on Redis, which falls back).
+                    Ok(Some(pb::lease_event::Kind::NotRenewed(_))) => {}
                     Ok(Some(pb::lease_event::Kind::Lost(_))) | Ok(None) | Err(_) => {
                         self.leases[lease].holders.remove(stream);
                     }

@@ -896,7 +896,9 @@ impl Keeper {
         loop {
             match tokio::time::timeout(Duration::from_secs(5), events.next()).await {
                 Ok(Some(Ok(apb::LeaseEvent { kind: Some(kind) }))) => match kind {
-                    apb::lease_event::Kind::Renewed(_) | apb::lease_event::Kind::Queued(_) => {
+                    apb::lease_event::Kind::Renewed(_)
+                    | apb::lease_event::Kind::NotRenewed(_)
+                    | apb::lease_event::Kind::Queued(_) => {
                         continue;
                     }
                     apb::lease_event::Kind::AttemptAccepted(_)
