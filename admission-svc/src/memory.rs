@@ -53,8 +53,12 @@ impl AccountState {
     }
 
     fn is_fenced(&mut self, lease_id: &str, now: u64) -> bool {
-        self.released.retain(|_, until| *until >= now);
+        self.prune_fences(now);
         self.released.contains_key(lease_id)
+    }
+
+    fn prune_fences(&mut self, now: u64) {
+        self.released.retain(|_, until| *until >= now);
     }
 
     fn fence(&mut self, lease_id: &str, until: u64) {
@@ -427,7 +431,7 @@ impl LeaseBackend for MemoryBackend {
                 .remove(lease_id.as_str())
                 .is_some_and(|expiry| expiry >= now);
             account.holders.remove(lease_id.as_str());
-            account.is_fenced(lease_id.as_str(), now);
+            account.prune_fences(now);
             account.fence(lease_id.as_str(), now + fence_ms);
             if spend_micros > 0 {
                 account.add_spend(now, spend_micros, session_window_ms);
