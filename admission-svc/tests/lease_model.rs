@@ -16,9 +16,10 @@
 //! `POOLGATE_MODEL_SEED=<seed>`; bound the wall time per backend with `POOLGATE_MODEL_SECS`
 //! (default 40). A failing sequence worth keeping becomes a plain test calling [`replay`].
 //!
-//! The driver talks to replicas only through [`Replica::client`] (the published API), so another
-//! lease path (the planned multiplexed lease channel) plugs in by implementing the same five
-//! holder operations in `Holder`.
+//! The driver reaches the replicas only through their published API: `Holder` wraps one lease
+//! stream, and `Op::Acquire`/`Op::Resume` open one. Another lease path (the planned multiplexed
+//! lease channel) plugs in by giving `Holder` (acquire, heartbeat, attempt, release, drop) and
+//! those two operations another transport; the model and the checks stay as they are.
 
 mod support;
 
