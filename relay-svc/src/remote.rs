@@ -868,19 +868,24 @@ impl Keeper {
                         Reply::Attempt(reply) => {
                             // Unknown (stream trouble) counts as accepted: the request goes on.
                             let _ = reply.send(!matches!(answer, Some(Answer::Refused)));
+                            if let Some(Answer::Lost(reason)) = answer {
+                                stream = self.lost(reason).await;
+                            }
                         }
                         Reply::Release(reply, spend) => {
-                            if answer.is_none() {
-                                // A release that went out on the stream may have landed with its
-                                // spend: only one that never went out carries it again.
-                                let spend_usd = if sent { 0.0 } else { spend };
+                            if !matches!(answer, Some(Answer::Accepted)) {
+                                // A release that went out on the stream without an answer may
+                                // have landed with its spend; one that never went out, or that
+                                // the stream's `Lost` overtook, did not: the unary one carries it.
+                                let landed_maybe = sent && answer.is_none();
+                                let spend_usd = if landed_maybe { 0.0 } else { spend };
                                 let _ = self.client.clone().release(apb::ReleaseRequest { lease_id: self.lease_id.clone(), spend_usd }).await;
                             }
                             let _ = reply.send(());
                             return;
                         }
                         Reply::Dropped => {
-                            if answer.is_none() {
+                            if !matches!(answer, Some(Answer::Accepted)) {
                                 let _ = self.client.clone().release(apb::ReleaseRequest { lease_id: self.lease_id.clone(), spend_usd: 0.0 }).await;
                             }
                             return;
@@ -904,6 +909,9 @@ impl Keeper {
                     apb::lease_event::Kind::AttemptAccepted(_)
                     | apb::lease_event::Kind::Released(_) => return Some(Answer::Accepted),
                     apb::lease_event::Kind::Denied(_) => return Some(Answer::Refused),
+                    apb::lease_event::Kind::Lost(lost) => {
+                        return Some(Answer::Lost(lost.lost_reason()));
+                    }
                     _ => return None,
                 },
                 _ => return None,
@@ -986,6 +994,8 @@ fn spend_usd(spend: f64) -> f64 {
 enum Answer {
     Accepted,
     Refused,
+    /// The stream ended with `Lost` before the command's answer (the command was not served).
+    Lost(apb::LostReason),
 }
 
 struct RemoteLease {
