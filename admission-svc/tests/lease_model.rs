@@ -408,8 +408,14 @@ impl<'a> Run<'a> {
                     }
                     // The backend did not answer (not with `open` on Redis, which falls back).
                     Ok(Some(pb::lease_event::Kind::NotRenewed(_))) => {}
-                    Ok(Some(pb::lease_event::Kind::Lost(_))) | Ok(None) | Err(_) => {
+                    Ok(Some(pb::lease_event::Kind::Lost(_))) => {
                         self.leases[lease].holders.remove(stream);
+                    }
+                    // No answer: the renewal may have gone through (the model stays an upper
+                    // bound).
+                    Ok(None) | Err(_) => {
+                        self.leases[lease].holders.remove(stream);
+                        self.leases[lease].renewed_at = Instant::now();
                     }
                     Ok(Some(other)) => violation!("heartbeat answered {other:?}"),
                 }
@@ -465,8 +471,13 @@ impl<'a> Run<'a> {
                 let sent_at = Instant::now();
                 let client = self.replicas[replica].client.clone();
                 let Ok((stream, answer)) = LeaseStream::try_open(&client, resume).await else {
+                    // The resume may have been applied before the call failed.
+                    self.leases[lease].renewed_at = Instant::now();
                     return Ok(false);
                 };
+                if let Answer::Error(..) = answer {
+                    self.leases[lease].renewed_at = Instant::now();
+                }
                 if answer.is_granted() {
                     if self.fenced(lease) {
                         violation!("released lease {} resumed", self.leases[lease].id);
