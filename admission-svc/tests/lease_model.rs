@@ -85,15 +85,24 @@ impl Store {
         }
     }
 
-    /// Restarts Redis empty (connections break: the replicas go through their failure policy,
-    /// `open`, and recover); `false` where not supported (memory, the Cluster).
+    /// Restarts Redis empty (on the Cluster: one master, which comes back with its slots);
+    /// connections break, the replicas go through their failure policy (`open`) and recover.
+    /// `false` on memory.
     async fn restart(&mut self) -> bool {
         match self {
             Store::Redis(server) => {
                 server.restart().await.expect("redis restarts");
                 true
             }
-            Store::Memory(_) | Store::Cluster(_) => false,
+            Store::Cluster(cluster) => {
+                let node = fastrand::usize(0..3);
+                cluster
+                    .restart_node(node)
+                    .await
+                    .expect("cluster node restarts");
+                true
+            }
+            Store::Memory(_) => false,
         }
     }
 
@@ -237,6 +246,22 @@ pub enum Op {
 }
 
 impl Op {
+    fn name(&self) -> &'static str {
+        match self {
+            Op::Acquire { .. } => "acquire",
+            Op::Heartbeat { .. } => "heartbeat",
+            Op::StreamRelease { .. } => "stream_release",
+            Op::UnaryRelease { .. } => "unary_release",
+            Op::Drop { .. } => "drop",
+            Op::Resume { .. } => "resume",
+            Op::Attempt { .. } => "attempt",
+            Op::Sleep { .. } => "sleep",
+            Op::Flush => "flush",
+            Op::Restart => "restart",
+            Op::KillReplica { .. } => "kill_replica",
+        }
+    }
+
     fn random(rng: &mut fastrand::Rng, leases: usize) -> Op {
         let lease = if leases == 0 {
             0
@@ -319,6 +344,8 @@ pub struct Run<'a> {
     /// the answers' protocol is checked; `Harness::run` waits for every replica's recovery
     /// before the next run. (Recovery itself is held by the failure_policy tests.)
     outage: bool,
+    /// Operations applied (not skipped), by kind.
+    applied: HashMap<&'static str, usize>,
 }
 
 fn terms(account_id: i64, limit: i32, wait_ms: u32) -> pb::Acquire {
@@ -346,6 +373,7 @@ impl<'a> Run<'a> {
             leases: Vec::new(),
             generation: 0,
             outage: false,
+            applied: HashMap::new(),
         }
     }
 
@@ -581,6 +609,7 @@ impl<'a> Run<'a> {
                 Err(violation) => Err(violation),
             };
             applied.push(op.clone());
+            *self.applied.entry(op.name()).or_default() += 1;
             if let Err(violation) = result {
                 return Err(Failure { applied, violation });
             }
@@ -612,6 +641,8 @@ pub struct Harness {
     pub replicas: Vec<Replica>,
     pub settings: Settings,
     next_account: i64,
+    /// Operations applied over every run, by kind.
+    applied: HashMap<&'static str, usize>,
 }
 
 impl Harness {
@@ -629,6 +660,7 @@ impl Harness {
             replicas,
             settings,
             next_account: 1_000,
+            applied: HashMap::new(),
         }
     }
 
@@ -643,7 +675,11 @@ impl Harness {
             first_account,
         );
         let result = run.apply(ops).await;
-        if run.outage {
+        let outage = run.outage;
+        for (name, count) in run.applied {
+            *self.applied.entry(name).or_default() += count;
+        }
+        if outage {
             self.recover().await;
         }
         result
@@ -744,8 +780,10 @@ async fn explore(store: Store) {
             break;
         }
     }
+    let mut applied: Vec<_> = harness.applied.iter().collect();
+    applied.sort();
     println!(
-        "lease model on {name}: {runs} runs, {steps} steps in {:?}, no violation",
+        "lease model on {name}: {runs} runs, {steps} steps in {:?}, no violation; applied: {applied:?}",
         started.elapsed()
     );
 }

@@ -268,6 +268,25 @@ impl RedisCluster {
         self.nodes.iter().map(RedisServer::url).collect()
     }
 
+    /// Restarts master `n` empty (SIGKILL, then the same port and `nodes.conf`, so it comes back
+    /// with its slots), and waits until the cluster is ok again.
+    pub async fn restart_node(&mut self, n: usize) -> HarnessResult<()> {
+        let node = self
+            .nodes
+            .get_mut(n)
+            .ok_or_else(|| format!("no node {n}"))?;
+        node.restart().await?;
+        for url in self.node_urls() {
+            eventually(Duration::from_secs(20), || {
+                let url = url.clone();
+                async move { cluster_ok(&url).await.then_some(()) }
+            })
+            .await
+            .map_err(|e| format!("cluster_state never became ok again: {e}"))?;
+        }
+        Ok(())
+    }
+
     /// Drops every key on every master (the cluster keeps its slots and connections).
     pub async fn flush(&self) -> HarnessResult<()> {
         for node in &self.nodes {
