@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backend::{AcquireLimits, LeaseBackend};
 use crate::domain::{
-    AccountId, Denial, DenyReason, LeaseId, LeaseTerms, Renewal, Settings, millis,
+    AccountId, Denial, DenyReason, LeaseId, LeaseTerms, Renewal, Resumption, Settings, millis,
 };
 use crate::error::BackendError;
 use crate::metrics::Metrics;
@@ -121,6 +121,13 @@ impl Admission {
         millis(self.settings.lease_ttl)
     }
 
+    /// How long a released lease stays fenced: its last holder heartbeats at most a ttl after
+    /// its last renewal, and an orphaned one is resumable for the grace, so after this no
+    /// holder of it can still be asking.
+    fn fence_ms(&self) -> u64 {
+        millis(self.settings.lease_ttl + self.settings.orphan_grace)
+    }
+
     fn limits(&self, terms: &LeaseTerms) -> AcquireLimits {
         AcquireLimits {
             ttl_ms: self.ttl_ms(),
@@ -147,60 +154,95 @@ impl Admission {
         waiting.get(&account_id).is_some_and(|n| *n > 0)
     }
 
-    /// One try at every gate: user RPM first (its own slot) when set, then the account script;
-    /// the user charge is refunded when the account refuses.
+    /// One try at every gate. Where the backend joins the user gate (one Redis node, memory) it
+    /// is one step that writes nothing when refused; otherwise `terms` carries no user here (the
+    /// user was charged once for the whole acquire, see `acquire`).
     async fn try_acquire(&self, terms: &LeaseTerms) -> Result<AcquireOutcome, BackendError> {
         let lease_id = self.next_lease_id(terms.account_id);
-        let rpm_window_ms = millis(self.settings.rpm_window);
-        let user = terms.user.as_ref().filter(|user| user.rpm_limit > 0);
-        if let Some(user) = user
-            && let Some(denial) = self
-                .backend
-                .charge_user(
-                    &user.user_id,
-                    user.rpm_limit,
-                    lease_id.as_str(),
-                    rpm_window_ms,
-                )
-                .await?
-        {
-            return Ok(AcquireOutcome::Denied(denial));
+        if terms.account_unlimited() {
+            return Ok(AcquireOutcome::Granted(lease_id));
         }
-        let result = if terms.account_unlimited() {
-            Ok(None)
-        } else {
-            self.backend
-                .acquire(terms, &lease_id, self.limits(terms))
-                .await
-        };
-        match result {
-            Ok(None) => Ok(AcquireOutcome::Granted(lease_id)),
-            Ok(Some(denial)) => {
-                if let Some(user) = user {
-                    self.refund_user(&user.user_id, &lease_id).await;
-                }
-                Ok(AcquireOutcome::Denied(denial))
-            }
-            Err(error) => {
-                if let Some(user) = user {
-                    self.refund_user(&user.user_id, &lease_id).await;
-                }
-                Err(error)
-            }
-        }
-    }
-
-    async fn refund_user(&self, user_id: &str, lease_id: &LeaseId) {
-        if let Err(error) = self.backend.refund_user(user_id, lease_id.as_str()).await {
-            tracing::warn!(%error, "user rpm refund failed; the event ages out within a minute");
-        }
+        let denial = self
+            .backend
+            .acquire(terms, &lease_id, self.limits(terms))
+            .await?;
+        Ok(match denial {
+            None => AcquireOutcome::Granted(lease_id),
+            Some(denial) => AcquireOutcome::Denied(denial),
+        })
     }
 
     /// Takes a lease, waiting up to `wait` for a slot (or an RPM event) to free up. `on_queued`
     /// is told the queue position once the acquire registers as a waiter. `cancel` ends the wait
     /// (the client went away); a script already running is allowed to finish so its result is
     /// never lost.
+    ///
+    /// The user RPM gate joins the account gates in one step where the backend can
+    /// (`joins_user_gate`). Otherwise (a Redis Cluster, or an unlimited account) the user is
+    /// charged once, before the first try, with an event id of its own (the charge is idempotent
+    /// by it), kept through the wait (no charge per poll), and refunded when no lease came of
+    /// it — also when the caller goes away (the refund then runs detached).
     pub async fn acquire(
+        &self,
+        terms: &LeaseTerms,
+        wait: Duration,
+        cancel: &CancellationToken,
+        on_queued: impl FnMut(u32),
+    ) -> Result<AcquireOutcome, BackendError> {
+        let separate_user = terms
+            .user
+            .as_ref()
+            .filter(|user| user.rpm_limit > 0)
+            .filter(|_| terms.account_unlimited() || !self.backend.joins_user_gate());
+        let Some(user) = separate_user else {
+            return self.wait_for_grant(terms, wait, cancel, on_queued).await;
+        };
+        let event_id = format!("u{}", self.next_lease_id(terms.account_id));
+        let charged = self
+            .backend
+            .charge_user(
+                &user.user_id,
+                user.rpm_limit,
+                &event_id,
+                millis(self.settings.rpm_window),
+            )
+            .await;
+        match charged {
+            Ok(None) => {}
+            Ok(Some(denial)) => {
+                let outcome = Ok(AcquireOutcome::Denied(denial));
+                self.record_decision(&outcome);
+                return outcome;
+            }
+            Err(error) => {
+                let outcome = Err(error);
+                self.record_decision(&outcome);
+                return outcome;
+            }
+        }
+        let charge = UserCharge {
+            backend: self.backend.clone(),
+            user_id: user.user_id.clone(),
+            event_id,
+            armed: true,
+        };
+        let account_terms = LeaseTerms {
+            user: None,
+            ..terms.clone()
+        };
+        let outcome = self
+            .wait_for_grant(&account_terms, wait, cancel, on_queued)
+            .await;
+        match outcome {
+            Ok(AcquireOutcome::Granted(_)) => charge.keep(),
+            _ => charge.refund().await,
+        }
+        outcome
+    }
+
+    /// The wait loop of `acquire`: tries, registers as a waiter, sleeps until woken or the next
+    /// poll, until granted, refused for good, or cancelled.
+    async fn wait_for_grant(
         &self,
         terms: &LeaseTerms,
         wait: Duration,
@@ -312,31 +354,57 @@ impl Admission {
             .inc();
     }
 
-    /// Takes over a lease whose stream broke. `false` = the lease is gone.
-    /// Takes over a lease whose stream broke: returns the new holder epoch, `None` when the lease
-    /// is gone.
+    /// Takes over a lease whose stream broke (or that another stream still holds: the last
+    /// `Resume` holds it). Never adds a lease the backend does not have live.
     pub async fn resume(
         &self,
         lease_id: &LeaseId,
         terms: &LeaseTerms,
-    ) -> Result<Option<u64>, BackendError> {
+    ) -> Result<Resumption, BackendError> {
         if terms.account_unlimited() {
-            return Ok(Some(0));
+            return Ok(Resumption::Resumed { holder_epoch: 0 });
         }
         self.backend.resume(lease_id, self.ttl_ms()).await
     }
 
+    /// A renewal by a holder that renews every ttl/3 (the standalone relay's lease): see
+    /// [`Self::heartbeat`].
     pub async fn renew(
         &self,
         lease_id: &LeaseId,
         terms: &LeaseTerms,
     ) -> Result<Renewal, BackendError> {
+        self.heartbeat(lease_id, terms, Duration::ZERO).await
+    }
+
+    /// A heartbeat: renews the lease, re-adds it if the backend lost it and the account has
+    /// room, or reports it lost (released, no room). `since_renewal` is how long ago the
+    /// holder's last renewal succeeded: after a whole ttl the lease surely expired, and it is
+    /// not re-added (its release fence, which lasts a ttl plus the grace from the release, may
+    /// have fallen already), so the holder is told `Lost{expired}`.
+    pub async fn heartbeat(
+        &self,
+        lease_id: &LeaseId,
+        terms: &LeaseTerms,
+        since_renewal: Duration,
+    ) -> Result<Renewal, BackendError> {
         if terms.account_unlimited() {
-            return Ok(Renewal { restored: false });
+            return Ok(Renewal::Renewed);
         }
-        let renewal = self.backend.renew(lease_id, self.ttl_ms()).await?;
-        if renewal.restored {
-            self.metrics.leases_restored.inc();
+        let restore_within =
+            (since_renewal < self.settings.lease_ttl).then_some(terms.concurrency_limit);
+        let renewal = self
+            .backend
+            .renew(lease_id, self.ttl_ms(), restore_within)
+            .await?;
+        match renewal {
+            Renewal::Renewed => {}
+            Renewal::Restored => self.metrics.leases_restored.inc(),
+            Renewal::Lost(reason) => self
+                .metrics
+                .leases_lost
+                .with_label_values(&[reason.as_str()])
+                .inc(),
         }
         Ok(renewal)
     }
@@ -351,7 +419,10 @@ impl Admission {
         if terms.rpm_limit <= 0 {
             return Ok(None);
         }
-        let event_id = format!("{lease_id}:{attempt}");
+        // Unique across resumes (a resumed stream counts its attempts from 1 again) and replicas:
+        // an event id seen twice would be charged once.
+        let sequence = self.sequence.fetch_add(1, Ordering::Relaxed);
+        let event_id = format!("{lease_id}:{attempt}.{}.{sequence}", self.instance);
         let rpm_window_ms = millis(self.settings.rpm_window);
         let denial = self
             .backend
@@ -368,8 +439,9 @@ impl Admission {
         Ok(denial)
     }
 
-    /// Frees a lease (recording spend when the terms keep a window). A release the backend
-    /// cannot take now is queued and retried; the holder is done either way.
+    /// Frees a lease (recording spend when the terms keep a window, or, without terms (the
+    /// unary `Release`), whenever it is given). A release the backend cannot take now is queued
+    /// and retried; the holder is done either way.
     pub async fn release(
         &self,
         lease_id: &LeaseId,
@@ -380,13 +452,13 @@ impl Admission {
             return true;
         }
         let spend_micros = match terms {
-            Some(terms) if terms.session_window_limit_micros > 0 => spend_micros,
-            _ => 0,
+            Some(terms) if terms.session_window_limit_micros <= 0 => 0,
+            _ => spend_micros.max(0),
         };
         let session_window_ms = millis(self.settings.session_window);
         match self
             .backend
-            .release(lease_id, spend_micros, session_window_ms)
+            .release(lease_id, spend_micros, session_window_ms, self.fence_ms())
             .await
         {
             Ok(removed) => {
@@ -423,7 +495,12 @@ impl Admission {
         for release in batch {
             match self
                 .backend
-                .release(&release.lease_id, release.spend_micros, session_window_ms)
+                .release(
+                    &release.lease_id,
+                    release.spend_micros,
+                    session_window_ms,
+                    self.fence_ms(),
+                )
                 .await
             {
                 Ok(_) => self.wake_one(release.lease_id.account_id()),
@@ -447,10 +524,23 @@ impl Admission {
         self.metrics.orphaned.inc();
         if let Err(error) = self
             .backend
-            .orphan(lease_id, millis(self.settings.orphan_grace), holder_epoch)
+            .orphan(
+                lease_id,
+                millis(self.settings.orphan_grace),
+                holder_epoch,
+                self.fence_ms(),
+            )
             .await
         {
             tracing::warn!(%error, lease_id = %lease_id, "orphan failed; the lease expires at its ttl");
+        }
+    }
+
+    /// The holder was told `Lost`: the lease is no longer this replica's (the failure policy
+    /// must not adopt it at the next outage).
+    pub fn forget_held(&self, lease_id: &LeaseId) {
+        if let Some(policy) = &self.policy {
+            policy.forget_held(lease_id);
         }
     }
 
@@ -483,6 +573,51 @@ impl Admission {
         self.backend
             .set_cooldown(account_id, millis(duration))
             .await
+    }
+}
+
+/// A user RPM charge made apart from the account gates (a Cluster): refunded unless the
+/// acquire it was made for got a lease; dropped while armed (the caller went away), the refund
+/// runs detached.
+struct UserCharge {
+    backend: Arc<dyn LeaseBackend>,
+    user_id: String,
+    event_id: String,
+    armed: bool,
+}
+
+impl UserCharge {
+    fn keep(mut self) {
+        self.armed = false;
+    }
+
+    async fn refund(mut self) {
+        self.armed = false;
+        if let Err(error) = self
+            .backend
+            .refund_user(&self.user_id, &self.event_id)
+            .await
+        {
+            tracing::warn!(%error, "user rpm refund failed; the event ages out within the rpm window");
+        }
+    }
+}
+
+impl Drop for UserCharge {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let backend = self.backend.clone();
+        let user_id = std::mem::take(&mut self.user_id);
+        let event_id = std::mem::take(&mut self.event_id);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(error) = backend.refund_user(&user_id, &event_id).await {
+                    tracing::debug!(%error, "user rpm refund failed; the event ages out");
+                }
+            });
+        }
     }
 }
 

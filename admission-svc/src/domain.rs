@@ -170,11 +170,55 @@ impl Denial {
     }
 }
 
-/// Result of a renewal.
+/// Why a held lease ended without its holder's `Release`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LostReason {
+    /// The backend could not renew the lease for a whole ttl. The lease may still be live
+    /// elsewhere: resuming on another replica may work.
+    BackendUnavailable,
+    /// The lease was released (a stream or unary `Release`, or the orphan grace ran out): it
+    /// stays released; resuming it would take a slot that is no longer the holder's.
+    Released,
+    /// The backend had lost the lease (a flush, a restart, an eviction) and the account has no
+    /// room to take it back: the slots went to grants made since.
+    NoRoom,
+    /// The holder's heartbeats stopped for longer than the ttl: the lease expired and its slot
+    /// may have been granted (or its release fence may have fallen) since.
+    Expired,
+}
+
+impl LostReason {
+    /// Stable lowercase name, used in metric labels and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LostReason::BackendUnavailable => "backend_unavailable",
+            LostReason::Released => "released",
+            LostReason::NoRoom => "no_room",
+            LostReason::Expired => "expired",
+        }
+    }
+}
+
+/// Result of a renewal (a heartbeat).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Renewal {
-    /// The backend had lost the lease and the renewal re-added it.
-    pub restored: bool,
+pub enum Renewal {
+    /// The lease was live; its expiry is now + ttl.
+    Renewed,
+    /// The backend had lost the lease and the account had room: it was added again.
+    Restored,
+    /// The lease is not held any more; the holder must stop renewing it.
+    Lost(LostReason),
+}
+
+/// Result of a `Resume`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resumption {
+    /// The lease was live; the caller is its holder now (see `LeaseBackend::orphan`).
+    Resumed { holder_epoch: u64 },
+    /// The lease is unknown or expired.
+    Unknown,
+    /// The lease was released (its release fence is still up).
+    Released,
 }
 
 /// Durations and bounds that shape admission. Plain values so tests build them directly.

@@ -13,8 +13,8 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::admission::Admission;
 use crate::domain::{
-    AccountId, DenyReason, LeaseId, LeaseTerms, MAX_NAME_BYTES, MAX_WAIT, UserLimit, micros_to_usd,
-    millis, usd_to_micros,
+    AccountId, DenyReason, LeaseId, LeaseTerms, LostReason, MAX_NAME_BYTES, MAX_WAIT, UserLimit,
+    micros_to_usd, millis, usd_to_micros,
 };
 use crate::error::AdmissionError;
 use crate::session::{ClientMessage, Inbound, LeaseEvent, serve_lease};
@@ -170,6 +170,15 @@ fn deny_reason(reason: DenyReason) -> pb::DenyReason {
     }
 }
 
+fn lost_reason(reason: LostReason) -> pb::LostReason {
+    match reason {
+        LostReason::BackendUnavailable => pb::LostReason::BackendUnavailable,
+        LostReason::Released => pb::LostReason::Released,
+        LostReason::NoRoom => pb::LostReason::NoRoom,
+        LostReason::Expired => pb::LostReason::Expired,
+    }
+}
+
 fn ttl_ms(ttl: Duration) -> u32 {
     u32::try_from(millis(ttl)).unwrap_or(u32::MAX)
 }
@@ -190,9 +199,15 @@ fn lease_event(event: LeaseEvent) -> pb::LeaseEvent {
             ttl_ms: ttl_ms(ttl),
             restored,
         }),
+        LeaseEvent::NotRenewed { left } => Kind::NotRenewed(pb::NotRenewed {
+            ttl_ms: ttl_ms(left),
+        }),
         LeaseEvent::AttemptAccepted => Kind::AttemptAccepted(pb::AttemptAccepted {}),
         LeaseEvent::Released => Kind::Released(pb::Released {}),
-        LeaseEvent::Lost { reason } => Kind::Lost(pb::Lost { reason }),
+        LeaseEvent::Lost { reason, detail } => Kind::Lost(pb::Lost {
+            reason: detail,
+            lost_reason: lost_reason(reason) as i32,
+        }),
     };
     pb::LeaseEvent { kind: Some(kind) }
 }
@@ -232,8 +247,10 @@ impl pb::admission_server::Admission for AdmissionGrpc {
         &self,
         request: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::ReleaseResponse>, Status> {
-        let lease_id = lease_id("lease_id", &request.into_inner().lease_id)?;
-        let released = self.admission.release(&lease_id, None, 0).await;
+        let request = request.into_inner();
+        let lease_id = lease_id("lease_id", &request.lease_id)?;
+        let spend_micros = spend("spend_usd", request.spend_usd)?;
+        let released = self.admission.release(&lease_id, None, spend_micros).await;
         Ok(Response::new(pb::ReleaseResponse { released }))
     }
 

@@ -11,7 +11,9 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use crate::backend::{AcquireLimits, LeaseBackend};
-use crate::domain::{AccountId, Denial, DenyReason, LeaseId, LeaseTerms, Renewal};
+use crate::domain::{
+    AccountId, Denial, DenyReason, LeaseId, LeaseTerms, LostReason, Renewal, Resumption,
+};
 use crate::error::BackendError;
 
 #[derive(Default)]
@@ -25,6 +27,8 @@ struct AccountState {
     waiters: HashMap<String, u64>,
     /// lease id -> holder epoch (resumed leases only)
     holders: HashMap<String, u64>,
+    /// lease id -> release fence expiry (ms): released leases no renewal or resume restores.
+    released: HashMap<String, u64>,
     window: Option<SpendWindow>,
 }
 
@@ -42,8 +46,29 @@ impl AccountState {
         self.leases.len()
     }
 
+    fn is_live(&self, lease_id: &str, now: u64) -> bool {
+        self.leases
+            .get(lease_id)
+            .is_some_and(|expiry| *expiry >= now)
+    }
+
+    fn is_fenced(&mut self, lease_id: &str, now: u64) -> bool {
+        self.prune_fences(now);
+        self.released.contains_key(lease_id)
+    }
+
+    fn prune_fences(&mut self, now: u64) {
+        self.released.retain(|_, until| *until >= now);
+    }
+
+    fn fence(&mut self, lease_id: &str, until: u64) {
+        let fence = self.released.entry(lease_id.to_owned()).or_default();
+        *fence = (*fence).max(until);
+    }
+
     fn is_empty(&self) -> bool {
         self.leases.is_empty()
+            && self.released.is_empty()
             && self.rpm_events.is_empty()
             && self.waiters.is_empty()
             && self.window.is_none()
@@ -236,6 +261,9 @@ impl LeaseBackend for MemoryBackend {
     ) -> Result<Option<Denial>, BackendError> {
         Ok(self.with_state(|state, now| {
             let events = state.users.entry(user_id.to_owned()).or_default();
+            if events.iter().any(|(_, id)| id == event_id) {
+                return None;
+            }
             if let Some(denial) = rpm_check(events, now, rpm_limit, window_ms) {
                 return Some(Denial::new(DenyReason::UserRpm, denial.retry_after_ms));
             }
@@ -263,7 +291,17 @@ impl LeaseBackend for MemoryBackend {
         limits: AcquireLimits,
     ) -> Result<Option<Denial>, BackendError> {
         Ok(self.with_state(|state, now| {
-            let account = state.accounts.entry(terms.account_id).or_default();
+            let State { accounts, users } = state;
+            // The user gate first (its refusal wins, as on Redis), checked only: it is charged
+            // below, with the lease, when every gate passed.
+            let user = terms.user.as_ref().filter(|user| user.rpm_limit > 0);
+            if let Some(user) = user
+                && let Some(events) = users.get_mut(&user.user_id)
+                && let Some(denial) = rpm_check(events, now, user.rpm_limit, limits.rpm_window_ms)
+            {
+                return Some(Denial::new(DenyReason::UserRpm, denial.retry_after_ms));
+            }
+            let account = accounts.entry(terms.account_id).or_default();
             if !terms.ignore_cooldown && account.cooldown_until > now {
                 return Some(Denial::new(
                     DenyReason::Cooling,
@@ -297,36 +335,64 @@ impl LeaseBackend for MemoryBackend {
                     .rpm_events
                     .push_back((now, lease_id.as_str().to_owned()));
             }
+            if let Some(user) = user {
+                users
+                    .entry(user.user_id.clone())
+                    .or_default()
+                    .push_back((now, lease_id.as_str().to_owned()));
+            }
             None
         }))
     }
 
-    async fn renew(&self, lease_id: &LeaseId, ttl_ms: u64) -> Result<Renewal, BackendError> {
+    async fn renew(
+        &self,
+        lease_id: &LeaseId,
+        ttl_ms: u64,
+        restore_within: Option<i32>,
+    ) -> Result<Renewal, BackendError> {
         Ok(self.with_state(|state, now| {
             let account = state.accounts.entry(lease_id.account_id()).or_default();
-            let previous = account
-                .leases
-                .insert(lease_id.as_str().to_owned(), now + ttl_ms);
-            Renewal {
-                restored: previous.is_none_or(|expiry| expiry < now),
+            let id = lease_id.as_str();
+            if account.is_live(id, now) {
+                account.leases.insert(id.to_owned(), now + ttl_ms);
+                account.released.remove(id);
+                return Renewal::Renewed;
             }
+            if account.is_fenced(id, now) {
+                return Renewal::Lost(LostReason::Released);
+            }
+            let Some(limit) = restore_within else {
+                return Renewal::Lost(LostReason::Expired);
+            };
+            let held = account.live_leases(now);
+            if limit > 0 && held >= limit as usize {
+                return Renewal::Lost(LostReason::NoRoom);
+            }
+            account.leases.insert(id.to_owned(), now + ttl_ms);
+            Renewal::Restored
         }))
     }
 
-    async fn resume(&self, lease_id: &LeaseId, ttl_ms: u64) -> Result<Option<u64>, BackendError> {
+    async fn resume(&self, lease_id: &LeaseId, ttl_ms: u64) -> Result<Resumption, BackendError> {
         Ok(self.with_state(|state, now| {
-            let account = state.accounts.get_mut(&lease_id.account_id())?;
-            match account.leases.get_mut(lease_id.as_str()) {
-                Some(expiry) if *expiry >= now => {
-                    *expiry = now + ttl_ms;
-                    let epoch = account
-                        .holders
-                        .entry(lease_id.as_str().to_owned())
-                        .or_insert(0);
-                    *epoch += 1;
-                    Some(*epoch)
-                }
-                _ => None,
+            let Some(account) = state.accounts.get_mut(&lease_id.account_id()) else {
+                return Resumption::Unknown;
+            };
+            let id = lease_id.as_str();
+            if !account.is_live(id, now) {
+                return if account.is_fenced(id, now) {
+                    Resumption::Released
+                } else {
+                    Resumption::Unknown
+                };
+            }
+            account.leases.insert(id.to_owned(), now + ttl_ms);
+            account.released.remove(id);
+            let epoch = account.holders.entry(id.to_owned()).or_insert(0);
+            *epoch += 1;
+            Resumption::Resumed {
+                holder_epoch: *epoch,
             }
         }))
     }
@@ -355,22 +421,18 @@ impl LeaseBackend for MemoryBackend {
         lease_id: &LeaseId,
         spend_micros: i64,
         session_window_ms: u64,
+        fence_ms: u64,
     ) -> Result<bool, BackendError> {
         Ok(self.with_state(|state, now| {
             let account_id = lease_id.account_id();
-            let Some(account) = state.accounts.get_mut(&account_id) else {
-                if spend_micros > 0 {
-                    let mut account = AccountState::default();
-                    account.add_spend(now, spend_micros, session_window_ms);
-                    state.accounts.insert(account_id, account);
-                }
-                return false;
-            };
+            let account = state.accounts.entry(account_id).or_default();
             let removed = account
                 .leases
                 .remove(lease_id.as_str())
                 .is_some_and(|expiry| expiry >= now);
             account.holders.remove(lease_id.as_str());
+            account.prune_fences(now);
+            account.fence(lease_id.as_str(), now + fence_ms);
             if spend_micros > 0 {
                 account.add_spend(now, spend_micros, session_window_ms);
             }
@@ -387,13 +449,18 @@ impl LeaseBackend for MemoryBackend {
         lease_id: &LeaseId,
         grace_ms: u64,
         holder_epoch: u64,
+        fence_ms: u64,
     ) -> Result<(), BackendError> {
         self.with_state(|state, now| {
+            let id = lease_id.as_str();
             if let Some(account) = state.accounts.get_mut(&lease_id.account_id())
-                && account.holders.get(lease_id.as_str()).copied().unwrap_or(0) == holder_epoch
-                && let Some(expiry) = account.leases.get_mut(lease_id.as_str())
+                && account.holders.get(id).copied().unwrap_or(0) == holder_epoch
+                && let Some(expiry) = account.leases.get_mut(id)
+                && *expiry >= now
             {
                 *expiry = (*expiry).min(now + grace_ms);
+                let ends = *expiry;
+                account.fence(id, ends + fence_ms);
             }
         });
         Ok(())

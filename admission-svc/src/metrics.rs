@@ -13,6 +13,9 @@ pub struct Metrics {
     pub leases_in_flight: IntGauge,
     pub waiters: IntGauge,
     pub leases_restored: IntCounter,
+    /// admission_leases_lost_total{reason}: heartbeats answered `Lost` (`released`, `no_room`,
+    /// `expired`, `backend_unavailable`).
+    pub leases_lost: IntCounterVec,
     pub orphaned: IntCounter,
     pub release_retries: IntCounter,
     pub spend_micros: IntCounter,
@@ -80,6 +83,12 @@ impl Metrics {
                 &registry,
                 "admission_leases_restored_total",
                 "Heartbeats that re-added a lease the backend had lost (e.g. Redis restarted).",
+            ),
+            leases_lost: counter_vec(
+                &registry,
+                "admission_leases_lost_total",
+                "Lease streams ended with Lost, by reason (released, no_room, expired, backend_unavailable).",
+                &["reason"],
             ),
             orphaned: counter(
                 &registry,

@@ -18,7 +18,10 @@
 //! under load caught that).
 //! When Redis answers again, the replica first writes the leases and RPM events it admitted on its
 //! own into Redis, then serves from Redis again, then replays releases and spend recorded during
-//! the outage — so the return neither over-admits nor loses spend.
+//! the outage — so the return neither over-admits nor loses spend. Under `divided`, the replicas
+//! come back one tick apart: for one registry ttl after its recovery (by then every live replica
+//! has ticked, and recovered) a replica also keeps to its outage share of each concurrency limit,
+//! so the first one back does not grant from a Redis that lacks the others' fallback leases.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,7 +31,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::backend::{AcquireLimits, LeaseBackend};
-use crate::domain::{AccountId, Denial, DenyReason, LeaseId, LeaseTerms, Renewal, millis};
+use crate::domain::{
+    AccountId, Denial, DenyReason, LeaseId, LeaseTerms, LostReason, Renewal, Resumption, UserLimit,
+    millis,
+};
 use crate::error::BackendError;
 use crate::memory::MemoryBackend;
 use crate::metrics::Metrics;
@@ -91,12 +97,21 @@ enum OutageRecord {
         lease_id: LeaseId,
         spend_micros: i64,
         session_window_ms: u64,
+        fence_ms: u64,
     },
     Spend {
         account_id: AccountId,
         spend_micros: i64,
         session_window_ms: u64,
     },
+}
+
+/// See `PolicyBackend::transition`.
+#[derive(Debug, Clone, Copy)]
+struct Transition {
+    until: tokio::time::Instant,
+    /// The registry as it was during the outage (Redis may have come back empty, without it).
+    view: RegistryView,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -126,6 +141,13 @@ pub struct PolicyBackend {
     /// the adopted leases yet, and none runs while recovery moves the fallback's leases into
     /// Redis (a release or a grant in that window would be lost between the two).
     adoption: tokio::sync::RwLock<()>,
+    /// `divided` only: after this replica recovers, until every live replica has ticked (one
+    /// registry ttl), the others may still be degraded, granting from their fallbacks leases
+    /// Redis does not hold yet. Until then this replica also keeps to its outage share (counted
+    /// over the leases its streams hold), so the shares still add up to the limit.
+    transition: Mutex<Option<Transition>>,
+    /// Serializes the acquires made during the transition (count, then grant).
+    transition_gate: tokio::sync::Mutex<()>,
     rpm_window_ms: u64,
     metrics: Metrics,
 }
@@ -151,6 +173,8 @@ impl PolicyBackend {
             outage: Mutex::new(Vec::new()),
             held: Mutex::new(HashMap::new()),
             adoption: tokio::sync::RwLock::new(()),
+            transition: Mutex::new(None),
+            transition_gate: tokio::sync::Mutex::new(()),
             rpm_window_ms: millis(rpm_window),
             metrics,
         })
@@ -198,8 +222,9 @@ impl PolicyBackend {
             .collect();
         for (lease, ttl_ms) in &held {
             // The memory backend cannot fail; a lease released meanwhile is removed again by
-            // its release, which now runs on the fallback.
-            let _ = self.fallback.renew(lease, *ttl_ms).await;
+            // its release, which now runs on the fallback. Adopted whatever the limit: these
+            // requests are already running.
+            let _ = self.fallback.renew(lease, *ttl_ms, Some(0)).await;
         }
         if !held.is_empty() {
             tracing::info!(
@@ -218,8 +243,18 @@ impl PolicyBackend {
             .unwrap_or_else(|p| p.into_inner())
             .insert(lease_id.clone(), ttl_ms);
         if self.is_degraded() {
-            let _ = self.fallback.renew(lease_id, ttl_ms).await;
+            let _ = self.fallback.renew(lease_id, ttl_ms, Some(0)).await;
         }
+    }
+
+    /// Forgets a lease this replica's stream held but lost (see `held`).
+    pub fn forget_held(&self, lease_id: &LeaseId) {
+        self.unhold(lease_id);
+    }
+
+    /// How many leases this replica's streams hold (for tests and debugging).
+    pub fn held_count(&self) -> usize {
+        self.held.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
     fn unhold(&self, lease_id: &LeaseId) {
@@ -292,6 +327,10 @@ impl PolicyBackend {
             return limit;
         }
         let view = *self.registry.lock().unwrap_or_else(|p| p.into_inner());
+        Self::share_of(view, limit)
+    }
+
+    fn share_of(view: RegistryView, limit: i32) -> i32 {
         let replicas = view.replicas.max(1) as i32;
         let base = limit / replicas;
         let extra = match view.rank {
@@ -315,13 +354,21 @@ impl PolicyBackend {
                     .iter()
                     .position(|m| *m == self.member)
                     .map(|r| r as u32);
-                {
+                let outage_view = {
                     let mut view = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+                    let outage_view = *view;
                     view.replicas = (members.len() as u32).max(1);
                     view.rank = rank;
-                }
-                if self.is_degraded() {
-                    self.recover().await;
+                    outage_view
+                };
+                if self.is_degraded()
+                    && self.recover().await
+                    && self.settings.policy == FailurePolicy::Divided
+                {
+                    *self.transition.lock().unwrap_or_else(|p| p.into_inner()) = Some(Transition {
+                        until: tokio::time::Instant::now() + self.settings.registry_ttl,
+                        view: outage_view,
+                    });
                 }
             }
             Err(error) => self.enter_degraded("registry", &error).await,
@@ -329,17 +376,18 @@ impl PolicyBackend {
     }
 
     /// Writes what the fallback admitted into Redis, resumes Redis, then replays the outage's
-    /// releases and spend. Any failure leaves the replica degraded for the next tick.
-    async fn recover(&self) {
+    /// releases and spend. Any failure leaves the replica degraded for the next tick. Returns
+    /// whether this call recovered.
+    async fn recover(&self) -> bool {
         // No fallback operation runs until the switch is complete (see `adoption`).
         let _recovering = self.adoption.write().await;
         if !self.is_degraded() {
-            return;
+            return false;
         }
         let snapshot = self.fallback.snapshot(self.rpm_window_ms);
         if let Err(error) = self.redis.restore(&snapshot).await {
             tracing::warn!(%error, "redis answers again but the fallback leases could not be written; staying degraded");
-            return;
+            return false;
         }
         self.fallback.forget(&snapshot);
         self.degraded.store(false, Ordering::SeqCst);
@@ -363,9 +411,10 @@ impl PolicyBackend {
                     lease_id,
                     spend_micros,
                     session_window_ms,
+                    fence_ms,
                 } => self
                     .redis
-                    .release(lease_id, *spend_micros, *session_window_ms)
+                    .release(lease_id, *spend_micros, *session_window_ms, *fence_ms)
                     .await
                     .map(|_| ()),
                 OutageRecord::Spend {
@@ -393,6 +442,30 @@ impl PolicyBackend {
             unreplayed,
             "redis is back; fallback leases written, global enforcement resumed"
         );
+        true
+    }
+
+    /// The outage's registry view while the `divided` transition after a recovery lasts.
+    fn transition_view(&self) -> Option<RegistryView> {
+        let mut transition = self.transition.lock().unwrap_or_else(|p| p.into_inner());
+        match *transition {
+            Some(t) if t.until > tokio::time::Instant::now() => Some(t.view),
+            Some(_) => {
+                *transition = None;
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Leases of `account_id` this replica's streams hold.
+    fn held_on(&self, account_id: AccountId) -> usize {
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .filter(|lease| lease.account_id() == account_id)
+            .count()
     }
 
     /// Leaves the registry on shutdown.
@@ -412,6 +485,10 @@ impl PolicyBackend {
 
 #[async_trait]
 impl LeaseBackend for PolicyBackend {
+    fn joins_user_gate(&self) -> bool {
+        self.redis.joins_user_gate()
+    }
+
     async fn charge_user(
         &self,
         user_id: &str,
@@ -469,14 +546,42 @@ impl LeaseBackend for PolicyBackend {
                     if terms.rpm_limit > 0 && rpm == 0 {
                         return Ok(Some(Denial::new(DenyReason::Rpm, 1000)));
                     }
+                    let user = match &terms.user {
+                        Some(user) if user.rpm_limit > 0 => {
+                            let share = self.share(user.rpm_limit);
+                            if share == 0 {
+                                return Ok(Some(Denial::new(DenyReason::UserRpm, 1000)));
+                            }
+                            Some(UserLimit {
+                                rpm_limit: share,
+                                ..user.clone()
+                            })
+                        }
+                        other => other.clone(),
+                    };
                     let shared = LeaseTerms {
                         concurrency_limit: concurrency,
                         rpm_limit: rpm,
+                        user,
                         ..terms.clone()
                     };
                     self.fallback.acquire(&shared, lease_id, limits).await
                 }
             }
+        };
+        // The `divided` transition after a recovery: Redis may not hold the other replicas'
+        // fallback leases yet, so this replica keeps to its outage share too (see `transition`).
+        let transition = match self.transition_view() {
+            Some(view) if terms.concurrency_limit > 0 && !self.is_degraded() => {
+                let serial = self.transition_gate.lock().await;
+                if self.held_on(terms.account_id)
+                    >= Self::share_of(view, terms.concurrency_limit).max(0) as usize
+                {
+                    return Ok(Some(Denial::new(DenyReason::Concurrency, 0)));
+                }
+                Some(serial)
+            }
+            _ => None,
         };
         let answer = self
             .guarded_or(
@@ -489,28 +594,46 @@ impl LeaseBackend for PolicyBackend {
         if let Ok(None) = answer {
             self.hold(lease_id, limits.ttl_ms).await;
         }
+        drop(transition);
         answer
     }
 
-    async fn renew(&self, lease_id: &LeaseId, ttl_ms: u64) -> Result<Renewal, BackendError> {
+    async fn renew(
+        &self,
+        lease_id: &LeaseId,
+        ttl_ms: u64,
+        restore_within: Option<i32>,
+    ) -> Result<Renewal, BackendError> {
         // A lease Redis granted before the outage moves into the fallback on its first renewal,
-        // so it is counted locally and written back on recovery.
+        // whatever the limit (the request is already running), so it is counted locally and
+        // written back on recovery. Only a release made during the outage fences it there.
         let fallback = async {
             if self.settings.policy == FailurePolicy::Closed {
                 return Err(BackendError::Failed(
                     "redis unavailable (policy closed)".into(),
                 ));
             }
-            self.fallback
-                .renew(lease_id, ttl_ms)
-                .await
-                .map(|_| Renewal { restored: false })
+            let adopt = restore_within.map(|_| 0);
+            Ok(match self.fallback.renew(lease_id, ttl_ms, adopt).await? {
+                Renewal::Lost(reason) => Renewal::Lost(reason),
+                Renewal::Renewed | Renewal::Restored => Renewal::Renewed,
+            })
         };
-        self.guarded("renew", self.redis.renew(lease_id, ttl_ms), fallback)
-            .await
+        let renewal = self
+            .guarded(
+                "renew",
+                self.redis.renew(lease_id, ttl_ms, restore_within),
+                fallback,
+            )
+            .await;
+        if let Ok(Renewal::Lost(_)) = renewal {
+            // Not held any more: the next outage must not adopt it.
+            self.unhold(lease_id);
+        }
+        renewal
     }
 
-    async fn resume(&self, lease_id: &LeaseId, ttl_ms: u64) -> Result<Option<u64>, BackendError> {
+    async fn resume(&self, lease_id: &LeaseId, ttl_ms: u64) -> Result<Resumption, BackendError> {
         let fallback = async {
             if self.settings.policy == FailurePolicy::Closed {
                 return Err(BackendError::Failed(
@@ -518,13 +641,23 @@ impl LeaseBackend for PolicyBackend {
                 ));
             }
             // Redis cannot be asked whether the lease is live; the holder says it is running.
-            self.fallback.renew(lease_id, ttl_ms).await?;
-            Ok(self.fallback.resume(lease_id, ttl_ms).await?.or(Some(1)))
+            // Only a release made during the outage (fenced in the fallback) refuses it.
+            if let Renewal::Lost(LostReason::Released) =
+                self.fallback.renew(lease_id, ttl_ms, Some(0)).await?
+            {
+                return Ok(Resumption::Released);
+            }
+            Ok(match self.fallback.resume(lease_id, ttl_ms).await? {
+                Resumption::Resumed { holder_epoch } => Resumption::Resumed { holder_epoch },
+                Resumption::Unknown | Resumption::Released => {
+                    Resumption::Resumed { holder_epoch: 1 }
+                }
+            })
         };
         let resumed = self
             .guarded("resume", self.redis.resume(lease_id, ttl_ms), fallback)
             .await;
-        if let Ok(Some(_)) = resumed {
+        if let Ok(Resumption::Resumed { .. }) = resumed {
             self.hold(lease_id, ttl_ms).await;
         }
         resumed
@@ -562,25 +695,27 @@ impl LeaseBackend for PolicyBackend {
         lease_id: &LeaseId,
         spend_micros: i64,
         session_window_ms: u64,
+        fence_ms: u64,
     ) -> Result<bool, BackendError> {
         self.unhold(lease_id);
         let fallback = async {
             let removed = self
                 .fallback
-                .release(lease_id, 0, session_window_ms)
+                .release(lease_id, 0, session_window_ms, fence_ms)
                 .await?;
             // Redis may still hold the lease (granted before the outage) and must get the spend.
             self.push_outage(OutageRecord::Release {
                 lease_id: lease_id.clone(),
                 spend_micros,
                 session_window_ms,
+                fence_ms,
             });
             Ok(removed)
         };
         self.guarded(
             "release",
             self.redis
-                .release(lease_id, spend_micros, session_window_ms),
+                .release(lease_id, spend_micros, session_window_ms, fence_ms),
             fallback,
         )
         .await
@@ -591,13 +726,16 @@ impl LeaseBackend for PolicyBackend {
         lease_id: &LeaseId,
         grace_ms: u64,
         holder_epoch: u64,
+        fence_ms: u64,
     ) -> Result<(), BackendError> {
         // The stream is gone: the lease is the orphan grace's now, on Redis or the fallback.
         self.unhold(lease_id);
         self.guarded(
             "orphan",
-            self.redis.orphan(lease_id, grace_ms, holder_epoch),
-            self.fallback.orphan(lease_id, grace_ms, holder_epoch),
+            self.redis
+                .orphan(lease_id, grace_ms, holder_epoch, fence_ms),
+            self.fallback
+                .orphan(lease_id, grace_ms, holder_epoch, fence_ms),
         )
         .await
     }

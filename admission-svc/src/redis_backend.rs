@@ -12,7 +12,9 @@ use poolgate_proto::keys::{self, AccountKeys};
 use redis::Script;
 
 use crate::backend::{AcquireLimits, LeaseBackend};
-use crate::domain::{AccountId, Denial, DenyReason, LeaseId, LeaseTerms, Renewal};
+use crate::domain::{
+    AccountId, Denial, DenyReason, LeaseId, LeaseTerms, LostReason, Renewal, Resumption,
+};
 use crate::error::BackendError;
 use crate::memory::FallbackSnapshot;
 use crate::redis_conn::{Conn, RedisHandle};
@@ -46,12 +48,19 @@ local function add_spend(key, micros, window)
 end
 "#;
 
-/// KEYS: leases, rpm, cooldown, window.
+/// KEYS: leases, rpm, cooldown, window, user rpm (on a Cluster, where the user's key is in
+/// another slot, the account rpm key again with a user limit of 0).
 /// ARGV: lease id, ttl ms, concurrency limit, rpm limit, window limit (micro-USD, 0 = none),
-/// rpm window ms, session window ms, ignore cooldown (1/0).
-/// Returns {reason, retry_ms, now}; reason 'granted' when the lease and RPM event were added.
-/// A refusal at any gate writes nothing.
+/// rpm window ms, session window ms, ignore cooldown (1/0), user rpm limit (0 = none).
+/// Returns {reason, retry_ms, now}; reason 'granted' when the lease and the RPM events (account
+/// and user, member = lease id) were added. A refusal at any gate writes nothing, so a refused
+/// acquire is this one round trip.
 const ACQUIRE: &str = r#"
+local user_limit = tonumber(ARGV[9])
+if user_limit > 0 then
+  local user_retry = rpm_full(KEYS[5], user_limit, tonumber(ARGV[6]))
+  if user_retry then return {'user_rpm', user_retry, now} end
+end
 if ARGV[8] ~= '1' then
   local cool = redis.call('PTTL', KEYS[3])
   if cool ~= -2 then return {'cooling', math.max(cool, 0), now} end
@@ -81,12 +90,18 @@ if rpm > 0 then
   redis.call('ZADD', KEYS[2], now, ARGV[1])
   extend(KEYS[2], rpm_window)
 end
+if user_limit > 0 then
+  redis.call('ZADD', KEYS[5], now, ARGV[1])
+  extend(KEYS[5], rpm_window)
+end
 return {'granted', 0, now}
 "#;
 
 /// KEYS: an RPM ZSET (account or user). ARGV: event id, limit, window ms.
-/// Returns {charged (1/0), retry_ms, now}.
+/// Returns {charged (1/0), retry_ms, now}. Idempotent by event id: an event already charged
+/// answers charged and counts once.
 const CHARGE_RPM: &str = r#"
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then return {1, 0, now} end
 local limit = tonumber(ARGV[2])
 local window = tonumber(ARGV[3])
 local retry = rpm_full(KEYS[1], limit, window)
@@ -96,34 +111,69 @@ extend(KEYS[1], window)
 return {1, 0, now}
 "#;
 
-/// KEYS: leases. ARGV: lease id, ttl ms.
-/// Returns {state, now}: state 1 = renewed, 2 = restored (was missing or expired).
+/// Shared by the lease scripts: whether a lease is live, and whether its release fence is up.
+/// The fence (KEYS `released`: member = lease id, score = fence expiry) is raised by every
+/// release path, so no heartbeat or resume brings a released lease back.
+const LEASE_PRELUDE: &str = r#"
+local function live(key, id)
+  local score = redis.call('ZSCORE', key, id)
+  return score and tonumber(score) >= now
+end
+local function fenced(key, id)
+  local fence = redis.call('ZSCORE', key, id)
+  return fence and tonumber(fence) >= now
+end
+local function raise_fence(key, id, expires)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. now)
+  redis.call('ZADD', key, 'GT', expires, id)
+  extend(key, expires - now)
+end
+"#;
+
+/// KEYS: leases, released. ARGV: lease id, ttl ms, restore ('1': a missing lease may be re-added
+/// with room, '0': never), concurrency limit (<= 0: unlimited).
+/// Returns {state, now}: 1 = renewed, 2 = restored (was missing or expired, and the account had
+/// room), 3 = lost: released (fence up), 4 = lost: no room, 5 = lost: expired (no restore). A
+/// lost lease writes nothing.
 const RENEW: &str = r#"
-local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
-local live = score and tonumber(score) >= now
 local ttl = tonumber(ARGV[2])
+if live(KEYS[1], ARGV[1]) then
+  redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
+  extend(KEYS[1], ttl)
+  redis.call('ZREM', KEYS[2], ARGV[1])
+  return {1, now}
+end
+if fenced(KEYS[2], ARGV[1]) then return {3, now} end
+if ARGV[3] ~= '1' then return {5, now} end
+local limit = tonumber(ARGV[4])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. now)
+if limit > 0 and redis.call('ZCOUNT', KEYS[1], now, '+inf') >= limit then return {4, now} end
 redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
 extend(KEYS[1], ttl)
-if live then return {1, now} end
 return {2, now}
 "#;
 
-/// KEYS: leases, holders. ARGV: lease id, ttl ms.
-/// Returns {holder epoch, now}; 0 = the lease is unknown or expired. The caller becomes the
-/// lease's holder, so the stream it replaces can no longer orphan it.
+/// KEYS: leases, holders, released. ARGV: lease id, ttl ms.
+/// Returns {holder epoch, now}; 0 = the lease is unknown or expired, -1 = it was released (fence
+/// up). The caller becomes the lease's holder, so the stream it replaces can no longer orphan
+/// it; a resume within the orphan grace lowers the fence the orphaning raised.
 const RESUME: &str = r#"
-local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if not (score and tonumber(score) >= now) then return {0, now} end
+if not live(KEYS[1], ARGV[1]) then
+  if fenced(KEYS[3], ARGV[1]) then return {-1, now} end
+  return {0, now}
+end
 local ttl = tonumber(ARGV[2])
 redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
 extend(KEYS[1], ttl)
+redis.call('ZREM', KEYS[3], ARGV[1])
 local epoch = redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
 extend(KEYS[2], ttl)
 return {epoch, now}
 "#;
 
-/// KEYS: leases, window, holders. ARGV: lease id, spend micro-USD, session window ms.
-/// Returns {removed (1/0), now}.
+/// KEYS: leases, window, holders, released. ARGV: lease id, spend micro-USD, session window ms,
+/// fence ms. Returns {removed (1/0), now}. Raises the release fence whether or not the lease was
+/// still there: a lease released after it expired must not come back either.
 const RELEASE: &str = r#"
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 local removed = 0
@@ -132,19 +182,23 @@ if score then
   if tonumber(score) >= now then removed = 1 end
   redis.call('HDEL', KEYS[3], ARGV[1])
 end
+raise_fence(KEYS[4], ARGV[1], now + tonumber(ARGV[4]))
 local spend = tonumber(ARGV[2])
 if spend > 0 then add_spend(KEYS[2], spend, tonumber(ARGV[3])) end
 return {removed, now}
 "#;
 
-/// KEYS: leases, holders. ARGV: lease id, grace ms, holder epoch. Cuts the expiry to
-/// now + grace (never lengthens it) if the caller is still the lease's holder.
+/// KEYS: leases, holders, released. ARGV: lease id, grace ms, holder epoch, fence ms. Cuts the
+/// expiry to now + grace (never lengthens it) if the caller is still the lease's holder, and
+/// raises the release fence from that expiry.
 const ORPHAN: &str = r#"
 local holder = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
 if holder ~= tonumber(ARGV[3]) then return {0, now} end
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
-local cut = now + tonumber(ARGV[2])
-if score and tonumber(score) > cut then redis.call('ZADD', KEYS[1], 'XX', cut, ARGV[1]) end
+if not (score and tonumber(score) >= now) then return {0, now} end
+local ends = math.min(tonumber(score), now + tonumber(ARGV[2]))
+redis.call('ZADD', KEYS[1], 'XX', ends, ARGV[1])
+raise_fence(KEYS[3], ARGV[1], ends + tonumber(ARGV[4]))
 return {0, now}
 "#;
 
@@ -224,13 +278,14 @@ struct Scripts {
 impl Scripts {
     fn new() -> Self {
         let script = |body: &str| Script::new(&format!("{PRELUDE}{body}"));
+        let lease_script = |body: &str| Script::new(&format!("{PRELUDE}{LEASE_PRELUDE}{body}"));
         Scripts {
             acquire: script(ACQUIRE),
             charge_rpm: script(CHARGE_RPM),
-            renew: script(RENEW),
-            resume: script(RESUME),
-            release: script(RELEASE),
-            orphan: script(ORPHAN),
+            renew: lease_script(RENEW),
+            resume: lease_script(RESUME),
+            release: lease_script(RELEASE),
+            orphan: lease_script(ORPHAN),
             record_spend: script(RECORD_SPEND),
             set_cooldown: script(SET_COOLDOWN),
             register_waiter: script(REGISTER_WAITER),
@@ -304,19 +359,29 @@ impl RedisBackend {
         self.redis.bounded(invocation.invoke_async(&mut conn)).await
     }
 
-    /// After an acquire that timed out (the script may have committed), removes the lease once,
-    /// detached and bounded by 500 ms, so no ghost slot stays for a whole TTL. Not retried.
+    /// After an acquire that timed out (the script may have committed), removes the lease and
+    /// its RPM events (account, and user when `user_rpm` is given) once, detached and bounded by
+    /// 500 ms, so no ghost slot or charge stays. Not retried.
     ///
-    /// The `ZREM` goes out on the *same* connection as the timed-out script: Redis answers one
+    /// The `ZREM`s go out on the *same* connection as the timed-out script: Redis answers one
     /// connection's commands in order, so the removal cannot overtake the script it cleans up
     /// after (on another connection it could run first and remove nothing).
-    fn remove_uncertain_lease(&self, lease_id: &LeaseId, mut conn: Conn) {
-        let key = AccountKeys::new(lease_id.account_id()).leases;
+    fn remove_uncertain_lease(&self, lease_id: &LeaseId, user_rpm: Option<String>, mut conn: Conn) {
+        let keys = AccountKeys::new(lease_id.account_id());
         let member = lease_id.as_str().to_owned();
         tokio::spawn(async move {
-            let mut zrem = redis::cmd("ZREM");
-            zrem.arg(&key).arg(&member);
-            let cleanup = zrem.query_async::<i64>(&mut conn);
+            let mut cleanup = redis::pipe();
+            cleanup
+                .cmd("ZREM")
+                .arg(&keys.leases)
+                .arg(&member)
+                .cmd("ZREM")
+                .arg(&keys.rpm)
+                .arg(&member);
+            if let Some(user_rpm) = &user_rpm {
+                cleanup.cmd("ZREM").arg(user_rpm).arg(&member);
+            }
+            let cleanup = cleanup.query_async::<Vec<i64>>(&mut conn);
             match tokio::time::timeout(UNCERTAIN_CLEANUP_TIMEOUT, cleanup).await {
                 Ok(Ok(_)) => tracing::debug!(lease_id = %member, "uncertain acquire cleaned up"),
                 _ => {
@@ -399,12 +464,17 @@ fn deny_reason(name: &str) -> DenyReason {
         "cooling" => DenyReason::Cooling,
         "rpm" => DenyReason::Rpm,
         "session_window" => DenyReason::SessionWindow,
+        "user_rpm" => DenyReason::UserRpm,
         _ => DenyReason::Concurrency,
     }
 }
 
 #[async_trait]
 impl LeaseBackend for RedisBackend {
+    fn joins_user_gate(&self) -> bool {
+        !self.redis.is_cluster()
+    }
+
     async fn charge_user(
         &self,
         user_id: &str,
@@ -412,18 +482,40 @@ impl LeaseBackend for RedisBackend {
         event_id: &str,
         window_ms: u64,
     ) -> Result<Option<Denial>, BackendError> {
-        let (charged, retry, now): (i64, u64, i64) = self
-            .script(
-                self.scripts
-                    .charge_rpm
-                    .key(keys::user_rpm(user_id))
-                    .arg(event_id)
-                    .arg(rpm_limit)
-                    .arg(window_ms),
-            )
-            .await?;
-        self.learn_clock(now);
-        Ok((charged == 0).then(|| Denial::new(DenyReason::UserRpm, retry)))
+        let key = keys::user_rpm(user_id);
+        let mut invocation = self.scripts.charge_rpm.key(&key);
+        invocation.arg(event_id).arg(rpm_limit).arg(window_ms);
+        let mut conn = self.redis.conn().await?;
+        let reply = tokio::time::timeout(
+            self.redis.timeout(),
+            invocation.invoke_async::<(i64, u64, i64)>(&mut conn),
+        )
+        .await;
+        match reply {
+            Ok(Ok((charged, retry, now))) => {
+                self.learn_clock(now);
+                Ok((charged == 0).then(|| Denial::new(DenyReason::UserRpm, retry)))
+            }
+            Ok(Err(error)) => Err(BackendError::from(error)),
+            Err(_) => {
+                // The charge may have landed: take it back on the same connection (after it).
+                let member = event_id.to_owned();
+                tokio::spawn(async move {
+                    let mut zrem = redis::cmd("ZREM");
+                    zrem.arg(&key).arg(&member);
+                    let refund = zrem.query_async::<i64>(&mut conn);
+                    if !matches!(
+                        tokio::time::timeout(UNCERTAIN_CLEANUP_TIMEOUT, refund).await,
+                        Ok(Ok(_))
+                    ) {
+                        tracing::warn!(
+                            "uncertain user charge not refunded; it ages out within the rpm window"
+                        );
+                    }
+                });
+                Err(BackendError::Timeout)
+            }
+        }
     }
 
     async fn refund_user(&self, user_id: &str, event_id: &str) -> Result<(), BackendError> {
@@ -446,11 +538,18 @@ impl LeaseBackend for RedisBackend {
         limits: AcquireLimits,
     ) -> Result<Option<Denial>, BackendError> {
         let keys = AccountKeys::new(terms.account_id);
+        // On a Cluster the engine charges the user separately (see `joins_user_gate`).
+        let user = terms
+            .user
+            .as_ref()
+            .filter(|user| user.rpm_limit > 0 && !self.redis.is_cluster());
+        let user_rpm = user.map(|user| keys::user_rpm(&user.user_id));
         let mut invocation = self.scripts.acquire.key(&keys.leases);
         invocation
             .key(&keys.rpm)
             .key(&keys.cooldown)
             .key(&keys.window)
+            .key(user_rpm.as_deref().unwrap_or(&keys.rpm))
             .arg(lease_id.as_str())
             .arg(limits.ttl_ms)
             .arg(terms.concurrency_limit)
@@ -458,7 +557,8 @@ impl LeaseBackend for RedisBackend {
             .arg(limits.window_limit_micros)
             .arg(limits.rpm_window_ms)
             .arg(limits.session_window_ms)
-            .arg(u8::from(terms.ignore_cooldown));
+            .arg(u8::from(terms.ignore_cooldown))
+            .arg(user.map_or(0, |user| user.rpm_limit));
         let mut conn = self.redis.conn().await?;
         let reply = tokio::time::timeout(
             self.redis.timeout(),
@@ -472,44 +572,62 @@ impl LeaseBackend for RedisBackend {
             }
             Ok(Err(error)) => Err(BackendError::from(error)),
             Err(_) => {
-                self.remove_uncertain_lease(lease_id, conn);
+                self.remove_uncertain_lease(lease_id, user_rpm, conn);
                 Err(BackendError::Timeout)
             }
         }
     }
 
-    async fn renew(&self, lease_id: &LeaseId, ttl_ms: u64) -> Result<Renewal, BackendError> {
+    async fn renew(
+        &self,
+        lease_id: &LeaseId,
+        ttl_ms: u64,
+        restore_within: Option<i32>,
+    ) -> Result<Renewal, BackendError> {
         let keys = AccountKeys::new(lease_id.account_id());
         let (state, now): (i64, i64) = self
             .script(
                 self.scripts
                     .renew
                     .key(&keys.leases)
+                    .key(&keys.released)
                     .arg(lease_id.as_str())
                     .arg(ttl_ms)
-                    .arg(0),
+                    .arg(u8::from(restore_within.is_some()))
+                    .arg(restore_within.unwrap_or(0)),
             )
             .await?;
         self.learn_clock(now);
-        Ok(Renewal {
-            restored: state == 2,
+        Ok(match state {
+            1 => Renewal::Renewed,
+            2 => Renewal::Restored,
+            3 => Renewal::Lost(LostReason::Released),
+            4 => Renewal::Lost(LostReason::NoRoom),
+            _ => Renewal::Lost(LostReason::Expired),
         })
     }
 
-    async fn resume(&self, lease_id: &LeaseId, ttl_ms: u64) -> Result<Option<u64>, BackendError> {
+    async fn resume(&self, lease_id: &LeaseId, ttl_ms: u64) -> Result<Resumption, BackendError> {
         let keys = AccountKeys::new(lease_id.account_id());
-        let (epoch, now): (u64, i64) = self
+        let (epoch, now): (i64, i64) = self
             .script(
                 self.scripts
                     .resume
                     .key(&keys.leases)
                     .key(&keys.holders)
+                    .key(&keys.released)
                     .arg(lease_id.as_str())
                     .arg(ttl_ms),
             )
             .await?;
         self.learn_clock(now);
-        Ok((epoch > 0).then_some(epoch))
+        Ok(match epoch {
+            epoch if epoch > 0 => Resumption::Resumed {
+                holder_epoch: epoch as u64,
+            },
+            0 => Resumption::Unknown,
+            _ => Resumption::Released,
+        })
     }
 
     async fn attempt(
@@ -542,15 +660,18 @@ impl LeaseBackend for RedisBackend {
         lease_id: &LeaseId,
         spend_micros: i64,
         session_window_ms: u64,
+        fence_ms: u64,
     ) -> Result<bool, BackendError> {
         let keys = AccountKeys::new(lease_id.account_id());
         let mut invocation = self.scripts.release.key(&keys.leases);
         invocation
             .key(&keys.window)
             .key(&keys.holders)
+            .key(&keys.released)
             .arg(lease_id.as_str())
             .arg(spend_micros.max(0))
-            .arg(session_window_ms);
+            .arg(session_window_ms)
+            .arg(fence_ms.max(1));
         let (removed, now): (i64, i64) = self.script(&invocation).await?;
         self.learn_clock(now);
         Ok(removed == 1)
@@ -561,6 +682,7 @@ impl LeaseBackend for RedisBackend {
         lease_id: &LeaseId,
         grace_ms: u64,
         holder_epoch: u64,
+        fence_ms: u64,
     ) -> Result<(), BackendError> {
         let keys = AccountKeys::new(lease_id.account_id());
         let (_, now): (i64, i64) = self
@@ -569,9 +691,11 @@ impl LeaseBackend for RedisBackend {
                     .orphan
                     .key(&keys.leases)
                     .key(&keys.holders)
+                    .key(&keys.released)
                     .arg(lease_id.as_str())
                     .arg(grace_ms)
-                    .arg(holder_epoch),
+                    .arg(holder_epoch)
+                    .arg(fence_ms.max(1)),
             )
             .await?;
         self.learn_clock(now);

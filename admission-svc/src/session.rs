@@ -11,7 +11,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::admission::{AcquireOutcome, Admission};
-use crate::domain::{Denial, DenyReason, LeaseId, LeaseTerms, millis};
+use crate::domain::{
+    Denial, DenyReason, LeaseId, LeaseTerms, LostReason, Renewal, Resumption, millis,
+};
 use crate::error::AdmissionError;
 
 /// A validated message from the lease holder.
@@ -35,13 +37,29 @@ pub enum ClientMessage {
 /// What the lease stream tells the holder.
 #[derive(Debug, Clone, PartialEq)]
 pub enum LeaseEvent {
-    Granted { lease_id: LeaseId, ttl: Duration },
+    Granted {
+        lease_id: LeaseId,
+        ttl: Duration,
+    },
     Denied(Denial),
-    Queued { position: u32 },
-    Renewed { ttl: Duration, restored: bool },
+    Queued {
+        position: u32,
+    },
+    Renewed {
+        ttl: Duration,
+        restored: bool,
+    },
+    /// A heartbeat the backend could not take; the lease holds for `left` more.
+    NotRenewed {
+        left: Duration,
+    },
     AttemptAccepted,
     Released,
-    Lost { reason: String },
+    /// The lease is not held any more; ends the stream.
+    Lost {
+        reason: LostReason,
+        detail: String,
+    },
 }
 
 /// An inbound item: a message, bad input (ends the stream with that error), or a broken stream
@@ -69,8 +87,16 @@ pub async fn serve_lease(
         }
         Some(Inbound::Message(ClientMessage::Resume { lease_id, terms })) => {
             match admission.resume(&lease_id, &terms).await {
-                Ok(Some(epoch)) => (lease_id, terms, epoch),
-                Ok(None) => {
+                Ok(Resumption::Resumed { holder_epoch }) => (lease_id, terms, holder_epoch),
+                Ok(Resumption::Released) => {
+                    let lost = LeaseEvent::Lost {
+                        reason: LostReason::Released,
+                        detail: "the lease was released; it cannot be resumed".into(),
+                    };
+                    let _ = out.send(Ok(lost)).await;
+                    return;
+                }
+                Ok(Resumption::Unknown) => {
                     let _ = out
                         .send(Ok(LeaseEvent::Denied(Denial::new(
                             DenyReason::LeaseUnknown,
@@ -113,8 +139,10 @@ pub async fn serve_lease(
     admission.metrics().leases_in_flight.inc();
     let ended = hold(&admission, &mut inbound, &out, &lease_id, &terms).await;
     admission.metrics().leases_in_flight.dec();
-    if ended == HoldEnd::Abandoned {
-        admission.orphan(&lease_id, &terms, holder_epoch).await;
+    match ended {
+        HoldEnd::Abandoned => admission.orphan(&lease_id, &terms, holder_epoch).await,
+        HoldEnd::Lost => admission.forget_held(&lease_id),
+        HoldEnd::Released => {}
     }
 }
 
@@ -217,24 +245,54 @@ async fn hold(
         };
         let event = match message {
             Some(Inbound::Message(ClientMessage::Heartbeat)) => {
-                match admission.renew(lease_id, terms).await {
-                    Ok(renewal) => {
+                match admission
+                    .heartbeat(lease_id, terms, renewed_at.elapsed())
+                    .await
+                {
+                    Ok(renewal @ (Renewal::Renewed | Renewal::Restored)) => {
                         renewed_at = Instant::now();
                         LeaseEvent::Renewed {
                             ttl,
-                            restored: renewal.restored,
+                            // The backend had lost the lease and the account had room for it.
+                            restored: renewal == Renewal::Restored,
                         }
+                    }
+                    Ok(Renewal::Lost(reason)) => {
+                        let detail = match reason {
+                            LostReason::Released => "the lease was released".to_owned(),
+                            LostReason::NoRoom => {
+                                "the backend lost the lease and the account has no room for it"
+                                    .to_owned()
+                            }
+                            LostReason::BackendUnavailable => "the backend is unavailable".into(),
+                            LostReason::Expired => {
+                                "no heartbeat for a whole ttl: the lease expired".to_owned()
+                            }
+                        };
+                        let _ = out.send(Ok(LeaseEvent::Lost { reason, detail })).await;
+                        return HoldEnd::Lost;
                     }
                     // A missed renewal is not fatal while the lease still has time left: the
                     // next heartbeat may get through.
                     Err(error) if renewed_at.elapsed() < ttl => {
                         tracing::warn!(%error, lease_id = %lease_id, "lease renewal failed; will retry on next heartbeat");
-                        continue;
+                        LeaseEvent::NotRenewed {
+                            left: ttl.saturating_sub(renewed_at.elapsed()),
+                        }
                     }
                     Err(error) => {
-                        let reason =
+                        admission
+                            .metrics()
+                            .leases_lost
+                            .with_label_values(&[LostReason::BackendUnavailable.as_str()])
+                            .inc();
+                        let detail =
                             format!("lease could not be renewed for {} ms: {error}", millis(ttl));
-                        let _ = out.send(Ok(LeaseEvent::Lost { reason })).await;
+                        let lost = LeaseEvent::Lost {
+                            reason: LostReason::BackendUnavailable,
+                            detail,
+                        };
+                        let _ = out.send(Ok(lost)).await;
                         return HoldEnd::Lost;
                     }
                 }

@@ -181,11 +181,23 @@ async fn unary_rpcs_reject_bad_input_naming_the_field() {
         let status = client
             .release(pb::ReleaseRequest {
                 lease_id: lease_id.into(),
+                ..Default::default()
             })
             .await
             .expect_err("bad lease id");
         assert_eq!(status.code(), tonic::Code::InvalidArgument);
         assert!(status.message().contains("lease_id"));
+    }
+    for spend_usd in [-1.0, f64::NAN, f64::INFINITY, 2e6] {
+        let status = client
+            .release(pb::ReleaseRequest {
+                lease_id: "1.abc.1".into(),
+                spend_usd,
+            })
+            .await
+            .expect_err("bad spend");
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert!(status.message().contains("spend_usd"), "{status:?}");
     }
     for ids in [vec![0], vec![1, -2], vec![1; 1001]] {
         let status = client

@@ -54,6 +54,13 @@ backend_suite!(
     waiter_that_goes_away_leaves_the_queue,
     a_release_before_the_answer_withdraws_the_acquire_and_leaves_no_orphan,
     a_new_acquire_does_not_take_the_slot_a_waiter_is_waiting_for,
+    a_unary_release_is_not_undone_by_the_old_holders_heartbeat,
+    a_lost_lease_comes_back_only_with_room_and_a_recent_heartbeat,
+    a_second_resume_of_a_held_lease_takes_it_over_and_one_release_ends_it_for_all,
+    a_lease_reaped_after_the_orphan_grace_stays_released,
+    a_refused_acquire_is_one_round_trip_and_writes_nothing,
+    a_unary_release_keeps_the_spend,
+    attempts_after_a_resume_are_charged_as_new_events,
 );
 
 async fn concurrency_gate_grants_up_to_the_limit_then_denies(store: Store) {
@@ -347,12 +354,16 @@ async fn unary_release_is_idempotent(store: Store) {
     let first = client
         .release(pb::ReleaseRequest {
             lease_id: lease_id.clone(),
+            ..Default::default()
         })
         .await
         .expect("release")
         .into_inner();
     let second = client
-        .release(pb::ReleaseRequest { lease_id })
+        .release(pb::ReleaseRequest {
+            lease_id,
+            ..Default::default()
+        })
         .await
         .expect("release again")
         .into_inner();
@@ -426,7 +437,11 @@ async fn inflight_reads_many_accounts_in_request_order(store: Store) {
 }
 
 async fn waiter_is_woken_by_a_release(store: Store) {
-    let server = TestServer::on(&store).await;
+    // Waiters poll every 2.5-7.5 s here, so only the release's wake-up can grant within 900 ms.
+    let mut settings = support::test_settings();
+    settings.wait_poll_initial = Duration::from_secs(5);
+    settings.wait_poll_max = Duration::from_secs(5);
+    let server = TestServer::start(store.backend_config(), settings).await;
     let (holder, answer) = LeaseStream::acquire(&server.client, acquire(151, 1)).await;
     assert!(answer.is_granted());
     let client = server.client.clone();
@@ -444,7 +459,7 @@ async fn waiter_is_woken_by_a_release(store: Store) {
     let (queued, answer) = waiter.await.expect("waiter task");
     assert!(answer.is_granted(), "{answer:?}");
     assert_eq!(queued, vec![1], "the waiter was told it queued");
-    // Woken by the release, not by a 1 s poll.
+    // Woken by the release, not by a poll (the first one is 2.5 s away at the earliest).
     assert!(
         released_at.elapsed() < Duration::from_millis(900),
         "{:?}",
@@ -606,4 +621,270 @@ async fn a_new_acquire_does_not_take_the_slot_a_waiter_is_waiting_for(store: Sto
         "woken by the newcomer's nudge, not its 1-3 s poll: {:?}",
         nudged.elapsed()
     );
+}
+
+fn lost_reason(event: Result<Option<pb::lease_event::Kind>, tonic::Status>) -> pb::LostReason {
+    match event {
+        Ok(Some(pb::lease_event::Kind::Lost(lost))) => lost.lost_reason(),
+        other => panic!("expected Lost, got {other:?}"),
+    }
+}
+
+async fn unary_release(server: &TestServer, lease_id: &str) -> bool {
+    let mut client = server.client.clone();
+    client
+        .release(pb::ReleaseRequest {
+            lease_id: lease_id.to_owned(),
+            ..Default::default()
+        })
+        .await
+        .expect("release")
+        .into_inner()
+        .released
+}
+
+/// Issue 12: on a limit of 1, L1 released by the unary RPC, L2 granted, then L1's holder
+/// heartbeats: it used to get `Renewed{restored}` and the account held 2 leases.
+async fn a_unary_release_is_not_undone_by_the_old_holders_heartbeat(store: Store) {
+    let server = TestServer::on(&store).await;
+    let (mut old, answer) = LeaseStream::acquire(&server.client, acquire(201, 1)).await;
+    let Answer::Granted(old_id) = answer else {
+        panic!("{answer:?}")
+    };
+    assert!(unary_release(&server, &old_id).await);
+    let (new, answer) = LeaseStream::acquire(&server.client, acquire(201, 1)).await;
+    assert!(answer.is_granted(), "{answer:?}");
+    assert_eq!(lost_reason(old.heartbeat().await), pb::LostReason::Released);
+    assert_eq!(inflight_one(&server.client, 201).await, 1);
+    // Released stays released: not resumable either, and the new lease is untouched.
+    let (_, resumed) = LeaseStream::resume(&server.client, &old_id, acquire(201, 1)).await;
+    assert_eq!(resumed, Answer::Lost(pb::LostReason::Released));
+    new.release(0.0).await;
+    assert_eq!(inflight_one(&server.client, 201).await, 0);
+    // Without a new grant in between, the old holder does not get the lease back either.
+    let (mut held, answer) = LeaseStream::acquire(&server.client, acquire(202, 1)).await;
+    let Answer::Granted(held_id) = answer else {
+        panic!("{answer:?}")
+    };
+    assert!(unary_release(&server, &held_id).await);
+    assert_eq!(
+        lost_reason(held.heartbeat().await),
+        pb::LostReason::Released
+    );
+    assert_eq!(inflight_one(&server.client, 202).await, 0);
+}
+
+/// A lease the backend lost comes back with its holder's heartbeat only while the account has
+/// room and the holder kept heartbeating: one silent for a whole ttl is told `Lost{EXPIRED}`
+/// (its slot may have gone to someone else, its release fence may have fallen).
+async fn a_lost_lease_comes_back_only_with_room_and_a_recent_heartbeat(store: Store) {
+    let mut settings = support::test_settings();
+    settings.lease_ttl = Duration::from_millis(800);
+    let server = TestServer::start(store.backend_config(), settings).await;
+    let (mut silent, answer) = LeaseStream::acquire(&server.client, acquire(211, 2)).await;
+    assert!(answer.is_granted());
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    assert_eq!(
+        lost_reason(silent.heartbeat().await),
+        pb::LostReason::Expired
+    );
+    assert_eq!(inflight_one(&server.client, 211).await, 0, "not re-added");
+    let Some(redis) = store.redis_server() else {
+        return;
+    };
+    // Redis loses the data under held leases: limit 1, a new grant took the slot.
+    let (mut old, answer) = LeaseStream::acquire(&server.client, acquire(212, 1)).await;
+    assert!(answer.is_granted());
+    let (mut roomy, answer) = LeaseStream::acquire(&server.client, acquire(213, 2)).await;
+    assert!(answer.is_granted());
+    redis.flush().await.expect("flush");
+    let (_newer, answer) = LeaseStream::acquire(&server.client, acquire(212, 1)).await;
+    assert!(answer.is_granted(), "{answer:?}");
+    assert_eq!(lost_reason(old.heartbeat().await), pb::LostReason::NoRoom);
+    assert_eq!(inflight_one(&server.client, 212).await, 1);
+    if let Some(policy) = server.admission.policy() {
+        // The lost leases (`silent`, `old`) left the held set: a later outage does not adopt
+        // them. `roomy` and `_newer` are held.
+        assert_eq!(policy.held_count(), 2);
+    }
+    // With room, the heartbeat restores its lease.
+    match roomy.heartbeat().await {
+        Ok(Some(pb::lease_event::Kind::Renewed(renewed))) => assert!(renewed.restored),
+        other => panic!("expected Renewed{{restored}}, got {other:?}"),
+    }
+    assert_eq!(inflight_one(&server.client, 213).await, 1);
+}
+
+/// The decision for a second `Resume` of a lease that is still held: granted, the last resume
+/// holds it, it stays one slot, and one release ends it for every stream.
+async fn a_second_resume_of_a_held_lease_takes_it_over_and_one_release_ends_it_for_all(
+    store: Store,
+) {
+    let server = TestServer::on(&store).await;
+    let terms = acquire(221, 1);
+    let (mut first, answer) = LeaseStream::acquire(&server.client, terms.clone()).await;
+    let Answer::Granted(lease_id) = answer else {
+        panic!("{answer:?}")
+    };
+    let (mut second, answer) = LeaseStream::resume(&server.client, &lease_id, terms.clone()).await;
+    assert_eq!(answer, Answer::Granted(lease_id.clone()));
+    let (third, answer) = LeaseStream::resume(&server.client, &lease_id, terms.clone()).await;
+    assert_eq!(answer, Answer::Granted(lease_id.clone()));
+    assert_eq!(inflight_one(&server.client, 221).await, 1, "still one slot");
+    // The earlier holders' streams ending do not cut the lease: the last resume holds it.
+    second
+        .send(pb::lease_request::Kind::Heartbeat(pb::Heartbeat {}))
+        .await;
+    assert!(matches!(
+        second.next_event().await,
+        Ok(Some(pb::lease_event::Kind::Renewed(_)))
+    ));
+    second.abandon();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        inflight_one(&server.client, 221).await,
+        1,
+        "not cut by a stale holder"
+    );
+    third.release(0.0).await;
+    assert_eq!(inflight_one(&server.client, 221).await, 0);
+    assert_eq!(
+        lost_reason(first.heartbeat().await),
+        pb::LostReason::Released
+    );
+    let (_, again) = LeaseStream::resume(&server.client, &lease_id, terms).await;
+    assert_eq!(again, Answer::Lost(pb::LostReason::Released));
+}
+
+/// The orphan reaper is a release path too: once the grace ran out the lease is fenced.
+async fn a_lease_reaped_after_the_orphan_grace_stays_released(store: Store) {
+    let server = TestServer::on(&store).await;
+    let terms = acquire(231, 1);
+    let (stream, answer) = LeaseStream::acquire(&server.client, terms.clone()).await;
+    let Answer::Granted(lease_id) = answer else {
+        panic!("{answer:?}")
+    };
+    stream.abandon();
+    eventually(Duration::from_secs(2), || async {
+        (inflight_one(&server.client, 231).await == 0).then_some(())
+    })
+    .await
+    .expect("reaped after the 300 ms grace");
+    let (_, answer) = LeaseStream::resume(&server.client, &lease_id, terms).await;
+    assert_eq!(answer, Answer::Lost(pb::LostReason::Released));
+    assert_eq!(inflight_one(&server.client, 231).await, 0);
+}
+
+/// Invariant 3: on one node the user RPM gate joins the account gates in one script, so a
+/// refusal at any gate is one round trip and writes nothing (it used to be a user charge, the
+/// account script and a refund: three, on every try).
+async fn a_refused_acquire_is_one_round_trip_and_writes_nothing(store: Store) {
+    let server = TestServer::on(&store).await;
+    let terms = |account| pb::Acquire {
+        user_id: Some("bob".into()),
+        user_rpm_limit: 5,
+        rpm_limit: 100,
+        ..acquire(account, 1)
+    };
+    let (_held, answer) = LeaseStream::acquire(&server.client, terms(241)).await;
+    assert!(answer.is_granted());
+    let round_trips = || server.admission.policy().map(|p| p.redis_round_trips());
+    let before = round_trips();
+    const REFUSALS: u64 = 20;
+    for _ in 0..REFUSALS {
+        let (_, refused) = LeaseStream::acquire(&server.client, terms(241)).await;
+        assert_eq!(refused.denied_reason(), Some(pb::DenyReason::Concurrency));
+    }
+    if let (Some(before), Some(after)) = (before, round_trips()) {
+        // The replica registry heartbeats once a second on its own: allow two of those.
+        assert!(
+            after - before <= REFUSALS + 2,
+            "{} round trips for {REFUSALS} refusals",
+            after - before
+        );
+    }
+    if let Some(redis) = store.redis_server() {
+        let mut conn = redis.client().await.expect("redis client");
+        let user_events: u32 = redis::cmd("ZCARD")
+            .arg(poolgate_proto::keys::user_rpm("bob"))
+            .query_async(&mut conn)
+            .await
+            .expect("zcard");
+        let account_events: u32 = redis::cmd("ZCARD")
+            .arg(poolgate_proto::keys::AccountKeys::new(241).rpm)
+            .query_async(&mut conn)
+            .await
+            .expect("zcard");
+        assert_eq!(
+            (user_events, account_events),
+            (1, 1),
+            "refusals wrote nothing"
+        );
+    }
+    // The user's budget is intact: 4 more requests on other accounts, then the user gate.
+    for account in 242..246 {
+        let (_, answer) = LeaseStream::acquire(&server.client, terms(account)).await;
+        assert!(answer.is_granted(), "{answer:?}");
+    }
+    let (_, answer) = LeaseStream::acquire(&server.client, terms(246)).await;
+    assert_eq!(answer.denied_reason(), Some(pb::DenyReason::UserRpm));
+    assert_eq!(inflight_one(&server.client, 246).await, 0);
+}
+
+/// `ReleaseRequest.spend_usd`: a holder whose stream broke releases by id and keeps its spend.
+async fn a_unary_release_keeps_the_spend(store: Store) {
+    let server = TestServer::on(&store).await;
+    let terms = pb::Acquire {
+        session_window_limit_usd: 10.0,
+        ..acquire(251, 1)
+    };
+    let (_stream, answer) = LeaseStream::acquire(&server.client, terms).await;
+    let Answer::Granted(lease_id) = answer else {
+        panic!("{answer:?}")
+    };
+    let mut client = server.client.clone();
+    let released = client
+        .release(pb::ReleaseRequest {
+            lease_id,
+            spend_usd: 2.5,
+        })
+        .await
+        .expect("release")
+        .into_inner();
+    assert!(released.released);
+    assert_eq!(record_spend(&server.client, 251, 0.0).await, 2.5);
+    assert_eq!(inflight_one(&server.client, 251).await, 0);
+}
+
+/// Attempt event ids are unique across resumes: a resumed stream counts its attempts from 1
+/// again, and the same event id would have been charged once for two upstream calls.
+async fn attempts_after_a_resume_are_charged_as_new_events(store: Store) {
+    let server = TestServer::on(&store).await;
+    let terms = pb::Acquire {
+        rpm_limit: 3,
+        ..acquire(261, 1)
+    };
+    let (mut first, answer) = LeaseStream::acquire(&server.client, terms.clone()).await;
+    let Answer::Granted(lease_id) = answer else {
+        panic!("{answer:?}")
+    };
+    assert!(matches!(
+        first.attempt().await,
+        Ok(Some(pb::lease_event::Kind::AttemptAccepted(_)))
+    ));
+    first.abandon();
+    let (mut resumed, answer) = LeaseStream::resume(&server.client, &lease_id, terms).await;
+    assert!(answer.is_granted(), "{answer:?}");
+    assert!(matches!(
+        resumed.attempt().await,
+        Ok(Some(pb::lease_event::Kind::AttemptAccepted(_)))
+    ));
+    // The acquire and two attempts used the budget of 3.
+    match resumed.attempt().await {
+        Ok(Some(pb::lease_event::Kind::Denied(denied))) => {
+            assert_eq!(denied.reason(), pb::DenyReason::Rpm)
+        }
+        other => panic!("expected Denied(rpm), got {other:?}"),
+    }
+    resumed.release(0.0).await;
 }

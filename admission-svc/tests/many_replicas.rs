@@ -73,6 +73,9 @@ async fn client(
             Ok((_, Answer::Denied(reason, _))) => {
                 return Err(format!("denied {reason:?} despite a long wait"));
             }
+            Ok((_, Answer::Lost(reason))) => {
+                return Err(format!("an acquire answered lost {reason:?}"));
+            }
             // The replica went away mid-stream or refused the connection: next one.
             Ok((_, Answer::Error(..))) | Err(_) => replica += 1,
         }

@@ -235,3 +235,54 @@ async fn cluster_serves_accounts_on_different_slots() {
     let (_, answer) = LeaseStream::acquire(&server.client, acquire(312, 1)).await;
     assert!(matches!(answer, Answer::Granted(_)));
 }
+
+/// Invariant 3 on a Cluster, where the user's key is in another slot than the account's: the
+/// user is charged once per acquire (not once per wait poll), and the charge is refunded when
+/// the wait ends without a lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_a_waiting_acquire_charges_the_user_once_and_refunds_a_refusal() {
+    let cluster = RedisCluster::start().await.expect("cluster");
+    let backend = BackendConfig::Redis {
+        target: RedisTarget::parse(&cluster.url()).expect("cluster url"),
+        options: RedisOptions::default(),
+        policy: Default::default(),
+    };
+    let server = TestServer::start(backend, support::test_settings()).await;
+    let terms = |wait_ms| pb::Acquire {
+        user_id: Some("carol".into()),
+        user_rpm_limit: 3,
+        wait_ms,
+        ..acquire(321, 1)
+    };
+    let (holder, answer) = LeaseStream::acquire(&server.client, terms(0)).await;
+    assert!(answer.is_granted());
+    let client = redis::cluster::ClusterClient::new(cluster.node_urls()).expect("cluster client");
+    let mut conn = client
+        .get_async_connection()
+        .await
+        .expect("cluster connection");
+    let user_key = poolgate_proto::keys::user_rpm("carol");
+    // Refused after polling for 700 ms (the slot stays taken): nothing left charged.
+    let (_, refused) = LeaseStream::acquire(&server.client, terms(700)).await;
+    assert_eq!(refused.denied_reason(), Some(pb::DenyReason::Concurrency));
+    let events: u32 = redis::cmd("ZCARD")
+        .arg(&user_key)
+        .query_async(&mut conn)
+        .await
+        .expect("zcard");
+    assert_eq!(events, 1, "only the holder's request is charged");
+    // A waiter granted after many polls is charged once.
+    let client_for_waiter = server.client.clone();
+    let waiter =
+        tokio::spawn(async move { LeaseStream::acquire(&client_for_waiter, terms(5_000)).await });
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    holder.release(0.0).await;
+    let (_held, answer) = waiter.await.expect("waiter");
+    assert!(answer.is_granted(), "{answer:?}");
+    let events: u32 = redis::cmd("ZCARD")
+        .arg(&user_key)
+        .query_async(&mut conn)
+        .await
+        .expect("zcard");
+    assert_eq!(events, 2, "two requests granted, each charged once");
+}

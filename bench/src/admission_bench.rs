@@ -119,7 +119,11 @@ async fn bare_scripts(backend: Arc<RedisBackend>, args: &Args) -> Sample {
                 let lease = LeaseId::new(account, &format!("bench{worker}"), sequence);
                 let start = Instant::now();
                 let acquired = backend.acquire(&terms(account), &lease, limits).await;
-                let released = backend.release(&lease, 0, limits.session_window_ms).await;
+                // The release fence lives a ttl plus the default orphan grace, as in the engine.
+                let fence_ms = limits.ttl_ms + 5_000;
+                let released = backend
+                    .release(&lease, 0, limits.session_window_ms, fence_ms)
+                    .await;
                 match (acquired, released) {
                     (Ok(None), Ok(_)) => micros.push(start.elapsed().as_micros() as u64),
                     other => {

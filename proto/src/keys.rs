@@ -25,6 +25,10 @@ pub struct AccountKeys {
     /// HASH: lease id -> holder epoch, for leases that were resumed: a stream that ended only
     /// orphans the lease if it is still the current holder.
     pub holders: String,
+    /// ZSET: member = lease id, score = release fence expiry (ms). Leases ended by a `Release`
+    /// (stream or unary) or the orphan grace: no heartbeat or resume brings them back while the
+    /// fence is up (at least a lease ttl plus the orphan grace).
+    pub released: String,
 }
 
 impl AccountKeys {
@@ -37,6 +41,7 @@ impl AccountKeys {
             waiters: format!("{tag}:waiters"),
             window: format!("{tag}:window"),
             holders: format!("{tag}:holders"),
+            released: format!("{tag}:released"),
         }
     }
 

@@ -16,9 +16,12 @@ pub struct Metrics {
     pub failovers: IntCounterVec,
     pub same_account_retries: IntCounter,
     pub client_disconnects: IntCounter,
-    /// relay_lease_lost_total: lease streams that broke and could not be resumed (the upstream
-    /// call finished anyway).
-    pub leases_lost: IntCounter,
+    /// relay_lease_lost_total{reason}: leases lost while their request ran (the upstream call
+    /// finished anyway): `released`, `no_room`, `expired` (admission answered `Lost`; never
+    /// resumed),
+    /// `not_resumed` (the stream broke or the backend was unavailable, and no replica resumed
+    /// it).
+    pub leases_lost: IntCounterVec,
     /// relay_lease_resumed_total: lease streams that broke and were resumed on a replica.
     pub leases_resumed: IntCounter,
     pub spend_micros: IntCounter,
@@ -90,9 +93,10 @@ impl Metrics {
                 "relay_client_disconnects_total",
                 "Streams the client left before the end (upstream call cancelled, lease released).",
             ),
-            leases_lost: counter(
+            leases_lost: counter_vec(
                 "relay_lease_lost_total",
-                "Lease streams that broke and could not be resumed; the upstream call finished anyway.",
+                "Leases lost while their request ran, by reason (released, no_room, expired, not_resumed); the upstream call finished anyway.",
+                &["reason"],
             ),
             leases_resumed: counter(
                 "relay_lease_resumed_total",

@@ -664,6 +664,10 @@ async fn answer(events: &mut Events) -> Result<Result<apb::Granted, Denial>, ton
                     denied.retry_after_ms,
                 )));
             }
+            // The answer to a `Resume` of a released lease: it is gone for good.
+            Some(Ok(apb::LeaseEvent {
+                kind: Some(apb::lease_event::Kind::Lost(_)),
+            })) => return Ok(Err(Denial::new(DenyReason::LeaseUnknown, 0))),
             Some(Ok(_)) => return Err(tonic::Status::internal("unexpected lease event")),
             Some(Err(status)) => return Err(status),
             None => {
@@ -850,12 +854,14 @@ impl Keeper {
                     Some(Command::Attempt(reply)) => {
                         let _ = reply.send(true);
                     }
-                    Some(Command::Release(_, reply)) => {
+                    Some(Command::Release(spend, reply)) => {
+                        // No stream carried this release: the unary one keeps the spend.
                         let _ = self
                             .client
                             .clone()
                             .release(apb::ReleaseRequest {
                                 lease_id: self.lease_id.clone(),
+                                spend_usd: spend_usd(spend),
                             })
                             .await;
                         let _ = reply.send(());
@@ -873,7 +879,10 @@ impl Keeper {
                 }
                 event = events.next() => match event {
                     Some(Ok(apb::LeaseEvent { kind: Some(apb::lease_event::Kind::Renewed(_)) })) => {}
-                    Some(Ok(apb::LeaseEvent { kind: Some(apb::lease_event::Kind::Lost(_)) })) | Some(Err(_)) | None => {
+                    Some(Ok(apb::LeaseEvent { kind: Some(apb::lease_event::Kind::Lost(lost)) })) => {
+                        stream = self.lost(lost.lost_reason()).await;
+                    }
+                    Some(Err(_)) | None => {
                         stream = self.resume().await;
                     }
                     Some(Ok(_)) => {}
@@ -882,8 +891,8 @@ impl Keeper {
                     let (kind, reply) = match command {
                         Some(Command::Attempt(reply)) => (apb::lease_request::Kind::Attempt(apb::Attempt {}), Reply::Attempt(reply)),
                         Some(Command::Release(spend, reply)) => (
-                            apb::lease_request::Kind::Release(apb::Release { spend_usd: if spend.is_finite() { spend.max(0.0) } else { 0.0 } }),
-                            Reply::Release(reply),
+                            apb::lease_request::Kind::Release(apb::Release { spend_usd: spend_usd(spend) }),
+                            Reply::Release(reply, spend_usd(spend)),
                         ),
                         // The holder dropped the lease without releasing: release it now.
                         None => (apb::lease_request::Kind::Release(apb::Release { spend_usd: 0.0 }), Reply::Dropped),
@@ -894,17 +903,25 @@ impl Keeper {
                         Reply::Attempt(reply) => {
                             // Unknown (stream trouble) counts as accepted: the request goes on.
                             let _ = reply.send(!matches!(answer, Some(Answer::Refused)));
+                            if let Some(Answer::Lost(reason)) = answer {
+                                stream = self.lost(reason).await;
+                            }
                         }
-                        Reply::Release(reply) => {
-                            if answer.is_none() {
-                                let _ = self.client.clone().release(apb::ReleaseRequest { lease_id: self.lease_id.clone() }).await;
+                        Reply::Release(reply, spend) => {
+                            if !matches!(answer, Some(Answer::Accepted)) {
+                                // A release that went out on the stream without an answer may
+                                // have landed with its spend; one that never went out, or that
+                                // the stream's `Lost` overtook, did not: the unary one carries it.
+                                let landed_maybe = sent && answer.is_none();
+                                let spend_usd = if landed_maybe { 0.0 } else { spend };
+                                let _ = self.client.clone().release(apb::ReleaseRequest { lease_id: self.lease_id.clone(), spend_usd }).await;
                             }
                             let _ = reply.send(());
                             return;
                         }
                         Reply::Dropped => {
-                            if answer.is_none() {
-                                let _ = self.client.clone().release(apb::ReleaseRequest { lease_id: self.lease_id.clone() }).await;
+                            if !matches!(answer, Some(Answer::Accepted)) {
+                                let _ = self.client.clone().release(apb::ReleaseRequest { lease_id: self.lease_id.clone(), spend_usd: 0.0 }).await;
                             }
                             return;
                         }
@@ -919,12 +936,17 @@ impl Keeper {
         loop {
             match tokio::time::timeout(Duration::from_secs(5), events.next()).await {
                 Ok(Some(Ok(apb::LeaseEvent { kind: Some(kind) }))) => match kind {
-                    apb::lease_event::Kind::Renewed(_) | apb::lease_event::Kind::Queued(_) => {
+                    apb::lease_event::Kind::Renewed(_)
+                    | apb::lease_event::Kind::NotRenewed(_)
+                    | apb::lease_event::Kind::Queued(_) => {
                         continue;
                     }
                     apb::lease_event::Kind::AttemptAccepted(_)
                     | apb::lease_event::Kind::Released(_) => return Some(Answer::Accepted),
                     apb::lease_event::Kind::Denied(_) => return Some(Answer::Refused),
+                    apb::lease_event::Kind::Lost(lost) => {
+                        return Some(Answer::Lost(lost.lost_reason()));
+                    }
                     _ => return None,
                 },
                 _ => return None,
@@ -932,8 +954,30 @@ impl Keeper {
         }
     }
 
+    /// Admission answered `Lost`. A released lease, or one the backend lost with no room left
+    /// for it, is not resumed (resuming would take a slot that went to someone else); the
+    /// request finishes anyway. A backend outage is resumed elsewhere.
+    async fn lost(
+        &self,
+        reason: apb::LostReason,
+    ) -> Option<(mpsc::Sender<apb::LeaseRequest>, Events)> {
+        let label = match reason {
+            apb::LostReason::Released => "released",
+            apb::LostReason::NoRoom => "no_room",
+            apb::LostReason::Expired => "expired",
+            // An older admission sends no reason: it only ever meant an outage.
+            apb::LostReason::BackendUnavailable | apb::LostReason::Unspecified => {
+                return self.resume().await;
+            }
+        };
+        tracing::warn!(lease_id = %self.lease_id, reason = label, "lease lost; not resumed");
+        self.metrics.leases_lost.with_label_values(&[label]).inc();
+        None
+    }
+
     /// Resumes the lease on any admission replica within the orphan grace; `None` when it cannot
-    /// (the upstream call finishes anyway, counted in a metric).
+    /// (the upstream call finishes anyway, counted in a metric). A released lease answers the
+    /// resume with `Lost` (read as a refusal by `answer`).
     async fn resume(&self) -> Option<(mpsc::Sender<apb::LeaseRequest>, Events)> {
         // Within half the ttl: the lease outlives its broken stream by the orphan grace (or the
         // ttl since the last heartbeat); a replica that just died takes a moment to be skipped.
@@ -958,20 +1002,35 @@ impl Keeper {
             }
         }
         tracing::warn!(lease_id = %self.lease_id, "lease lost: stream broke and could not be resumed");
-        self.metrics.leases_lost.inc();
+        self.metrics
+            .leases_lost
+            .with_label_values(&["not_resumed"])
+            .inc();
         None
     }
 }
 
 enum Reply {
     Attempt(oneshot::Sender<bool>),
-    Release(oneshot::Sender<()>),
+    /// With the spend, for a unary release if the stream one got no answer.
+    Release(oneshot::Sender<()>, f64),
     Dropped,
+}
+
+/// A spend admission accepts: finite and >= 0.
+fn spend_usd(spend: f64) -> f64 {
+    if spend.is_finite() {
+        spend.max(0.0)
+    } else {
+        0.0
+    }
 }
 
 enum Answer {
     Accepted,
     Refused,
+    /// The stream ended with `Lost` before the command's answer (the command was not served).
+    Lost(apb::LostReason),
 }
 
 struct RemoteLease {

@@ -161,6 +161,17 @@ impl RedisServer {
         self.spawn().await
     }
 
+    /// Drops every key (`FLUSHALL`): the data loss of an eviction or a restart, on a server
+    /// that keeps running (connections survive).
+    pub async fn flush(&self) -> HarnessResult<()> {
+        let mut conn = self.client().await?;
+        redis::cmd("FLUSHALL")
+            .query_async::<String>(&mut conn)
+            .await
+            .map(|_| ())
+            .map_err(|e| format!("flushall on {}: {e}", self.url()))
+    }
+
     /// A plain client connection, for the test's own reads.
     pub async fn client(&self) -> HarnessResult<redis::aio::MultiplexedConnection> {
         let client = redis::Client::open(self.url()).map_err(|e| e.to_string())?;
@@ -255,6 +266,33 @@ impl RedisCluster {
 
     pub fn node_urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// Restarts master `n` empty (SIGKILL, then the same port and `nodes.conf`, so it comes back
+    /// with its slots), and waits until the cluster is ok again.
+    pub async fn restart_node(&mut self, n: usize) -> HarnessResult<()> {
+        let node = self
+            .nodes
+            .get_mut(n)
+            .ok_or_else(|| format!("no node {n}"))?;
+        node.restart().await?;
+        for url in self.node_urls() {
+            eventually(Duration::from_secs(20), || {
+                let url = url.clone();
+                async move { cluster_ok(&url).await.then_some(()) }
+            })
+            .await
+            .map_err(|e| format!("cluster_state never became ok again: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// Drops every key on every master (the cluster keeps its slots and connections).
+    pub async fn flush(&self) -> HarnessResult<()> {
+        for node in &self.nodes {
+            node.flush().await?;
+        }
+        Ok(())
     }
 }
 

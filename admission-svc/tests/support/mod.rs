@@ -174,6 +174,8 @@ pub struct LeaseStream {
 pub enum Answer {
     Granted(String),
     Denied(pb::DenyReason, u64),
+    /// A `Resume` of a released lease.
+    Lost(pb::LostReason),
     Error(tonic::Code, String),
 }
 
@@ -257,6 +259,9 @@ impl LeaseStream {
                 }
                 Ok(Some(pb::lease_event::Kind::Denied(denied))) => {
                     return Answer::Denied(denied.reason(), denied.retry_after_ms);
+                }
+                Ok(Some(pb::lease_event::Kind::Lost(lost))) => {
+                    return Answer::Lost(lost.lost_reason());
                 }
                 Ok(other) => panic!("unexpected answer to acquire: {other:?}"),
                 Err(status) => return Answer::Error(status.code(), status.message().to_owned()),

@@ -1,0 +1,968 @@
+//! The randomized model test of the lease invariants (issue 12, ARCHITECTURE "Invariants").
+//!
+//! Three admission replicas over one shared store (the memory backend, one real Redis, a
+//! 3-master Redis Cluster) are driven through their gRPC API by a random sequence of holder
+//! operations: acquires (at once and waiting), heartbeats, stream and unary releases, dropped
+//! streams, resumes on another replica, attempts, time passing beyond the orphan grace and the
+//! ttl, Redis flushes, and replicas killed. After every step the store is checked against a
+//! small reference model:
+//!
+//! - live leases ≤ the concurrency limit on every account (no grant at or over the limit);
+//! - a lease released while the store kept its data is never renewed or resumed again;
+//! - nothing phantom: the store never counts more live leases than the model allows (granted,
+//!   not released, renewed less than a ttl ago), and never resumes a lease that surely expired.
+//!
+//! Every run prints its seed; a failure prints the seed and the operation sequence. Replay with
+//! `POOLGATE_MODEL_SEED=<seed>`; bound the wall time per backend with `POOLGATE_MODEL_SECS`
+//! (default 40). A failing sequence worth keeping becomes a plain test calling [`replay`].
+//!
+//! The driver reaches the replicas only through their published API: `Holder` wraps one lease
+//! stream, and `Op::Acquire`/`Op::Resume` open one. Another lease path (the planned multiplexed
+//! lease channel) plugs in by giving `Holder` (acquire, heartbeat, attempt, release, drop) and
+//! those two operations another transport; the model and the checks stay as they are.
+
+mod support;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use admission_svc::admission::Admission;
+use admission_svc::backend::LeaseBackend;
+use admission_svc::domain::Settings;
+use admission_svc::memory::MemoryBackend;
+use admission_svc::metrics::Metrics;
+use admission_svc::redis_conn::{RedisOptions, RedisTarget};
+use admission_svc::server::{self, BackendConfig, Config};
+use poolgate_proto::admission::v1 as pb;
+use poolgate_testkit::{RedisCluster, RedisServer};
+use support::{Answer, Client, LeaseStream, connect};
+use tokio::sync::oneshot;
+
+const REPLICAS: usize = 3;
+/// Concurrency limit of each account of a run.
+const LIMITS: [i32; 2] = [1, 2];
+const OPS_PER_RUN: usize = 40;
+/// Clock granularity between the model's `Instant` and the store's millisecond clock.
+const SLACK: Duration = Duration::from_millis(25);
+
+fn model_settings() -> Settings {
+    Settings {
+        lease_ttl: Duration::from_millis(900),
+        orphan_grace: Duration::from_millis(150),
+        wait_poll_initial: Duration::from_millis(20),
+        wait_poll_max: Duration::from_millis(100),
+        ..Settings::default()
+    }
+}
+
+/// The shared store under the replicas.
+pub enum Store {
+    Memory(Arc<MemoryBackend>),
+    Redis(RedisServer),
+    Cluster(RedisCluster),
+}
+
+impl Store {
+    pub async fn memory() -> Self {
+        Store::Memory(Arc::new(MemoryBackend::new()))
+    }
+
+    pub async fn redis() -> Self {
+        Store::Redis(RedisServer::start().await.expect("redis starts"))
+    }
+
+    pub async fn cluster() -> Self {
+        Store::Cluster(RedisCluster::start().await.expect("cluster starts"))
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Store::Memory(_) => "memory",
+            Store::Redis(_) => "redis",
+            Store::Cluster(_) => "cluster",
+        }
+    }
+
+    /// Restarts Redis empty (on the Cluster: one master, which comes back with its slots);
+    /// connections break, the replicas go through their failure policy (`open`) and recover.
+    /// `false` on memory.
+    async fn restart(&mut self) -> bool {
+        match self {
+            Store::Redis(server) => {
+                server.restart().await.expect("redis restarts");
+                true
+            }
+            Store::Cluster(cluster) => {
+                let node = fastrand::usize(0..3);
+                cluster
+                    .restart_node(node)
+                    .await
+                    .expect("cluster node restarts");
+                true
+            }
+            Store::Memory(_) => false,
+        }
+    }
+
+    /// Drops all data; `false` when the store cannot lose data (memory).
+    async fn flush(&self) -> bool {
+        match self {
+            Store::Memory(_) => false,
+            Store::Redis(server) => {
+                server.flush().await.expect("flush");
+                true
+            }
+            Store::Cluster(cluster) => {
+                cluster.flush().await.expect("flush");
+                true
+            }
+        }
+    }
+
+    async fn engine(&self, settings: &Settings) -> (Arc<Admission>, Config) {
+        let target = match self {
+            Store::Memory(backend) => {
+                let backend: Arc<dyn LeaseBackend> = backend.clone();
+                let config = Config {
+                    settings: settings.clone(),
+                    backend: BackendConfig::Memory,
+                    shutdown_grace: Duration::ZERO,
+                    ..Config::default()
+                };
+                let engine = Admission::new(backend, settings.clone(), Metrics::new());
+                return (engine, config);
+            }
+            Store::Redis(server) => RedisTarget::Single(server.url()),
+            Store::Cluster(cluster) => RedisTarget::parse(&cluster.url()).expect("cluster url"),
+        };
+        let config = Config {
+            settings: settings.clone(),
+            backend: BackendConfig::Redis {
+                target,
+                options: RedisOptions::default(),
+                policy: Default::default(),
+            },
+            shutdown_grace: Duration::ZERO,
+            ..Config::default()
+        };
+        let engine = server::build_admission(&config, Metrics::new())
+            .await
+            .expect("admission builds");
+        (engine, config)
+    }
+}
+
+/// One admission replica serving gRPC on port 0; `kill` drops its connections at once.
+pub struct Replica {
+    pub admission: Arc<Admission>,
+    pub client: Client,
+    stop: Option<oneshot::Sender<()>>,
+}
+
+impl Replica {
+    async fn start(store: &Store, settings: &Settings) -> Self {
+        let (admission, config) = store.engine(settings).await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let serving = admission.clone();
+        tokio::spawn(async move {
+            let shutdown = async {
+                let _ = stopped.await;
+            };
+            let _ = server::serve(serving, &config, listener, None, shutdown).await;
+        });
+        let client = connect(addr).await;
+        Replica {
+            admission,
+            client,
+            stop: Some(stop),
+        }
+    }
+
+    /// Shutdown with a zero grace: the open lease streams break.
+    fn kill(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// One step of a run. Leases are named by their grant order in the run; an operation on a
+/// lease (or stream) that does not exist or is in the wrong state is skipped.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Op {
+    Acquire {
+        replica: usize,
+        account: usize,
+        wait_ms: u32,
+    },
+    Heartbeat {
+        lease: usize,
+        stream: usize,
+    },
+    /// `Release` on the lease's stream.
+    StreamRelease {
+        lease: usize,
+        stream: usize,
+    },
+    /// The unary `Release` RPC, from any replica.
+    UnaryRelease {
+        lease: usize,
+        replica: usize,
+    },
+    /// The holder goes away without `Release`.
+    Drop {
+        lease: usize,
+        stream: usize,
+    },
+    Resume {
+        lease: usize,
+        replica: usize,
+    },
+    Attempt {
+        lease: usize,
+        stream: usize,
+    },
+    Sleep {
+        ms: u64,
+    },
+    Flush,
+    /// Redis restarts empty: an outage, the `open` fallback, and recovery.
+    Restart,
+    KillReplica {
+        replica: usize,
+    },
+}
+
+impl Op {
+    fn name(&self) -> &'static str {
+        match self {
+            Op::Acquire { .. } => "acquire",
+            Op::Heartbeat { .. } => "heartbeat",
+            Op::StreamRelease { .. } => "stream_release",
+            Op::UnaryRelease { .. } => "unary_release",
+            Op::Drop { .. } => "drop",
+            Op::Resume { .. } => "resume",
+            Op::Attempt { .. } => "attempt",
+            Op::Sleep { .. } => "sleep",
+            Op::Flush => "flush",
+            Op::Restart => "restart",
+            Op::KillReplica { .. } => "kill_replica",
+        }
+    }
+
+    fn random(rng: &mut fastrand::Rng, leases: usize) -> Op {
+        let lease = if leases == 0 {
+            0
+        } else {
+            // Recent leases more often: they are the ones still held.
+            let recent = leases.saturating_sub(4);
+            if rng.bool() {
+                rng.usize(recent..leases)
+            } else {
+                rng.usize(0..leases)
+            }
+        };
+        let stream = rng.usize(0..2);
+        let replica = rng.usize(0..REPLICAS);
+        match rng.u32(0..100) {
+            0..=21 => Op::Acquire {
+                replica,
+                account: rng.usize(0..LIMITS.len()),
+                wait_ms: if rng.u32(0..4) == 0 { 300 } else { 0 },
+            },
+            22..=43 => Op::Heartbeat { lease, stream },
+            44..=51 => Op::StreamRelease { lease, stream },
+            52..=59 => Op::UnaryRelease { lease, replica },
+            60..=67 => Op::Drop { lease, stream },
+            68..=77 => Op::Resume { lease, replica },
+            78..=82 => Op::Attempt { lease, stream },
+            83..=92 => Op::Sleep {
+                ms: [60, 200, 1000][rng.usize(0..3)],
+            },
+            93..=95 => Op::Flush,
+            96 => Op::Restart,
+            _ => Op::KillReplica { replica },
+        }
+    }
+}
+
+/// A violated invariant.
+#[derive(Debug)]
+pub struct Violation(String);
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+macro_rules! violation {
+    ($($arg:tt)*) => { return Err(Violation(format!($($arg)*))) };
+}
+
+/// One open lease stream of the model.
+struct Holder {
+    replica: usize,
+    stream: LeaseStream,
+}
+
+/// What the model knows of one granted lease.
+struct ModelLease {
+    id: String,
+    account: usize,
+    holders: Vec<Holder>,
+    /// Released (by a stream or unary release) in this data generation: never live again.
+    released_in: Option<u64>,
+    /// The last moment the store may have set its expiry (a grant, renewal or resume answered
+    /// then): it is surely expired a ttl later.
+    renewed_at: Instant,
+}
+
+/// The reference model and the system under test for one run.
+pub struct Run<'a> {
+    store: &'a mut Store,
+    replicas: &'a mut Vec<Replica>,
+    settings: &'a Settings,
+    accounts: [i64; LIMITS.len()],
+    leases: Vec<ModelLease>,
+    /// Bumped on every flush: releases of older generations are no longer fenced.
+    generation: u64,
+    /// Redis restarted in this run: under the `open` policy the replicas admitted on their own
+    /// (up to the limit each, adopting what their holders say is running), so from here on only
+    /// the answers' protocol is checked; `Harness::run` waits for every replica's recovery
+    /// before the next run. (Recovery itself is held by the failure_policy tests.)
+    outage: bool,
+    /// Operations applied (not skipped), by kind.
+    applied: HashMap<&'static str, usize>,
+}
+
+fn terms(account_id: i64, limit: i32, wait_ms: u32) -> pb::Acquire {
+    pb::Acquire {
+        account_id,
+        concurrency_limit: limit,
+        rpm_limit: 10_000,
+        wait_ms,
+        ..Default::default()
+    }
+}
+
+impl<'a> Run<'a> {
+    fn new(
+        store: &'a mut Store,
+        replicas: &'a mut Vec<Replica>,
+        settings: &'a Settings,
+        first_account: i64,
+    ) -> Self {
+        Run {
+            store,
+            replicas,
+            settings,
+            accounts: [first_account, first_account + 1],
+            leases: Vec::new(),
+            generation: 0,
+            outage: false,
+            applied: HashMap::new(),
+        }
+    }
+
+    fn ttl(&self) -> Duration {
+        self.settings.lease_ttl
+    }
+
+    fn fenced(&self, lease: usize) -> bool {
+        !self.outage && self.leases[lease].released_in == Some(self.generation)
+    }
+
+    fn pick_holder(&mut self, lease: usize, stream: usize) -> Option<(usize, usize)> {
+        let found = self.leases.get(lease)?;
+        if found.holders.is_empty() {
+            return None;
+        }
+        Some((lease, stream % found.holders.len()))
+    }
+
+    /// Applies one operation; `Ok(false)` when it was skipped (no such lease or stream).
+    async fn step(&mut self, op: &Op) -> Result<bool, Violation> {
+        match *op {
+            Op::Acquire {
+                replica,
+                account,
+                wait_ms,
+            } => {
+                let client = self.replicas[replica].client.clone();
+                let acquire = terms(self.accounts[account], LIMITS[account], wait_ms);
+                let Ok((stream, answer)) =
+                    LeaseStream::try_open(&client, pb::lease_request::Kind::Acquire(acquire)).await
+                else {
+                    return Ok(false);
+                };
+                if let Answer::Granted(id) = answer {
+                    self.leases.push(ModelLease {
+                        id,
+                        account,
+                        holders: vec![Holder { replica, stream }],
+                        released_in: None,
+                        renewed_at: Instant::now(),
+                    });
+                }
+            }
+            Op::Heartbeat { lease, stream } => {
+                let Some((lease, stream)) = self.pick_holder(lease, stream) else {
+                    return Ok(false);
+                };
+                let event = self.leases[lease].holders[stream].stream.heartbeat().await;
+                match event {
+                    Ok(Some(pb::lease_event::Kind::Renewed(_))) => {
+                        if self.fenced(lease) {
+                            violation!(
+                                "released lease {} renewed by its old holder",
+                                self.leases[lease].id
+                            );
+                        }
+                        self.leases[lease].released_in = None;
+                        self.leases[lease].renewed_at = Instant::now();
+                    }
+                    // The backend did not answer (not with `open` on Redis, which falls back).
+                    Ok(Some(pb::lease_event::Kind::NotRenewed(_))) => {}
+                    Ok(Some(pb::lease_event::Kind::Lost(_))) => {
+                        self.leases[lease].holders.remove(stream);
+                    }
+                    // No answer: the renewal may have gone through (the model stays an upper
+                    // bound).
+                    Ok(None) | Err(_) => {
+                        self.leases[lease].holders.remove(stream);
+                        self.leases[lease].renewed_at = Instant::now();
+                    }
+                    Ok(Some(other)) => violation!("heartbeat answered {other:?}"),
+                }
+            }
+            Op::StreamRelease { lease, stream } => {
+                let Some((lease, stream)) = self.pick_holder(lease, stream) else {
+                    return Ok(false);
+                };
+                let mut holder = self.leases[lease].holders.remove(stream);
+                holder
+                    .stream
+                    .send(pb::lease_request::Kind::Release(pb::Release {
+                        spend_usd: 0.0,
+                    }))
+                    .await;
+                if let Ok(Some(pb::lease_event::Kind::Released(_))) =
+                    holder.stream.next_event().await
+                {
+                    self.leases[lease].released_in = Some(self.generation);
+                }
+            }
+            Op::UnaryRelease { lease, replica } => {
+                let Some(id) = self.leases.get(lease).map(|l| l.id.clone()) else {
+                    return Ok(false);
+                };
+                let mut client = self.replicas[replica].client.clone();
+                if client
+                    .release(pb::ReleaseRequest {
+                        lease_id: id,
+                        ..Default::default()
+                    })
+                    .await
+                    .is_ok()
+                {
+                    self.leases[lease].released_in = Some(self.generation);
+                }
+            }
+            Op::Drop { lease, stream } => {
+                let Some((lease, stream)) = self.pick_holder(lease, stream) else {
+                    return Ok(false);
+                };
+                self.leases[lease].holders.remove(stream).stream.abandon();
+            }
+            Op::Resume { lease, replica } => {
+                let Some(found) = self.leases.get(lease) else {
+                    return Ok(false);
+                };
+                let account = found.account;
+                let resume = pb::lease_request::Kind::Resume(pb::Resume {
+                    lease_id: found.id.clone(),
+                    terms: Some(terms(self.accounts[account], LIMITS[account], 0)),
+                });
+                let sent_at = Instant::now();
+                let client = self.replicas[replica].client.clone();
+                let Ok((stream, answer)) = LeaseStream::try_open(&client, resume).await else {
+                    // The resume may have been applied before the call failed.
+                    self.leases[lease].renewed_at = Instant::now();
+                    return Ok(false);
+                };
+                if let Answer::Error(..) = answer {
+                    self.leases[lease].renewed_at = Instant::now();
+                }
+                if answer.is_granted() {
+                    if self.fenced(lease) {
+                        violation!("released lease {} resumed", self.leases[lease].id);
+                    }
+                    if !self.outage && self.leases[lease].renewed_at + self.ttl() + SLACK < sent_at
+                    {
+                        violation!("expired lease {} resumed", self.leases[lease].id);
+                    }
+                    self.leases[lease].renewed_at = Instant::now();
+                    self.leases[lease].holders.push(Holder { replica, stream });
+                }
+            }
+            Op::Attempt { lease, stream } => {
+                let Some((lease, stream)) = self.pick_holder(lease, stream) else {
+                    return Ok(false);
+                };
+                match self.leases[lease].holders[stream].stream.attempt().await {
+                    Ok(Some(
+                        pb::lease_event::Kind::AttemptAccepted(_)
+                        | pb::lease_event::Kind::Denied(_),
+                    )) => {}
+                    Ok(Some(pb::lease_event::Kind::Lost(_))) | Ok(None) | Err(_) => {
+                        self.leases[lease].holders.remove(stream);
+                    }
+                    Ok(Some(other)) => violation!("attempt answered {other:?}"),
+                }
+            }
+            Op::Sleep { ms } => tokio::time::sleep(Duration::from_millis(ms)).await,
+            Op::Flush => {
+                if !self.store.flush().await {
+                    return Ok(false);
+                }
+                self.generation += 1;
+            }
+            Op::Restart => {
+                if !self.store.restart().await {
+                    return Ok(false);
+                }
+                self.generation += 1;
+                self.outage = true;
+            }
+            Op::KillReplica { replica } => {
+                self.replicas[replica].kill();
+                let fresh = Replica::start(&*self.store, self.settings).await;
+                self.replicas[replica] = fresh;
+                for lease in &mut self.leases {
+                    lease.holders.retain(|holder| holder.replica != replica);
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// The store's live counts against the limits and the model.
+    async fn check(&self) -> Result<(), Violation> {
+        if self.outage {
+            return Ok(());
+        }
+        let asked_at = Instant::now();
+        let counts = self.replicas[0]
+            .admission
+            .inflight(&self.accounts)
+            .await
+            .map_err(|error| Violation(format!("inflight failed: {error}")))?;
+        for (account, &count) in counts.iter().enumerate() {
+            let limit = LIMITS[account];
+            if count as i32 > limit {
+                violation!(
+                    "account {} holds {count} live leases on a limit of {limit}",
+                    self.accounts[account]
+                );
+            }
+            let may_live = self
+                .leases
+                .iter()
+                .enumerate()
+                .filter(|(index, lease)| {
+                    lease.account == account
+                        && !self.fenced(*index)
+                        && lease.renewed_at + self.ttl() + SLACK >= asked_at
+                })
+                .count();
+            if count as usize > may_live {
+                violation!(
+                    "account {} holds {count} live leases, the model allows {may_live} (phantom)",
+                    self.accounts[account]
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies `ops` in order, checking after each. On a violation returns the operations that
+    /// were applied (skipped ones left out), the failing one last.
+    async fn apply(&mut self, ops: &[Op]) -> Result<(), Failure> {
+        let mut applied = Vec::new();
+        for op in ops {
+            let result = match self.step(op).await {
+                Ok(true) => self.check().await,
+                Ok(false) => continue,
+                Err(violation) => Err(violation),
+            };
+            applied.push(op.clone());
+            *self.applied.entry(op.name()).or_default() += 1;
+            if let Err(violation) = result {
+                return Err(Failure { applied, violation });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A run that broke an invariant.
+#[derive(Debug)]
+pub struct Failure {
+    pub applied: Vec<Op>,
+    pub violation: Violation,
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "{}; the operations applied:", self.violation)?;
+        for (index, op) in self.applied.iter().enumerate() {
+            writeln!(f, "  {index:>2}: {op:?},")?;
+        }
+        Ok(())
+    }
+}
+
+/// The replicas of one backend, shared by the runs of a test (each run uses fresh accounts).
+pub struct Harness {
+    pub store: Store,
+    pub replicas: Vec<Replica>,
+    pub settings: Settings,
+    next_account: i64,
+    /// Operations applied over every run, by kind.
+    applied: HashMap<&'static str, usize>,
+}
+
+impl Harness {
+    pub async fn start(store: Store) -> Self {
+        Self::start_with(store, model_settings()).await
+    }
+
+    pub async fn start_with(store: Store, settings: Settings) -> Self {
+        let mut replicas = Vec::new();
+        for _ in 0..REPLICAS {
+            replicas.push(Replica::start(&store, &settings).await);
+        }
+        Harness {
+            store,
+            replicas,
+            settings,
+            next_account: 1_000,
+            applied: HashMap::new(),
+        }
+    }
+
+    /// Runs `ops` on fresh accounts.
+    pub async fn run(&mut self, ops: &[Op]) -> Result<(), Failure> {
+        let first_account = self.next_account;
+        self.next_account += LIMITS.len() as i64;
+        let mut run = Run::new(
+            &mut self.store,
+            &mut self.replicas,
+            &self.settings,
+            first_account,
+        );
+        let result = run.apply(ops).await;
+        let outage = run.outage;
+        for (name, count) in run.applied {
+            *self.applied.entry(name).or_default() += count;
+        }
+        if outage {
+            self.recover().await;
+        }
+        result
+    }
+
+    /// After a Redis restart: every replica notices the outage (a read fails on its broken
+    /// connections) and recovers (its registry tick), before the next run starts.
+    async fn recover(&self) {
+        for replica in &self.replicas {
+            let _ = replica.admission.inflight(&[1]).await;
+        }
+        let replicas = &self.replicas;
+        poolgate_testkit::eventually(Duration::from_secs(15), || async move {
+            replicas
+                .iter()
+                .all(|replica| !replica.admission.is_degraded())
+                .then_some(())
+        })
+        .await
+        .expect("every replica recovers after the restart");
+    }
+}
+
+/// A sequence of `OPS_PER_RUN` random operations from `seed`. The generator only needs the
+/// number of leases so far, which it guesses (every acquire counted): replaying a seed gives the
+/// same sequence whatever the store answers.
+pub fn sequence(seed: u64) -> Vec<Op> {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut acquires = 0;
+    let mut ops = Vec::with_capacity(OPS_PER_RUN);
+    for _ in 0..OPS_PER_RUN {
+        let op = Op::random(&mut rng, acquires);
+        if matches!(op, Op::Acquire { .. }) {
+            acquires += 1;
+        }
+        ops.push(op);
+    }
+    ops
+}
+
+/// Leases are named by grant order, so the indices of a replayed sequence match the original
+/// when the grants do; a sequence whose lease index points past the grants skips that step.
+pub async fn replay(store: Store, ops: &[Op]) {
+    let mut harness = Harness::start(store).await;
+    if let Err(failure) = harness.run(ops).await {
+        panic!("replay on {}: {failure}", harness.store.name());
+    }
+}
+
+/// Shortens a failing sequence: drops one operation at a time (last first) and keeps the drop
+/// when the rest still fails (on fresh accounts). Timing makes this best effort.
+async fn shrink(harness: &mut Harness, failure: Failure) -> Failure {
+    let mut best = failure;
+    let mut index = best.applied.len().saturating_sub(1);
+    while index > 0 {
+        index -= 1;
+        let mut candidate = best.applied.clone();
+        candidate.remove(index);
+        if let Err(smaller) = harness.run(&candidate).await {
+            best = smaller;
+            index = index.min(best.applied.len().saturating_sub(1));
+        }
+    }
+    best
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+}
+
+/// Random runs until the time budget is spent; the first violation fails the test with its
+/// seed and sequence.
+async fn explore(store: Store) {
+    let budget = Duration::from_secs(env_u64("POOLGATE_MODEL_SECS").unwrap_or(40));
+    let fixed = env_u64("POOLGATE_MODEL_SEED");
+    let first_seed = fixed.unwrap_or_else(|| fastrand::u64(..));
+    let mut harness = Harness::start(store).await;
+    let name = harness.store.name();
+    println!(
+        "lease model on {name}: first seed {first_seed} (replay: POOLGATE_MODEL_SEED={first_seed})"
+    );
+    let started = Instant::now();
+    let mut runs = 0u64;
+    let mut steps = 0usize;
+    loop {
+        let seed = first_seed.wrapping_add(runs);
+        let ops = sequence(seed);
+        runs += 1;
+        if let Err(failure) = harness.run(&ops).await {
+            let shrunk = shrink(&mut harness, failure).await;
+            panic!(
+                "lease model on {name}: seed {seed} (replay: POOLGATE_MODEL_SEED={seed}) broke \
+                 an invariant: {shrunk}"
+            );
+        }
+        steps += ops.len();
+        if fixed.is_some() || started.elapsed() >= budget {
+            break;
+        }
+    }
+    let mut applied: Vec<_> = harness.applied.iter().collect();
+    applied.sort();
+    println!(
+        "lease model on {name}: {runs} runs, {steps} steps in {:?}, no violation; applied: {applied:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_invariants_hold_on_memory() {
+    explore(Store::memory().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_invariants_hold_on_redis() {
+    explore(Store::redis().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_invariants_hold_on_a_redis_cluster() {
+    explore(Store::cluster().await).await;
+}
+
+// The sequences the model found on the code before issue 12's fix (shrunk), replayed as plain
+// tests. Both ended with the old holder's heartbeat answered `Renewed` for a released lease.
+
+/// Found on memory (seed 15494168160578800756) and on the Cluster (seed 15935339091107387932).
+fn unary_release_then_old_heartbeat() -> Vec<Op> {
+    vec![
+        Op::Acquire {
+            replica: 2,
+            account: 0,
+            wait_ms: 0,
+        },
+        Op::UnaryRelease {
+            lease: 0,
+            replica: 0,
+        },
+        Op::Acquire {
+            replica: 1,
+            account: 0,
+            wait_ms: 0,
+        },
+        Op::Heartbeat {
+            lease: 0,
+            stream: 0,
+        },
+    ]
+}
+
+/// Found on Redis (seed 15312692336594586171): released on the resumed stream, renewed by the
+/// stream the resume replaced.
+fn release_on_a_resumed_stream_then_old_heartbeat() -> Vec<Op> {
+    vec![
+        Op::Acquire {
+            replica: 1,
+            account: 1,
+            wait_ms: 0,
+        },
+        Op::Resume {
+            lease: 0,
+            replica: 2,
+        },
+        Op::StreamRelease {
+            lease: 0,
+            stream: 1,
+        },
+        Op::Heartbeat {
+            lease: 0,
+            stream: 1,
+        },
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_unary_release_then_old_heartbeat_on_memory() {
+    replay(Store::memory().await, &unary_release_then_old_heartbeat()).await;
+    replay(
+        Store::memory().await,
+        &release_on_a_resumed_stream_then_old_heartbeat(),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_unary_release_then_old_heartbeat_on_redis() {
+    replay(Store::redis().await, &unary_release_then_old_heartbeat()).await;
+    replay(
+        Store::redis().await,
+        &release_on_a_resumed_stream_then_old_heartbeat(),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_unary_release_then_old_heartbeat_on_a_redis_cluster() {
+    let store = Store::cluster().await;
+    let mut harness = Harness::start(store).await;
+    for ops in [
+        unary_release_then_old_heartbeat(),
+        release_on_a_resumed_stream_then_old_heartbeat(),
+    ] {
+        if let Err(failure) = harness.run(&ops).await {
+            panic!("replay on cluster: {failure}");
+        }
+    }
+}
+
+/// Issue 12's done-when: 50 leases held over 5 accounts (limit 10) on 3 replicas, the data
+/// flushed, new acquires take part of the freed slots, then every old holder heartbeats: every
+/// account ends within its limit, the old holders that found room restored their lease, and the
+/// others were told `Lost{NO_ROOM}`.
+async fn flush_under_held_leases_keeps_every_account_within_its_limit(store: Store) {
+    const ACCOUNTS: i64 = 5;
+    const LIMIT: i32 = 10;
+    // A long ttl: no lease may expire while the test runs.
+    let settings = Settings {
+        lease_ttl: Duration::from_secs(30),
+        ..model_settings()
+    };
+    let harness = Harness::start_with(store, settings).await;
+    let accounts: Vec<i64> = (0..ACCOUNTS).map(|n| 7_000 + n).collect();
+    let terms = |account: i64| terms(account, LIMIT, 0);
+    let mut old = Vec::new();
+    for (n, &account) in accounts.iter().enumerate() {
+        for k in 0..LIMIT as usize {
+            let client = &harness.replicas[(n + k) % REPLICAS].client;
+            let (stream, answer) = LeaseStream::acquire(client, terms(account)).await;
+            assert!(answer.is_granted(), "{answer:?}");
+            old.push((account, stream));
+        }
+    }
+    assert_eq!(old.len(), 50);
+    assert!(harness.store.flush().await);
+    // Account n gets 2n new leases (0, 2, 4, 6, 8): room for 10 - 2n old ones.
+    let mut new = Vec::new();
+    for (n, &account) in accounts.iter().enumerate() {
+        for k in 0..2 * n {
+            let client = &harness.replicas[k % REPLICAS].client;
+            let (stream, answer) = LeaseStream::acquire(client, terms(account)).await;
+            assert!(answer.is_granted(), "{answer:?}");
+            new.push(stream);
+        }
+    }
+    let mut restored: HashMap<i64, i32> = HashMap::new();
+    let mut no_room: HashMap<i64, i32> = HashMap::new();
+    for (account, stream) in &mut old {
+        match stream.heartbeat().await {
+            Ok(Some(pb::lease_event::Kind::Renewed(renewed))) => {
+                assert!(renewed.restored, "the flush lost every old lease");
+                *restored.entry(*account).or_default() += 1;
+            }
+            Ok(Some(pb::lease_event::Kind::Lost(lost))) => {
+                assert_eq!(lost.lost_reason(), pb::LostReason::NoRoom);
+                *no_room.entry(*account).or_default() += 1;
+            }
+            other => panic!("heartbeat answered {other:?}"),
+        }
+    }
+    let live = harness.replicas[0]
+        .admission
+        .inflight(&accounts)
+        .await
+        .expect("inflight");
+    for (n, &account) in accounts.iter().enumerate() {
+        let room = LIMIT - 2 * n as i32;
+        assert_eq!(live[n] as i32, LIMIT, "account {account}: live {live:?}");
+        assert_eq!(restored.get(&account).copied().unwrap_or(0), room);
+        assert_eq!(no_room.get(&account).copied().unwrap_or(0), LIMIT - room);
+    }
+    // Nothing new is granted at the limit.
+    for &account in &accounts {
+        let (_, answer) = LeaseStream::acquire(&harness.replicas[1].client, terms(account)).await;
+        assert_eq!(answer.denied_reason(), Some(pb::DenyReason::Concurrency));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flush_under_50_held_leases_keeps_every_account_within_its_limit_on_redis() {
+    flush_under_held_leases_keeps_every_account_within_its_limit(Store::redis().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flush_under_50_held_leases_keeps_every_account_within_its_limit_on_a_redis_cluster() {
+    flush_under_held_leases_keeps_every_account_within_its_limit(Store::cluster().await).await;
+}
