@@ -51,7 +51,7 @@ async fn a_lease_released_under_a_running_request_is_not_resumed_and_the_respons
         ..Settings::default()
     };
     let (admission, admission_addr) = common::admission(&backends.redis.url(), settings).await;
-    let relay = common::relay(
+    let (handle, relay) = common::relay_with_handle(
         vec![format!("http://{selector_addr}")],
         vec![format!("http://{admission_addr}")],
         RelaySettings {
@@ -87,12 +87,9 @@ async fn a_lease_released_under_a_running_request_is_not_resumed_and_the_respons
     let lease_id = LeaseId::parse(&lease).expect("lease id");
     assert!(admission.release(&lease_id, None, 0).await);
     // The relay's next heartbeat is answered Lost{released}: counted, not resumed.
-    let metrics_url = format!("http://{relay}/metrics");
     eventually(Duration::from_secs(3), || {
-        let http = http.clone();
-        let url = metrics_url.clone();
+        let text = handle.metrics.render();
         async move {
-            let text = http.get(url).send().await.ok()?.text().await.ok()?;
             (counter(&text, "relay_lease_lost_total{reason=\"released\"}") == 1.0).then_some(())
         }
     })
@@ -107,14 +104,7 @@ async fn a_lease_released_under_a_running_request_is_not_resumed_and_the_respons
         200,
         "the response finished"
     );
-    let text = http
-        .get(&metrics_url)
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("metrics text");
+    let text = handle.metrics.render();
     assert_eq!(counter(&text, "relay_lease_resumed_total"), 0.0);
     assert_eq!(counter(&text, "relay_lease_lost_total"), 1.0);
 }

@@ -182,6 +182,16 @@ pub async fn relay(
     admission: Vec<String>,
     settings: RelaySettings,
 ) -> SocketAddr {
+    relay_with_handle(selector, admission, settings).await.1
+}
+
+/// A relay in remote mode, and its handle (whose metrics a test reads: the relay serves
+/// `/metrics` on a listener of its own, not on the client port).
+pub async fn relay_with_handle(
+    selector: Vec<String>,
+    admission: Vec<String>,
+    settings: RelaySettings,
+) -> (Arc<relay_svc::proxy::Relay>, SocketAddr) {
     serve(relay_svc::server::Config {
         mode: relay_svc::server::Mode::Remote {
             selector,
@@ -197,5 +207,4 @@ pub async fn relay(
         shutdown_grace: Duration::from_secs(1),
     })
     .await
-    .1
 }
