@@ -121,6 +121,12 @@ pub trait Lease: Send + Sync {
     async fn attempt(&mut self) -> bool;
     /// Frees the slot, recording the request's spend.
     async fn release(self: Box<Self>, spend_usd: f64);
+    /// Turns `true` when admission said the lease is gone for good (released by someone else,
+    /// no room to restore it, expired): a request that has not sent its first byte fails over.
+    /// `None`: this lease cannot be lost that way.
+    fn lost(&self) -> Option<tokio::sync::watch::Receiver<bool>> {
+        None
+    }
 }
 
 /// Leases whose holder went away (the client disconnected, the request future was dropped)
@@ -169,6 +175,10 @@ impl Lease for LingeringLease {
         if let Some(lease) = self.inner.take() {
             lease.release(spend_usd).await;
         }
+    }
+
+    fn lost(&self) -> Option<tokio::sync::watch::Receiver<bool>> {
+        self.inner.as_ref().and_then(|lease| lease.lost())
     }
 }
 

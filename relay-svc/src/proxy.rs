@@ -193,6 +193,8 @@ fn build_client(timeout: Duration, proxy: Option<&str>) -> Result<reqwest::Clien
 enum Called {
     /// 2xx: the answer is on its way to the client; bookkeeping follows its last byte.
     Served(Answer),
+    /// Admission said the lease is gone for good before the first byte reached the client.
+    LeaseLost(Box<dyn Lease>),
     /// A non-2xx answer (or a network failure), classified, with the body kept for passing on.
     Failed {
         classified: Classified,
@@ -466,6 +468,12 @@ impl Relay {
                 .await
             {
                 Called::Served(answer) => return answer,
+                Called::LeaseLost(lease) => {
+                    // Neither the account's fault nor the upstream's: no report, no budget.
+                    lease.release(0.0).await;
+                    exclude.push(account.id);
+                    self.metrics.failover("lease_lost", "failover");
+                }
                 Called::Failed {
                     classified,
                     status,
@@ -668,7 +676,14 @@ impl Relay {
     ) -> Called {
         let platform = inbound.api.platform().as_str();
         let sent = Instant::now();
-        let response = match self.upstream_request(inbound, account).send().await {
+        // Until the first byte reaches the client, a lease admission says is gone (released by
+        // someone else, no room to restore it) ends this call: the request fails over.
+        let mut lost = lease.lost();
+        let answered = tokio::select! {
+            answered = self.upstream_request(inbound, account).send() => answered,
+            _ = gone(&mut lost) => return Called::LeaseLost(lease),
+        };
+        let response = match answered {
             Ok(response) => response,
             Err(error) => {
                 tracing::warn!(account_id = account.id, error = %error.without_url(), "upstream unreachable");
@@ -709,7 +724,12 @@ impl Relay {
         if !is_sse {
             let mut collected = Vec::new();
             let mut failed = false;
-            while let Some(chunk) = upstream.next().await {
+            loop {
+                let chunk = tokio::select! {
+                    chunk = upstream.next() => chunk,
+                    _ = gone(&mut lost) => return Called::LeaseLost(lease),
+                };
+                let Some(chunk) = chunk else { break };
                 match chunk {
                     Ok(chunk) if collected.len() + chunk.len() <= self.settings.max_body_bytes => {
                         collected.extend_from_slice(&chunk)
@@ -769,7 +789,11 @@ impl Relay {
             });
         }
         // Streaming: fail over only before the first upstream byte reaches the client.
-        let first = match upstream.next().await {
+        let first = tokio::select! {
+            first = upstream.next() => first,
+            _ = gone(&mut lost) => return Called::LeaseLost(lease),
+        };
+        let first = match first {
             Some(Ok(chunk)) => chunk,
             _ => {
                 return Called::Failed {
@@ -987,6 +1011,17 @@ fn response_headers(upstream: &HeaderMap) -> HeaderMap {
         }
     }
     headers
+}
+
+/// Resolves when the lease is lost (see `Lease::lost`); never when it cannot be, or when its
+/// keeper is gone.
+async fn gone(lost: &mut Option<tokio::sync::watch::Receiver<bool>>) {
+    if let Some(lost) = lost
+        && lost.wait_for(|lost| *lost).await.is_ok()
+    {
+        return;
+    }
+    std::future::pending::<()>().await
 }
 
 /// A stream chunk as the client gets it (see `ChatUsageStripper`).

@@ -767,18 +767,21 @@ async fn acquire_task(
                 match answer {
                     Ok(Ok(granted)) => {
                         let (commands, receiver) = mpsc::channel(4);
+                        let (lost, lost_signal) = tokio::sync::watch::channel(false);
                         let keeper = Keeper {
                             client: client.clone(),
                             terms,
                             lease_id: granted.lease_id,
                             ttl: Duration::from_millis(u64::from(granted.ttl_ms.max(300))),
                             metrics,
+                            lost,
                         };
                         tokio::spawn(keeper.run(sender, events, receiver));
                         // A caller that left just now drops the lease with the unsent reply;
                         // the keeper sees its commands end and releases.
                         let _ = reply.send(Ok(Acquired::Granted(Box::new(RemoteLease {
                             commands: Some(commands),
+                            lost: lost_signal,
                         }))));
                         return;
                     }
@@ -835,6 +838,8 @@ struct Keeper {
     lease_id: String,
     ttl: Duration,
     metrics: Metrics,
+    /// Set when the lease is gone for good (see `Lease::lost`).
+    lost: tokio::sync::watch::Sender<bool>,
 }
 
 impl Keeper {
@@ -972,6 +977,7 @@ impl Keeper {
         };
         tracing::warn!(lease_id = %self.lease_id, reason = label, "lease lost; not resumed");
         self.metrics.leases_lost.with_label_values(&[label]).inc();
+        self.lost.send_replace(true);
         None
     }
 
@@ -1006,6 +1012,7 @@ impl Keeper {
             .leases_lost
             .with_label_values(&["not_resumed"])
             .inc();
+        self.lost.send_replace(true);
         None
     }
 }
@@ -1035,6 +1042,7 @@ enum Answer {
 
 struct RemoteLease {
     commands: Option<mpsc::Sender<Command>>,
+    lost: tokio::sync::watch::Receiver<bool>,
 }
 
 #[async_trait]
@@ -1048,6 +1056,10 @@ impl Lease for RemoteLease {
             return true;
         }
         answer.await.unwrap_or(true)
+    }
+
+    fn lost(&self) -> Option<tokio::sync::watch::Receiver<bool>> {
+        Some(self.lost.clone())
     }
 
     async fn release(mut self: Box<Self>, spend_usd: f64) {
