@@ -133,6 +133,28 @@ pub struct OAuthState {
     /// Access token expiry, ms since the epoch (0: unknown).
     pub expires_at_ms: i64,
     pub token_url: String,
+    /// Sent with refresh requests; empty: the platform's default (`default_oauth_client_id`).
+    pub client_id: String,
+}
+
+impl OAuthState {
+    /// The client id a refresh request carries.
+    pub fn client_id_for(&self, platform: Platform) -> &str {
+        if self.client_id.is_empty() {
+            default_oauth_client_id(platform)
+        } else {
+            &self.client_id
+        }
+    }
+}
+
+/// The public OAuth client ids of the official CLIs, whose sign-ins subscription accounts come
+/// from: Claude Code's for Anthropic, the Codex CLI's for OpenAI (ChatGPT).
+pub fn default_oauth_client_id(platform: Platform) -> &'static str {
+    match platform {
+        Platform::Anthropic => "9d1c250a-e61b-44d9-88ed-5944d1962f5e",
+        Platform::OpenAi => "app_EMoamEEZ73f0CkXaXp7hrann",
+    }
 }
 
 /// One upstream account, credentials decrypted (the selector is the only place that holds them).

@@ -14,7 +14,7 @@ use crate::confirm::{ProbeSettings, Verdict, breaker_closes, confirm, probe_unde
 use crate::crypto::api_key_hash;
 use crate::domain::{
     Account, AccountId, AccountStatus, ApiKeyRecord, Outcome, OutcomeClass, Platform, Price,
-    RuntimeBlockSettings, millis, now_ms,
+    RuntimeBlockSettings, Secret, millis, now_ms,
 };
 use crate::health::{Breaker, BreakerChange, RedisHealth};
 use crate::metrics::Metrics;
@@ -155,7 +155,7 @@ pub struct Selector {
     sticky_cache: Mutex<HashMap<(String, String), StickyEntry>>,
     metrics: Metrics,
     /// Accounts that need a token refresh after an unauthorized outcome.
-    refresh_requests: tokio::sync::mpsc::UnboundedSender<AccountId>,
+    refresh_requests: tokio::sync::mpsc::UnboundedSender<(AccountId, Secret)>,
     /// The admission engine on the same Redis: the confirmation probe holds a lease like any
     /// request.
     admission: Arc<Admission>,
@@ -169,7 +169,7 @@ impl Selector {
         health: RedisHealth,
         settings: SelectorSettings,
         metrics: Metrics,
-        refresh_requests: tokio::sync::mpsc::UnboundedSender<AccountId>,
+        refresh_requests: tokio::sync::mpsc::UnboundedSender<(AccountId, Secret)>,
     ) -> Self {
         let admission = Admission::new(
             Arc::new(RedisBackend::new(health.handle().clone())),
@@ -507,7 +507,11 @@ impl Selector {
                     .hard_block(account.id, ms, class, outcome.status, &outcome.reason)
                     .await
                     .map_err(unavailable)?;
-                let _ = self.refresh_requests.send(account.id);
+                // With the credential the upstream refused: a refresh that another replica made
+                // meanwhile is not repeated.
+                let _ = self
+                    .refresh_requests
+                    .send((account.id, account.credential.clone()));
                 let count = self
                     .health
                     .count_unauthorized(account.id, millis(blocks.unauthorized_window))

@@ -468,10 +468,19 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
                 "at most 128 bytes, no control characters",
             ));
         }
+        if r.oauth_client_id.len() > MAX_NAME_BYTES
+            || r.oauth_client_id.chars().any(char::is_control)
+        {
+            return Err(invalid(
+                "oauth_client_id",
+                "at most 128 bytes, no control characters",
+            ));
+        }
         let oauth = (kind == CredentialKind::OAuth).then(|| OAuthState {
             refresh_token: Secret::new(r.refresh_token.clone()),
             expires_at_ms: r.expires_at_ms.min(i64::MAX as u64) as i64,
             token_url: r.token_url.clone(),
+            client_id: r.oauth_client_id.clone(),
         });
         let input = AccountInput {
             name: r.name,

@@ -214,6 +214,9 @@ enum AdminAction {
         /// OAuth accounts: the token endpoint URL.
         #[arg(long, default_value = "")]
         token_url: String,
+        /// OAuth accounts: the client id of refresh requests (none: the platform's default).
+        #[arg(long, default_value = "")]
+        oauth_client_id: String,
         /// Models the account may serve (repeatable; none: every model).
         #[arg(long = "model")]
         models: Vec<String>,
@@ -429,6 +432,7 @@ async fn admin(args: &ServeArgs, admin: &AdminArgs) -> Result<(), String> {
             refresh_token,
             expires_at_ms,
             token_url,
+            oauth_client_id,
             models,
             proxy_url,
             probe_model,
@@ -459,6 +463,7 @@ async fn admin(args: &ServeArgs, admin: &AdminArgs) -> Result<(), String> {
                     refresh_token: refresh_token.clone(),
                     expires_at_ms: *expires_at_ms,
                     token_url: token_url.clone(),
+                    oauth_client_id: oauth_client_id.clone(),
                     allowed_models: models.clone(),
                     proxy_url: proxy_url.clone(),
                     probe_model: probe_model.clone(),

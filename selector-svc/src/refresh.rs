@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::domain::{AccountId, CredentialKind, Secret, now_ms};
+use crate::domain::{AccountId, CredentialKind, Platform, Secret, now_ms};
 use crate::health::RedisHealth;
 use crate::metrics::Metrics;
 use crate::store::ConfigStore;
@@ -56,6 +56,16 @@ pub enum RefreshError {
     LockTimeout,
 }
 
+/// Why a refresh is asked for.
+enum Due {
+    /// The token expires within `ahead`.
+    Expiring,
+    /// The upstream refused this token.
+    Refused(Secret),
+    /// An operator or a test asked.
+    Forced,
+}
+
 #[derive(Deserialize)]
 struct TokenAnswer {
     access_token: String,
@@ -100,6 +110,22 @@ impl TokenRefresher {
 
     /// Refreshes `id`'s token if it expires within `ahead` (or `force`).
     pub async fn refresh(&self, id: AccountId, force: bool) -> Result<RefreshResult, RefreshError> {
+        let due = if force { Due::Forced } else { Due::Expiring };
+        self.refresh_when(id, due).await
+    }
+
+    /// Refreshes `id`'s token after the upstream refused `refused` (a 401), whatever its expiry,
+    /// unless the stored token is already another one (refreshed meanwhile, here or elsewhere).
+    pub async fn refresh_refused(
+        &self,
+        id: AccountId,
+        refused: &Secret,
+    ) -> Result<RefreshResult, RefreshError> {
+        self.refresh_when(id, Due::Refused(refused.clone())).await
+    }
+
+    async fn refresh_when(&self, id: AccountId, due: Due) -> Result<RefreshResult, RefreshError> {
+        let force = !matches!(due, Due::Expiring);
         let account = self
             .store
             .load_account(id)
@@ -112,8 +138,8 @@ impl TokenRefresher {
         else {
             return Ok(RefreshResult::NotNeeded);
         };
-        let due = oauth.expires_at_ms <= now_ms() + self.settings.ahead.as_millis() as i64;
-        if !(force || due) || oauth.token_url.is_empty() {
+        let expiring = oauth.expires_at_ms <= now_ms() + self.settings.ahead.as_millis() as i64;
+        if !(force || expiring) || oauth.token_url.is_empty() {
             return Ok(RefreshResult::NotNeeded);
         }
         let lock_ms = self.settings.lock_ttl.as_millis() as u64;
@@ -125,21 +151,28 @@ impl TokenRefresher {
         if !locked {
             return self.wait_for_other(id, &account.credential).await;
         }
-        let result = self.refresh_locked(id).await;
+        let result = self.refresh_locked(id, &due).await;
         let _ = self.health.unlock_refresh(id, &self.owner).await;
-        let label = if result.is_ok() {
-            "refreshed"
-        } else {
-            "failed"
+        let label = match &result {
+            Ok(RefreshResult::Refreshed) => Some("refreshed"),
+            Ok(RefreshResult::Waited) => Some("waited"),
+            Ok(RefreshResult::NotNeeded) => None,
+            Err(_) => Some("failed"),
         };
-        self.metrics
-            .token_refreshes
-            .with_label_values(&[label])
-            .inc();
+        if let Some(label) = label {
+            self.metrics
+                .token_refreshes
+                .with_label_values(&[label])
+                .inc();
+        }
         result
     }
 
-    async fn refresh_locked(&self, id: AccountId) -> Result<RefreshResult, RefreshError> {
+    async fn refresh_locked(
+        &self,
+        id: AccountId,
+        due: &Due,
+    ) -> Result<RefreshResult, RefreshError> {
         // Re-read under the lock: another replica may have rotated the refresh token just now.
         let account = self
             .store
@@ -149,17 +182,36 @@ impl TokenRefresher {
         let Some(oauth) = account.oauth else {
             return Ok(RefreshResult::NotNeeded);
         };
-        if oauth.expires_at_ms > now_ms() + self.settings.ahead.as_millis() as i64 {
+        let refreshed_meanwhile = match due {
+            Due::Expiring => {
+                oauth.expires_at_ms > now_ms() + self.settings.ahead.as_millis() as i64
+            }
+            Due::Refused(refused) => account.credential != *refused,
+            Due::Forced => false,
+        };
+        if refreshed_meanwhile {
             // Refreshed by someone else between our check and our lock.
             return Ok(RefreshResult::Waited);
         }
+        // As the official CLIs ask: JSON, with their public client id (per account if set).
+        let client_id = oauth.client_id_for(account.platform);
+        let body = match account.platform {
+            Platform::Anthropic => serde_json::json!({
+                "grant_type": "refresh_token",
+                "refresh_token": oauth.refresh_token.expose(),
+                "client_id": client_id,
+            }),
+            Platform::OpenAi => serde_json::json!({
+                "client_id": client_id,
+                "grant_type": "refresh_token",
+                "refresh_token": oauth.refresh_token.expose(),
+                "scope": "openid profile email",
+            }),
+        };
         let response = self
             .http
             .post(&oauth.token_url)
-            .form(&[
-                ("grant_type", "refresh_token"),
-                ("refresh_token", oauth.refresh_token.expose()),
-            ])
+            .json(&body)
             .send()
             .await
             // reqwest errors name the URL, never the form body.

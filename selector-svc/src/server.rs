@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 use tonic::transport::server::TcpIncoming;
 
 use crate::crypto::Keyring;
-use crate::domain::{AccountId, CredentialKind};
+use crate::domain::{AccountId, CredentialKind, Secret};
 use crate::engine::{Selector, SelectorSettings};
 use crate::grpc::{AdminAuth, AdminGrpc, SelectorGrpc};
 use crate::health::RedisHealth;
@@ -197,7 +197,7 @@ async fn reload_loop(
 async fn refresh_loop(
     refresher: TokenRefresher,
     snapshot: Arc<SnapshotCell>,
-    mut requests: mpsc::UnboundedReceiver<AccountId>,
+    mut requests: mpsc::UnboundedReceiver<(AccountId, Secret)>,
     interval: Duration,
 ) {
     let mut tick = tokio::time::interval(interval);
@@ -214,8 +214,8 @@ async fn refresh_loop(
                 refresher.refresh_due(&due).await;
             }
             request = requests.recv() => match request {
-                Some(id) => {
-                    if let Err(error) = refresher.refresh(id, true).await {
+                Some((id, refused)) => {
+                    if let Err(error) = refresher.refresh_refused(id, &refused).await {
                         tracing::warn!(account_id = id, %error, "token refresh after unauthorized failed");
                     }
                 }

@@ -25,7 +25,8 @@ macro_rules! account_select {
     () => {
         "SELECT a.id, a.name, g.name AS group_name, a.platform, a.base_url, \
     a.credential_kind, a.credential_ciphertext, a.credential_key_id, a.refresh_token_ciphertext, \
-    (extract(epoch FROM a.expires_at) * 1000)::bigint AS expires_at_ms, a.token_url, a.status, \
+    (extract(epoch FROM a.expires_at) * 1000)::bigint AS expires_at_ms, a.token_url, \
+    a.oauth_client_id, a.status, \
     a.status_reason, a.priority, a.weight, a.concurrency_limit, a.rpm_limit, \
     a.session_window_limit_usd, a.allowed_models, a.model_mapping, a.proxy_url, \
     a.probe_model, a.stream_usage \
@@ -271,6 +272,10 @@ impl ConfigStore {
                         .try_get::<Option<String>, _>("token_url")
                         .map_err(convert)?
                         .unwrap_or_default(),
+                    client_id: row
+                        .try_get::<Option<String>, _>("oauth_client_id")
+                        .map_err(convert)?
+                        .unwrap_or_default(),
                 })
             }
         };
@@ -363,6 +368,11 @@ impl ConfigStore {
             .as_ref()
             .map(|o| o.token_url.clone())
             .filter(|u| !u.is_empty());
+        let client_id = input
+            .oauth
+            .as_ref()
+            .map(|o| o.client_id.clone())
+            .filter(|c| !c.is_empty());
         let new_refresh_token = input
             .oauth
             .as_ref()
@@ -403,9 +413,9 @@ impl ConfigStore {
                 "INSERT INTO accounts (id, name, group_id, platform, base_url, credential_kind, \
                    credential_ciphertext, credential_key_id, refresh_token_ciphertext, expires_at, token_url, \
                    priority, weight, concurrency_limit, rpm_limit, session_window_limit_usd, allowed_models, \
-                   model_mapping, proxy_url, probe_model, stream_usage) \
+                   model_mapping, proxy_url, probe_model, stream_usage, oauth_client_id) \
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, to_timestamp($10::double precision / 1000), $11, \
-                   $12, $13, $14, $15, $16, $17, $18, $19, $20, $21) \
+                   $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22) \
                  ON CONFLICT (name) DO NOTHING RETURNING id",
             )
             .bind(id)
@@ -429,6 +439,7 @@ impl ConfigStore {
             .bind(&input.proxy_url)
             .bind(&input.probe_model)
             .bind(input.stream_usage)
+            .bind(&client_id)
             .fetch_optional(&mut *tx)
             .await
             .map_err(convert)?;
@@ -486,7 +497,8 @@ impl ConfigStore {
                token_url = COALESCE($10, token_url), \
                priority = $11, weight = $12, concurrency_limit = $13, rpm_limit = $14, \
                session_window_limit_usd = $15, allowed_models = $16, model_mapping = $17, \
-               proxy_url = $18, probe_model = $19, stream_usage = $20, updated_at = now() \
+               proxy_url = $18, probe_model = $19, stream_usage = $20, \
+               oauth_client_id = COALESCE($21, oauth_client_id), updated_at = now() \
              WHERE id = $1",
         )
         .bind(id)
@@ -509,6 +521,7 @@ impl ConfigStore {
         .bind(&input.proxy_url)
         .bind(&input.probe_model)
         .bind(input.stream_usage)
+        .bind(&client_id)
         .execute(&mut *tx)
         .await
         .map_err(convert)?;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use poolgate_proto::selector::v1 as pb;
 use poolgate_testkit::eventually;
-use selector_svc::domain::{CredentialKind, Secret};
+use selector_svc::domain::{CredentialKind, Secret, now_ms};
 use selector_svc::refresh::RefreshResult;
 use sqlx::Row;
 use support::{ADMIN_TOKEN, Backends, Replica, admin, fast_settings, oauth, select_request};
@@ -102,7 +102,8 @@ async fn picks_follow_the_weights_and_two_replicas_agree() {
     }
 }
 
-/// A token endpoint that answers slowly and refuses a refresh token used twice.
+/// A token endpoint as Anthropic's answers: JSON in, the Claude Code client id required; slow,
+/// and a refresh token used twice is refused.
 #[derive(Clone, Default)]
 struct TokenEndpoint {
     used: Arc<Mutex<HashSet<String>>>,
@@ -110,17 +111,24 @@ struct TokenEndpoint {
 }
 
 async fn start_token_endpoint(endpoint: TokenEndpoint) -> String {
-    use axum::extract::{Form, State};
+    use axum::extract::State;
     use axum::http::StatusCode;
     async fn token(
         State(endpoint): State<TokenEndpoint>,
-        Form(form): Form<HashMap<String, String>>,
+        axum::Json(form): axum::Json<HashMap<String, String>>,
     ) -> Result<axum::Json<serde_json::Value>, StatusCode> {
         *endpoint.calls.lock().expect("lock") += 1;
         tokio::time::sleep(Duration::from_millis(400)).await;
         let refresh = form.get("refresh_token").cloned().unwrap_or_default();
         if form.get("grant_type").map(String::as_str) != Some("refresh_token") {
             return Err(StatusCode::BAD_REQUEST);
+        }
+        if form.get("client_id").map(String::as_str)
+            != Some(selector_svc::domain::default_oauth_client_id(
+                selector_svc::domain::Platform::Anthropic,
+            ))
+        {
+            return Err(StatusCode::UNAUTHORIZED);
         }
         if !endpoint.used.lock().expect("lock").insert(refresh.clone()) {
             return Err(StatusCode::BAD_REQUEST);
@@ -142,6 +150,42 @@ async fn start_token_endpoint(endpoint: TokenEndpoint) -> String {
         let _ = axum::serve(listener, router).await;
     });
     format!("http://{addr}/oauth/token")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_token_is_refreshed_whatever_its_expiry_and_only_once() {
+    let backends = Backends::start().await;
+    let endpoint = TokenEndpoint::default();
+    let url = start_token_endpoint(endpoint.clone()).await;
+    let far = now_ms() + 10 * 3600 * 1000;
+    let id = backends
+        .account("subscription", "g", |a| {
+            a.credential_kind = CredentialKind::OAuth;
+            a.credential = Some(Secret::new("revoked-access-token"));
+            a.oauth = Some(oauth("refresh-1", far, &url));
+        })
+        .await;
+    let replica = Replica::start(backends.config(fast_settings())).await;
+    let refused = Secret::new("revoked-access-token");
+    // Not near expiry, yet refused upstream: refreshed.
+    let first = replica
+        .built
+        .refresher
+        .refresh_refused(id, &refused)
+        .await
+        .expect("refreshed");
+    assert_eq!(first, RefreshResult::Refreshed);
+    let account = backends.store.load_account(id).await.expect("account");
+    assert_eq!(account.credential.expose(), "access-after-refresh-1");
+    // The same refusal reported again (another relay, a late report): nothing to do.
+    let again = replica
+        .built
+        .refresher
+        .refresh_refused(id, &refused)
+        .await
+        .expect("no error");
+    assert_eq!(again, RefreshResult::Waited);
+    assert_eq!(*endpoint.calls.lock().expect("lock"), 1, "one refresh");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -121,6 +121,7 @@ pub fn oauth(refresh_token: &str, expires_at_ms: i64, token_url: &str) -> OAuthS
         refresh_token: Secret::new(refresh_token),
         expires_at_ms,
         token_url: token_url.into(),
+        client_id: String::new(),
     }
 }
 
