@@ -59,6 +59,9 @@ struct FakeState {
     known_models: Mutex<Option<HashSet<String>>>,
     /// Credentials whose account has no credit left: every request gets the billing answer.
     out_of_credit: Mutex<HashSet<String>>,
+    /// Claude subscription (OAuth) tokens: served only on requests with the OAuth beta and
+    /// Claude Code's identity as the first system block, as Anthropic's API does.
+    claude_code_only: Mutex<HashSet<String>>,
 }
 
 /// A handle on a running fake upstream.
@@ -139,6 +142,17 @@ impl FakeUpstream {
         } else {
             set.remove(credential);
         }
+    }
+
+    /// `credential` is a Claude subscription token: Messages requests without the
+    /// `oauth-2025-04-20` beta get a 401, and those whose first system block is not Claude
+    /// Code's identity get Anthropic's 400 ("only authorized for use with Claude Code").
+    pub fn set_claude_code_only(&self, credential: &str) {
+        self.state
+            .claude_code_only
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(credential.to_owned());
     }
 
     pub fn set_delay(&self, delay: Duration) {
@@ -447,8 +461,19 @@ async fn answer(
         .unwrap_or_else(|p| p.into_inner())
         .as_ref()
         .is_some_and(|known| !known.contains(&model));
+    let subscription = shape == Shape::Anthropic
+        && state
+            .claude_code_only
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&credential);
+    let refused_subscription = subscription
+        .then(|| claude_code_refusal(&headers, &request))
+        .flatten();
     let scripted = scripted.or_else(|| {
-        let (status, body) = if broke {
+        let (status, body) = if let Some(refusal) = refused_subscription {
+            refusal
+        } else if broke {
             match shape {
                 Shape::Anthropic => (
                     400,
@@ -631,6 +656,40 @@ async fn answer(
         http::HeaderValue::from_static("text/event-stream"),
     );
     response
+}
+
+/// Why Anthropic would refuse a subscription token on this request, if it would.
+fn claude_code_refusal(headers: &HeaderMap, request: &Value) -> Option<(u16, Value)> {
+    let betas = headers
+        .get_all("anthropic-beta")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect::<Vec<_>>()
+        .join(",");
+    let bearer =
+        headers.contains_key(http::header::AUTHORIZATION) && !headers.contains_key("x-api-key");
+    if !bearer || !betas.split(',').any(|b| b.trim() == "oauth-2025-04-20") {
+        return Some((
+            401,
+            json!({"type": "error", "error": {"type": "authentication_error", "message": "OAuth authentication is currently not supported."}}),
+        ));
+    }
+    let first = match request.get("system") {
+        Some(Value::String(text)) => Some(text.as_str()),
+        Some(Value::Array(blocks)) => blocks
+            .first()
+            .and_then(|b| b.get("text"))
+            .and_then(Value::as_str),
+        _ => None,
+    };
+    let identity = "You are Claude Code, Anthropic's official CLI for Claude.";
+    if !first.is_some_and(|text| text.starts_with(identity)) {
+        return Some((
+            400,
+            json!({"type": "error", "error": {"type": "invalid_request_error", "message": "This credential is only authorized for use with Claude Code and cannot be used for other API requests."}}),
+        ));
+    }
+    None
 }
 
 /// The events one by one; the in-flight guard lives until the stream is done (or dropped).

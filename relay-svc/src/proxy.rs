@@ -24,6 +24,7 @@ use crate::classify::{
 };
 use crate::metrics::Metrics;
 use crate::usage::{ChatUsageStripper, SseScanner, Usage};
+use selector_svc::confirm::CLAUDE_CODE_IDENTITY;
 
 #[derive(Debug, Clone)]
 pub struct RelaySettings {
@@ -627,8 +628,14 @@ impl Relay {
         }
         request = request.header(http::header::ACCEPT_ENCODING, "identity");
         let credential = account.credential.expose();
-        // `anthropic-beta` goes upstream once: the client's list, plus the account's own.
+        // `anthropic-beta` goes upstream once: the client's list, plus the account's own. A
+        // subscription (OAuth) token serves only Claude Code's requests: other clients' requests
+        // get Claude Code's identity (its beta here, its system line below).
+        let as_claude_code = needs_claude_code_identity(inbound, account);
         let own_betas: &[&str] = match (inbound.api, account.credential_kind) {
+            (Api::Anthropic, CredentialKind::OAuth) if as_claude_code => {
+                &["claude-code-20250219", "oauth-2025-04-20"]
+            }
             (Api::Anthropic, CredentialKind::OAuth) => &["oauth-2025-04-20"],
             _ => &[],
         };
@@ -642,10 +649,22 @@ impl Relay {
             }
         };
         let ask_usage = asks_stream_usage(inbound, account);
-        let body = if account.mapped_model != inbound.model || ask_usage {
+        let body = if account.mapped_model != inbound.model || ask_usage || as_claude_code {
             // `inbound.json` is an object (checked when the request came in).
             let mut json = inbound.json.clone();
             json["model"] = Value::String(account.mapped_model.clone());
+            if as_claude_code {
+                let mut system =
+                    vec![serde_json::json!({"type": "text", "text": CLAUDE_CODE_IDENTITY})];
+                match json.get("system") {
+                    Some(Value::String(text)) if !text.is_empty() => {
+                        system.push(serde_json::json!({"type": "text", "text": text}));
+                    }
+                    Some(Value::Array(blocks)) => system.extend(blocks.iter().cloned()),
+                    _ => {}
+                }
+                json["system"] = Value::Array(system);
+            }
             if ask_usage {
                 match json
                     .get_mut("stream_options")
@@ -1022,6 +1041,31 @@ async fn gone(lost: &mut Option<tokio::sync::watch::Receiver<bool>>) {
         return;
     }
     std::future::pending::<()>().await
+}
+
+/// Whether the request already opens with Claude Code's identity line (Claude Code's own
+/// requests do; they go upstream untouched).
+fn opens_with_claude_code_identity(json: &Value) -> bool {
+    match json.get("system") {
+        Some(Value::String(text)) => text.trim_start().starts_with(CLAUDE_CODE_IDENTITY),
+        Some(Value::Array(blocks)) => blocks
+            .first()
+            .and_then(|block| block.get("text"))
+            .and_then(Value::as_str)
+            .is_some_and(|text| text.trim_start().starts_with(CLAUDE_CODE_IDENTITY)),
+        _ => false,
+    }
+}
+
+/// A Messages request of another client (an SDK, curl) on a Claude subscription (OAuth)
+/// account: Anthropic serves such tokens only for Claude Code, so the request gets Claude Code's
+/// identity line as its first system block and Claude Code's beta, as sub2api and
+/// claude-relay-service do. `count_tokens` takes no system prompt and is left alone.
+fn needs_claude_code_identity(inbound: &Inbound, account: &Planned) -> bool {
+    inbound.api == Api::Anthropic
+        && inbound.path == "/v1/messages"
+        && account.credential_kind == CredentialKind::OAuth
+        && !opens_with_claude_code_identity(&inbound.json)
 }
 
 /// A stream chunk as the client gets it (see `ChatUsageStripper`).

@@ -45,3 +45,54 @@ async fn the_official_python_sdks_work_unchanged() {
     );
     assert!(stdout.contains("7 checks passed, 0 failed"), "{stdout}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_anthropic_sdk_works_through_a_claude_subscription_account() {
+    let python = sdk_python();
+    let upstream = FakeUpstream::start().await.expect("fake upstream");
+    // The fake refuses this token unless the request is Claude Code's (as Anthropic does).
+    upstream.set_claude_code_only("sk-ant-oat01-subscription");
+    let yaml = format!(
+        "api_keys:\n  - {{key: sk-sdk-test, group: default, user: sdk}}\naccounts:\n  - {{name: a, platform: anthropic, base_url: \"{0}\", oauth: {{access_token: sk-ant-oat01-subscription}}, concurrency: 2}}\n  - {{name: o, platform: openai, base_url: \"{0}\", api_key: k-o, concurrency: 2}}\n",
+        upstream.base_url
+    );
+    let (_relay, addr) = common::standalone(&yaml, Default::default(), Default::default()).await;
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/sdk/sdk_check.py");
+    let output = tokio::process::Command::new(&python)
+        .arg(&script)
+        .arg(format!("http://{addr}"))
+        .arg("sk-sdk-test")
+        .output()
+        .await
+        .expect("python runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "SDK checks failed:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("7 checks passed, 0 failed"), "{stdout}");
+    let messages: Vec<_> = upstream
+        .seen_requests()
+        .into_iter()
+        .filter(|r| r.path == "/v1/messages")
+        .collect();
+    assert!(!messages.is_empty());
+    for request in messages {
+        assert_eq!(
+            request.body["system"][0]["text"],
+            selector_svc::confirm::CLAUDE_CODE_IDENTITY,
+            "Claude Code's identity first"
+        );
+        let betas = request
+            .headers
+            .get("anthropic-beta")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        assert!(
+            betas.contains("oauth-2025-04-20") && betas.contains("claude-code-20250219"),
+            "{betas}"
+        );
+        assert_eq!(request.headers.get_all("anthropic-beta").iter().count(), 1);
+    }
+}

@@ -997,3 +997,47 @@ async fn a_burst_of_429_and_529_on_every_account_leaves_all_of_them_selectable()
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_requests_go_to_a_subscription_account_untouched_and_others_get_its_identity() {
+    let upstream = FakeUpstream::start().await.expect("fake upstream");
+    upstream.set_claude_code_only("tok-sub");
+    let yaml = format!(
+        "api_keys:\n  - {{key: {KEY}, user: alice, group: default}}\naccounts:\n  - {{name: sub, platform: anthropic, base_url: \"{}\", oauth: {{access_token: tok-sub}}, concurrency: 4}}\n",
+        upstream.base_url
+    );
+    let (relay, addr) = common::standalone(&yaml, fast(), Default::default()).await;
+    let h = Harness {
+        upstream,
+        base: format!("http://{addr}"),
+        http: reqwest::Client::new(),
+        relay,
+    };
+    // Another client, with a system prompt of its own: served, identity first, its prompt kept.
+    let mut body = fresh_message();
+    body["system"] = json!("Be brief.");
+    let (status, answer) = h.messages(&body).await;
+    assert_eq!(status, 200, "{answer}");
+    let seen = h.upstream.seen_requests();
+    let last = seen.last().expect("a request");
+    assert_eq!(
+        last.body["system"],
+        json!([
+            {"type": "text", "text": selector_svc::confirm::CLAUDE_CODE_IDENTITY},
+            {"type": "text", "text": "Be brief."}
+        ])
+    );
+    // Claude Code's own request (identity already first): untouched.
+    let mut claude_code = fresh_message();
+    claude_code["system"] = json!([
+        {"type": "text", "text": selector_svc::confirm::CLAUDE_CODE_IDENTITY, "cache_control": {"type": "ephemeral"}},
+        {"type": "text", "text": "You are an interactive CLI tool."}
+    ]);
+    let (status, answer) = h.messages(&claude_code).await;
+    assert_eq!(status, 200, "{answer}");
+    let seen = h.upstream.seen_requests();
+    assert_eq!(
+        seen.last().expect("a request").body["system"],
+        claude_code["system"]
+    );
+}
