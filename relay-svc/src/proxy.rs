@@ -11,7 +11,7 @@ use admission_svc::domain::{DenyReason, LeaseTerms, UserLimit, usd_to_micros};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
-use selector_svc::domain::{CredentialKind, OutcomeClass, Price, now_ms};
+use selector_svc::domain::{CredentialKind, OutcomeClass, Price, chatgpt_account_id, now_ms};
 use serde_json::Value;
 use tokio::sync::mpsc;
 
@@ -23,8 +23,8 @@ use crate::classify::{
     Classified, UpstreamError, classify, classify_stream_error, network_failure,
 };
 use crate::metrics::Metrics;
-use crate::usage::{ChatUsageStripper, SseScanner, Usage};
-use selector_svc::confirm::CLAUDE_CODE_IDENTITY;
+use crate::usage::{ChatUsageStripper, SseScanner, Usage, completed_response};
+use selector_svc::confirm::{CLAUDE_CODE_IDENTITY, chatgpt_responses_url};
 
 #[derive(Debug, Clone)]
 pub struct RelaySettings {
@@ -342,6 +342,11 @@ impl Relay {
                 }
             };
             let mut plan = plan;
+            // ChatGPT subscription accounts serve the Responses API only.
+            if inbound.path != "/v1/responses" {
+                plan.accounts
+                    .retain(|a| a.credential_kind != CredentialKind::ChatGptOAuth);
+            }
             if !not_found_models.is_empty() {
                 plan.accounts
                     .retain(|a| !not_found_models.contains(&a.mapped_model));
@@ -616,14 +621,43 @@ impl Relay {
             inbound.path
         };
         let client = self.client_for(account.proxy_url.as_deref());
+        let chatgpt = account.credential_kind == CredentialKind::ChatGptOAuth;
         let url = match &inbound.query {
+            _ if chatgpt => chatgpt_responses_url(base),
             Some(query) => format!("{base}{path}?{query}"),
             None => format!("{base}{path}"),
         };
         let mut request = client.post(url);
         for (name, value) in &inbound.headers {
-            if passes_upstream(name.as_str()) {
+            // The ChatGPT backend gets its own `openai-beta` and session headers below.
+            let replaced =
+                chatgpt && matches!(name.as_str(), "openai-beta" | "session_id" | "session-id");
+            if passes_upstream(name.as_str()) && !replaced {
                 request = request.header(name, value);
+            }
+        }
+        if chatgpt {
+            // What the Codex CLI sends the ChatGPT backend with a subscription sign-in (see
+            // docs/SUBSCRIPTIONS.md): the account (from the token's auth claim), the beta, who
+            // is calling, and the session (the client's, else the relay's session hash).
+            request = request.header("openai-beta", "responses=experimental");
+            if let Some(id) = chatgpt_account_id(account.credential.expose()) {
+                request = request.header("chatgpt-account-id", id);
+            }
+            if !inbound.headers.contains_key("originator") {
+                request = request.header("originator", "codex_cli_rs");
+            }
+            let session = ["session-id", "session_id"]
+                .iter()
+                .find_map(|name| inbound.headers.get(*name).cloned())
+                .or_else(|| {
+                    inbound
+                        .session_hash
+                        .as_deref()
+                        .and_then(|s| HeaderValue::from_str(s).ok())
+                });
+            if let Some(session) = session {
+                request = request.header("session_id", session);
             }
         }
         request = request.header(http::header::ACCEPT_ENCODING, "identity");
@@ -643,43 +677,52 @@ impl Relay {
             request = request.header("anthropic-beta", betas);
         }
         request = match (inbound.api, account.credential_kind) {
-            (Api::Anthropic, CredentialKind::ApiKey) => request.header("x-api-key", credential),
+            (Api::Anthropic, CredentialKind::ApiKey | CredentialKind::ChatGptOAuth) => {
+                request.header("x-api-key", credential)
+            }
             (Api::Anthropic, CredentialKind::OAuth) | (Api::OpenAi, _) => {
                 request.bearer_auth(credential)
             }
         };
         let ask_usage = asks_stream_usage(inbound, account);
-        let body = if account.mapped_model != inbound.model || ask_usage || as_claude_code {
-            // `inbound.json` is an object (checked when the request came in).
-            let mut json = inbound.json.clone();
-            json["model"] = Value::String(account.mapped_model.clone());
-            if as_claude_code {
-                let mut system =
-                    vec![serde_json::json!({"type": "text", "text": CLAUDE_CODE_IDENTITY})];
-                match json.get("system") {
-                    Some(Value::String(text)) if !text.is_empty() => {
-                        system.push(serde_json::json!({"type": "text", "text": text}));
+        let body =
+            if account.mapped_model != inbound.model || ask_usage || as_claude_code || chatgpt {
+                // `inbound.json` is an object (checked when the request came in).
+                let mut json = inbound.json.clone();
+                json["model"] = Value::String(account.mapped_model.clone());
+                if as_claude_code {
+                    let mut system =
+                        vec![serde_json::json!({"type": "text", "text": CLAUDE_CODE_IDENTITY})];
+                    match json.get("system") {
+                        Some(Value::String(text)) if !text.is_empty() => {
+                            system.push(serde_json::json!({"type": "text", "text": text}));
+                        }
+                        Some(Value::Array(blocks)) => system.extend(blocks.iter().cloned()),
+                        _ => {}
                     }
-                    Some(Value::Array(blocks)) => system.extend(blocks.iter().cloned()),
-                    _ => {}
+                    json["system"] = Value::Array(system);
                 }
-                json["system"] = Value::Array(system);
-            }
-            if ask_usage {
-                match json
-                    .get_mut("stream_options")
-                    .and_then(Value::as_object_mut)
-                {
-                    Some(options) => {
-                        options.insert("include_usage".into(), Value::Bool(true));
+                if chatgpt {
+                    // The backend keeps nothing and always streams (a non-streaming client's answer
+                    // is folded from the stream).
+                    json["store"] = Value::Bool(false);
+                    json["stream"] = Value::Bool(true);
+                }
+                if ask_usage {
+                    match json
+                        .get_mut("stream_options")
+                        .and_then(Value::as_object_mut)
+                    {
+                        Some(options) => {
+                            options.insert("include_usage".into(), Value::Bool(true));
+                        }
+                        None => json["stream_options"] = serde_json::json!({"include_usage": true}),
                     }
-                    None => json["stream_options"] = serde_json::json!({"include_usage": true}),
                 }
-            }
-            Bytes::from(serde_json::to_vec(&json).unwrap_or_else(|_| inbound.body.to_vec()))
-        } else {
-            inbound.body.clone()
-        };
+                Bytes::from(serde_json::to_vec(&json).unwrap_or_else(|_| inbound.body.to_vec()))
+            } else {
+                inbound.body.clone()
+            };
         if !inbound.headers.contains_key(http::header::CONTENT_TYPE) {
             request = request.header(http::header::CONTENT_TYPE, "application/json");
         }
@@ -738,9 +781,13 @@ impl Relay {
             .get(http::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|ct| ct.starts_with("text/event-stream"));
-        let client_headers = response_headers(&headers);
+        let mut client_headers = response_headers(&headers);
         let mut upstream = response.bytes_stream();
-        if !is_sse {
+        // The ChatGPT backend always streams: a client that did not ask for a stream gets the
+        // stream folded into one response.
+        let fold =
+            is_sse && !inbound.stream && account.credential_kind == CredentialKind::ChatGptOAuth;
+        if !is_sse || fold {
             let mut collected = Vec::new();
             let mut failed = false;
             loop {
@@ -768,7 +815,32 @@ impl Relay {
                     lease,
                 };
             }
-            let body = Bytes::from(collected);
+            let mut body = Bytes::from(collected);
+            if fold {
+                match completed_response(&body) {
+                    Ok(response) => {
+                        body = Bytes::from(serde_json::to_vec(&response).unwrap_or_default());
+                        client_headers.insert(
+                            http::header::CONTENT_TYPE,
+                            HeaderValue::from_static("application/json"),
+                        );
+                    }
+                    Err(event) => {
+                        return Called::Failed {
+                            classified: event
+                                .as_ref()
+                                .map(classify_stream_error)
+                                .unwrap_or_else(network_failure),
+                            status: 502,
+                            headers: HeaderMap::new(),
+                            body: Bytes::from(event.map(|e| e.to_string()).unwrap_or_else(|| {
+                                "the upstream stream ended without a response".into()
+                            })),
+                            lease,
+                        };
+                    }
+                }
+            }
             self.metrics.upstream_latency(platform, sent.elapsed());
             let mut usage = Usage::default();
             let mut response_id = None;

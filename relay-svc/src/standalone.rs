@@ -86,6 +86,9 @@ pub struct AccountEntry {
     /// ...or an OAuth access token (refreshing it is the distributed selector's job).
     #[serde(default)]
     pub oauth: Option<OAuthEntry>,
+    /// A ChatGPT subscription (the Codex CLI's sign-in): platform openai, `/v1/responses` only.
+    #[serde(default)]
+    pub chatgpt_oauth: Option<OAuthEntry>,
     #[serde(default)]
     pub priority: i32,
     #[serde(default = "one")]
@@ -175,19 +178,26 @@ impl StandaloneFile {
                 |message: &str| format!("config: accounts[{index}] ({}): {message}", entry.name);
             let platform = Platform::parse(&entry.platform)
                 .ok_or_else(|| at("platform must be anthropic or openai"))?;
-            let (credential_kind, credential) =
-                match (&entry.api_key, &entry.credential_env, &entry.oauth) {
-                    (Some(key), _, _) => (CredentialKind::ApiKey, key.clone()),
-                    (None, Some(var), _) => (
-                        CredentialKind::ApiKey,
-                        std::env::var(var)
-                            .map_err(|_| at(&format!("environment variable {var} is not set")))?,
-                    ),
-                    (None, None, Some(oauth)) => {
-                        (CredentialKind::OAuth, oauth.access_token.clone())
+            let (credential_kind, credential) = match (
+                &entry.api_key,
+                &entry.credential_env,
+                entry.oauth.as_ref().or(entry.chatgpt_oauth.as_ref()),
+            ) {
+                (Some(key), _, _) => (CredentialKind::ApiKey, key.clone()),
+                (None, Some(var), _) => (
+                    CredentialKind::ApiKey,
+                    std::env::var(var)
+                        .map_err(|_| at(&format!("environment variable {var} is not set")))?,
+                ),
+                (None, None, Some(oauth)) if entry.chatgpt_oauth.is_some() => {
+                    if platform != Platform::OpenAi {
+                        return Err(at("chatgpt_oauth accounts are on platform openai"));
                     }
-                    (None, None, None) => return Err(at("needs api_key, credential_env or oauth")),
-                };
+                    (CredentialKind::ChatGptOAuth, oauth.access_token.clone())
+                }
+                (None, None, Some(oauth)) => (CredentialKind::OAuth, oauth.access_token.clone()),
+                (None, None, None) => return Err(at("needs api_key, credential_env or oauth")),
+            };
             if credential.is_empty() {
                 return Err(at("the credential is empty"));
             }

@@ -134,6 +134,35 @@ impl SseScanner {
     }
 }
 
+/// A whole Responses API stream folded into the one response a non-streaming client expects:
+/// the `response` of its `response.completed` event. `Err(Some(event))`: the stream ended in an
+/// error event; `Err(None)`: it ended without either.
+pub fn completed_response(stream: &[u8]) -> Result<Value, Option<Value>> {
+    let text = String::from_utf8_lossy(stream);
+    let mut error = None;
+    for event in text.split("\n\n") {
+        let data: String = event
+            .lines()
+            .filter_map(|line| line.strip_prefix("data:"))
+            .map(str::trim_start)
+            .collect::<Vec<_>>()
+            .join("\n");
+        let Ok(event) = serde_json::from_str::<Value>(&data) else {
+            continue;
+        };
+        match event.get("type").and_then(Value::as_str) {
+            Some("response.completed") => {
+                if let Some(response) = event.get("response") {
+                    return Ok(response.clone());
+                }
+            }
+            Some("response.failed") | Some("error") => error = Some(event),
+            _ => {}
+        }
+    }
+    Err(error)
+}
+
 /// Takes out of an OpenAI chat stream what the relay added by asking for usage the client did not
 /// ask for (`stream_options.include_usage`): the final usage-only chunk (`"choices": []`) and the
 /// `"usage": null` field of every other chunk. The client gets the stream it asked for; the
@@ -292,6 +321,24 @@ mod tests {
         assert!(client.ends_with("data: [DONE]\n\n"), "{client}");
         assert_eq!(client.matches("data: ").count(), 3, "{client}");
         assert_eq!((scanner.usage.input, scanner.usage.output), (10, 7));
+    }
+
+    #[test]
+    fn a_responses_stream_folds_into_its_completed_response() {
+        let stream = concat!(
+            "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_1\",\"status\":\"in_progress\"}}\n\n",
+            "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"Hi\"}\n\n",
+            "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_1\",\"status\":\"completed\",\"usage\":{\"input_tokens\":3}}}\n\n",
+        );
+        let response = completed_response(stream.as_bytes()).expect("completed");
+        assert_eq!(response["id"], "resp_1");
+        assert_eq!(response["status"], "completed");
+        let failed = "data: {\"type\":\"response.failed\",\"response\":{\"error\":{\"code\":\"server_error\"}}}\n\n";
+        assert!(matches!(
+            completed_response(failed.as_bytes()),
+            Err(Some(_))
+        ));
+        assert_eq!(completed_response(b"data: [DONE]\n\n"), Err(None));
     }
 
     #[test]

@@ -242,3 +242,79 @@ async fn claude_code_and_codex_work_through_the_distributed_relay() {
     assert!(stdout.contains("Hello there."), "{stdout}");
     check_codex(&upstream.seen_requests());
 }
+
+/// Codex's request as the ChatGPT backend received it through a `chatgpt_oauth` account.
+fn check_codex_on_chatgpt(seen: &[SeenRequest]) {
+    let request = seen
+        .iter()
+        .find(|r| r.path == "/backend-api/codex/responses")
+        .unwrap_or_else(|| panic!("no request reached the ChatGPT backend: {seen:?}"));
+    assert_eq!(header(request, "chatgpt-account-id"), Some("acct-cli"));
+    assert_eq!(
+        header(request, "openai-beta"),
+        Some("responses=experimental")
+    );
+    assert_eq!(header(request, "originator"), Some("codex_exec"));
+    assert!(header(request, "session_id").is_some());
+    assert_eq!(request.body["store"], false);
+    assert_eq!(request.body["stream"], true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_works_through_a_chatgpt_subscription_account_in_both_modes() {
+    let bin = clients_bin();
+    let token = relay_svc::fake_upstream::fake_chatgpt_token("acct-cli");
+    // Standalone.
+    let upstream = FakeUpstream::start().await.expect("fake upstream");
+    let yaml = format!(
+        "api_keys:\n  - {{key: {KEY}, user: cli, group: default}}\naccounts:\n  - {{name: chatgpt, platform: openai, base_url: \"{}/backend-api\", chatgpt_oauth: {{access_token: \"{token}\"}}, concurrency: 4}}\n",
+        upstream.base_url
+    );
+    let (_relay, addr) =
+        common::standalone(&yaml, RelaySettings::default(), Default::default()).await;
+    let (ok, stdout) = codex(&bin, &format!("http://{addr}"), KEY).await;
+    assert!(ok, "codex exec exits 0 (standalone)");
+    assert!(stdout.contains("Hello there."), "{stdout}");
+    check_codex_on_chatgpt(&upstream.seen_requests());
+    // Distributed.
+    let backends = common::backends().await;
+    let upstream = FakeUpstream::start().await.expect("fake upstream");
+    let mut account = common::account(
+        "chatgpt",
+        &format!("{}/backend-api", upstream.base_url),
+        4,
+        0,
+    );
+    account.platform = Platform::OpenAi;
+    account.credential_kind = selector_svc::domain::CredentialKind::ChatGptOAuth;
+    account.credential = Some(selector_svc::domain::Secret::new(token.clone()));
+    account.oauth = Some(selector_svc::domain::OAuthState {
+        refresh_token: selector_svc::domain::Secret::new("rt-cli"),
+        expires_at_ms: 4_102_444_800_000,
+        token_url: format!("{}/oauth/token", upstream.base_url),
+        client_id: String::new(),
+    });
+    backends
+        .store
+        .upsert_account(&account)
+        .await
+        .expect("account");
+    let (_, key) = backends
+        .store
+        .create_api_key("cli", "cli", "default", 0)
+        .await
+        .expect("key");
+    let (_selector, selector_addr) = common::selector(&backends).await;
+    let (_admission, admission_addr) =
+        common::admission(&backends.redis.url(), Default::default()).await;
+    let addr = common::relay(
+        vec![format!("http://{selector_addr}")],
+        vec![format!("http://{admission_addr}")],
+        RelaySettings::default(),
+    )
+    .await;
+    let (ok, stdout) = codex(&bin, &format!("http://{addr}"), key.expose()).await;
+    assert!(ok, "codex exec exits 0 (distributed)");
+    assert!(stdout.contains("Hello there."), "{stdout}");
+    check_codex_on_chatgpt(&upstream.seen_requests());
+}

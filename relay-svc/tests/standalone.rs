@@ -1041,3 +1041,80 @@ async fn claude_code_requests_go_to_a_subscription_account_untouched_and_others_
         claude_code["system"]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chatgpt_subscription_account_serves_the_responses_api_through_the_codex_backend() {
+    let upstream = FakeUpstream::start().await.expect("fake upstream");
+    let token = relay_svc::fake_upstream::fake_chatgpt_token("acct-123");
+    let yaml = format!(
+        "api_keys:\n  - {{key: {KEY}, user: alice, group: default}}\naccounts:\n  - {{name: chatgpt, platform: openai, base_url: \"{}/backend-api\", chatgpt_oauth: {{access_token: \"{token}\"}}, concurrency: 4}}\n",
+        upstream.base_url
+    );
+    let (relay, addr) = common::standalone(&yaml, fast(), Default::default()).await;
+    let h = Harness {
+        upstream,
+        base: format!("http://{addr}"),
+        http: reqwest::Client::new(),
+        relay,
+    };
+    let post = |path: &str, body: Value| {
+        h.http
+            .post(format!("{}{path}", h.base))
+            .bearer_auth(KEY)
+            .json(&body)
+            .send()
+    };
+    // A client that does not stream gets the backend's stream folded into one response.
+    let response = post(
+        "/v1/responses",
+        json!({"model": "gpt-5", "input": "hi", "instructions": "Be brief."}),
+    )
+    .await
+    .expect("relay answers");
+    assert_eq!(response.status().as_u16(), 200);
+    assert!(
+        response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| ct.contains("json"))
+    );
+    let body: Value = response.json().await.expect("json");
+    assert_eq!(body["status"], "completed", "{body}");
+    assert!(
+        body["id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("resp_"))
+    );
+    // A streaming client gets the stream.
+    let text = post(
+        "/v1/responses",
+        json!({"model": "gpt-5", "input": "hi", "stream": true}),
+    )
+    .await
+    .expect("relay answers")
+    .text()
+    .await
+    .expect("stream");
+    assert!(text.contains("response.completed"), "{text}");
+    let seen = h.upstream.seen_requests();
+    assert_eq!(seen.len(), 2);
+    for request in &seen {
+        assert_eq!(request.path, "/backend-api/codex/responses");
+        let header = |name: &str| request.headers.get(name).and_then(|v| v.to_str().ok());
+        assert_eq!(header("chatgpt-account-id"), Some("acct-123"));
+        assert_eq!(header("openai-beta"), Some("responses=experimental"));
+        assert!(header("originator").is_some() && header("session_id").is_some());
+        assert_eq!(request.body["store"], false);
+        assert_eq!(request.body["stream"], true);
+    }
+    // Chat completions: these accounts cannot serve them.
+    let response = post(
+        "/v1/chat/completions",
+        json!({"model": "gpt-5", "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await
+    .expect("relay answers");
+    assert_eq!(response.status().as_u16(), 503);
+    assert_eq!(h.upstream.seen_requests().len(), 2, "never sent upstream");
+}

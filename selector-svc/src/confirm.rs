@@ -19,7 +19,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::classify::{Classified, UpstreamError, classify, network_failure};
-use crate::domain::{Account, CredentialKind, OutcomeClass, Platform, now_ms};
+use crate::domain::{Account, CredentialKind, OutcomeClass, Platform, chatgpt_account_id, now_ms};
 
 /// How a confirmation runs.
 #[derive(Debug, Clone)]
@@ -101,6 +101,12 @@ fn upstream_url(base: &str, path: &str) -> String {
     }
 }
 
+/// The ChatGPT backend's Codex endpoint under an account's base URL (the default base is
+/// `https://chatgpt.com/backend-api`).
+pub fn chatgpt_responses_url(base: &str) -> String {
+    format!("{}/codex/responses", base.trim_end_matches('/'))
+}
+
 /// Claude Code's identity line: Anthropic accepts subscription (OAuth) tokens only on requests
 /// that open with it.
 pub const CLAUDE_CODE_IDENTITY: &str = "You are Claude Code, Anthropic's official CLI for Claude.";
@@ -123,7 +129,9 @@ pub fn probe_request(
                 .post(upstream_url(&account.base_url, "/v1/messages"))
                 .header("anthropic-version", "2023-06-01");
             match account.credential_kind {
-                CredentialKind::ApiKey => request.header("x-api-key", credential).json(&body),
+                CredentialKind::ApiKey | CredentialKind::ChatGptOAuth => {
+                    request.header("x-api-key", credential).json(&body)
+                }
                 CredentialKind::OAuth => {
                     body["system"] = json!([{"type": "text", "text": CLAUDE_CODE_IDENTITY}]);
                     request
@@ -132,6 +140,23 @@ pub fn probe_request(
                         .json(&body)
                 }
             }
+        }
+        Platform::OpenAi if account.credential_kind == CredentialKind::ChatGptOAuth => {
+            let mut request = client
+                .post(chatgpt_responses_url(&account.base_url))
+                .bearer_auth(credential)
+                .header("openai-beta", "responses=experimental")
+                .header("originator", "codex_cli_rs");
+            if let Some(id) = chatgpt_account_id(credential) {
+                request = request.header("chatgpt-account-id", id);
+            }
+            request.json(&json!({
+                "model": model,
+                "instructions": "Answer in one word.",
+                "input": [{"role": "user", "content": "ping"}],
+                "store": false,
+                "stream": true,
+            }))
         }
         Platform::OpenAi => client
             .post(upstream_url(&account.base_url, "/v1/chat/completions"))

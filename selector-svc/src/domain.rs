@@ -65,7 +65,11 @@ impl AccountStatus {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CredentialKind {
     ApiKey,
+    /// A Claude subscription signed in with OAuth (Anthropic).
     OAuth,
+    /// A ChatGPT subscription signed in with OAuth (the Codex CLI's sign-in): served through the
+    /// ChatGPT backend's Codex endpoint, `/v1/responses` only.
+    ChatGptOAuth,
 }
 
 impl CredentialKind {
@@ -73,6 +77,7 @@ impl CredentialKind {
         match self {
             CredentialKind::ApiKey => "api_key",
             CredentialKind::OAuth => "oauth",
+            CredentialKind::ChatGptOAuth => "chatgpt_oauth",
         }
     }
 
@@ -80,6 +85,7 @@ impl CredentialKind {
         match text {
             "api_key" => Some(CredentialKind::ApiKey),
             "oauth" => Some(CredentialKind::OAuth),
+            "chatgpt_oauth" => Some(CredentialKind::ChatGptOAuth),
             _ => None,
         }
     }
@@ -146,6 +152,31 @@ impl OAuthState {
             &self.client_id
         }
     }
+}
+
+impl CredentialKind {
+    /// Signed in with OAuth (a refresh token keeps it alive).
+    pub fn is_oauth(self) -> bool {
+        matches!(self, CredentialKind::OAuth | CredentialKind::ChatGptOAuth)
+    }
+}
+
+/// The ChatGPT account a Codex access token belongs to: its JWT's
+/// `https://api.openai.com/auth` claim, `chatgpt_account_id` (the backend wants it in the
+/// `chatgpt-account-id` header). `None` when the token carries none.
+pub fn chatgpt_account_id(access_token: &str) -> Option<String> {
+    use base64::Engine;
+    let payload = access_token.split('.').nth(1)?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload.trim_end_matches('='))
+        .ok()?;
+    let claims: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    claims
+        .get("https://api.openai.com/auth")?
+        .get("chatgpt_account_id")?
+        .as_str()
+        .filter(|id| !id.is_empty() && id.len() <= 128)
+        .map(str::to_owned)
 }
 
 /// The public OAuth client ids of the official CLIs, whose sign-ins subscription accounts come

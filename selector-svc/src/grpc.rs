@@ -446,7 +446,7 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
         let platform = platform("platform", r.platform)?;
         http_url("base_url", &r.base_url)?;
         let kind = CredentialKind::parse(&r.credential_kind)
-            .ok_or_else(|| invalid("credential_kind", "must be api_key or oauth"))?;
+            .ok_or_else(|| invalid("credential_kind", "must be api_key, oauth or chatgpt_oauth"))?;
         if r.credential.len() > 8192 || r.refresh_token.len() > 8192 {
             return Err(invalid("credential", "at most 8192 bytes"));
         }
@@ -476,7 +476,13 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
                 "at most 128 bytes, no control characters",
             ));
         }
-        let oauth = (kind == CredentialKind::OAuth).then(|| OAuthState {
+        if kind == CredentialKind::ChatGptOAuth && platform != Platform::OpenAi {
+            return Err(invalid(
+                "credential_kind",
+                "chatgpt_oauth accounts are on platform openai",
+            ));
+        }
+        let oauth = kind.is_oauth().then(|| OAuthState {
             refresh_token: Secret::new(r.refresh_token.clone()),
             expires_at_ms: r.expires_at_ms.min(i64::MAX as u64) as i64,
             token_url: r.token_url.clone(),

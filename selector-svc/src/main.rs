@@ -179,7 +179,7 @@ enum AdminAction {
         platform: String,
         #[arg(long)]
         base_url: String,
-        /// api_key | oauth
+        /// api_key | oauth (a Claude subscription) | chatgpt_oauth (a ChatGPT subscription; platform openai)
         #[arg(long, default_value = "api_key")]
         credential_kind: String,
         /// The credential; read from the ACCOUNT_CREDENTIAL env var when absent.

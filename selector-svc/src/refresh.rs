@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::domain::{AccountId, CredentialKind, Platform, Secret, now_ms};
+use crate::domain::{AccountId, Platform, Secret, now_ms};
 use crate::health::RedisHealth;
 use crate::metrics::Metrics;
 use crate::store::ConfigStore;
@@ -134,7 +134,7 @@ impl TokenRefresher {
         let Some(oauth) = account
             .oauth
             .as_ref()
-            .filter(|_| account.credential_kind == CredentialKind::OAuth)
+            .filter(|_| account.credential_kind.is_oauth())
         else {
             return Ok(RefreshResult::NotNeeded);
         };

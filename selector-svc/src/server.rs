@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 use tonic::transport::server::TcpIncoming;
 
 use crate::crypto::Keyring;
-use crate::domain::{AccountId, CredentialKind, Secret};
+use crate::domain::{AccountId, Secret};
 use crate::engine::{Selector, SelectorSettings};
 use crate::grpc::{AdminAuth, AdminGrpc, SelectorGrpc};
 use crate::health::RedisHealth;
@@ -208,7 +208,7 @@ async fn refresh_loop(
                 let due: Vec<AccountId> = snapshot
                     .get()
                     .accounts()
-                    .filter(|a| a.credential_kind == CredentialKind::OAuth)
+                    .filter(|a| a.credential_kind.is_oauth())
                     .map(|a| a.id)
                     .collect();
                 refresher.refresh_due(&due).await;

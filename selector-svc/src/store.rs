@@ -252,7 +252,7 @@ impl ConfigStore {
             .ok_or_else(|| StoreError::Conflict(format!("credential kind {kind_text}")))?;
         let oauth = match credential_kind {
             CredentialKind::ApiKey => None,
-            CredentialKind::OAuth => {
+            CredentialKind::OAuth | CredentialKind::ChatGptOAuth => {
                 let refresh: Option<Vec<u8>> =
                     row.try_get("refresh_token_ciphertext").map_err(convert)?;
                 let refresh_token = match refresh {
