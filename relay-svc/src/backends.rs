@@ -87,6 +87,21 @@ pub trait Selection: Send + Sync + 'static {
     async fn select(&self, request: &PlanRequest) -> Result<Plan, BackendError>;
     /// Reports a real upstream outcome (never a local refusal). Best effort.
     async fn report(&self, account_id: i64, outcome: Classified, status: u16, reason: &str);
+    /// Reports an upstream's refusal of an OAuth account's token. The first time
+    /// (`after_refresh` false) the selector may refresh the token and return it, for a retry on
+    /// the same account; with `after_refresh` the refusal counts against the account.
+    async fn report_refused(
+        &self,
+        account_id: i64,
+        outcome: Classified,
+        status: u16,
+        reason: &str,
+        after_refresh: bool,
+    ) -> Option<Secret> {
+        let _ = after_refresh;
+        self.report(account_id, outcome, status, reason).await;
+        None
+    }
     async fn bind_session(&self, group: &str, session_hash: &str, account_id: i64);
     async fn bind_response(&self, response_id: &str, account_id: i64);
     /// Queues usage records; they are written in batches.

@@ -62,6 +62,10 @@ struct FakeState {
     /// Claude subscription (OAuth) tokens: served only on requests with the OAuth beta and
     /// Claude Code's identity as the first system block, as Anthropic's API does.
     claude_code_only: Mutex<HashSet<String>>,
+    /// Revoked access tokens: every request with one gets a 401.
+    revoked: Mutex<HashSet<String>>,
+    /// Refresh tokens used at `/oauth/token` (each is good once, as upstream).
+    refreshed: Mutex<Vec<Value>>,
 }
 
 /// A handle on a running fake upstream.
@@ -91,6 +95,7 @@ impl FakeUpstream {
             .route("/v1/chat/completions", post(chat))
             .route("/v1/responses", post(responses))
             .route("/codex/responses", post(chatgpt_codex))
+            .route("/oauth/token", post(oauth_token))
             .route("/backend-api/codex/responses", post(chatgpt_codex))
             .route("/_mock/script", post(control_script))
             .route("/_mock/stats", axum::routing::get(control_stats))
@@ -155,6 +160,24 @@ impl FakeUpstream {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(credential.to_owned());
+    }
+
+    /// The upstream no longer accepts this access token (401 `authentication_error`).
+    pub fn revoke(&self, credential: &str) {
+        self.state
+            .revoked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(credential.to_owned());
+    }
+
+    /// The refresh requests `/oauth/token` received (their JSON bodies), oldest first.
+    pub fn token_requests(&self) -> Vec<Value> {
+        self.state
+            .refreshed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     pub fn set_delay(&self, delay: Duration) {
@@ -386,6 +409,46 @@ async fn responses(
     answer(state, Shape::Responses, uri, headers, body).await
 }
 
+/// An OAuth token endpoint as the providers' answer refresh requests (JSON in): a refresh token
+/// is good once; the new access token is `<refresh token>-access`, the new refresh token
+/// `<refresh token>-next`.
+async fn oauth_token(
+    State(state): State<Arc<FakeState>>,
+    axum::Json(request): axum::Json<Value>,
+) -> Response {
+    let refresh = request
+        .get("refresh_token")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    let mut seen = state.refreshed.lock().unwrap_or_else(|p| p.into_inner());
+    let reused = seen
+        .iter()
+        .any(|r| r.get("refresh_token") == request.get("refresh_token"));
+    seen.push(request.clone());
+    drop(seen);
+    if refresh.is_empty()
+        || reused
+        || request.get("grant_type").and_then(Value::as_str) != Some("refresh_token")
+        || request
+            .get("client_id")
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+    {
+        return (
+            StatusCode::BAD_REQUEST,
+            axum::Json(json!({"error": "invalid_grant"})),
+        )
+            .into_response();
+    }
+    axum::Json(json!({
+        "access_token": format!("{refresh}-access"),
+        "refresh_token": format!("{refresh}-next"),
+        "expires_in": 3600,
+    }))
+    .into_response()
+}
+
 /// An access token as ChatGPT's sign-in issues them (unsigned here): a JWT whose
 /// `https://api.openai.com/auth` claim names the ChatGPT account.
 pub fn fake_chatgpt_token(account_id: &str) -> String {
@@ -528,8 +591,18 @@ async fn answer(
     let refused_subscription = subscription
         .then(|| claude_code_refusal(&headers, &request))
         .flatten();
+    let revoked = state
+        .revoked
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .contains(&credential);
     let scripted = scripted.or_else(|| {
-        let (status, body) = if let Some(refusal) = refused_subscription {
+        let (status, body) = if revoked {
+            (
+                401,
+                json!({"type": "error", "error": {"type": "authentication_error", "message": "OAuth token has been revoked."}}),
+            )
+        } else if let Some(refusal) = refused_subscription {
             refusal
         } else if broke {
             match shape {

@@ -315,6 +315,9 @@ impl Relay {
         // Upstream models that answered 404: the request fails over only to an account that
         // maps the client's model to a different upstream model.
         let mut not_found_models: Vec<String> = Vec::new();
+        // OAuth accounts whose refused token the selector refreshed for this request: retried
+        // once with the new token.
+        let mut refreshed: HashMap<i64, selector_svc::domain::Secret> = HashMap::new();
         loop {
             let plan = match self
                 .selection
@@ -342,6 +345,11 @@ impl Relay {
                 }
             };
             let mut plan = plan;
+            for planned in plan.accounts.iter_mut() {
+                if let Some(fresh) = refreshed.get(&planned.id) {
+                    planned.credential = fresh.clone();
+                }
+            }
             // ChatGPT subscription accounts serve the Responses API only.
             if inbound.path != "/v1/responses" {
                 plan.accounts
@@ -516,9 +524,31 @@ impl Relay {
                         } else {
                             status
                         };
-                        self.selection
-                            .report(account.id, classified, reported, &reason)
-                            .await;
+                        if classified.class == OutcomeClass::Unauthorized
+                            && account.credential_kind.is_oauth()
+                        {
+                            let after_refresh = refreshed.contains_key(&account.id);
+                            let fresh = self
+                                .selection
+                                .report_refused(
+                                    account.id,
+                                    classified,
+                                    reported,
+                                    &reason,
+                                    after_refresh,
+                                )
+                                .await;
+                            if let Some(fresh) = fresh.filter(|_| !after_refresh) {
+                                // The same account again, with the new token; no budget spent.
+                                refreshed.insert(account.id, fresh);
+                                self.metrics.failover("401", "retry_refreshed");
+                                continue;
+                            }
+                        } else {
+                            self.selection
+                                .report(account.id, classified, reported, &reason)
+                                .await;
+                        }
                     }
                     failures += 1;
                     exclude.push(account.id);

@@ -315,6 +315,7 @@ fn success_report(account_id: i64, status: u16) -> spb::ReportOutcomeRequest {
         status: u32::from(status),
         reset_at_ms: 0,
         reason: String::new(),
+        after_refresh: false,
     }
 }
 
@@ -520,11 +521,56 @@ impl Selection for RemoteSelection {
             status: u32::from(status),
             reset_at_ms: outcome.reset_at_ms.map(|ms| ms.max(0) as u64).unwrap_or(0),
             reason,
+            after_refresh: false,
         };
         if let Err(status) = self.client.clone().report_outcome(request).await
             && let Some(held_back) = self.report_failures.allow()
         {
             tracing::warn!(account_id, code = ?status.code(), held_back, "outcome report failed (held_back: failures not logged since the last line)");
+        }
+    }
+
+    async fn report_refused(
+        &self,
+        account_id: i64,
+        outcome: Classified,
+        status: u16,
+        reason: &str,
+        after_refresh: bool,
+    ) -> Option<Secret> {
+        // In order: a success held back for this account goes first.
+        let pending_success = self
+            .successes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&account_id);
+        if let Some(success_status) = pending_success {
+            let _ = self
+                .client
+                .clone()
+                .report_outcome(success_report(account_id, success_status))
+                .await;
+        }
+        let request = spb::ReportOutcomeRequest {
+            account_id,
+            class: class_pb(outcome.class) as i32,
+            status: u32::from(status),
+            reset_at_ms: outcome.reset_at_ms.map(|ms| ms.max(0) as u64).unwrap_or(0),
+            reason: reason.chars().take(400).collect(),
+            after_refresh,
+        };
+        match self.client.clone().report_outcome(request).await {
+            Ok(answer) => {
+                let answer = answer.into_inner();
+                (answer.applied == "refreshed" && !answer.refreshed_credential.is_empty())
+                    .then(|| Secret::new(answer.refreshed_credential))
+            }
+            Err(status) => {
+                if let Some(held_back) = self.report_failures.allow() {
+                    tracing::warn!(account_id, code = ?status.code(), held_back, "outcome report failed (held_back: failures not logged since the last line)");
+                }
+                None
+            }
         }
     }
 

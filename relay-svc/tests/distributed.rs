@@ -583,3 +583,65 @@ async fn models_are_listed_the_same_in_both_modes() {
         .unwrap_or_else(|_| panic!("distributed lists {expected} too"));
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_subscription_token_is_refreshed_once_and_the_request_succeeds_on_the_same_account()
+ {
+    let stack = start().await;
+    // A Claude subscription account whose access token the upstream no longer accepts; it is
+    // not near expiry, so only the refusal can trigger the refresh.
+    let mut sub = account("sub", &stack.upstream.base_url, 2, -1);
+    sub.credential_kind = selector_svc::domain::CredentialKind::OAuth;
+    sub.credential = Some(selector_svc::domain::Secret::new("revoked-access"));
+    sub.oauth = Some(selector_svc::domain::OAuthState {
+        refresh_token: selector_svc::domain::Secret::new("rt-1"),
+        expires_at_ms: 4_102_444_800_000,
+        token_url: format!("{}/oauth/token", stack.upstream.base_url),
+        client_id: String::new(),
+    });
+    let id = stack.store.upsert_account(&sub).await.expect("account");
+    stack.upstream.revoke("revoked-access");
+    // Priority -1: the subscription account is tried first once the snapshot has it.
+    let served = eventually(Duration::from_secs(5), || async {
+        // A new conversation each time (no stickiness to an account that served before the
+        // snapshot had the subscription account).
+        let response = stack
+            .http
+            .post(format!("{}/v1/messages", stack.base))
+            .header("x-api-key", &stack.key)
+            .json(&json!({"model": "claude-x", "max_tokens": 8, "messages": [{"role": "user", "content": format!("hi {}", fastrand::u64(..))}]}))
+            .send()
+            .await
+            .ok()?;
+        let status = response.status().as_u16();
+        let body = response.text().await.unwrap_or_default();
+        let on_sub = stack.upstream.seen_requests().iter().any(|r| {
+            r.headers.get("authorization").and_then(|v| v.to_str().ok())
+                == Some("Bearer rt-1-access")
+        });
+        (on_sub).then_some((status, body))
+    })
+    .await
+    .expect("the request was retried on the subscription account with the new token");
+    assert_eq!(served.0, 200, "{}", served.1);
+    let refreshes = stack.upstream.token_requests();
+    assert_eq!(refreshes.len(), 1, "refreshed once: {refreshes:?}");
+    assert_eq!(
+        refreshes[0]["client_id"],
+        selector_svc::domain::default_oauth_client_id(selector_svc::domain::Platform::Anthropic)
+    );
+    // The first refusal did not count against the account.
+    let account = stack.store.load_account(id).await.expect("account");
+    assert_eq!(account.status, selector_svc::domain::AccountStatus::Active);
+    assert_eq!(account.credential.expose(), "rt-1-access");
+    let mut conn = stack.redis.client().await.expect("redis");
+    let cooldown: i64 = redis::cmd("PTTL")
+        .arg(AccountKeys::new(id).cooldown)
+        .query_async(&mut conn)
+        .await
+        .expect("pttl");
+    assert_eq!(
+        cooldown, -2,
+        "no hard block for a refusal the refresh fixed"
+    );
+}

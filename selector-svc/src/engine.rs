@@ -160,6 +160,8 @@ pub struct Selector {
     /// request.
     admission: Arc<Admission>,
     probe_http: reqwest::Client,
+    /// Set once the server has built it (it needs the engine's health and store).
+    refresher: std::sync::OnceLock<crate::refresh::TokenRefresher>,
 }
 
 impl Selector {
@@ -184,6 +186,7 @@ impl Selector {
         Selector {
             admission,
             probe_http,
+            refresher: std::sync::OnceLock::new(),
             oracle: LoadOracle::new(health.clone(), settings.oracle.clone())
                 .with_active_blocks_gauge(metrics.active_blocks.clone()),
             snapshot,
@@ -761,6 +764,38 @@ impl Selector {
             let _ = health.linger_confirm(account.id, &owner, linger).await;
         });
         Ok(())
+    }
+
+    /// Hands the engine the token refresher (once).
+    pub fn set_refresher(&self, refresher: crate::refresh::TokenRefresher) {
+        let _ = self.refresher.set(refresher);
+    }
+
+    /// The upstream refused an OAuth account's token: refreshes it now (once cluster-wide; a
+    /// refresh made meanwhile elsewhere counts) and returns the new token for the caller to retry
+    /// with. `None`: not an OAuth account, or no new token (the outcome then counts as usual).
+    pub async fn refresh_refused_token(&self, account_id: AccountId) -> Option<Secret> {
+        let account = self.snapshot.get().account(account_id)?.clone();
+        if !account.credential_kind.is_oauth() {
+            return None;
+        }
+        let refresher = self.refresher.get()?;
+        match refresher
+            .refresh_refused(account_id, &account.credential)
+            .await
+        {
+            Ok(
+                crate::refresh::RefreshResult::Refreshed | crate::refresh::RefreshResult::Waited,
+            ) => {
+                let fresh = self.store.load_account(account_id).await.ok()?.credential;
+                (fresh != account.credential && !fresh.is_empty()).then_some(fresh)
+            }
+            Ok(crate::refresh::RefreshResult::NotNeeded) => None,
+            Err(error) => {
+                tracing::warn!(account_id, %error, "token refresh after a refused token failed");
+                None
+            }
+        }
     }
 
     /// Binds a session to the account that served it; returns `hit`, `bound` or `rebind`.

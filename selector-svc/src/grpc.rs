@@ -201,6 +201,23 @@ impl pb::selector_server::Selector for SelectorGrpc {
             0 => None,
             ms => Some(i64::try_from(ms).map_err(|_| invalid("reset_at_ms", "out of range"))?),
         };
+        // An OAuth token refused for the first time: refreshed now, and handed back for the
+        // retry; nothing counts against the account yet.
+        if class == OutcomeClass::Unauthorized
+            && !request.after_refresh
+            && let Some(fresh) = self.selector.refresh_refused_token(id).await
+        {
+            self.selector
+                .metrics()
+                .outcomes
+                .with_label_values(&[class.as_str(), "refreshed"])
+                .inc();
+            return Ok(Response::new(pb::ReportOutcomeResponse {
+                applied: "refreshed".into(),
+                block_ms: 0,
+                refreshed_credential: fresh.expose().to_owned(),
+            }));
+        }
         let applied = self
             .selector
             .report(&Outcome {
@@ -214,6 +231,7 @@ impl pb::selector_server::Selector for SelectorGrpc {
         Ok(Response::new(pb::ReportOutcomeResponse {
             applied: applied.what.to_owned(),
             block_ms: applied.block_ms,
+            refreshed_credential: String::new(),
         }))
     }
 

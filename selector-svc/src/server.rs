@@ -104,6 +104,7 @@ pub async fn build(config: &Config, metrics: Metrics) -> Result<Built, ServeErro
         metrics.clone(),
     )
     .map_err(ServeError::Other)?;
+    selector.set_refresher(refresher.clone());
     let background = vec![
         tokio::spawn(reload_loop(
             store,

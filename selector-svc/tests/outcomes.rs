@@ -23,6 +23,7 @@ fn report(
         status,
         reset_at_ms,
         reason: format!("test {status}"),
+        after_refresh: false,
     }
 }
 
