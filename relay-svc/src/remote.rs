@@ -348,6 +348,49 @@ async fn flush_successes(
     }
 }
 
+impl RemoteSelection {
+    /// Sends a non-success outcome, after a success of the account held back for coalescing
+    /// (in order: it happened first). `None` when the selector could not be reached.
+    async fn send_report(
+        &self,
+        account_id: i64,
+        outcome: Classified,
+        status: u16,
+        reason: &str,
+        after_refresh: bool,
+    ) -> Option<spb::ReportOutcomeResponse> {
+        let pending_success = self
+            .successes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&account_id);
+        if let Some(success_status) = pending_success {
+            let _ = self
+                .client
+                .clone()
+                .report_outcome(success_report(account_id, success_status))
+                .await;
+        }
+        let request = spb::ReportOutcomeRequest {
+            account_id,
+            class: class_pb(outcome.class) as i32,
+            status: u32::from(status),
+            reset_at_ms: outcome.reset_at_ms.map(|ms| ms.max(0) as u64).unwrap_or(0),
+            reason: reason.chars().take(400).collect(),
+            after_refresh,
+        };
+        match self.client.clone().report_outcome(request).await {
+            Ok(answer) => Some(answer.into_inner()),
+            Err(status) => {
+                if let Some(held_back) = self.report_failures.allow() {
+                    tracing::warn!(account_id, code = ?status.code(), held_back, "outcome report failed (held_back: failures not logged since the last line)");
+                }
+                None
+            }
+        }
+    }
+}
+
 /// The selector's `RecordUsage`, as the usage sink's writer.
 struct SelectorUsage(SelectorClient<Traced>);
 
@@ -498,36 +541,16 @@ impl Selection for RemoteSelection {
     }
 
     async fn report(&self, account_id: i64, outcome: Classified, status: u16, reason: &str) {
-        let pending_success = {
-            let mut successes = self.successes.lock().unwrap_or_else(|p| p.into_inner());
-            if outcome.class == OutcomeClass::Success {
-                successes.insert(account_id, status);
-                return;
-            }
-            successes.remove(&account_id)
-        };
-        if let Some(success_status) = pending_success {
-            // In order: the success happened before this outcome.
-            let _ = self
-                .client
-                .clone()
-                .report_outcome(success_report(account_id, success_status))
-                .await;
+        if outcome.class == OutcomeClass::Success {
+            self.successes
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(account_id, status);
+            return;
         }
-        let reason: String = reason.chars().take(400).collect();
-        let request = spb::ReportOutcomeRequest {
-            account_id,
-            class: class_pb(outcome.class) as i32,
-            status: u32::from(status),
-            reset_at_ms: outcome.reset_at_ms.map(|ms| ms.max(0) as u64).unwrap_or(0),
-            reason,
-            after_refresh: false,
-        };
-        if let Err(status) = self.client.clone().report_outcome(request).await
-            && let Some(held_back) = self.report_failures.allow()
-        {
-            tracing::warn!(account_id, code = ?status.code(), held_back, "outcome report failed (held_back: failures not logged since the last line)");
-        }
+        let _ = self
+            .send_report(account_id, outcome, status, reason, false)
+            .await;
     }
 
     async fn report_refused(
@@ -538,40 +561,11 @@ impl Selection for RemoteSelection {
         reason: &str,
         after_refresh: bool,
     ) -> Option<Secret> {
-        // In order: a success held back for this account goes first.
-        let pending_success = self
-            .successes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&account_id);
-        if let Some(success_status) = pending_success {
-            let _ = self
-                .client
-                .clone()
-                .report_outcome(success_report(account_id, success_status))
-                .await;
-        }
-        let request = spb::ReportOutcomeRequest {
-            account_id,
-            class: class_pb(outcome.class) as i32,
-            status: u32::from(status),
-            reset_at_ms: outcome.reset_at_ms.map(|ms| ms.max(0) as u64).unwrap_or(0),
-            reason: reason.chars().take(400).collect(),
-            after_refresh,
-        };
-        match self.client.clone().report_outcome(request).await {
-            Ok(answer) => {
-                let answer = answer.into_inner();
-                (answer.applied == "refreshed" && !answer.refreshed_credential.is_empty())
-                    .then(|| Secret::new(answer.refreshed_credential))
-            }
-            Err(status) => {
-                if let Some(held_back) = self.report_failures.allow() {
-                    tracing::warn!(account_id, code = ?status.code(), held_back, "outcome report failed (held_back: failures not logged since the last line)");
-                }
-                None
-            }
-        }
+        let answer = self
+            .send_report(account_id, outcome, status, reason, after_refresh)
+            .await?;
+        (answer.applied == "refreshed" && !answer.refreshed_credential.is_empty())
+            .then(|| Secret::new(answer.refreshed_credential))
     }
 
     async fn bind_session(&self, group: &str, session_hash: &str, account_id: i64) {

@@ -20,17 +20,10 @@ fn sdk_python() -> PathBuf {
     venv
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_official_python_sdks_work_unchanged() {
-    let python = sdk_python();
-    let upstream = FakeUpstream::start().await.expect("fake upstream");
-    let yaml = format!(
-        "api_keys:\n  - {{key: sk-sdk-test, group: default, user: sdk}}\naccounts:\n  - {{name: a, platform: anthropic, base_url: \"{0}\", api_key: k-a, concurrency: 2}}\n  - {{name: o, platform: openai, base_url: \"{0}\", api_key: k-o, concurrency: 2}}\n",
-        upstream.base_url
-    );
-    let (_relay, addr) = common::standalone(&yaml, Default::default(), Default::default()).await;
+/// Runs `tests/sdk/sdk_check.py` against the relay at `addr`; all its checks must pass.
+async fn run_sdk_checks(python: &std::path::Path, addr: std::net::SocketAddr) {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/sdk/sdk_check.py");
-    let output = tokio::process::Command::new(&python)
+    let output = tokio::process::Command::new(python)
         .arg(&script)
         .arg(format!("http://{addr}"))
         .arg("sk-sdk-test")
@@ -47,6 +40,18 @@ async fn the_official_python_sdks_work_unchanged() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_python_sdks_work_unchanged() {
+    let python = sdk_python();
+    let upstream = FakeUpstream::start().await.expect("fake upstream");
+    let yaml = format!(
+        "api_keys:\n  - {{key: sk-sdk-test, group: default, user: sdk}}\naccounts:\n  - {{name: a, platform: anthropic, base_url: \"{0}\", api_key: k-a, concurrency: 2}}\n  - {{name: o, platform: openai, base_url: \"{0}\", api_key: k-o, concurrency: 2}}\n",
+        upstream.base_url
+    );
+    let (_relay, addr) = common::standalone(&yaml, Default::default(), Default::default()).await;
+    run_sdk_checks(&python, addr).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_anthropic_sdk_works_through_a_claude_subscription_account() {
     let python = sdk_python();
     let upstream = FakeUpstream::start().await.expect("fake upstream");
@@ -57,21 +62,7 @@ async fn the_anthropic_sdk_works_through_a_claude_subscription_account() {
         upstream.base_url
     );
     let (_relay, addr) = common::standalone(&yaml, Default::default(), Default::default()).await;
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/sdk/sdk_check.py");
-    let output = tokio::process::Command::new(&python)
-        .arg(&script)
-        .arg(format!("http://{addr}"))
-        .arg("sk-sdk-test")
-        .output()
-        .await
-        .expect("python runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "SDK checks failed:\n{stdout}\n{stderr}"
-    );
-    assert!(stdout.contains("7 checks passed, 0 failed"), "{stdout}");
+    run_sdk_checks(&python, addr).await;
     let messages: Vec<_> = upstream
         .seen_requests()
         .into_iter()

@@ -622,12 +622,17 @@ impl RedisHealth {
         owner: &str,
         ttl_ms: u64,
     ) -> Result<bool, BackendError> {
+        self.lock(keys::confirm_lock(id), owner, ttl_ms).await
+    }
+
+    /// `SET key owner NX PX ttl`: whether this owner took the lock.
+    async fn lock(&self, key: String, owner: &str, ttl_ms: u64) -> Result<bool, BackendError> {
         let mut conn = self.redis.conn().await?;
         let taken: Option<String> = self
             .redis
             .bounded(
                 redis::cmd("SET")
-                    .arg(keys::confirm_lock(id))
+                    .arg(key)
                     .arg(owner)
                     .arg("NX")
                     .arg("PX")
@@ -708,20 +713,7 @@ impl RedisHealth {
         owner: &str,
         ttl_ms: u64,
     ) -> Result<bool, BackendError> {
-        let mut conn = self.redis.conn().await?;
-        let taken: Option<String> = self
-            .redis
-            .bounded(
-                redis::cmd("SET")
-                    .arg(keys::token_refresh_lock(id))
-                    .arg(owner)
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(ttl_ms.max(1))
-                    .query_async(&mut conn),
-            )
-            .await?;
-        Ok(taken.is_some())
+        self.lock(keys::token_refresh_lock(id), owner, ttl_ms).await
     }
 
     pub async fn unlock_refresh(&self, id: AccountId, owner: &str) -> Result<(), BackendError> {
