@@ -277,6 +277,8 @@ struct MemoryHealth {
     probe_until: i64,
     /// A billing-class answer is being confirmed by the probe until then (excluded meanwhile).
     confirming_until: i64,
+    /// After a confirmation the probe did not bear out: no new one until then.
+    quiet_until: i64,
     unauthorized: VecDeque<i64>,
 }
 
@@ -378,6 +380,9 @@ impl StandaloneSelection {
                     state.confirming_until = 0;
                     if confirmed {
                         apply_broken(state, &blocks, now_ms(), ms);
+                    } else {
+                        state.quiet_until =
+                            now_ms() + probe.quiet_after_unconfirmed.as_millis() as i64;
                     }
                 }
                 if confirmed {
@@ -405,6 +410,9 @@ impl StandaloneSelection {
             let mut health = health.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(state) = health.get_mut(&account_id) {
                 state.confirming_until = 0;
+                if !matches!(verdict, Verdict::Confirmed(_)) {
+                    state.quiet_until = now_ms() + probe.quiet_after_unconfirmed.as_millis() as i64;
+                }
             }
         });
     }
@@ -667,7 +675,7 @@ impl Selection for StandaloneSelection {
                 }
                 // An upstream answer may have been shaped by the request: the probe confirms it.
                 Decision::Broken { .. } if status != 0 => {
-                    if state.confirming_until <= now {
+                    if state.confirming_until <= now && state.quiet_until <= now {
                         state.confirming_until = now + self.probe.block.as_millis() as i64;
                         confirm = Some(Suspicion::Broken);
                     }
@@ -697,7 +705,7 @@ impl Selection for StandaloneSelection {
                 }
                 Decision::Confirm => {
                     // One confirmation at a time; never a retirement by itself.
-                    if state.confirming_until <= now {
+                    if state.confirming_until <= now && state.quiet_until <= now {
                         state.confirming_until = now + self.probe.block.as_millis() as i64;
                         confirm = Some(Suspicion::QuotaGone);
                     }

@@ -34,6 +34,10 @@ pub struct ProbeSettings {
     /// The probe model per platform, unless the account's `probe_model` says otherwise.
     pub anthropic_model: String,
     pub openai_model: String,
+    /// After a confirmation the probe did not bear out, the account's next suspicious answers
+    /// start none for this long: a client that keeps sending a request the upstream chokes on
+    /// cannot keep the account blocked probe after probe.
+    pub quiet_after_unconfirmed: Duration,
 }
 
 impl Default for ProbeSettings {
@@ -44,6 +48,7 @@ impl Default for ProbeSettings {
             block: Duration::from_secs(90),
             anthropic_model: "claude-haiku-4-5".into(),
             openai_model: "gpt-4o-mini".into(),
+            quiet_after_unconfirmed: Duration::from_secs(60),
         }
     }
 }

@@ -693,7 +693,15 @@ impl Selector {
                     let _ = health.unblock_confirming(account.id, &block).await;
                 }
             }
-            let _ = health.unlock_confirm(account.id, &owner).await;
+            if matches!(verdict, Verdict::Confirmed(_)) {
+                let _ = health.unlock_confirm(account.id, &owner).await;
+            } else {
+                // Quiet for a while: the lock stays, so the next suspicious answers of this
+                // account start no confirmation (and block nothing) until it lapses.
+                let _ = health
+                    .linger_confirm(account.id, &owner, millis(probe.quiet_after_unconfirmed))
+                    .await;
+            }
         });
         Ok(true)
     }

@@ -265,6 +265,19 @@ async fn a_5xx_the_probe_does_not_confirm_changes_nothing() {
     .expect("probed, confirming block lifted");
     assert_eq!(breaker_failures(&backends, id).await, 0, "not counted");
     assert_eq!(primary(&replica).await, Some(id));
+    // A client repeating the request the upstream chokes on: quiet for a while, no new probe,
+    // no block.
+    let again = replica
+        .client
+        .clone()
+        .report_outcome(report(id, pb::OutcomeClass::Broken, 500, 0))
+        .await
+        .expect("report")
+        .into_inner();
+    assert_eq!(again.applied, "none");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(upstream.calls(), 1, "no second probe");
+    assert_eq!(primary(&replica).await, Some(id));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
