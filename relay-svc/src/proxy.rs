@@ -24,7 +24,7 @@ use crate::classify::{
 };
 use crate::metrics::Metrics;
 use crate::usage::{ChatUsageStripper, SseScanner, Usage, completed_response};
-use selector_svc::confirm::{CLAUDE_CODE_IDENTITY, chatgpt_responses_url};
+use selector_svc::confirm::{CLAUDE_CODE_IDENTITY, chatgpt_responses_url, upstream_url};
 
 #[derive(Debug, Clone)]
 pub struct RelaySettings {
@@ -644,18 +644,12 @@ impl Relay {
     }
 
     fn upstream_request(&self, inbound: &Inbound, account: &Planned) -> reqwest::RequestBuilder {
-        let base = account.base_url.trim_end_matches('/');
-        let path = if base.ends_with("/v1") {
-            inbound.path.trim_start_matches("/v1")
-        } else {
-            inbound.path
-        };
         let client = self.client_for(account.proxy_url.as_deref());
         let chatgpt = account.credential_kind == CredentialKind::ChatGptOAuth;
         let url = match &inbound.query {
-            _ if chatgpt => chatgpt_responses_url(base),
-            Some(query) => format!("{base}{path}?{query}"),
-            None => format!("{base}{path}"),
+            _ if chatgpt => chatgpt_responses_url(&account.base_url),
+            Some(query) => format!("{}?{query}", upstream_url(&account.base_url, inbound.path)),
+            None => upstream_url(&account.base_url, inbound.path),
         };
         let mut request = client.post(url);
         for (name, value) in &inbound.headers {

@@ -430,6 +430,13 @@ impl UsageWriter for SelectorUsage {
     }
 }
 
+fn platform_pb(platform: selector_svc::domain::Platform) -> spb::Platform {
+    match platform {
+        selector_svc::domain::Platform::Anthropic => spb::Platform::Anthropic,
+        selector_svc::domain::Platform::OpenAi => spb::Platform::Openai,
+    }
+}
+
 fn class_pb(class: OutcomeClass) -> spb::OutcomeClass {
     match class {
         OutcomeClass::Success => spb::OutcomeClass::Success,
@@ -476,10 +483,7 @@ impl Selection for RemoteSelection {
     }
 
     async fn select(&self, request: &PlanRequest) -> Result<Plan, BackendError> {
-        let platform = match request.platform {
-            selector_svc::domain::Platform::Anthropic => spb::Platform::Anthropic,
-            selector_svc::domain::Platform::OpenAi => spb::Platform::Openai,
-        };
+        let platform = platform_pb(request.platform);
         let answer = self
             .client
             .clone()
@@ -594,10 +598,7 @@ impl Selection for RemoteSelection {
     }
 
     async fn models(&self, group: &str, platform: selector_svc::domain::Platform) -> Vec<String> {
-        let platform = match platform {
-            selector_svc::domain::Platform::Anthropic => spb::Platform::Anthropic,
-            selector_svc::domain::Platform::OpenAi => spb::Platform::Openai,
-        };
+        let platform = platform_pb(platform);
         match self
             .client
             .clone()

@@ -27,7 +27,9 @@ use crate::backends::{
     UsageRecord,
 };
 use crate::classify::Classified;
-use selector_svc::confirm::{ProbeSettings, Verdict, breaker_closes, confirm, probe_under_lease};
+use selector_svc::confirm::{
+    ProbeSettings, Suspicion, Verdict, breaker_closes, confirm, probe_under_lease,
+};
 
 /// The standalone account file (see `examples/standalone.yaml`). Unknown fields are ignored, so
 /// a file written for a newer relay still loads.
@@ -373,6 +375,7 @@ impl StandaloneSelection {
                 let confirmed = probed
                     .as_ref()
                     .is_ok_and(|p| p.classified.class == OutcomeClass::Broken);
+                let cleared = probed.as_ref().is_ok_and(|p| !confirmed && p.status != 0);
                 let ms = millis(blocks.broken_block);
                 {
                     let mut health = health.lock().unwrap_or_else(|p| p.into_inner());
@@ -380,7 +383,7 @@ impl StandaloneSelection {
                     state.confirming_until = 0;
                     if confirmed {
                         apply_broken(state, &blocks, now_ms(), ms);
-                    } else {
+                    } else if cleared {
                         state.quiet_until =
                             now_ms() + probe.quiet_after_unconfirmed.as_millis() as i64;
                     }
@@ -410,7 +413,7 @@ impl StandaloneSelection {
             let mut health = health.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(state) = health.get_mut(&account_id) {
                 state.confirming_until = 0;
-                if !matches!(verdict, Verdict::Confirmed(_)) {
+                if verdict.cleared() {
                     state.quiet_until = now_ms() + probe.quiet_after_unconfirmed.as_millis() as i64;
                 }
             }
@@ -466,13 +469,6 @@ impl StandaloneSelection {
         let accounts = self.accounts.lock().unwrap_or_else(|p| p.into_inner());
         accounts.iter().find(|a| a.id == id).map(|a| a.status)
     }
-}
-
-/// What a confirmation suspects.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Suspicion {
-    QuotaGone,
-    Broken,
 }
 
 /// A broken outcome: hard block, one more count toward the breaker (opened at the threshold,

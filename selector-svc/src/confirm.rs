@@ -75,6 +75,24 @@ pub struct Probed {
     pub summary: String,
 }
 
+/// What a confirmation suspects (the selector engine and standalone mode alike).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Suspicion {
+    /// A billing-class answer: retire when confirmed.
+    QuotaGone,
+    /// The upstream failed on a request: hard block and breaker count when confirmed.
+    Broken,
+}
+
+impl Suspicion {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Suspicion::QuotaGone => "quota_gone",
+            Suspicion::Broken => "broken",
+        }
+    }
+}
+
 /// The end of a confirmation.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Verdict {
@@ -87,6 +105,13 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// The probe got an answer, and not the suspected one: the upstream is fine for a request
+    /// nobody shaped, so the suspicious answer was the request's doing. (No answer, or no probe
+    /// sent, proves nothing.)
+    pub fn cleared(&self) -> bool {
+        matches!(self, Verdict::NotConfirmed(probed) if probed.status != 0)
+    }
+
     pub fn label(&self) -> &'static str {
         match self {
             Verdict::Confirmed(_) => "confirmed",
@@ -97,7 +122,7 @@ impl Verdict {
 }
 
 /// The upstream URL for a path such as `/v1/messages`, whether or not the base ends in `/v1`.
-fn upstream_url(base: &str, path: &str) -> String {
+pub fn upstream_url(base: &str, path: &str) -> String {
     let base = base.trim_end_matches('/');
     if base.ends_with("/v1") {
         format!("{base}{}", path.trim_start_matches("/v1"))

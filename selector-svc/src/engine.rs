@@ -10,7 +10,9 @@ use admission_svc::admission::Admission;
 use admission_svc::redis_backend::RedisBackend;
 use tokio::time::Instant;
 
-use crate::confirm::{ProbeSettings, Verdict, breaker_closes, confirm, probe_under_lease};
+use crate::confirm::{
+    ProbeSettings, Suspicion, Verdict, breaker_closes, confirm, probe_under_lease,
+};
 use crate::crypto::api_key_hash;
 use crate::domain::{
     Account, AccountId, AccountStatus, ApiKeyRecord, Outcome, OutcomeClass, Platform, Price,
@@ -693,7 +695,7 @@ impl Selector {
                     let _ = health.unblock_confirming(account.id, &block).await;
                 }
             }
-            if matches!(verdict, Verdict::Confirmed(_)) {
+            if !verdict.cleared() {
                 let _ = health.unlock_confirm(account.id, &owner).await;
             } else {
                 // Quiet for a while: the lock stays, so the next suspicious answers of this
@@ -909,24 +911,6 @@ impl Selector {
         ids.iter()
             .map(|id| reading.get(*id).and_then(|h| h.inflight))
             .collect()
-    }
-}
-
-/// What a confirmation suspects.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Suspicion {
-    /// A billing-class answer: retire when confirmed.
-    QuotaGone,
-    /// The upstream failed on a request: hard block and breaker count when confirmed.
-    Broken,
-}
-
-impl Suspicion {
-    fn as_str(self) -> &'static str {
-        match self {
-            Suspicion::QuotaGone => "quota_gone",
-            Suspicion::Broken => "broken",
-        }
     }
 }
 

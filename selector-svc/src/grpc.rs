@@ -373,13 +373,7 @@ impl AdminAuth {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .unwrap_or("");
-        let equal = given.len() == token.len()
-            && given
-                .bytes()
-                .zip(token.bytes())
-                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-                == 0;
-        if equal {
+        if admission_svc::service_auth::constant_time_eq(given.as_bytes(), token.as_bytes()) {
             Ok(request)
         } else {
             Err(Status::unauthenticated(
