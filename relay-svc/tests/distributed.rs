@@ -480,6 +480,14 @@ async fn crafted_models_and_messages_sent_to_every_account_leave_every_account_a
     }
     assert!(stack.upstream.stats("cred-a").total >= 4);
     assert!(stack.upstream.stats("cred-b").total >= 4);
+    assert!(
+        !stack
+            .upstream
+            .seen_models()
+            .iter()
+            .any(|m| m == "claude-haiku-4-5"),
+        "no answer to a crafted request was even suspected: no confirmation probe"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -624,6 +632,22 @@ async fn a_revoked_subscription_token_is_refreshed_once_and_the_request_succeeds
     .await
     .expect("the request was retried on the subscription account with the new token");
     assert_eq!(served.0, 200, "{}", served.1);
+    // The refused request itself was retried on the same account with the new token: the
+    // upstream's next request after the refusal is the same conversation, with that token.
+    let seen = stack.upstream.seen_requests();
+    let bearer = |r: &relay_svc::fake_upstream::SeenRequest| {
+        r.headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let refused = seen
+        .iter()
+        .position(|r| bearer(r).as_deref() == Some("Bearer revoked-access"))
+        .expect("the revoked token was used once");
+    let retry = &seen[refused + 1];
+    assert_eq!(bearer(retry).as_deref(), Some("Bearer rt-1-access"));
+    assert_eq!(retry.body["messages"], seen[refused].body["messages"]);
     let refreshes = stack.upstream.token_requests();
     assert_eq!(refreshes.len(), 1, "refreshed once: {refreshes:?}");
     assert_eq!(
