@@ -1,7 +1,8 @@
 //! Prometheus metrics of one admission replica. Labels are bounded enums (results, reasons,
 //! operations): never an account id, a user, a session hash or a lease id.
 
-use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+use poolgate_runtime::metrics::{counter, counter_vec, gauge};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, Registry};
 
 #[derive(Clone)]
 pub struct Metrics {
@@ -24,27 +25,6 @@ pub struct Metrics {
     pub degraded: IntGauge,
     /// admission_redis_round_trips_total: commands, scripts and pipelines sent to Redis.
     pub redis_round_trips: IntCounter,
-}
-
-fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    let metric = IntCounterVec::new(Opts::new(name, help), labels)
-        .unwrap_or_else(|error| unreachable!("static metric definition {name}: {error}"));
-    let _ = registry.register(Box::new(metric.clone()));
-    metric
-}
-
-fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
-    let metric = IntCounter::new(name, help)
-        .unwrap_or_else(|error| unreachable!("static metric definition {name}: {error}"));
-    let _ = registry.register(Box::new(metric.clone()));
-    metric
-}
-
-fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
-    let metric = IntGauge::new(name, help)
-        .unwrap_or_else(|error| unreachable!("static metric definition {name}: {error}"));
-    let _ = registry.register(Box::new(metric.clone()));
-    metric
 }
 
 impl Default for Metrics {
@@ -127,9 +107,6 @@ impl Metrics {
 
     /// The text exposition of every metric.
     pub fn render(&self) -> String {
-        let encoder = prometheus::TextEncoder::new();
-        encoder
-            .encode_to_string(&self.registry.gather())
-            .unwrap_or_else(|error| format!("# metrics encoding failed: {error}\n"))
+        poolgate_runtime::metrics::render(&self.registry)
     }
 }

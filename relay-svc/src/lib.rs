@@ -8,7 +8,6 @@
 
 pub mod api;
 pub mod backends;
-pub mod classify;
 pub mod fake_upstream;
 pub mod http;
 pub mod metrics;

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use admission_svc::domain::Settings;
-use selector_svc::domain::RuntimeBlockSettings;
+use poolgate_core::lease::Settings;
+use poolgate_core::outcome::RuntimeBlockSettings;
 use tokio::net::TcpListener;
 
 use crate::backends::Backends;

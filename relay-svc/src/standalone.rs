@@ -1,6 +1,6 @@
 //! `relay-svc --standalone`: the whole pool in one process, no Redis, no Postgres. Accounts and
 //! client keys come from a YAML file; health lives in memory with the same decisions as the
-//! selector (`selector_svc::outcome::decide`) and the same ordering (`selector_svc::select`);
+//! selector (`poolgate_core::outcome::decide`) and the same ordering (`selector_svc::select`);
 //! admission is the admission engine on its memory backend, and a lease is a drop guard.
 
 use std::collections::{HashMap, VecDeque};
@@ -9,16 +9,18 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use admission_svc::admission::{AcquireOutcome, Admission};
-use admission_svc::domain::{LeaseId, LeaseTerms, Settings, usd_to_micros};
 use admission_svc::memory::MemoryBackend;
 use async_trait::async_trait;
-use selector_svc::domain::{
-    Account, AccountStatus, CredentialKind, Outcome, OutcomeClass, Platform, Price,
-    RuntimeBlockSettings, Secret, group_models, millis, now_ms,
+use poolgate_core::account::{
+    Account, AccountStatus, CredentialKind, Platform, Price, Secret, group_models,
 };
-use selector_svc::health::{AccountHealth, Breaker};
-use selector_svc::outcome::{Decision, decide};
-use selector_svc::select::{Candidate, order};
+use poolgate_core::health::{AccountHealth, Breaker};
+use poolgate_core::lease::{LeaseId, LeaseTerms, Settings};
+use poolgate_core::money::usd_to_micros;
+use poolgate_core::outcome::{Decision, decide};
+use poolgate_core::outcome::{Outcome, OutcomeClass, RuntimeBlockSettings};
+use poolgate_core::select::{Candidate, order};
+use poolgate_core::{millis, now_ms};
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
@@ -26,7 +28,7 @@ use crate::backends::{
     Acquired, BackendError, Caller, Lease, Leases, Plan, PlanRequest, Planned, Selection,
     UsageRecord,
 };
-use crate::classify::Classified;
+use poolgate_core::classify::Classified;
 use selector_svc::confirm::{
     ProbeSettings, Suspicion, Verdict, breaker_closes, confirm, probe_under_lease,
 };

@@ -980,7 +980,7 @@ async fn a_burst_of_429_and_529_on_every_account_leaves_all_of_them_selectable()
             .collect();
         upstream.script(&format!("cred-{name}"), burst);
     }
-    let blocks = selector_svc::domain::RuntimeBlockSettings {
+    let blocks = poolgate_core::outcome::RuntimeBlockSettings {
         busy_429: Duration::from_millis(200),
         busy_529: Duration::from_millis(300),
         ..Default::default()
@@ -1063,14 +1063,14 @@ async fn claude_code_requests_go_to_a_subscription_account_untouched_and_others_
     assert_eq!(
         last.body["system"],
         json!([
-            {"type": "text", "text": selector_svc::confirm::CLAUDE_CODE_IDENTITY},
+            {"type": "text", "text": poolgate_core::upstream::CLAUDE_CODE_IDENTITY},
             {"type": "text", "text": "Be brief."}
         ])
     );
     // Claude Code's own request (identity already first): untouched.
     let mut claude_code = fresh_message();
     claude_code["system"] = json!([
-        {"type": "text", "text": selector_svc::confirm::CLAUDE_CODE_IDENTITY, "cache_control": {"type": "ephemeral"}},
+        {"type": "text", "text": poolgate_core::upstream::CLAUDE_CODE_IDENTITY, "cache_control": {"type": "ephemeral"}},
         {"type": "text", "text": "You are an interactive CLI tool."}
     ]);
     let (status, answer) = h.messages(&claude_code).await;

@@ -21,10 +21,10 @@ use crate::domain::{
 use crate::health::{Breaker, BreakerChange, RedisHealth};
 use crate::metrics::Metrics;
 use crate::oracle::{LoadOracle, OracleSettings};
-use crate::outcome::{Decision, decide};
-use crate::select::{Candidate, order};
 use crate::snapshot::SnapshotCell;
 use crate::store::{ConfigStore, StoreError};
+use poolgate_core::outcome::{Decision, decide};
+use poolgate_core::select::{Candidate, order};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SelectorError {
@@ -177,7 +177,7 @@ impl Selector {
     ) -> Self {
         let admission = Admission::new(
             Arc::new(RedisBackend::new(health.handle().clone())),
-            admission_svc::domain::Settings::default(),
+            poolgate_core::lease::Settings::default(),
             admission_svc::metrics::Metrics::new(),
         );
         let _ = rustls::crypto::ring::default_provider().install_default();
@@ -412,7 +412,7 @@ impl Selector {
         let blocks = &self.settings.blocks;
         let class = outcome.class.as_str();
         let unavailable =
-            |e: admission_svc::error::BackendError| SelectorError::Unavailable(e.to_string());
+            |e: poolgate_runtime::error::BackendError| SelectorError::Unavailable(e.to_string());
         let applied = match decide(outcome, blocks, now_ms()) {
             Decision::Success
                 if self
@@ -574,7 +574,7 @@ impl Selector {
         account: Arc<Account>,
         status: u16,
         suspicion: Suspicion,
-    ) -> Result<bool, admission_svc::error::BackendError> {
+    ) -> Result<bool, poolgate_runtime::error::BackendError> {
         let owner = format!("{:016x}", fastrand::u64(..));
         let block_ms = millis(self.settings.probe.block);
         if !self
@@ -714,7 +714,7 @@ impl Selector {
     async fn start_half_open_check(
         &self,
         account: Arc<Account>,
-    ) -> Result<(), admission_svc::error::BackendError> {
+    ) -> Result<(), poolgate_runtime::error::BackendError> {
         let owner = format!("{:016x}", fastrand::u64(..));
         let lock_ms = millis(self.settings.probe.block);
         if !self
@@ -923,7 +923,7 @@ async fn apply_broken(
     block_ms: u64,
     status: u16,
     reason: &str,
-) -> Result<Applied, admission_svc::error::BackendError> {
+) -> Result<Applied, poolgate_runtime::error::BackendError> {
     let left = health
         .hard_block(id, block_ms, "broken", status, reason)
         .await?;

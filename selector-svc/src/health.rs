@@ -5,48 +5,15 @@
 //! Key names come from `poolgate_proto::keys`; time inside decisions is Redis `TIME`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
 
-use admission_svc::error::BackendError;
-use admission_svc::redis_conn::RedisHandle;
 use poolgate_proto::keys::{self, AccountKeys};
+use poolgate_runtime::clock::{RedisClock, TIME_PRELUDE};
+use poolgate_runtime::error::BackendError;
+use poolgate_runtime::redis::RedisHandle;
 use redis::Script;
 
 use crate::domain::{AccountId, now_ms};
-
-/// Breaker state as selection sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Breaker {
-    Closed,
-    /// Open for this many more ms.
-    Open(u64),
-    /// The open period ended: one probe may go through.
-    HalfOpen,
-}
-
-/// One account's live state, read in one pipelined batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AccountHealth {
-    /// Live leases; `None` when unknown (last known blocks kept through a Redis outage).
-    pub inflight: Option<u32>,
-    /// Remaining hard block, ms (0: none).
-    pub hard_block_ms: u64,
-    /// Remaining soft block, ms (0: none).
-    pub soft_block_ms: u64,
-    pub breaker: Breaker,
-    /// Consecutive broken outcomes counted toward the breaker.
-    pub failures: u32,
-}
-
-impl AccountHealth {
-    pub const HEALTHY: AccountHealth = AccountHealth {
-        inflight: Some(0),
-        hard_block_ms: 0,
-        soft_block_ms: 0,
-        breaker: Breaker::Closed,
-        failures: 0,
-    };
-}
+pub use poolgate_core::health::{AccountHealth, Breaker};
 
 /// What the breaker did with a broken outcome.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,11 +42,6 @@ pub struct BlockInfo {
 /// One account's pipelined reads: live leases, hard block PTTL, soft block PTTL,
 /// (breaker open_until, breaker failures).
 type HealthRow = (u32, i64, i64, (Option<i64>, Option<u32>));
-
-const PRELUDE: &str = r#"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-"#;
 
 /// KEYS: block key. ARGV: ttl ms, value. Keeps the later deadline. Returns {applied ttl, now}.
 const BLOCK: &str = r#"
@@ -154,7 +116,7 @@ struct Scripts {
 pub struct RedisHealth {
     redis: RedisHandle,
     scripts: Arc<Scripts>,
-    clock_offset_ms: Arc<AtomicI64>,
+    clock: RedisClock,
 }
 
 fn block_value(class: &str, status: u16, reason: &str) -> String {
@@ -172,7 +134,7 @@ fn parse_block_value(value: &str) -> (String, u16, String) {
 
 impl RedisHealth {
     pub fn new(redis: RedisHandle) -> Self {
-        let script = |body: &str| Script::new(&format!("{PRELUDE}{body}"));
+        let script = |body: &str| Script::new(&format!("{TIME_PRELUDE}{body}"));
         RedisHealth {
             redis,
             scripts: Arc::new(Scripts {
@@ -182,7 +144,7 @@ impl RedisHealth {
                 unlock: script(UNLOCK),
                 linger: script(LINGER),
             }),
-            clock_offset_ms: Arc::new(AtomicI64::new(i64::MIN)),
+            clock: RedisClock::default(),
         }
     }
 
@@ -191,24 +153,12 @@ impl RedisHealth {
     }
 
     fn learn_clock(&self, redis_now: i64) {
-        self.clock_offset_ms
-            .store(redis_now - now_ms(), Ordering::Relaxed);
+        self.clock.learn(redis_now);
     }
 
     /// Redis time in ms (learned offset; one `TIME` the first time).
     pub async fn redis_now(&self) -> Result<i64, BackendError> {
-        let offset = self.clock_offset_ms.load(Ordering::Relaxed);
-        if offset != i64::MIN {
-            return Ok(now_ms() + offset);
-        }
-        let mut conn = self.redis.conn().await?;
-        let (secs, micros): (i64, i64) = self
-            .redis
-            .bounded(redis::cmd("TIME").query_async(&mut conn))
-            .await?;
-        let now = secs * 1000 + micros / 1000;
-        self.learn_clock(now);
-        Ok(now)
+        self.clock.now(&self.redis).await
     }
 
     fn add_reads(pipeline: &mut redis::Pipeline, id: AccountId, now: i64) {

@@ -5,7 +5,6 @@
 //! → `select` (ordering, pure) / `oracle` (load reads) / `health` (Redis) / `store` (Postgres)
 //! over a `snapshot` of the config; `refresh` keeps OAuth tokens fresh.
 
-pub mod classify;
 pub mod confirm;
 pub mod crypto;
 pub mod domain;
@@ -14,9 +13,7 @@ pub mod grpc;
 pub mod health;
 pub mod metrics;
 pub mod oracle;
-pub mod outcome;
 pub mod refresh;
-pub mod select;
 pub mod server;
 pub mod snapshot;
 pub mod store;
