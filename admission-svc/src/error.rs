@@ -25,6 +25,12 @@ impl AdmissionError {
     }
 }
 
+impl From<poolgate_proto::convert::ConvertError> for AdmissionError {
+    fn from(error: poolgate_proto::convert::ConvertError) -> Self {
+        AdmissionError::invalid(error.field, error.problem)
+    }
+}
+
 impl From<AdmissionError> for tonic::Status {
     fn from(error: AdmissionError) -> Self {
         let message = error.to_string();

@@ -7,15 +7,13 @@ use std::time::Duration;
 
 use futures_util::{Stream, StreamExt};
 use poolgate_proto::admission::v1 as pb;
+use poolgate_proto::convert::{self, ConvertError};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::admission::Admission;
-use crate::domain::{
-    AccountId, DenyReason, LeaseId, LeaseTerms, LostReason, MAX_NAME_BYTES, MAX_WAIT, UserLimit,
-    micros_to_usd, millis, usd_to_micros,
-};
+use crate::domain::{AccountId, LeaseId, LeaseTerms, micros_to_usd, millis};
 use crate::error::AdmissionError;
 use crate::session::{ClientMessage, Inbound, LeaseEvent, serve_lease};
 
@@ -32,40 +30,12 @@ impl AdmissionGrpc {
     }
 }
 
-fn account_id(field: &str, id: i64) -> Result<AccountId, AdmissionError> {
-    if id <= 0 {
-        return Err(AdmissionError::invalid(
-            field,
-            format!("must be a positive account id, got {id}"),
-        ));
-    }
-    Ok(id)
+fn account_id(field: &'static str, id: i64) -> Result<AccountId, AdmissionError> {
+    Ok(convert::account_id(field, id)?)
 }
 
-fn name(field: &str, value: Option<String>) -> Result<Option<String>, AdmissionError> {
-    match value {
-        None => Ok(None),
-        Some(value) if value.is_empty() => {
-            Err(AdmissionError::invalid(field, "must not be empty when set"))
-        }
-        Some(value) if value.len() > MAX_NAME_BYTES => Err(AdmissionError::invalid(
-            field,
-            format!(
-                "must be at most {MAX_NAME_BYTES} bytes, got {}",
-                value.len()
-            ),
-        )),
-        Some(value) => Ok(Some(value)),
-    }
-}
-
-fn spend(field: &str, usd: f64) -> Result<i64, AdmissionError> {
-    usd_to_micros(usd).ok_or_else(|| {
-        AdmissionError::invalid(
-            field,
-            format!("must be a finite amount in [0, 1e6] USD, got {usd}"),
-        )
-    })
+fn spend(field: &'static str, usd: f64) -> Result<i64, AdmissionError> {
+    Ok(convert::spend_micros(field, usd)?)
 }
 
 fn lease_id(field: &str, text: &str) -> Result<LeaseId, AdmissionError> {
@@ -77,50 +47,11 @@ fn lease_id(field: &str, text: &str) -> Result<LeaseId, AdmissionError> {
 
 /// Validates an `Acquire` into lease terms and a wait. `prefix` names the message in errors.
 fn terms(acquire: pb::Acquire, prefix: &str) -> Result<(LeaseTerms, Duration), AdmissionError> {
-    let field = |name: &str| format!("{prefix}.{name}");
-    let account_id = account_id(&field("account_id"), acquire.account_id)?;
-    let user_id = name(&field("user_id"), acquire.user_id)?;
-    let session_hash = name(&field("session_hash"), acquire.session_hash)?;
-    let window_limit = acquire.session_window_limit_usd;
-    let session_window_limit_micros = if window_limit.is_finite() && window_limit <= 0.0 {
-        0
-    } else {
-        spend(&field("session_window_limit_usd"), window_limit)?
+    let in_message = |error: ConvertError| {
+        AdmissionError::invalid(format!("{prefix}.{}", error.field), error.problem)
     };
-    let user = match (user_id, acquire.user_rpm_limit) {
-        (Some(user_id), limit) if limit > 0 => Some(UserLimit {
-            user_id,
-            rpm_limit: limit,
-        }),
-        (None, limit) if limit > 0 => {
-            return Err(AdmissionError::invalid(
-                field("user_id"),
-                "is required when user_rpm_limit > 0",
-            ));
-        }
-        _ => None,
-    };
-    let wait = Duration::from_millis(u64::from(acquire.wait_ms));
-    if wait > MAX_WAIT {
-        return Err(AdmissionError::invalid(
-            field("wait_ms"),
-            format!(
-                "must be at most {} ms, got {}",
-                millis(MAX_WAIT),
-                acquire.wait_ms
-            ),
-        ));
-    }
-    let terms = LeaseTerms {
-        account_id,
-        concurrency_limit: acquire.concurrency_limit,
-        rpm_limit: acquire.rpm_limit,
-        user,
-        session_hash,
-        session_window_limit_micros,
-        session_bound: acquire.session_bound,
-        ignore_cooldown: false,
-    };
+    let wait = convert::wait(acquire.wait_ms).map_err(in_message)?;
+    let terms = LeaseTerms::try_from(acquire).map_err(in_message)?;
     Ok((terms, wait))
 }
 
@@ -157,28 +88,6 @@ fn client_message(request: pb::LeaseRequest) -> Result<ClientMessage, AdmissionE
     }
 }
 
-fn deny_reason(reason: DenyReason) -> pb::DenyReason {
-    match reason {
-        DenyReason::Concurrency => pb::DenyReason::Concurrency,
-        DenyReason::Rpm => pb::DenyReason::Rpm,
-        DenyReason::UserRpm => pb::DenyReason::UserRpm,
-        DenyReason::SessionWindow => pb::DenyReason::SessionWindow,
-        DenyReason::Cooling => pb::DenyReason::Cooling,
-        DenyReason::QueueFull => pb::DenyReason::QueueFull,
-        DenyReason::BackendUnavailable => pb::DenyReason::BackendUnavailable,
-        DenyReason::LeaseUnknown => pb::DenyReason::LeaseUnknown,
-    }
-}
-
-fn lost_reason(reason: LostReason) -> pb::LostReason {
-    match reason {
-        LostReason::BackendUnavailable => pb::LostReason::BackendUnavailable,
-        LostReason::Released => pb::LostReason::Released,
-        LostReason::NoRoom => pb::LostReason::NoRoom,
-        LostReason::Expired => pb::LostReason::Expired,
-    }
-}
-
 fn ttl_ms(ttl: Duration) -> u32 {
     u32::try_from(millis(ttl)).unwrap_or(u32::MAX)
 }
@@ -190,10 +99,7 @@ fn lease_event(event: LeaseEvent) -> pb::LeaseEvent {
             lease_id: lease_id.to_string(),
             ttl_ms: ttl_ms(ttl),
         }),
-        LeaseEvent::Denied(denial) => Kind::Denied(pb::Denied {
-            reason: deny_reason(denial.reason) as i32,
-            retry_after_ms: denial.retry_after_ms,
-        }),
+        LeaseEvent::Denied(denial) => Kind::Denied(denial.into()),
         LeaseEvent::Queued { position } => Kind::Queued(pb::Queued { position }),
         LeaseEvent::Renewed { ttl, restored } => Kind::Renewed(pb::Renewed {
             ttl_ms: ttl_ms(ttl),
@@ -206,7 +112,7 @@ fn lease_event(event: LeaseEvent) -> pb::LeaseEvent {
         LeaseEvent::Released => Kind::Released(pb::Released {}),
         LeaseEvent::Lost { reason, detail } => Kind::Lost(pb::Lost {
             reason: detail,
-            lost_reason: lost_reason(reason) as i32,
+            lost_reason: pb::LostReason::from(reason) as i32,
         }),
     };
     pb::LeaseEvent { kind: Some(kind) }

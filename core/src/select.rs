@@ -9,6 +9,47 @@ use crate::AccountId;
 use crate::account::Account;
 use crate::health::AccountHealth;
 
+/// Why a plan is empty. The relay decides its answer from it (404 for a model no account
+/// allows, 503 otherwise), so it is an enum on the wire, not a string.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum NoneReason {
+    /// No active account of the group serves the platform (or the group is unknown).
+    NoAccounts,
+    /// No account of the group allows the model.
+    ModelNotAllowed,
+    /// Every account is out: hard-blocked, or (some of them) behind an open breaker.
+    AllBlocked,
+    /// Every account that would serve was excluded (already tried).
+    AllExcluded,
+    /// Every account's circuit breaker is open.
+    BreakerOpen,
+}
+
+impl NoneReason {
+    /// Stable lowercase name: metric labels, logs, and the deprecated string field.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NoneReason::NoAccounts => "no_accounts",
+            NoneReason::ModelNotAllowed => "model_not_allowed",
+            NoneReason::AllBlocked => "all_blocked",
+            NoneReason::AllExcluded => "all_excluded",
+            NoneReason::BreakerOpen => "breaker_open",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        [
+            NoneReason::NoAccounts,
+            NoneReason::ModelNotAllowed,
+            NoneReason::AllBlocked,
+            NoneReason::AllExcluded,
+            NoneReason::BreakerOpen,
+        ]
+        .into_iter()
+        .find(|reason| reason.as_str() == text)
+    }
+}
+
 /// An account that passed every eligibility check, with what the oracle knows of it.
 #[derive(Debug, Clone)]
 pub struct Candidate {
@@ -120,6 +161,21 @@ mod tests {
 
     fn ids(candidates: &[Candidate]) -> Vec<AccountId> {
         candidates.iter().map(|c| c.account.id).collect()
+    }
+
+    #[test]
+    fn none_reasons_parse_their_own_names_only() {
+        for reason in [
+            NoneReason::NoAccounts,
+            NoneReason::ModelNotAllowed,
+            NoneReason::AllBlocked,
+            NoneReason::AllExcluded,
+            NoneReason::BreakerOpen,
+        ] {
+            assert_eq!(NoneReason::parse(reason.as_str()), Some(reason));
+        }
+        assert_eq!(NoneReason::parse(""), None);
+        assert_eq!(NoneReason::parse("All_Blocked"), None);
     }
 
     #[test]

@@ -1,6 +1,8 @@
-//! poolgate's shared contracts: the generated gRPC APIs and the Redis key layout that admission
-//! and the selector both read and write. Key names live only in [`keys`].
+//! poolgate's shared contracts: the generated gRPC APIs, their conversions to and from the domain
+//! types of `poolgate-core` ([`convert`], the only place they are written), and the Redis key
+//! layout that admission and the selector both read and write. Key names live only in [`keys`].
 
+pub mod convert;
 pub mod keys;
 
 /// `poolgate.admission.v1`: leases on upstream accounts.

@@ -7,14 +7,39 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use poolgate_core::account::{CredentialKind, Platform, Price, Secret};
-use poolgate_core::lease::{Denial, LeaseTerms};
-
 use poolgate_core::classify::Classified;
+use poolgate_core::lease::{Denial, LeaseTerms};
+use poolgate_core::select::NoneReason;
+use poolgate_proto::convert::ConvertError;
 
-/// A backend that did not answer. The relay degrades (or answers 503), never panics.
+/// A backend that did not answer usefully. The relay degrades (or answers 503), never panics;
+/// the variant keeps what a caller may act on (the gRPC code decides whether another replica is
+/// worth a try).
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("{0}")]
-pub struct BackendError(pub String);
+pub enum BackendError {
+    /// The backend answered with a gRPC error.
+    #[error("{code:?}: {message}")]
+    Status { code: tonic::Code, message: String },
+    /// The backend's answer holds a value this relay cannot read (an unknown enum value): an
+    /// error of that backend, never a guess at what it meant.
+    #[error("unreadable answer: {0}")]
+    Convert(#[from] ConvertError),
+    /// The in-process engine's storage failed (standalone mode).
+    #[error(transparent)]
+    Storage(#[from] poolgate_runtime::error::BackendError),
+    /// The call ended without an answer.
+    #[error("no answer: {0}")]
+    NoAnswer(&'static str),
+}
+
+impl From<tonic::Status> for BackendError {
+    fn from(status: tonic::Status) -> Self {
+        BackendError::Status {
+            code: status.code(),
+            message: status.message().to_owned(),
+        }
+    }
+}
 
 /// The authenticated client.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,7 +84,7 @@ pub struct Planned {
 pub struct Plan {
     pub accounts: Vec<Planned>,
     pub sticky: bool,
-    pub none_reason: Option<String>,
+    pub none_reason: Option<NoneReason>,
     /// When nothing is eligible because of blocks: ms until the earliest ends.
     pub retry_after_ms: u64,
 }

@@ -51,14 +51,13 @@ pub fn build(config: &Config, metrics: Metrics) -> Result<Arc<Relay>, String> {
             selector,
             admission,
             client,
-        } => crate::remote::remote_backends(selector, admission, client, metrics.clone())?,
+        } => crate::remote::remote_backends(selector, admission, client, metrics.clone())
+            .map_err(|error| error.to_string())?,
     };
-    Ok(Arc::new(Relay::new(
-        selection,
-        leases,
-        config.relay.clone(),
-        metrics,
-    )?))
+    Ok(Arc::new(
+        Relay::new(selection, leases, config.relay.clone(), metrics)
+            .map_err(|error| error.to_string())?,
+    ))
 }
 
 /// Serves until `shutdown`, then turns readiness off and lets in-flight requests finish (up to

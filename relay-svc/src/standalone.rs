@@ -19,7 +19,7 @@ use poolgate_core::lease::{LeaseId, LeaseTerms, Settings};
 use poolgate_core::money::usd_to_micros;
 use poolgate_core::outcome::{Decision, decide};
 use poolgate_core::outcome::{Outcome, OutcomeClass, RuntimeBlockSettings};
-use poolgate_core::select::{Candidate, order};
+use poolgate_core::select::{Candidate, NoneReason, order};
 use poolgate_core::{millis, now_ms};
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
@@ -521,28 +521,28 @@ impl Selection for StandaloneSelection {
             })
             .cloned()
             .collect();
-        let none = |reason: &str, retry_after_ms| Plan {
+        let none = |reason, retry_after_ms| Plan {
             accounts: Vec::new(),
             sticky: false,
-            none_reason: Some(reason.to_owned()),
+            none_reason: Some(reason),
             retry_after_ms,
         };
         if accounts.is_empty() {
-            return Ok(none("no_accounts", 0));
+            return Ok(none(NoneReason::NoAccounts, 0));
         }
         let allowed: Vec<Arc<Account>> = accounts
             .into_iter()
             .filter(|a| a.allows(&request.model))
             .collect();
         if allowed.is_empty() {
-            return Ok(none("model_not_allowed", 0));
+            return Ok(none(NoneReason::ModelNotAllowed, 0));
         }
         let included: Vec<Arc<Account>> = allowed
             .into_iter()
             .filter(|a| !request.exclude.contains(&a.id))
             .collect();
         if included.is_empty() {
-            return Ok(none("all_excluded", 0));
+            return Ok(none(NoneReason::AllExcluded, 0));
         }
         let ids: Vec<i64> = included.iter().map(|a| a.id).collect();
         let inflight = self.admission.inflight(&ids).await.unwrap_or_default();
@@ -597,7 +597,7 @@ impl Selection for StandaloneSelection {
         }
         if candidates.is_empty() {
             return Ok(none(
-                "all_blocked",
+                NoneReason::AllBlocked,
                 if earliest == i64::MAX {
                     0
                 } else {
@@ -810,7 +810,7 @@ impl Leases for LocalLeases {
             .admission
             .acquire(&terms, wait, &cancel, |_| {})
             .await
-            .map_err(|e| BackendError(e.to_string()))?;
+            .map_err(BackendError::Storage)?;
         match outcome {
             AcquireOutcome::Granted(lease_id) => {
                 let renewer = tokio::spawn(renew(
@@ -828,7 +828,7 @@ impl Leases for LocalLeases {
                 })))
             }
             AcquireOutcome::Denied(denial) => Ok(Acquired::Denied(denial)),
-            AcquireOutcome::Cancelled => Err(BackendError("acquire cancelled".into())),
+            AcquireOutcome::Cancelled => Err(BackendError::NoAnswer("the acquire was cancelled")),
         }
     }
 }

@@ -88,7 +88,8 @@ fn certificates(dir: &std::path::Path) {
 
 async fn inflight(client: &relay_svc::remote::GrpcClient, port: u16) -> Result<u32, String> {
     let channel =
-        relay_svc::remote::balanced_channel(&[format!("https://localhost:{port}")], client)?;
+        relay_svc::remote::balanced_channel(&[format!("https://localhost:{port}")], client)
+            .map_err(|error| error.to_string())?;
     let mut client = AdmissionClient::new(channel);
     let mut last = String::from("no attempt");
     for _ in 0..30 {

@@ -24,7 +24,7 @@ use crate::oracle::{LoadOracle, OracleSettings};
 use crate::snapshot::SnapshotCell;
 use crate::store::{ConfigStore, StoreError};
 use poolgate_core::outcome::{Decision, decide};
-use poolgate_core::select::{Candidate, order};
+use poolgate_core::select::{Candidate, NoneReason, order};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SelectorError {
@@ -124,7 +124,7 @@ pub struct PlanEntry {
 pub struct Plan {
     pub entries: Vec<PlanEntry>,
     pub sticky: bool,
-    pub none_reason: Option<&'static str>,
+    pub none_reason: Option<NoneReason>,
     pub retry_after_ms: u64,
 }
 
@@ -287,21 +287,21 @@ impl Selector {
             .filter(|a| query.platform.is_none_or(|p| a.platform == p))
             .collect();
         if on_platform.is_empty() {
-            return Ok(Plan::none("no_accounts", 0));
+            return Ok(Plan::none(NoneReason::NoAccounts, 0));
         }
         let allowed: Vec<&Arc<Account>> = on_platform
             .into_iter()
             .filter(|a| a.allows(&query.model))
             .collect();
         if allowed.is_empty() {
-            return Ok(Plan::none("model_not_allowed", 0));
+            return Ok(Plan::none(NoneReason::ModelNotAllowed, 0));
         }
         let included: Vec<&Arc<Account>> = allowed
             .into_iter()
             .filter(|a| !query.exclude.contains(&a.id))
             .collect();
         if included.is_empty() {
-            return Ok(Plan::none("all_excluded", 0));
+            return Ok(Plan::none(NoneReason::AllExcluded, 0));
         }
         let ids: Vec<AccountId> = included.iter().map(|a| a.id).collect();
         let sticky = self.binding(query).await;
@@ -328,9 +328,9 @@ impl Selector {
                 }
             }
             let reason = if all_breakers {
-                "breaker_open"
+                NoneReason::BreakerOpen
             } else {
-                "all_blocked"
+                NoneReason::AllBlocked
             };
             return Ok(Plan::none(
                 reason,
@@ -957,7 +957,7 @@ async fn apply_broken(
 }
 
 impl Plan {
-    fn none(reason: &'static str, retry_after_ms: u64) -> Self {
+    fn none(reason: NoneReason, retry_after_ms: u64) -> Self {
         Plan {
             entries: Vec::new(),
             sticky: false,

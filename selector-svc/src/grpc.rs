@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use poolgate_proto::convert::{self, EnumField};
 use poolgate_proto::selector::v1 as pb;
 use tonic::{Request, Response, Status};
 
@@ -57,24 +58,16 @@ fn account_id(field: &str, id: i64) -> Result<AccountId, Status> {
     Ok(id)
 }
 
-fn platform(field: &str, value: i32) -> Result<Platform, Status> {
-    match pb::Platform::try_from(value) {
-        Ok(pb::Platform::Anthropic) => Ok(Platform::Anthropic),
-        Ok(pb::Platform::Openai) => Ok(Platform::OpenAi),
-        _ => Err(invalid(
-            field,
-            "must be PLATFORM_ANTHROPIC or PLATFORM_OPENAI",
-        )),
-    }
-}
-
 fn platform_pb(platform: Platform) -> i32 {
-    match platform {
-        Platform::Anthropic => pb::Platform::Anthropic as i32,
-        Platform::OpenAi => pb::Platform::Openai as i32,
-    }
+    pb::Platform::from(platform) as i32
 }
 
+fn kind_pb(kind: CredentialKind) -> i32 {
+    pb::CredentialKind::from(kind) as i32
+}
+
+// The deprecated string fields are filled next to the enums until no caller reads them.
+#[allow(deprecated)]
 fn plan_response(plan: Plan) -> pb::SelectResponse {
     pb::SelectResponse {
         accounts: plan
@@ -88,6 +81,7 @@ fn plan_response(plan: Plan) -> pb::SelectResponse {
                     platform: platform_pb(account.platform),
                     base_url: account.base_url.clone(),
                     credential: account.credential.expose().to_owned(),
+                    kind: kind_pb(account.credential_kind),
                     credential_kind: account.credential_kind.as_str().to_owned(),
                     mapped_model: entry.mapped_model,
                     concurrency_limit: account.concurrency_limit,
@@ -95,19 +89,21 @@ fn plan_response(plan: Plan) -> pb::SelectResponse {
                     session_window_limit_usd: account.session_window_limit_usd,
                     proxy_url: account.proxy_url.clone().unwrap_or_default(),
                     disable_stream_usage: !account.stream_usage,
-                    price: Some(pb::Price {
-                        input_per_mtok: entry.price.input_per_mtok,
-                        output_per_mtok: entry.price.output_per_mtok,
-                        cache_write_per_mtok: entry.price.cache_write_per_mtok,
-                        cache_read_per_mtok: entry.price.cache_read_per_mtok,
-                    }),
+                    price: Some(entry.price.into()),
                     soft_blocked: entry.soft_blocked,
                     inflight: entry.inflight.map(|n| n as i32).unwrap_or(-1),
                 }
             })
             .collect(),
         sticky: plan.sticky,
-        none_reason: plan.none_reason.unwrap_or_default().to_owned(),
+        reason: plan
+            .none_reason
+            .map(|reason| pb::NoneReason::from(reason) as i32)
+            .unwrap_or_default(),
+        none_reason: plan
+            .none_reason
+            .map(|reason| reason.as_str().to_owned())
+            .unwrap_or_default(),
         retry_after_ms: plan.retry_after_ms,
     }
 }
@@ -130,7 +126,7 @@ impl pb::selector_server::Selector for SelectorGrpc {
     ) -> Result<Response<pb::SelectResponse>, Status> {
         let request = request.into_inner();
         name("group", &request.group)?;
-        let platform = platform("platform", request.platform)?;
+        let platform = Platform::decode("platform", request.platform)?;
         if request.model.is_empty() || request.model.len() > MAX_MODEL_BYTES {
             return Err(invalid(
                 "model",
@@ -159,7 +155,7 @@ impl pb::selector_server::Selector for SelectorGrpc {
             max_accounts: request.max_accounts.min(64) as usize,
         };
         let plan = self.selector.select(&query).await?;
-        let label = plan.none_reason.unwrap_or("planned");
+        let label = plan.none_reason.map_or("planned", |reason| reason.as_str());
         self.selector
             .metrics()
             .selects
@@ -174,17 +170,7 @@ impl pb::selector_server::Selector for SelectorGrpc {
     ) -> Result<Response<pb::ReportOutcomeResponse>, Status> {
         let request = request.into_inner();
         let id = account_id("account_id", request.account_id)?;
-        let class = match pb::OutcomeClass::try_from(request.class) {
-            Ok(pb::OutcomeClass::Success) => OutcomeClass::Success,
-            Ok(pb::OutcomeClass::Conflict) => OutcomeClass::Conflict,
-            Ok(pb::OutcomeClass::Busy) => OutcomeClass::Busy,
-            Ok(pb::OutcomeClass::WindowExhausted) => OutcomeClass::WindowExhausted,
-            Ok(pb::OutcomeClass::Broken) => OutcomeClass::Broken,
-            Ok(pb::OutcomeClass::Unauthorized) => OutcomeClass::Unauthorized,
-            Ok(pb::OutcomeClass::QuotaGone) => OutcomeClass::QuotaGone,
-            Ok(pb::OutcomeClass::ClientError) => OutcomeClass::ClientError,
-            _ => return Err(invalid("class", "must be a known OUTCOME_CLASS_*")),
-        };
+        let class = OutcomeClass::decode("class", request.class)?;
         if request.status > 999 {
             return Err(invalid(
                 "status",
@@ -336,7 +322,7 @@ impl pb::selector_server::Selector for SelectorGrpc {
     ) -> Result<Response<pb::ListModelsResponse>, Status> {
         let request = request.into_inner();
         name("group", &request.group)?;
-        let platform = platform("platform", request.platform)?;
+        let platform = Platform::decode("platform", request.platform)?;
         let snapshot = self.selector.snapshot().get();
         let models = group_models(
             snapshot.accounts().map(|a| a.as_ref()),
@@ -414,6 +400,8 @@ impl AdminGrpc {
     }
 }
 
+// The deprecated `credential_kind` string is filled next to `kind` until no caller reads it.
+#[allow(deprecated)]
 fn account_view(account: &crate::domain::Account) -> pb::AccountView {
     pb::AccountView {
         id: account.id,
@@ -422,6 +410,7 @@ fn account_view(account: &crate::domain::Account) -> pb::AccountView {
         platform: platform_pb(account.platform),
         base_url: account.base_url.clone(),
         credential_masked: account.credential.masked(),
+        kind: kind_pb(account.credential_kind),
         credential_kind: account.credential_kind.as_str().to_owned(),
         status: account.status.as_str().to_owned(),
         status_reason: account.status_reason.clone(),
@@ -455,10 +444,11 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
         let r = request.into_inner();
         name("name", &r.name)?;
         name("group", &r.group)?;
-        let platform = platform("platform", r.platform)?;
+        let platform = Platform::decode("platform", r.platform)?;
         http_url("base_url", &r.base_url)?;
-        let kind = CredentialKind::parse(&r.credential_kind)
-            .ok_or_else(|| invalid("credential_kind", "must be api_key, oauth or chatgpt_oauth"))?;
+        // Older callers send only the deprecated string; `kind` wins when set.
+        #[allow(deprecated)]
+        let kind = convert::credential_kind(r.kind, &r.credential_kind)?;
         if r.credential.len() > 8192 || r.refresh_token.len() > 8192 {
             return Err(invalid("credential", "at most 8192 bytes"));
         }
@@ -490,7 +480,7 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
         }
         if kind == CredentialKind::ChatGptOAuth && platform != Platform::OpenAi {
             return Err(invalid(
-                "credential_kind",
+                "kind",
                 "chatgpt_oauth accounts are on platform openai",
             ));
         }

@@ -11,6 +11,7 @@ use poolgate_runtime::redis::{RedisOptions, RedisTarget};
 use poolgate_runtime::service_auth::{CallerCheck, WithToken};
 use selector_svc::confirm::ProbeSettings;
 use selector_svc::crypto::Keyring;
+use selector_svc::domain::{CredentialKind, Platform};
 use selector_svc::engine::SelectorSettings;
 use selector_svc::server::Config;
 use selector_svc::store::ConfigStore;
@@ -428,22 +429,21 @@ async fn admin(args: &ServeArgs, admin: &AdminArgs) -> Result<(), String> {
             probe_model,
             no_stream_usage,
         } => {
-            let platform = match platform.as_str() {
-                "anthropic" => pb::Platform::Anthropic,
-                "openai" => pb::Platform::Openai,
-                other => {
-                    return Err(format!(
-                        "--platform must be anthropic or openai, got {other:?}"
-                    ));
-                }
-            };
+            let platform = Platform::parse(platform).ok_or_else(|| {
+                format!("--platform must be anthropic or openai, got {platform:?}")
+            })?;
+            let kind = CredentialKind::parse(credential_kind).ok_or_else(|| {
+                format!(
+                    "--credential-kind must be api_key, oauth or chatgpt_oauth, got {credential_kind:?}"
+                )
+            })?;
             let answer = client
                 .upsert_account(pb::UpsertAccountRequest {
                     name: name.clone(),
                     group: group.clone(),
-                    platform: platform as i32,
+                    platform: pb::Platform::from(platform) as i32,
                     base_url: base_url.clone(),
-                    credential_kind: credential_kind.clone(),
+                    kind: pb::CredentialKind::from(kind) as i32,
                     credential: credential.clone(),
                     priority: *priority,
                     weight: *weight,

@@ -542,3 +542,94 @@ async fn bad_input_gets_invalid_argument_naming_the_field_and_admin_needs_the_to
         .into_inner();
     assert_eq!(plan.accounts.len(), 1);
 }
+
+/// The deprecated string fields stay one release: servers fill them next to the enums, and a
+/// caller that sends only the string (an older one) is served as before.
+#[allow(deprecated)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credential_kind_and_none_reason_travel_as_enums_and_as_the_deprecated_strings() {
+    let backends = Backends::start().await;
+    let replica = Replica::start(backends.config(fast_settings())).await;
+    let mut admin_client = replica.admin.clone();
+    let upsert = |name: &str, kind: pb::CredentialKind, legacy: &str| pb::UpsertAccountRequest {
+        name: name.into(),
+        group: "g".into(),
+        platform: pb::Platform::Anthropic as i32,
+        base_url: "http://127.0.0.1:9".into(),
+        kind: kind as i32,
+        credential_kind: legacy.into(),
+        credential: format!("sk-ant-{name}-secret-credential"),
+        ..Default::default()
+    };
+    // The enum alone; the string alone (an older caller); both, alike.
+    for (name, kind, legacy, expected) in [
+        ("by-enum", pb::CredentialKind::ApiKey, "", "api_key"),
+        (
+            "by-string",
+            pb::CredentialKind::Unspecified,
+            "api_key",
+            "api_key",
+        ),
+        ("by-both", pb::CredentialKind::ApiKey, "api_key", "api_key"),
+    ] {
+        let view = admin_client
+            .upsert_account(admin(upsert(name, kind, legacy)))
+            .await
+            .unwrap_or_else(|status| panic!("{name}: {status:?}"))
+            .into_inner();
+        assert_eq!(view.kind, pb::CredentialKind::ApiKey as i32, "{name}");
+        assert_eq!(view.credential_kind, expected, "{name}");
+    }
+    // Both set and naming different kinds, neither set, or an unknown value: refused, naming
+    // the field.
+    for (request, field) in [
+        (upsert("x", pb::CredentialKind::Oauth, "api_key"), "kind"),
+        (
+            upsert("x", pb::CredentialKind::Unspecified, ""),
+            "credential_kind",
+        ),
+        (
+            upsert("x", pb::CredentialKind::Unspecified, "apikey"),
+            "credential_kind",
+        ),
+        (
+            pb::UpsertAccountRequest {
+                kind: 42,
+                ..upsert("x", pb::CredentialKind::Unspecified, "")
+            },
+            "kind",
+        ),
+    ] {
+        let status = admin_client
+            .upsert_account(admin(request))
+            .await
+            .expect_err("refused");
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert!(status.message().contains(field), "{status:?} names {field}");
+    }
+    // A plan carries the kind both ways; an empty plan its reason both ways.
+    let mut client = replica.client.clone();
+    let plan = client
+        .select(select_request("g", "m"))
+        .await
+        .expect("select")
+        .into_inner();
+    assert!(!plan.accounts.is_empty());
+    for account in &plan.accounts {
+        assert_eq!(account.kind, pb::CredentialKind::ApiKey as i32);
+        assert_eq!(account.credential_kind, "api_key");
+    }
+    assert_eq!(plan.reason, pb::NoneReason::Unspecified as i32);
+    assert_eq!(plan.none_reason, "");
+    let empty = client
+        .select(pb::SelectRequest {
+            platform: pb::Platform::Openai as i32,
+            ..select_request("g", "m")
+        })
+        .await
+        .expect("select")
+        .into_inner();
+    assert!(empty.accounts.is_empty());
+    assert_eq!(empty.reason, pb::NoneReason::NoAccounts as i32);
+    assert_eq!(empty.none_reason, "no_accounts");
+}

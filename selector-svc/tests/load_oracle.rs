@@ -173,7 +173,10 @@ async fn a_cached_reading_that_filters_everyone_triggers_exactly_one_fresh_read(
     let before = trips(selector);
     let plan = selector.select(&query("g", 3)).await.expect("select");
     assert!(plan.entries.is_empty());
-    assert_eq!(plan.none_reason, Some("all_blocked"));
+    assert_eq!(
+        plan.none_reason,
+        Some(poolgate_core::select::NoneReason::AllBlocked)
+    );
     assert!(
         plan.retry_after_ms > 55_000,
         "the earliest block end: {}",

@@ -119,7 +119,7 @@ async fn a_429_with_a_reset_two_hours_ahead_hard_blocks_until_then() {
         .expect("select")
         .into_inner();
     assert!(plan.accounts.is_empty());
-    assert_eq!(plan.none_reason, "all_blocked");
+    assert_eq!(plan.reason, pb::NoneReason::AllBlocked as i32);
     assert!(plan.retry_after_ms > 2 * 3600 * 1000 - 60_000);
     let gauge = &replica.built.selector.metrics().active_blocks;
     assert_eq!(

@@ -1,0 +1,135 @@
+//! Bookkeeping after the answer's last byte, off the client's latency path: the lease released
+//! with the request's spend, the success reported, the session and response bound, the usage
+//! record queued.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use poolgate_core::account::Price;
+use poolgate_core::classify::Classified;
+use poolgate_core::money::usd_to_micros;
+use poolgate_core::now_ms;
+use poolgate_core::outcome::OutcomeClass;
+
+use super::{Inbound, Relay};
+use crate::backends::{Caller, Lease, Planned, UsageRecord};
+use crate::usage::{SseScanner, Usage};
+
+/// Bookkeeping after the last byte: report, bind, spend on release, usage record.
+pub(super) struct Finish {
+    pub(super) relay: Arc<Relay>,
+    pub(super) account: Planned,
+    caller: Caller,
+    session_hash: Option<String>,
+    model: String,
+    started: Instant,
+    status: u16,
+    /// Ungoverned requests (count_tokens) change no shared state: no outcome report, no binding.
+    pub(super) governed: bool,
+}
+
+impl Finish {
+    /// The bookkeeping of `inbound`'s answer from `account` (`status`), started at `started`.
+    pub(super) fn new(
+        relay: Arc<Relay>,
+        inbound: &Inbound,
+        account: &Planned,
+        started: Instant,
+        status: u16,
+    ) -> Self {
+        Finish {
+            relay,
+            account: account.clone(),
+            caller: inbound.caller.clone(),
+            session_hash: inbound.session_hash.clone(),
+            model: inbound.model.clone(),
+            started,
+            status,
+            governed: !inbound.ungoverned,
+        }
+    }
+
+    /// Binds the conversation to the account that answered it (sticky sessions).
+    pub(super) async fn bind_session(&self) {
+        if !self.governed {
+            return;
+        }
+        if let Some(session) = &self.session_hash {
+            self.relay
+                .selection
+                .bind_session(&self.caller.group, session, self.account.id)
+                .await;
+        }
+    }
+
+    /// Binds a streamed response's `resp_` id the first time the scanner has seen it.
+    pub(super) async fn bind_response_once(&self, scanner: &SseScanner, bound: &mut bool) {
+        if *bound || !self.governed {
+            return;
+        }
+        if let Some(response_id) = &scanner.response_id {
+            self.relay
+                .selection
+                .bind_response(response_id, self.account.id)
+                .await;
+            *bound = true;
+        }
+    }
+
+    /// Release, outcome report, usage. The session and response bindings are made earlier,
+    /// before the client can ask again.
+    pub(super) async fn run(self, lease: Box<dyn Lease>, usage: Usage, succeeded: bool) {
+        let cost = usage.cost_usd(&self.account.price);
+        if usage != Usage::default() && self.account.price == Price::default() {
+            self.relay.note_unpriced(&self.account.mapped_model);
+        }
+        // Spend travels with the release, in the same script.
+        lease.release(cost).await;
+        let selection = &self.relay.selection;
+        if succeeded && self.governed {
+            let success = Classified {
+                class: OutcomeClass::Success,
+                reset_at_ms: None,
+                label: "success",
+            };
+            selection
+                .report(self.account.id, success, self.status, "")
+                .await;
+        }
+        self.relay
+            .metrics
+            .spend_micros
+            .inc_by(usd_to_micros(cost).unwrap_or(0).max(0) as u64);
+        selection.record_usage(UsageRecord {
+            api_key_id: self.caller.api_key_id,
+            user: self.caller.user.clone(),
+            account_id: self.account.id,
+            model: self.model.clone(),
+            input_tokens: usage.input,
+            output_tokens: usage.output,
+            cache_write_tokens: usage.cache_write,
+            cache_read_tokens: usage.cache_read,
+            cost_usd: cost,
+            status: self.status,
+            latency_ms: self.started.elapsed().as_millis().min(u32::MAX as u128) as u32,
+            at_ms: now_ms().max(0) as u64,
+        });
+    }
+}
+
+impl Relay {
+    /// Counts an answer whose model has no price, and logs each such model once.
+    fn note_unpriced(&self, model: &str) {
+        self.metrics.unpriced_usage.inc();
+        let mut seen = self
+            .unpriced_models
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if seen.len() < 1000 && seen.insert(model.to_owned()) {
+            tracing::warn!(
+                model,
+                "no price for this model: its usage is recorded at $0 (add a price)"
+            );
+        }
+    }
+}

@@ -1,0 +1,529 @@
+//! One client request, end to end (docs/DESIGN.md, "The request path"): select → lease (user
+//! RPM on the first lease only) → upstream call → classify → same-account retry on conflict →
+//! fail over within the budget → report → bind on success → spend on release, usage batched.
+//! Bookkeeping runs after the last byte, off the client's latency path.
+//!
+//! This module is the plan → lease → call loop; `auth` checks client keys, `request` builds the
+//! upstream request (the header rules), `call` makes one upstream call and serves a whole
+//! answer, `stream` pumps a streamed one, `finish` does the bookkeeping after the last byte.
+
+mod auth;
+mod call;
+mod finish;
+mod request;
+mod stream;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
+use poolgate_core::account::{CredentialKind, Secret};
+use poolgate_core::classify::{Classified, UpstreamError};
+use poolgate_core::lease::{Denial, DenyReason, LeaseTerms, UserLimit};
+use poolgate_core::money::usd_to_micros;
+use poolgate_core::outcome::OutcomeClass;
+use poolgate_core::select::NoneReason;
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use crate::api::{Api, ErrorKind, RelayError};
+use crate::backends::{Acquired, Caller, Lease, Leases, Plan, PlanRequest, Planned, Selection};
+use crate::metrics::Metrics;
+
+pub use request::{HttpClientError, merged_betas, passes_upstream, request_id_header};
+
+#[derive(Debug, Clone)]
+pub struct RelaySettings {
+    /// Upstream failures one request may fail over on (local refusals do not count).
+    pub failover_budget: u32,
+    /// Acquire attempts per request, at most (seed 001).
+    pub max_acquires: u32,
+    /// How long a request may wait for capacity (a full pool, or blocks ending).
+    pub max_wait: Duration,
+    /// A streaming client waiting this long gets SSE keep-alive comments.
+    pub ping_after: Duration,
+    pub ping_every: Duration,
+    /// Same-account retries on 409/423, and the pause before each.
+    pub conflict_retries: u32,
+    pub conflict_delay: Duration,
+    /// A 429 reset further ahead than this is "window exhausted" (hard block).
+    pub hard_block_threshold: Duration,
+    /// Bound on connecting and on the response head from upstream.
+    pub upstream_timeout: Duration,
+    /// How long an authentication answer is reused.
+    pub auth_cache_ttl: Duration,
+    /// Largest request body accepted, and largest error body kept.
+    pub max_body_bytes: usize,
+    /// After a client disconnects, how long its slot stays held before release (the upstream
+    /// counts the cancelled call until it notices the closed connection).
+    pub cancel_linger: Duration,
+}
+
+impl Default for RelaySettings {
+    fn default() -> Self {
+        RelaySettings {
+            failover_budget: 3,
+            max_acquires: 8,
+            max_wait: Duration::from_secs(30),
+            ping_after: Duration::from_secs(10),
+            ping_every: Duration::from_secs(10),
+            conflict_retries: 3,
+            conflict_delay: Duration::from_millis(500),
+            hard_block_threshold: Duration::from_secs(60),
+            upstream_timeout: Duration::from_secs(600),
+            auth_cache_ttl: Duration::from_millis(500),
+            max_body_bytes: 32 << 20,
+            cancel_linger: Duration::from_secs(1),
+        }
+    }
+}
+
+/// What went wrong with the client's request itself (before any account is involved).
+pub type Refusal = RelayError;
+
+/// The head of the answer, then its body.
+pub enum Answer {
+    Upstream {
+        status: StatusCode,
+        headers: HeaderMap,
+        body: Body,
+    },
+    Error(RelayError),
+}
+
+pub enum Body {
+    Full(Bytes),
+    Stream(mpsc::Receiver<Bytes>),
+}
+
+/// A parsed client request.
+pub struct Inbound {
+    pub api: Api,
+    /// Upstream path, e.g. `/v1/messages`.
+    pub path: &'static str,
+    /// The client's query string, passed upstream as it came (`beta=true`).
+    pub query: Option<String>,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+    pub json: Value,
+    pub model: String,
+    pub stream: bool,
+    pub caller: Caller,
+    pub session_hash: Option<String>,
+    pub previous_response_id: Option<String>,
+    /// Requests that cost nothing and take no lease (count_tokens).
+    pub ungoverned: bool,
+}
+
+pub struct Relay {
+    pub selection: Arc<dyn Selection>,
+    pub leases: Arc<dyn Leases>,
+    pub settings: RelaySettings,
+    pub metrics: Metrics,
+    http: reqwest::Client,
+    proxied: Mutex<HashMap<String, reqwest::Client>>,
+    auth_cache: Mutex<HashMap<String, (Option<Caller>, Instant)>>,
+    /// Models already logged as having no price (each once; bounded).
+    unpriced_models: Mutex<HashSet<String>>,
+}
+
+/// What one upstream call came to.
+enum Called {
+    /// 2xx: the answer is on its way to the client; bookkeeping follows its last byte.
+    Served(Answer),
+    /// Admission said the lease is gone for good before the first byte reached the client.
+    LeaseLost(Box<dyn Lease>),
+    /// A non-2xx answer (or a network failure), classified, with the body kept for passing on.
+    Failed {
+        classified: Classified,
+        status: u16,
+        headers: HeaderMap,
+        body: Bytes,
+        lease: Box<dyn Lease>,
+    },
+}
+
+impl Relay {
+    pub fn new(
+        selection: Arc<dyn Selection>,
+        leases: Arc<dyn Leases>,
+        settings: RelaySettings,
+        metrics: Metrics,
+    ) -> Result<Self, HttpClientError> {
+        Ok(Relay {
+            http: request::build_client(settings.upstream_timeout, None)?,
+            selection,
+            leases: Arc::new(crate::backends::Lingering::new(
+                leases,
+                settings.cancel_linger,
+            )),
+            settings,
+            metrics,
+            proxied: Mutex::new(HashMap::new()),
+            auth_cache: Mutex::new(HashMap::new()),
+            unpriced_models: Mutex::new(HashSet::new()),
+        })
+    }
+
+    /// Runs the request to its answer.
+    pub async fn run(self: Arc<Self>, inbound: Inbound) -> Answer {
+        let api = inbound.api;
+        let started = Instant::now();
+        let deadline = started + self.settings.max_wait;
+        let mut exclude: Vec<i64> = Vec::new();
+        let mut failures = 0u32;
+        let mut acquires = 0u32;
+        let mut user_charged = false;
+        let mut last_failure: Option<Failure> = None;
+        // Upstream models that answered 404: the request fails over only to an account that
+        // maps the client's model to a different upstream model.
+        let mut not_found_models: Vec<String> = Vec::new();
+        // OAuth accounts whose refused token the selector refreshed for this request: retried
+        // once with the new token.
+        let mut refreshed: HashMap<i64, Secret> = HashMap::new();
+        loop {
+            let plan = match self
+                .selection
+                .select(&PlanRequest {
+                    group: inbound.caller.group.clone(),
+                    platform: api.platform(),
+                    model: inbound.model.clone(),
+                    session_hash: inbound.session_hash.clone(),
+                    previous_response_id: inbound.previous_response_id.clone(),
+                    exclude: exclude.clone(),
+                })
+                .await
+            {
+                Ok(plan) => plan,
+                Err(error) => {
+                    tracing::warn!(%error, "selector unavailable");
+                    return overloaded(api, "account selection is unavailable; try again");
+                }
+            };
+            let mut plan = plan;
+            for planned in plan.accounts.iter_mut() {
+                if let Some(fresh) = refreshed.get(&planned.id) {
+                    planned.credential = fresh.clone();
+                }
+            }
+            // ChatGPT subscription accounts serve the Responses API only.
+            if inbound.path != "/v1/responses" {
+                plan.accounts
+                    .retain(|a| a.credential_kind != CredentialKind::ChatGptOAuth);
+            }
+            if !not_found_models.is_empty() {
+                plan.accounts
+                    .retain(|a| !not_found_models.contains(&a.mapped_model));
+            }
+            if plan.accounts.is_empty() {
+                let blocked_for = Duration::from_millis(plan.retry_after_ms);
+                if last_failure.is_none()
+                    && !blocked_for.is_zero()
+                    && blocked_for <= deadline.saturating_duration_since(Instant::now())
+                {
+                    // Every account is blocked for a while: wait for the earliest to come back.
+                    tokio::time::sleep(blocked_for).await;
+                    continue;
+                }
+                return last_error_or(last_failure, || no_plan(api, &inbound.model, &plan));
+            }
+            let sticky = plan.sticky;
+            let mut leased = None;
+            let mut refused_all = true;
+            for (index, account) in plan.accounts.iter().enumerate() {
+                if acquires >= self.settings.max_acquires {
+                    break;
+                }
+                acquires += 1;
+                let terms = self.terms(&inbound, account, !user_charged, sticky && index == 0);
+                match self.leases.acquire(terms, Duration::ZERO).await {
+                    Ok(Acquired::Granted(lease)) => {
+                        leased = Some((account.clone(), lease));
+                        refused_all = false;
+                        break;
+                    }
+                    Ok(Acquired::Denied(denial)) if denial.reason == DenyReason::UserRpm => {
+                        return user_rpm_refusal(api, denial);
+                    }
+                    Ok(Acquired::Denied(denial)) => {
+                        self.metrics.failover(denial.reason.as_str(), "local");
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, account_id = account.id, "admission unavailable for this acquire");
+                        self.metrics.failover("admission_unavailable", "local");
+                    }
+                }
+            }
+            if leased.is_none() && refused_all {
+                // Everything is merely full: wait on the best candidate (the plan's first: the
+                // sticky account, else the one with most headroom).
+                let remaining = deadline.saturating_duration_since(Instant::now());
+                let best = &plan.accounts[0];
+                if !remaining.is_zero() && acquires < self.settings.max_acquires {
+                    acquires += 1;
+                    let terms = self.terms(&inbound, best, !user_charged, sticky);
+                    match self.leases.acquire(terms, remaining).await {
+                        Ok(Acquired::Granted(lease)) => leased = Some((best.clone(), lease)),
+                        Ok(Acquired::Denied(denial)) if denial.reason == DenyReason::UserRpm => {
+                            return user_rpm_refusal(api, denial);
+                        }
+                        Ok(Acquired::Denied(_)) | Err(_) => {}
+                    }
+                }
+                if leased.is_none() {
+                    return last_error_or(last_failure, || {
+                        overloaded(api, "every account is busy; try again shortly")
+                    });
+                }
+            }
+            let Some((account, lease)) = leased else {
+                // The acquire budget ran out.
+                return last_error_or(last_failure, || {
+                    overloaded(api, "no capacity in time; try again")
+                });
+            };
+            user_charged = true;
+            match self
+                .clone()
+                .call_with_retries(&inbound, &account, lease, started)
+                .await
+            {
+                Called::Served(answer) => return answer,
+                Called::LeaseLost(lease) => {
+                    // Neither the account's fault nor the upstream's: no report, no budget.
+                    lease.release(0.0).await;
+                    exclude.push(account.id);
+                    self.metrics.failover("lease_lost", "failover");
+                }
+                Called::Failed {
+                    classified,
+                    status,
+                    headers,
+                    body,
+                    lease,
+                } => {
+                    lease.release(0.0).await;
+                    if classified.class == OutcomeClass::ClientError {
+                        // Not the account's fault, and nothing reported: a client's request
+                        // never changes an account's health. The client gets the answer as it
+                        // came, unless another account may answer differently: one with
+                        // permission (403 permission_error), or one that maps the model to a
+                        // different upstream model (404).
+                        let other_may_answer = classified.is_permission_refusal()
+                            || (status == 404 && {
+                                not_found_models.push(account.mapped_model.clone());
+                                true
+                            });
+                        if !other_may_answer {
+                            return Failure::new(status, headers, body).into_answer();
+                        }
+                    } else if !inbound.ungoverned {
+                        // The status reason carries what the upstream asserted (type/code),
+                        // never the message, which can carry the client's input. (An
+                        // ungoverned count_tokens call changes no account's health.)
+                        let reason = UpstreamError::parse(&body)
+                            .map(|e| e.summary())
+                            .unwrap_or_default();
+                        // Status 0: no upstream answer at all (the selector applies that at
+                        // once; an answer is confirmed by its probe first).
+                        let reported = if classified.label == "network" {
+                            0
+                        } else {
+                            status
+                        };
+                        if classified.class == OutcomeClass::Unauthorized
+                            && account.credential_kind.is_oauth()
+                        {
+                            let after_refresh = refreshed.contains_key(&account.id);
+                            let fresh = self
+                                .selection
+                                .report_refused(
+                                    account.id,
+                                    classified,
+                                    reported,
+                                    &reason,
+                                    after_refresh,
+                                )
+                                .await;
+                            if let Some(fresh) = fresh.filter(|_| !after_refresh) {
+                                // The same account again, with the new token; no budget spent.
+                                refreshed.insert(account.id, fresh);
+                                self.metrics.failover("401", "retry_refreshed");
+                                continue;
+                            }
+                        } else {
+                            self.selection
+                                .report(account.id, classified, reported, &reason)
+                                .await;
+                        }
+                    }
+                    failures += 1;
+                    exclude.push(account.id);
+                    let failure = Failure::new(status, headers, body);
+                    if failures >= self.settings.failover_budget {
+                        self.metrics.failover(classified.label, "budget_spent");
+                        return failure.into_answer();
+                    }
+                    last_failure = Some(failure);
+                    self.metrics.failover(classified.label, "failover");
+                }
+            }
+        }
+    }
+
+    fn terms(
+        &self,
+        inbound: &Inbound,
+        account: &Planned,
+        charge_user: bool,
+        bound: bool,
+    ) -> LeaseTerms {
+        let caller = &inbound.caller;
+        LeaseTerms {
+            account_id: account.id,
+            concurrency_limit: if inbound.ungoverned {
+                0
+            } else {
+                account.concurrency_limit
+            },
+            rpm_limit: if inbound.ungoverned {
+                0
+            } else {
+                account.rpm_limit
+            },
+            user: (charge_user && caller.user_rpm_limit > 0 && !inbound.ungoverned).then(|| {
+                UserLimit {
+                    user_id: caller.user.clone(),
+                    rpm_limit: caller.user_rpm_limit,
+                }
+            }),
+            session_hash: inbound.session_hash.clone(),
+            session_window_limit_micros: if inbound.ungoverned {
+                0
+            } else {
+                usd_to_micros(account.session_window_limit_usd.max(0.0)).unwrap_or(0)
+            },
+            session_bound: bound,
+            ignore_cooldown: false,
+        }
+    }
+
+    /// Calls one account, retrying the same account on conflicts (keeping the lease).
+    async fn call_with_retries(
+        self: Arc<Self>,
+        inbound: &Inbound,
+        account: &Planned,
+        mut lease: Box<dyn Lease>,
+        started: Instant,
+    ) -> Called {
+        let mut retries = 0;
+        loop {
+            match self.clone().call(inbound, account, lease, started).await {
+                Called::Failed {
+                    classified,
+                    status,
+                    headers,
+                    body,
+                    lease: mut returned,
+                } if classified.class == OutcomeClass::Conflict
+                    && retries < self.settings.conflict_retries =>
+                {
+                    retries += 1;
+                    tokio::time::sleep(self.settings.conflict_delay).await;
+                    self.metrics.same_account_retries.inc();
+                    if !returned.attempt().await {
+                        // The account's RPM refused the retry: try a sibling.
+                        self.metrics.failover("rpm", "local");
+                        return Called::Failed {
+                            classified,
+                            status,
+                            headers,
+                            body,
+                            lease: returned,
+                        };
+                    }
+                    self.metrics.failover("same_account", "retry");
+                    lease = returned;
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
+/// An upstream error answer, kept to pass on to the client as it came.
+struct Failure {
+    status: u16,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Failure {
+    fn new(status: u16, headers: HeaderMap, body: Bytes) -> Self {
+        Failure {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    fn into_answer(self) -> Answer {
+        Answer::Upstream {
+            status: StatusCode::from_u16(self.status).unwrap_or(StatusCode::BAD_GATEWAY),
+            headers: request::response_headers(&self.headers),
+            body: Body::Full(self.body),
+        }
+    }
+}
+
+/// Ends a request no account will serve: with the last upstream error as it came, when an
+/// account answered one (it tells the client more than a refusal of ours), else `otherwise`.
+fn last_error_or(last_failure: Option<Failure>, otherwise: impl FnOnce() -> Answer) -> Answer {
+    match last_failure {
+        Some(failure) => failure.into_answer(),
+        None => otherwise(),
+    }
+}
+
+/// 503, try again in a second.
+fn overloaded(api: Api, message: &str) -> Answer {
+    Answer::Error(RelayError::new(api, ErrorKind::Overloaded, message).retry_after_ms(1000))
+}
+
+/// 429: the caller's own per-minute limit, whichever account was asked.
+fn user_rpm_refusal(api: Api, denial: Denial) -> Answer {
+    Answer::Error(
+        RelayError::new(
+            api,
+            ErrorKind::RateLimited,
+            "you sent too many requests this minute",
+        )
+        .retry_after_ms(denial.retry_after_ms.max(1000)),
+    )
+}
+
+/// The answer to a request whose plan is empty, from why: 404 for a model no account of the
+/// group allows, 503 otherwise (retry when the earliest block ends, at least a second on).
+fn no_plan(api: Api, model: &str, plan: &Plan) -> Answer {
+    let (kind, message) = match plan.none_reason.unwrap_or(NoneReason::NoAccounts) {
+        NoneReason::ModelNotAllowed => (
+            ErrorKind::NotFound,
+            format!("no account in your group serves model {model:?}"),
+        ),
+        NoneReason::NoAccounts => (
+            ErrorKind::Overloaded,
+            "no account in your group serves this API".to_owned(),
+        ),
+        reason @ (NoneReason::AllBlocked | NoneReason::AllExcluded | NoneReason::BreakerOpen) => (
+            ErrorKind::Overloaded,
+            format!(
+                "no capacity in the pool ({}); try again later",
+                reason.as_str()
+            ),
+        ),
+    };
+    let retry = plan.retry_after_ms.max(1000);
+    Answer::Error(RelayError::new(api, kind, message).retry_after_ms(retry))
+}

@@ -1,0 +1,343 @@
+//! [`Leases`] over admission's lease streams: each acquire on its own task (a caller that leaves
+//! withdraws it, never strands a lease), retried on another replica when its call breaks before
+//! the answer; a grant is handed to a [`keeper`](super::keeper) task.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use poolgate_core::lease::{Denial, DenyReason, LeaseTerms};
+use poolgate_proto::admission::v1 as apb;
+use poolgate_proto::admission::v1::admission_client::AdmissionClient;
+use poolgate_proto::convert;
+use poolgate_runtime::service_auth::WithToken;
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Channel;
+
+use super::keeper;
+use super::{Traced, traced};
+use crate::backends::{Acquired, BackendError, Leases};
+use crate::metrics::Metrics;
+
+/// Admission over gRPC.
+pub struct RemoteLeases {
+    client: AdmissionClient<Traced>,
+    metrics: Metrics,
+}
+
+impl RemoteLeases {
+    pub fn new(
+        channel: WithToken<Channel>,
+        metrics: Metrics,
+        grpc_metrics: &poolgate_runtime::grpc_metrics::GrpcMetrics,
+    ) -> Self {
+        RemoteLeases {
+            client: AdmissionClient::new(traced(channel, grpc_metrics)),
+            metrics,
+        }
+    }
+}
+
+/// The `Acquire` of `terms`, asking to wait up to `wait`.
+pub(super) fn acquire_pb(terms: &LeaseTerms, wait: Duration) -> apb::Acquire {
+    apb::Acquire {
+        wait_ms: convert::wait_ms(wait),
+        ..apb::Acquire::from(terms)
+    }
+}
+
+pub(super) fn message(kind: apb::lease_request::Kind) -> apb::LeaseRequest {
+    apb::LeaseRequest { kind: Some(kind) }
+}
+
+pub(super) type Events = tonic::Streaming<apb::LeaseEvent>;
+
+/// Opens a lease stream whose first message is `first`.
+async fn start(
+    client: &AdmissionClient<Traced>,
+    first: apb::lease_request::Kind,
+) -> Result<(mpsc::Sender<apb::LeaseRequest>, Events), tonic::Status> {
+    let (sender, receiver) = mpsc::channel(8);
+    sender
+        .send(message(first))
+        .await
+        .map_err(|_| tonic::Status::internal("lease stream closed"))?;
+    let events = client
+        .clone()
+        .lease(ReceiverStream::new(receiver))
+        .await?
+        .into_inner();
+    Ok((sender, events))
+}
+
+/// Reads a lease stream until the answer to its first message (`Queued` events skipped). A
+/// denial whose reason this relay cannot read is an error (it would otherwise be acted on as a
+/// guess: a user-RPM refusal taken for a full account fails over instead of answering 429).
+async fn answer(events: &mut Events) -> Result<Result<apb::Granted, Denial>, BackendError> {
+    loop {
+        match events.next().await {
+            Some(Ok(apb::LeaseEvent {
+                kind: Some(apb::lease_event::Kind::Queued(_)),
+            })) => continue,
+            Some(Ok(apb::LeaseEvent {
+                kind: Some(apb::lease_event::Kind::Granted(granted)),
+            })) => return Ok(Ok(granted)),
+            Some(Ok(apb::LeaseEvent {
+                kind: Some(apb::lease_event::Kind::Denied(denied)),
+            })) => {
+                return Denial::try_from(denied).map(Err).map_err(|error| {
+                    tracing::warn!(%error, "admission's denial is unreadable; treated as an admission error");
+                    BackendError::from(error)
+                });
+            }
+            // The answer to a `Resume` of a released lease: it is gone for good.
+            Some(Ok(apb::LeaseEvent {
+                kind: Some(apb::lease_event::Kind::Lost(_)),
+            })) => return Ok(Err(Denial::new(DenyReason::LeaseUnknown, 0))),
+            Some(Ok(_)) => return Err(tonic::Status::internal("unexpected lease event").into()),
+            Some(Err(status)) => return Err(status.into()),
+            None => {
+                return Err(
+                    tonic::Status::unavailable("lease stream ended without an answer").into(),
+                );
+            }
+        }
+    }
+}
+
+/// Opens a lease stream with `first` and reads until the answer.
+pub(super) async fn open(
+    client: &AdmissionClient<Traced>,
+    first: apb::lease_request::Kind,
+) -> Result<
+    (
+        mpsc::Sender<apb::LeaseRequest>,
+        Events,
+        Result<apb::Granted, Denial>,
+    ),
+    BackendError,
+> {
+    let (sender, mut events) = start(client, first).await?;
+    let answer = answer(&mut events).await?;
+    Ok((sender, events, answer))
+}
+
+#[async_trait]
+impl Leases for RemoteLeases {
+    async fn acquire(&self, terms: LeaseTerms, wait: Duration) -> Result<Acquired, BackendError> {
+        let (reply, answer) = oneshot::channel();
+        // In the request's span, so the lease call carries its trace context.
+        tokio::spawn(tracing::Instrument::instrument(
+            acquire_task(
+                self.client.clone(),
+                self.metrics.clone(),
+                terms,
+                wait,
+                reply,
+            ),
+            tracing::Span::current(),
+        ));
+        answer
+            .await
+            .unwrap_or(Err(BackendError::NoAnswer("the lease task ended")))
+    }
+}
+
+/// How long an acquire whose call breaks before its answer (a replica died or is unreachable)
+/// is tried again: long enough for the balancer to drop a dead replica (`PROBE_EVERY`).
+const ACQUIRE_RETRY_FOR: Duration = Duration::from_secs(2);
+
+/// A call that broke in transport, or a replica that could not reach its backend: another
+/// replica may answer. (A lease the broken call may have been granted is reaped at its TTL.)
+fn worth_another_replica(error: &BackendError) -> bool {
+    matches!(
+        error,
+        BackendError::Status {
+            code: tonic::Code::Unavailable
+                | tonic::Code::Unknown
+                | tonic::Code::Cancelled
+                | tonic::Code::Internal,
+            ..
+        }
+    )
+}
+
+/// One acquire, on its own task so that a caller that goes away (the client left) never strands
+/// a lease: a waiting acquire is withdrawn, and a grant that raced the departure is released at
+/// once instead of waiting out the orphan grace. A call that breaks before its answer is tried
+/// again, on whichever replica the balanced channel picks, within the caller's wait.
+async fn acquire_task(
+    client: AdmissionClient<Traced>,
+    metrics: Metrics,
+    terms: LeaseTerms,
+    wait: Duration,
+    mut reply: oneshot::Sender<Result<Acquired, BackendError>>,
+) {
+    let started = tokio::time::Instant::now();
+    let deadline = started + wait;
+    let mut tries = 0u64;
+    loop {
+        tries += 1;
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        // Not raced with the caller's departure: once sent, the acquire must be answered (and
+        // a grant released), or the lease would be left to the orphan grace.
+        let first = apb::lease_request::Kind::Acquire(acquire_pb(&terms, left));
+        let error = match start(&client, first).await {
+            Err(status) => BackendError::from(status),
+            Ok((sender, mut events)) => {
+                let answer = tokio::select! {
+                    answer = answer(&mut events) => Some(answer),
+                    _ = reply.closed() => None,
+                };
+                let Some(answer) = answer else {
+                    withdraw(&sender, &mut events).await;
+                    return;
+                };
+                match answer {
+                    Ok(Ok(granted)) => {
+                        let lease = keeper::spawn(client, terms, granted, sender, events, metrics);
+                        // A caller that left just now drops the lease with the unsent reply;
+                        // the keeper sees its commands end and releases.
+                        let _ = reply.send(Ok(Acquired::Granted(Box::new(lease))));
+                        return;
+                    }
+                    Ok(Err(denial)) => {
+                        let _ = reply.send(Ok(Acquired::Denied(denial)));
+                        return;
+                    }
+                    Err(error) => error,
+                }
+            }
+        };
+        if started.elapsed() < ACQUIRE_RETRY_FOR
+            && worth_another_replica(&error)
+            && !reply.is_closed()
+        {
+            tracing::debug!(%error, tries, "lease call broke before its answer; trying again");
+            tokio::time::sleep(Duration::from_millis((50 * tries).min(250))).await;
+            continue;
+        }
+        let _ = reply.send(Err(error));
+        return;
+    }
+}
+
+/// Withdraws an unanswered acquire (`Release` before the answer): admission cancels the wait or
+/// releases what it granted meanwhile, and answers `Released`.
+async fn withdraw(sender: &mpsc::Sender<apb::LeaseRequest>, events: &mut Events) {
+    let release = apb::lease_request::Kind::Release(apb::Release { spend_usd: 0.0 });
+    if sender.send(message(release)).await.is_err() {
+        return;
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Some(Ok(event)) = events.next().await {
+            if matches!(
+                event.kind,
+                Some(apb::lease_event::Kind::Released(_)) | Some(apb::lease_event::Kind::Denied(_))
+            ) {
+                return;
+            }
+        }
+    })
+    .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::pin::Pin;
+
+    use futures_util::Stream;
+    use poolgate_proto::admission::v1::admission_server::{Admission, AdmissionServer};
+    use tonic::{Request, Response, Status, Streaming};
+
+    use super::*;
+    use crate::remote::{GrpcClient, balanced_channel};
+
+    /// An admission that denies every lease with `reason` as it is on the wire.
+    struct Denying {
+        reason: i32,
+    }
+
+    type LeaseEvents = Pin<Box<dyn Stream<Item = Result<apb::LeaseEvent, Status>> + Send>>;
+
+    #[tonic::async_trait]
+    impl Admission for Denying {
+        type LeaseStream = LeaseEvents;
+
+        async fn lease(
+            &self,
+            _request: Request<Streaming<apb::LeaseRequest>>,
+        ) -> Result<Response<LeaseEvents>, Status> {
+            let denied = apb::LeaseEvent {
+                kind: Some(apb::lease_event::Kind::Denied(apb::Denied {
+                    reason: self.reason,
+                    retry_after_ms: 0,
+                })),
+            };
+            Ok(Response::new(Box::pin(tokio_stream::iter([Ok(denied)]))))
+        }
+
+        async fn release(
+            &self,
+            _request: Request<apb::ReleaseRequest>,
+        ) -> Result<Response<apb::ReleaseResponse>, Status> {
+            Err(Status::unimplemented("not in this test"))
+        }
+
+        async fn inflight(
+            &self,
+            _request: Request<apb::InflightRequest>,
+        ) -> Result<Response<apb::InflightResponse>, Status> {
+            Err(Status::unimplemented("not in this test"))
+        }
+
+        async fn record_spend(
+            &self,
+            _request: Request<apb::RecordSpendRequest>,
+        ) -> Result<Response<apb::RecordSpendResponse>, Status> {
+            Err(Status::unimplemented("not in this test"))
+        }
+    }
+
+    async fn acquire_from(reason: i32) -> Result<Acquired, BackendError> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let address = listener.local_addr().expect("address");
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(AdmissionServer::new(Denying { reason }))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        let metrics = Metrics::new();
+        let grpc_metrics = poolgate_runtime::grpc_metrics::GrpcMetrics::client(&metrics.registry);
+        let channel = balanced_channel(&[format!("http://{address}")], &GrpcClient::default())
+            .expect("channel");
+        let leases = RemoteLeases::new(WithToken::new(channel, None), metrics, &grpc_metrics);
+        let terms = LeaseTerms::try_from(apb::Acquire {
+            account_id: 1,
+            concurrency_limit: 1,
+            ..apb::Acquire::default()
+        })
+        .expect("valid terms");
+        leases.acquire(terms, Duration::ZERO).await
+    }
+
+    #[tokio::test]
+    async fn a_denial_whose_reason_the_relay_cannot_read_is_an_admission_error_not_a_guess() {
+        match acquire_from(apb::DenyReason::UserRpm as i32).await {
+            Ok(Acquired::Denied(denial)) => assert_eq!(denial.reason, DenyReason::UserRpm),
+            Ok(Acquired::Granted(_)) => panic!("granted"),
+            Err(error) => panic!("a known reason is read: {error}"),
+        }
+        for unreadable in [99, apb::DenyReason::Unspecified as i32] {
+            match acquire_from(unreadable).await {
+                Err(BackendError::Convert(error)) => assert_eq!(error.field, "reason"),
+                Err(error) => panic!("{unreadable}: not a conversion error: {error}"),
+                Ok(Acquired::Denied(denial)) => panic!("{unreadable} read as {denial:?}"),
+                Ok(Acquired::Granted(_)) => panic!("granted"),
+            }
+        }
+    }
+}

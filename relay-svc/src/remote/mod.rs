@@ -1,0 +1,80 @@
+//! The gRPC-client backends: the selector (with usage records batched) and admission (one lease
+//! per stream, heartbeats every ttl/3, `Resume` on another replica when a stream breaks, and the
+//! upstream call finishing anyway when that fails). Channels balance over every endpoint given.
+//!
+//! - `balancer`: the balanced channel over every replica of an endpoint (resolved and probed).
+//! - `selection`: [`Selection`](crate::backends::Selection) over the selector, successes
+//!   coalesced, usage batched.
+//! - `leases`: [`Leases`](crate::backends::Leases) over admission: one acquire per task, retried
+//!   on another replica, withdrawn when the caller leaves.
+//! - `keeper`: the task that owns a granted lease's stream (heartbeats, attempts, release,
+//!   resume) and the [`Lease`](crate::backends::Lease) handle that talks to it.
+//! - `throttle`: a warning let through once per period.
+
+mod balancer;
+mod keeper;
+mod leases;
+mod selection;
+mod throttle;
+
+use std::sync::Arc;
+
+use poolgate_runtime::service_auth::WithToken;
+use tonic::transport::Channel;
+
+use crate::backends::Backends;
+use crate::metrics::Metrics;
+
+pub use balancer::{ChannelError, GrpcClient, balanced_channel};
+pub use leases::RemoteLeases;
+pub use selection::RemoteSelection;
+
+/// A balanced channel that carries the current trace context in every request's metadata, and
+/// counts every call (`grpc_client_*` metrics).
+pub type Traced = poolgate_runtime::grpc_metrics::GrpcMetricsService<
+    poolgate_runtime::telemetry::Inject<WithToken<Channel>>,
+>;
+
+fn traced(
+    channel: WithToken<Channel>,
+    metrics: &poolgate_runtime::grpc_metrics::GrpcMetrics,
+) -> Traced {
+    tower::Layer::layer(metrics, poolgate_runtime::telemetry::Inject::new(channel))
+}
+
+/// Endpoints the remote backends cannot use: a configuration mistake, named by its flag.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteConfigError {
+    #[error("--selector-url: {0}")]
+    Selector(ChannelError),
+    #[error("--admission-url: {0}")]
+    Admission(ChannelError),
+}
+
+/// Shared by both backends' constructors.
+pub fn remote_backends(
+    selector: &[String],
+    admission: &[String],
+    client: &GrpcClient,
+    metrics: Metrics,
+) -> Result<Backends, RemoteConfigError> {
+    let grpc_metrics = poolgate_runtime::grpc_metrics::GrpcMetrics::client(&metrics.registry);
+    let token = client.service_token.as_deref();
+    let selection = RemoteSelection::new(
+        WithToken::new(
+            balanced_channel(selector, client).map_err(RemoteConfigError::Selector)?,
+            token,
+        ),
+        &grpc_metrics,
+        metrics.usage_lost.clone(),
+    );
+    let leases = RemoteLeases::new(
+        WithToken::new(
+            balanced_channel(admission, client).map_err(RemoteConfigError::Admission)?,
+            token,
+        ),
+        metrics,
+        &grpc_metrics,
+    );
+    Ok((Arc::new(selection), Arc::new(leases)))
+}

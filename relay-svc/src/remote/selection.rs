@@ -1,0 +1,427 @@
+//! [`Selection`] over the selector's gRPC API: plans decoded strictly (an entry the relay cannot
+//! read is a backend error, never a guess), success reports coalesced per account, other outcomes
+//! sent at once, usage records through the batching sink.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use poolgate_core::account::{Platform, Secret};
+use poolgate_core::classify::Classified;
+use poolgate_core::outcome::OutcomeClass;
+use poolgate_core::select::NoneReason;
+use poolgate_proto::convert::{self, ConvertError};
+use poolgate_proto::selector::v1 as spb;
+use poolgate_proto::selector::v1::selector_client::SelectorClient;
+use poolgate_runtime::service_auth::WithToken;
+use tonic::transport::Channel;
+
+use super::throttle::Throttle;
+use super::{Traced, traced};
+use crate::backends::{BackendError, Caller, Plan, PlanRequest, Planned, Selection, UsageRecord};
+use crate::usage_sink::{SinkSettings, UsageSink, UsageWriter, WriteError};
+
+/// The selector over gRPC.
+pub struct RemoteSelection {
+    client: SelectorClient<Traced>,
+    usage: UsageSink,
+    report_failures: Arc<Throttle>,
+    /// Successes waiting to be reported, per account (the last status). Most outcomes are
+    /// successes and most change nothing, so they are coalesced: at most one report per account
+    /// every `SUCCESS_FLUSH`, instead of a call per request. Any other outcome of an account
+    /// sends that account's pending success first, so the selector sees them in order.
+    successes: Arc<Mutex<HashMap<i64, u16>>>,
+}
+
+/// How often coalesced success reports are sent (a breaker probe's success closes the breaker
+/// this much later at most).
+const SUCCESS_FLUSH: Duration = Duration::from_millis(50);
+
+impl RemoteSelection {
+    pub fn new(
+        channel: WithToken<Channel>,
+        grpc_metrics: &poolgate_runtime::grpc_metrics::GrpcMetrics,
+        usage_lost: prometheus::IntCounter,
+    ) -> Self {
+        let client = SelectorClient::new(traced(channel, grpc_metrics));
+        let usage = UsageSink::start(
+            SelectorUsage(client.clone()),
+            usage_lost,
+            SinkSettings::default(),
+        );
+        let successes = Arc::new(Mutex::new(HashMap::new()));
+        let report_failures = Arc::new(Throttle::new(Duration::from_secs(5)));
+        tokio::spawn(flush_successes(
+            client.clone(),
+            Arc::downgrade(&successes),
+            report_failures.clone(),
+        ));
+        RemoteSelection {
+            client,
+            usage,
+            report_failures,
+            successes,
+        }
+    }
+}
+
+fn success_report(account_id: i64, status: u16) -> spb::ReportOutcomeRequest {
+    spb::ReportOutcomeRequest {
+        account_id,
+        class: spb::OutcomeClass::Success as i32,
+        status: u32::from(status),
+        reset_at_ms: 0,
+        reason: String::new(),
+        after_refresh: false,
+    }
+}
+
+/// Sends the coalesced success reports every `SUCCESS_FLUSH` (ends with the selection).
+async fn flush_successes(
+    client: SelectorClient<Traced>,
+    successes: Weak<Mutex<HashMap<i64, u16>>>,
+    failures: Arc<Throttle>,
+) {
+    loop {
+        tokio::time::sleep(SUCCESS_FLUSH).await;
+        let Some(successes) = successes.upgrade() else {
+            return;
+        };
+        let pending: Vec<(i64, u16)> =
+            std::mem::take(&mut *successes.lock().unwrap_or_else(|p| p.into_inner()))
+                .into_iter()
+                .collect();
+        drop(successes);
+        for (account_id, status) in pending {
+            if let Err(status) = client
+                .clone()
+                .report_outcome(success_report(account_id, status))
+                .await
+                && let Some(held_back) = failures.allow()
+            {
+                tracing::warn!(account_id, code = ?status.code(), held_back, "outcome report failed (held_back: failures not logged since the last line)");
+            }
+        }
+    }
+}
+
+impl RemoteSelection {
+    /// Sends a non-success outcome, after a success of the account held back for coalescing
+    /// (in order: it happened first). `None` when the selector could not be reached.
+    async fn send_report(
+        &self,
+        account_id: i64,
+        outcome: Classified,
+        status: u16,
+        reason: &str,
+        after_refresh: bool,
+    ) -> Option<spb::ReportOutcomeResponse> {
+        let pending_success = self
+            .successes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&account_id);
+        if let Some(success_status) = pending_success {
+            let _ = self
+                .client
+                .clone()
+                .report_outcome(success_report(account_id, success_status))
+                .await;
+        }
+        let request = spb::ReportOutcomeRequest {
+            account_id,
+            class: spb::OutcomeClass::from(outcome.class) as i32,
+            status: u32::from(status),
+            reset_at_ms: outcome.reset_at_ms.map(|ms| ms.max(0) as u64).unwrap_or(0),
+            reason: reason.chars().take(400).collect(),
+            after_refresh,
+        };
+        match self.client.clone().report_outcome(request).await {
+            Ok(answer) => Some(answer.into_inner()),
+            Err(status) => {
+                if let Some(held_back) = self.report_failures.allow() {
+                    tracing::warn!(account_id, code = ?status.code(), held_back, "outcome report failed (held_back: failures not logged since the last line)");
+                }
+                None
+            }
+        }
+    }
+}
+
+/// The selector's `RecordUsage`, as the usage sink's writer.
+struct SelectorUsage(SelectorClient<Traced>);
+
+#[async_trait]
+impl UsageWriter for SelectorUsage {
+    async fn write(&self, records: Vec<UsageRecord>) -> Result<(), WriteError> {
+        let records = records
+            .into_iter()
+            .map(|r| spb::UsageRecord {
+                api_key_id: r.api_key_id,
+                user: r.user,
+                account_id: r.account_id,
+                model: r.model,
+                input_tokens: r.input_tokens,
+                output_tokens: r.output_tokens,
+                cache_write_tokens: r.cache_write_tokens,
+                cache_read_tokens: r.cache_read_tokens,
+                cost_usd: r.cost_usd,
+                status: u32::from(r.status),
+                latency_ms: r.latency_ms,
+                at_ms: r.at_ms,
+            })
+            .collect();
+        match self
+            .0
+            .clone()
+            .record_usage(spb::RecordUsageRequest { records })
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(status) if status.code() == tonic::Code::InvalidArgument => {
+                tracing::warn!(code = ?status.code(), "the selector refused a usage batch");
+                Err(WriteError::Refused)
+            }
+            Err(_) => Err(WriteError::Retry),
+        }
+    }
+}
+
+fn platform_pb(platform: Platform) -> i32 {
+    spb::Platform::from(platform) as i32
+}
+
+/// One plan entry. The kind decides how the credential is sent: an entry whose kind the relay
+/// cannot read is refused, not sent as an API key on a guess.
+fn planned(account: spb::PlanAccount) -> Result<Planned, ConvertError> {
+    // A selector older than the enum sends only the deprecated string.
+    #[allow(deprecated)]
+    let credential_kind = convert::credential_kind(account.kind, &account.credential_kind)?;
+    Ok(Planned {
+        id: account.account_id,
+        name: account.name,
+        base_url: account.base_url,
+        credential: Secret::new(account.credential),
+        credential_kind,
+        mapped_model: account.mapped_model,
+        concurrency_limit: account.concurrency_limit,
+        rpm_limit: account.rpm_limit,
+        session_window_limit_usd: account.session_window_limit_usd,
+        proxy_url: (!account.proxy_url.is_empty()).then_some(account.proxy_url),
+        stream_usage: !account.disable_stream_usage,
+        price: account.price.unwrap_or_default().into(),
+        soft_blocked: account.soft_blocked,
+        inflight: u32::try_from(account.inflight).ok(),
+    })
+}
+
+/// A select answer as a plan; `Err` when any of it is unreadable.
+fn plan(answer: spb::SelectResponse) -> Result<Plan, ConvertError> {
+    #[allow(deprecated)]
+    let none_reason = convert::none_reason(answer.reason, &answer.none_reason)?;
+    Ok(Plan {
+        accounts: answer
+            .accounts
+            .into_iter()
+            .map(planned)
+            .collect::<Result<_, _>>()?,
+        sticky: answer.sticky,
+        none_reason,
+        retry_after_ms: answer.retry_after_ms,
+    })
+}
+
+#[async_trait]
+impl Selection for RemoteSelection {
+    async fn authenticate(&self, api_key: &str) -> Result<Option<Caller>, BackendError> {
+        match self
+            .client
+            .clone()
+            .authenticate(spb::AuthenticateRequest {
+                api_key: api_key.to_owned(),
+            })
+            .await
+        {
+            Ok(answer) => {
+                let answer = answer.into_inner();
+                Ok(Some(Caller {
+                    api_key_id: answer.api_key_id,
+                    user: answer.user,
+                    group: answer.group,
+                    user_rpm_limit: answer.user_rpm_limit,
+                }))
+            }
+            Err(status)
+                if matches!(
+                    status.code(),
+                    tonic::Code::Unauthenticated | tonic::Code::InvalidArgument
+                ) =>
+            {
+                Ok(None)
+            }
+            Err(status) => Err(status.into()),
+        }
+    }
+
+    async fn select(&self, request: &PlanRequest) -> Result<Plan, BackendError> {
+        let answer = self
+            .client
+            .clone()
+            .select(spb::SelectRequest {
+                group: request.group.clone(),
+                platform: platform_pb(request.platform),
+                model: request.model.clone(),
+                session_hash: request.session_hash.clone().unwrap_or_default(),
+                previous_response_id: request.previous_response_id.clone().unwrap_or_default(),
+                exclude_account_ids: request.exclude.clone(),
+                max_accounts: 0,
+            })
+            .await;
+        let answer = match answer {
+            Ok(answer) => answer.into_inner(),
+            // An unknown group is "nothing eligible" to the client, not an outage.
+            Err(status) if status.code() == tonic::Code::NotFound => {
+                return Ok(Plan {
+                    none_reason: Some(NoneReason::NoAccounts),
+                    ..Plan::default()
+                });
+            }
+            Err(status) => return Err(status.into()),
+        };
+        plan(answer).map_err(|error| {
+            tracing::warn!(%error, "the selector's plan is unreadable; treated as a selector error");
+            BackendError::from(error)
+        })
+    }
+
+    async fn report(&self, account_id: i64, outcome: Classified, status: u16, reason: &str) {
+        if outcome.class == OutcomeClass::Success {
+            self.successes
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(account_id, status);
+            return;
+        }
+        let _ = self
+            .send_report(account_id, outcome, status, reason, false)
+            .await;
+    }
+
+    async fn report_refused(
+        &self,
+        account_id: i64,
+        outcome: Classified,
+        status: u16,
+        reason: &str,
+        after_refresh: bool,
+    ) -> Option<Secret> {
+        let answer = self
+            .send_report(account_id, outcome, status, reason, after_refresh)
+            .await?;
+        (answer.applied == "refreshed" && !answer.refreshed_credential.is_empty())
+            .then(|| Secret::new(answer.refreshed_credential))
+    }
+
+    async fn bind_session(&self, group: &str, session_hash: &str, account_id: i64) {
+        let request = spb::BindSessionRequest {
+            group: group.to_owned(),
+            session_hash: session_hash.to_owned(),
+            account_id,
+        };
+        if let Err(status) = self.client.clone().bind_session(request).await {
+            tracing::debug!(code = ?status.code(), "session bind failed");
+        }
+    }
+
+    async fn bind_response(&self, response_id: &str, account_id: i64) {
+        let request = spb::BindResponseRequest {
+            response_id: response_id.to_owned(),
+            account_id,
+        };
+        if let Err(status) = self.client.clone().bind_response(request).await {
+            tracing::debug!(code = ?status.code(), "response bind failed");
+        }
+    }
+
+    fn record_usage(&self, record: UsageRecord) {
+        self.usage.record(record);
+    }
+
+    async fn models(&self, group: &str, platform: Platform) -> Vec<String> {
+        match self
+            .client
+            .clone()
+            .list_models(spb::ListModelsRequest {
+                group: group.to_owned(),
+                platform: platform_pb(platform),
+            })
+            .await
+        {
+            Ok(answer) => answer.into_inner().models,
+            Err(status) => {
+                tracing::warn!(code = ?status.code(), "model list unavailable");
+                Vec::new()
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use poolgate_core::account::CredentialKind;
+
+    use super::*;
+
+    #[allow(deprecated)]
+    fn entry(kind: i32, legacy: &str) -> spb::PlanAccount {
+        spb::PlanAccount {
+            account_id: 3,
+            kind,
+            credential_kind: legacy.into(),
+            inflight: -1,
+            ..Default::default()
+        }
+    }
+
+    #[allow(deprecated)]
+    fn answer(accounts: Vec<spb::PlanAccount>, reason: i32, legacy: &str) -> spb::SelectResponse {
+        spb::SelectResponse {
+            accounts,
+            reason,
+            none_reason: legacy.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_plan_reads_the_enums_and_an_older_selectors_strings() {
+        let oauth = spb::CredentialKind::Oauth as i32;
+        for account in [entry(oauth, ""), entry(oauth, "oauth"), entry(0, "oauth")] {
+            let plan = plan(answer(vec![account], 0, "")).expect("readable");
+            assert_eq!(plan.accounts[0].credential_kind, CredentialKind::OAuth);
+            assert_eq!(plan.accounts[0].inflight, None);
+            assert_eq!(plan.none_reason, None);
+        }
+        let blocked = spb::NoneReason::AllBlocked as i32;
+        for (reason, legacy) in [(blocked, ""), (blocked, "all_blocked"), (0, "all_blocked")] {
+            let plan = plan(answer(vec![], reason, legacy)).expect("readable");
+            assert_eq!(plan.none_reason, Some(NoneReason::AllBlocked));
+        }
+    }
+
+    #[test]
+    fn a_plan_entry_whose_kind_the_relay_cannot_read_fails_the_plan_instead_of_a_guess() {
+        for account in [
+            entry(99, ""),
+            entry(0, ""),
+            entry(0, "bearer"),
+            entry(spb::CredentialKind::ApiKey as i32, "oauth"),
+        ] {
+            let good = entry(spb::CredentialKind::ApiKey as i32, "api_key");
+            assert!(plan(answer(vec![good, account], 0, "")).is_err());
+        }
+        assert!(plan(answer(vec![], 42, "")).is_err());
+        assert!(plan(answer(vec![], 0, "everything_on_fire")).is_err());
+    }
+}
