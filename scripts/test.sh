@@ -72,6 +72,8 @@ log "helm chart: render, lint and validate offline"
 
 log "bench smoke (a short run: the bench still builds and runs; figures are not checked)"
 cargo run --locked -q -p poolgate-bench --bin admission-bench -- --seconds 0.3 --rate 300 --concurrency 4
+# The relay bench builds its distributed stack with `relay_svc::stack`, as the tests do.
+cargo run --locked -q -p poolgate-bench --bin relay-bench -- --seconds 0.3 --rate 100 --concurrency 2
 
 log "tests"
 if cargo nextest --version >/dev/null 2>&1; then

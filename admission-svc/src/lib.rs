@@ -1,5 +1,5 @@
 //! admission-svc: decides whether one more request may go to one upstream account now, and holds
-//! that decision as a lease for as long as the request runs (DESIGN §4).
+//! that decision as a lease for as long as the request runs (docs/DESIGN.md §4).
 //!
 //! Layers, outside in: `grpc` (transport and validation) → `session` (the lease stream
 //! protocol) → `admission` (the engine) → `backend` (`memory` or `redis_backend`).

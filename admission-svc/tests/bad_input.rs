@@ -90,7 +90,7 @@ async fn lease_stream_rejects_bad_acquires_and_keeps_serving() {
         let (_, answer) = LeaseStream::acquire(client, terms).await;
         invalid_naming(&answer, field);
     }
-    // Negative limits are not errors: a limit <= 0 means unlimited (DESIGN §4).
+    // Negative limits are not errors: a limit <= 0 means unlimited (docs/DESIGN.md §4).
     let (_, answer) = LeaseStream::acquire(
         client,
         pb::Acquire {

@@ -1,4 +1,4 @@
-//! The Redis failure policies, each pinned by a test named after its behaviour (DESIGN §4), plus
+//! The Redis failure policies, each pinned by a test named after its behaviour (docs/DESIGN.md §4), plus
 //! the cleanup of an uncertain acquire. Three admission replicas run in this process on one
 //! private Redis; the test stops and restarts that Redis.
 

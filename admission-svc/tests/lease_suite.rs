@@ -1,5 +1,5 @@
 //! The lease semantics suite, written once and run against every backend: the memory backend and
-//! a real, private Redis per test (DESIGN §4).
+//! a real, private Redis per test (docs/DESIGN.md §4).
 
 mod support;
 

@@ -19,6 +19,7 @@ use admission_svc::metrics::Metrics;
 use admission_svc::redis_backend::RedisBackend;
 use admission_svc::server::{self, BackendConfig, Config};
 use clap::Parser;
+use poolgate_bench::stats::{Sample, pace};
 use poolgate_core::lease::{LeaseId, LeaseTerms};
 use poolgate_proto::admission::v1 as pb;
 use poolgate_proto::admission::v1::admission_client::AdmissionClient;
@@ -49,37 +50,6 @@ struct Args {
     /// Accounts the load spreads over (limits high enough that nothing is refused).
     #[arg(long, default_value_t = 100)]
     accounts: i64,
-}
-
-/// Latencies in microseconds, summarised.
-struct Sample {
-    micros: Vec<u64>,
-    elapsed: Duration,
-    errors: u64,
-}
-
-impl Sample {
-    fn rate(&self) -> f64 {
-        self.micros.len() as f64 / self.elapsed.as_secs_f64()
-    }
-
-    fn percentile(&mut self, p: f64) -> f64 {
-        if self.micros.is_empty() {
-            return f64::NAN;
-        }
-        self.micros.sort_unstable();
-        let index = ((self.micros.len() as f64 - 1.0) * p).round() as usize;
-        self.micros[index] as f64 / 1000.0
-    }
-
-    fn line(&mut self, name: &str) -> String {
-        let (p50, p99) = (self.percentile(0.50), self.percentile(0.99));
-        format!(
-            "{name:<44} {:>10.0}/s  p50 {p50:>7.3} ms  p99 {p99:>7.3} ms  errors {}",
-            self.rate(),
-            self.errors
-        )
-    }
 }
 
 fn terms(account_id: i64) -> LeaseTerms {
@@ -144,15 +114,10 @@ async fn collect(
     workers: Vec<tokio::task::JoinHandle<(Vec<u64>, u64)>>,
     started: Instant,
 ) -> Sample {
-    let mut sample = Sample {
-        micros: Vec::new(),
-        elapsed: Duration::ZERO,
-        errors: 0,
-    };
+    let mut sample = Sample::default();
     for worker in workers {
         if let Ok((micros, errors)) = worker.await {
-            sample.micros.extend(micros);
-            sample.errors += errors;
+            sample.add(micros, errors);
         } else {
             sample.errors += 1;
         }
@@ -237,21 +202,12 @@ async fn grpc_closed_loop(
             (acquire, cycle, errors)
         }));
     }
-    let mut acquire = Sample {
-        micros: Vec::new(),
-        elapsed: Duration::ZERO,
-        errors: 0,
-    };
-    let mut cycle = Sample {
-        micros: Vec::new(),
-        elapsed: Duration::ZERO,
-        errors: 0,
-    };
+    let mut acquire = Sample::default();
+    let mut cycle = Sample::default();
     for worker in workers {
         if let Ok((a, c, errors)) = worker.await {
-            acquire.micros.extend(a);
-            cycle.micros.extend(c);
-            cycle.errors += errors;
+            acquire.add(a, 0);
+            cycle.add(c, errors);
         }
     }
     acquire.elapsed = started.elapsed();
@@ -269,11 +225,7 @@ async fn grpc_open_loop(
     let started = Instant::now();
     let (results, mut receiver) = mpsc::unbounded_channel();
     for n in 0..total {
-        let due = started + interval.mul_f64(n as f64);
-        let now = Instant::now();
-        if due > now {
-            tokio::time::sleep(due - now).await;
-        }
+        pace(started, interval, n).await;
         let mut client = clients[n as usize % clients.len()].clone();
         let results = results.clone();
         let account = 1 + n as i64 % args.accounts;
@@ -296,16 +248,8 @@ async fn grpc_open_loop(
     }
     let elapsed = started.elapsed();
     (
-        Sample {
-            micros: acquire,
-            elapsed,
-            errors: 0,
-        },
-        Sample {
-            micros: cycle,
-            elapsed,
-            errors,
-        },
+        Sample::new(acquire, 0, elapsed),
+        Sample::new(cycle, errors, elapsed),
     )
 }
 

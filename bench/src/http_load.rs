@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use futures_util::StreamExt;
+use poolgate_bench::stats::Sample;
 
 #[derive(Debug, Parser)]
 struct Args {
@@ -209,37 +210,21 @@ async fn run(args: Args) -> Result<(), String> {
     Ok(())
 }
 
-fn report(args: &Args, offered: Option<f64>, mut micros: Vec<u64>, errors: u64, elapsed: Duration) {
-    micros.sort_unstable();
-    let percentile = |p: f64| {
-        if micros.is_empty() {
-            f64::NAN
-        } else {
-            micros[((micros.len() as f64 - 1.0) * p).round() as usize] as f64 / 1000.0
-        }
-    };
-    let achieved = micros.len() as f64 / elapsed.as_secs_f64().max(1e-9);
+fn report(args: &Args, offered: Option<f64>, micros: Vec<u64>, errors: u64, elapsed: Duration) {
+    let mut sample = Sample::new(micros, errors, elapsed);
+    let (p50, p99) = (sample.percentile(0.5), sample.percentile(0.99));
+    let (achieved, ok) = (sample.rate(), sample.micros.len());
     if args.csv {
         println!(
-            "{},{},{:.1},{:.3},{:.3},{},{}",
+            "{},{},{achieved:.1},{p50:.3},{p99:.3},{ok},{errors}",
             args.label,
             offered.map(|r| format!("{r}")).unwrap_or_default(),
-            achieved,
-            percentile(0.5),
-            percentile(0.99),
-            micros.len(),
-            errors
         );
         return;
     }
     println!(
-        "{:<36} {:>9.1} req/s  p50 {:>8.3} ms  p99 {:>8.3} ms  ok {}  errors {}",
+        "{:<36} {achieved:>9.1} req/s  p50 {p50:>8.3} ms  p99 {p99:>8.3} ms  ok {ok}  errors {errors}",
         args.label,
-        achieved,
-        percentile(0.5),
-        percentile(0.99),
-        micros.len(),
-        errors
     );
 }
 

@@ -12,13 +12,10 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use futures_util::StreamExt;
+use poolgate_bench::stats::{Sample, pace};
 use relay_svc::fake_upstream::FakeUpstream;
 use relay_svc::proxy::RelaySettings;
-use relay_svc::server::{Config, Mode};
-use relay_svc::standalone::StandaloneFile;
-
-/// The service token the bench's servers require and their clients send.
-const BENCH_TOKEN: &str = "bench-service-token";
+use relay_svc::stack;
 
 #[derive(Debug, Parser)]
 struct Args {
@@ -32,27 +29,6 @@ struct Args {
     /// Skip the distributed phases (they start a private Redis and Postgres).
     #[arg(long)]
     no_distributed: bool,
-}
-
-#[derive(Default)]
-struct Sample {
-    micros: Vec<u64>,
-    elapsed: Duration,
-    errors: u64,
-}
-
-impl Sample {
-    fn rate(&self) -> f64 {
-        self.micros.len() as f64 / self.elapsed.as_secs_f64().max(1e-9)
-    }
-
-    fn percentile(&mut self, p: f64) -> f64 {
-        if self.micros.is_empty() {
-            return f64::NAN;
-        }
-        self.micros.sort_unstable();
-        self.micros[((self.micros.len() as f64 - 1.0) * p).round() as usize] as f64 / 1000.0
-    }
 }
 
 fn body(stream: bool) -> Vec<u8> {
@@ -109,8 +85,7 @@ async fn closed_loop(
     let mut sample = Sample::default();
     for worker in workers {
         if let Ok((micros, errors)) = worker.await {
-            sample.micros.extend(micros);
-            sample.errors += errors;
+            sample.add(micros, errors);
         }
     }
     sample.elapsed = started.elapsed();
@@ -124,11 +99,7 @@ async fn open_loop(client: &reqwest::Client, url: &str, key: &str, args: &Args) 
     let body = Arc::new(body(false));
     let (results, mut receiver) = tokio::sync::mpsc::unbounded_channel();
     for n in 0..total {
-        let due = started + interval.mul_f64(n as f64);
-        let now = Instant::now();
-        if due > now {
-            tokio::time::sleep(due - now).await;
-        }
+        pace(started, interval, n).await;
         let (client, url, key, body, results) = (
             client.clone(),
             url.to_owned(),
@@ -152,44 +123,24 @@ async fn open_loop(client: &reqwest::Client, url: &str, key: &str, args: &Args) 
     sample
 }
 
+/// One line per phase; with the direct phase's (p50, p99), what the relay added to each.
 fn print(name: &str, sample: &mut Sample, direct: Option<(f64, f64)>) {
-    let (p50, p99) = (sample.percentile(0.5), sample.percentile(0.99));
     let added = direct
         .map(|(d50, d99)| {
             format!(
                 "  added p50 {:>6.3} ms p99 {:>6.3} ms",
-                p50 - d50,
-                p99 - d99
+                sample.percentile(0.5) - d50,
+                sample.percentile(0.99) - d99
             )
         })
         .unwrap_or_default();
-    println!(
-        "{name:<44} {:>8.0}/s  p50 {p50:>7.3} ms  p99 {p99:>7.3} ms  errors {}{added}",
-        sample.rate(),
-        sample.errors
-    );
+    println!("{}{added}", sample.line(name));
 }
 
 fn yaml(base: &str) -> String {
     format!(
         "api_keys:\n  - {{key: bench-key, group: default, user: bench}}\naccounts:\n  - {{name: a, platform: anthropic, base_url: \"{base}\", api_key: k-a, concurrency: 64}}\n  - {{name: b, platform: anthropic, base_url: \"{base}\", api_key: k-b, concurrency: 64}}\nprices:\n  - {{model: claude-x, input: 3, output: 15}}\n"
     )
-}
-
-async fn serve_relay(config: Config) -> Result<String, String> {
-    let relay = relay_svc::server::build(&config, relay_svc::metrics::Metrics::new())?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .map_err(|e| e.to_string())?;
-    let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    tokio::spawn(relay_svc::server::serve(
-        relay,
-        listener,
-        None,
-        std::future::pending(),
-        Duration::from_secs(1),
-    ));
-    Ok(format!("http://{addr}/v1/messages"))
 }
 
 async fn run(args: Args) -> Result<(), String> {
@@ -201,15 +152,13 @@ async fn run(args: Args) -> Result<(), String> {
         .build()
         .map_err(|e| e.to_string())?;
     let direct_url = format!("{}/v1/messages", upstream.base_url);
-    let file = Arc::new(StandaloneFile::parse(&yaml(&upstream.base_url))?);
-    let standalone_url = serve_relay(Config {
-        mode: Mode::Standalone { file },
-        relay: RelaySettings::default(),
-        blocks: Default::default(),
-        admission: Default::default(),
-        shutdown_grace: Duration::from_secs(1),
-    })
+    let (_standalone, standalone) = stack::standalone(
+        &yaml(&upstream.base_url),
+        RelaySettings::default(),
+        Default::default(),
+    )
     .await?;
+    let standalone_url = format!("http://{standalone}/v1/messages");
     println!(
         "relay bench: concurrency {}, {} s per phase, fake upstream with no delay",
         args.concurrency, args.seconds
@@ -264,129 +213,29 @@ async fn distributed(
     client: &reqwest::Client,
     upstream: &FakeUpstream,
 ) -> Result<(), String> {
-    use poolgate_core::account::{CredentialKind, Platform, Secret};
-    use poolgate_runtime::redis::{RedisOptions, RedisTarget};
-    use selector_svc::crypto::Keyring;
-    use selector_svc::store::{AccountInput, ConfigStore};
-    let (postgres, redis) = tokio::join!(
-        poolgate_testkit::PostgresServer::start(),
-        poolgate_testkit::RedisServer::start()
-    );
-    let (postgres, redis) = (postgres?, redis?);
-    let keyring = Keyring::parse(&format!("k1:{}", Keyring::generate_key()), None)
-        .map_err(|e| e.to_string())?;
-    let store = ConfigStore::connect(&postgres.url(), Arc::new(keyring.clone()))
-        .await
-        .map_err(|e| e.to_string())?;
-    store.migrate().await.map_err(|e| e.to_string())?;
+    let backends = stack::backends().await?;
     for name in ["a", "b"] {
-        store
-            .upsert_account(&AccountInput {
-                name: name.into(),
-                group: "default".into(),
-                platform: Platform::Anthropic,
-                base_url: upstream.base_url.clone(),
-                credential_kind: CredentialKind::ApiKey,
-                credential: Some(Secret::new(format!("k-{name}"))),
-                oauth: None,
-                priority: 0,
-                weight: 1,
-                concurrency_limit: 64,
-                rpm_limit: 0,
-                session_window_limit_usd: 0.0,
-                allowed_models: vec![],
-                model_mapping: Default::default(),
-                proxy_url: None,
-                probe_model: None,
-                stream_usage: true,
-            })
+        backends
+            .store
+            .upsert_account(&stack::account(name, &upstream.base_url, 64, 0))
             .await
             .map_err(|e| e.to_string())?;
     }
-    let (_, key) = store
+    let (_, key) = backends
+        .store
         .create_api_key("bench", "bench", "default", 0)
         .await
         .map_err(|e| e.to_string())?;
-    let target = RedisTarget::Single(redis.url());
-    let selector_config = selector_svc::server::Config {
-        database_url: postgres.url(),
-        redis_target: target.clone(),
-        redis_options: RedisOptions::default(),
-        keyring,
-        admin_token: None,
-        settings: Default::default(),
-        refresh: Default::default(),
-        reload_interval: Duration::from_secs(3600),
-        refresh_interval: Duration::from_secs(3600),
-        max_concurrent_streams: 100_000,
-        tls: None,
-        callers: poolgate_runtime::service_auth::CallerCheck::Token(BENCH_TOKEN.into()),
-    };
-    let selector =
-        selector_svc::server::build(&selector_config, selector_svc::metrics::Metrics::new())
-            .await
-            .map_err(|e| e.to_string())?;
-    let selector_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .map_err(|e| e.to_string())?;
-    let selector_addr = selector_listener.local_addr().map_err(|e| e.to_string())?;
-    let serving = selector.selector.clone();
-    let config_for_serve = selector_config.clone();
-    tokio::spawn(async move {
-        let _ = selector_svc::server::serve_selector(
-            serving,
-            &config_for_serve,
-            selector_listener,
-            None,
-            std::future::pending(),
-        )
-        .await;
-    });
-    let admission_config = admission_svc::Config {
-        backend: admission_svc::BackendConfig::Redis {
-            target,
-            options: RedisOptions::default(),
-            policy: Default::default(),
-        },
-        callers: poolgate_runtime::service_auth::CallerCheck::Token(BENCH_TOKEN.into()),
-        ..admission_svc::Config::default()
-    };
-    let admission = admission_svc::server::build_admission(
-        &admission_config,
-        admission_svc::metrics::Metrics::new(),
+    let (selector, selector_addr) = stack::selector(&backends).await?;
+    let (admission, admission_addr) =
+        stack::admission(&backends.redis.url(), Default::default()).await?;
+    let relay = stack::relay(
+        vec![format!("http://{selector_addr}")],
+        vec![format!("http://{admission_addr}")],
+        RelaySettings::default(),
     )
-    .await
-    .map_err(|e| e.to_string())?;
-    let admission_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .map_err(|e| e.to_string())?;
-    let admission_addr = admission_listener.local_addr().map_err(|e| e.to_string())?;
-    let serving = admission.clone();
-    tokio::spawn(async move {
-        let _ = admission_svc::server::serve(
-            serving,
-            &admission_config,
-            admission_listener,
-            None,
-            std::future::pending(),
-        )
-        .await;
-    });
-    let url = serve_relay(Config {
-        mode: Mode::Remote {
-            selector: vec![format!("http://{selector_addr}")],
-            admission: vec![format!("http://{admission_addr}")],
-            client: relay_svc::remote::GrpcClient {
-                service_token: Some(BENCH_TOKEN.into()),
-                ..Default::default()
-            },
-        },
-        relay: RelaySettings::default(),
-        blocks: Default::default(),
-        admission: Default::default(),
-        shutdown_grace: Duration::from_secs(1),
-    })
     .await?;
+    let url = format!("http://{relay}/v1/messages");
     let key = key.expose().to_owned();
     let warm = Args {
         seconds: 0.5,

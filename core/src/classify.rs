@@ -1,4 +1,4 @@
-//! Classifying an upstream outcome, once, into exactly one class (DESIGN §1), from what the
+//! Classifying an upstream outcome, once, into exactly one class (docs/DESIGN.md §1), from what the
 //! upstream *asserts*: the status, the structured error fields each provider defines (Anthropic
 //! `error.type`; OpenAI `error.type` / `error.code`) and documented headers.
 //!

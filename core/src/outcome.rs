@@ -1,11 +1,11 @@
-//! What an upstream outcome does to its account (DESIGN §1), as a pure decision that every
+//! What an upstream outcome does to its account (docs/DESIGN.md §1), as a pure decision that every
 //! health store applies the same way ("busy is not broken").
 
 use std::time::Duration;
 
 use crate::{AccountId, millis};
 
-/// The class of an upstream outcome (DESIGN §1).
+/// The class of an upstream outcome (docs/DESIGN.md §1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum OutcomeClass {
     Success,
@@ -44,7 +44,7 @@ pub struct Outcome {
     pub reason: String,
 }
 
-/// Durations of runtime blocks and the breaker (DESIGN §1 and §5). All configurable.
+/// Durations of runtime blocks and the breaker (docs/DESIGN.md §1 and §5). All configurable.
 #[derive(Debug, Clone)]
 pub struct RuntimeBlockSettings {
     /// A 429 without a reset time soft-blocks for this long.

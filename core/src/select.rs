@@ -1,4 +1,4 @@
-//! Ordering eligible accounts (DESIGN §5), as a pure function: the sticky account first (if
+//! Ordering eligible accounts (docs/DESIGN.md §5), as a pure function: the sticky account first (if
 //! eligible and not soft-blocked), then priority tiers (lower first), within a tier a weighted
 //! random order by `weight × headroom`, soft-blocked accounts last in their tier. No
 //! per-process round-robin state: any replica gives equally good answers.

@@ -1,4 +1,4 @@
-//! The Redis key layout (DESIGN §3): the contract between admission (which writes leases and
+//! The Redis key layout (docs/DESIGN.md §3): the contract between admission (which writes leases and
 //! reads cooldowns) and the selector (which reads leases and writes cooldowns).
 //!
 //! Every key of one account carries the hash tag `{a:<account_id>}` so a single Lua script may

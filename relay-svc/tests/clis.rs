@@ -186,8 +186,9 @@ async fn claude_code_and_codex_work_through_the_standalone_relay() {
         "api_keys:\n  - {{key: {KEY}, user: cli, group: default}}\naccounts:\n  - {{name: claude-a, platform: anthropic, base_url: \"{base}\", credential: cred-claude-a, concurrency: 4}}\n  - {{name: claude-b, platform: anthropic, base_url: \"{base}\", credential: cred-claude-b, concurrency: 4}}\n  - {{name: codex-a, platform: openai, base_url: \"{base}\", credential: cred-codex-a, concurrency: 4}}\n",
         base = upstream.base_url
     );
-    let (_relay, addr) =
-        common::standalone(&yaml, RelaySettings::default(), Default::default()).await;
+    let (_relay, addr) = common::standalone(&yaml, RelaySettings::default(), Default::default())
+        .await
+        .expect("standalone relay starts");
     let relay = format!("http://{addr}");
     let (ok, stdout) = claude_code(&bin, &relay, KEY).await;
     assert!(ok, "claude -p exits 0");
@@ -202,7 +203,7 @@ async fn claude_code_and_codex_work_through_the_standalone_relay() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claude_code_and_codex_work_through_the_distributed_relay() {
     let bin = clients_bin();
-    let backends = common::backends().await;
+    let backends = common::backends().await.expect("backends start");
     let upstream = FakeUpstream::start().await.expect("fake upstream");
     for (name, platform) in [
         ("claude-a", Platform::Anthropic),
@@ -222,15 +223,17 @@ async fn claude_code_and_codex_work_through_the_distributed_relay() {
         .create_api_key("cli", "cli", "default", 0)
         .await
         .expect("key");
-    let (_selector, selector_addr) = common::selector(&backends).await;
-    let (_admission, admission_addr) =
-        common::admission(&backends.redis.url(), Default::default()).await;
+    let (_selector, selector_addr) = common::selector(&backends).await.expect("selector starts");
+    let (_admission, admission_addr) = common::admission(&backends.redis.url(), Default::default())
+        .await
+        .expect("admission starts");
     let addr = common::relay(
         vec![format!("http://{selector_addr}")],
         vec![format!("http://{admission_addr}")],
         RelaySettings::default(),
     )
-    .await;
+    .await
+    .expect("relay starts");
     let relay = format!("http://{addr}");
     let key = key.expose().to_owned();
     let (ok, stdout) = claude_code(&bin, &relay, &key).await;
@@ -270,14 +273,15 @@ async fn codex_works_through_a_chatgpt_subscription_account_in_both_modes() {
         "api_keys:\n  - {{key: {KEY}, user: cli, group: default}}\naccounts:\n  - {{name: chatgpt, platform: openai, base_url: \"{}/backend-api\", chatgpt_oauth: {{access_token: \"{token}\"}}, concurrency: 4}}\n",
         upstream.base_url
     );
-    let (_relay, addr) =
-        common::standalone(&yaml, RelaySettings::default(), Default::default()).await;
+    let (_relay, addr) = common::standalone(&yaml, RelaySettings::default(), Default::default())
+        .await
+        .expect("standalone relay starts");
     let (ok, stdout) = codex(&bin, &format!("http://{addr}"), KEY).await;
     assert!(ok, "codex exec exits 0 (standalone)");
     assert!(stdout.contains("Hello there."), "{stdout}");
     check_codex_on_chatgpt(&upstream.seen_requests());
     // Distributed.
-    let backends = common::backends().await;
+    let backends = common::backends().await.expect("backends start");
     let upstream = FakeUpstream::start().await.expect("fake upstream");
     let mut account = common::account(
         "chatgpt",
@@ -304,15 +308,17 @@ async fn codex_works_through_a_chatgpt_subscription_account_in_both_modes() {
         .create_api_key("cli", "cli", "default", 0)
         .await
         .expect("key");
-    let (_selector, selector_addr) = common::selector(&backends).await;
-    let (_admission, admission_addr) =
-        common::admission(&backends.redis.url(), Default::default()).await;
+    let (_selector, selector_addr) = common::selector(&backends).await.expect("selector starts");
+    let (_admission, admission_addr) = common::admission(&backends.redis.url(), Default::default())
+        .await
+        .expect("admission starts");
     let addr = common::relay(
         vec![format!("http://{selector_addr}")],
         vec![format!("http://{admission_addr}")],
         RelaySettings::default(),
     )
-    .await;
+    .await
+    .expect("relay starts");
     let (ok, stdout) = codex(&bin, &format!("http://{addr}"), key.expose()).await;
     assert!(ok, "codex exec exits 0 (distributed)");
     assert!(stdout.contains("Hello there."), "{stdout}");

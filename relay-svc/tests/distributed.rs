@@ -36,7 +36,7 @@ async fn start() -> Stack {
 }
 
 async fn start_with(admission_settings: poolgate_core::lease::Settings) -> Stack {
-    let backends = common::backends().await;
+    let backends = common::backends().await.expect("backends start");
     let upstream = FakeUpstream::start().await.expect("upstream");
     for name in ["a", "b"] {
         backends
@@ -62,9 +62,10 @@ async fn start_with(admission_settings: poolgate_core::lease::Settings) -> Stack
         .create_api_key("test", "alice", "default", 0)
         .await
         .expect("key");
-    let (selector, selector_addr) = common::selector(&backends).await;
-    let (admission, admission_addr) =
-        common::admission(&backends.redis.url(), admission_settings).await;
+    let (selector, selector_addr) = common::selector(&backends).await.expect("selector starts");
+    let (admission, admission_addr) = common::admission(&backends.redis.url(), admission_settings)
+        .await
+        .expect("admission starts");
     let addr = common::relay(
         vec![format!("http://{selector_addr}")],
         vec![format!("http://{admission_addr}")],
@@ -73,7 +74,8 @@ async fn start_with(admission_settings: poolgate_core::lease::Settings) -> Stack
             ..RelaySettings::default()
         },
     )
-    .await;
+    .await
+    .expect("relay starts");
     let common::Backends {
         postgres,
         redis,
@@ -270,7 +272,7 @@ async fn a_client_that_aborts_mid_stream_frees_its_lease_long_before_the_orphan_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_spread_over_both_admission_replicas_and_names_are_resolved() {
-    let backends = common::backends().await;
+    let backends = common::backends().await.expect("backends start");
     let upstream = FakeUpstream::start().await.expect("upstream");
     backends
         .store
@@ -282,11 +284,13 @@ async fn leases_spread_over_both_admission_replicas_and_names_are_resolved() {
         .create_api_key("t", "u", "default", 0)
         .await
         .expect("key");
-    let (_selector, selector_addr) = common::selector(&backends).await;
+    let (_selector, selector_addr) = common::selector(&backends).await.expect("selector starts");
     let mut engines = Vec::new();
     let mut urls = Vec::new();
     for _ in 0..2 {
-        let (engine, addr) = common::admission(&backends.redis.url(), Default::default()).await;
+        let (engine, addr) = common::admission(&backends.redis.url(), Default::default())
+            .await
+            .expect("admission starts");
         engines.push(engine);
         urls.push(format!("http://{addr}"));
     }
@@ -296,7 +300,8 @@ async fn leases_spread_over_both_admission_replicas_and_names_are_resolved() {
         urls,
         RelaySettings::default(),
     )
-    .await;
+    .await
+    .expect("relay starts");
     let http = reqwest::Client::new();
     let requests: Vec<_> = (0..40)
         .map(|_| {
@@ -546,7 +551,8 @@ async fn models_are_listed_the_same_in_both_modes() {
         RelaySettings::default(),
         poolgate_core::outcome::RuntimeBlockSettings::default(),
     )
-    .await;
+    .await
+    .expect("standalone relay starts");
     let list = |base: String, key: String, anthropic: bool| {
         let http = stack.http.clone();
         async move {

@@ -43,7 +43,7 @@ struct Stack {
 }
 
 async fn stack(accounts: &[&str]) -> Stack {
-    let backends = common::backends().await;
+    let backends = common::backends().await.expect("backends start");
     let upstream = FakeUpstream::start().await.expect("upstream");
     for (priority, name) in accounts.iter().enumerate() {
         backends
@@ -62,12 +62,14 @@ async fn stack(accounts: &[&str]) -> Stack {
         .create_api_key("test", "alice", "default", 0)
         .await
         .expect("key");
-    let (selector, selector_addr) = common::selector(&backends).await;
+    let (selector, selector_addr) = common::selector(&backends).await.expect("selector starts");
     let settings = Settings {
         lease_ttl: Duration::from_millis(900),
         ..Settings::default()
     };
-    let (admission, admission_addr) = common::admission(&backends.redis.url(), settings).await;
+    let (admission, admission_addr) = common::admission(&backends.redis.url(), settings)
+        .await
+        .expect("admission starts");
     let (handle, relay) = common::relay_with_handle(
         vec![format!("http://{selector_addr}")],
         vec![format!("http://{admission_addr}")],
@@ -76,7 +78,8 @@ async fn stack(accounts: &[&str]) -> Stack {
             ..RelaySettings::default()
         },
     )
-    .await;
+    .await
+    .expect("relay starts");
     Stack {
         backends,
         upstream,

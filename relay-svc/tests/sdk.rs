@@ -47,7 +47,9 @@ async fn the_official_python_sdks_work_unchanged() {
         "api_keys:\n  - {{key: sk-sdk-test, group: default, user: sdk}}\naccounts:\n  - {{name: a, platform: anthropic, base_url: \"{0}\", api_key: k-a, concurrency: 2}}\n  - {{name: o, platform: openai, base_url: \"{0}\", api_key: k-o, concurrency: 2}}\n",
         upstream.base_url
     );
-    let (_relay, addr) = common::standalone(&yaml, Default::default(), Default::default()).await;
+    let (_relay, addr) = common::standalone(&yaml, Default::default(), Default::default())
+        .await
+        .expect("standalone relay starts");
     run_sdk_checks(&python, addr).await;
 }
 
@@ -61,7 +63,9 @@ async fn the_anthropic_sdk_works_through_a_claude_subscription_account() {
         "api_keys:\n  - {{key: sk-sdk-test, group: default, user: sdk}}\naccounts:\n  - {{name: a, platform: anthropic, base_url: \"{0}\", oauth: {{access_token: sk-ant-oat01-subscription}}, concurrency: 2}}\n  - {{name: o, platform: openai, base_url: \"{0}\", api_key: k-o, concurrency: 2}}\n",
         upstream.base_url
     );
-    let (_relay, addr) = common::standalone(&yaml, Default::default(), Default::default()).await;
+    let (_relay, addr) = common::standalone(&yaml, Default::default(), Default::default())
+        .await
+        .expect("standalone relay starts");
     run_sdk_checks(&python, addr).await;
     let messages: Vec<_> = upstream
         .seen_requests()

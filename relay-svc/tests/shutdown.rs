@@ -105,7 +105,7 @@ async fn sigterm_to_the_relay_lets_an_open_stream_finish() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_to_one_admission_replica_under_load_never_over_admits() {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let backends = common::backends().await;
+    let backends = common::backends().await.expect("backends start");
     let upstream = FakeUpstream::start().await.expect("upstream");
     upstream.set_delay(Duration::from_millis(30));
     upstream.set_chunk_delay(Duration::from_millis(20));
@@ -121,7 +121,7 @@ async fn sigterm_to_one_admission_replica_under_load_never_over_admits() {
         .create_api_key("t", "u", "default", 0)
         .await
         .expect("key");
-    let (_selector, selector_addr) = common::selector(&backends).await;
+    let (_selector, selector_addr) = common::selector(&backends).await.expect("selector starts");
     let redis = &backends.redis;
     let admission_ports = [free_port().expect("port"), free_port().expect("port")];
     let admissions: Vec<Process> = admission_ports
@@ -173,7 +173,8 @@ async fn sigterm_to_one_admission_replica_under_load_never_over_admits() {
             ..RelaySettings::default()
         },
     )
-    .await;
+    .await
+    .expect("relay starts");
     let http = reqwest::Client::new();
     let key = key.expose().to_owned();
     let requests: Vec<_> = (0..60)

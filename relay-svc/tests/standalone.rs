@@ -36,7 +36,9 @@ async fn start(accounts: &[(&str, &str, i32, &str)], settings: RelaySettings) ->
         ));
     }
     yaml.push_str("prices:\n  claude-x: {input: 3, output: 15}\n  gpt-x: {input: 2, output: 8}\n");
-    let (relay, addr) = common::standalone(&yaml, settings, Default::default()).await;
+    let (relay, addr) = common::standalone(&yaml, settings, Default::default())
+        .await
+        .expect("standalone relay starts");
     Harness {
         upstream,
         base: format!("http://{addr}"),
@@ -628,7 +630,9 @@ async fn a_stream_that_breaks_after_its_first_byte_ends_with_an_error_event() {
         "api_keys:\n  - {{key: {KEY}, user: alice}}\naccounts:\n  - {{name: a, platform: anthropic, base_url: \"{breaking}\", credential: cred-a, concurrency: 4}}\n  - {{name: b, platform: anthropic, base_url: \"{}\", credential: cred-b, concurrency: 4, priority: 5}}\n",
         h.upstream.base_url
     );
-    let (_relay, addr) = common::standalone(&yaml, fast(), Default::default()).await;
+    let (_relay, addr) = common::standalone(&yaml, fast(), Default::default())
+        .await
+        .expect("standalone relay starts");
     let response = h
         .http
         .post(format!("http://{addr}/v1/messages"))
@@ -985,7 +989,9 @@ async fn a_burst_of_429_and_529_on_every_account_leaves_all_of_them_selectable()
         busy_529: Duration::from_millis(300),
         ..Default::default()
     };
-    let (_relay, addr) = common::standalone(&yaml, fast(), blocks).await;
+    let (_relay, addr) = common::standalone(&yaml, fast(), blocks)
+        .await
+        .expect("standalone relay starts");
     let http = reqwest::Client::new();
     // The burst: 18 scripted refusals spread over the requests; busy answers only soft-block.
     let mut statuses = Vec::new();
@@ -1046,7 +1052,9 @@ async fn claude_code_requests_go_to_a_subscription_account_untouched_and_others_
         "api_keys:\n  - {{key: {KEY}, user: alice, group: default}}\naccounts:\n  - {{name: sub, platform: anthropic, base_url: \"{}\", oauth: {{access_token: tok-sub}}, concurrency: 4}}\n",
         upstream.base_url
     );
-    let (relay, addr) = common::standalone(&yaml, fast(), Default::default()).await;
+    let (relay, addr) = common::standalone(&yaml, fast(), Default::default())
+        .await
+        .expect("standalone relay starts");
     let h = Harness {
         upstream,
         base: format!("http://{addr}"),
@@ -1090,7 +1098,9 @@ async fn a_chatgpt_subscription_account_serves_the_responses_api_through_the_cod
         "api_keys:\n  - {{key: {KEY}, user: alice, group: default}}\naccounts:\n  - {{name: chatgpt, platform: openai, base_url: \"{}/backend-api\", chatgpt_oauth: {{access_token: \"{token}\"}}, concurrency: 4}}\n",
         upstream.base_url
     );
-    let (relay, addr) = common::standalone(&yaml, fast(), Default::default()).await;
+    let (relay, addr) = common::standalone(&yaml, fast(), Default::default())
+        .await
+        .expect("standalone relay starts");
     let h = Harness {
         upstream,
         base: format!("http://{addr}"),

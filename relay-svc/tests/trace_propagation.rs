@@ -25,7 +25,7 @@ async fn a_client_request_is_one_trace_across_relay_selector_and_admission() {
         .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
     tracing::subscriber::set_global_default(subscriber).expect("subscriber");
 
-    let backends = common::backends().await;
+    let backends = common::backends().await.expect("backends start");
     let upstream = FakeUpstream::start().await.expect("upstream");
     backends
         .store
@@ -37,9 +37,10 @@ async fn a_client_request_is_one_trace_across_relay_selector_and_admission() {
         .create_api_key("t", "u", "default", 0)
         .await
         .expect("key");
-    let (_selector, selector_addr) = common::selector(&backends).await;
-    let (_admission, admission_addr) =
-        common::admission(&backends.redis.url(), Default::default()).await;
+    let (_selector, selector_addr) = common::selector(&backends).await.expect("selector starts");
+    let (_admission, admission_addr) = common::admission(&backends.redis.url(), Default::default())
+        .await
+        .expect("admission starts");
     let (relay, addr) = common::serve(relay_svc::server::Config {
         mode: relay_svc::server::Mode::Remote {
             selector: vec![format!("http://{selector_addr}")],
@@ -54,7 +55,8 @@ async fn a_client_request_is_one_trace_across_relay_selector_and_admission() {
         admission: Default::default(),
         shutdown_grace: std::time::Duration::from_secs(1),
     })
-    .await;
+    .await
+    .expect("relay starts");
 
     let response = reqwest::Client::new()
         .post(format!("http://{addr}/v1/messages"))

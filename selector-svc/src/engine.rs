@@ -400,7 +400,7 @@ impl Selector {
         candidates
     }
 
-    /// Applies an upstream outcome (DESIGN §1 and §5).
+    /// Applies an upstream outcome (docs/DESIGN.md §1 and §5).
     pub async fn report(&self, outcome: &Outcome) -> Result<Applied, SelectorError> {
         let snapshot = self.snapshot.get();
         let account = snapshot

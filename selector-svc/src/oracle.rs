@@ -1,4 +1,4 @@
-//! The load oracle (DESIGN §5, seed 001): live lease counts, blocks and breakers of a candidate
+//! The load oracle (docs/DESIGN.md §5, seed 001): live lease counts, blocks and breakers of a candidate
 //! set, read from Redis at most once per candidate set per cache period, however many selects
 //! ask.
 //!

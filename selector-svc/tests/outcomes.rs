@@ -1,4 +1,4 @@
-//! "Busy is not broken" (DESIGN §1 and §5): what each outcome class does to an account, through
+//! "Busy is not broken" (docs/DESIGN.md §1 and §5): what each outcome class does to an account, through
 //! the gRPC API, against real Postgres and Redis.
 
 mod support;

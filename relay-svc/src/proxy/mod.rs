@@ -1,4 +1,4 @@
-//! One client request, end to end (docs/DESIGN.md, "The request path"): select → lease (user
+//! One client request, end to end (docs/DESIGN.md §6): select → lease (user
 //! RPM on the first lease only) → upstream call → classify → same-account retry on conflict →
 //! fail over within the budget → report → bind on success → spend on release, usage batched.
 //! Bookkeeping runs after the last byte, off the client's latency path.
