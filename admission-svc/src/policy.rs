@@ -1,5 +1,5 @@
-//! The Redis failure policy (docs/DESIGN.md §4): what admission does while Redis does not answer, and how
-//! it returns without over-admitting.
+//! The Redis failure policy (docs/DESIGN.md §4): what admission does while Redis does not answer,
+//! and how it returns without over-admitting.
 //!
 //! - `open` (default): fall back to the in-process limiter with the full limits; N replicas then
 //!   admit up to N × limit. Availability over strictness, on purpose.

@@ -1,5 +1,5 @@
-//! The lease stream protocol (docs/DESIGN.md §4), in domain terms: one lease per stream, from the first
-//! `Acquire`/`Resume` to `Release` or the end of the stream. `grpc.rs` converts to and from
+//! The lease stream protocol (docs/DESIGN.md §4), in domain terms: one lease per stream, from the
+//! first `Acquire`/`Resume` to `Release` or the end of the stream. `grpc.rs` converts to and from
 //! proto messages; this module decides what each message does.
 
 use std::sync::Arc;

@@ -1,5 +1,5 @@
-//! The Redis failure policies, each pinned by a test named after its behaviour (docs/DESIGN.md §4), plus
-//! the cleanup of an uncertain acquire. Three admission replicas run in this process on one
+//! The Redis failure policies, each pinned by a test named after its behaviour (docs/DESIGN.md §4),
+//! plus the cleanup of an uncertain acquire. Three admission replicas run in this process on one
 //! private Redis; the test stops and restarts that Redis.
 
 mod support;

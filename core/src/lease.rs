@@ -39,7 +39,7 @@ pub struct LeaseTerms {
 }
 
 impl LeaseTerms {
-    /// An account with every limit <= 0 is never leased in Redis (docs/DESIGN.md §3).
+    /// An account with every limit <= 0 is never leased in Redis (docs/DESIGN.md §4).
     pub fn account_unlimited(&self) -> bool {
         self.concurrency_limit <= 0 && self.rpm_limit <= 0 && self.session_window_limit_micros <= 0
     }

@@ -1,5 +1,5 @@
-//! The Redis key layout (docs/DESIGN.md §3): the contract between admission (which writes leases and
-//! reads cooldowns) and the selector (which reads leases and writes cooldowns).
+//! The Redis key layout (docs/DESIGN.md §3): the contract between admission (which writes leases
+//! and reads cooldowns) and the selector (which reads leases and writes cooldowns).
 //!
 //! Every key of one account carries the hash tag `{a:<account_id>}` so a single Lua script may
 //! touch all of them on a Redis Cluster; every key of one user carries `{u:<user>}`. Selector-only

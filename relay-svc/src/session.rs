@@ -1,6 +1,6 @@
-//! The session hash of a request (docs/DESIGN.md §6), in order: Anthropic `metadata.user_id`'s session
-//! part, then Claude Code's `x-claude-code-session-id` header; OpenAI `prompt_cache_key`, then
-//! the `session-id` / `session_id` header (Codex sends the first), then
+//! The session hash of a request (docs/DESIGN.md §6), in order: Anthropic `metadata.user_id`'s
+//! session part, then Claude Code's `x-claude-code-session-id` header; OpenAI `prompt_cache_key`,
+//! then the `session-id` / `session_id` header (Codex sends the first), then
 //! `client_metadata.session_id`; the `x-session-id` header; else a hash of the system prompt and
 //! the first user turn. At most 128 bytes (longer ones are hashed).
 

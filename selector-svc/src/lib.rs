@@ -1,5 +1,5 @@
-//! selector-svc: owns the upstream accounts (config and credentials in Postgres) and their
-//! health (Redis), and answers "which accounts, in which order, for this request" (docs/DESIGN.md §5).
+//! selector-svc: owns the upstream accounts (config and credentials in Postgres) and their health
+//! (Redis), and answers "which accounts, in which order, for this request" (docs/DESIGN.md §5).
 //!
 //! Layers: `grpc` (transport, validation, admin token) → `engine` (select, outcomes, bindings)
 //! → `select` (ordering, pure) / `oracle` (load reads) / `health` (Redis) / `store` (Postgres)

@@ -1,6 +1,6 @@
-//! The load oracle (docs/DESIGN.md §5, seed 001): live lease counts, blocks and breakers of a candidate
-//! set, read from Redis at most once per candidate set per cache period, however many selects
-//! ask.
+//! The load oracle (docs/DESIGN.md §5, seed 001): live lease counts, blocks and breakers of a
+//! candidate set, read from Redis at most once per candidate set per cache period, however many
+//! selects ask.
 //!
 //! - pipelined reads in batches of 50 accounts, one round trip per batch;
 //! - results cached 200 ms per candidate-set fingerprint;

@@ -1,5 +1,6 @@
-//! Each load-oracle mechanism (docs/DESIGN.md §5, seed 001), pinned by counting the Redis round trips the
-//! selector makes through its counting connection wrapper (a pipeline or a script is one trip).
+//! Each load-oracle mechanism (docs/DESIGN.md §5, seed 001), pinned by counting the Redis round
+//! trips the selector makes through its counting connection wrapper (a pipeline or a script is one
+//! trip).
 
 mod support;
 

@@ -1,5 +1,5 @@
-//! "Busy is not broken" (docs/DESIGN.md §1 and §5): what each outcome class does to an account, through
-//! the gRPC API, against real Postgres and Redis.
+//! "Busy is not broken" (docs/DESIGN.md §1 and §5): what each outcome class does to an account,
+//! through the gRPC API, against real Postgres and Redis.
 
 mod support;
 
