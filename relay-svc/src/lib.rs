@@ -6,6 +6,7 @@
 //! this process). `classify`, `session` and `usage` are pure helpers; `fake_upstream` is the
 //! project's own fake LLM server (demo mode, tests, benchmarks).
 
+pub mod admin;
 pub mod api;
 pub mod backends;
 pub mod fake_upstream;

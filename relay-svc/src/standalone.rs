@@ -9,7 +9,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use admission_svc::admission::{AcquireOutcome, Admission};
-use admission_svc::memory::MemoryBackend;
 use async_trait::async_trait;
 use poolgate_core::account::{
     Account, AccountStatus, CredentialKind, Platform, Price, Secret, group_models,
@@ -792,12 +791,12 @@ impl LocalLeases {
         LocalLeases { admission }
     }
 
-    /// A memory-backed admission engine with default settings.
-    pub fn engine(settings: Settings) -> Arc<Admission> {
-        Admission::new(
-            Arc::new(MemoryBackend::new()),
+    /// The admission engine on its memory backend, built as `admission-svc` builds it (with
+    /// the release-retry task), its metrics in `registry`.
+    pub fn engine(settings: Settings, registry: &prometheus::Registry) -> Arc<Admission> {
+        admission_svc::server::memory_admission(
             settings,
-            admission_svc::metrics::Metrics::new(),
+            admission_svc::metrics::Metrics::registered_in(registry.clone()),
         )
     }
 }
