@@ -83,10 +83,7 @@ pub async fn build_admission(
     metrics: Metrics,
 ) -> Result<Arc<Admission>, ServeError> {
     let admission = match &config.backend {
-        BackendConfig::Memory => {
-            let backend: Arc<dyn LeaseBackend> = Arc::new(MemoryBackend::new());
-            Admission::new(backend, config.settings.clone(), metrics)
-        }
+        BackendConfig::Memory => return Ok(memory_admission(config.settings.clone(), metrics)),
         BackendConfig::Redis {
             target,
             options,
@@ -111,6 +108,15 @@ pub async fn build_admission(
     };
     tokio::spawn(retry_releases(Arc::downgrade(&admission)));
     Ok(admission)
+}
+
+/// An engine on the memory backend (one process, nothing shared), with its release-retry task.
+/// Call inside a Tokio runtime.
+pub fn memory_admission(settings: Settings, metrics: Metrics) -> Arc<Admission> {
+    let backend: Arc<dyn LeaseBackend> = Arc::new(MemoryBackend::new());
+    let admission = Admission::new(backend, settings, metrics);
+    tokio::spawn(retry_releases(Arc::downgrade(&admission)));
+    admission
 }
 
 /// Heartbeats into the replica registry (and probes Redis while degraded) until the backend is

@@ -184,6 +184,14 @@ pub fn default_oauth_client_id(platform: Platform) -> &'static str {
     }
 }
 
+/// Where the official CLIs refresh their subscription tokens.
+pub fn default_oauth_token_url(platform: Platform) -> &'static str {
+    match platform {
+        Platform::Anthropic => "https://console.anthropic.com/v1/oauth/token",
+        Platform::OpenAi => "https://auth.openai.com/oauth/token",
+    }
+}
+
 /// One upstream account, credentials decrypted (the selector is the only place that holds them).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Account {

@@ -7,6 +7,7 @@
 //! project's own fake LLM server (demo mode, tests, benchmarks); `stack` (feature `testing`)
 //! starts the whole stack in one process for the integration tests and the bench.
 
+pub mod admin;
 pub mod api;
 pub mod backends;
 pub mod fake_upstream;

@@ -43,7 +43,7 @@ pub struct Config {
 pub fn build(config: &Config, metrics: Metrics) -> Result<Arc<Relay>, String> {
     let (selection, leases): Backends = match &config.mode {
         Mode::Standalone { file } => {
-            let engine = LocalLeases::engine(config.admission.clone());
+            let engine = LocalLeases::engine(config.admission.clone(), &metrics.registry);
             let selection = StandaloneSelection::new(file, engine.clone(), config.blocks.clone())?;
             (Arc::new(selection), Arc::new(LocalLeases::new(engine)))
         }

@@ -1168,3 +1168,21 @@ async fn a_chatgpt_subscription_account_serves_the_responses_api_through_the_cod
     assert_eq!(response.status().as_u16(), 503);
     assert_eq!(h.upstream.seen_requests().len(), 2, "never sent upstream");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_in_process_admission_counts_on_the_relays_metrics() {
+    let h = start(&[("a", "anthropic", 4, "")], fast()).await;
+    let (status, body) = h.messages(&message(false)).await;
+    assert_eq!(status, 200, "{body}");
+    let text = h.relay.metrics.render();
+    let granted = text
+        .lines()
+        .find(|l| l.starts_with("admission_decisions_total{") && l.contains("granted"))
+        .unwrap_or_else(|| panic!("admission decisions on the relay's /metrics:\n{text}"));
+    let count: f64 = granted
+        .rsplit(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0.0);
+    assert!(count >= 1.0, "{granted}");
+}

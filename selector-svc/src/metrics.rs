@@ -36,7 +36,12 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let registry = Registry::new();
+        Self::registered_in(Registry::new())
+    }
+
+    /// The metrics, registered in `registry` (a process that runs this engine in process, such
+    /// as a standalone relay, shows them on its own `/metrics`).
+    pub fn registered_in(registry: Registry) -> Self {
         let retirements = counter(
             &registry,
             "selector_retirements_total",
