@@ -76,7 +76,9 @@ async fn standalone(specs: &[Spec]) -> Pool {
             spec.priority,
         ));
     }
-    let (relay, addr) = common::standalone(&yaml, settings(), Default::default()).await;
+    let (relay, addr) = common::standalone(&yaml, settings(), Default::default())
+        .await
+        .expect("standalone relay starts");
     Pool {
         upstream,
         base: format!("http://{addr}"),
@@ -88,7 +90,7 @@ async fn standalone(specs: &[Spec]) -> Pool {
 
 async fn distributed(specs: &[Spec]) -> Pool {
     let upstream = FakeUpstream::start().await.expect("fake upstream");
-    let backends = common::backends().await;
+    let backends = common::backends().await.expect("backends start");
     for spec in specs {
         let mut account = common::account(
             spec.name,
@@ -112,15 +114,17 @@ async fn distributed(specs: &[Spec]) -> Pool {
         .create_api_key("behaviour", "alice", "default", 0)
         .await
         .expect("key");
-    let (selector, selector_addr) = common::selector(&backends).await;
-    let (admission, admission_addr) =
-        common::admission(&backends.redis.url(), Default::default()).await;
+    let (selector, selector_addr) = common::selector(&backends).await.expect("selector starts");
+    let (admission, admission_addr) = common::admission(&backends.redis.url(), Default::default())
+        .await
+        .expect("admission starts");
     let addr = common::relay(
         vec![format!("http://{selector_addr}")],
         vec![format!("http://{admission_addr}")],
         settings(),
     )
-    .await;
+    .await
+    .expect("relay starts");
     Pool {
         upstream,
         base: format!("http://{addr}"),
