@@ -330,7 +330,7 @@ async fn distributed(
         .await
         .map_err(|e| e.to_string())?;
     let selector_addr = selector_listener.local_addr().map_err(|e| e.to_string())?;
-    let serving = selector.selector.clone();
+    let serving = selector.serving();
     let config_for_serve = selector_config.clone();
     tokio::spawn(async move {
         let _ = selector_svc::server::serve_selector(
@@ -398,7 +398,7 @@ async fn distributed(
             .policy()
             .map(|p| p.redis_round_trips())
             .unwrap_or(0)
-            + selector.selector.health().handle().round_trips()
+            + selector.health.handle().round_trips()
     };
     for stream in [false, true] {
         let kind = if stream { "streaming" } else { "non-streaming" };

@@ -121,7 +121,7 @@ async fn run(args: Args) -> Result<(), String> {
         .await
         .map_err(|e| e.to_string())?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    let serving = built.selector.clone();
+    let serving = built.serving();
     let serve_config = config.clone();
     tokio::spawn(async move {
         let _ = selector_svc::server::serve_selector(
@@ -178,7 +178,7 @@ async fn run(args: Args) -> Result<(), String> {
         percentile(&mut micros, 0.99)
     );
 
-    let trips_before = built.selector.health().handle().round_trips();
+    let trips_before = built.health.handle().round_trips();
     let commands_before = commands(&redis).await;
     let total = (f64::from(args.rate) * args.seconds) as u64;
     let interval = Duration::from_secs_f64(1.0 / f64::from(args.rate.max(1)));
@@ -203,7 +203,7 @@ async fn run(args: Args) -> Result<(), String> {
         micros.extend(result);
     }
     let selects = micros.len().max(1) as f64;
-    let trips = built.selector.health().handle().round_trips() - trips_before;
+    let trips = built.health.handle().round_trips() - trips_before;
     // Minus the INFO call itself.
     let commands = commands(&redis).await.saturating_sub(commands_before + 1);
     println!(

@@ -1,15 +1,21 @@
-//! selector-svc: owns the upstream accounts (config and credentials in Postgres) and their
-//! health (Redis), and answers "which accounts, in which order, for this request" (DESIGN §5).
+//! selector-svc: owns the upstream accounts (config and credentials) and their health, and
+//! answers "which accounts, in which order, for this request" (DESIGN §5).
 //!
 //! Layers: `grpc` (transport, validation, admin token) → `engine` (select, outcomes, bindings)
-//! → `select` (ordering, pure) / `oracle` (load reads) / `health` (Redis) / `store` (Postgres)
-//! over a `snapshot` of the config; `refresh` keeps OAuth tokens fresh.
+//! → `select` (ordering, pure) / `oracle` (load reads) / `health` (a `HealthStore`: Redis, or
+//! memory) / `source` (an `AccountSource`: Postgres in `store`, or memory) over a `snapshot` of
+//! the config; `refresh` keeps OAuth tokens fresh.
+//!
+//! The `postgres` feature (on by default) adds the Postgres store and what is built on it: the
+//! gRPC service (`grpc`, `server`) and the binary. Without it the library is the engine over the
+//! memory stores, for the relay's standalone mode.
 
 pub mod classify;
 pub mod confirm;
 pub mod crypto;
 pub mod domain;
 pub mod engine;
+#[cfg(feature = "postgres")]
 pub mod grpc;
 pub mod health;
 pub mod metrics;
@@ -17,6 +23,9 @@ pub mod oracle;
 pub mod outcome;
 pub mod refresh;
 pub mod select;
+#[cfg(feature = "postgres")]
 pub mod server;
 pub mod snapshot;
+pub mod source;
+#[cfg(feature = "postgres")]
 pub mod store;

@@ -6,7 +6,7 @@ use std::sync::{Arc, RwLock};
 
 use crate::domain::{Account, AccountId, ApiKeyRecord, Price};
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Snapshot {
     groups: HashSet<String>,
     accounts: HashMap<AccountId, Arc<Account>>,
@@ -43,6 +43,18 @@ impl Snapshot {
             by_group,
             api_keys,
             prices,
+        }
+    }
+
+    /// Replaces an account by id, keeping its group (the in-memory source's writes: status and
+    /// tokens). `false` when there is no such account.
+    pub(crate) fn replace_account(&mut self, account: Account) -> bool {
+        match self.accounts.get_mut(&account.id) {
+            Some(current) if current.group == account.group => {
+                *current = Arc::new(account);
+                true
+            }
+            _ => false,
         }
     }
 

@@ -92,7 +92,7 @@ pub async fn selector(backends: &Backends) -> (selector_svc::server::Built, Sock
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let serving = built.selector.clone();
+    let serving = built.serving();
     tokio::spawn(async move {
         let _ = selector_svc::server::serve_selector(
             serving,

@@ -1,76 +1,23 @@
 //! Account health in Redis, shared by every selector replica at once: hard blocks (written to
 //! admission's cooldown key, so admission refuses the account in the same script that takes a
-//! slot), soft blocks, circuit breakers, sticky and response bindings, token-refresh locks.
+//! slot), soft blocks, circuit breakers, sticky and response bindings, confirmation and
+//! token-refresh locks; the live lease count is read from admission's lease keys.
 //!
 //! Key names come from `poolgate_proto::keys`; time inside decisions is Redis `TIME`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
-use admission_svc::error::BackendError;
 use admission_svc::redis_conn::RedisHandle;
+use async_trait::async_trait;
 use poolgate_proto::keys::{self, AccountKeys};
 use redis::Script;
 
+use super::{
+    AccountHealth, BackendError, BlockInfo, Breaker, BreakerChange, HealthStore, block_value,
+    breaker_reason, parse_block_value,
+};
 use crate::domain::{AccountId, now_ms};
-
-/// Breaker state as selection sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Breaker {
-    Closed,
-    /// Open for this many more ms.
-    Open(u64),
-    /// The open period ended: one probe may go through.
-    HalfOpen,
-}
-
-/// One account's live state, read in one pipelined batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AccountHealth {
-    /// Live leases; `None` when unknown (last known blocks kept through a Redis outage).
-    pub inflight: Option<u32>,
-    /// Remaining hard block, ms (0: none).
-    pub hard_block_ms: u64,
-    /// Remaining soft block, ms (0: none).
-    pub soft_block_ms: u64,
-    pub breaker: Breaker,
-    /// Consecutive broken outcomes counted toward the breaker.
-    pub failures: u32,
-}
-
-impl AccountHealth {
-    pub const HEALTHY: AccountHealth = AccountHealth {
-        inflight: Some(0),
-        hard_block_ms: 0,
-        soft_block_ms: 0,
-        breaker: Breaker::Closed,
-        failures: 0,
-    };
-}
-
-/// What the breaker did with a broken outcome.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BreakerChange {
-    /// Counted; still closed.
-    Counted(u32),
-    /// Opened (threshold reached) for this many ms.
-    Opened(u64),
-    /// The half-open probe failed: re-opened for this many ms (doubled, capped).
-    Reopened(u64),
-    /// Already open.
-    StillOpen,
-}
-
-/// A block as operators see it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct BlockInfo {
-    pub account_id: AccountId,
-    pub kind: &'static str,
-    pub class: String,
-    pub status: u16,
-    pub reason: String,
-    pub remaining_ms: u64,
-}
 
 /// One account's pipelined reads: live leases, hard block PTTL, soft block PTTL,
 /// (breaker open_until, breaker failures).
@@ -157,19 +104,6 @@ pub struct RedisHealth {
     clock_offset_ms: Arc<AtomicI64>,
 }
 
-fn block_value(class: &str, status: u16, reason: &str) -> String {
-    let reason: String = reason.chars().take(200).collect();
-    format!("{class}|{status}|{reason}")
-}
-
-fn parse_block_value(value: &str) -> (String, u16, String) {
-    let mut parts = value.splitn(3, '|');
-    let class = parts.next().unwrap_or_default().to_owned();
-    let status = parts.next().and_then(|s| s.parse().ok()).unwrap_or(0);
-    let reason = parts.next().unwrap_or_default().to_owned();
-    (class, status, reason)
-}
-
 impl RedisHealth {
     pub fn new(redis: RedisHandle) -> Self {
         let script = |body: &str| Script::new(&format!("{PRELUDE}{body}"));
@@ -244,8 +178,65 @@ impl RedisHealth {
         }
     }
 
+    async fn block(&self, key: String, ttl_ms: u64, value: String) -> Result<u64, BackendError> {
+        let mut conn = self.redis.conn().await?;
+        let (applied, now): (u64, i64) = self
+            .redis
+            .bounded(
+                self.scripts
+                    .block
+                    .key(key)
+                    .arg(ttl_ms.max(1))
+                    .arg(value)
+                    .invoke_async(&mut conn),
+            )
+            .await?;
+        self.learn_clock(now);
+        Ok(applied)
+    }
+
+    /// `SET key owner NX PX ttl`: whether this owner took the lock.
+    async fn lock(&self, key: String, owner: &str, ttl_ms: u64) -> Result<bool, BackendError> {
+        let mut conn = self.redis.conn().await?;
+        let taken: Option<String> = self
+            .redis
+            .bounded(
+                redis::cmd("SET")
+                    .arg(key)
+                    .arg(owner)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(ttl_ms.max(1))
+                    .query_async(&mut conn),
+            )
+            .await?;
+        Ok(taken.is_some())
+    }
+
+    async fn delete_if(&self, key: String, value: &str) -> Result<(), BackendError> {
+        let mut conn = self.redis.conn().await?;
+        let _: (i64, i64) = self
+            .redis
+            .bounded(
+                self.scripts
+                    .unlock
+                    .key(key)
+                    .arg(value)
+                    .invoke_async(&mut conn),
+            )
+            .await?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl HealthStore for RedisHealth {
+    async fn now(&self) -> Result<i64, BackendError> {
+        self.redis_now().await
+    }
+
     /// Reads load, blocks and breakers of `ids` in ONE pipeline (one round trip).
-    pub async fn read_batch(&self, ids: &[AccountId]) -> Result<Vec<AccountHealth>, BackendError> {
+    async fn read_batch(&self, ids: &[AccountId]) -> Result<Vec<AccountHealth>, BackendError> {
         let now = self.redis_now().await?;
         let mut pipeline = redis::pipe();
         for &id in ids {
@@ -285,7 +276,7 @@ impl RedisHealth {
     }
 
     /// Reads one account (the fallback when a batch pipeline fails).
-    pub async fn read_one(&self, id: AccountId) -> Result<AccountHealth, BackendError> {
+    async fn read_one(&self, id: AccountId) -> Result<AccountHealth, BackendError> {
         let now = self.redis_now().await?;
         let mut pipeline = redis::pipe();
         Self::add_reads(&mut pipeline, id, now);
@@ -294,25 +285,8 @@ impl RedisHealth {
         Ok(Self::health_of(values, now))
     }
 
-    async fn block(&self, key: String, ttl_ms: u64, value: String) -> Result<u64, BackendError> {
-        let mut conn = self.redis.conn().await?;
-        let (applied, now): (u64, i64) = self
-            .redis
-            .bounded(
-                self.scripts
-                    .block
-                    .key(key)
-                    .arg(ttl_ms.max(1))
-                    .arg(value)
-                    .invoke_async(&mut conn),
-            )
-            .await?;
-        self.learn_clock(now);
-        Ok(applied)
-    }
-
     /// Hard block: the admission cooldown key, keeping a later deadline. Returns the block left.
-    pub async fn hard_block(
+    async fn hard_block(
         &self,
         id: AccountId,
         ttl_ms: u64,
@@ -329,7 +303,7 @@ impl RedisHealth {
     }
 
     /// Soft block: reorders only.
-    pub async fn soft_block(
+    async fn soft_block(
         &self,
         id: AccountId,
         ttl_ms: u64,
@@ -345,7 +319,7 @@ impl RedisHealth {
         .await
     }
 
-    pub async fn breaker_failure(
+    async fn breaker_failure(
         &self,
         id: AccountId,
         threshold: u32,
@@ -375,8 +349,7 @@ impl RedisHealth {
         })
     }
 
-    /// A success closes the breaker and resets its count. Returns whether it was open/half-open.
-    pub async fn breaker_success(&self, id: AccountId) -> Result<bool, BackendError> {
+    async fn breaker_success(&self, id: AccountId) -> Result<bool, BackendError> {
         let mut conn = self.redis.conn().await?;
         let (was_open, _): (Option<i64>, i64) = self
             .redis
@@ -394,12 +367,7 @@ impl RedisHealth {
         Ok(was_open.unwrap_or(0) > 0)
     }
 
-    /// Counts an unauthorized outcome; returns how many fell in the window.
-    pub async fn count_unauthorized(
-        &self,
-        id: AccountId,
-        window_ms: u64,
-    ) -> Result<u32, BackendError> {
+    async fn count_unauthorized(&self, id: AccountId, window_ms: u64) -> Result<u32, BackendError> {
         let event = format!("{}-{}", now_ms(), fastrand::u32(..));
         let mut conn = self.redis.conn().await?;
         let (count, now): (u32, i64) = self
@@ -417,8 +385,7 @@ impl RedisHealth {
         Ok(count)
     }
 
-    /// Clears hard and soft blocks, the breaker and the unauthorized count.
-    pub async fn clear(&self, id: AccountId) -> Result<(), BackendError> {
+    async fn clear(&self, id: AccountId) -> Result<(), BackendError> {
         let mut conn = self.redis.conn().await?;
         // The cooldown key is on the account's slot; the selector keys are not, so they are two
         // separate commands on a cluster.
@@ -444,8 +411,7 @@ impl RedisHealth {
         Ok(())
     }
 
-    /// Every hard, soft and breaker block among `ids`.
-    pub async fn list_blocks(&self, ids: &[AccountId]) -> Result<Vec<BlockInfo>, BackendError> {
+    async fn list_blocks(&self, ids: &[AccountId]) -> Result<Vec<BlockInfo>, BackendError> {
         let now = self.redis_now().await?;
         let mut blocks = Vec::new();
         for &id in ids {
@@ -505,7 +471,7 @@ impl RedisHealth {
                     kind: "breaker",
                     class: "broken".into(),
                     status: 0,
-                    reason: format!("{} consecutive broken outcomes", failures.unwrap_or(0)),
+                    reason: breaker_reason(failures.unwrap_or(0)),
                     remaining_ms: (until - now).max(0) as u64,
                 });
             }
@@ -513,7 +479,7 @@ impl RedisHealth {
         Ok(blocks)
     }
 
-    pub async fn sticky_get(
+    async fn sticky_get(
         &self,
         group: &str,
         session: &str,
@@ -528,8 +494,7 @@ impl RedisHealth {
             .await
     }
 
-    /// Binds and returns the previous binding.
-    pub async fn sticky_set(
+    async fn sticky_set(
         &self,
         group: &str,
         session: &str,
@@ -550,8 +515,7 @@ impl RedisHealth {
             .await
     }
 
-    /// Refreshes a binding's TTL.
-    pub async fn sticky_touch(
+    async fn sticky_touch(
         &self,
         group: &str,
         session: &str,
@@ -570,7 +534,7 @@ impl RedisHealth {
         Ok(())
     }
 
-    pub async fn sticky_drop(&self, group: &str, session: &str) -> Result<bool, BackendError> {
+    async fn sticky_drop(&self, group: &str, session: &str) -> Result<bool, BackendError> {
         let mut conn = self.redis.conn().await?;
         let removed: i64 = self
             .redis
@@ -583,7 +547,7 @@ impl RedisHealth {
         Ok(removed > 0)
     }
 
-    pub async fn response_get(&self, response_id: &str) -> Result<Option<AccountId>, BackendError> {
+    async fn response_get(&self, response_id: &str) -> Result<Option<AccountId>, BackendError> {
         let mut conn = self.redis.conn().await?;
         self.redis
             .bounded(
@@ -594,7 +558,7 @@ impl RedisHealth {
             .await
     }
 
-    pub async fn response_set(
+    async fn response_set(
         &self,
         response_id: &str,
         id: AccountId,
@@ -616,7 +580,7 @@ impl RedisHealth {
     }
 
     /// Takes the cluster-wide confirmation lock of an account (see `confirm.rs`).
-    pub async fn lock_confirm(
+    async fn lock_confirm(
         &self,
         id: AccountId,
         owner: &str,
@@ -625,32 +589,11 @@ impl RedisHealth {
         self.lock(keys::confirm_lock(id), owner, ttl_ms).await
     }
 
-    /// `SET key owner NX PX ttl`: whether this owner took the lock.
-    async fn lock(&self, key: String, owner: &str, ttl_ms: u64) -> Result<bool, BackendError> {
-        let mut conn = self.redis.conn().await?;
-        let taken: Option<String> = self
-            .redis
-            .bounded(
-                redis::cmd("SET")
-                    .arg(key)
-                    .arg(owner)
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(ttl_ms.max(1))
-                    .query_async(&mut conn),
-            )
-            .await?;
-        Ok(taken.is_some())
-    }
-
-    pub async fn unlock_confirm(&self, id: AccountId, owner: &str) -> Result<(), BackendError> {
+    async fn unlock_confirm(&self, id: AccountId, owner: &str) -> Result<(), BackendError> {
         self.delete_if(keys::confirm_lock(id), owner).await
     }
 
-    /// Keeps the confirmation lock `ms` longer and then lets it lapse: readings cached on every
-    /// replica still show the old breaker state for a moment, and must not start a second
-    /// check.
-    pub async fn linger_confirm(
+    async fn linger_confirm(
         &self,
         id: AccountId,
         owner: &str,
@@ -671,8 +614,7 @@ impl RedisHealth {
         Ok(())
     }
 
-    /// Hard-blocks an account while its confirmation runs; returns the value to lift it with.
-    pub async fn block_confirming(
+    async fn block_confirming(
         &self,
         id: AccountId,
         ttl_ms: u64,
@@ -686,28 +628,12 @@ impl RedisHealth {
         Ok(value)
     }
 
-    /// Lifts the "confirming" hard block, unless another block replaced it meanwhile.
-    pub async fn unblock_confirming(&self, id: AccountId, value: &str) -> Result<(), BackendError> {
+    async fn unblock_confirming(&self, id: AccountId, value: &str) -> Result<(), BackendError> {
         self.delete_if(AccountKeys::new(id).cooldown, value).await
     }
 
-    async fn delete_if(&self, key: String, value: &str) -> Result<(), BackendError> {
-        let mut conn = self.redis.conn().await?;
-        let _: (i64, i64) = self
-            .redis
-            .bounded(
-                self.scripts
-                    .unlock
-                    .key(key)
-                    .arg(value)
-                    .invoke_async(&mut conn),
-            )
-            .await?;
-        Ok(())
-    }
-
     /// Takes the cluster-wide token-refresh lock for an account.
-    pub async fn lock_refresh(
+    async fn lock_refresh(
         &self,
         id: AccountId,
         owner: &str,
@@ -716,7 +642,7 @@ impl RedisHealth {
         self.lock(keys::token_refresh_lock(id), owner, ttl_ms).await
     }
 
-    pub async fn unlock_refresh(&self, id: AccountId, owner: &str) -> Result<(), BackendError> {
+    async fn unlock_refresh(&self, id: AccountId, owner: &str) -> Result<(), BackendError> {
         self.delete_if(keys::token_refresh_lock(id), owner).await
     }
 }
