@@ -237,6 +237,10 @@ impl HealthStore for RedisHealth {
 
     /// Reads load, blocks and breakers of `ids` in ONE pipeline (one round trip).
     async fn read_batch(&self, ids: &[AccountId]) -> Result<Vec<AccountHealth>, BackendError> {
+        if ids.is_empty() {
+            // An empty pipeline is an error in the client, not an empty answer.
+            return Ok(Vec::new());
+        }
         let now = self.redis_now().await?;
         let mut pipeline = redis::pipe();
         for &id in ids {

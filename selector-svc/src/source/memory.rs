@@ -308,10 +308,15 @@ impl MemorySource {
     /// Reloads `cell` from this source on every change, so a retirement or a refreshed token is
     /// served at once (the Postgres source's NOTIFY). Runs until its task is dropped.
     pub async fn reload_on_change(self: Arc<Self>, cell: Arc<SnapshotCell>) {
+        // Subscribed before the first reload: a change made before this task first ran is in
+        // that reload, one made after wakes the loop.
         let mut changes = self.changes();
-        while changes.changed().await.is_ok() {
+        loop {
             let ticket = cell.ticket();
             cell.set(ticket, self.snapshot());
+            if changes.changed().await.is_err() {
+                return;
+            }
         }
     }
 
