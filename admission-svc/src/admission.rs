@@ -15,9 +15,9 @@ use crate::backend::{AcquireLimits, LeaseBackend};
 use crate::domain::{
     AccountId, Denial, DenyReason, LeaseId, LeaseTerms, Renewal, Resumption, Settings, millis,
 };
-use crate::error::BackendError;
 use crate::metrics::Metrics;
 use crate::policy::PolicyBackend;
+use poolgate_runtime::error::BackendError;
 
 /// What an acquire came to.
 #[derive(Debug, Clone, PartialEq, Eq)]

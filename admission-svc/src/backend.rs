@@ -5,7 +5,7 @@
 use async_trait::async_trait;
 
 use crate::domain::{AccountId, Denial, LeaseId, LeaseTerms, Renewal, Resumption};
-use crate::error::BackendError;
+use poolgate_runtime::error::BackendError;
 
 /// Everything admission keeps per account. Every method is one round trip on Redis.
 ///

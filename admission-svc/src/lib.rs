@@ -9,15 +9,11 @@ pub mod backend;
 pub mod domain;
 pub mod error;
 pub mod grpc;
-pub mod grpc_metrics;
 pub mod memory;
 pub mod metrics;
 pub mod policy;
 pub mod redis_backend;
-pub mod redis_conn;
 pub mod server;
-pub mod service_auth;
 pub mod session;
-pub mod telemetry;
 
 pub use server::{BackendConfig, Config, run};

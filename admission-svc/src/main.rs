@@ -4,12 +4,12 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use admission_svc::domain::Settings;
 use admission_svc::policy::{FailurePolicy, PolicySettings};
-use admission_svc::redis_conn::{RedisOptions, RedisTarget};
-use admission_svc::service_auth::CallerCheck;
 use admission_svc::{BackendConfig, Config};
 use clap::Parser;
+use poolgate_core::lease::Settings;
+use poolgate_runtime::redis::{RedisOptions, RedisTarget};
+use poolgate_runtime::service_auth::CallerCheck;
 
 /// poolgate admission: concurrency, RPM, cooldown and session-window leases on upstream accounts.
 #[derive(Debug, Parser)]
@@ -127,7 +127,7 @@ impl Cli {
             backend,
             shutdown_grace: Duration::from_millis(self.shutdown_grace_ms),
             tls: match (&self.tls_cert, &self.tls_key) {
-                (Some(cert), Some(key)) => Some(admission_svc::server::TlsFiles {
+                (Some(cert), Some(key)) => Some(poolgate_runtime::tls::TlsFiles {
                     cert: cert.clone(),
                     key: key.clone(),
                     client_ca: self.tls_client_ca.clone(),
@@ -140,32 +140,10 @@ impl Cli {
     }
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = ctrl_c => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = ctrl_c.await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
-    tracing::info!("shutdown signal received");
-}
-
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    let _telemetry = admission_svc::telemetry::init("admission-svc", &cli.log_format);
+    let _telemetry = poolgate_runtime::telemetry::init("admission-svc", &cli.log_format);
     let config = match cli.config() {
         Ok(config) => config,
         Err(message) => {
@@ -190,7 +168,14 @@ async fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match admission_svc::run(config, listener, Some(metrics_listener), shutdown_signal()).await {
+    match admission_svc::run(
+        config,
+        listener,
+        Some(metrics_listener),
+        poolgate_runtime::shutdown::signal(),
+    )
+    .await
+    {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("admission-svc: {error}");

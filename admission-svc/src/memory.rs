@@ -14,7 +14,7 @@ use crate::backend::{AcquireLimits, LeaseBackend};
 use crate::domain::{
     AccountId, Denial, DenyReason, LeaseId, LeaseTerms, LostReason, Renewal, Resumption,
 };
-use crate::error::BackendError;
+use poolgate_runtime::error::BackendError;
 
 #[derive(Default)]
 struct AccountState {

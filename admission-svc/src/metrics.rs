@@ -1,7 +1,8 @@
 //! Prometheus metrics of one admission replica. Labels are bounded enums (results, reasons,
 //! operations): never an account id, a user, a session hash or a lease id.
 
-use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+use poolgate_runtime::metrics::{counter, counter_vec, gauge};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, Registry};
 
 #[derive(Clone)]
 pub struct Metrics {
@@ -26,27 +27,6 @@ pub struct Metrics {
     pub redis_round_trips: IntCounter,
 }
 
-fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    let metric = IntCounterVec::new(Opts::new(name, help), labels)
-        .unwrap_or_else(|error| unreachable!("static metric definition {name}: {error}"));
-    let _ = registry.register(Box::new(metric.clone()));
-    metric
-}
-
-fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
-    let metric = IntCounter::new(name, help)
-        .unwrap_or_else(|error| unreachable!("static metric definition {name}: {error}"));
-    let _ = registry.register(Box::new(metric.clone()));
-    metric
-}
-
-fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
-    let metric = IntGauge::new(name, help)
-        .unwrap_or_else(|error| unreachable!("static metric definition {name}: {error}"));
-    let _ = registry.register(Box::new(metric.clone()));
-    metric
-}
-
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
@@ -55,7 +35,12 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let registry = Registry::new();
+        Self::registered_in(Registry::new())
+    }
+
+    /// The metrics, registered in `registry` (a process that runs this engine in process, such
+    /// as a standalone relay, shows them on its own `/metrics`).
+    pub fn registered_in(registry: Registry) -> Self {
         Metrics {
             decisions: counter_vec(
                 &registry,
@@ -127,9 +112,6 @@ impl Metrics {
 
     /// The text exposition of every metric.
     pub fn render(&self) -> String {
-        let encoder = prometheus::TextEncoder::new();
-        encoder
-            .encode_to_string(&self.registry.gather())
-            .unwrap_or_else(|error| format!("# metrics encoding failed: {error}\n"))
+        poolgate_runtime::metrics::render(&self.registry)
     }
 }

@@ -35,10 +35,10 @@ use crate::domain::{
     AccountId, Denial, DenyReason, LeaseId, LeaseTerms, LostReason, Renewal, Resumption, UserLimit,
     millis,
 };
-use crate::error::BackendError;
 use crate::memory::MemoryBackend;
 use crate::metrics::Metrics;
 use crate::redis_backend::RedisBackend;
+use poolgate_runtime::error::BackendError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FailurePolicy {

@@ -4,8 +4,7 @@
 //! Only this module and `poolgate_proto::keys` know Redis key names.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use poolgate_proto::keys::{self, AccountKeys};
@@ -15,14 +14,13 @@ use crate::backend::{AcquireLimits, LeaseBackend};
 use crate::domain::{
     AccountId, Denial, DenyReason, LeaseId, LeaseTerms, LostReason, Renewal, Resumption,
 };
-use crate::error::BackendError;
 use crate::memory::FallbackSnapshot;
-use crate::redis_conn::{Conn, RedisHandle};
+use poolgate_runtime::clock::{RedisClock, TIME_PRELUDE};
+use poolgate_runtime::error::BackendError;
+use poolgate_runtime::redis::{Conn, RedisHandle};
 
-/// Shared Lua prelude: the Redis clock in ms, and a PEXPIRE that only ever lengthens.
+/// Shared Lua prelude (after the clock's): a PEXPIRE that only ever lengthens, the RPM check.
 const PRELUDE: &str = r#"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local function extend(key, ms)
   if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
 end
@@ -277,8 +275,9 @@ struct Scripts {
 
 impl Scripts {
     fn new() -> Self {
-        let script = |body: &str| Script::new(&format!("{PRELUDE}{body}"));
-        let lease_script = |body: &str| Script::new(&format!("{PRELUDE}{LEASE_PRELUDE}{body}"));
+        let script = |body: &str| Script::new(&format!("{TIME_PRELUDE}{PRELUDE}{body}"));
+        let lease_script =
+            |body: &str| Script::new(&format!("{TIME_PRELUDE}{PRELUDE}{LEASE_PRELUDE}{body}"));
         Scripts {
             acquire: script(ACQUIRE),
             charge_rpm: script(CHARGE_RPM),
@@ -303,16 +302,9 @@ const UNCERTAIN_CLEANUP_TIMEOUT: Duration = Duration::from_millis(500);
 pub struct RedisBackend {
     redis: RedisHandle,
     scripts: Arc<Scripts>,
-    /// Redis clock minus local clock (ms), learned from every script's `now`, so reads outside
-    /// scripts (Inflight) use Redis time too. `i64::MIN` = not learned yet.
-    clock_offset_ms: Arc<AtomicI64>,
-}
-
-fn local_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
+    /// Learned from every script's `now`, so reads outside scripts (Inflight) use Redis time
+    /// too.
+    clock: RedisClock,
 }
 
 impl RedisBackend {
@@ -320,7 +312,7 @@ impl RedisBackend {
         RedisBackend {
             redis,
             scripts: Arc::new(Scripts::new()),
-            clock_offset_ms: Arc::new(AtomicI64::new(i64::MIN)),
+            clock: RedisClock::default(),
         }
     }
 
@@ -329,24 +321,11 @@ impl RedisBackend {
     }
 
     fn learn_clock(&self, redis_now: i64) {
-        self.clock_offset_ms
-            .store(redis_now - local_ms(), Ordering::Relaxed);
+        self.clock.learn(redis_now);
     }
 
-    /// Redis time in ms: from the learned offset, or one `TIME` round trip the first time.
     async fn redis_now(&self) -> Result<i64, BackendError> {
-        let offset = self.clock_offset_ms.load(Ordering::Relaxed);
-        if offset != i64::MIN {
-            return Ok(local_ms() + offset);
-        }
-        let mut conn = self.redis.conn().await?;
-        let (secs, micros): (i64, i64) = self
-            .redis
-            .bounded(redis::cmd("TIME").query_async(&mut conn))
-            .await?;
-        let now = secs * 1000 + micros / 1000;
-        self.learn_clock(now);
-        Ok(now)
+        self.clock.now(&self.redis).await
     }
 
     /// Runs a script. Every script's reply ends with Redis' `now`, which callers pass to

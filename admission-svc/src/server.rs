@@ -12,14 +12,15 @@ use tonic::transport::server::TcpIncoming;
 use crate::admission::Admission;
 use crate::backend::LeaseBackend;
 use crate::domain::Settings;
-use crate::error::BackendError;
 use crate::grpc::AdmissionGrpc;
 use crate::memory::MemoryBackend;
 use crate::metrics::Metrics;
 use crate::policy::{PolicyBackend, PolicySettings};
 use crate::redis_backend::RedisBackend;
-use crate::redis_conn::{RedisHandle, RedisOptions, RedisTarget};
-use crate::service_auth::CallerCheck;
+use poolgate_runtime::error::BackendError;
+use poolgate_runtime::redis::{RedisHandle, RedisOptions, RedisTarget};
+use poolgate_runtime::service_auth::CallerCheck;
+use poolgate_runtime::tls::TlsFiles;
 
 /// Where admission state lives.
 #[derive(Debug, Clone)]
@@ -47,31 +48,6 @@ pub struct Config {
     pub tls: Option<TlsFiles>,
     /// How callers prove who they are (service token, mutual TLS, or open for development).
     pub callers: CallerCheck,
-}
-
-/// PEM files of a server identity, and the CA its callers' certificates must chain to when
-/// mutual TLS is on.
-#[derive(Debug, Clone)]
-pub struct TlsFiles {
-    pub cert: std::path::PathBuf,
-    pub key: std::path::PathBuf,
-    /// Mutual TLS: every caller presents a certificate signed by this CA.
-    pub client_ca: Option<std::path::PathBuf>,
-}
-
-impl TlsFiles {
-    /// The tonic server TLS config, reading the files.
-    pub fn server_config(&self) -> Result<tonic::transport::ServerTlsConfig, std::io::Error> {
-        let cert = std::fs::read(&self.cert)?;
-        let key = std::fs::read(&self.key)?;
-        let mut config = tonic::transport::ServerTlsConfig::new()
-            .identity(tonic::transport::Identity::from_pem(cert, key));
-        if let Some(ca) = &self.client_ca {
-            config =
-                config.client_ca_root(tonic::transport::Certificate::from_pem(std::fs::read(ca)?));
-        }
-        Ok(config)
-    }
 }
 
 impl Default for Config {
@@ -107,10 +83,7 @@ pub async fn build_admission(
     metrics: Metrics,
 ) -> Result<Arc<Admission>, ServeError> {
     let admission = match &config.backend {
-        BackendConfig::Memory => {
-            let backend: Arc<dyn LeaseBackend> = Arc::new(MemoryBackend::new());
-            Admission::new(backend, config.settings.clone(), metrics)
-        }
+        BackendConfig::Memory => return Ok(memory_admission(config.settings.clone(), metrics)),
         BackendConfig::Redis {
             target,
             options,
@@ -135,6 +108,15 @@ pub async fn build_admission(
     };
     tokio::spawn(retry_releases(Arc::downgrade(&admission)));
     Ok(admission)
+}
+
+/// An engine on the memory backend (one process, nothing shared), with its release-retry task.
+/// Call inside a Tokio runtime.
+pub fn memory_admission(settings: Settings, metrics: Metrics) -> Arc<Admission> {
+    let backend: Arc<dyn LeaseBackend> = Arc::new(MemoryBackend::new());
+    let admission = Admission::new(backend, settings, metrics);
+    tokio::spawn(retry_releases(Arc::downgrade(&admission)));
+    admission
 }
 
 /// Heartbeats into the replica registry (and probes Redis while degraded) until the backend is
@@ -208,8 +190,10 @@ pub async fn serve(
         builder = builder.tls_config(tls)?;
     }
     let server = builder
-        .layer(crate::grpc_metrics::GrpcMetrics::new(&metrics.registry))
-        .layer(crate::telemetry::TraceLayer)
+        .layer(poolgate_runtime::grpc_metrics::GrpcMetrics::new(
+            &metrics.registry,
+        ))
+        .layer(poolgate_runtime::telemetry::TraceLayer)
         .layer(config.callers.layer())
         .tcp_nodelay(true)
         .http2_keepalive_interval(Some(Duration::from_secs(10)))

@@ -7,10 +7,10 @@ mod support;
 use std::time::Duration;
 
 use admission_svc::policy::{FailurePolicy, PolicySettings};
-use admission_svc::redis_conn::{RedisOptions, RedisTarget};
 use admission_svc::server::BackendConfig;
 use poolgate_proto::admission::v1 as pb;
 use poolgate_proto::keys::AccountKeys;
+use poolgate_runtime::redis::{RedisOptions, RedisTarget};
 use poolgate_testkit::{RedisServer, eventually, free_port};
 use support::{LeaseStream, TestServer, acquire, test_settings};
 

@@ -30,12 +30,12 @@ use std::time::{Duration, Instant};
 
 use admission_svc::admission::Admission;
 use admission_svc::backend::LeaseBackend;
-use admission_svc::domain::Settings;
 use admission_svc::memory::MemoryBackend;
 use admission_svc::metrics::Metrics;
-use admission_svc::redis_conn::{RedisOptions, RedisTarget};
 use admission_svc::server::{self, BackendConfig, Config};
+use poolgate_core::lease::Settings;
 use poolgate_proto::admission::v1 as pb;
+use poolgate_runtime::redis::{RedisOptions, RedisTarget};
 use poolgate_testkit::{RedisCluster, RedisServer};
 use support::{Answer, Client, LeaseStream, connect};
 use tokio::sync::oneshot;

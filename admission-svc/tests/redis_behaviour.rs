@@ -5,10 +5,10 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use admission_svc::redis_conn::{RedisOptions, RedisTarget};
 use admission_svc::server::BackendConfig;
 use poolgate_proto::admission::v1 as pb;
 use poolgate_proto::keys::AccountKeys;
+use poolgate_runtime::redis::{RedisOptions, RedisTarget};
 use poolgate_testkit::{RedisCluster, RedisServer, eventually};
 use support::{
     AdmissionProcess, Answer, LeaseStream, Store, TestServer, acquire, connect, inflight,

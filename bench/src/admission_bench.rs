@@ -15,15 +15,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use admission_svc::backend::{AcquireLimits, LeaseBackend};
-use admission_svc::domain::{LeaseId, LeaseTerms};
 use admission_svc::metrics::Metrics;
 use admission_svc::redis_backend::RedisBackend;
-use admission_svc::redis_conn::{RedisHandle, RedisOptions, RedisTarget};
 use admission_svc::server::{self, BackendConfig, Config};
-use admission_svc::service_auth::{CallerCheck, WithToken};
 use clap::Parser;
+use poolgate_core::lease::{LeaseId, LeaseTerms};
 use poolgate_proto::admission::v1 as pb;
 use poolgate_proto::admission::v1::admission_client::AdmissionClient;
+use poolgate_runtime::redis::{RedisHandle, RedisOptions, RedisTarget};
+use poolgate_runtime::service_auth::{CallerCheck, WithToken};
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;

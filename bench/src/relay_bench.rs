@@ -264,9 +264,9 @@ async fn distributed(
     client: &reqwest::Client,
     upstream: &FakeUpstream,
 ) -> Result<(), String> {
-    use admission_svc::redis_conn::{RedisOptions, RedisTarget};
+    use poolgate_core::account::{CredentialKind, Platform, Secret};
+    use poolgate_runtime::redis::{RedisOptions, RedisTarget};
     use selector_svc::crypto::Keyring;
-    use selector_svc::domain::{CredentialKind, Platform, Secret};
     use selector_svc::store::{AccountInput, ConfigStore};
     let (postgres, redis) = tokio::join!(
         poolgate_testkit::PostgresServer::start(),
@@ -320,7 +320,7 @@ async fn distributed(
         refresh_interval: Duration::from_secs(3600),
         max_concurrent_streams: 100_000,
         tls: None,
-        callers: admission_svc::service_auth::CallerCheck::Token(BENCH_TOKEN.into()),
+        callers: poolgate_runtime::service_auth::CallerCheck::Token(BENCH_TOKEN.into()),
     };
     let selector =
         selector_svc::server::build(&selector_config, selector_svc::metrics::Metrics::new())
@@ -348,7 +348,7 @@ async fn distributed(
             options: RedisOptions::default(),
             policy: Default::default(),
         },
-        callers: admission_svc::service_auth::CallerCheck::Token(BENCH_TOKEN.into()),
+        callers: poolgate_runtime::service_auth::CallerCheck::Token(BENCH_TOKEN.into()),
         ..admission_svc::Config::default()
     };
     let admission = admission_svc::server::build_admission(

@@ -9,12 +9,12 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use admission_svc::redis_conn::{RedisOptions, RedisTarget};
 use clap::Parser;
+use poolgate_core::account::{CredentialKind, Platform, Secret};
 use poolgate_proto::selector::v1 as pb;
 use poolgate_proto::selector::v1::selector_client::SelectorClient;
+use poolgate_runtime::redis::{RedisOptions, RedisTarget};
 use selector_svc::crypto::Keyring;
-use selector_svc::domain::{CredentialKind, Platform, Secret};
 use selector_svc::store::{AccountInput, ConfigStore};
 
 /// The service token the bench's servers require and their clients send.
@@ -112,7 +112,7 @@ async fn run(args: Args) -> Result<(), String> {
         refresh_interval: Duration::from_secs(3600),
         max_concurrent_streams: 100_000,
         tls: None,
-        callers: admission_svc::service_auth::CallerCheck::Token(BENCH_TOKEN.into()),
+        callers: poolgate_runtime::service_auth::CallerCheck::Token(BENCH_TOKEN.into()),
     };
     let built = selector_svc::server::build(&config, selector_svc::metrics::Metrics::new())
         .await
@@ -139,7 +139,7 @@ async fn run(args: Args) -> Result<(), String> {
         .connect()
         .await
         .map_err(|e| e.to_string())?;
-    let client = SelectorClient::new(admission_svc::service_auth::WithToken::new(
+    let client = SelectorClient::new(poolgate_runtime::service_auth::WithToken::new(
         channel,
         Some(BENCH_TOKEN),
     ));

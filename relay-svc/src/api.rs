@@ -3,7 +3,7 @@
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::{HeaderValue, StatusCode};
-use selector_svc::domain::Platform;
+use poolgate_core::account::Platform;
 
 /// Which API the client speaks (the endpoint decides; it also decides the account platform).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

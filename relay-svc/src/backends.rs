@@ -5,11 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use admission_svc::domain::{Denial, LeaseTerms};
 use async_trait::async_trait;
-use selector_svc::domain::{CredentialKind, Platform, Price, Secret};
+use poolgate_core::account::{CredentialKind, Platform, Price, Secret};
+use poolgate_core::lease::{Denial, LeaseTerms};
 
-use crate::classify::Classified;
+use poolgate_core::classify::Classified;
 
 /// A backend that did not answer. The relay degrades (or answers 503), never panics.
 #[derive(Debug, Clone, thiserror::Error)]

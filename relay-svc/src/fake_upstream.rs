@@ -479,7 +479,7 @@ async fn chatgpt_codex(
     let token = header("authorization")
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or_default();
-    let claimed = selector_svc::domain::chatgpt_account_id(token);
+    let claimed = poolgate_core::account::chatgpt_account_id(token);
     let problem = if claimed.is_none() || header("chatgpt-account-id") != claimed.as_deref() {
         Some("chatgpt-account-id does not match the token")
     } else if header("openai-beta") != Some("responses=experimental") {

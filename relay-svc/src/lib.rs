@@ -6,9 +6,9 @@
 //! this process). `classify`, `session` and `usage` are pure helpers; `fake_upstream` is the
 //! project's own fake LLM server (demo mode, tests, benchmarks).
 
+pub mod admin;
 pub mod api;
 pub mod backends;
-pub mod classify;
 pub mod fake_upstream;
 pub mod http;
 pub mod metrics;

@@ -161,25 +161,10 @@ async fn config(cli: &Cli) -> Result<Config, String> {
     })
 }
 
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-            return;
-        }
-    }
-    let _ = tokio::signal::ctrl_c().await;
-}
-
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    let _telemetry = admission_svc::telemetry::init("relay-svc", &cli.log_format);
+    let _telemetry = poolgate_runtime::telemetry::init("relay-svc", &cli.log_format);
     let result = async {
         let config = config(&cli).await?;
         let relay = relay_svc::server::build(&config, Metrics::new())?;
@@ -205,7 +190,7 @@ async fn main() -> ExitCode {
             relay,
             listener,
             Some(metrics_listener),
-            shutdown_signal(),
+            poolgate_runtime::shutdown::signal(),
             config.shutdown_grace,
         )
         .await

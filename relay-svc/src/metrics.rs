@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry};
+use poolgate_runtime::metrics;
+use prometheus::{HistogramVec, IntCounter, IntCounterVec, Registry};
 
 #[derive(Clone)]
 pub struct Metrics {
@@ -39,40 +40,18 @@ impl Default for Metrics {
     }
 }
 
-fn register<T: prometheus::core::Collector + Clone + 'static>(registry: &Registry, metric: T) -> T {
-    let _ = registry.register(Box::new(metric.clone()));
-    metric
-}
-
 impl Metrics {
     pub fn new() -> Self {
         let registry = Registry::new();
         let counter_vec = |name: &str, help: &str, labels: &[&str]| {
-            register(
-                &registry,
-                IntCounterVec::new(Opts::new(name, help), labels)
-                    .unwrap_or_else(|e| unreachable!("static metric {name}: {e}")),
-            )
+            metrics::counter_vec(&registry, name, help, labels)
         };
-        let counter = |name: &str, help: &str| {
-            register(
-                &registry,
-                IntCounter::new(name, help)
-                    .unwrap_or_else(|e| unreachable!("static metric {name}: {e}")),
-            )
-        };
+        let counter = |name: &str, help: &str| metrics::counter(&registry, name, help);
         let buckets = vec![
             0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
         ];
         let histogram = |name: &str, help: &str| {
-            register(
-                &registry,
-                HistogramVec::new(
-                    HistogramOpts::new(name, help).buckets(buckets.clone()),
-                    &["platform"],
-                )
-                .unwrap_or_else(|e| unreachable!("static metric {name}: {e}")),
-            )
+            metrics::histogram_vec(&registry, name, help, &["platform"], buckets.clone())
         };
         Metrics {
             requests: counter_vec(
@@ -143,8 +122,6 @@ impl Metrics {
     }
 
     pub fn render(&self) -> String {
-        prometheus::TextEncoder::new()
-            .encode_to_string(&self.registry.gather())
-            .unwrap_or_else(|error| format!("# metrics encoding failed: {error}\n"))
+        metrics::render(&self.registry)
     }
 }

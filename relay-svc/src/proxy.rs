@@ -7,11 +7,14 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use admission_svc::domain::{DenyReason, LeaseTerms, UserLimit, usd_to_micros};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
-use selector_svc::domain::{CredentialKind, OutcomeClass, Price, chatgpt_account_id, now_ms};
+use poolgate_core::account::{CredentialKind, Price, chatgpt_account_id};
+use poolgate_core::lease::{DenyReason, LeaseTerms, UserLimit};
+use poolgate_core::money::usd_to_micros;
+use poolgate_core::now_ms;
+use poolgate_core::outcome::OutcomeClass;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
@@ -19,12 +22,12 @@ use crate::api::{Api, ErrorKind, RelayError};
 use crate::backends::{
     Acquired, Caller, Lease, Leases, PlanRequest, Planned, Selection, UsageRecord,
 };
-use crate::classify::{
-    Classified, UpstreamError, classify, classify_stream_error, network_failure,
-};
 use crate::metrics::Metrics;
 use crate::usage::{ChatUsageStripper, SseScanner, Usage, completed_response};
-use selector_svc::confirm::{CLAUDE_CODE_IDENTITY, chatgpt_responses_url, upstream_url};
+use poolgate_core::classify::{
+    Classified, UpstreamError, classify, classify_stream_error, network_failure,
+};
+use poolgate_core::upstream::{CLAUDE_CODE_IDENTITY, chatgpt_responses_url, upstream_url};
 
 #[derive(Debug, Clone)]
 pub struct RelaySettings {
@@ -317,7 +320,7 @@ impl Relay {
         let mut not_found_models: Vec<String> = Vec::new();
         // OAuth accounts whose refused token the selector refreshed for this request: retried
         // once with the new token.
-        let mut refreshed: HashMap<i64, selector_svc::domain::Secret> = HashMap::new();
+        let mut refreshed: HashMap<i64, poolgate_core::account::Secret> = HashMap::new();
         loop {
             let plan = match self
                 .selection

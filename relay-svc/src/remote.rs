@@ -6,13 +6,15 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use admission_svc::domain::{Denial, DenyReason, LeaseTerms, micros_to_usd};
 use async_trait::async_trait;
+use poolgate_core::account::{CredentialKind, Price, Secret};
+use poolgate_core::lease::{Denial, DenyReason, LeaseTerms};
+use poolgate_core::money::micros_to_usd;
+use poolgate_core::outcome::OutcomeClass;
 use poolgate_proto::admission::v1 as apb;
 use poolgate_proto::admission::v1::admission_client::AdmissionClient;
 use poolgate_proto::selector::v1 as spb;
 use poolgate_proto::selector::v1::selector_client::SelectorClient;
-use selector_svc::domain::{CredentialKind, OutcomeClass, Price, Secret};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
@@ -23,10 +25,10 @@ use crate::backends::{
     Acquired, BackendError, Caller, Lease, Leases, Plan, PlanRequest, Planned, Selection,
     UsageRecord,
 };
-use crate::classify::Classified;
 use crate::metrics::Metrics;
 use crate::usage_sink::{SinkSettings, UsageSink, UsageWriter, WriteError};
-use admission_svc::service_auth::WithToken;
+use poolgate_core::classify::Classified;
+use poolgate_runtime::service_auth::WithToken;
 
 fn endpoint(
     url: &str,
@@ -218,15 +220,15 @@ async fn watch_replicas(
 
 /// A balanced channel that carries the current trace context in every request's metadata, and
 /// counts every call (`grpc_client_*` metrics).
-pub type Traced = admission_svc::grpc_metrics::GrpcMetricsService<
-    admission_svc::telemetry::Inject<WithToken<Channel>>,
+pub type Traced = poolgate_runtime::grpc_metrics::GrpcMetricsService<
+    poolgate_runtime::telemetry::Inject<WithToken<Channel>>,
 >;
 
 fn traced(
     channel: WithToken<Channel>,
-    metrics: &admission_svc::grpc_metrics::GrpcMetrics,
+    metrics: &poolgate_runtime::grpc_metrics::GrpcMetrics,
 ) -> Traced {
-    tower::Layer::layer(metrics, admission_svc::telemetry::Inject::new(channel))
+    tower::Layer::layer(metrics, poolgate_runtime::telemetry::Inject::new(channel))
 }
 
 fn backend(status: tonic::Status) -> BackendError {
@@ -283,7 +285,7 @@ impl Throttle {
 impl RemoteSelection {
     pub fn new(
         channel: WithToken<Channel>,
-        grpc_metrics: &admission_svc::grpc_metrics::GrpcMetrics,
+        grpc_metrics: &poolgate_runtime::grpc_metrics::GrpcMetrics,
         usage_lost: prometheus::IntCounter,
     ) -> Self {
         let client = SelectorClient::new(traced(channel, grpc_metrics));
@@ -430,10 +432,10 @@ impl UsageWriter for SelectorUsage {
     }
 }
 
-fn platform_pb(platform: selector_svc::domain::Platform) -> spb::Platform {
+fn platform_pb(platform: poolgate_core::account::Platform) -> spb::Platform {
     match platform {
-        selector_svc::domain::Platform::Anthropic => spb::Platform::Anthropic,
-        selector_svc::domain::Platform::OpenAi => spb::Platform::Openai,
+        poolgate_core::account::Platform::Anthropic => spb::Platform::Anthropic,
+        poolgate_core::account::Platform::OpenAi => spb::Platform::Openai,
     }
 }
 
@@ -597,7 +599,7 @@ impl Selection for RemoteSelection {
         self.usage.record(record);
     }
 
-    async fn models(&self, group: &str, platform: selector_svc::domain::Platform) -> Vec<String> {
+    async fn models(&self, group: &str, platform: poolgate_core::account::Platform) -> Vec<String> {
         let platform = platform_pb(platform);
         match self
             .client
@@ -627,7 +629,7 @@ impl RemoteLeases {
     pub fn new(
         channel: WithToken<Channel>,
         metrics: Metrics,
-        grpc_metrics: &admission_svc::grpc_metrics::GrpcMetrics,
+        grpc_metrics: &poolgate_runtime::grpc_metrics::GrpcMetrics,
     ) -> Self {
         RemoteLeases {
             client: AdmissionClient::new(traced(channel, grpc_metrics)),
@@ -1135,7 +1137,7 @@ pub fn remote_backends(
     client: &GrpcClient,
     metrics: Metrics,
 ) -> Result<Backends, String> {
-    let grpc_metrics = admission_svc::grpc_metrics::GrpcMetrics::client(&metrics.registry);
+    let grpc_metrics = poolgate_runtime::grpc_metrics::GrpcMetrics::client(&metrics.registry);
     let token = client.service_token.as_deref();
     let selection = RemoteSelection::new(
         WithToken::new(

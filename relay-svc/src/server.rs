@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use admission_svc::domain::Settings;
-use selector_svc::domain::RuntimeBlockSettings;
+use poolgate_core::lease::Settings;
+use poolgate_core::outcome::RuntimeBlockSettings;
 use tokio::net::TcpListener;
 
 use crate::backends::Backends;
@@ -43,7 +43,7 @@ pub struct Config {
 pub fn build(config: &Config, metrics: Metrics) -> Result<Arc<Relay>, String> {
     let (selection, leases): Backends = match &config.mode {
         Mode::Standalone { file } => {
-            let engine = LocalLeases::engine(config.admission.clone());
+            let engine = LocalLeases::engine(config.admission.clone(), &metrics.registry);
             let selection = StandaloneSelection::new(file, engine.clone(), config.blocks.clone())?;
             (Arc::new(selection), Arc::new(LocalLeases::new(engine)))
         }

@@ -1,6 +1,6 @@
 //! `relay-svc --standalone`: the whole pool in one process, no Redis, no Postgres. Accounts and
 //! client keys come from a YAML file; health lives in memory with the same decisions as the
-//! selector (`selector_svc::outcome::decide`) and the same ordering (`selector_svc::select`);
+//! selector (`poolgate_core::outcome::decide`) and the same ordering (`selector_svc::select`);
 //! admission is the admission engine on its memory backend, and a lease is a drop guard.
 
 use std::collections::{HashMap, VecDeque};
@@ -9,16 +9,20 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use admission_svc::admission::{AcquireOutcome, Admission};
-use admission_svc::domain::{LeaseId, LeaseTerms, Settings, usd_to_micros};
-use admission_svc::memory::MemoryBackend;
 use async_trait::async_trait;
-use selector_svc::domain::{
-    Account, AccountStatus, CredentialKind, Outcome, OutcomeClass, Platform, Price,
-    RuntimeBlockSettings, Secret, group_models, millis, now_ms,
+use poolgate_core::account::{
+    Account, AccountStatus, ApiKeyRecord, CredentialKind, OAuthState, Platform, Price, Secret,
+    default_oauth_token_url, group_models,
 };
-use selector_svc::health::{AccountHealth, Breaker};
-use selector_svc::outcome::{Decision, decide};
-use selector_svc::select::{Candidate, order};
+use poolgate_core::health::{AccountHealth, Breaker};
+use poolgate_core::lease::{LeaseId, LeaseTerms, Settings};
+use poolgate_core::money::usd_to_micros;
+use poolgate_core::outcome::{Decision, decide};
+use poolgate_core::outcome::{Outcome, OutcomeClass, RuntimeBlockSettings};
+use poolgate_core::select::{Candidate, order};
+use poolgate_core::{millis, now_ms};
+use selector_svc::crypto::{api_key_hash, api_key_prefix};
+use selector_svc::snapshot::Snapshot;
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
@@ -26,7 +30,7 @@ use crate::backends::{
     Acquired, BackendError, Caller, Lease, Leases, Plan, PlanRequest, Planned, Selection,
     UsageRecord,
 };
-use crate::classify::Classified;
+use poolgate_core::classify::Classified;
 use selector_svc::confirm::{
     ProbeSettings, Suspicion, Verdict, breaker_closes, confirm, probe_under_lease,
 };
@@ -64,8 +68,12 @@ pub struct OAuthEntry {
     pub refresh_token: Option<String>,
     #[serde(default)]
     pub expires_at: Option<serde_yaml_ng::Value>,
+    /// Default: the platform's (Anthropic's console, OpenAI's auth server).
     #[serde(default)]
     pub token_url: Option<String>,
+    /// The OAuth client id refresh requests carry (default: the official CLI's).
+    #[serde(default)]
+    pub client_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -180,6 +188,7 @@ impl StandaloneFile {
                 |message: &str| format!("config: accounts[{index}] ({}): {message}", entry.name);
             let platform = Platform::parse(&entry.platform)
                 .ok_or_else(|| at("platform must be anthropic or openai"))?;
+            let signed_in = entry.oauth.as_ref().or(entry.chatgpt_oauth.as_ref());
             let (credential_kind, credential) = match (
                 &entry.api_key,
                 &entry.credential_env,
@@ -223,7 +232,12 @@ impl StandaloneFile {
                 base_url: entry.base_url.trim_end_matches('/').to_owned(),
                 credential_kind,
                 credential: Secret::new(credential),
-                oauth: None,
+                oauth: match signed_in {
+                    Some(oauth) if credential_kind.is_oauth() => {
+                        oauth_state(oauth, platform).map_err(|message| at(&message))?
+                    }
+                    _ => None,
+                },
                 status,
                 status_reason: String::new(),
                 priority: entry.priority,
@@ -239,6 +253,38 @@ impl StandaloneFile {
             });
         }
         Ok(accounts)
+    }
+
+    /// The selector's view of this file: accounts, client keys (by hash, ids from 1 in file
+    /// order), prices.
+    pub fn snapshot(&self) -> Result<Snapshot, String> {
+        let mut keys = HashMap::new();
+        for (index, entry) in self.api_keys.iter().enumerate() {
+            if entry.key.is_empty() {
+                return Err(format!("config: api_keys[{index}]: the key is empty"));
+            }
+            let record = ApiKeyRecord {
+                id: index as i64 + 1,
+                name: format!("api_keys[{index}]"),
+                prefix: api_key_prefix(&entry.key),
+                user: entry.user.clone(),
+                group: entry.group.clone(),
+                user_rpm_limit: entry.rpm_limit,
+                active: true,
+            };
+            if keys.insert(api_key_hash(&entry.key), record).is_some() {
+                return Err(format!(
+                    "config: api_keys[{index}]: the key is listed twice"
+                ));
+            }
+        }
+        let groups = self.api_keys.iter().map(|k| k.group.clone()).collect();
+        Ok(Snapshot::new(
+            groups,
+            self.accounts()?,
+            keys,
+            self.prices()?,
+        ))
     }
 
     fn prices(&self) -> Result<HashMap<String, Price>, String> {
@@ -266,6 +312,44 @@ impl StandaloneFile {
                 .collect(),
         }
     }
+}
+
+/// The refresh state of a subscription account. Without a refresh token the access token is
+/// used until it stops working.
+fn oauth_state(entry: &OAuthEntry, platform: Platform) -> Result<Option<OAuthState>, String> {
+    let Some(refresh_token) = entry.refresh_token.as_ref().filter(|t| !t.is_empty()) else {
+        return Ok(None);
+    };
+    let expires_at_ms = match &entry.expires_at {
+        None => 0,
+        Some(value) => {
+            let number = value
+                .as_i64()
+                .or_else(|| value.as_str().and_then(|text| text.trim().parse().ok()))
+                .filter(|n| *n >= 0)
+                .ok_or("oauth.expires_at must be a time in ms (or seconds) since the epoch")?;
+            // Seconds and milliseconds since the epoch differ by three orders of magnitude.
+            if number < 100_000_000_000 {
+                number * 1000
+            } else {
+                number
+            }
+        }
+    };
+    let token_url = entry
+        .token_url
+        .clone()
+        .filter(|url| !url.is_empty())
+        .unwrap_or_else(|| default_oauth_token_url(platform).to_owned());
+    if !(token_url.starts_with("http://") || token_url.starts_with("https://")) {
+        return Err("oauth.token_url must be an http(s) URL".into());
+    }
+    Ok(Some(OAuthState {
+        refresh_token: Secret::new(refresh_token.clone()),
+        expires_at_ms,
+        token_url,
+        client_id: entry.client_id.clone().unwrap_or_default(),
+    }))
 }
 
 /// In-memory health of one account (the same state the selector keeps in Redis).
@@ -790,12 +874,12 @@ impl LocalLeases {
         LocalLeases { admission }
     }
 
-    /// A memory-backed admission engine with default settings.
-    pub fn engine(settings: Settings) -> Arc<Admission> {
-        Admission::new(
-            Arc::new(MemoryBackend::new()),
+    /// The admission engine on its memory backend, built as `admission-svc` builds it (with
+    /// the release-retry task), its metrics in `registry`.
+    pub fn engine(settings: Settings, registry: &prometheus::Registry) -> Arc<Admission> {
+        admission_svc::server::memory_admission(
             settings,
-            admission_svc::metrics::Metrics::new(),
+            admission_svc::metrics::Metrics::registered_in(registry.clone()),
         )
     }
 }

@@ -1,7 +1,7 @@
 //! Token usage read from responses as they pass (JSON bodies and SSE events, never by buffering a
 //! stream), and its cost under a price.
 
-use selector_svc::domain::Price;
+use poolgate_core::account::Price;
 use serde_json::Value;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -121,7 +121,7 @@ impl SseScanner {
             return;
         }
         if let Ok(event) = serde_json::from_str::<Value>(data) {
-            if self.error.is_none() && selector_svc::classify::is_stream_error(&event) {
+            if self.error.is_none() && poolgate_core::classify::is_stream_error(&event) {
                 self.error = Some(event.clone());
             }
             self.usage.absorb_message(&event);

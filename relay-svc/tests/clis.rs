@@ -13,10 +13,10 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use poolgate_core::account::Platform;
 use poolgate_testkit::Scratch;
 use relay_svc::fake_upstream::{FakeUpstream, SeenRequest};
 use relay_svc::proxy::RelaySettings;
-use selector_svc::domain::Platform;
 
 const KEY: &str = "pgk-cli-test-key-0001";
 
@@ -286,10 +286,10 @@ async fn codex_works_through_a_chatgpt_subscription_account_in_both_modes() {
         0,
     );
     account.platform = Platform::OpenAi;
-    account.credential_kind = selector_svc::domain::CredentialKind::ChatGptOAuth;
-    account.credential = Some(selector_svc::domain::Secret::new(token.clone()));
-    account.oauth = Some(selector_svc::domain::OAuthState {
-        refresh_token: selector_svc::domain::Secret::new("rt-cli"),
+    account.credential_kind = poolgate_core::account::CredentialKind::ChatGptOAuth;
+    account.credential = Some(poolgate_core::account::Secret::new(token.clone()));
+    account.oauth = Some(poolgate_core::account::OAuthState {
+        refresh_token: poolgate_core::account::Secret::new("rt-cli"),
         expires_at_ms: 4_102_444_800_000,
         token_url: format!("{}/oauth/token", upstream.base_url),
         client_id: String::new(),

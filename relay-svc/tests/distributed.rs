@@ -14,7 +14,7 @@ use relay_svc::fake_upstream::{FakeUpstream, Scripted};
 
 use relay_svc::proxy::RelaySettings;
 
-use selector_svc::domain::Price;
+use poolgate_core::account::Price;
 use selector_svc::store::ConfigStore;
 use serde_json::{Value, json};
 
@@ -32,10 +32,10 @@ struct Stack {
 }
 
 async fn start() -> Stack {
-    start_with(admission_svc::domain::Settings::default()).await
+    start_with(poolgate_core::lease::Settings::default()).await
 }
 
-async fn start_with(admission_settings: admission_svc::domain::Settings) -> Stack {
+async fn start_with(admission_settings: poolgate_core::lease::Settings) -> Stack {
     let backends = common::backends().await;
     let upstream = FakeUpstream::start().await.expect("upstream");
     for name in ["a", "b"] {
@@ -156,7 +156,7 @@ async fn requests_flow_through_selector_and_admission_and_never_exceed_the_limit
     let usage = eventually(Duration::from_secs(5), || async {
         let totals = stack
             .store
-            .read_usage(stack.key_id, 0, selector_svc::domain::now_ms() + 3_600_000)
+            .read_usage(stack.key_id, 0, poolgate_core::now_ms() + 3_600_000)
             .await
             .ok()?;
         (totals.requests >= 102).then_some(totals)
@@ -231,9 +231,9 @@ async fn an_exhausted_window_hard_blocks_the_account_in_redis_for_every_replica(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_aborts_mid_stream_frees_its_lease_long_before_the_orphan_grace() {
     // The orphan grace is 30 s: only an explicit release can free the slot within the test.
-    let settings = admission_svc::domain::Settings {
+    let settings = poolgate_core::lease::Settings {
         orphan_grace: Duration::from_secs(30),
-        ..admission_svc::domain::Settings::default()
+        ..poolgate_core::lease::Settings::default()
     };
     let stack = start_with(settings).await;
     stack.upstream.set_chunk_delay(Duration::from_millis(500));
@@ -416,7 +416,7 @@ async fn successes_are_reported_coalesced_not_one_call_per_request() {
     );
 }
 
-async fn status_of(stack: &Stack, id: i64) -> (selector_svc::domain::AccountStatus, String) {
+async fn status_of(stack: &Stack, id: i64) -> (poolgate_core::account::AccountStatus, String) {
     let account = stack.store.load_account(id).await.expect("account");
     (account.status, account.status_reason)
 }
@@ -467,7 +467,7 @@ async fn crafted_models_and_messages_sent_to_every_account_leave_every_account_a
         let (status, reason) = status_of(&stack, id).await;
         assert_eq!(
             status,
-            selector_svc::domain::AccountStatus::Active,
+            poolgate_core::account::AccountStatus::Active,
             "account {id}: {reason}"
         );
         let mut conn = stack.redis.client().await.expect("redis");
@@ -510,14 +510,14 @@ async fn an_account_really_out_of_credit_is_retired_after_the_probe_confirms_it(
     }
     eventually(Duration::from_secs(10), || async {
         let (status, _) = status_of(&stack, 1).await;
-        (status == selector_svc::domain::AccountStatus::Retired).then_some(())
+        (status == poolgate_core::account::AccountStatus::Retired).then_some(())
     })
     .await
     .expect("a retired");
     let (_, reason) = status_of(&stack, 1).await;
     assert!(reason.contains("confirmed by probe"), "{reason}");
     let (status, _) = status_of(&stack, 2).await;
-    assert_eq!(status, selector_svc::domain::AccountStatus::Active);
+    assert_eq!(status, poolgate_core::account::AccountStatus::Active);
     let probes = stack
         .upstream
         .seen_models()
@@ -544,7 +544,7 @@ async fn models_are_listed_the_same_in_both_modes() {
     let (_relay, standalone) = common::standalone(
         &yaml,
         RelaySettings::default(),
-        selector_svc::domain::RuntimeBlockSettings::default(),
+        poolgate_core::outcome::RuntimeBlockSettings::default(),
     )
     .await;
     let list = |base: String, key: String, anthropic: bool| {
@@ -599,10 +599,10 @@ async fn a_revoked_subscription_token_is_refreshed_once_and_the_request_succeeds
     // A Claude subscription account whose access token the upstream no longer accepts; it is
     // not near expiry, so only the refusal can trigger the refresh.
     let mut sub = account("sub", &stack.upstream.base_url, 2, -1);
-    sub.credential_kind = selector_svc::domain::CredentialKind::OAuth;
-    sub.credential = Some(selector_svc::domain::Secret::new("revoked-access"));
-    sub.oauth = Some(selector_svc::domain::OAuthState {
-        refresh_token: selector_svc::domain::Secret::new("rt-1"),
+    sub.credential_kind = poolgate_core::account::CredentialKind::OAuth;
+    sub.credential = Some(poolgate_core::account::Secret::new("revoked-access"));
+    sub.oauth = Some(poolgate_core::account::OAuthState {
+        refresh_token: poolgate_core::account::Secret::new("rt-1"),
         expires_at_ms: 4_102_444_800_000,
         token_url: format!("{}/oauth/token", stack.upstream.base_url),
         client_id: String::new(),
@@ -652,11 +652,16 @@ async fn a_revoked_subscription_token_is_refreshed_once_and_the_request_succeeds
     assert_eq!(refreshes.len(), 1, "refreshed once: {refreshes:?}");
     assert_eq!(
         refreshes[0]["client_id"],
-        selector_svc::domain::default_oauth_client_id(selector_svc::domain::Platform::Anthropic)
+        poolgate_core::account::default_oauth_client_id(
+            poolgate_core::account::Platform::Anthropic
+        )
     );
     // The first refusal did not count against the account.
     let account = stack.store.load_account(id).await.expect("account");
-    assert_eq!(account.status, selector_svc::domain::AccountStatus::Active);
+    assert_eq!(
+        account.status,
+        poolgate_core::account::AccountStatus::Active
+    );
     assert_eq!(account.credential.expose(), "rt-1-access");
     let mut conn = stack.redis.client().await.expect("redis");
     let cooldown: i64 = redis::cmd("PTTL")

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use admission_svc::domain::{LeaseId, Settings};
+use poolgate_core::lease::{LeaseId, Settings};
 use poolgate_testkit::eventually;
 use relay_svc::fake_upstream::FakeUpstream;
 use relay_svc::proxy::RelaySettings;

@@ -2,9 +2,9 @@
 //! CI stays quick). cargo-fuzz needs a nightly toolchain, which is not available here.
 
 use http::{HeaderMap, HeaderName, HeaderValue};
+use poolgate_core::classify::{classify, reset_at_ms};
 use proptest::prelude::*;
 use relay_svc::api::Api;
-use relay_svc::classify::{classify, reset_at_ms};
 use relay_svc::session::session_hash;
 use relay_svc::usage::{SseScanner, Usage};
 
@@ -67,7 +67,7 @@ proptest! {
     fn classification_never_panics_and_is_total(status in 0u16..1000, pairs in header_pairs(), body in bodies(), now in any::<i64>(), threshold in any::<u64>()) {
         let classified = classify(status, &headers(&pairs), &body, now / 4, threshold);
         // A success is only ever 2xx.
-        if classified.class == selector_svc::domain::OutcomeClass::Success {
+        if classified.class == poolgate_core::outcome::OutcomeClass::Success {
             prop_assert!((200..300).contains(&status));
         }
         let _ = reset_at_ms(&headers(&pairs), now / 4);
@@ -104,7 +104,7 @@ proptest! {
         for event in &events {
             scanner.feed(event.as_bytes());
         }
-        let _ = scanner.usage.cost_usd(&selector_svc::domain::Price::default());
+        let _ = scanner.usage.cost_usd(&poolgate_core::account::Price::default());
     }
 
     #[test]
@@ -114,7 +114,7 @@ proptest! {
             usage.absorb_message(&value);
         }
         usage.absorb_message(&serde_json::json!({"usage": {"prompt_tokens": n, "prompt_tokens_details": {"cached_tokens": n / 2 + 1}}}));
-        let price = selector_svc::domain::Price { input_per_mtok: 1.0, ..Default::default() };
+        let price = poolgate_core::account::Price { input_per_mtok: 1.0, ..Default::default() };
         let cost = usage.cost_usd(&price);
         prop_assert!(cost.is_finite());
     }

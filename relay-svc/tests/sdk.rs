@@ -72,7 +72,7 @@ async fn the_anthropic_sdk_works_through_a_claude_subscription_account() {
     for request in messages {
         assert_eq!(
             request.body["system"][0]["text"],
-            selector_svc::confirm::CLAUDE_CODE_IDENTITY,
+            poolgate_core::upstream::CLAUDE_CODE_IDENTITY,
             "Claude Code's identity first"
         );
         let betas = request

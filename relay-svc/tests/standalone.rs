@@ -980,7 +980,7 @@ async fn a_burst_of_429_and_529_on_every_account_leaves_all_of_them_selectable()
             .collect();
         upstream.script(&format!("cred-{name}"), burst);
     }
-    let blocks = selector_svc::domain::RuntimeBlockSettings {
+    let blocks = poolgate_core::outcome::RuntimeBlockSettings {
         busy_429: Duration::from_millis(200),
         busy_529: Duration::from_millis(300),
         ..Default::default()
@@ -1063,14 +1063,14 @@ async fn claude_code_requests_go_to_a_subscription_account_untouched_and_others_
     assert_eq!(
         last.body["system"],
         json!([
-            {"type": "text", "text": selector_svc::confirm::CLAUDE_CODE_IDENTITY},
+            {"type": "text", "text": poolgate_core::upstream::CLAUDE_CODE_IDENTITY},
             {"type": "text", "text": "Be brief."}
         ])
     );
     // Claude Code's own request (identity already first): untouched.
     let mut claude_code = fresh_message();
     claude_code["system"] = json!([
-        {"type": "text", "text": selector_svc::confirm::CLAUDE_CODE_IDENTITY, "cache_control": {"type": "ephemeral"}},
+        {"type": "text", "text": poolgate_core::upstream::CLAUDE_CODE_IDENTITY, "cache_control": {"type": "ephemeral"}},
         {"type": "text", "text": "You are an interactive CLI tool."}
     ]);
     let (status, answer) = h.messages(&claude_code).await;
@@ -1157,4 +1157,22 @@ async fn a_chatgpt_subscription_account_serves_the_responses_api_through_the_cod
     .expect("relay answers");
     assert_eq!(response.status().as_u16(), 503);
     assert_eq!(h.upstream.seen_requests().len(), 2, "never sent upstream");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_in_process_admission_counts_on_the_relays_metrics() {
+    let h = start(&[("a", "anthropic", 4, "")], fast()).await;
+    let (status, body) = h.messages(&message(false)).await;
+    assert_eq!(status, 200, "{body}");
+    let text = h.relay.metrics.render();
+    let granted = text
+        .lines()
+        .find(|l| l.starts_with("admission_decisions_total{") && l.contains("granted"))
+        .unwrap_or_else(|| panic!("admission decisions on the relay's /metrics:\n{text}"));
+    let count: f64 = granted
+        .rsplit(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0.0);
+    assert!(count >= 1.0, "{granted}");
 }

@@ -19,7 +19,7 @@ async fn a_client_request_is_one_trace_across_relay_selector_and_admission() {
     let provider = SdkTracerProvider::builder()
         .with_simple_exporter(exporter.clone())
         .build();
-    admission_svc::telemetry::install_propagator();
+    poolgate_runtime::telemetry::install_propagator();
     let subscriber = tracing_subscriber::registry()
         .with(tracing_subscriber::filter::LevelFilter::INFO)
         .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));

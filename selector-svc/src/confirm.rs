@@ -13,13 +13,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use admission_svc::admission::{AcquireOutcome, Admission};
-use admission_svc::domain::LeaseTerms;
 use http::HeaderMap;
+use poolgate_core::lease::LeaseTerms;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::classify::{Classified, UpstreamError, classify, network_failure};
 use crate::domain::{Account, CredentialKind, OutcomeClass, Platform, chatgpt_account_id, now_ms};
+use poolgate_core::classify::{Classified, UpstreamError, classify, network_failure};
+use poolgate_core::upstream::{CLAUDE_CODE_IDENTITY, chatgpt_responses_url, upstream_url};
 
 /// How a confirmation runs.
 #[derive(Debug, Clone)]
@@ -120,26 +121,6 @@ impl Verdict {
         }
     }
 }
-
-/// The upstream URL for a path such as `/v1/messages`, whether or not the base ends in `/v1`.
-pub fn upstream_url(base: &str, path: &str) -> String {
-    let base = base.trim_end_matches('/');
-    if base.ends_with("/v1") {
-        format!("{base}{}", path.trim_start_matches("/v1"))
-    } else {
-        format!("{base}{path}")
-    }
-}
-
-/// The ChatGPT backend's Codex endpoint under an account's base URL (the default base is
-/// `https://chatgpt.com/backend-api`).
-pub fn chatgpt_responses_url(base: &str) -> String {
-    format!("{}/codex/responses", base.trim_end_matches('/'))
-}
-
-/// Claude Code's identity line: Anthropic accepts subscription (OAuth) tokens only on requests
-/// that open with it.
-pub const CLAUDE_CODE_IDENTITY: &str = "You are Claude Code, Anthropic's official CLI for Claude.";
 
 /// The probe request: fixed, minimal, nothing of any client in it.
 pub fn probe_request(

@@ -21,10 +21,10 @@ use crate::domain::{
 use crate::health::{BackendError, Breaker, BreakerChange, HealthStore};
 use crate::metrics::Metrics;
 use crate::oracle::{LoadOracle, OracleSettings};
-use crate::outcome::{Decision, decide};
-use crate::select::{Candidate, order};
 use crate::snapshot::SnapshotCell;
 use crate::source::{AccountSource, StoreError};
+use poolgate_core::outcome::{Decision, decide};
+use poolgate_core::select::{Candidate, order};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SelectorError {

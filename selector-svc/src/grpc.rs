@@ -374,7 +374,7 @@ impl AdminAuth {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .unwrap_or("");
-        if admission_svc::service_auth::constant_time_eq(given.as_bytes(), token.as_bytes()) {
+        if poolgate_runtime::service_auth::constant_time_eq(given.as_bytes(), token.as_bytes()) {
             Ok(request)
         } else {
             Err(Status::unauthenticated(

@@ -2,15 +2,14 @@
 //! answers "which accounts, in which order, for this request" (DESIGN §5).
 //!
 //! Layers: `grpc` (transport, validation, admin token) → `engine` (select, outcomes, bindings)
-//! → `select` (ordering, pure) / `oracle` (load reads) / `health` (a `HealthStore`: Redis, or
-//! memory) / `source` (an `AccountSource`: Postgres in `store`, or memory) over a `snapshot` of
-//! the config; `refresh` keeps OAuth tokens fresh.
+//! → `oracle` (load reads) / `health` (a `HealthStore`: Redis, or memory) / `source` (an
+//! `AccountSource`: Postgres in `store`, or memory) over a `snapshot` of the config, with the
+//! ordering and outcome decisions of `poolgate-core`; `refresh` keeps OAuth tokens fresh.
 //!
 //! The `postgres` feature (on by default) adds the Postgres store and what is built on it: the
 //! gRPC service (`grpc`, `server`) and the binary. Without it the library is the engine over the
 //! memory stores, for the relay's standalone mode.
 
-pub mod classify;
 pub mod confirm;
 pub mod crypto;
 pub mod domain;
@@ -20,9 +19,7 @@ pub mod grpc;
 pub mod health;
 pub mod metrics;
 pub mod oracle;
-pub mod outcome;
 pub mod refresh;
-pub mod select;
 #[cfg(feature = "postgres")]
 pub mod server;
 pub mod snapshot;

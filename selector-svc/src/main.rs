@@ -5,10 +5,10 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use admission_svc::redis_conn::{RedisOptions, RedisTarget};
-use admission_svc::service_auth::{CallerCheck, WithToken};
 use clap::{Args, Parser, Subcommand};
 use poolgate_proto::selector::v1 as pb;
+use poolgate_runtime::redis::{RedisOptions, RedisTarget};
+use poolgate_runtime::service_auth::{CallerCheck, WithToken};
 use selector_svc::confirm::ProbeSettings;
 use selector_svc::crypto::Keyring;
 use selector_svc::engine::SelectorSettings;
@@ -310,7 +310,7 @@ fn config(args: &ServeArgs) -> Result<Config, String> {
         refresh_interval: Duration::from_secs(30),
         max_concurrent_streams: 10_000,
         tls: match (&args.tls_cert, &args.tls_key) {
-            (Some(cert), Some(key)) => Some(admission_svc::server::TlsFiles {
+            (Some(cert), Some(key)) => Some(poolgate_runtime::tls::TlsFiles {
                 cert: cert.clone(),
                 key: key.clone(),
                 client_ca: args.tls_client_ca.clone(),
@@ -325,21 +325,6 @@ fn config(args: &ServeArgs) -> Result<Config, String> {
     })
 }
 
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-            return;
-        }
-    }
-    let _ = tokio::signal::ctrl_c().await;
-}
-
 async fn serve(args: &ServeArgs) -> Result<(), String> {
     let config = config(args)?;
     let listener = tokio::net::TcpListener::bind(args.listen)
@@ -349,9 +334,14 @@ async fn serve(args: &ServeArgs) -> Result<(), String> {
         .await
         .map_err(|e| format!("cannot listen on {} (metrics): {e}", args.metrics_listen))?;
     tracing::info!(addr = %args.listen, "selector serving");
-    selector_svc::server::run(config, listener, Some(metrics), shutdown_signal())
-        .await
-        .map_err(|e| e.to_string())
+    selector_svc::server::run(
+        config,
+        listener,
+        Some(metrics),
+        poolgate_runtime::shutdown::signal(),
+    )
+    .await
+    .map_err(|e| e.to_string())
 }
 
 async fn store(args: &ServeArgs) -> Result<ConfigStore, String> {
@@ -614,7 +604,7 @@ async fn admin(args: &ServeArgs, admin: &AdminArgs) -> Result<(), String> {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    let _telemetry = admission_svc::telemetry::init("selector-svc", &cli.serve.log_format);
+    let _telemetry = poolgate_runtime::telemetry::init("selector-svc", &cli.serve.log_format);
     let result = match &cli.command {
         None | Some(Command::Serve) => serve(&cli.serve).await,
         Some(Command::Migrate) => match store(&cli.serve).await {

@@ -1,6 +1,7 @@
 //! Prometheus metrics of one selector replica. Labels are bounded enums; account ids never.
 
-use prometheus::{IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry};
+use poolgate_runtime::metrics::{counter, counter_vec, gauge_vec};
+use prometheus::{IntCounter, IntCounterVec, IntGaugeVec, Registry};
 
 #[derive(Clone)]
 pub struct Metrics {
@@ -27,13 +28,6 @@ pub struct Metrics {
     pub redis_round_trips: IntCounter,
 }
 
-fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    let metric = IntCounterVec::new(Opts::new(name, help), labels)
-        .unwrap_or_else(|error| unreachable!("static metric definition {name}: {error}"));
-    let _ = registry.register(Box::new(metric.clone()));
-    metric
-}
-
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
@@ -42,19 +36,23 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let registry = Registry::new();
-        let retirements = IntCounter::new(
+        Self::registered_in(Registry::new())
+    }
+
+    /// The metrics, registered in `registry` (a process that runs this engine in process, such
+    /// as a standalone relay, shows them on its own `/metrics`).
+    pub fn registered_in(registry: Registry) -> Self {
+        let retirements = counter(
+            &registry,
             "selector_retirements_total",
             "Accounts retired after a billing-class answer was confirmed by the probe.",
-        )
-        .unwrap_or_else(|error| unreachable!("static metric definition: {error}"));
-        let _ = registry.register(Box::new(retirements.clone()));
-        let active_blocks = IntGaugeVec::new(
-            Opts::new("selector_active_blocks", "Accounts blocked in this replica's latest readings, by kind (hard, soft, breaker)."),
+        );
+        let active_blocks = gauge_vec(
+            &registry,
+            "selector_active_blocks",
+            "Accounts blocked in this replica's latest readings, by kind (hard, soft, breaker).",
             &["kind"],
-        )
-        .unwrap_or_else(|error| unreachable!("static metric definition: {error}"));
-        let _ = registry.register(Box::new(active_blocks.clone()));
+        );
         Metrics {
             active_blocks,
             selects: counter_vec(
@@ -100,22 +98,16 @@ impl Metrics {
                 "OAuth token refreshes by result.",
                 &["result"],
             ),
-            redis_round_trips: {
-                let metric = IntCounter::new(
-                    "selector_redis_round_trips_total",
-                    "Redis round trips (a command, a script or a pipeline is one).",
-                )
-                .unwrap_or_else(|error| unreachable!("static metric definition: {error}"));
-                let _ = registry.register(Box::new(metric.clone()));
-                metric
-            },
+            redis_round_trips: counter(
+                &registry,
+                "selector_redis_round_trips_total",
+                "Redis round trips (a command, a script or a pipeline is one).",
+            ),
             registry,
         }
     }
 
     pub fn render(&self) -> String {
-        prometheus::TextEncoder::new()
-            .encode_to_string(&self.registry.gather())
-            .unwrap_or_else(|error| format!("# metrics encoding failed: {error}\n"))
+        poolgate_runtime::metrics::render(&self.registry)
     }
 }

@@ -5,9 +5,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use admission_svc::redis_conn::{RedisHandle, RedisOptions, RedisTarget};
 use poolgate_proto::selector::v1::selector_admin_server::SelectorAdminServer;
 use poolgate_proto::selector::v1::selector_server::SelectorServer;
+use poolgate_runtime::redis::{RedisHandle, RedisOptions, RedisTarget};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tonic::transport::server::TcpIncoming;
@@ -40,10 +40,10 @@ pub struct Config {
     pub refresh_interval: Duration,
     pub max_concurrent_streams: u32,
     /// Serve gRPC over TLS with this identity; `None`: plaintext.
-    pub tls: Option<admission_svc::server::TlsFiles>,
+    pub tls: Option<poolgate_runtime::tls::TlsFiles>,
     /// How callers prove who they are (service token, mutual TLS, or open for development).
     /// The admin RPCs check the admin token on top.
-    pub callers: admission_svc::service_auth::CallerCheck,
+    pub callers: poolgate_runtime::service_auth::CallerCheck,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -113,7 +113,7 @@ pub async fn build(config: &Config, metrics: Metrics) -> Result<Built, ServeErro
     // the account like the relays' leases.
     let admission = Admission::new(
         Arc::new(RedisBackend::new(redis)),
-        admission_svc::domain::Settings::default(),
+        poolgate_core::lease::Settings::default(),
         admission_svc::metrics::Metrics::new(),
     );
     let (refresh_sender, refresh_receiver) = mpsc::unbounded_channel();
@@ -288,10 +288,10 @@ pub async fn serve_selector(
         builder = builder.tls_config(tls)?;
     }
     let result = builder
-        .layer(admission_svc::grpc_metrics::GrpcMetrics::new(
+        .layer(poolgate_runtime::grpc_metrics::GrpcMetrics::new(
             &selector.metrics().registry,
         ))
-        .layer(admission_svc::telemetry::TraceLayer)
+        .layer(poolgate_runtime::telemetry::TraceLayer)
         .layer(config.callers.layer())
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(5)))

@@ -3,9 +3,9 @@
 //! changes the class (upstreams echo client input into error messages).
 
 use http::{HeaderMap, HeaderName, HeaderValue};
+use poolgate_core::classify::{classify, classify_stream_error, is_stream_error};
+use poolgate_core::outcome::OutcomeClass::{self, *};
 use proptest::prelude::*;
-use selector_svc::classify::{classify, classify_stream_error, is_stream_error};
-use selector_svc::domain::OutcomeClass::{self, *};
 use serde_json::{Value, json};
 
 const NOW: i64 = 1_700_000_000_000;

@@ -7,9 +7,10 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use poolgate_core::account::{CredentialKind, Secret};
+use poolgate_core::now_ms;
 use poolgate_proto::selector::v1 as pb;
 use poolgate_testkit::eventually;
-use selector_svc::domain::{CredentialKind, Secret, now_ms};
 use selector_svc::refresh::RefreshResult;
 use sqlx::Row;
 use support::{ADMIN_TOKEN, Backends, Replica, admin, fast_settings, oauth, select_request};
@@ -39,7 +40,7 @@ async fn a_committed_change_is_live_within_a_second_through_notify() {
     // A status change too.
     backends
         .store
-        .set_status(id, selector_svc::domain::AccountStatus::Disabled, "test")
+        .set_status(id, poolgate_core::account::AccountStatus::Disabled, "test")
         .await
         .expect("status");
     eventually(Duration::from_secs(1), || async {
@@ -61,7 +62,7 @@ async fn picks(replica: &Replica, n: usize) -> HashMap<i64, usize> {
     let mut counts = HashMap::new();
     let query = selector_svc::engine::SelectQuery {
         group: "g".into(),
-        platform: Some(selector_svc::domain::Platform::Anthropic),
+        platform: Some(poolgate_core::account::Platform::Anthropic),
         model: "claude".into(),
         max_accounts: 1,
         ..Default::default()
@@ -124,8 +125,8 @@ async fn start_token_endpoint(endpoint: TokenEndpoint) -> String {
             return Err(StatusCode::BAD_REQUEST);
         }
         if form.get("client_id").map(String::as_str)
-            != Some(selector_svc::domain::default_oauth_client_id(
-                selector_svc::domain::Platform::Anthropic,
+            != Some(poolgate_core::account::default_oauth_client_id(
+                poolgate_core::account::Platform::Anthropic,
             ))
         {
             return Err(StatusCode::UNAUTHORIZED);

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use admission_svc::admission::{AcquireOutcome, Admission};
-use admission_svc::domain::{DenyReason, LeaseTerms, Settings};
 use admission_svc::memory::MemoryBackend;
 use admission_svc::redis_backend::RedisBackend;
-use admission_svc::redis_conn::{RedisHandle, RedisOptions, RedisTarget};
+use poolgate_core::lease::{DenyReason, LeaseTerms, Settings};
+use poolgate_runtime::redis::{RedisHandle, RedisOptions, RedisTarget};
 use poolgate_testkit::{RedisServer, eventually};
 use selector_svc::domain::{
     Account, AccountId, AccountStatus, CredentialKind, Outcome, OutcomeClass, Platform,

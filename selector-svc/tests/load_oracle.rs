@@ -12,7 +12,7 @@ use support::{Backends, Replica, fast_settings};
 fn query(group: &str, max_accounts: usize) -> SelectQuery {
     SelectQuery {
         group: group.into(),
-        platform: Some(selector_svc::domain::Platform::Anthropic),
+        platform: Some(poolgate_core::account::Platform::Anthropic),
         model: "claude-sonnet".into(),
         max_accounts,
         ..SelectQuery::default()

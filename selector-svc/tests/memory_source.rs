@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use admission_svc::admission::Admission;
-use admission_svc::domain::Settings;
 use admission_svc::memory::MemoryBackend;
+use poolgate_core::lease::Settings;
 use poolgate_testkit::{Scratch, eventually};
 use selector_svc::crypto::api_key_hash;
 use selector_svc::domain::{

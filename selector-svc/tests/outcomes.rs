@@ -90,7 +90,7 @@ async fn a_burst_of_429_and_529_never_hard_blocks_never_opens_the_breaker_and_ke
     let account = backends.store.load_account(id).await.expect("account");
     assert_eq!(
         account.status,
-        selector_svc::domain::AccountStatus::Active,
+        poolgate_core::account::AccountStatus::Active,
         "never retired or errored"
     );
 }
@@ -402,7 +402,7 @@ async fn a_quota_outcome_retires_only_after_the_probe_confirms_it_and_a_restore_
     let account = backends.store.load_account(id).await.expect("account");
     assert_eq!(
         account.status,
-        selector_svc::domain::AccountStatus::Active,
+        poolgate_core::account::AccountStatus::Active,
         "still active while the probe runs"
     );
     // Hard-blocked ("confirming") meanwhile: plans leave it out.
@@ -427,7 +427,7 @@ async fn a_quota_outcome_retires_only_after_the_probe_confirms_it_and_a_restore_
     assert_eq!(again.applied, "none");
     eventually(Duration::from_secs(10), || async {
         let account = backends.store.load_account(id).await.ok()?;
-        (account.status == selector_svc::domain::AccountStatus::Retired).then_some(())
+        (account.status == poolgate_core::account::AccountStatus::Retired).then_some(())
     })
     .await
     .expect("retired once the probe got the same answer");
@@ -522,7 +522,10 @@ async fn a_quota_outcome_the_probe_does_not_confirm_leaves_the_account_active_an
     .await
     .expect("the probe ran and the confirming block was lifted");
     let account = backends.store.load_account(id).await.expect("account");
-    assert_eq!(account.status, selector_svc::domain::AccountStatus::Active);
+    assert_eq!(
+        account.status,
+        poolgate_core::account::AccountStatus::Active
+    );
     assert_eq!(
         upstream.seen.lock().expect("seen")[0].1["model"],
         "claude-probe-override",
@@ -550,7 +553,7 @@ async fn three_unauthorized_outcomes_within_an_hour_mark_the_account_error() {
     }
     assert_eq!(applied, vec!["hard_block", "hard_block", "error"]);
     let account = backends.store.load_account(id).await.expect("account");
-    assert_eq!(account.status, selector_svc::domain::AccountStatus::Error);
+    assert_eq!(account.status, poolgate_core::account::AccountStatus::Error);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,8 +8,8 @@ use aes_gcm::aead::{Aead, AeadCore, KeyInit, OsRng, Payload};
 use aes_gcm::{Aes256Gcm, Key};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
+use poolgate_core::account::{CredentialKind, Secret};
 use selector_svc::crypto::{BlobFormat, BlobPlace, CryptoError, Keyring};
-use selector_svc::domain::{CredentialKind, Secret};
 use selector_svc::store::{
     AccountInput, ConfigStore, ReencryptOutcome, ReencryptReport, StoreError, known_schema_version,
 };

@@ -8,13 +8,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use admission_svc::admission::Admission;
-use admission_svc::domain::Settings;
 use admission_svc::metrics::Metrics;
-use admission_svc::redis_conn::{RedisOptions, RedisTarget};
 use admission_svc::server::{self, BackendConfig, Config};
-use admission_svc::service_auth::{CallerCheck, WithToken};
+use poolgate_core::lease::Settings;
 use poolgate_proto::admission::v1 as pb;
 use poolgate_proto::admission::v1::admission_client::AdmissionClient;
+use poolgate_runtime::redis::{RedisOptions, RedisTarget};
+use poolgate_runtime::service_auth::{CallerCheck, WithToken};
 use poolgate_testkit::{RedisServer, free_port};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::StreamExt;

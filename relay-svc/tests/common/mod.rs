@@ -10,12 +10,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use admission_svc::admission::Admission;
-use admission_svc::redis_conn::{RedisOptions, RedisTarget};
+use poolgate_core::account::{CredentialKind, Platform, Secret};
+use poolgate_runtime::redis::{RedisOptions, RedisTarget};
 use poolgate_testkit::{PostgresServer, RedisServer};
 use relay_svc::metrics::Metrics;
 use relay_svc::proxy::RelaySettings;
 use selector_svc::crypto::Keyring;
-use selector_svc::domain::{CredentialKind, Platform, Secret};
 use selector_svc::store::{AccountInput, ConfigStore};
 
 /// The service token the test's selector and admission require; the relay sends it.
@@ -83,7 +83,7 @@ pub async fn selector(backends: &Backends) -> (selector_svc::server::Built, Sock
         refresh_interval: Duration::from_secs(3600),
         max_concurrent_streams: 1000,
         tls: None,
-        callers: admission_svc::service_auth::CallerCheck::Token(SERVICE_TOKEN.into()),
+        callers: poolgate_runtime::service_auth::CallerCheck::Token(SERVICE_TOKEN.into()),
     };
     let built = selector_svc::server::build(&config, selector_svc::metrics::Metrics::new())
         .await
@@ -109,7 +109,7 @@ pub async fn selector(backends: &Backends) -> (selector_svc::server::Built, Sock
 /// An admission replica on Redis (policy `open`), served on a free port.
 pub async fn admission(
     redis_url: &str,
-    settings: admission_svc::domain::Settings,
+    settings: poolgate_core::lease::Settings,
 ) -> (Arc<Admission>, SocketAddr) {
     let config = admission_svc::Config {
         backend: admission_svc::BackendConfig::Redis {
@@ -118,7 +118,7 @@ pub async fn admission(
             policy: Default::default(),
         },
         settings,
-        callers: admission_svc::service_auth::CallerCheck::Token(SERVICE_TOKEN.into()),
+        callers: poolgate_runtime::service_auth::CallerCheck::Token(SERVICE_TOKEN.into()),
         ..admission_svc::Config::default()
     };
     let engine =
@@ -161,7 +161,7 @@ pub async fn serve(
 pub async fn standalone(
     yaml: &str,
     settings: RelaySettings,
-    blocks: selector_svc::domain::RuntimeBlockSettings,
+    blocks: poolgate_core::outcome::RuntimeBlockSettings,
 ) -> (Arc<relay_svc::proxy::Relay>, SocketAddr) {
     let file = relay_svc::standalone::StandaloneFile::parse(yaml).expect("config file");
     serve(relay_svc::server::Config {

@@ -6,11 +6,11 @@
 //! Key names come from `poolgate_proto::keys`; time inside decisions is Redis `TIME`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
 
-use admission_svc::redis_conn::RedisHandle;
 use async_trait::async_trait;
 use poolgate_proto::keys::{self, AccountKeys};
+use poolgate_runtime::clock::{RedisClock, TIME_PRELUDE};
+use poolgate_runtime::redis::RedisHandle;
 use redis::Script;
 
 use super::{
@@ -22,11 +22,6 @@ use crate::domain::{AccountId, now_ms};
 /// One account's pipelined reads: live leases, hard block PTTL, soft block PTTL,
 /// (breaker open_until, breaker failures).
 type HealthRow = (u32, i64, i64, (Option<i64>, Option<u32>));
-
-const PRELUDE: &str = r#"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-"#;
 
 /// KEYS: block key. ARGV: ttl ms, value. Keeps the later deadline. Returns {applied ttl, now}.
 const BLOCK: &str = r#"
@@ -101,12 +96,12 @@ struct Scripts {
 pub struct RedisHealth {
     redis: RedisHandle,
     scripts: Arc<Scripts>,
-    clock_offset_ms: Arc<AtomicI64>,
+    clock: RedisClock,
 }
 
 impl RedisHealth {
     pub fn new(redis: RedisHandle) -> Self {
-        let script = |body: &str| Script::new(&format!("{PRELUDE}{body}"));
+        let script = |body: &str| Script::new(&format!("{TIME_PRELUDE}{body}"));
         RedisHealth {
             redis,
             scripts: Arc::new(Scripts {
@@ -116,7 +111,7 @@ impl RedisHealth {
                 unlock: script(UNLOCK),
                 linger: script(LINGER),
             }),
-            clock_offset_ms: Arc::new(AtomicI64::new(i64::MIN)),
+            clock: RedisClock::default(),
         }
     }
 
@@ -125,24 +120,12 @@ impl RedisHealth {
     }
 
     fn learn_clock(&self, redis_now: i64) {
-        self.clock_offset_ms
-            .store(redis_now - now_ms(), Ordering::Relaxed);
+        self.clock.learn(redis_now);
     }
 
     /// Redis time in ms (learned offset; one `TIME` the first time).
     pub async fn redis_now(&self) -> Result<i64, BackendError> {
-        let offset = self.clock_offset_ms.load(Ordering::Relaxed);
-        if offset != i64::MIN {
-            return Ok(now_ms() + offset);
-        }
-        let mut conn = self.redis.conn().await?;
-        let (secs, micros): (i64, i64) = self
-            .redis
-            .bounded(redis::cmd("TIME").query_async(&mut conn))
-            .await?;
-        let now = secs * 1000 + micros / 1000;
-        self.learn_clock(now);
-        Ok(now)
+        self.clock.now(&self.redis).await
     }
 
     fn add_reads(pipeline: &mut redis::Pipeline, id: AccountId, now: i64) {

@@ -7,14 +7,15 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use admission_svc::redis_conn::{RedisOptions, RedisTarget};
-use admission_svc::service_auth::{CallerCheck, WithToken};
+use poolgate_core::account::{CredentialKind, OAuthState, Platform, Secret};
+use poolgate_core::outcome::RuntimeBlockSettings;
 use poolgate_proto::selector::v1 as pb;
 use poolgate_proto::selector::v1::selector_admin_client::SelectorAdminClient;
 use poolgate_proto::selector::v1::selector_client::SelectorClient;
+use poolgate_runtime::redis::{RedisOptions, RedisTarget};
+use poolgate_runtime::service_auth::{CallerCheck, WithToken};
 use poolgate_testkit::{PostgresServer, RedisServer};
 use selector_svc::crypto::Keyring;
-use selector_svc::domain::{CredentialKind, OAuthState, Platform, RuntimeBlockSettings, Secret};
 use selector_svc::engine::SelectorSettings;
 use selector_svc::metrics::Metrics;
 use selector_svc::server::{self, Built, Config};

@@ -1,7 +1,91 @@
 //! What an upstream outcome does to its account (DESIGN §1), as a pure decision that every
 //! health store applies the same way ("busy is not broken").
 
-use crate::domain::{Outcome, OutcomeClass, RuntimeBlockSettings, millis};
+use std::time::Duration;
+
+use crate::{AccountId, millis};
+
+/// The class of an upstream outcome (DESIGN §1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OutcomeClass {
+    Success,
+    Conflict,
+    Busy,
+    WindowExhausted,
+    Broken,
+    Unauthorized,
+    QuotaGone,
+    ClientError,
+}
+
+impl OutcomeClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutcomeClass::Success => "success",
+            OutcomeClass::Conflict => "conflict",
+            OutcomeClass::Busy => "busy",
+            OutcomeClass::WindowExhausted => "window_exhausted",
+            OutcomeClass::Broken => "broken",
+            OutcomeClass::Unauthorized => "unauthorized",
+            OutcomeClass::QuotaGone => "quota_gone",
+            OutcomeClass::ClientError => "client_error",
+        }
+    }
+}
+
+/// One upstream outcome reported by the relay.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    pub account_id: AccountId,
+    pub class: OutcomeClass,
+    pub status: u16,
+    /// Reset time announced by the upstream, ms since the epoch.
+    pub reset_at_ms: Option<i64>,
+    pub reason: String,
+}
+
+/// Durations of runtime blocks and the breaker (DESIGN §1 and §5). All configurable.
+#[derive(Debug, Clone)]
+pub struct RuntimeBlockSettings {
+    /// A 429 without a reset time soft-blocks for this long.
+    pub busy_429: Duration,
+    /// A 529 without a reset time soft-blocks for this long.
+    pub busy_529: Duration,
+    /// A reset further ahead than this is "window exhausted" (hard block), not "busy".
+    pub hard_block_threshold: Duration,
+    /// Longest hard block.
+    pub max_hard_block: Duration,
+    /// Hard block after a broken outcome.
+    pub broken_block: Duration,
+    /// Hard block after an unauthorized outcome.
+    pub unauthorized_block: Duration,
+    /// Unauthorized outcomes within `unauthorized_window` that mark the account `error`.
+    pub unauthorized_error_count: u32,
+    pub unauthorized_window: Duration,
+    /// Consecutive broken outcomes that open the breaker.
+    pub breaker_threshold: u32,
+    /// First open period; doubled after each failed probe up to `breaker_max_open`.
+    pub breaker_open: Duration,
+    pub breaker_max_open: Duration,
+}
+
+impl Default for RuntimeBlockSettings {
+    fn default() -> Self {
+        RuntimeBlockSettings {
+            busy_429: Duration::from_secs(5),
+            busy_529: Duration::from_secs(30),
+            hard_block_threshold: Duration::from_secs(60),
+            max_hard_block: Duration::from_secs(7 * 24 * 3600),
+            broken_block: Duration::from_secs(120),
+            unauthorized_block: Duration::from_secs(120),
+            unauthorized_error_count: 3,
+            unauthorized_window: Duration::from_secs(3600),
+            breaker_threshold: 5,
+            breaker_open: Duration::from_secs(300),
+            breaker_max_open: Duration::from_secs(3600),
+        }
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {

@@ -5,7 +5,8 @@
 
 use std::sync::Arc;
 
-use crate::domain::{Account, AccountId};
+use crate::AccountId;
+use crate::account::Account;
 use crate::health::AccountHealth;
 
 /// An account that passed every eligibility check, with what the oracle knows of it.
@@ -79,7 +80,7 @@ mod tests {
     use std::collections::HashMap;
 
     use super::*;
-    use crate::domain::{AccountStatus, CredentialKind, Platform, Secret};
+    use crate::account::{AccountStatus, CredentialKind, Platform, Secret};
     use crate::health::Breaker;
 
     fn account(id: AccountId, priority: i32, weight: i32, limit: i32) -> Arc<Account> {

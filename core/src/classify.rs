@@ -18,7 +18,7 @@
 use http::HeaderMap;
 use serde_json::Value;
 
-use crate::domain::OutcomeClass;
+use crate::outcome::OutcomeClass;
 
 /// A classified outcome, with the label failover metrics use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,7 +8,9 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{HistogramVec, IntCounterVec, IntGaugeVec, Registry};
+
+use crate::metrics::{counter_vec, gauge_vec, histogram_vec};
 
 #[derive(Clone)]
 pub struct GrpcMetrics {
@@ -29,36 +31,27 @@ impl GrpcMetrics {
     }
 
     fn with_side(registry: &Registry, side: &str) -> Self {
-        let requests = IntCounterVec::new(
-            Opts::new(
-                format!("grpc_{side}_requests_total"),
-                "gRPC requests by method and status code.",
-            ),
+        let requests = counter_vec(
+            registry,
+            &format!("grpc_{side}_requests_total"),
+            "gRPC requests by method and status code.",
             &["method", "code"],
-        )
-        .unwrap_or_else(|e| unreachable!("static metric: {e}"));
-        let in_flight = IntGaugeVec::new(
-            Opts::new(
-                format!("grpc_{side}_in_flight"),
-                "gRPC requests (and open streams) in flight by method.",
-            ),
+        );
+        let in_flight = gauge_vec(
+            registry,
+            &format!("grpc_{side}_in_flight"),
+            "gRPC requests (and open streams) in flight by method.",
             &["method"],
-        )
-        .unwrap_or_else(|e| unreachable!("static metric: {e}"));
-        let seconds = HistogramVec::new(
-            HistogramOpts::new(
-                format!("grpc_{side}_duration_seconds"),
-                "gRPC request duration by method (until the response head).",
-            )
-            .buckets(vec![
+        );
+        let seconds = histogram_vec(
+            registry,
+            &format!("grpc_{side}_duration_seconds"),
+            "gRPC request duration by method (until the response head).",
+            &["method"],
+            vec![
                 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0,
-            ]),
-            &["method"],
-        )
-        .unwrap_or_else(|e| unreachable!("static metric: {e}"));
-        let _ = registry.register(Box::new(requests.clone()));
-        let _ = registry.register(Box::new(in_flight.clone()));
-        let _ = registry.register(Box::new(seconds.clone()));
+            ],
+        );
         GrpcMetrics {
             requests,
             in_flight,

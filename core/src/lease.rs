@@ -1,0 +1,285 @@
+//! Plain admission types: what a lease asks for, how it is named, and why it may be refused.
+//! Nothing here knows gRPC or Redis.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::{AccountId, MAX_NAME_BYTES};
+
+/// Longest `wait_ms` an acquire may ask for.
+pub const MAX_WAIT: Duration = Duration::from_secs(600);
+
+/// Per-user request limit, charged only on a request's first granted lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserLimit {
+    pub user_id: String,
+    pub rpm_limit: i32,
+}
+
+/// The terms of one lease: the account's limits as the selector configured them, and what the
+/// request brings (user, session).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LeaseTerms {
+    pub account_id: AccountId,
+    /// <= 0: unlimited.
+    pub concurrency_limit: i32,
+    /// <= 0: unlimited.
+    pub rpm_limit: i32,
+    /// Present only when a user limit applies (> 0).
+    pub user: Option<UserLimit>,
+    pub session_hash: Option<String>,
+    /// Session window limit in micro-USD; <= 0: unlimited.
+    pub session_window_limit_micros: i64,
+    /// The session is bound to this account: it may use the sticky reserve.
+    pub session_bound: bool,
+    /// The selector's confirmation probe: the account's cooldown (the "confirming" hard block
+    /// that keeps client traffic away while the probe runs) does not refuse it; every other gate
+    /// does. Only in-process callers set it; the gRPC API has no such field.
+    pub ignore_cooldown: bool,
+}
+
+impl LeaseTerms {
+    /// An account with every limit <= 0 is never leased in Redis (DESIGN §3).
+    pub fn account_unlimited(&self) -> bool {
+        self.concurrency_limit <= 0 && self.rpm_limit <= 0 && self.session_window_limit_micros <= 0
+    }
+
+    /// The window spend at which this acquire is refused: the limit, or for a bound session the
+    /// limit plus the sticky reserve. 0 when the window is unlimited.
+    pub fn effective_window_limit_micros(&self, sticky_reserve: f64) -> i64 {
+        if self.session_window_limit_micros <= 0 {
+            return 0;
+        }
+        if self.session_bound {
+            (self.session_window_limit_micros as f64 * (1.0 + sticky_reserve)).round() as i64
+        } else {
+            self.session_window_limit_micros
+        }
+    }
+}
+
+/// A lease id: `<account>.<instance>.<sequence>`. The account lets any replica find the lease's
+/// keys from the id alone (unary `Release`, `Resume`); the random per-process instance id and the
+/// sequence keep ids unique across replicas and restarts.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LeaseId {
+    account_id: AccountId,
+    text: String,
+}
+
+impl LeaseId {
+    pub fn new(account_id: AccountId, instance: &str, sequence: u64) -> Self {
+        LeaseId {
+            account_id,
+            text: format!("{account_id}.{instance}.{sequence}"),
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        if text.len() > MAX_NAME_BYTES {
+            return None;
+        }
+        let mut parts = text.split('.');
+        let account_id: AccountId = parts.next()?.parse().ok()?;
+        let instance = parts.next()?;
+        let sequence = parts.next()?;
+        let valid = account_id > 0
+            && !instance.is_empty()
+            && instance.bytes().all(|b| b.is_ascii_alphanumeric())
+            && sequence.parse::<u64>().is_ok()
+            && parts.next().is_none();
+        valid.then(|| LeaseId {
+            account_id,
+            text: text.to_owned(),
+        })
+    }
+
+    pub fn account_id(&self) -> AccountId {
+        self.account_id
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+}
+
+impl fmt::Display for LeaseId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+/// Why admission said no. A refusal is an answer, not an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DenyReason {
+    Concurrency,
+    Rpm,
+    UserRpm,
+    SessionWindow,
+    Cooling,
+    QueueFull,
+    BackendUnavailable,
+    LeaseUnknown,
+}
+
+impl DenyReason {
+    /// Stable lowercase name, used in metric labels and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DenyReason::Concurrency => "concurrency",
+            DenyReason::Rpm => "rpm",
+            DenyReason::UserRpm => "user_rpm",
+            DenyReason::SessionWindow => "session_window",
+            DenyReason::Cooling => "cooling",
+            DenyReason::QueueFull => "queue_full",
+            DenyReason::BackendUnavailable => "backend_unavailable",
+            DenyReason::LeaseUnknown => "lease_unknown",
+        }
+    }
+
+    /// Whether waiting may turn this refusal into a grant (a slot or an RPM event frees up).
+    pub fn is_waitable(self) -> bool {
+        matches!(self, DenyReason::Concurrency | DenyReason::Rpm)
+    }
+}
+
+/// A refusal with a hint of when trying again may succeed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Denial {
+    pub reason: DenyReason,
+    /// Milliseconds from now; 0 when unknown.
+    pub retry_after_ms: u64,
+}
+
+impl Denial {
+    pub fn new(reason: DenyReason, retry_after_ms: u64) -> Self {
+        Denial {
+            reason,
+            retry_after_ms,
+        }
+    }
+}
+
+/// Why a held lease ended without its holder's `Release`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LostReason {
+    /// The backend could not renew the lease for a whole ttl. The lease may still be live
+    /// elsewhere: resuming on another replica may work.
+    BackendUnavailable,
+    /// The lease was released (a stream or unary `Release`, or the orphan grace ran out): it
+    /// stays released; resuming it would take a slot that is no longer the holder's.
+    Released,
+    /// The backend had lost the lease (a flush, a restart, an eviction) and the account has no
+    /// room to take it back: the slots went to grants made since.
+    NoRoom,
+    /// The holder's heartbeats stopped for longer than the ttl: the lease expired and its slot
+    /// may have been granted (or its release fence may have fallen) since.
+    Expired,
+}
+
+impl LostReason {
+    /// Stable lowercase name, used in metric labels and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LostReason::BackendUnavailable => "backend_unavailable",
+            LostReason::Released => "released",
+            LostReason::NoRoom => "no_room",
+            LostReason::Expired => "expired",
+        }
+    }
+}
+
+/// Result of a renewal (a heartbeat).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Renewal {
+    /// The lease was live; its expiry is now + ttl.
+    Renewed,
+    /// The backend had lost the lease and the account had room: it was added again.
+    Restored,
+    /// The lease is not held any more; the holder must stop renewing it.
+    Lost(LostReason),
+}
+
+/// Result of a `Resume`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resumption {
+    /// The lease was live; the caller is its holder now (see `LeaseBackend::orphan`).
+    Resumed { holder_epoch: u64 },
+    /// The lease is unknown or expired.
+    Unknown,
+    /// The lease was released (its release fence is still up).
+    Released,
+}
+
+/// Durations and bounds that shape admission. Plain values so tests build them directly.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// How long a lease lives without a heartbeat (default 2 min).
+    pub lease_ttl: Duration,
+    /// How long a lease whose stream ended without `Release` stays resumable (default 5 s).
+    pub orphan_grace: Duration,
+    /// The rolling RPM window (60 s; shorter only in tests).
+    pub rpm_window: Duration,
+    /// Length of an account's session window, from its first spend (default 5 h).
+    pub session_window: Duration,
+    /// Extra share of the session window a bound session may use (default 0.1).
+    pub sticky_reserve: f64,
+    /// Waiters per account at most (default 100).
+    pub max_waiting: u32,
+    /// First poll delay of a waiter (100 ms), doubled up to `wait_poll_max` (1 s).
+    pub wait_poll_initial: Duration,
+    pub wait_poll_max: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            lease_ttl: Duration::from_secs(120),
+            orphan_grace: Duration::from_secs(5),
+            rpm_window: Duration::from_secs(60),
+            session_window: Duration::from_secs(5 * 3600),
+            sticky_reserve: 0.1,
+            max_waiting: 100,
+            wait_poll_initial: Duration::from_millis(100),
+            wait_poll_max: Duration::from_secs(1),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_ids_round_trip_and_reject_garbage() {
+        let id = LeaseId::new(7, "ab12", 3);
+        assert_eq!(id.as_str(), "7.ab12.3");
+        assert_eq!(LeaseId::parse("7.ab12.3"), Some(id));
+        for bad in [
+            "", "7", "7.ab12", "0.ab.1", "-1.ab.1", "7..1", "7.a-b.1", "7.ab.x", "7.ab.1.2",
+        ] {
+            assert_eq!(LeaseId::parse(bad), None, "{bad:?}");
+        }
+        assert_eq!(LeaseId::parse(&format!("7.{}.1", "a".repeat(200))), None);
+    }
+
+    #[test]
+    fn bound_sessions_get_the_sticky_reserve() {
+        let mut terms = LeaseTerms {
+            account_id: 1,
+            concurrency_limit: 0,
+            rpm_limit: 0,
+            user: None,
+            session_hash: None,
+            session_window_limit_micros: 10_000_000,
+            session_bound: false,
+            ignore_cooldown: false,
+        };
+        assert_eq!(terms.effective_window_limit_micros(0.1), 10_000_000);
+        terms.session_bound = true;
+        assert_eq!(terms.effective_window_limit_micros(0.1), 11_000_000);
+        terms.session_window_limit_micros = 0;
+        assert_eq!(terms.effective_window_limit_micros(0.1), 0);
+        assert!(terms.account_unlimited());
+    }
+}
