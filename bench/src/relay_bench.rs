@@ -203,7 +203,10 @@ async fn run(args: Args) -> Result<(), String> {
     let direct_url = format!("{}/v1/messages", upstream.base_url);
     let file = Arc::new(StandaloneFile::parse(&yaml(&upstream.base_url))?);
     let standalone_url = serve_relay(Config {
-        mode: Mode::Standalone { file },
+        mode: Mode::Standalone {
+            file,
+            state_file: None,
+        },
         relay: RelaySettings::default(),
         blocks: Default::default(),
         admission: Default::default(),

@@ -18,7 +18,7 @@ use crate::domain::{
     Account, AccountId, AccountStatus, ApiKeyRecord, Outcome, OutcomeClass, Platform, Price,
     RuntimeBlockSettings, Secret, millis, now_ms,
 };
-use crate::health::{BackendError, Breaker, BreakerChange, HealthStore};
+use crate::health::{BackendError, BlockInfo, Breaker, BreakerChange, HealthStore};
 use crate::metrics::Metrics;
 use crate::oracle::{LoadOracle, OracleSettings};
 use crate::snapshot::SnapshotCell;
@@ -911,6 +911,39 @@ impl Selector {
             .map_err(|e| SelectorError::Unavailable(e.to_string()))?;
         self.oracle.invalidate();
         Ok(())
+    }
+
+    /// Reads the config anew and serves from it (after an operator's change, so the answer
+    /// shows it).
+    pub async fn reload(&self) -> Result<(), SelectorError> {
+        let ticket = self.snapshot.ticket();
+        let snapshot = self.source.load_snapshot().await?;
+        self.snapshot.set(ticket, snapshot);
+        Ok(())
+    }
+
+    /// Puts an account back to active (operator action): its status, its blocks and breaker.
+    pub async fn restore(&self, id: AccountId) -> Result<Arc<Account>, SelectorError> {
+        self.source
+            .set_status(id, AccountStatus::Active, "restored by operator")
+            .await?;
+        self.clear_blocks(id).await?;
+        self.reload().await?;
+        self.snapshot
+            .get()
+            .account(id)
+            .cloned()
+            .ok_or_else(|| SelectorError::NotFound(format!("no account {id}")))
+    }
+
+    /// Every block of every account, ascending by account.
+    pub async fn blocks(&self) -> Result<Vec<BlockInfo>, SelectorError> {
+        let mut ids: Vec<AccountId> = self.snapshot.get().accounts().map(|a| a.id).collect();
+        ids.sort_unstable();
+        self.health
+            .list_blocks(&ids)
+            .await
+            .map_err(|e| SelectorError::Unavailable(e.to_string()))
     }
 
     /// Live lease counts of accounts (`None`: unknown), fresh.

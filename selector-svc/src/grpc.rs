@@ -578,13 +578,8 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
         request: Request<pb::RestoreAccountRequest>,
     ) -> Result<Response<pb::AccountView>, Status> {
         let id = account_id("account_id", request.into_inner().account_id)?;
-        self.store
-            .set_status(id, AccountStatus::Active, "restored by operator")
-            .await
-            .map_err(SelectorError::from)?;
-        self.selector.clear_blocks(id).await?;
-        self.reload().await?;
-        Ok(Response::new(self.view(id)?))
+        let account = self.selector.restore(id).await?;
+        Ok(Response::new(account_view(&account)))
     }
 
     async fn create_api_key(
@@ -654,15 +649,8 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
         &self,
         _request: Request<pb::ListBlocksRequest>,
     ) -> Result<Response<pb::ListBlocksResponse>, Status> {
+        let blocks = self.selector.blocks().await?;
         let snapshot = self.selector.snapshot().get();
-        let mut ids: Vec<AccountId> = snapshot.accounts().map(|a| a.id).collect();
-        ids.sort_unstable();
-        let blocks = self
-            .selector
-            .health()
-            .list_blocks(&ids)
-            .await
-            .map_err(|e| SelectorError::Unavailable(e.to_string()))?;
         Ok(Response::new(pb::ListBlocksResponse {
             blocks: blocks
                 .into_iter()

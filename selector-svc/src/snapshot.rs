@@ -82,6 +82,10 @@ impl Snapshot {
         self.api_keys.get(hash)
     }
 
+    pub fn api_keys(&self) -> impl Iterator<Item = &ApiKeyRecord> {
+        self.api_keys.values()
+    }
+
     pub fn price(&self, model: &str) -> Price {
         self.prices.get(model).copied().unwrap_or_default()
     }

@@ -167,6 +167,7 @@ pub async fn standalone(
     serve(relay_svc::server::Config {
         mode: relay_svc::server::Mode::Standalone {
             file: Arc::new(file),
+            state_file: None,
         },
         relay: settings,
         blocks,
