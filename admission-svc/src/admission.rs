@@ -574,6 +574,12 @@ impl Admission {
             .set_cooldown(account_id, millis(duration))
             .await
     }
+
+    /// Lifts an account's hard block (the in-process selector's `clear` and the end of a
+    /// confirmation it started).
+    pub async fn clear_cooldown(&self, account_id: AccountId) -> Result<(), BackendError> {
+        self.backend.clear_cooldown(account_id).await
+    }
 }
 
 /// A user RPM charge made apart from the account gates (a Cluster): refunded unless the

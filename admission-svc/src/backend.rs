@@ -108,6 +108,10 @@ pub trait LeaseBackend: Send + Sync + 'static {
     /// Hard-blocks the account for `ttl_ms` (keeping a later existing deadline).
     async fn set_cooldown(&self, account_id: AccountId, ttl_ms: u64) -> Result<(), BackendError>;
 
+    /// Lifts the account's hard block, whatever its deadline (an operator cleared it, or the
+    /// in-process selector lifted a block it set).
+    async fn clear_cooldown(&self, account_id: AccountId) -> Result<(), BackendError>;
+
     /// Registers a waiter, bounded by `max_waiting`. Returns its position, or `None` when the
     /// queue is full. The entry expires after `ttl_ms`.
     async fn register_waiter(

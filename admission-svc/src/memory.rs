@@ -506,6 +506,18 @@ impl LeaseBackend for MemoryBackend {
         Ok(())
     }
 
+    async fn clear_cooldown(&self, account_id: AccountId) -> Result<(), BackendError> {
+        self.with_state(|state, _| {
+            if let Some(account) = state.accounts.get_mut(&account_id) {
+                account.cooldown_until = 0;
+                if account.is_empty() {
+                    state.accounts.remove(&account_id);
+                }
+            }
+        });
+        Ok(())
+    }
+
     async fn register_waiter(
         &self,
         account_id: AccountId,

@@ -784,6 +784,15 @@ impl LeaseBackend for PolicyBackend {
         .await
     }
 
+    async fn clear_cooldown(&self, account_id: AccountId) -> Result<(), BackendError> {
+        self.guarded(
+            "clear_cooldown",
+            self.redis.clear_cooldown(account_id),
+            self.fallback.clear_cooldown(account_id),
+        )
+        .await
+    }
+
     async fn register_waiter(
         &self,
         account_id: AccountId,

@@ -744,6 +744,19 @@ impl LeaseBackend for RedisBackend {
         Ok(())
     }
 
+    async fn clear_cooldown(&self, account_id: AccountId) -> Result<(), BackendError> {
+        let mut conn = self.redis.conn().await?;
+        let _: i64 = self
+            .redis
+            .bounded(
+                redis::cmd("DEL")
+                    .arg(AccountKeys::new(account_id).cooldown)
+                    .query_async(&mut conn),
+            )
+            .await?;
+        Ok(())
+    }
+
     async fn register_waiter(
         &self,
         account_id: AccountId,

@@ -39,6 +39,7 @@ backend_suite!(
     refused_acquire_consumes_nothing_at_any_gate,
     rpm_gate_denies_with_a_retry_after,
     cooling_account_is_refused,
+    a_cleared_cooldown_admits_at_once,
     session_window_refuses_unbound_sessions_and_bound_ones_use_the_reserve,
     user_rpm_is_charged_first_and_refunded_when_the_account_refuses,
     attempt_charges_account_rpm_and_a_refusal_keeps_the_lease,
@@ -164,6 +165,30 @@ async fn cooling_account_is_refused(store: Store) {
         other => panic!("expected cooling, got {other:?}"),
     }
     assert_eq!(inflight_one(&server.client, 51).await, 0);
+}
+
+async fn a_cleared_cooldown_admits_at_once(store: Store) {
+    let server = TestServer::on(&store).await;
+    server
+        .admission
+        .set_cooldown(52, Duration::from_secs(30))
+        .await
+        .expect("cooldown set");
+    let (_, refused) = LeaseStream::acquire(&server.client, acquire(52, 5)).await;
+    assert_eq!(refused.denied_reason(), Some(pb::DenyReason::Cooling));
+    server
+        .admission
+        .clear_cooldown(52)
+        .await
+        .expect("cooldown cleared");
+    let (_, answer) = LeaseStream::acquire(&server.client, acquire(52, 5)).await;
+    assert!(answer.is_granted(), "{answer:?}");
+    // Clearing an account without a block does nothing.
+    server
+        .admission
+        .clear_cooldown(53)
+        .await
+        .expect("nothing to clear");
 }
 
 async fn session_window_refuses_unbound_sessions_and_bound_ones_use_the_reserve(store: Store) {

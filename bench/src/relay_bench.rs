@@ -247,7 +247,7 @@ async fn distributed(
             .policy()
             .map(|p| p.redis_round_trips())
             .unwrap_or(0)
-            + selector.selector.health().handle().round_trips()
+            + selector.health.handle().round_trips()
     };
     for stream in [false, true] {
         let kind = if stream { "streaming" } else { "non-streaming" };

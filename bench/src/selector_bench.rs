@@ -119,7 +119,7 @@ async fn run(args: Args) -> Result<(), String> {
         closed.percentile(0.99)
     );
 
-    let trips_before = built.selector.health().handle().round_trips();
+    let trips_before = built.health.handle().round_trips();
     let commands_before = commands(redis).await;
     let total = (f64::from(args.rate) * args.seconds) as u64;
     let interval = Duration::from_secs_f64(1.0 / f64::from(args.rate.max(1)));
@@ -141,7 +141,7 @@ async fn run(args: Args) -> Result<(), String> {
     }
     open.elapsed = started.elapsed();
     let selects = open.micros.len().max(1) as f64;
-    let trips = built.selector.health().handle().round_trips() - trips_before;
+    let trips = built.health.handle().round_trips() - trips_before;
     // Minus the INFO call itself.
     let commands = commands(redis).await.saturating_sub(commands_before + 1);
     println!(

@@ -205,7 +205,12 @@ async fn usage(
 /// `relay-svc admin …`: one verb against a running relay's admin endpoint; prints its JSON.
 pub async fn call(url: &str, token: &str, verb: &Verb) -> Result<String, String> {
     let base = url.trim_end_matches('/');
-    let client = reqwest::Client::new();
+    // reqwest is built without a bundled TLS provider; ring is the one in the tree already.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(30))
+        .build()
+        .map_err(|e| format!("http client: {e}"))?;
     let request = match verb {
         Verb::Accounts => client.get(format!("{base}/admin/accounts")),
         Verb::Blocks => client.get(format!("{base}/admin/blocks")),

@@ -14,8 +14,10 @@ use relay_svc::standalone::StandaloneFile;
 
 /// poolgate relay: an Anthropic- and OpenAI-compatible endpoint over pooled upstream accounts.
 #[derive(Debug, Parser)]
-#[command(version)]
+#[command(version, args_conflicts_with_subcommands = true)]
 struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
     /// HTTP listen address (default: the config file's `listen`, else 127.0.0.1:8080).
     #[arg(long, env = "RELAY_LISTEN")]
     listen: Option<SocketAddr>,
@@ -26,6 +28,18 @@ struct Cli {
     /// YAML config for --standalone: accounts, API keys, prices (see examples/standalone.yaml).
     #[arg(long, alias = "accounts", env = "RELAY_CONFIG")]
     config: Option<std::path::PathBuf>,
+    /// --standalone: where refreshed OAuth tokens, retirements and the usage ledger are kept
+    /// across restarts (default: `<config>.state.json` beside --config when its directory is
+    /// writable).
+    #[arg(long, env = "RELAY_STATE_FILE")]
+    state_file: Option<std::path::PathBuf>,
+    /// --standalone: the admin endpoint's address (accounts, blocks, restore, clear-block,
+    /// usage); it runs only with --admin-token.
+    #[arg(long, env = "RELAY_ADMIN_LISTEN", default_value = "127.0.0.1:9464")]
+    admin_listen: SocketAddr,
+    /// --standalone: the token the admin endpoint requires (`Authorization: Bearer …`).
+    #[arg(long, env = "RELAY_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: Option<String>,
     /// Largest request body accepted, bytes.
     #[arg(long, env = "RELAY_MAX_BODY_BYTES", default_value_t = 32 << 20)]
     max_body_bytes: usize,
@@ -73,6 +87,21 @@ struct Cli {
     log_format: String,
 }
 
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Operator verbs against a running standalone relay's admin endpoint.
+    Admin {
+        /// The admin endpoint.
+        #[arg(long, env = "RELAY_ADMIN_URL", default_value = "http://127.0.0.1:9464")]
+        url: String,
+        /// The admin token.
+        #[arg(long, env = "RELAY_ADMIN_TOKEN", hide_env_values = true)]
+        token: String,
+        #[command(subcommand)]
+        verb: relay_svc::admin::Verb,
+    },
+}
+
 const DEMO_KEY: &str = "pgk-demo-key-0001";
 
 async fn demo_file() -> Result<StandaloneFile, String> {
@@ -101,16 +130,28 @@ async fn demo_file() -> Result<StandaloneFile, String> {
 
 async fn config(cli: &Cli) -> Result<Config, String> {
     let mode = if cli.standalone {
-        let file = match &cli.config {
+        let (file, state_file) = match &cli.config {
             Some(path) => {
                 let text = std::fs::read_to_string(path)
                     .map_err(|e| format!("--config {}: {e}", path.display()))?;
-                StandaloneFile::parse(&text)?
+                let state_file = cli
+                    .state_file
+                    .clone()
+                    .or_else(|| relay_svc::standalone::default_state_file(path));
+                (StandaloneFile::parse(&text)?, state_file)
             }
-            None => demo_file().await?,
+            None => (demo_file().await?, cli.state_file.clone()),
         };
+        match &state_file {
+            Some(path) => tracing::info!(state_file = %path.display(), "standalone state kept"),
+            None => tracing::warn!(
+                "no state file (--state-file): refreshed OAuth tokens, retirements and usage \
+                 are lost at restart"
+            ),
+        }
         Mode::Standalone {
             file: Arc::new(file),
+            state_file,
         }
     } else {
         if cli.selector_url.is_empty() || cli.admission_url.is_empty() {
@@ -164,12 +205,25 @@ async fn config(cli: &Cli) -> Result<Config, String> {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(Command::Admin { url, token, verb }) = &cli.command {
+        return match relay_svc::admin::call(url, token, verb).await {
+            Ok(answer) => {
+                println!("{answer}");
+                ExitCode::SUCCESS
+            }
+            Err(message) => {
+                eprintln!("relay-svc admin: {message}");
+                ExitCode::from(1)
+            }
+        };
+    }
     let _telemetry = poolgate_runtime::telemetry::init("relay-svc", &cli.log_format);
     let result = async {
         let config = config(&cli).await?;
-        let relay = relay_svc::server::build(&config, Metrics::new())?;
+        let assembled = relay_svc::server::assemble(&config, Metrics::new())?;
+        let relay = assembled.relay;
         let from_file = match &config.mode {
-            Mode::Standalone { file } => file.listen.clone(),
+            Mode::Standalone { file, .. } => file.listen.clone(),
             Mode::Remote { .. } => None,
         };
         let listen: SocketAddr = match (cli.listen, from_file) {
@@ -185,15 +239,46 @@ async fn main() -> ExitCode {
         let metrics_listener = tokio::net::TcpListener::bind(cli.metrics_listen)
             .await
             .map_err(|e| format!("cannot listen on {}: {e}", cli.metrics_listen))?;
+        let admin = match (&assembled.standalone, &cli.admin_token) {
+            (Some(engines), Some(token)) if !token.is_empty() => {
+                let listener = tokio::net::TcpListener::bind(cli.admin_listen)
+                    .await
+                    .map_err(|e| format!("cannot listen on {}: {e}", cli.admin_listen))?;
+                tracing::info!(addr = %cli.admin_listen, "admin endpoint serving");
+                let router = relay_svc::admin::router(engines.operator.clone(), token);
+                Some(tokio::spawn(async move {
+                    if let Err(error) = axum::serve(listener, router).await {
+                        tracing::warn!(%error, "admin endpoint failed");
+                    }
+                }))
+            }
+            (None, Some(_)) => {
+                tracing::warn!(
+                    "--admin-token is for --standalone; distributed deployments use the \
+                     selector's admin API"
+                );
+                None
+            }
+            _ => None,
+        };
         tracing::info!(addr = %listen, metrics = %cli.metrics_listen, standalone = cli.standalone, "relay serving");
-        relay_svc::server::serve(
+        let served = relay_svc::server::serve(
             relay,
             listener,
             Some(metrics_listener),
             poolgate_runtime::shutdown::signal(),
             config.shutdown_grace,
         )
-        .await
+        .await;
+        if let Some(admin) = admin {
+            admin.abort();
+        }
+        if let Some(engines) = &assembled.standalone
+            && let Err(error) = engines.source.flush().await
+        {
+            tracing::error!(%error, "the state file's last write failed");
+        }
+        served
     }
     .await;
     match result {

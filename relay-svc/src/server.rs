@@ -14,12 +14,17 @@ use crate::backends::Backends;
 use crate::http::{Front, router};
 use crate::metrics::Metrics;
 use crate::proxy::{Relay, RelaySettings};
-use crate::standalone::{LocalLeases, StandaloneFile, StandaloneSelection};
+use crate::standalone::{Standalone, StandaloneFile};
+use selector_svc::engine::SelectorSettings;
 
 #[derive(Debug, Clone)]
 pub enum Mode {
-    /// Everything in this process, accounts from a parsed YAML file.
-    Standalone { file: Arc<StandaloneFile> },
+    /// Everything in this process, accounts from a parsed YAML file; what must survive a
+    /// restart in `state_file` (none: nothing does).
+    Standalone {
+        file: Arc<StandaloneFile>,
+        state_file: Option<std::path::PathBuf>,
+    },
     /// Selector and admission over gRPC, each a list of endpoints to balance over.
     Remote {
         selector: Vec<String>,
@@ -39,13 +44,36 @@ pub struct Config {
     pub shutdown_grace: Duration,
 }
 
+/// A relay, and in standalone mode the engines it runs in process (for the admin endpoint and
+/// the state file's last write at shutdown).
+pub struct Assembled {
+    pub relay: Arc<Relay>,
+    pub standalone: Option<Standalone>,
+}
+
 /// Builds the relay for `config`.
 pub fn build(config: &Config, metrics: Metrics) -> Result<Arc<Relay>, String> {
+    Ok(assemble(config, metrics)?.relay)
+}
+
+/// Builds the relay for `config`, keeping the standalone engines. Call inside a Tokio runtime.
+pub fn assemble(config: &Config, metrics: Metrics) -> Result<Assembled, String> {
+    let mut standalone = None;
     let (selection, leases): Backends = match &config.mode {
-        Mode::Standalone { file } => {
-            let engine = LocalLeases::engine(config.admission.clone(), &metrics.registry);
-            let selection = StandaloneSelection::new(file, engine.clone(), config.blocks.clone())?;
-            (Arc::new(selection), Arc::new(LocalLeases::new(engine)))
+        Mode::Standalone { file, state_file } => {
+            let engines = crate::standalone::build(
+                file,
+                state_file.as_deref(),
+                SelectorSettings {
+                    blocks: config.blocks.clone(),
+                    ..SelectorSettings::default()
+                },
+                config.admission.clone(),
+                &metrics,
+            )?;
+            let backends: Backends = (engines.selection.clone(), engines.leases.clone());
+            standalone = Some(engines);
+            backends
         }
         Mode::Remote {
             selector,
@@ -54,10 +82,11 @@ pub fn build(config: &Config, metrics: Metrics) -> Result<Arc<Relay>, String> {
         } => crate::remote::remote_backends(selector, admission, client, metrics.clone())
             .map_err(|error| error.to_string())?,
     };
-    Ok(Arc::new(
+    let relay = Arc::new(
         Relay::new(selection, leases, config.relay.clone(), metrics)
             .map_err(|error| error.to_string())?,
-    ))
+    );
+    Ok(Assembled { relay, standalone })
 }
 
 /// Serves until `shutdown`, then turns readiness off and lets in-flight requests finish (up to

@@ -107,7 +107,7 @@ pub async fn selector(
         .await
         .map_err(|e| format!("selector: {e}"))?;
     let (listener, address) = listen().await?;
-    let serving = built.selector.clone();
+    let serving = built.serving();
     tokio::spawn(async move {
         let _ = selector_svc::server::serve_selector(
             serving,
@@ -174,6 +174,7 @@ pub async fn standalone(
     serve(Config {
         mode: Mode::Standalone {
             file: Arc::new(file),
+            state_file: None,
         },
         relay: settings,
         blocks,

@@ -1,13 +1,13 @@
 //! The selector engine: plans (select), outcomes ("busy is not broken"), bindings, and
-//! authentication, over the config snapshot (Postgres) and shared health (Redis).
-//! Transport-free: `grpc.rs` calls it.
+//! authentication, over a config snapshot from an account source (Postgres, or the standalone
+//! relay's file) and a health store (Redis shared by every replica, or memory in one process).
+//! Transport-free: `grpc.rs` calls it, and the standalone relay calls it directly.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use admission_svc::admission::Admission;
-use admission_svc::redis_backend::RedisBackend;
 use tokio::time::Instant;
 
 use crate::confirm::{
@@ -18,11 +18,11 @@ use crate::domain::{
     Account, AccountId, AccountStatus, ApiKeyRecord, Outcome, OutcomeClass, Platform, Price,
     RuntimeBlockSettings, Secret, millis, now_ms,
 };
-use crate::health::{Breaker, BreakerChange, RedisHealth};
+use crate::health::{BackendError, BlockInfo, Breaker, BreakerChange, HealthStore};
 use crate::metrics::Metrics;
 use crate::oracle::{LoadOracle, OracleSettings};
 use crate::snapshot::SnapshotCell;
-use crate::store::{ConfigStore, StoreError};
+use crate::source::{AccountSource, StoreError};
 use poolgate_core::outcome::{Decision, decide};
 use poolgate_core::select::{Candidate, NoneReason, order};
 
@@ -148,38 +148,50 @@ const SUCCESS_SKIP_AGE: Duration = Duration::from_secs(1);
 const STICKY_LOCAL: Duration = Duration::from_secs(5);
 const STICKY_TOUCH: Duration = Duration::from_secs(60);
 
+/// What an engine is built from.
+pub struct SelectorParts {
+    /// The snapshot served from; whoever builds the engine keeps it current (a reload loop).
+    pub snapshot: Arc<SnapshotCell>,
+    pub source: Arc<dyn AccountSource>,
+    pub health: Arc<dyn HealthStore>,
+    /// The admission engine the confirmation probe takes its lease from: the one the relays'
+    /// leases use, so the probe counts against the account like any request.
+    pub admission: Arc<Admission>,
+    pub settings: SelectorSettings,
+    pub metrics: Metrics,
+    /// Where the engine asks for a token refresh after an unauthorized outcome (see
+    /// `refresh::refresh_loop`).
+    pub refresh_requests: tokio::sync::mpsc::UnboundedSender<(AccountId, Secret)>,
+}
+
 pub struct Selector {
     snapshot: Arc<SnapshotCell>,
-    store: ConfigStore,
-    health: RedisHealth,
+    source: Arc<dyn AccountSource>,
+    health: Arc<dyn HealthStore>,
     oracle: LoadOracle,
     settings: SelectorSettings,
     sticky_cache: Mutex<HashMap<(String, String), StickyEntry>>,
     metrics: Metrics,
     /// Accounts that need a token refresh after an unauthorized outcome.
     refresh_requests: tokio::sync::mpsc::UnboundedSender<(AccountId, Secret)>,
-    /// The admission engine on the same Redis: the confirmation probe holds a lease like any
-    /// request.
+    /// The confirmation probe holds a lease from it like any request.
     admission: Arc<Admission>,
     probe_http: reqwest::Client,
-    /// Set once the server has built it (it needs the engine's health and store).
+    /// Set once the server has built it (it needs the engine's health and source).
     refresher: std::sync::OnceLock<crate::refresh::TokenRefresher>,
 }
 
 impl Selector {
-    pub fn new(
-        snapshot: Arc<SnapshotCell>,
-        store: ConfigStore,
-        health: RedisHealth,
-        settings: SelectorSettings,
-        metrics: Metrics,
-        refresh_requests: tokio::sync::mpsc::UnboundedSender<(AccountId, Secret)>,
-    ) -> Self {
-        let admission = Admission::new(
-            Arc::new(RedisBackend::new(health.handle().clone())),
-            poolgate_core::lease::Settings::default(),
-            admission_svc::metrics::Metrics::new(),
-        );
+    pub fn new(parts: SelectorParts) -> Self {
+        let SelectorParts {
+            snapshot,
+            source,
+            health,
+            admission,
+            settings,
+            metrics,
+            refresh_requests,
+        } = parts;
         let _ = rustls::crypto::ring::default_provider().install_default();
         let probe_http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
@@ -192,7 +204,7 @@ impl Selector {
             oracle: LoadOracle::new(health.clone(), settings.oracle.clone())
                 .with_active_blocks_gauge(metrics.active_blocks.clone()),
             snapshot,
-            store,
+            source,
             health,
             settings,
             sticky_cache: Mutex::new(HashMap::new()),
@@ -205,11 +217,11 @@ impl Selector {
         &self.snapshot
     }
 
-    pub fn store(&self) -> &ConfigStore {
-        &self.store
+    pub fn source(&self) -> &Arc<dyn AccountSource> {
+        &self.source
     }
 
-    pub fn health(&self) -> &RedisHealth {
+    pub fn health(&self) -> &Arc<dyn HealthStore> {
         &self.health
     }
 
@@ -411,8 +423,7 @@ impl Selector {
             .clone();
         let blocks = &self.settings.blocks;
         let class = outcome.class.as_str();
-        let unavailable =
-            |e: poolgate_runtime::error::BackendError| SelectorError::Unavailable(e.to_string());
+        let unavailable = |e: BackendError| SelectorError::Unavailable(e.to_string());
         let applied = match decide(outcome, blocks, now_ms()) {
             Decision::Success
                 if self
@@ -495,7 +506,7 @@ impl Selector {
                 // No answer at all (status 0): nothing in the request shaped that.
                 self.oracle.note(account.id, |h| h.failures += 1);
                 apply_broken(
-                    &self.health,
+                    self.health.as_ref(),
                     &self.metrics,
                     blocks,
                     account.id,
@@ -527,7 +538,7 @@ impl Selector {
                         "{count} unauthorized outcomes within {:?}",
                         blocks.unauthorized_window
                     );
-                    self.store
+                    self.source
                         .set_status(account.id, AccountStatus::Error, &reason)
                         .await?;
                     tracing::warn!(account_id = account.id, %reason, "account marked error");
@@ -574,7 +585,7 @@ impl Selector {
         account: Arc<Account>,
         status: u16,
         suspicion: Suspicion,
-    ) -> Result<bool, poolgate_runtime::error::BackendError> {
+    ) -> Result<bool, BackendError> {
         let owner = format!("{:016x}", fastrand::u64(..));
         let block_ms = millis(self.settings.probe.block);
         if !self
@@ -603,11 +614,11 @@ impl Selector {
             suspect = suspicion.as_str(),
             "confirming with a probe before the outcome applies"
         );
-        let (admission, http, health, store, metrics) = (
+        let (admission, http, health, source, metrics) = (
             self.admission.clone(),
             self.probe_http.clone(),
             self.health.clone(),
-            self.store.clone(),
+            self.source.clone(),
             self.metrics.clone(),
         );
         let (probe, blocks) = (self.settings.probe.clone(), self.settings.blocks.clone());
@@ -632,7 +643,7 @@ impl Selector {
                 Verdict::Confirmed(probed) if suspicion == Suspicion::Broken => {
                     let _ = health.unblock_confirming(account.id, &block).await;
                     let applied = apply_broken(
-                        &health,
+                        health.as_ref(),
                         &metrics,
                         &blocks,
                         account.id,
@@ -653,7 +664,7 @@ impl Selector {
                         "quota gone: confirmed by probe ({} {})",
                         probed.status, probed.summary
                     );
-                    match store
+                    match source
                         .set_status(account.id, AccountStatus::Retired, &reason)
                         .await
                     {
@@ -711,10 +722,7 @@ impl Selector {
     /// Checks a half-open breaker with the probe, in the background, under the account's
     /// confirmation lock (so one check runs cluster-wide): closes the breaker unless the
     /// upstream itself failed, in which case it reopens for twice as long.
-    async fn start_half_open_check(
-        &self,
-        account: Arc<Account>,
-    ) -> Result<(), poolgate_runtime::error::BackendError> {
+    async fn start_half_open_check(&self, account: Arc<Account>) -> Result<(), BackendError> {
         let owner = format!("{:016x}", fastrand::u64(..));
         let lock_ms = millis(self.settings.probe.block);
         if !self
@@ -797,7 +805,7 @@ impl Selector {
             Ok(
                 crate::refresh::RefreshResult::Refreshed | crate::refresh::RefreshResult::Waited,
             ) => {
-                let fresh = self.store.load_account(account_id).await.ok()?.credential;
+                let fresh = self.source.load_account(account_id).await.ok()?.credential;
                 (fresh != account.credential && !fresh.is_empty()).then_some(fresh)
             }
             Ok(crate::refresh::RefreshResult::NotNeeded) => None,
@@ -905,6 +913,39 @@ impl Selector {
         Ok(())
     }
 
+    /// Reads the config anew and serves from it (after an operator's change, so the answer
+    /// shows it).
+    pub async fn reload(&self) -> Result<(), SelectorError> {
+        let ticket = self.snapshot.ticket();
+        let snapshot = self.source.load_snapshot().await?;
+        self.snapshot.set(ticket, snapshot);
+        Ok(())
+    }
+
+    /// Puts an account back to active (operator action): its status, its blocks and breaker.
+    pub async fn restore(&self, id: AccountId) -> Result<Arc<Account>, SelectorError> {
+        self.source
+            .set_status(id, AccountStatus::Active, "restored by operator")
+            .await?;
+        self.clear_blocks(id).await?;
+        self.reload().await?;
+        self.snapshot
+            .get()
+            .account(id)
+            .cloned()
+            .ok_or_else(|| SelectorError::NotFound(format!("no account {id}")))
+    }
+
+    /// Every block of every account, ascending by account.
+    pub async fn blocks(&self) -> Result<Vec<BlockInfo>, SelectorError> {
+        let mut ids: Vec<AccountId> = self.snapshot.get().accounts().map(|a| a.id).collect();
+        ids.sort_unstable();
+        self.health
+            .list_blocks(&ids)
+            .await
+            .map_err(|e| SelectorError::Unavailable(e.to_string()))
+    }
+
     /// Live lease counts of accounts (`None`: unknown), fresh.
     pub async fn load(&self, ids: &[AccountId]) -> Vec<Option<u32>> {
         let reading = self.oracle.read(ids, true).await;
@@ -916,14 +957,14 @@ impl Selector {
 
 /// A broken outcome: a hard block, and one more count toward the breaker.
 async fn apply_broken(
-    health: &RedisHealth,
+    health: &dyn HealthStore,
     metrics: &Metrics,
     blocks: &RuntimeBlockSettings,
     id: AccountId,
     block_ms: u64,
     status: u16,
     reason: &str,
-) -> Result<Applied, poolgate_runtime::error::BackendError> {
+) -> Result<Applied, BackendError> {
     let left = health
         .hard_block(id, block_ms, "broken", status, reason)
         .await?;

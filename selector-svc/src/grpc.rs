@@ -13,7 +13,8 @@ use crate::domain::{
     Platform, Secret, group_models, now_ms,
 };
 use crate::engine::{Plan, SelectQuery, Selector, SelectorError};
-use crate::store::{AccountInput, UsageInput};
+use crate::source::UsageInput;
+use crate::store::{AccountInput, ConfigStore};
 
 const MAX_MODEL_BYTES: usize = 256;
 const MAX_EXCLUDED: usize = 256;
@@ -307,7 +308,7 @@ impl pb::selector_server::Selector for SelectorGrpc {
         }
         let accepted = self
             .selector
-            .store()
+            .source()
             .insert_usage(&inputs)
             .await
             .map_err(SelectorError::from)?;
@@ -371,11 +372,14 @@ impl AdminAuth {
 
 pub struct AdminGrpc {
     selector: Arc<Selector>,
+    /// The admin writes (accounts, keys, statuses) go to Postgres itself, not through the
+    /// engine's account source.
+    store: ConfigStore,
 }
 
 impl AdminGrpc {
-    pub fn new(selector: Arc<Selector>) -> Self {
-        AdminGrpc { selector }
+    pub fn new(selector: Arc<Selector>, store: ConfigStore) -> Self {
+        AdminGrpc { selector, store }
     }
 
     fn view(&self, id: AccountId) -> Result<pb::AccountView, Status> {
@@ -390,8 +394,7 @@ impl AdminGrpc {
     async fn reload(&self) -> Result<(), Status> {
         let ticket = self.selector.snapshot().ticket();
         let snapshot = self
-            .selector
-            .store()
+            .store
             .load_snapshot()
             .await
             .map_err(SelectorError::from)?;
@@ -510,8 +513,7 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
             stream_usage: !r.disable_stream_usage,
         };
         let id = self
-            .selector
-            .store()
+            .store
             .upsert_account(&input)
             .await
             .map_err(SelectorError::from)?;
@@ -553,8 +555,7 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
                 format!("at most {MAX_REASON_BYTES} bytes"),
             ));
         }
-        self.selector
-            .store()
+        self.store
             .set_status(id, status, &r.reason)
             .await
             .map_err(SelectorError::from)?;
@@ -567,14 +568,8 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
         request: Request<pb::RestoreAccountRequest>,
     ) -> Result<Response<pb::AccountView>, Status> {
         let id = account_id("account_id", request.into_inner().account_id)?;
-        self.selector
-            .store()
-            .set_status(id, AccountStatus::Active, "restored by operator")
-            .await
-            .map_err(SelectorError::from)?;
-        self.selector.clear_blocks(id).await?;
-        self.reload().await?;
-        Ok(Response::new(self.view(id)?))
+        let account = self.selector.restore(id).await?;
+        Ok(Response::new(account_view(&account)))
     }
 
     async fn create_api_key(
@@ -588,8 +583,7 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
             return Err(invalid("name", format!("at most {MAX_NAME_BYTES} bytes")));
         }
         let (id, key) = self
-            .selector
-            .store()
+            .store
             .create_api_key(&r.name, &r.user, &r.group, r.user_rpm_limit)
             .await
             .map_err(SelectorError::from)?;
@@ -605,8 +599,7 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
         _request: Request<pb::ListApiKeysRequest>,
     ) -> Result<Response<pb::ListApiKeysResponse>, Status> {
         let keys = self
-            .selector
-            .store()
+            .store
             .list_api_keys()
             .await
             .map_err(SelectorError::from)?;
@@ -634,8 +627,7 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
         if id <= 0 {
             return Err(invalid("id", "must be a positive key id"));
         }
-        self.selector
-            .store()
+        self.store
             .revoke_api_key(id)
             .await
             .map_err(SelectorError::from)?;
@@ -647,15 +639,8 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
         &self,
         _request: Request<pb::ListBlocksRequest>,
     ) -> Result<Response<pb::ListBlocksResponse>, Status> {
+        let blocks = self.selector.blocks().await?;
         let snapshot = self.selector.snapshot().get();
-        let mut ids: Vec<AccountId> = snapshot.accounts().map(|a| a.id).collect();
-        ids.sort_unstable();
-        let blocks = self
-            .selector
-            .health()
-            .list_blocks(&ids)
-            .await
-            .map_err(|e| SelectorError::Unavailable(e.to_string()))?;
         Ok(Response::new(pb::ListBlocksResponse {
             blocks: blocks
                 .into_iter()
@@ -750,8 +735,7 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
             return Err(invalid("to_ms", "must be after from_ms"));
         }
         let totals = self
-            .selector
-            .store()
+            .store
             .read_usage(r.api_key_id, from, to)
             .await
             .map_err(SelectorError::from)?;

@@ -1,6 +1,6 @@
 //! The load oracle (docs/DESIGN.md §5, seed 001): live lease counts, blocks and breakers of a
-//! candidate set, read from Redis at most once per candidate set per cache period, however many
-//! selects ask.
+//! candidate set, read from the health store (Redis) at most once per candidate set per cache
+//! period, however many selects ask.
 //!
 //! - pipelined reads in batches of 50 accounts, one round trip per batch;
 //! - results cached 200 ms per candidate-set fingerprint;
@@ -20,7 +20,7 @@ use tokio::sync::{OnceCell, Semaphore};
 use tokio::time::Instant;
 
 use crate::domain::AccountId;
-use crate::health::{AccountHealth, RedisHealth};
+use crate::health::{AccountHealth, HealthStore};
 
 #[derive(Debug, Clone)]
 pub struct OracleSettings {
@@ -60,7 +60,7 @@ impl Reading {
 type Flight = Arc<OnceCell<Arc<Reading>>>;
 
 pub struct LoadOracle {
-    health: RedisHealth,
+    health: Arc<dyn HealthStore>,
     settings: OracleSettings,
     cache: Mutex<HashMap<u64, (Instant, Arc<Reading>)>>,
     flights: Mutex<HashMap<u64, Flight>>,
@@ -78,7 +78,7 @@ fn fingerprint(ids: &[AccountId]) -> u64 {
 }
 
 impl LoadOracle {
-    pub fn new(health: RedisHealth, settings: OracleSettings) -> Self {
+    pub fn new(health: Arc<dyn HealthStore>, settings: OracleSettings) -> Self {
         LoadOracle {
             health,
             permits: Arc::new(Semaphore::new(settings.max_fetches.max(1))),
@@ -213,7 +213,7 @@ impl LoadOracle {
 /// One fetch: batches of `batch_size` accounts, one pipeline each, run concurrently; a failed
 /// batch is retried account by account.
 async fn fetch(
-    health: RedisHealth,
+    health: Arc<dyn HealthStore>,
     ids: Vec<AccountId>,
     settings: OracleSettings,
     permits: Arc<Semaphore>,

@@ -1,16 +1,20 @@
-//! OAuth access-token refresh: before expiry and after an `unauthorized` outcome, under a Redis
-//! lock so one replica refreshes once cluster-wide (refresh tokens rotate: a second use of the
-//! same refresh token would be refused upstream), and written back to Postgres, from where every
-//! replica's snapshot picks it up (NOTIFY).
+//! OAuth access-token refresh: before expiry and after an `unauthorized` outcome, under the
+//! health store's lock so one replica refreshes once cluster-wide (refresh tokens rotate: a
+//! second use of the same refresh token would be refused upstream), and written back to the
+//! account source (Postgres, from where every replica's snapshot picks it up on NOTIFY; or the
+//! standalone relay's state file).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
+use tokio::sync::mpsc;
 
 use crate::domain::{AccountId, Platform, Secret, now_ms};
-use crate::health::RedisHealth;
+use crate::health::HealthStore;
 use crate::metrics::Metrics;
-use crate::store::ConfigStore;
+use crate::snapshot::SnapshotCell;
+use crate::source::AccountSource;
 
 #[derive(Debug, Clone)]
 pub struct RefreshSettings {
@@ -36,7 +40,7 @@ impl Default for RefreshSettings {
 pub enum RefreshResult {
     /// This replica refreshed the token.
     Refreshed,
-    /// Another replica held the lock; the new token is in Postgres now.
+    /// Another replica held the lock; the new token is in the source now.
     Waited,
     /// Not an OAuth account, or its token is not due.
     NotNeeded,
@@ -77,8 +81,8 @@ struct TokenAnswer {
 
 #[derive(Clone)]
 pub struct TokenRefresher {
-    store: ConfigStore,
-    health: RedisHealth,
+    source: Arc<dyn AccountSource>,
+    health: Arc<dyn HealthStore>,
     http: reqwest::Client,
     settings: RefreshSettings,
     owner: String,
@@ -87,8 +91,8 @@ pub struct TokenRefresher {
 
 impl TokenRefresher {
     pub fn new(
-        store: ConfigStore,
-        health: RedisHealth,
+        source: Arc<dyn AccountSource>,
+        health: Arc<dyn HealthStore>,
         settings: RefreshSettings,
         metrics: Metrics,
     ) -> Result<Self, String> {
@@ -99,7 +103,7 @@ impl TokenRefresher {
             .build()
             .map_err(|e| format!("http client: {e}"))?;
         Ok(TokenRefresher {
-            store,
+            source,
             health,
             http,
             settings,
@@ -127,7 +131,7 @@ impl TokenRefresher {
     async fn refresh_when(&self, id: AccountId, due: Due) -> Result<RefreshResult, RefreshError> {
         let force = !matches!(due, Due::Expiring);
         let account = self
-            .store
+            .source
             .load_account(id)
             .await
             .map_err(|e| RefreshError::Store(e.to_string()))?;
@@ -175,7 +179,7 @@ impl TokenRefresher {
     ) -> Result<RefreshResult, RefreshError> {
         // Re-read under the lock: another replica may have rotated the refresh token just now.
         let account = self
-            .store
+            .source
             .load_account(id)
             .await
             .map_err(|e| RefreshError::Store(e.to_string()))?;
@@ -226,7 +230,7 @@ impl TokenRefresher {
             .map(Secret::new)
             .unwrap_or(oauth.refresh_token);
         let expires_at = now_ms() + answer.expires_in.unwrap_or(3600).max(0) * 1000;
-        self.store
+        self.source
             .store_tokens(id, &access, &refresh, expires_at)
             .await
             .map_err(|e| RefreshError::Store(e.to_string()))?;
@@ -234,7 +238,7 @@ impl TokenRefresher {
         Ok(RefreshResult::Refreshed)
     }
 
-    /// Another replica holds the lock: wait until Postgres shows a new credential.
+    /// Another replica holds the lock: wait until the source shows a new credential.
     async fn wait_for_other(
         &self,
         id: AccountId,
@@ -244,7 +248,7 @@ impl TokenRefresher {
         while tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(100)).await;
             let account = self
-                .store
+                .source
                 .load_account(id)
                 .await
                 .map_err(|e| RefreshError::Store(e.to_string()))?;
@@ -265,6 +269,39 @@ impl TokenRefresher {
             if let Err(error) = self.refresh(id, false).await {
                 tracing::warn!(account_id = id, %error, "oauth token refresh failed");
             }
+        }
+    }
+}
+
+/// Refreshes OAuth tokens that are due (every `interval`) and those an unauthorized outcome asked
+/// for (the engine's `refresh_requests`). Runs until the engine is gone.
+pub async fn refresh_loop(
+    refresher: TokenRefresher,
+    snapshot: Arc<SnapshotCell>,
+    mut requests: mpsc::UnboundedReceiver<(AccountId, Secret)>,
+    interval: Duration,
+) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                let due: Vec<AccountId> = snapshot
+                    .get()
+                    .accounts()
+                    .filter(|a| a.credential_kind.is_oauth())
+                    .map(|a| a.id)
+                    .collect();
+                refresher.refresh_due(&due).await;
+            }
+            request = requests.recv() => match request {
+                Some((id, refused)) => {
+                    if let Err(error) = refresher.refresh_refused(id, &refused).await {
+                        tracing::warn!(account_id = id, %error, "token refresh after unauthorized failed");
+                    }
+                }
+                None => return,
+            },
         }
     }
 }

@@ -12,13 +12,15 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tonic::transport::server::TcpIncoming;
 
+use admission_svc::admission::Admission;
+use admission_svc::redis_backend::RedisBackend;
+
 use crate::crypto::Keyring;
-use crate::domain::{AccountId, Secret};
-use crate::engine::{Selector, SelectorSettings};
+use crate::engine::{Selector, SelectorParts, SelectorSettings};
 use crate::grpc::{AdminAuth, AdminGrpc, SelectorGrpc};
 use crate::health::RedisHealth;
 use crate::metrics::Metrics;
-use crate::refresh::{RefreshSettings, TokenRefresher};
+use crate::refresh::{RefreshSettings, TokenRefresher, refresh_loop};
 use crate::snapshot::SnapshotCell;
 use crate::store::{ConfigStore, StoreError};
 
@@ -62,7 +64,26 @@ pub enum ServeError {
 pub struct Built {
     pub selector: Arc<Selector>,
     pub refresher: TokenRefresher,
+    /// The engine's stores as their own types (round trips, direct reads in tests and benches).
+    pub store: ConfigStore,
+    pub health: RedisHealth,
     background: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Built {
+    pub fn serving(&self) -> Serving {
+        Serving {
+            selector: self.selector.clone(),
+            store: self.store.clone(),
+        }
+    }
+}
+
+/// What serving needs: the engine, and the store the admin API writes to.
+#[derive(Clone)]
+pub struct Serving {
+    pub selector: Arc<Selector>,
+    pub store: ConfigStore,
 }
 
 impl Drop for Built {
@@ -87,19 +108,27 @@ pub async fn build(config: &Config, metrics: Metrics) -> Result<Built, ServeErro
     )
     .await
     .map_err(|e| ServeError::Redis(e.to_string()))?;
-    let health = RedisHealth::new(redis);
+    let health = RedisHealth::new(redis.clone());
+    // The probe's leases come from admission's scripts on the same Redis, so they count against
+    // the account like the relays' leases.
+    let admission = Admission::new(
+        Arc::new(RedisBackend::new(redis)),
+        poolgate_core::lease::Settings::default(),
+        admission_svc::metrics::Metrics::new(),
+    );
     let (refresh_sender, refresh_receiver) = mpsc::unbounded_channel();
-    let selector = Arc::new(Selector::new(
-        snapshot.clone(),
-        store.clone(),
-        health.clone(),
-        config.settings.clone(),
-        metrics.clone(),
-        refresh_sender,
-    ));
+    let selector = Arc::new(Selector::new(SelectorParts {
+        snapshot: snapshot.clone(),
+        source: Arc::new(store.clone()),
+        health: Arc::new(health.clone()),
+        admission,
+        settings: config.settings.clone(),
+        metrics: metrics.clone(),
+        refresh_requests: refresh_sender,
+    }));
     let refresher = TokenRefresher::new(
-        store.clone(),
-        health,
+        Arc::new(store.clone()),
+        Arc::new(health.clone()),
         config.refresh.clone(),
         metrics.clone(),
     )
@@ -107,7 +136,7 @@ pub async fn build(config: &Config, metrics: Metrics) -> Result<Built, ServeErro
     selector.set_refresher(refresher.clone());
     let background = vec![
         tokio::spawn(reload_loop(
-            store,
+            store.clone(),
             snapshot.clone(),
             config.reload_interval,
             metrics,
@@ -122,6 +151,8 @@ pub async fn build(config: &Config, metrics: Metrics) -> Result<Built, ServeErro
     Ok(Built {
         selector,
         refresher,
+        store,
+        health,
         background,
     })
 }
@@ -194,38 +225,6 @@ async fn reload_loop(
     }
 }
 
-/// Refreshes OAuth tokens that are due (periodically) and those an unauthorized outcome asked for.
-async fn refresh_loop(
-    refresher: TokenRefresher,
-    snapshot: Arc<SnapshotCell>,
-    mut requests: mpsc::UnboundedReceiver<(AccountId, Secret)>,
-    interval: Duration,
-) {
-    let mut tick = tokio::time::interval(interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {
-                let due: Vec<AccountId> = snapshot
-                    .get()
-                    .accounts()
-                    .filter(|a| a.credential_kind.is_oauth())
-                    .map(|a| a.id)
-                    .collect();
-                refresher.refresh_due(&due).await;
-            }
-            request = requests.recv() => match request {
-                Some((id, refused)) => {
-                    if let Err(error) = refresher.refresh_refused(id, &refused).await {
-                        tracing::warn!(account_id = id, %error, "token refresh after unauthorized failed");
-                    }
-                }
-                None => return,
-            },
-        }
-    }
-}
-
 /// Serves the selector on `listener` (and `/metrics` on `metrics_listener`) until `shutdown`.
 pub async fn run(
     config: Config,
@@ -237,7 +236,7 @@ pub async fn run(
     let built = build(&config, metrics.clone()).await?;
     // `built` (and with it the reload and refresh tasks) lives until serving ends.
     serve_selector(
-        built.selector.clone(),
+        built.serving(),
         &config,
         listener,
         metrics_listener,
@@ -248,12 +247,13 @@ pub async fn run(
 
 /// Serves an engine (tests keep a handle on it).
 pub async fn serve_selector(
-    selector: Arc<Selector>,
+    serving: Serving,
     config: &Config,
     listener: TcpListener,
     metrics_listener: Option<TcpListener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    let Serving { selector, store } = serving;
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter
         .set_serving::<SelectorServer<SelectorGrpc>>()
@@ -276,10 +276,10 @@ pub async fn serve_selector(
         })
     });
     let auth = AdminAuth::new(config.admin_token.clone());
-    let admin =
-        SelectorAdminServer::with_interceptor(AdminGrpc::new(selector.clone()), move |request| {
-            auth.check(request)
-        });
+    let admin = SelectorAdminServer::with_interceptor(
+        AdminGrpc::new(selector.clone(), store),
+        move |request| auth.check(request),
+    );
     let mut builder = tonic::transport::Server::builder();
     if let Some(tls) = &config.tls {
         let tls = tls.server_config().map_err(|e| {

@@ -6,7 +6,7 @@ use std::sync::{Arc, RwLock};
 
 use crate::domain::{Account, AccountId, ApiKeyRecord, Price};
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Snapshot {
     groups: HashSet<String>,
     accounts: HashMap<AccountId, Arc<Account>>,
@@ -46,6 +46,18 @@ impl Snapshot {
         }
     }
 
+    /// Replaces an account by id, keeping its group (the in-memory source's writes: status and
+    /// tokens). `false` when there is no such account.
+    pub(crate) fn replace_account(&mut self, account: Account) -> bool {
+        match self.accounts.get_mut(&account.id) {
+            Some(current) if current.group == account.group => {
+                *current = Arc::new(account);
+                true
+            }
+            _ => false,
+        }
+    }
+
     pub fn has_group(&self, group: &str) -> bool {
         self.groups.contains(group)
     }
@@ -68,6 +80,10 @@ impl Snapshot {
 
     pub fn api_key(&self, hash: &[u8]) -> Option<&ApiKeyRecord> {
         self.api_keys.get(hash)
+    }
+
+    pub fn api_keys(&self) -> impl Iterator<Item = &ApiKeyRecord> {
+        self.api_keys.values()
     }
 
     pub fn price(&self, model: &str) -> Price {

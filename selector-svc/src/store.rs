@@ -10,12 +10,14 @@ use std::sync::Arc;
 use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
 use sqlx::{Row, migrate::Migrator};
 
-use crate::crypto::{BlobPlace, CryptoError, Keyring, api_key_hash, api_key_prefix, new_api_key};
+use crate::crypto::{BlobPlace, Keyring, api_key_hash, api_key_prefix, new_api_key};
 use crate::domain::{
     Account, AccountId, AccountStatus, ApiKeyRecord, CredentialKind, OAuthState, Platform, Price,
     Secret,
 };
 use crate::snapshot::Snapshot;
+use crate::source::AccountSource;
+pub use crate::source::{StoreError, UsageInput, UsageTotals};
 
 mod reencrypt;
 pub use reencrypt::{ReencryptOutcome, ReencryptReport, StoredCiphertexts};
@@ -38,24 +40,6 @@ const ACCOUNT_SELECT: &str = account_select!();
 
 /// The migrations in `migrations/`, embedded at build time.
 pub static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
-
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("postgres unavailable: {0}")]
-    Unavailable(String),
-    #[error("database schema is at version {found}, this selector knows version {known}: {hint}")]
-    Schema {
-        found: i64,
-        known: i64,
-        hint: &'static str,
-    },
-    #[error("not found: {0}")]
-    NotFound(String),
-    #[error("conflict: {0}")]
-    Conflict(String),
-    #[error(transparent)]
-    Crypto(#[from] CryptoError),
-}
 
 fn convert(error: sqlx::Error) -> StoreError {
     match &error {
@@ -97,31 +81,6 @@ pub struct AccountInput {
     pub proxy_url: Option<String>,
     pub probe_model: Option<String>,
     pub stream_usage: bool,
-}
-
-/// One usage record.
-#[derive(Debug, Clone, Default)]
-pub struct UsageInput {
-    pub api_key_id: Option<i64>,
-    pub user: String,
-    pub account_id: Option<AccountId>,
-    pub model: String,
-    pub input_tokens: i64,
-    pub output_tokens: i64,
-    pub cache_write_tokens: i64,
-    pub cache_read_tokens: i64,
-    pub cost_usd: f64,
-    pub status: i32,
-    pub latency_ms: i32,
-    pub at_ms: Option<i64>,
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct UsageTotals {
-    pub requests: i64,
-    pub input_tokens: i64,
-    pub output_tokens: i64,
-    pub cost_usd: f64,
 }
 
 #[derive(Clone)]
@@ -710,6 +669,50 @@ impl ConfigStore {
             output_tokens: row.try_get("output_tokens").map_err(convert)?,
             cost_usd: row.try_get("cost_usd").map_err(convert)?,
         })
+    }
+}
+
+/// The engine's view of the store: the methods above, by name.
+#[async_trait::async_trait]
+impl AccountSource for ConfigStore {
+    async fn load_snapshot(&self) -> Result<Snapshot, StoreError> {
+        ConfigStore::load_snapshot(self).await
+    }
+
+    async fn load_account(&self, id: AccountId) -> Result<Account, StoreError> {
+        ConfigStore::load_account(self, id).await
+    }
+
+    async fn set_status(
+        &self,
+        id: AccountId,
+        status: AccountStatus,
+        reason: &str,
+    ) -> Result<(), StoreError> {
+        ConfigStore::set_status(self, id, status, reason).await
+    }
+
+    async fn store_tokens(
+        &self,
+        id: AccountId,
+        access_token: &Secret,
+        refresh_token: &Secret,
+        expires_at_ms: i64,
+    ) -> Result<(), StoreError> {
+        ConfigStore::store_tokens(self, id, access_token, refresh_token, expires_at_ms).await
+    }
+
+    async fn insert_usage(&self, records: &[UsageInput]) -> Result<u64, StoreError> {
+        ConfigStore::insert_usage(self, records).await
+    }
+
+    async fn read_usage(
+        &self,
+        api_key_id: i64,
+        from_ms: i64,
+        to_ms: i64,
+    ) -> Result<UsageTotals, StoreError> {
+        ConfigStore::read_usage(self, api_key_id, from_ms, to_ms).await
     }
 }
 

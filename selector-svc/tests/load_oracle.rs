@@ -7,7 +7,7 @@ mod support;
 use std::time::Duration;
 
 use poolgate_proto::keys::AccountKeys;
-use selector_svc::engine::{SelectQuery, Selector};
+use selector_svc::engine::SelectQuery;
 use support::{Backends, Replica, fast_settings};
 
 fn query(group: &str, max_accounts: usize) -> SelectQuery {
@@ -20,8 +20,9 @@ fn query(group: &str, max_accounts: usize) -> SelectQuery {
     }
 }
 
-fn trips(selector: &Selector) -> u64 {
-    selector.health().handle().round_trips()
+/// Round trips of the replica's health store (its counting Redis connection).
+fn trips(replica: &Replica) -> u64 {
+    replica.built.health.handle().round_trips()
 }
 
 async fn add_leases(backends: &Backends, account: i64, count: usize) {
@@ -63,15 +64,15 @@ async fn setup(accounts: usize) -> (Backends, Replica, Vec<i64>) {
 async fn a_cache_hit_makes_no_round_trip() {
     let (_backends, replica, _) = setup(3).await;
     let selector = &replica.built.selector;
-    let before = trips(selector);
+    let before = trips(&replica);
     selector.select(&query("g", 3)).await.expect("select");
-    assert_eq!(trips(selector) - before, 1, "a miss is one pipelined read");
-    let before = trips(selector);
+    assert_eq!(trips(&replica) - before, 1, "a miss is one pipelined read");
+    let before = trips(&replica);
     for _ in 0..20 {
         selector.select(&query("g", 3)).await.expect("select");
     }
     assert_eq!(
-        trips(selector) - before,
+        trips(&replica) - before,
         0,
         "hits within 200 ms read nothing"
     );
@@ -81,7 +82,7 @@ async fn a_cache_hit_makes_no_round_trip() {
 async fn sixteen_concurrent_misses_send_one_fetch() {
     let (_backends, replica, _) = setup(4).await;
     let selector = replica.built.selector.clone();
-    let before = trips(&selector);
+    let before = trips(&replica);
     let selects: Vec<_> = (0..16)
         .map(|_| {
             let selector = selector.clone();
@@ -97,7 +98,7 @@ async fn sixteen_concurrent_misses_send_one_fetch() {
         assert_eq!(select.await.expect("task").expect("select"), 4);
     }
     assert_eq!(
-        trips(&selector) - before,
+        trips(&replica) - before,
         1,
         "16 misses for one candidate set coalesce into one fetch"
     );
@@ -110,9 +111,9 @@ async fn a_hundred_and_twenty_five_accounts_are_read_in_three_batches() {
         add_leases(&backends, id, n % 4).await;
     }
     let selector = &replica.built.selector;
-    let before = trips(selector);
+    let before = trips(&replica);
     let plan = selector.select(&query("g", 125)).await.expect("select");
-    assert_eq!(trips(selector) - before, 3, "50 + 50 + 25: three pipelines");
+    assert_eq!(trips(&replica) - before, 3, "50 + 50 + 25: three pipelines");
     assert_eq!(plan.entries.len(), 125, "every account takes part");
     for (n, &id) in ids.iter().enumerate() {
         let entry = plan
@@ -137,10 +138,10 @@ async fn a_failed_pipeline_falls_back_per_account_and_never_reports_zero_for_an_
         .await
         .expect("set");
     let selector = &replica.built.selector;
-    let before = trips(selector);
+    let before = trips(&replica);
     let plan = selector.select(&query("g", 4)).await.expect("select");
     assert_eq!(
-        trips(selector) - before,
+        trips(&replica) - before,
         1 + 4,
         "the batch, then one read per account"
     );
@@ -171,7 +172,7 @@ async fn a_cached_reading_that_filters_everyone_triggers_exactly_one_fresh_read(
             .expect("set");
     }
     let selector = &replica.built.selector;
-    let before = trips(selector);
+    let before = trips(&replica);
     let plan = selector.select(&query("g", 3)).await.expect("select");
     assert!(plan.entries.is_empty());
     assert_eq!(
@@ -184,7 +185,7 @@ async fn a_cached_reading_that_filters_everyone_triggers_exactly_one_fresh_read(
         plan.retry_after_ms
     );
     assert_eq!(
-        trips(selector) - before,
+        trips(&replica) - before,
         2,
         "the miss, then one confirming fresh read"
     );
@@ -196,8 +197,8 @@ async fn a_cached_reading_that_filters_everyone_triggers_exactly_one_fresh_read(
             .await
             .expect("del");
     }
-    let before = trips(selector);
+    let before = trips(&replica);
     let plan = selector.select(&query("g", 3)).await.expect("select");
     assert_eq!(plan.entries.len(), 3, "the fresh read found them");
-    assert_eq!(trips(selector) - before, 1, "exactly one fresh read");
+    assert_eq!(trips(&replica) - before, 1, "exactly one fresh read");
 }

@@ -160,7 +160,7 @@ impl Replica {
         let addr = listener.local_addr().expect("addr");
         let (stop, stopped) = oneshot::channel::<()>();
         let serving = ServeParts {
-            selector: built.selector.clone(),
+            serving: built.serving(),
             config,
         };
         tokio::spawn(async move {
@@ -205,7 +205,7 @@ impl Drop for Replica {
 
 /// What `server::serve` needs, owned by the serving task.
 struct ServeParts {
-    selector: Arc<selector_svc::engine::Selector>,
+    serving: server::Serving,
     config: Config,
 }
 
@@ -215,7 +215,7 @@ impl ServeParts {
         listener: tokio::net::TcpListener,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> Result<(), server::ServeError> {
-        server::serve_selector(self.selector, &self.config, listener, None, shutdown).await
+        server::serve_selector(self.serving, &self.config, listener, None, shutdown).await
     }
 }
 

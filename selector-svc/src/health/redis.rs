@@ -1,43 +1,23 @@
 //! Account health in Redis, shared by every selector replica at once: hard blocks (written to
 //! admission's cooldown key, so admission refuses the account in the same script that takes a
-//! slot), soft blocks, circuit breakers, sticky and response bindings, token-refresh locks.
+//! slot), soft blocks, circuit breakers, sticky and response bindings, confirmation and
+//! token-refresh locks; the live lease count is read from admission's lease keys.
 //!
 //! Key names come from `poolgate_proto::keys`; time inside decisions is Redis `TIME`.
 
 use std::sync::Arc;
 
+use async_trait::async_trait;
 use poolgate_proto::keys::{self, AccountKeys};
 use poolgate_runtime::clock::{RedisClock, TIME_PRELUDE};
-use poolgate_runtime::error::BackendError;
 use poolgate_runtime::redis::RedisHandle;
 use redis::Script;
 
+use super::{
+    AccountHealth, BackendError, BlockInfo, Breaker, BreakerChange, HealthStore, block_value,
+    breaker_reason, parse_block_value,
+};
 use crate::domain::{AccountId, now_ms};
-pub use poolgate_core::health::{AccountHealth, Breaker};
-
-/// What the breaker did with a broken outcome.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BreakerChange {
-    /// Counted; still closed.
-    Counted(u32),
-    /// Opened (threshold reached) for this many ms.
-    Opened(u64),
-    /// The half-open probe failed: re-opened for this many ms (doubled, capped).
-    Reopened(u64),
-    /// Already open.
-    StillOpen,
-}
-
-/// A block as operators see it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct BlockInfo {
-    pub account_id: AccountId,
-    pub kind: &'static str,
-    pub class: String,
-    pub status: u16,
-    pub reason: String,
-    pub remaining_ms: u64,
-}
 
 /// One account's pipelined reads: live leases, hard block PTTL, soft block PTTL,
 /// (breaker open_until, breaker failures).
@@ -119,19 +99,6 @@ pub struct RedisHealth {
     clock: RedisClock,
 }
 
-fn block_value(class: &str, status: u16, reason: &str) -> String {
-    let reason: String = reason.chars().take(200).collect();
-    format!("{class}|{status}|{reason}")
-}
-
-fn parse_block_value(value: &str) -> (String, u16, String) {
-    let mut parts = value.splitn(3, '|');
-    let class = parts.next().unwrap_or_default().to_owned();
-    let status = parts.next().and_then(|s| s.parse().ok()).unwrap_or(0);
-    let reason = parts.next().unwrap_or_default().to_owned();
-    (class, status, reason)
-}
-
 impl RedisHealth {
     pub fn new(redis: RedisHandle) -> Self {
         let script = |body: &str| Script::new(&format!("{TIME_PRELUDE}{body}"));
@@ -194,8 +161,69 @@ impl RedisHealth {
         }
     }
 
+    async fn block(&self, key: String, ttl_ms: u64, value: String) -> Result<u64, BackendError> {
+        let mut conn = self.redis.conn().await?;
+        let (applied, now): (u64, i64) = self
+            .redis
+            .bounded(
+                self.scripts
+                    .block
+                    .key(key)
+                    .arg(ttl_ms.max(1))
+                    .arg(value)
+                    .invoke_async(&mut conn),
+            )
+            .await?;
+        self.learn_clock(now);
+        Ok(applied)
+    }
+
+    /// `SET key owner NX PX ttl`: whether this owner took the lock.
+    async fn lock(&self, key: String, owner: &str, ttl_ms: u64) -> Result<bool, BackendError> {
+        let mut conn = self.redis.conn().await?;
+        let taken: Option<String> = self
+            .redis
+            .bounded(
+                redis::cmd("SET")
+                    .arg(key)
+                    .arg(owner)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(ttl_ms.max(1))
+                    .query_async(&mut conn),
+            )
+            .await?;
+        Ok(taken.is_some())
+    }
+
+    async fn delete_if(&self, key: String, value: &str) -> Result<(), BackendError> {
+        let mut conn = self.redis.conn().await?;
+        let _: (i64, i64) = self
+            .redis
+            .bounded(
+                self.scripts
+                    .unlock
+                    .key(key)
+                    .arg(value)
+                    .invoke_async(&mut conn),
+            )
+            .await?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl HealthStore for RedisHealth {
+    async fn now(&self) -> Result<i64, BackendError> {
+        self.redis_now().await
+    }
+
     /// Reads load, blocks and breakers of `ids` in ONE pipeline (one round trip).
-    pub async fn read_batch(&self, ids: &[AccountId]) -> Result<Vec<AccountHealth>, BackendError> {
+    async fn read_batch(&self, ids: &[AccountId]) -> Result<Vec<AccountHealth>, BackendError> {
+        if ids.is_empty() {
+            // An empty pipeline is an error in the client, not an empty answer.
+            return Ok(Vec::new());
+        }
         let now = self.redis_now().await?;
         let mut pipeline = redis::pipe();
         for &id in ids {
@@ -235,7 +263,7 @@ impl RedisHealth {
     }
 
     /// Reads one account (the fallback when a batch pipeline fails).
-    pub async fn read_one(&self, id: AccountId) -> Result<AccountHealth, BackendError> {
+    async fn read_one(&self, id: AccountId) -> Result<AccountHealth, BackendError> {
         let now = self.redis_now().await?;
         let mut pipeline = redis::pipe();
         Self::add_reads(&mut pipeline, id, now);
@@ -244,25 +272,8 @@ impl RedisHealth {
         Ok(Self::health_of(values, now))
     }
 
-    async fn block(&self, key: String, ttl_ms: u64, value: String) -> Result<u64, BackendError> {
-        let mut conn = self.redis.conn().await?;
-        let (applied, now): (u64, i64) = self
-            .redis
-            .bounded(
-                self.scripts
-                    .block
-                    .key(key)
-                    .arg(ttl_ms.max(1))
-                    .arg(value)
-                    .invoke_async(&mut conn),
-            )
-            .await?;
-        self.learn_clock(now);
-        Ok(applied)
-    }
-
     /// Hard block: the admission cooldown key, keeping a later deadline. Returns the block left.
-    pub async fn hard_block(
+    async fn hard_block(
         &self,
         id: AccountId,
         ttl_ms: u64,
@@ -279,7 +290,7 @@ impl RedisHealth {
     }
 
     /// Soft block: reorders only.
-    pub async fn soft_block(
+    async fn soft_block(
         &self,
         id: AccountId,
         ttl_ms: u64,
@@ -295,7 +306,7 @@ impl RedisHealth {
         .await
     }
 
-    pub async fn breaker_failure(
+    async fn breaker_failure(
         &self,
         id: AccountId,
         threshold: u32,
@@ -325,8 +336,7 @@ impl RedisHealth {
         })
     }
 
-    /// A success closes the breaker and resets its count. Returns whether it was open/half-open.
-    pub async fn breaker_success(&self, id: AccountId) -> Result<bool, BackendError> {
+    async fn breaker_success(&self, id: AccountId) -> Result<bool, BackendError> {
         let mut conn = self.redis.conn().await?;
         let (was_open, _): (Option<i64>, i64) = self
             .redis
@@ -344,12 +354,7 @@ impl RedisHealth {
         Ok(was_open.unwrap_or(0) > 0)
     }
 
-    /// Counts an unauthorized outcome; returns how many fell in the window.
-    pub async fn count_unauthorized(
-        &self,
-        id: AccountId,
-        window_ms: u64,
-    ) -> Result<u32, BackendError> {
+    async fn count_unauthorized(&self, id: AccountId, window_ms: u64) -> Result<u32, BackendError> {
         let event = format!("{}-{}", now_ms(), fastrand::u32(..));
         let mut conn = self.redis.conn().await?;
         let (count, now): (u32, i64) = self
@@ -367,8 +372,7 @@ impl RedisHealth {
         Ok(count)
     }
 
-    /// Clears hard and soft blocks, the breaker and the unauthorized count.
-    pub async fn clear(&self, id: AccountId) -> Result<(), BackendError> {
+    async fn clear(&self, id: AccountId) -> Result<(), BackendError> {
         let mut conn = self.redis.conn().await?;
         // The cooldown key is on the account's slot; the selector keys are not, so they are two
         // separate commands on a cluster.
@@ -394,8 +398,7 @@ impl RedisHealth {
         Ok(())
     }
 
-    /// Every hard, soft and breaker block among `ids`.
-    pub async fn list_blocks(&self, ids: &[AccountId]) -> Result<Vec<BlockInfo>, BackendError> {
+    async fn list_blocks(&self, ids: &[AccountId]) -> Result<Vec<BlockInfo>, BackendError> {
         let now = self.redis_now().await?;
         let mut blocks = Vec::new();
         for &id in ids {
@@ -455,7 +458,7 @@ impl RedisHealth {
                     kind: "breaker",
                     class: "broken".into(),
                     status: 0,
-                    reason: format!("{} consecutive broken outcomes", failures.unwrap_or(0)),
+                    reason: breaker_reason(failures.unwrap_or(0)),
                     remaining_ms: (until - now).max(0) as u64,
                 });
             }
@@ -463,7 +466,7 @@ impl RedisHealth {
         Ok(blocks)
     }
 
-    pub async fn sticky_get(
+    async fn sticky_get(
         &self,
         group: &str,
         session: &str,
@@ -478,8 +481,7 @@ impl RedisHealth {
             .await
     }
 
-    /// Binds and returns the previous binding.
-    pub async fn sticky_set(
+    async fn sticky_set(
         &self,
         group: &str,
         session: &str,
@@ -500,8 +502,7 @@ impl RedisHealth {
             .await
     }
 
-    /// Refreshes a binding's TTL.
-    pub async fn sticky_touch(
+    async fn sticky_touch(
         &self,
         group: &str,
         session: &str,
@@ -520,7 +521,7 @@ impl RedisHealth {
         Ok(())
     }
 
-    pub async fn sticky_drop(&self, group: &str, session: &str) -> Result<bool, BackendError> {
+    async fn sticky_drop(&self, group: &str, session: &str) -> Result<bool, BackendError> {
         let mut conn = self.redis.conn().await?;
         let removed: i64 = self
             .redis
@@ -533,7 +534,7 @@ impl RedisHealth {
         Ok(removed > 0)
     }
 
-    pub async fn response_get(&self, response_id: &str) -> Result<Option<AccountId>, BackendError> {
+    async fn response_get(&self, response_id: &str) -> Result<Option<AccountId>, BackendError> {
         let mut conn = self.redis.conn().await?;
         self.redis
             .bounded(
@@ -544,7 +545,7 @@ impl RedisHealth {
             .await
     }
 
-    pub async fn response_set(
+    async fn response_set(
         &self,
         response_id: &str,
         id: AccountId,
@@ -566,7 +567,7 @@ impl RedisHealth {
     }
 
     /// Takes the cluster-wide confirmation lock of an account (see `confirm.rs`).
-    pub async fn lock_confirm(
+    async fn lock_confirm(
         &self,
         id: AccountId,
         owner: &str,
@@ -575,32 +576,11 @@ impl RedisHealth {
         self.lock(keys::confirm_lock(id), owner, ttl_ms).await
     }
 
-    /// `SET key owner NX PX ttl`: whether this owner took the lock.
-    async fn lock(&self, key: String, owner: &str, ttl_ms: u64) -> Result<bool, BackendError> {
-        let mut conn = self.redis.conn().await?;
-        let taken: Option<String> = self
-            .redis
-            .bounded(
-                redis::cmd("SET")
-                    .arg(key)
-                    .arg(owner)
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(ttl_ms.max(1))
-                    .query_async(&mut conn),
-            )
-            .await?;
-        Ok(taken.is_some())
-    }
-
-    pub async fn unlock_confirm(&self, id: AccountId, owner: &str) -> Result<(), BackendError> {
+    async fn unlock_confirm(&self, id: AccountId, owner: &str) -> Result<(), BackendError> {
         self.delete_if(keys::confirm_lock(id), owner).await
     }
 
-    /// Keeps the confirmation lock `ms` longer and then lets it lapse: readings cached on every
-    /// replica still show the old breaker state for a moment, and must not start a second
-    /// check.
-    pub async fn linger_confirm(
+    async fn linger_confirm(
         &self,
         id: AccountId,
         owner: &str,
@@ -621,8 +601,7 @@ impl RedisHealth {
         Ok(())
     }
 
-    /// Hard-blocks an account while its confirmation runs; returns the value to lift it with.
-    pub async fn block_confirming(
+    async fn block_confirming(
         &self,
         id: AccountId,
         ttl_ms: u64,
@@ -636,28 +615,12 @@ impl RedisHealth {
         Ok(value)
     }
 
-    /// Lifts the "confirming" hard block, unless another block replaced it meanwhile.
-    pub async fn unblock_confirming(&self, id: AccountId, value: &str) -> Result<(), BackendError> {
+    async fn unblock_confirming(&self, id: AccountId, value: &str) -> Result<(), BackendError> {
         self.delete_if(AccountKeys::new(id).cooldown, value).await
     }
 
-    async fn delete_if(&self, key: String, value: &str) -> Result<(), BackendError> {
-        let mut conn = self.redis.conn().await?;
-        let _: (i64, i64) = self
-            .redis
-            .bounded(
-                self.scripts
-                    .unlock
-                    .key(key)
-                    .arg(value)
-                    .invoke_async(&mut conn),
-            )
-            .await?;
-        Ok(())
-    }
-
     /// Takes the cluster-wide token-refresh lock for an account.
-    pub async fn lock_refresh(
+    async fn lock_refresh(
         &self,
         id: AccountId,
         owner: &str,
@@ -666,7 +629,7 @@ impl RedisHealth {
         self.lock(keys::token_refresh_lock(id), owner, ttl_ms).await
     }
 
-    pub async fn unlock_refresh(&self, id: AccountId, owner: &str) -> Result<(), BackendError> {
+    async fn unlock_refresh(&self, id: AccountId, owner: &str) -> Result<(), BackendError> {
         self.delete_if(keys::token_refresh_lock(id), owner).await
     }
 }

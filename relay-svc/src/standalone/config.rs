@@ -1,0 +1,329 @@
+//! The standalone YAML file: listen address, client keys, accounts (API keys or subscription
+//! sign-ins), prices — checked once at start and turned into the selector's snapshot.
+
+use std::collections::HashMap;
+
+use poolgate_core::account::{
+    Account, AccountStatus, ApiKeyRecord, CredentialKind, OAuthState, Platform, Price, Secret,
+    default_oauth_token_url,
+};
+use selector_svc::crypto::{api_key_hash, api_key_prefix};
+use selector_svc::snapshot::Snapshot;
+use serde::Deserialize;
+
+/// The standalone account file (see `examples/standalone.yaml`). Unknown fields are ignored, so
+/// a file written for a newer relay still loads.
+#[derive(Debug, Deserialize)]
+pub struct StandaloneFile {
+    /// Listen address (the `--listen` flag wins when given).
+    #[serde(default)]
+    pub listen: Option<String>,
+    #[serde(default)]
+    pub api_keys: Vec<KeyEntry>,
+    pub accounts: Vec<AccountEntry>,
+    #[serde(default)]
+    pub prices: Prices,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct KeyEntry {
+    pub key: String,
+    #[serde(default = "default_user")]
+    pub user: String,
+    #[serde(default = "default_group")]
+    pub group: String,
+    /// Per-user requests per minute; <= 0: unlimited.
+    #[serde(default, alias = "user_rpm", alias = "user_rpm_limit")]
+    pub rpm_limit: i32,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct OAuthEntry {
+    pub access_token: String,
+    #[serde(default)]
+    pub refresh_token: Option<String>,
+    #[serde(default)]
+    pub expires_at: Option<serde_yaml_ng::Value>,
+    /// Default: the platform's (Anthropic's console, OpenAI's auth server).
+    #[serde(default)]
+    pub token_url: Option<String>,
+    /// The OAuth client id refresh requests carry (default: the official CLI's).
+    #[serde(default)]
+    pub client_id: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct AccountEntry {
+    /// Stable id (default: position in the file, from 1).
+    #[serde(default)]
+    pub id: Option<i64>,
+    pub name: String,
+    #[serde(default = "default_group")]
+    pub group: String,
+    /// `anthropic` or `openai`.
+    pub platform: String,
+    pub base_url: String,
+    /// The upstream API key...
+    #[serde(default, alias = "credential")]
+    pub api_key: Option<String>,
+    /// ...or the environment variable holding it...
+    #[serde(default, alias = "api_key_env")]
+    pub credential_env: Option<String>,
+    /// ...or an OAuth access token (refreshing it is the distributed selector's job).
+    #[serde(default)]
+    pub oauth: Option<OAuthEntry>,
+    /// A ChatGPT subscription (the Codex CLI's sign-in): platform openai, `/v1/responses` only.
+    #[serde(default)]
+    pub chatgpt_oauth: Option<OAuthEntry>,
+    #[serde(default)]
+    pub priority: i32,
+    #[serde(default = "one")]
+    pub weight: i32,
+    #[serde(default, alias = "concurrency_limit")]
+    pub concurrency: i32,
+    #[serde(default, alias = "rpm")]
+    pub rpm_limit: i32,
+    #[serde(default, alias = "session_window_usd")]
+    pub session_window_limit_usd: f64,
+    #[serde(default, alias = "allowed_models")]
+    pub models: Vec<String>,
+    #[serde(default)]
+    pub model_mapping: HashMap<String, String>,
+    #[serde(default, alias = "proxy")]
+    pub proxy_url: Option<String>,
+    /// The model the confirmation probe asks for (none: the platform default).
+    #[serde(default)]
+    pub probe_model: Option<String>,
+    /// OpenAI chat streams: ask the upstream for usage when the client did not (default true).
+    #[serde(default = "yes")]
+    pub stream_usage: bool,
+    /// `active` (default) or `disabled`.
+    #[serde(default)]
+    pub status: Option<String>,
+}
+
+/// Prices as a list of `{model, input, output, cache_write, cache_read}` or a map by model.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Prices {
+    List(Vec<PriceEntry>),
+    Map(HashMap<String, PriceEntry>),
+}
+
+impl Default for Prices {
+    fn default() -> Self {
+        Prices::List(Vec::new())
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct PriceEntry {
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub input: f64,
+    #[serde(default)]
+    pub output: f64,
+    #[serde(default)]
+    pub cache_write: f64,
+    #[serde(default)]
+    pub cache_read: f64,
+}
+
+fn default_user() -> String {
+    "default".into()
+}
+
+fn default_group() -> String {
+    "default".into()
+}
+
+fn one() -> i32 {
+    1
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl StandaloneFile {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let file: StandaloneFile =
+            serde_yaml_ng::from_str(text).map_err(|e| format!("config: {e}"))?;
+        if file.accounts.is_empty() {
+            return Err("config: no accounts".into());
+        }
+        Ok(file)
+    }
+
+    fn accounts(&self) -> Result<Vec<Account>, String> {
+        let mut accounts = Vec::new();
+        let mut ids = std::collections::HashSet::new();
+        for (index, entry) in self.accounts.iter().enumerate() {
+            let at =
+                |message: &str| format!("config: accounts[{index}] ({}): {message}", entry.name);
+            let platform = Platform::parse(&entry.platform)
+                .ok_or_else(|| at("platform must be anthropic or openai"))?;
+            let signed_in = entry.oauth.as_ref().or(entry.chatgpt_oauth.as_ref());
+            let (credential_kind, credential) = match (
+                &entry.api_key,
+                &entry.credential_env,
+                entry.oauth.as_ref().or(entry.chatgpt_oauth.as_ref()),
+            ) {
+                (Some(key), _, _) => (CredentialKind::ApiKey, key.clone()),
+                (None, Some(var), _) => (
+                    CredentialKind::ApiKey,
+                    std::env::var(var)
+                        .map_err(|_| at(&format!("environment variable {var} is not set")))?,
+                ),
+                (None, None, Some(oauth)) if entry.chatgpt_oauth.is_some() => {
+                    if platform != Platform::OpenAi {
+                        return Err(at("chatgpt_oauth accounts are on platform openai"));
+                    }
+                    (CredentialKind::ChatGptOAuth, oauth.access_token.clone())
+                }
+                (None, None, Some(oauth)) => (CredentialKind::OAuth, oauth.access_token.clone()),
+                (None, None, None) => return Err(at("needs api_key, credential_env or oauth")),
+            };
+            if credential.is_empty() {
+                return Err(at("the credential is empty"));
+            }
+            if !(entry.base_url.starts_with("http://") || entry.base_url.starts_with("https://")) {
+                return Err(at("base_url must be an http(s) URL"));
+            }
+            let id = entry.id.unwrap_or(index as i64 + 1);
+            if id <= 0 || !ids.insert(id) {
+                return Err(at("id must be positive and unique"));
+            }
+            let status = match entry.status.as_deref() {
+                None | Some("active") => AccountStatus::Active,
+                Some("disabled") => AccountStatus::Disabled,
+                Some(_) => return Err(at("status must be active or disabled")),
+            };
+            accounts.push(Account {
+                id,
+                name: entry.name.clone(),
+                group: entry.group.clone(),
+                platform,
+                base_url: entry.base_url.trim_end_matches('/').to_owned(),
+                credential_kind,
+                credential: Secret::new(credential),
+                oauth: match signed_in {
+                    Some(oauth) if credential_kind.is_oauth() => {
+                        oauth_state(oauth, platform).map_err(|message| at(&message))?
+                    }
+                    _ => None,
+                },
+                status,
+                status_reason: String::new(),
+                priority: entry.priority,
+                weight: entry.weight.max(1),
+                concurrency_limit: entry.concurrency,
+                rpm_limit: entry.rpm_limit,
+                session_window_limit_usd: entry.session_window_limit_usd,
+                allowed_models: entry.models.clone(),
+                model_mapping: entry.model_mapping.clone(),
+                proxy_url: entry.proxy_url.clone().filter(|p| !p.is_empty()),
+                probe_model: entry.probe_model.clone().filter(|m| !m.is_empty()),
+                stream_usage: entry.stream_usage,
+            });
+        }
+        Ok(accounts)
+    }
+
+    /// The selector's view of this file: accounts, client keys (by hash, ids from 1 in file
+    /// order), prices.
+    pub fn snapshot(&self) -> Result<Snapshot, String> {
+        let mut keys = HashMap::new();
+        for (index, entry) in self.api_keys.iter().enumerate() {
+            if entry.key.is_empty() {
+                return Err(format!("config: api_keys[{index}]: the key is empty"));
+            }
+            let record = ApiKeyRecord {
+                id: index as i64 + 1,
+                name: format!("api_keys[{index}]"),
+                prefix: api_key_prefix(&entry.key),
+                user: entry.user.clone(),
+                group: entry.group.clone(),
+                user_rpm_limit: entry.rpm_limit,
+                active: true,
+            };
+            if keys.insert(api_key_hash(&entry.key), record).is_some() {
+                return Err(format!(
+                    "config: api_keys[{index}]: the key is listed twice"
+                ));
+            }
+        }
+        let groups = self.api_keys.iter().map(|k| k.group.clone()).collect();
+        Ok(Snapshot::new(
+            groups,
+            self.accounts()?,
+            keys,
+            self.prices()?,
+        ))
+    }
+
+    fn prices(&self) -> Result<HashMap<String, Price>, String> {
+        let price = |p: &PriceEntry| Price {
+            input_per_mtok: p.input,
+            output_per_mtok: p.output,
+            cache_write_per_mtok: p.cache_write,
+            cache_read_per_mtok: p.cache_read,
+        };
+        match &self.prices {
+            Prices::Map(map) => Ok(map
+                .iter()
+                .map(|(model, p)| (model.clone(), price(p)))
+                .collect()),
+            Prices::List(list) => list
+                .iter()
+                .enumerate()
+                .map(|(index, p)| {
+                    let model = p
+                        .model
+                        .clone()
+                        .ok_or_else(|| format!("config: prices[{index}]: model is required"))?;
+                    Ok((model, price(p)))
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The refresh state of a subscription account. Without a refresh token the access token is
+/// used until it stops working.
+fn oauth_state(entry: &OAuthEntry, platform: Platform) -> Result<Option<OAuthState>, String> {
+    let Some(refresh_token) = entry.refresh_token.as_ref().filter(|t| !t.is_empty()) else {
+        return Ok(None);
+    };
+    let expires_at_ms = match &entry.expires_at {
+        None => 0,
+        Some(value) => {
+            let number = value
+                .as_i64()
+                .or_else(|| value.as_str().and_then(|text| text.trim().parse().ok()))
+                .filter(|n| *n >= 0)
+                .ok_or("oauth.expires_at must be a time in ms (or seconds) since the epoch")?;
+            // Seconds and milliseconds since the epoch differ by three orders of magnitude.
+            if number < 100_000_000_000 {
+                number * 1000
+            } else {
+                number
+            }
+        }
+    };
+    let token_url = entry
+        .token_url
+        .clone()
+        .filter(|url| !url.is_empty())
+        .unwrap_or_else(|| default_oauth_token_url(platform).to_owned());
+    if !(token_url.starts_with("http://") || token_url.starts_with("https://")) {
+        return Err("oauth.token_url must be an http(s) URL".into());
+    }
+    Ok(Some(OAuthState {
+        refresh_token: Secret::new(refresh_token.clone()),
+        expires_at_ms,
+        token_url,
+        client_id: entry.client_id.clone().unwrap_or_default(),
+    }))
+}

@@ -1,0 +1,163 @@
+//! `relay-svc --standalone`: the whole pool in one process, no Redis, no Postgres. The selector
+//! engine and the admission engine run here, each on its memory store, wired as the services
+//! wire them: the same selection, outcomes, confirmation probe, breaker, bindings and token
+//! refresh as a distributed deployment. Accounts and client keys come from a YAML file; what
+//! must survive a restart (refreshed OAuth tokens, retirements, the usage ledger) goes to a
+//! state file.
+
+mod config;
+mod leases;
+mod operator;
+mod selection;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use admission_svc::admission::Admission;
+use async_trait::async_trait;
+use poolgate_core::lease::Settings;
+use selector_svc::engine::{Selector, SelectorParts, SelectorSettings};
+use selector_svc::health::MemoryHealth;
+use selector_svc::refresh::{RefreshSettings, TokenRefresher, refresh_loop};
+use selector_svc::snapshot::SnapshotCell;
+use selector_svc::source::{AccountSource, MemorySource, StateFile, UsageInput};
+
+pub use config::{AccountEntry, KeyEntry, OAuthEntry, PriceEntry, Prices, StandaloneFile};
+pub use leases::LocalLeases;
+pub use selection::InProcessSelection;
+
+use crate::admin::Operator;
+use crate::backends::UsageRecord;
+use crate::metrics::Metrics;
+use crate::usage_sink::{SinkSettings, UsageSink, UsageWriter, WriteError};
+
+/// How often due OAuth tokens are refreshed ahead of their expiry.
+const REFRESH_EVERY: Duration = Duration::from_secs(60);
+
+/// The in-process engines of a standalone relay.
+pub struct Standalone {
+    pub selection: Arc<InProcessSelection>,
+    pub leases: Arc<LocalLeases>,
+    pub operator: Arc<dyn Operator>,
+    pub source: Arc<MemorySource>,
+    pub admission: Arc<Admission>,
+}
+
+/// Builds the engines over `file` (and `state_file`'s saved state). Call inside a Tokio
+/// runtime: the reload, refresh and usage tasks start here.
+pub fn build(
+    file: &StandaloneFile,
+    state_file: Option<&Path>,
+    settings: SelectorSettings,
+    admission: Settings,
+    metrics: &Metrics,
+) -> Result<Standalone, String> {
+    let admission = LocalLeases::engine(admission, &metrics.registry);
+    let source = Arc::new(
+        MemorySource::new(file.snapshot()?, state_file.map(StateFile::new))
+            .map_err(|e| e.to_string())?,
+    );
+    let snapshot = Arc::new(SnapshotCell::new(source.snapshot()));
+    let health: Arc<dyn selector_svc::health::HealthStore> =
+        Arc::new(MemoryHealth::new(admission.clone()));
+    let selector_metrics = selector_svc::metrics::Metrics::registered_in(metrics.registry.clone());
+    let (refresh_sender, refresh_receiver) = tokio::sync::mpsc::unbounded_channel();
+    let selector = Arc::new(Selector::new(SelectorParts {
+        snapshot: snapshot.clone(),
+        source: source.clone(),
+        health: health.clone(),
+        admission: admission.clone(),
+        settings,
+        metrics: selector_metrics.clone(),
+        refresh_requests: refresh_sender,
+    }));
+    let refresher = TokenRefresher::new(
+        source.clone(),
+        health,
+        RefreshSettings::default(),
+        selector_metrics,
+    )?;
+    selector.set_refresher(refresher.clone());
+    tokio::spawn(source.clone().reload_on_change(snapshot.clone()));
+    tokio::spawn(refresh_loop(
+        refresher,
+        snapshot,
+        refresh_receiver,
+        REFRESH_EVERY,
+    ));
+    let usage = UsageSink::start(
+        SourceUsage(source.clone()),
+        metrics.usage_lost.clone(),
+        SinkSettings::default(),
+    );
+    Ok(Standalone {
+        selection: Arc::new(InProcessSelection::new(selector.clone(), usage)),
+        leases: Arc::new(LocalLeases::new(admission.clone())),
+        operator: Arc::new(operator::EngineOperator::new(selector, source.clone())),
+        source,
+        admission,
+    })
+}
+
+/// Where the state file goes when `--state-file` is not given: beside the config
+/// (`<name>.state.json`), when that directory is writable. `None`: nothing survives a restart.
+pub fn default_state_file(config: &Path) -> Option<PathBuf> {
+    let directory = match config.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let stem = config.file_stem()?.to_string_lossy().into_owned();
+    let writable = std::fs::metadata(&directory)
+        .map(|m| m.is_dir() && !m.permissions().readonly())
+        .unwrap_or(false)
+        && tempfile_probe(&directory);
+    writable.then(|| directory.join(format!("{stem}.state.json")))
+}
+
+/// Whether a file can be created in `directory` (permission bits do not tell for root or
+/// read-only mounts).
+fn tempfile_probe(directory: &Path) -> bool {
+    let probe = directory.join(format!(".poolgate-write-test-{}", std::process::id()));
+    let created = std::fs::File::create(&probe).is_ok();
+    let _ = std::fs::remove_file(&probe);
+    created
+}
+
+/// The usage ledger of the memory source, as the usage sink's writer.
+struct SourceUsage(Arc<MemorySource>);
+
+#[async_trait]
+impl UsageWriter for SourceUsage {
+    async fn write(&self, records: Vec<UsageRecord>) -> Result<(), WriteError> {
+        let inputs: Vec<UsageInput> = records
+            .into_iter()
+            .map(|r| UsageInput {
+                api_key_id: (r.api_key_id > 0).then_some(r.api_key_id),
+                user: r.user,
+                account_id: (r.account_id > 0).then_some(r.account_id),
+                model: r.model,
+                input_tokens: clamp(r.input_tokens),
+                output_tokens: clamp(r.output_tokens),
+                cache_write_tokens: clamp(r.cache_write_tokens),
+                cache_read_tokens: clamp(r.cache_read_tokens),
+                cost_usd: r.cost_usd,
+                status: i32::from(r.status),
+                latency_ms: r.latency_ms.min(i32::MAX as u32) as i32,
+                at_ms: (r.at_ms > 0).then_some(r.at_ms.min(i64::MAX as u64) as i64),
+            })
+            .collect();
+        match self.0.insert_usage(&inputs).await {
+            Ok(_) => Ok(()),
+            // Kept in memory; the next write carries it to the file again.
+            Err(error) => {
+                tracing::warn!(%error, "usage kept in memory only");
+                Ok(())
+            }
+        }
+    }
+}
+
+fn clamp(tokens: u64) -> i64 {
+    i64::try_from(tokens).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,118 @@
+//! The admin endpoint's verbs over the in-process selector engine: the same engine calls the
+//! selector's gRPC admin API makes in distributed mode.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use poolgate_core::account::Account;
+use selector_svc::engine::{Selector, SelectorError};
+use selector_svc::source::{AccountSource, MemorySource};
+
+use crate::admin::{AccountView, AdminError, BlockView, KeyUsage, Operator};
+
+pub struct EngineOperator {
+    selector: Arc<Selector>,
+    source: Arc<MemorySource>,
+}
+
+impl EngineOperator {
+    pub fn new(selector: Arc<Selector>, source: Arc<MemorySource>) -> Self {
+        EngineOperator { selector, source }
+    }
+}
+
+fn view(account: &Account) -> AccountView {
+    AccountView {
+        id: account.id,
+        name: account.name.clone(),
+        group: account.group.clone(),
+        platform: account.platform.as_str().to_owned(),
+        credential_kind: account.credential_kind.as_str().to_owned(),
+        credential_masked: account.credential.masked(),
+        status: account.status.as_str().to_owned(),
+        status_reason: account.status_reason.clone(),
+    }
+}
+
+fn admin_error(account_id: i64, error: SelectorError) -> AdminError {
+    match error {
+        SelectorError::NotFound(_) => AdminError::UnknownAccount(account_id),
+        other => AdminError::Unavailable(other.to_string()),
+    }
+}
+
+#[async_trait]
+impl Operator for EngineOperator {
+    async fn accounts(&self) -> Vec<AccountView> {
+        let snapshot = self.selector.snapshot().get();
+        let mut accounts: Vec<AccountView> = snapshot.accounts().map(|a| view(a)).collect();
+        accounts.sort_by_key(|a| a.id);
+        accounts
+    }
+
+    async fn blocks(&self) -> Result<Vec<BlockView>, AdminError> {
+        let blocks = self
+            .selector
+            .blocks()
+            .await
+            .map_err(|e| AdminError::Unavailable(e.to_string()))?;
+        let snapshot = self.selector.snapshot().get();
+        Ok(blocks
+            .into_iter()
+            .map(|block| BlockView {
+                account_name: snapshot
+                    .account(block.account_id)
+                    .map(|a| a.name.clone())
+                    .unwrap_or_default(),
+                account_id: block.account_id,
+                kind: block.kind.to_owned(),
+                class: block.class,
+                status: block.status,
+                reason: block.reason,
+                remaining_ms: block.remaining_ms,
+            })
+            .collect())
+    }
+
+    async fn restore(&self, account_id: i64) -> Result<AccountView, AdminError> {
+        let account = self
+            .selector
+            .restore(account_id)
+            .await
+            .map_err(|e| admin_error(account_id, e))?;
+        Ok(view(&account))
+    }
+
+    async fn clear_block(&self, account_id: i64) -> Result<(), AdminError> {
+        if self.selector.snapshot().get().account(account_id).is_none() {
+            return Err(AdminError::UnknownAccount(account_id));
+        }
+        self.selector
+            .clear_blocks(account_id)
+            .await
+            .map_err(|e| admin_error(account_id, e))
+    }
+
+    async fn usage(&self, from_ms: i64, to_ms: i64) -> Result<Vec<KeyUsage>, AdminError> {
+        let snapshot = self.selector.snapshot().get();
+        let mut keys: Vec<_> = snapshot.api_keys().cloned().collect();
+        keys.sort_by_key(|k| k.id);
+        let mut usage = Vec::with_capacity(keys.len());
+        for key in keys {
+            let totals = self
+                .source
+                .read_usage(key.id, from_ms, to_ms)
+                .await
+                .map_err(|e| AdminError::Unavailable(e.to_string()))?;
+            usage.push(KeyUsage {
+                api_key_id: key.id,
+                user: key.user,
+                requests: totals.requests.max(0) as u64,
+                input_tokens: totals.input_tokens.max(0) as u64,
+                output_tokens: totals.output_tokens.max(0) as u64,
+                cost_usd: totals.cost_usd,
+            });
+        }
+        Ok(usage)
+    }
+}

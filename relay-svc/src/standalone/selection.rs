@@ -1,0 +1,176 @@
+//! The relay's `Selection` over the selector engine in this process: the same calls the
+//! selector's gRPC layer makes for a remote relay, without the network in between.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use poolgate_core::account::{Platform, Secret, group_models};
+use poolgate_core::classify::Classified;
+use poolgate_core::outcome::{Outcome, OutcomeClass};
+use poolgate_core::select::NoneReason;
+use selector_svc::engine::{SelectQuery, Selector, SelectorError};
+
+use crate::backends::{BackendError, Caller, Plan, PlanRequest, Planned, Selection, UsageRecord};
+use crate::usage_sink::UsageSink;
+
+pub struct InProcessSelection {
+    selector: Arc<Selector>,
+    usage: UsageSink,
+}
+
+impl InProcessSelection {
+    pub fn new(selector: Arc<Selector>, usage: UsageSink) -> Self {
+        InProcessSelection { selector, usage }
+    }
+
+    async fn apply(&self, account_id: i64, outcome: &Classified, status: u16, reason: &str) {
+        let applied = self
+            .selector
+            .report(&Outcome {
+                account_id,
+                class: outcome.class,
+                status,
+                reset_at_ms: outcome.reset_at_ms,
+                reason: reason.to_owned(),
+            })
+            .await;
+        if let Err(error) = applied {
+            tracing::warn!(account_id, %error, "outcome not applied");
+        }
+    }
+}
+
+/// The engine's error as the selector's gRPC layer answers it (the same code, so a caller acts
+/// on it as it would on a remote selector's).
+fn unavailable(error: SelectorError) -> BackendError {
+    tonic::Status::from(error).into()
+}
+
+#[async_trait]
+impl Selection for InProcessSelection {
+    async fn authenticate(&self, api_key: &str) -> Result<Option<Caller>, BackendError> {
+        match self.selector.authenticate(api_key) {
+            Ok(record) => Ok(Some(Caller {
+                api_key_id: record.id,
+                user: record.user,
+                group: record.group,
+                user_rpm_limit: record.user_rpm_limit,
+            })),
+            Err(SelectorError::Unauthenticated(_)) => Ok(None),
+            Err(error) => Err(unavailable(error)),
+        }
+    }
+
+    async fn select(&self, request: &PlanRequest) -> Result<Plan, BackendError> {
+        let plan = self
+            .selector
+            .select(&SelectQuery {
+                group: request.group.clone(),
+                platform: Some(request.platform),
+                model: request.model.clone(),
+                session_hash: request.session_hash.clone(),
+                previous_response_id: request.previous_response_id.clone(),
+                exclude: request.exclude.clone(),
+                max_accounts: 0,
+            })
+            .await;
+        let plan = match plan {
+            Ok(plan) => plan,
+            // A group without accounts is not an error to the client: nothing to serve it.
+            Err(SelectorError::NotFound(_)) => {
+                return Ok(Plan {
+                    none_reason: Some(NoneReason::NoAccounts),
+                    ..Plan::default()
+                });
+            }
+            Err(error) => return Err(unavailable(error)),
+        };
+        self.selector
+            .metrics()
+            .selects
+            .with_label_values(&[plan.none_reason.map_or("planned", |reason| reason.as_str())])
+            .inc();
+        Ok(Plan {
+            accounts: plan
+                .entries
+                .into_iter()
+                .map(|entry| {
+                    let account = &entry.account;
+                    Planned {
+                        id: account.id,
+                        name: account.name.clone(),
+                        base_url: account.base_url.clone(),
+                        credential: account.credential.clone(),
+                        credential_kind: account.credential_kind,
+                        mapped_model: entry.mapped_model,
+                        concurrency_limit: account.concurrency_limit,
+                        rpm_limit: account.rpm_limit,
+                        session_window_limit_usd: account.session_window_limit_usd,
+                        proxy_url: account.proxy_url.clone(),
+                        stream_usage: account.stream_usage,
+                        price: entry.price,
+                        soft_blocked: entry.soft_blocked,
+                        inflight: entry.inflight,
+                    }
+                })
+                .collect(),
+            sticky: plan.sticky,
+            none_reason: plan.none_reason,
+            retry_after_ms: plan.retry_after_ms,
+        })
+    }
+
+    async fn report(&self, account_id: i64, outcome: Classified, status: u16, reason: &str) {
+        self.apply(account_id, &outcome, status, reason).await;
+    }
+
+    async fn report_refused(
+        &self,
+        account_id: i64,
+        outcome: Classified,
+        status: u16,
+        reason: &str,
+        after_refresh: bool,
+    ) -> Option<Secret> {
+        // The first refusal of an OAuth token: refreshed now and handed back for a retry on the
+        // same account; nothing counts against the account yet (as the selector's gRPC layer).
+        if outcome.class == OutcomeClass::Unauthorized
+            && !after_refresh
+            && let Some(fresh) = self.selector.refresh_refused_token(account_id).await
+        {
+            self.selector
+                .metrics()
+                .outcomes
+                .with_label_values(&[outcome.class.as_str(), "refreshed"])
+                .inc();
+            return Some(fresh);
+        }
+        self.apply(account_id, &outcome, status, reason).await;
+        None
+    }
+
+    async fn bind_session(&self, group: &str, session_hash: &str, account_id: i64) {
+        if let Err(error) = self
+            .selector
+            .bind_session(group, session_hash, account_id)
+            .await
+        {
+            tracing::debug!(%error, "session binding not written");
+        }
+    }
+
+    async fn bind_response(&self, response_id: &str, account_id: i64) {
+        if let Err(error) = self.selector.bind_response(response_id, account_id).await {
+            tracing::debug!(%error, "response binding not written");
+        }
+    }
+
+    fn record_usage(&self, record: UsageRecord) {
+        self.usage.record(record);
+    }
+
+    async fn models(&self, group: &str, platform: Platform) -> Vec<String> {
+        let snapshot = self.selector.snapshot().get();
+        group_models(snapshot.accounts().map(|a| a.as_ref()), group, platform)
+    }
+}

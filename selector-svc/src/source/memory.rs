@@ -1,0 +1,542 @@
+//! The in-memory account source of the relay's standalone mode: a snapshot built from its config
+//! file, changed in place by the engine's writes (retirements, restores, refreshed tokens, usage),
+//! so the next `load_snapshot` shows them.
+//!
+//! What must survive a restart goes to an optional state file, loaded over the config at
+//! start: refreshed OAuth tokens (refresh tokens are single-use: a relay that refreshed and then
+//! restarted with the config's old token has lost the account), status changes, and the usage
+//! ledger. The file is JSON, mode 0600 (it holds credentials in clear, as the config does),
+//! written atomically (a temporary file in the same directory, fsync, rename, fsync of the
+//! directory), so a crash leaves the old state or the new one, never half of one.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::{AccountSource, StoreError, UsageInput, UsageTotals};
+use crate::domain::{Account, AccountId, AccountStatus, OAuthState, Secret, now_ms};
+use crate::snapshot::{Snapshot, SnapshotCell};
+
+/// Usage is written at most this often (tokens and status changes at once): a crash loses at
+/// most this much of the ledger, and a busy relay does not fsync per request.
+const USAGE_WRITE_EVERY: Duration = Duration::from_secs(5);
+
+/// The ledger keeps totals per client key and hour; a range counts the hours that start in it.
+const USAGE_BUCKET_MS: i64 = 3_600_000;
+
+/// Where the standalone relay keeps what must survive a restart.
+#[derive(Debug, Clone)]
+pub struct StateFile {
+    path: PathBuf,
+}
+
+/// Serializes a `Secret` as its text (the state file holds credentials in clear, as the config
+/// does); everything else only ever prints it masked.
+mod secret_text {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use crate::domain::Secret;
+
+    pub fn serialize<S: Serializer>(secret: &Secret, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(secret.expose())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Secret, D::Error> {
+        String::deserialize(deserializer).map(Secret::new)
+    }
+}
+
+/// Tokens a refresh wrote, with the fingerprint of the config credential they replaced: a
+/// config that names another credential since (the operator signed in again) wins over them.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct StoredTokens {
+    #[serde(with = "secret_text")]
+    access_token: Secret,
+    #[serde(with = "secret_text")]
+    refresh_token: Secret,
+    expires_at_ms: i64,
+    replaces: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct StoredStatus {
+    status: String,
+    reason: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct UsageBucket {
+    api_key_id: i64,
+    hour_start_ms: i64,
+    requests: i64,
+    input_tokens: i64,
+    output_tokens: i64,
+    cost_usd: f64,
+}
+
+/// The state file's content.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct Persisted {
+    #[serde(default)]
+    tokens: BTreeMap<AccountId, StoredTokens>,
+    /// Only statuses that differ from the config's.
+    #[serde(default)]
+    statuses: BTreeMap<AccountId, StoredStatus>,
+    #[serde(default)]
+    usage: Vec<UsageBucket>,
+}
+
+impl StateFile {
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        StateFile { path: path.into() }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The saved state; `None` when there is no file yet. A file that cannot be read or parsed
+    /// is an error: starting without it could serve a refresh token that was already used.
+    fn read(&self) -> Result<Option<Persisted>, StoreError> {
+        let bytes = match fs::read(&self.path) {
+            Ok(bytes) => bytes,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(error) => {
+                return Err(StoreError::StateFile(format!(
+                    "reading {}: {error}",
+                    self.path.display()
+                )));
+            }
+        };
+        // serde's message can quote a value; the position is enough to find the fault.
+        serde_json::from_slice(&bytes).map(Some).map_err(|error| {
+            StoreError::StateFile(format!(
+                "{} is not a valid state file ({:?} error at line {} column {})",
+                self.path.display(),
+                error.classify(),
+                error.line(),
+                error.column()
+            ))
+        })
+    }
+
+    /// Writes the state atomically, readable by this user only.
+    fn write(&self, state: &Persisted) -> Result<(), StoreError> {
+        let failed = |what: &str, error: std::io::Error| {
+            StoreError::StateFile(format!("{what} {}: {error}", self.path.display()))
+        };
+        let bytes = serde_json::to_vec_pretty(state)
+            .map_err(|e| StoreError::StateFile(format!("encoding the state: {e}")))?;
+        let directory = match self.path.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let name = self
+            .path
+            .file_name()
+            .ok_or_else(|| StoreError::StateFile(format!("{} names no file", self.path.display())))?
+            .to_string_lossy()
+            .into_owned();
+        let temporary = directory.join(format!(".{name}.tmp-{}", std::process::id()));
+        let written = (|| {
+            let mut options = OpenOptions::new();
+            options.write(true).create(true).truncate(true);
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::OpenOptionsExt;
+                options.mode(0o600);
+            }
+            let mut file = options.open(&temporary)?;
+            // The mode applies to a new file only: a temporary left by a crashed write keeps its
+            // own unless set again.
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::PermissionsExt;
+                file.set_permissions(fs::Permissions::from_mode(0o600))?;
+            }
+            file.write_all(&bytes)?;
+            file.sync_all()?;
+            fs::rename(&temporary, &self.path)
+        })();
+        if let Err(error) = written {
+            let _ = fs::remove_file(&temporary);
+            return Err(failed("writing", error));
+        }
+        // The rename is durable only once the directory entry is.
+        File::open(&directory)
+            .and_then(|dir| dir.sync_all())
+            .map_err(|error| failed("syncing the directory of", error))
+    }
+}
+
+/// What the config itself says of an account, to tell the state file's changes from it.
+struct Configured {
+    status: AccountStatus,
+    credential: String,
+}
+
+struct Current {
+    snapshot: Snapshot,
+    configured: HashMap<AccountId, Configured>,
+    persisted: Persisted,
+    usage: BTreeMap<(i64, i64), UsageTotals>,
+    usage_dirty: bool,
+}
+
+impl Current {
+    fn to_persisted(&self) -> Persisted {
+        Persisted {
+            usage: self
+                .usage
+                .iter()
+                .map(|(&(api_key_id, hour_start_ms), totals)| UsageBucket {
+                    api_key_id,
+                    hour_start_ms,
+                    requests: totals.requests,
+                    input_tokens: totals.input_tokens,
+                    output_tokens: totals.output_tokens,
+                    cost_usd: totals.cost_usd,
+                })
+                .collect(),
+            ..self.persisted.clone()
+        }
+    }
+
+    fn account(&self, id: AccountId) -> Result<Account, StoreError> {
+        self.snapshot
+            .account(id)
+            .map(|account| Account::clone(account))
+            .ok_or_else(|| StoreError::NotFound(format!("account {id}")))
+    }
+}
+
+fn fingerprint(credential: &str) -> String {
+    Sha256::digest(credential.as_bytes())
+        .iter()
+        .take(16)
+        .map(|byte| format!("{byte:02x}"))
+        .collect()
+}
+
+fn with_tokens(mut account: Account, tokens: &StoredTokens) -> Account {
+    account.credential = tokens.access_token.clone();
+    let oauth = account.oauth.get_or_insert_with(|| OAuthState {
+        refresh_token: Secret::default(),
+        expires_at_ms: 0,
+        token_url: String::new(),
+        client_id: String::new(),
+    });
+    oauth.refresh_token = tokens.refresh_token.clone();
+    oauth.expires_at_ms = tokens.expires_at_ms;
+    account
+}
+
+/// The config in memory, with the engine's changes and an optional state file.
+pub struct MemorySource {
+    current: Mutex<Current>,
+    state_file: Option<StateFile>,
+    /// Held across taking a copy of the state and writing it, so writes land in the order of
+    /// the changes they carry (each write carries every change made before it). Holds when
+    /// usage was last written.
+    writes: tokio::sync::Mutex<Instant>,
+    /// Bumped on every change the snapshot shows (see [`MemorySource::reload_on_change`]).
+    changes: watch::Sender<u64>,
+}
+
+impl MemorySource {
+    /// The source of `snapshot` (the config), with `state_file`'s tokens, statuses and usage
+    /// over it when given. Entries for accounts the config does not have are ignored (and kept
+    /// in the file); tokens refreshed from a credential the config no longer names are dropped.
+    pub fn new(snapshot: Snapshot, state_file: Option<StateFile>) -> Result<Self, StoreError> {
+        let configured: HashMap<AccountId, Configured> = snapshot
+            .accounts()
+            .map(|account| {
+                (
+                    account.id,
+                    Configured {
+                        status: account.status,
+                        credential: fingerprint(account.credential.expose()),
+                    },
+                )
+            })
+            .collect();
+        let persisted = match &state_file {
+            Some(file) => file.read()?.unwrap_or_default(),
+            None => Persisted::default(),
+        };
+        let mut current = Current {
+            snapshot,
+            configured,
+            usage: BTreeMap::new(),
+            usage_dirty: false,
+            persisted: Persisted::default(),
+        };
+        current.load(persisted);
+        Ok(MemorySource {
+            current: Mutex::new(current),
+            state_file,
+            writes: tokio::sync::Mutex::new(Instant::now()),
+            changes: watch::channel(0).0,
+        })
+    }
+
+    fn with_current<T>(&self, f: impl FnOnce(&mut Current) -> T) -> T {
+        // Changes below are whole-value replacements: a poisoned lock holds nothing half-made.
+        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut current)
+    }
+
+    /// The snapshot as it is now (what `load_snapshot` answers).
+    pub fn snapshot(&self) -> Snapshot {
+        self.with_current(|current| current.snapshot.clone())
+    }
+
+    /// Changes as they happen: the value is bumped on every status or token change.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    /// Reloads `cell` from this source on every change, so a retirement or a refreshed token is
+    /// served at once (the Postgres source's NOTIFY). Runs until its task is dropped.
+    pub async fn reload_on_change(self: Arc<Self>, cell: Arc<SnapshotCell>) {
+        // Subscribed before the first reload: a change made before this task first ran is in
+        // that reload, one made after wakes the loop.
+        let mut changes = self.changes();
+        loop {
+            let ticket = cell.ticket();
+            cell.set(ticket, self.snapshot());
+            if changes.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Writes the state file now if usage is waiting to be written (at shutdown).
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        if self.with_current(|current| current.usage_dirty) {
+            self.persist().await?;
+        }
+        Ok(())
+    }
+
+    /// Writes the whole state (when there is a state file).
+    async fn persist(&self) -> Result<(), StoreError> {
+        let Some(file) = &self.state_file else {
+            return Ok(());
+        };
+        let mut last_write = self.writes.lock().await;
+        let state = self.with_current(|current| {
+            current.usage_dirty = false;
+            current.to_persisted()
+        });
+        let file = file.clone();
+        let written = tokio::task::spawn_blocking(move || file.write(&state))
+            .await
+            .map_err(|e| StoreError::StateFile(format!("the write did not finish: {e}")))
+            .and_then(|result| result);
+        match &written {
+            Ok(()) => *last_write = Instant::now(),
+            Err(error) => {
+                // The change is served from memory; the next write carries it again.
+                self.with_current(|current| current.usage_dirty = true);
+                tracing::error!(%error, "state file not written");
+            }
+        }
+        written
+    }
+
+    fn changed(&self) {
+        self.changes.send_modify(|version| *version += 1);
+    }
+}
+
+impl Current {
+    /// Applies a saved state over the config.
+    fn load(&mut self, persisted: Persisted) {
+        for (&id, tokens) in &persisted.tokens {
+            let Some(configured) = self.configured.get(&id) else {
+                tracing::warn!(
+                    account_id = id,
+                    "the state file has tokens of an account the config does not name; ignored"
+                );
+                self.persisted.tokens.insert(id, tokens.clone());
+                continue;
+            };
+            if configured.credential != tokens.replaces {
+                tracing::warn!(
+                    account_id = id,
+                    "the config names another credential than the one refreshed; using the config's"
+                );
+                continue;
+            }
+            if let Ok(account) = self.account(id) {
+                self.snapshot.replace_account(with_tokens(account, tokens));
+            }
+            self.persisted.tokens.insert(id, tokens.clone());
+        }
+        for (&id, stored) in &persisted.statuses {
+            self.persisted.statuses.insert(id, stored.clone());
+            let Some(status) = AccountStatus::parse(&stored.status) else {
+                tracing::warn!(account_id = id, status = %stored.status, "unknown status in the state file; ignored");
+                continue;
+            };
+            match self.account(id) {
+                Ok(mut account) => {
+                    account.status = status;
+                    account.status_reason = stored.reason.clone();
+                    self.snapshot.replace_account(account);
+                }
+                Err(_) => tracing::warn!(
+                    account_id = id,
+                    "the state file has the status of an account the config does not name; ignored"
+                ),
+            }
+        }
+        for bucket in persisted.usage {
+            let totals = self
+                .usage
+                .entry((bucket.api_key_id, bucket.hour_start_ms))
+                .or_default();
+            totals.requests += bucket.requests;
+            totals.input_tokens += bucket.input_tokens;
+            totals.output_tokens += bucket.output_tokens;
+            totals.cost_usd += bucket.cost_usd;
+        }
+    }
+}
+
+#[async_trait]
+impl AccountSource for MemorySource {
+    async fn load_snapshot(&self) -> Result<Snapshot, StoreError> {
+        Ok(self.snapshot())
+    }
+
+    async fn load_account(&self, id: AccountId) -> Result<Account, StoreError> {
+        self.with_current(|current| current.account(id))
+    }
+
+    async fn set_status(
+        &self,
+        id: AccountId,
+        status: AccountStatus,
+        reason: &str,
+    ) -> Result<(), StoreError> {
+        self.with_current(|current| {
+            let mut account = current.account(id)?;
+            account.status = status;
+            account.status_reason = reason.to_owned();
+            current.snapshot.replace_account(account);
+            // The file keeps only what differs from the config: a restore to the configured
+            // status leaves the config in charge again.
+            if current
+                .configured
+                .get(&id)
+                .is_some_and(|configured| configured.status == status)
+            {
+                current.persisted.statuses.remove(&id);
+            } else {
+                current.persisted.statuses.insert(
+                    id,
+                    StoredStatus {
+                        status: status.as_str().to_owned(),
+                        reason: reason.to_owned(),
+                    },
+                );
+            }
+            Ok::<_, StoreError>(())
+        })?;
+        self.changed();
+        self.persist().await
+    }
+
+    async fn store_tokens(
+        &self,
+        id: AccountId,
+        access_token: &Secret,
+        refresh_token: &Secret,
+        expires_at_ms: i64,
+    ) -> Result<(), StoreError> {
+        self.with_current(|current| {
+            let account = current.account(id)?;
+            let replaces = current
+                .configured
+                .get(&id)
+                .map(|configured| configured.credential.clone())
+                .unwrap_or_default();
+            let tokens = StoredTokens {
+                access_token: access_token.clone(),
+                refresh_token: refresh_token.clone(),
+                expires_at_ms,
+                replaces,
+            };
+            current
+                .snapshot
+                .replace_account(with_tokens(account, &tokens));
+            current.persisted.tokens.insert(id, tokens);
+            Ok::<_, StoreError>(())
+        })?;
+        self.changed();
+        self.persist().await
+    }
+
+    async fn insert_usage(&self, records: &[UsageInput]) -> Result<u64, StoreError> {
+        if records.is_empty() {
+            return Ok(0);
+        }
+        let now = now_ms();
+        self.with_current(|current| {
+            // Records without a client key count toward no key's totals, as in Postgres (where
+            // they are stored but no read asks for them).
+            for record in records {
+                let Some(api_key_id) = record.api_key_id else {
+                    continue;
+                };
+                let at = record.at_ms.unwrap_or(now);
+                let hour = at - at.rem_euclid(USAGE_BUCKET_MS);
+                let totals = current.usage.entry((api_key_id, hour)).or_default();
+                totals.requests += 1;
+                totals.input_tokens += record.input_tokens;
+                totals.output_tokens += record.output_tokens;
+                totals.cost_usd += record.cost_usd;
+            }
+            current.usage_dirty = true;
+        });
+        let due = self.writes.lock().await.elapsed() >= USAGE_WRITE_EVERY;
+        if due {
+            self.persist().await?;
+        }
+        Ok(records.len() as u64)
+    }
+
+    async fn read_usage(
+        &self,
+        api_key_id: i64,
+        from_ms: i64,
+        to_ms: i64,
+    ) -> Result<UsageTotals, StoreError> {
+        if to_ms <= from_ms {
+            return Ok(UsageTotals::default());
+        }
+        Ok(self.with_current(|current| {
+            current
+                .usage
+                .range((api_key_id, from_ms)..(api_key_id, to_ms))
+                .fold(UsageTotals::default(), |mut sum, (_, totals)| {
+                    sum.requests += totals.requests;
+                    sum.input_tokens += totals.input_tokens;
+                    sum.output_tokens += totals.output_tokens;
+                    sum.cost_usd += totals.cost_usd;
+                    sum
+                })
+        }))
+    }
+}

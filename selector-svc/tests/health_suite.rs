@@ -1,0 +1,921 @@
+//! One suite for both health stores (`health/{memory,redis}.rs`): every case runs on the memory
+//! store (over the in-process admission engine on its memory backend) and on the Redis store
+//! (over a real Redis, with admission's Redis backend on the same server), the way admission's
+//! `lease_suite` does for leases. The engine cases run `Selector` over a `MemorySource`, so the
+//! Redis run needs Redis only.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use admission_svc::admission::{AcquireOutcome, Admission};
+use admission_svc::memory::MemoryBackend;
+use admission_svc::redis_backend::RedisBackend;
+use poolgate_core::lease::{DenyReason, LeaseTerms, Settings};
+use poolgate_core::select::NoneReason;
+use poolgate_runtime::redis::{RedisHandle, RedisOptions, RedisTarget};
+use poolgate_testkit::{RedisServer, eventually};
+use selector_svc::domain::{
+    Account, AccountId, AccountStatus, CredentialKind, Outcome, OutcomeClass, Platform,
+    RuntimeBlockSettings, Secret,
+};
+use selector_svc::engine::{
+    Plan, SelectQuery, Selector, SelectorError, SelectorParts, SelectorSettings,
+};
+use selector_svc::health::{Breaker, BreakerChange, HealthStore, MemoryHealth, RedisHealth};
+use selector_svc::metrics::Metrics;
+use selector_svc::oracle::OracleSettings;
+use selector_svc::snapshot::{Snapshot, SnapshotCell};
+use selector_svc::source::{AccountSource, MemorySource};
+use tokio_util::sync::CancellationToken;
+
+macro_rules! health_suite {
+    ($($name:ident),* $(,)?) => {
+        mod on_memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Store::memory().await).await;
+                }
+            )*
+        }
+        mod on_redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Store::redis().await).await;
+                }
+            )*
+        }
+    };
+}
+
+health_suite!(
+    a_hard_block_keeps_the_later_deadline_and_admission_refuses_the_account_until_cleared,
+    a_soft_block_only_reorders_and_admission_still_grants,
+    unauthorized_outcomes_are_counted_within_the_window_only,
+    the_breaker_opens_at_the_threshold_reopens_for_twice_as_long_and_a_success_closes_it,
+    sticky_and_response_bindings_expire_and_a_touch_keeps_a_binding,
+    locks_are_taken_once_released_only_by_their_owner_and_linger_then_lapse,
+    a_confirming_block_is_lifted_only_while_it_is_the_block_in_place,
+    the_load_is_admissions_live_lease_count_in_the_order_asked,
+    selection_filters_and_orders_through_the_engine,
+    busy_is_not_broken_through_the_engine,
+    network_failures_open_the_breaker_and_a_success_closes_it_through_the_engine,
+    unauthorized_outcomes_mark_the_account_error_through_the_engine,
+    sessions_and_responses_stick_to_their_account_through_the_engine,
+);
+
+/// A health store under test, with the admission engine its hard blocks and loads belong to.
+pub struct Store {
+    health: Arc<dyn HealthStore>,
+    admission: Arc<Admission>,
+    _redis: Option<RedisServer>,
+}
+
+impl Store {
+    async fn memory() -> Self {
+        let admission = Admission::new(
+            Arc::new(MemoryBackend::new()),
+            Settings::default(),
+            admission_svc::metrics::Metrics::new(),
+        );
+        Store {
+            health: Arc::new(MemoryHealth::new(admission.clone())),
+            admission,
+            _redis: None,
+        }
+    }
+
+    async fn redis() -> Self {
+        let server = RedisServer::start().await.expect("redis starts");
+        let handle = RedisHandle::connect(
+            &RedisTarget::Single(server.url()),
+            &RedisOptions::default(),
+            Metrics::new().redis_round_trips,
+        )
+        .await
+        .expect("redis connects");
+        let admission = Admission::new(
+            Arc::new(RedisBackend::new(handle.clone())),
+            Settings::default(),
+            admission_svc::metrics::Metrics::new(),
+        );
+        Store {
+            health: Arc::new(RedisHealth::new(handle)),
+            admission,
+            _redis: Some(server),
+        }
+    }
+
+    /// Whether admission grants a lease on `id` now (the lease is released at once).
+    async fn admits(&self, id: AccountId) -> Result<(), DenyReason> {
+        let terms = LeaseTerms {
+            account_id: id,
+            concurrency_limit: 5,
+            rpm_limit: 0,
+            user: None,
+            session_hash: None,
+            session_window_limit_micros: 0,
+            session_bound: false,
+            ignore_cooldown: false,
+        };
+        let outcome = self
+            .admission
+            .acquire(&terms, Duration::ZERO, &CancellationToken::new(), |_| {})
+            .await
+            .expect("admission answers");
+        match outcome {
+            AcquireOutcome::Granted(lease) => {
+                self.admission.release(&lease, Some(&terms), 0).await;
+                Ok(())
+            }
+            AcquireOutcome::Denied(denial) => Err(denial.reason),
+            AcquireOutcome::Cancelled => panic!("nothing cancelled the acquire"),
+        }
+    }
+
+    async fn read(&self, id: AccountId) -> selector_svc::health::AccountHealth {
+        self.health.read_one(id).await.expect("health readable")
+    }
+}
+
+async fn a_hard_block_keeps_the_later_deadline_and_admission_refuses_the_account_until_cleared(
+    store: Store,
+) {
+    let health = &store.health;
+    assert_eq!(store.admits(1).await, Ok(()));
+    let left = health
+        .hard_block(1, 30_000, "window_exhausted", 429, "window used up")
+        .await
+        .expect("blocked");
+    assert_eq!(left, 30_000);
+    let left = health
+        .hard_block(1, 1_000, "broken", 503, "shorter")
+        .await
+        .expect("blocked");
+    assert!(
+        left > 29_000,
+        "a shorter block keeps the later deadline: {left}"
+    );
+    let read = store.read(1).await;
+    assert!(
+        read.hard_block_ms > 29_000 && read.hard_block_ms <= 30_000,
+        "{read:?}"
+    );
+    assert_eq!(read.soft_block_ms, 0);
+    assert_eq!(
+        store.admits(1).await,
+        Err(DenyReason::Cooling),
+        "a hard block is admission's cooldown"
+    );
+    assert_eq!(
+        store.admits(2).await,
+        Ok(()),
+        "other accounts are not affected"
+    );
+    let blocks = health.list_blocks(&[1, 2]).await.expect("blocks listed");
+    assert_eq!(blocks.len(), 1, "{blocks:?}");
+    assert_eq!(
+        (
+            blocks[0].account_id,
+            blocks[0].kind,
+            blocks[0].class.as_str()
+        ),
+        (1, "hard", "window_exhausted")
+    );
+    assert_eq!(
+        (blocks[0].status, blocks[0].reason.as_str()),
+        (429, "window used up"),
+        "the first block's record stays: the shorter one did not replace it"
+    );
+    health.clear(1).await.expect("cleared");
+    assert_eq!(store.read(1).await.hard_block_ms, 0);
+    assert_eq!(
+        store.admits(1).await,
+        Ok(()),
+        "a clear lifts admission's cooldown"
+    );
+    assert!(health.list_blocks(&[1]).await.expect("listed").is_empty());
+
+    // A block ends by itself.
+    health
+        .hard_block(3, 150, "broken", 0, "network")
+        .await
+        .expect("blocked");
+    assert_eq!(store.admits(3).await, Err(DenyReason::Cooling));
+    eventually(Duration::from_secs(3), || async {
+        (store.read(3).await.hard_block_ms == 0 && store.admits(3).await.is_ok()).then_some(())
+    })
+    .await
+    .expect("the block lapses, here and in admission");
+}
+
+async fn a_soft_block_only_reorders_and_admission_still_grants(store: Store) {
+    let health = &store.health;
+    let left = health
+        .soft_block(1, 5_000, "busy", 429, "slow down")
+        .await
+        .expect("soft-blocked");
+    assert_eq!(left, 5_000);
+    let left = health
+        .soft_block(1, 10_000, "busy", 529, "overloaded")
+        .await
+        .expect("soft-blocked");
+    assert_eq!(left, 10_000, "a later deadline replaces an earlier one");
+    let read = store.read(1).await;
+    assert!(read.soft_block_ms > 9_000, "{read:?}");
+    assert_eq!(
+        (read.hard_block_ms, read.breaker, read.failures),
+        (0, Breaker::Closed, 0)
+    );
+    assert_eq!(store.admits(1).await, Ok(()));
+    let blocks = health.list_blocks(&[1]).await.expect("listed");
+    assert_eq!(blocks.len(), 1, "{blocks:?}");
+    assert_eq!(
+        (blocks[0].kind, blocks[0].status, blocks[0].reason.as_str()),
+        ("soft", 529, "overloaded")
+    );
+}
+
+async fn unauthorized_outcomes_are_counted_within_the_window_only(store: Store) {
+    let health = &store.health;
+    for expected in 1..=3 {
+        let count = health.count_unauthorized(1, 60_000).await.expect("counted");
+        assert_eq!(count, expected);
+    }
+    assert_eq!(
+        health.count_unauthorized(2, 60_000).await.expect("counted"),
+        1,
+        "per account"
+    );
+    // A short window forgets what fell out of it.
+    assert_eq!(health.count_unauthorized(3, 200).await.expect("counted"), 1);
+    assert_eq!(health.count_unauthorized(3, 200).await.expect("counted"), 2);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(health.count_unauthorized(3, 200).await.expect("counted"), 1);
+    // A clear resets the count.
+    health.clear(1).await.expect("cleared");
+    assert_eq!(
+        health.count_unauthorized(1, 60_000).await.expect("counted"),
+        1
+    );
+}
+
+async fn the_breaker_opens_at_the_threshold_reopens_for_twice_as_long_and_a_success_closes_it(
+    store: Store,
+) {
+    let health = &store.health;
+    let failure = || health.breaker_failure(1, 3, 300, 1_000);
+    assert_eq!(failure().await.expect("counted"), BreakerChange::Counted(1));
+    assert_eq!(failure().await.expect("counted"), BreakerChange::Counted(2));
+    assert_eq!(
+        store.read(1).await.failures,
+        2,
+        "failures are counted before the breaker opens"
+    );
+    assert_eq!(failure().await.expect("opened"), BreakerChange::Opened(300));
+    match store.read(1).await.breaker {
+        Breaker::Open(ms) => assert!(ms > 0 && ms <= 300, "open for {ms} ms"),
+        other => panic!("expected an open breaker, got {other:?}"),
+    }
+    assert_eq!(
+        failure().await.expect("still open"),
+        BreakerChange::StillOpen
+    );
+    let blocks = health.list_blocks(&[1]).await.expect("listed");
+    assert_eq!(blocks.len(), 1, "{blocks:?}");
+    assert_eq!(
+        (blocks[0].kind, blocks[0].class.as_str()),
+        ("breaker", "broken")
+    );
+    assert_eq!(blocks[0].reason, "4 consecutive broken outcomes");
+    eventually(Duration::from_secs(3), || async {
+        (store.read(1).await.breaker == Breaker::HalfOpen).then_some(())
+    })
+    .await
+    .expect("the open period ends: half-open");
+    assert_eq!(
+        failure().await.expect("reopened"),
+        BreakerChange::Reopened(600),
+        "a failed half-open check reopens it for twice as long"
+    );
+    assert!(matches!(store.read(1).await.breaker, Breaker::Open(ms) if ms > 300));
+    assert!(
+        health.breaker_success(1).await.expect("closed"),
+        "the success closed an open breaker"
+    );
+    let read = store.read(1).await;
+    assert_eq!((read.breaker, read.failures), (Breaker::Closed, 0));
+    assert!(
+        !health.breaker_success(1).await.expect("nothing to close"),
+        "a closed breaker was not open"
+    );
+    // Doubling stops at the cap.
+    for _ in 0..3 {
+        health
+            .breaker_failure(2, 1, 300, 400)
+            .await
+            .expect("counted");
+    }
+    eventually(Duration::from_secs(3), || async {
+        (store.read(2).await.breaker == Breaker::HalfOpen).then_some(())
+    })
+    .await
+    .expect("half-open");
+    assert_eq!(
+        health
+            .breaker_failure(2, 1, 300, 400)
+            .await
+            .expect("reopened"),
+        BreakerChange::Reopened(400)
+    );
+}
+
+async fn sticky_and_response_bindings_expire_and_a_touch_keeps_a_binding(store: Store) {
+    let health = &store.health;
+    assert_eq!(health.sticky_get("g", "s").await.expect("read"), None);
+    assert_eq!(
+        health.sticky_set("g", "s", 1, 60_000).await.expect("bound"),
+        None
+    );
+    assert_eq!(health.sticky_get("g", "s").await.expect("read"), Some(1));
+    assert_eq!(
+        health.sticky_get("other", "s").await.expect("read"),
+        None,
+        "per group"
+    );
+    assert_eq!(
+        health
+            .sticky_set("g", "s", 2, 60_000)
+            .await
+            .expect("rebound"),
+        Some(1),
+        "a rebind answers the previous account"
+    );
+    assert!(health.sticky_drop("g", "s").await.expect("dropped"));
+    assert!(!health.sticky_drop("g", "s").await.expect("nothing to drop"));
+    assert_eq!(health.sticky_get("g", "s").await.expect("read"), None);
+
+    health
+        .sticky_set("g", "short", 3, 300)
+        .await
+        .expect("bound");
+    health.sticky_set("g", "kept", 4, 300).await.expect("bound");
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    health
+        .sticky_touch("g", "kept", 1_000)
+        .await
+        .expect("touched");
+    // Touching nothing binds nothing.
+    health
+        .sticky_touch("g", "never", 1_000)
+        .await
+        .expect("touched");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        health.sticky_get("g", "short").await.expect("read"),
+        None,
+        "expired"
+    );
+    assert_eq!(
+        health.sticky_get("g", "kept").await.expect("read"),
+        Some(4),
+        "touched"
+    );
+    assert_eq!(health.sticky_get("g", "never").await.expect("read"), None);
+
+    assert_eq!(health.response_get("resp-1").await.expect("read"), None);
+    health
+        .response_set("resp-1", 5, 60_000)
+        .await
+        .expect("bound");
+    health.response_set("resp-2", 6, 200).await.expect("bound");
+    assert_eq!(health.response_get("resp-1").await.expect("read"), Some(5));
+    assert_eq!(health.response_get("resp-2").await.expect("read"), Some(6));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        health.response_get("resp-2").await.expect("read"),
+        None,
+        "expired"
+    );
+    assert_eq!(health.response_get("resp-1").await.expect("read"), Some(5));
+}
+
+async fn locks_are_taken_once_released_only_by_their_owner_and_linger_then_lapse(store: Store) {
+    let health = &store.health;
+    assert!(health.lock_confirm(1, "a", 60_000).await.expect("locked"));
+    assert!(!health.lock_confirm(1, "b", 60_000).await.expect("held"));
+    assert!(
+        !health.lock_confirm(1, "a", 60_000).await.expect("held"),
+        "not reentrant"
+    );
+    assert!(
+        health.lock_confirm(2, "b", 60_000).await.expect("locked"),
+        "per account"
+    );
+    health.unlock_confirm(1, "b").await.expect("not the owner");
+    assert!(
+        !health
+            .lock_confirm(1, "b", 60_000)
+            .await
+            .expect("still held")
+    );
+    health.unlock_confirm(1, "a").await.expect("unlocked");
+    assert!(
+        health
+            .lock_confirm(1, "b", 60_000)
+            .await
+            .expect("free again")
+    );
+    // A linger shortens the owner's lock; someone else's linger does nothing.
+    health
+        .linger_confirm(1, "a", 100)
+        .await
+        .expect("not the owner");
+    health.linger_confirm(2, "b", 150).await.expect("lingered");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !health
+            .lock_confirm(1, "c", 60_000)
+            .await
+            .expect("still held")
+    );
+    assert!(health.lock_confirm(2, "c", 60_000).await.expect("lapsed"));
+
+    // The refresh lock is its own.
+    assert!(health.lock_refresh(1, "r", 60_000).await.expect("locked"));
+    assert!(!health.lock_refresh(1, "s", 60_000).await.expect("held"));
+    health.unlock_refresh(1, "s").await.expect("not the owner");
+    assert!(!health.lock_refresh(1, "s", 60_000).await.expect("held"));
+    health.unlock_refresh(1, "r").await.expect("unlocked");
+    assert!(
+        health
+            .lock_refresh(1, "s", 60_000)
+            .await
+            .expect("free again")
+    );
+    assert!(health.lock_refresh(3, "t", 100).await.expect("locked"));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(health.lock_refresh(3, "u", 100).await.expect("lapsed"));
+}
+
+async fn a_confirming_block_is_lifted_only_while_it_is_the_block_in_place(store: Store) {
+    let health = &store.health;
+    let value = health
+        .block_confirming(1, 30_000, "quota_gone", 402, "owner-1")
+        .await
+        .expect("blocked");
+    assert!(store.read(1).await.hard_block_ms > 29_000);
+    assert_eq!(store.admits(1).await, Err(DenyReason::Cooling));
+    let blocks = health.list_blocks(&[1]).await.expect("listed");
+    assert_eq!(blocks[0].reason, "confirming owner-1");
+    health
+        .unblock_confirming(1, "quota_gone|402|confirming someone-else")
+        .await
+        .expect("not this block");
+    assert_eq!(store.admits(1).await, Err(DenyReason::Cooling));
+    health.unblock_confirming(1, &value).await.expect("lifted");
+    assert_eq!(store.read(1).await.hard_block_ms, 0);
+    assert_eq!(store.admits(1).await, Ok(()), "admission admits again");
+
+    // A later block that replaced the confirming one stays.
+    let value = health
+        .block_confirming(2, 1_000, "broken", 503, "owner-2")
+        .await
+        .expect("blocked");
+    health
+        .hard_block(2, 60_000, "window_exhausted", 429, "window used up")
+        .await
+        .expect("blocked");
+    health
+        .unblock_confirming(2, &value)
+        .await
+        .expect("not lifted");
+    assert!(store.read(2).await.hard_block_ms > 59_000);
+    assert_eq!(store.admits(2).await, Err(DenyReason::Cooling));
+}
+
+async fn the_load_is_admissions_live_lease_count_in_the_order_asked(store: Store) {
+    let terms = |id| LeaseTerms {
+        account_id: id,
+        concurrency_limit: 10,
+        rpm_limit: 0,
+        user: None,
+        session_hash: None,
+        session_window_limit_micros: 0,
+        session_bound: false,
+        ignore_cooldown: false,
+    };
+    let mut held = Vec::new();
+    for (id, count) in [(1, 2), (2, 3)] {
+        for _ in 0..count {
+            match store
+                .admission
+                .acquire(
+                    &terms(id),
+                    Duration::ZERO,
+                    &CancellationToken::new(),
+                    |_| {},
+                )
+                .await
+                .expect("admission answers")
+            {
+                AcquireOutcome::Granted(lease) => held.push((lease, id)),
+                other => panic!("expected a grant, got {other:?}"),
+            }
+        }
+    }
+    let reads = store.health.read_batch(&[2, 3, 1]).await.expect("read");
+    let inflight: Vec<Option<u32>> = reads.iter().map(|h| h.inflight).collect();
+    assert_eq!(inflight, vec![Some(3), Some(0), Some(2)]);
+    let (lease, id) = held.pop().expect("a lease");
+    store.admission.release(&lease, Some(&terms(id)), 0).await;
+    assert_eq!(
+        store.read(2).await.inflight,
+        Some(2),
+        "a release is seen at once"
+    );
+    assert!(store.health.read_batch(&[]).await.expect("read").is_empty());
+}
+
+// --- through the engine -------------------------------------------------------------------
+
+fn account(id: AccountId, group: &str, tweak: impl FnOnce(&mut Account)) -> Account {
+    let mut account = Account {
+        id,
+        name: format!("acct-{id}"),
+        group: group.into(),
+        platform: Platform::Anthropic,
+        base_url: "http://127.0.0.1:9".into(),
+        credential_kind: CredentialKind::ApiKey,
+        credential: Secret::new(format!("sk-ant-{id}-secret-credential")),
+        oauth: None,
+        status: AccountStatus::Active,
+        status_reason: String::new(),
+        priority: 0,
+        weight: 1,
+        concurrency_limit: 5,
+        rpm_limit: 0,
+        session_window_limit_usd: 0.0,
+        allowed_models: vec![],
+        model_mapping: HashMap::new(),
+        proxy_url: None,
+        probe_model: None,
+        stream_usage: true,
+    };
+    tweak(&mut account);
+    account
+}
+
+/// Blocks that lapse within a test, a breaker that stays open through one, and no cached
+/// readings (each select sees what the case just did).
+fn engine_settings() -> SelectorSettings {
+    SelectorSettings {
+        blocks: RuntimeBlockSettings {
+            broken_block: Duration::from_millis(50),
+            unauthorized_block: Duration::from_millis(50),
+            breaker_threshold: 2,
+            breaker_open: Duration::from_secs(30),
+            ..RuntimeBlockSettings::default()
+        },
+        oracle: OracleSettings {
+            cache_ttl: Duration::ZERO,
+            ..OracleSettings::default()
+        },
+        ..SelectorSettings::default()
+    }
+}
+
+/// An engine over `accounts` in memory and the store under test.
+struct Engine {
+    selector: Selector,
+    source: Arc<MemorySource>,
+    reload: tokio::task::JoinHandle<()>,
+}
+
+impl Engine {
+    fn new(store: &Store, accounts: Vec<Account>) -> Self {
+        let snapshot = Snapshot::new(vec![], accounts, HashMap::new(), HashMap::new());
+        let source = Arc::new(MemorySource::new(snapshot, None).expect("source"));
+        let cell = Arc::new(SnapshotCell::new(source.snapshot()));
+        let reload = tokio::spawn(source.clone().reload_on_change(cell.clone()));
+        let (refresh_requests, _) = tokio::sync::mpsc::unbounded_channel();
+        let selector = Selector::new(SelectorParts {
+            snapshot: cell,
+            source: source.clone(),
+            health: store.health.clone(),
+            admission: store.admission.clone(),
+            settings: engine_settings(),
+            metrics: Metrics::new(),
+            refresh_requests,
+        });
+        Engine {
+            selector,
+            source,
+            reload,
+        }
+    }
+
+    async fn plan(&self, query: &SelectQuery) -> Plan {
+        self.selector.select(query).await.expect("select")
+    }
+
+    async fn report(&self, id: AccountId, class: OutcomeClass, status: u16) -> &'static str {
+        self.selector
+            .report(&Outcome {
+                account_id: id,
+                class,
+                status,
+                reset_at_ms: None,
+                reason: format!("test {status}"),
+            })
+            .await
+            .expect("report")
+            .what
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.reload.abort();
+    }
+}
+
+fn query(group: &str) -> SelectQuery {
+    SelectQuery {
+        group: group.into(),
+        platform: Some(Platform::Anthropic),
+        model: "claude-sonnet".into(),
+        max_accounts: 10,
+        ..SelectQuery::default()
+    }
+}
+
+fn ids(plan: &Plan) -> Vec<AccountId> {
+    plan.entries.iter().map(|entry| entry.account.id).collect()
+}
+
+async fn selection_filters_and_orders_through_the_engine(store: Store) {
+    let engine = Engine::new(
+        &store,
+        vec![
+            account(1, "g", |_| {}),
+            account(2, "g", |_| {}),
+            account(3, "g", |a| a.priority = 1),
+            account(4, "g", |a| a.status = AccountStatus::Disabled),
+            account(5, "g", |a| a.platform = Platform::OpenAi),
+            account(6, "g", |a| a.allowed_models = vec!["another-model".into()]),
+            account(7, "h", |a| a.allowed_models = vec!["another-model".into()]),
+        ],
+    );
+    for _ in 0..5 {
+        let plan = engine.plan(&query("g")).await;
+        let mut first_tier = ids(&plan)[..2].to_vec();
+        first_tier.sort_unstable();
+        assert_eq!(first_tier, vec![1, 2], "{:?}", ids(&plan));
+        assert_eq!(ids(&plan)[2..], [3], "the lower priority tier comes last");
+    }
+    let plan = engine
+        .plan(&SelectQuery {
+            max_accounts: 1,
+            ..query("g")
+        })
+        .await;
+    assert_eq!(plan.entries.len(), 1, "the plan is cut to the size asked");
+    let plan = engine
+        .plan(&SelectQuery {
+            exclude: vec![1, 2, 3],
+            ..query("g")
+        })
+        .await;
+    assert_eq!(plan.none_reason, Some(NoneReason::AllExcluded));
+    assert_eq!(
+        engine.plan(&query("h")).await.none_reason,
+        Some(NoneReason::ModelNotAllowed)
+    );
+    assert!(matches!(
+        engine.selector.select(&query("nope")).await,
+        Err(SelectorError::NotFound(_))
+    ));
+
+    // Soft-blocked accounts go last in their tier; hard-blocked ones are left out.
+    let health = &store.health;
+    health
+        .soft_block(1, 60_000, "busy", 429, "busy")
+        .await
+        .expect("soft-blocked");
+    let plan = engine.plan(&query("g")).await;
+    assert_eq!(ids(&plan), vec![2, 1, 3]);
+    assert!(plan.entries[1].soft_blocked && !plan.entries[0].soft_blocked);
+    health
+        .hard_block(2, 60_000, "window_exhausted", 429, "used up")
+        .await
+        .expect("blocked");
+    assert_eq!(ids(&engine.plan(&query("g")).await), vec![1, 3]);
+    for id in [1, 3] {
+        health
+            .hard_block(id, 60_000, "window_exhausted", 429, "used up")
+            .await
+            .expect("blocked");
+    }
+    let plan = engine.plan(&query("g")).await;
+    assert_eq!(plan.none_reason, Some(NoneReason::AllBlocked));
+    assert!(plan.retry_after_ms > 50_000, "{}", plan.retry_after_ms);
+    engine.selector.clear_blocks(2).await.expect("cleared");
+    assert_eq!(ids(&engine.plan(&query("g")).await), vec![2]);
+}
+
+async fn busy_is_not_broken_through_the_engine(store: Store) {
+    let engine = Engine::new(&store, vec![account(1, "g", |_| {})]);
+    for n in 0..20 {
+        let status = if n % 2 == 0 { 429 } else { 529 };
+        assert_eq!(
+            engine.report(1, OutcomeClass::Busy, status).await,
+            "soft_block"
+        );
+    }
+    let plan = engine.plan(&query("g")).await;
+    assert_eq!(ids(&plan), vec![1], "still served: it is the only account");
+    assert!(plan.entries[0].soft_blocked);
+    let read = store.read(1).await;
+    assert_eq!(
+        (read.hard_block_ms, read.breaker, read.failures),
+        (0, Breaker::Closed, 0),
+        "no hard block, no breaker count"
+    );
+    assert_eq!(
+        store.admits(1).await,
+        Ok(()),
+        "admission does not refuse it"
+    );
+    // An exhausted window is another matter: a hard block admission keeps.
+    assert_eq!(
+        engine.report(1, OutcomeClass::WindowExhausted, 429).await,
+        "hard_block"
+    );
+    assert_eq!(store.admits(1).await, Err(DenyReason::Cooling));
+    assert_eq!(
+        engine.plan(&query("g")).await.none_reason,
+        Some(NoneReason::AllBlocked)
+    );
+    // Client errors change nothing.
+    engine.selector.clear_blocks(1).await.expect("cleared");
+    assert_eq!(
+        engine.report(1, OutcomeClass::ClientError, 400).await,
+        "none"
+    );
+    assert_eq!(ids(&engine.plan(&query("g")).await), vec![1]);
+}
+
+async fn network_failures_open_the_breaker_and_a_success_closes_it_through_the_engine(
+    store: Store,
+) {
+    let engine = Engine::new(&store, vec![account(1, "g", |_| {})]);
+    // No answer at all (status 0) applies at once: nothing in the request shaped it.
+    assert_eq!(
+        engine.report(1, OutcomeClass::Broken, 0).await,
+        "hard_block"
+    );
+    assert_eq!(store.read(1).await.failures, 1);
+    assert_eq!(
+        engine.report(1, OutcomeClass::Broken, 0).await,
+        "breaker_open"
+    );
+    assert!(matches!(store.read(1).await.breaker, Breaker::Open(_)));
+    // The 50 ms hard block lapses; the breaker keeps the account out.
+    let plan = eventually(Duration::from_secs(3), || async {
+        let plan = engine.plan(&query("g")).await;
+        (plan.none_reason == Some(NoneReason::BreakerOpen)).then_some(plan)
+    })
+    .await
+    .expect("only the breaker is left");
+    assert!(plan.retry_after_ms > 20_000, "{}", plan.retry_after_ms);
+    assert_eq!(
+        engine.report(1, OutcomeClass::Success, 200).await,
+        "breaker_closed"
+    );
+    assert_eq!(ids(&engine.plan(&query("g")).await), vec![1]);
+    assert_eq!(store.read(1).await.failures, 0);
+}
+
+async fn unauthorized_outcomes_mark_the_account_error_through_the_engine(store: Store) {
+    let engine = Engine::new(
+        &store,
+        vec![account(1, "g", |_| {}), account(2, "g", |_| {})],
+    );
+    for expected in ["hard_block", "hard_block", "error"] {
+        assert_eq!(
+            engine.report(1, OutcomeClass::Unauthorized, 401).await,
+            expected
+        );
+    }
+    let stored = engine.source.load_account(1).await.expect("account");
+    assert_eq!(stored.status, AccountStatus::Error);
+    assert!(
+        stored.status_reason.contains("unauthorized"),
+        "{}",
+        stored.status_reason
+    );
+    eventually(Duration::from_secs(3), || async {
+        let snapshot = engine.selector.snapshot().get();
+        (snapshot.account(1)?.status == AccountStatus::Error).then_some(())
+    })
+    .await
+    .expect("the snapshot follows the source");
+    eventually(Duration::from_secs(3), || async {
+        (store.read(1).await.hard_block_ms == 0).then_some(())
+    })
+    .await
+    .expect("the unauthorized block lapses");
+    assert_eq!(
+        ids(&engine.plan(&query("g")).await),
+        vec![2],
+        "unblocked, but in error: not served"
+    );
+    assert_eq!(
+        engine.source.load_account(2).await.expect("account").status,
+        AccountStatus::Active
+    );
+}
+
+async fn sessions_and_responses_stick_to_their_account_through_the_engine(store: Store) {
+    let engine = Engine::new(
+        &store,
+        vec![account(1, "g", |_| {}), account(2, "g", |a| a.priority = 1)],
+    );
+    let session = |hash: &str| SelectQuery {
+        session_hash: Some(hash.into()),
+        ..query("g")
+    };
+    assert_eq!(ids(&engine.plan(&session("s1")).await), vec![1, 2]);
+    assert_eq!(
+        engine
+            .selector
+            .bind_session("g", "s1", 2)
+            .await
+            .expect("bound"),
+        "bound"
+    );
+    let plan = engine.plan(&session("s1")).await;
+    assert!(plan.sticky);
+    assert_eq!(
+        ids(&plan),
+        vec![2, 1],
+        "the bound account comes first, whatever its tier"
+    );
+    assert_eq!(
+        store.health.sticky_get("g", "s1").await.expect("read"),
+        Some(2)
+    );
+    assert_eq!(
+        engine
+            .selector
+            .bind_session("g", "s1", 2)
+            .await
+            .expect("bound"),
+        "hit"
+    );
+    assert_eq!(
+        engine
+            .selector
+            .bind_session("g", "s1", 1)
+            .await
+            .expect("bound"),
+        "rebind"
+    );
+    assert_eq!(ids(&engine.plan(&session("s1")).await), vec![1, 2]);
+    // A soft-blocked sticky account is not put first.
+    engine
+        .selector
+        .bind_session("g", "s2", 2)
+        .await
+        .expect("bound");
+    store
+        .health
+        .soft_block(2, 60_000, "busy", 429, "busy")
+        .await
+        .expect("soft-blocked");
+    let plan = engine.plan(&session("s2")).await;
+    assert!(!plan.sticky);
+    assert_eq!(ids(&plan), vec![1, 2]);
+    store.health.clear(2).await.expect("cleared");
+
+    engine
+        .selector
+        .bind_response("resp-1", 2)
+        .await
+        .expect("bound");
+    let plan = engine
+        .plan(&SelectQuery {
+            previous_response_id: Some("resp-1".into()),
+            ..query("g")
+        })
+        .await;
+    assert!(plan.sticky);
+    assert_eq!(
+        ids(&plan),
+        vec![2, 1],
+        "a previous response's account comes first"
+    );
+}

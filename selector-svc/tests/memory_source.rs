@@ -1,0 +1,569 @@
+//! The in-memory account source (the relay's standalone mode) and its state file: what the
+//! engine writes shows in the next snapshot, and refreshed tokens, status changes and usage
+//! survive a restart; the file is written atomically, readable by its owner only, and nothing
+//! prints a credential.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use admission_svc::admission::Admission;
+use admission_svc::memory::MemoryBackend;
+use poolgate_core::lease::Settings;
+use poolgate_testkit::{Scratch, eventually};
+use selector_svc::crypto::api_key_hash;
+use selector_svc::domain::{
+    Account, AccountId, AccountStatus, ApiKeyRecord, CredentialKind, OAuthState, Platform, Secret,
+    now_ms,
+};
+use selector_svc::health::MemoryHealth;
+use selector_svc::metrics::Metrics;
+use selector_svc::refresh::{RefreshResult, RefreshSettings, TokenRefresher};
+use selector_svc::snapshot::{Snapshot, SnapshotCell};
+use selector_svc::source::{AccountSource, MemorySource, StateFile, StoreError, UsageInput};
+
+fn account(id: AccountId, tweak: impl FnOnce(&mut Account)) -> Account {
+    let mut account = Account {
+        id,
+        name: format!("acct-{id}"),
+        group: "g".into(),
+        platform: Platform::Anthropic,
+        base_url: "http://127.0.0.1:9".into(),
+        credential_kind: CredentialKind::ApiKey,
+        credential: Secret::new(format!("sk-ant-{id}-secret-credential")),
+        oauth: None,
+        status: AccountStatus::Active,
+        status_reason: String::new(),
+        priority: 0,
+        weight: 1,
+        concurrency_limit: 5,
+        rpm_limit: 0,
+        session_window_limit_usd: 0.0,
+        allowed_models: vec![],
+        model_mapping: HashMap::new(),
+        proxy_url: None,
+        probe_model: None,
+        stream_usage: true,
+    };
+    tweak(&mut account);
+    account
+}
+
+fn subscription(id: AccountId, access: &str, refresh: &str, token_url: &str) -> Account {
+    account(id, |a| {
+        a.credential_kind = CredentialKind::OAuth;
+        a.credential = Secret::new(access);
+        a.oauth = Some(OAuthState {
+            refresh_token: Secret::new(refresh),
+            expires_at_ms: now_ms() + 3_600_000,
+            token_url: token_url.into(),
+            client_id: String::new(),
+        });
+    })
+}
+
+/// The config as the relay would build it from its file.
+fn config(accounts: Vec<Account>) -> Snapshot {
+    let mut keys = HashMap::new();
+    keys.insert(
+        api_key_hash("client-key-1"),
+        ApiKeyRecord {
+            id: 1,
+            name: "k1".into(),
+            prefix: "client-k".into(),
+            user: "alice".into(),
+            group: "g".into(),
+            user_rpm_limit: 0,
+            active: true,
+        },
+    );
+    Snapshot::new(vec!["g".into()], accounts, keys, HashMap::new())
+}
+
+fn state_in(scratch: &Scratch) -> StateFile {
+    StateFile::new(scratch.path().join("state.json"))
+}
+
+#[tokio::test]
+async fn refreshed_tokens_survive_a_restart_and_the_file_is_the_owners_only() {
+    let scratch = Scratch::new("memory-source").expect("scratch");
+    let file = state_in(&scratch);
+    let accounts = || {
+        vec![
+            subscription(
+                1,
+                "config-access",
+                "config-refresh",
+                "http://127.0.0.1:9/token",
+            ),
+            account(2, |_| {}),
+        ]
+    };
+    let source = MemorySource::new(config(accounts()), Some(file.clone())).expect("source");
+    source
+        .store_tokens(
+            1,
+            &Secret::new("fresh-access"),
+            &Secret::new("fresh-refresh"),
+            4_000_000_000_000,
+        )
+        .await
+        .expect("stored");
+    let live = source.load_account(1).await.expect("account");
+    assert_eq!(live.credential.expose(), "fresh-access");
+    drop(source);
+
+    let restarted = MemorySource::new(config(accounts()), Some(file.clone())).expect("source");
+    let account = restarted.load_account(1).await.expect("account");
+    assert_eq!(account.credential.expose(), "fresh-access");
+    let oauth = account.oauth.as_ref().expect("oauth");
+    assert_eq!(oauth.refresh_token.expose(), "fresh-refresh");
+    assert_eq!(oauth.expires_at_ms, 4_000_000_000_000);
+    assert_eq!(
+        oauth.token_url, "http://127.0.0.1:9/token",
+        "the rest comes from the config"
+    );
+    assert_eq!(
+        restarted
+            .load_account(2)
+            .await
+            .expect("account")
+            .credential
+            .expose(),
+        "sk-ant-2-secret-credential"
+    );
+    let snapshot = restarted.load_snapshot().await.expect("snapshot");
+    assert_eq!(
+        snapshot.account(1).expect("account").credential.expose(),
+        "fresh-access",
+        "the snapshot serves the refreshed token"
+    );
+    let printed = format!("{snapshot:?} {account:?} {file:?}");
+    for secret in ["fresh-access", "fresh-refresh", "sk-ant-2-secret"] {
+        assert!(!printed.contains(secret), "{secret} printed: {printed}");
+    }
+
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(file.path())
+            .expect("state file")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "mode {mode:o}");
+    }
+    let leftovers: Vec<_> = std::fs::read_dir(scratch.path())
+        .expect("dir")
+        .filter_map(Result::ok)
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .filter(|name| name != "state.json")
+        .collect();
+    assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+}
+
+#[tokio::test]
+async fn a_config_that_names_another_credential_wins_over_tokens_refreshed_from_the_old_one() {
+    let scratch = Scratch::new("memory-source").expect("scratch");
+    let file = state_in(&scratch);
+    let source = MemorySource::new(
+        config(vec![subscription(1, "old-login", "old-refresh", "")]),
+        Some(file.clone()),
+    )
+    .expect("source");
+    source
+        .store_tokens(1, &Secret::new("refreshed"), &Secret::new("rotated"), 1)
+        .await
+        .expect("stored");
+    // The operator signed in again and put the new login in the config.
+    let restarted = MemorySource::new(
+        config(vec![subscription(1, "new-login", "new-refresh", "")]),
+        Some(file),
+    )
+    .expect("source");
+    let account = restarted.load_account(1).await.expect("account");
+    assert_eq!(account.credential.expose(), "new-login");
+    assert_eq!(
+        account.oauth.expect("oauth").refresh_token.expose(),
+        "new-refresh"
+    );
+}
+
+#[tokio::test]
+async fn status_changes_survive_a_restart_and_a_restore_hands_the_account_back_to_the_config() {
+    let scratch = Scratch::new("memory-source").expect("scratch");
+    let file = state_in(&scratch);
+    let accounts = || {
+        vec![
+            account(1, |_| {}),
+            account(2, |_| {}),
+            account(3, |a| a.status = AccountStatus::Disabled),
+        ]
+    };
+    let source = MemorySource::new(config(accounts()), Some(file.clone())).expect("source");
+    source
+        .set_status(1, AccountStatus::Retired, "quota gone: confirmed by probe")
+        .await
+        .expect("retired");
+    source
+        .set_status(2, AccountStatus::Error, "3 unauthorized outcomes")
+        .await
+        .expect("error");
+    assert!(matches!(
+        source.set_status(99, AccountStatus::Retired, "x").await,
+        Err(StoreError::NotFound(_))
+    ));
+    let restarted = MemorySource::new(config(accounts()), Some(file.clone())).expect("source");
+    let retired = restarted.load_account(1).await.expect("account");
+    assert_eq!(retired.status, AccountStatus::Retired);
+    assert_eq!(retired.status_reason, "quota gone: confirmed by probe");
+    assert_eq!(
+        restarted.load_account(2).await.expect("account").status,
+        AccountStatus::Error
+    );
+    assert_eq!(
+        restarted.load_account(3).await.expect("account").status,
+        AccountStatus::Disabled
+    );
+    restarted
+        .set_status(1, AccountStatus::Active, "restored by operator")
+        .await
+        .expect("restored");
+    assert_eq!(
+        restarted.load_account(1).await.expect("account").status,
+        AccountStatus::Active
+    );
+    drop(restarted);
+    // The config says active again, and the config is in charge of it again.
+    let again = MemorySource::new(config(accounts()), Some(file.clone())).expect("source");
+    assert_eq!(
+        again.load_account(1).await.expect("account").status,
+        AccountStatus::Active
+    );
+    assert_eq!(
+        again.load_account(2).await.expect("account").status,
+        AccountStatus::Error
+    );
+    let text = std::fs::read_to_string(file.path()).expect("state file");
+    let saved: serde_json::Value = serde_json::from_str(&text).expect("json");
+    let statuses = saved["statuses"].as_object().expect("statuses");
+    assert_eq!(
+        statuses.keys().collect::<Vec<_>>(),
+        vec!["2"],
+        "only what differs from the config: {text}"
+    );
+}
+
+#[tokio::test]
+async fn entries_of_accounts_the_config_does_not_name_are_ignored_and_kept() {
+    let scratch = Scratch::new("memory-source").expect("scratch");
+    let file = state_in(&scratch);
+    let source = MemorySource::new(
+        config(vec![
+            subscription(1, "a", "r", ""),
+            subscription(7, "b", "s", ""),
+        ]),
+        Some(file.clone()),
+    )
+    .expect("source");
+    source
+        .store_tokens(7, &Secret::new("b2"), &Secret::new("s2"), 1)
+        .await
+        .expect("stored");
+    source
+        .set_status(7, AccountStatus::Retired, "gone")
+        .await
+        .expect("retired");
+    drop(source);
+    // Account 7 left the config for now.
+    let without = MemorySource::new(
+        config(vec![subscription(1, "a", "r", "")]),
+        Some(file.clone()),
+    )
+    .expect("loads despite entries for an unknown account");
+    assert!(without.load_account(7).await.is_err());
+    assert_eq!(
+        without
+            .load_account(1)
+            .await
+            .expect("account")
+            .credential
+            .expose(),
+        "a"
+    );
+    without
+        .store_tokens(1, &Secret::new("a2"), &Secret::new("r2"), 1)
+        .await
+        .expect("stored");
+    drop(without);
+    // Back in the config: its tokens and status were kept.
+    let back = MemorySource::new(
+        config(vec![
+            subscription(1, "a", "r", ""),
+            subscription(7, "b", "s", ""),
+        ]),
+        Some(file),
+    )
+    .expect("source");
+    let seven = back.load_account(7).await.expect("account");
+    assert_eq!(
+        (seven.credential.expose(), seven.status),
+        ("b2", AccountStatus::Retired)
+    );
+    assert_eq!(
+        back.load_account(1)
+            .await
+            .expect("account")
+            .credential
+            .expose(),
+        "a2"
+    );
+}
+
+fn usage(api_key_id: Option<i64>, at_ms: i64, tokens: i64, cost_usd: f64) -> UsageInput {
+    UsageInput {
+        api_key_id,
+        user: "alice".into(),
+        account_id: Some(1),
+        model: "claude-sonnet".into(),
+        input_tokens: tokens,
+        output_tokens: 2 * tokens,
+        cost_usd,
+        status: 200,
+        at_ms: Some(at_ms),
+        ..UsageInput::default()
+    }
+}
+
+#[tokio::test]
+async fn the_usage_ledger_sums_a_keys_hours_in_range_and_survives_a_restart() {
+    let scratch = Scratch::new("memory-source").expect("scratch");
+    let file = state_in(&scratch);
+    let source =
+        MemorySource::new(config(vec![account(1, |_| {})]), Some(file.clone())).expect("source");
+    let hour = 3_600_000;
+    let base = 1_700_000_000_000 / hour * hour;
+    let accepted = source
+        .insert_usage(&[
+            usage(Some(1), base + 10, 10, 0.5),
+            usage(Some(1), base + 20, 20, 0.25),
+            usage(Some(1), base + hour + 5, 1, 1.0),
+            usage(Some(2), base + 30, 100, 9.0),
+            usage(None, base + 40, 1000, 9.0),
+        ])
+        .await
+        .expect("taken");
+    assert_eq!(accepted, 5);
+    let both = source
+        .read_usage(1, base, base + 2 * hour)
+        .await
+        .expect("read");
+    assert_eq!(
+        (both.requests, both.input_tokens, both.output_tokens),
+        (3, 31, 62)
+    );
+    assert!((both.cost_usd - 1.75).abs() < 1e-9, "{both:?}");
+    let first = source.read_usage(1, base, base + hour).await.expect("read");
+    assert_eq!(first.requests, 2, "the hour that starts in the range");
+    assert_eq!(
+        source
+            .read_usage(1, base + hour, base)
+            .await
+            .expect("read")
+            .requests,
+        0,
+        "an empty range"
+    );
+    assert_eq!(
+        source
+            .read_usage(2, base, base + hour)
+            .await
+            .expect("read")
+            .requests,
+        1
+    );
+    source.flush().await.expect("flushed");
+    drop(source);
+    let restarted =
+        MemorySource::new(config(vec![account(1, |_| {})]), Some(file)).expect("source");
+    let kept = restarted
+        .read_usage(1, base, base + 2 * hour)
+        .await
+        .expect("read");
+    assert_eq!(kept, both);
+    // Usage now (no time given) is counted in the current hour.
+    restarted
+        .insert_usage(&[UsageInput {
+            at_ms: None,
+            ..usage(Some(1), 0, 1, 0.0)
+        }])
+        .await
+        .expect("taken");
+    let now = now_ms();
+    assert_eq!(
+        restarted
+            .read_usage(1, now - 24 * hour, now + 1)
+            .await
+            .expect("read")
+            .requests,
+        1
+    );
+}
+
+#[tokio::test]
+async fn an_unreadable_state_file_stops_the_start_without_printing_its_content() {
+    let scratch = Scratch::new("memory-source").expect("scratch");
+    let file = state_in(&scratch);
+    std::fs::write(
+        file.path(),
+        r#"{"tokens": {"1": {"access_token": "leaked-secret-token", "refresh_token": 5}}}"#,
+    )
+    .expect("written");
+    let error = match MemorySource::new(config(vec![account(1, |_| {})]), Some(file)) {
+        Ok(_) => panic!("a damaged state file must not be skipped"),
+        Err(error) => error.to_string(),
+    };
+    assert!(error.contains("state.json"), "{error}");
+    assert!(!error.contains("leaked-secret-token"), "{error}");
+    // No state file yet is a fresh start.
+    let fresh = MemorySource::new(
+        config(vec![account(1, |_| {})]),
+        Some(StateFile::new(scratch.path().join("none-yet.json"))),
+    );
+    assert!(fresh.is_ok());
+}
+
+#[tokio::test]
+async fn a_state_file_that_cannot_be_written_is_an_error_but_the_change_is_served() {
+    let scratch = Scratch::new("memory-source").expect("scratch");
+    let file = StateFile::new(scratch.path().join("missing-dir").join("state.json"));
+    let source =
+        MemorySource::new(config(vec![subscription(1, "a", "r", "")]), Some(file)).expect("source");
+    let stored = source
+        .store_tokens(1, &Secret::new("a2"), &Secret::new("r2"), 1)
+        .await;
+    assert!(
+        matches!(stored, Err(StoreError::StateFile(_))),
+        "{stored:?}"
+    );
+    assert_eq!(
+        source
+            .load_account(1)
+            .await
+            .expect("account")
+            .credential
+            .expose(),
+        "a2"
+    );
+}
+
+#[tokio::test]
+async fn the_snapshot_cell_follows_the_sources_changes() {
+    let source =
+        Arc::new(MemorySource::new(config(vec![account(1, |_| {})]), None).expect("source"));
+    let cell = Arc::new(SnapshotCell::new(source.snapshot()));
+    let follow = tokio::spawn(source.clone().reload_on_change(cell.clone()));
+    source
+        .set_status(1, AccountStatus::Retired, "gone")
+        .await
+        .expect("retired");
+    eventually(Duration::from_secs(3), || async {
+        (cell.get().account(1)?.status == AccountStatus::Retired).then_some(())
+    })
+    .await
+    .expect("the cell shows the retirement");
+    assert!(
+        cell.get().api_key(&api_key_hash("client-key-1")).is_some(),
+        "the config's keys stay"
+    );
+    follow.abort();
+}
+
+/// A token endpoint like Anthropic's: a refresh token works once.
+#[derive(Clone, Default)]
+struct TokenEndpoint {
+    used: Arc<Mutex<HashSet<String>>>,
+}
+
+async fn start_token_endpoint(endpoint: TokenEndpoint) -> String {
+    use axum::extract::State;
+    use axum::http::StatusCode;
+    async fn token(
+        State(endpoint): State<TokenEndpoint>,
+        axum::Json(form): axum::Json<HashMap<String, String>>,
+    ) -> Result<axum::Json<serde_json::Value>, StatusCode> {
+        let refresh = form.get("refresh_token").cloned().unwrap_or_default();
+        if !endpoint.used.lock().expect("lock").insert(refresh.clone()) {
+            return Err(StatusCode::BAD_REQUEST);
+        }
+        Ok(axum::Json(serde_json::json!({
+            "access_token": format!("access-after-{refresh}"),
+            "refresh_token": format!("{refresh}-next"),
+            "expires_in": 3600,
+        })))
+    }
+    let router = axum::Router::new()
+        .route("/oauth/token", axum::routing::post(token))
+        .with_state(endpoint);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    format!("http://{addr}/oauth/token")
+}
+
+fn refresher(source: Arc<MemorySource>) -> TokenRefresher {
+    let admission = Admission::new(
+        Arc::new(MemoryBackend::new()),
+        Settings::default(),
+        admission_svc::metrics::Metrics::new(),
+    );
+    TokenRefresher::new(
+        source,
+        Arc::new(MemoryHealth::new(admission)),
+        RefreshSettings::default(),
+        Metrics::new(),
+    )
+    .expect("refresher")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_that_refreshed_and_restarted_refreshes_again_with_the_rotated_token() {
+    let scratch = Scratch::new("memory-source").expect("scratch");
+    let file = state_in(&scratch);
+    let url = start_token_endpoint(TokenEndpoint::default()).await;
+    let accounts = || vec![subscription(1, "config-access", "refresh-1", &url)];
+    let source =
+        Arc::new(MemorySource::new(config(accounts()), Some(file.clone())).expect("source"));
+    let refused = Secret::new("config-access");
+    assert_eq!(
+        refresher(source.clone())
+            .refresh_refused(1, &refused)
+            .await
+            .expect("refreshed"),
+        RefreshResult::Refreshed
+    );
+    drop(source);
+    // Restarted with the config's token, whose refresh token the endpoint already took.
+    let source = Arc::new(MemorySource::new(config(accounts()), Some(file)).expect("source"));
+    let account = source.load_account(1).await.expect("account");
+    assert_eq!(account.credential.expose(), "access-after-refresh-1");
+    assert_eq!(
+        refresher(source.clone())
+            .refresh(1, true)
+            .await
+            .expect("the rotated refresh token works"),
+        RefreshResult::Refreshed
+    );
+    assert_eq!(
+        source
+            .load_account(1)
+            .await
+            .expect("account")
+            .credential
+            .expose(),
+        "access-after-refresh-1-next"
+    );
+}
