@@ -220,6 +220,36 @@ async fn handle(front: Front, route: Route, headers: HeaderMap, body: AxumBody) 
     response
 }
 
+/// Past the limit, the rest of an oversized body is read and dropped (up to this much more, for
+/// at most `DRAIN_TIME`) before the 413 goes out: a client still writing its body when the
+/// connection closes sees a broken pipe instead of the answer.
+const DRAIN_BYTES: usize = 64 << 20;
+const DRAIN_TIME: Duration = Duration::from_secs(10);
+
+/// The request body, or `Err` when it is larger than `limit` (or unreadable).
+async fn read_body(body: AxumBody, limit: usize) -> Result<Bytes, ()> {
+    let mut chunks = body.into_data_stream();
+    let mut collected = Vec::new();
+    while let Some(chunk) = chunks.next().await {
+        let chunk = chunk.map_err(|_| ())?;
+        if collected.len() + chunk.len() > limit {
+            let mut drained = collected.len() + chunk.len();
+            let _ = tokio::time::timeout(DRAIN_TIME, async {
+                while drained <= limit.saturating_add(DRAIN_BYTES) {
+                    match chunks.next().await {
+                        Some(Ok(chunk)) => drained += chunk.len(),
+                        _ => break,
+                    }
+                }
+            })
+            .await;
+            return Err(());
+        }
+        collected.extend_from_slice(&chunk);
+    }
+    Ok(Bytes::from(collected))
+}
+
 async fn handle_inner(front: Front, route: Route, headers: HeaderMap, body: AxumBody) -> Response {
     let Route {
         api,
@@ -230,9 +260,9 @@ async fn handle_inner(front: Front, route: Route, headers: HeaderMap, body: Axum
     let relay = front.relay.clone();
     relay.metrics.requests.with_label_values(&[path]).inc();
     let limit = relay.settings.max_body_bytes;
-    let body = match axum::body::to_bytes(body, limit).await {
+    let body = match read_body(body, limit).await {
         Ok(body) => body,
-        Err(_) => {
+        Err(()) => {
             let error = RelayError::new(
                 api,
                 ErrorKind::InvalidRequest,
