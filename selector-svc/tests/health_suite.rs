@@ -22,7 +22,7 @@ use selector_svc::domain::{
 use selector_svc::engine::{
     Plan, SelectQuery, Selector, SelectorError, SelectorParts, SelectorSettings,
 };
-use selector_svc::health::{Breaker, BreakerChange, HealthStore, MemoryHealth, RedisHealth};
+use selector_svc::health::{Breaker, BreakerChange, HealthStore, InProcessHealth, RedisHealth};
 use selector_svc::metrics::Metrics;
 use selector_svc::oracle::OracleSettings;
 use selector_svc::snapshot::{Snapshot, SnapshotCell};
@@ -81,7 +81,7 @@ impl Store {
             admission_svc::metrics::Metrics::new(),
         );
         Store {
-            health: Arc::new(MemoryHealth::new(admission.clone())),
+            health: Arc::new(InProcessHealth::new(admission.clone())),
             admission,
             _redis: None,
         }

@@ -16,7 +16,7 @@ use selector_svc::domain::{
     Account, AccountId, AccountStatus, ApiKeyRecord, CredentialKind, OAuthState, Platform, Secret,
     now_ms,
 };
-use selector_svc::health::MemoryHealth;
+use selector_svc::health::InProcessHealth;
 use selector_svc::metrics::Metrics;
 use selector_svc::refresh::{RefreshResult, RefreshSettings, TokenRefresher};
 use selector_svc::snapshot::{Snapshot, SnapshotCell};
@@ -522,7 +522,7 @@ fn refresher(source: Arc<MemorySource>) -> TokenRefresher {
     );
     TokenRefresher::new(
         source,
-        Arc::new(MemoryHealth::new(admission)),
+        Arc::new(InProcessHealth::new(admission)),
         RefreshSettings::default(),
         Metrics::new(),
     )

@@ -18,7 +18,7 @@ use admission_svc::admission::Admission;
 use async_trait::async_trait;
 use poolgate_core::lease::Settings;
 use selector_svc::engine::{Selector, SelectorParts, SelectorSettings};
-use selector_svc::health::MemoryHealth;
+use selector_svc::health::InProcessHealth;
 use selector_svc::refresh::{RefreshSettings, TokenRefresher, refresh_loop};
 use selector_svc::snapshot::SnapshotCell;
 use selector_svc::source::{AccountSource, MemorySource, StateFile, UsageInput};
@@ -60,7 +60,7 @@ pub fn build(
     );
     let snapshot = Arc::new(SnapshotCell::new(source.snapshot()));
     let health: Arc<dyn selector_svc::health::HealthStore> =
-        Arc::new(MemoryHealth::new(admission.clone()));
+        Arc::new(InProcessHealth::new(admission.clone()));
     let selector_metrics = selector_svc::metrics::Metrics::registered_in(metrics.registry.clone());
     let (refresh_sender, refresh_receiver) = tokio::sync::mpsc::unbounded_channel();
     let selector = Arc::new(Selector::new(SelectorParts {

@@ -179,7 +179,7 @@ struct State {
 }
 
 /// Health in memory, coupled to the in-process admission engine.
-pub struct MemoryHealth {
+pub struct InProcessHealth {
     admission: Arc<Admission>,
     state: Mutex<State>,
     /// Held across a hard-block change and the admission cooldown write that mirrors it, so two
@@ -190,11 +190,11 @@ pub struct MemoryHealth {
     started_ms: i64,
 }
 
-impl MemoryHealth {
+impl InProcessHealth {
     /// Health over `admission`, the engine the process's leases are taken from (its memory
     /// backend: hard blocks become its cooldowns, its leases are the load).
     pub fn new(admission: Arc<Admission>) -> Self {
-        MemoryHealth {
+        InProcessHealth {
             admission,
             state: Mutex::new(State {
                 accounts: HashMap::new(),
@@ -261,7 +261,7 @@ impl MemoryHealth {
 }
 
 #[async_trait]
-impl HealthStore for MemoryHealth {
+impl HealthStore for InProcessHealth {
     async fn now(&self) -> Result<i64, BackendError> {
         Ok(self.clock())
     }

@@ -16,7 +16,7 @@ pub use poolgate_runtime::error::BackendError;
 mod memory;
 mod redis;
 
-pub use memory::MemoryHealth;
+pub use memory::InProcessHealth;
 pub use redis::RedisHealth;
 
 /// What the breaker did with a broken outcome.
