@@ -22,6 +22,9 @@ pub struct Metrics {
     pub spend_micros: IntCounter,
     /// admission_redis_fallbacks_total{operation, reason}
     pub fallbacks: IntCounterVec,
+    /// admission_redis_timeouts_total{operation}: Redis calls that timed out (answered as
+    /// unavailable for that call; only the registry probe turns timeouts into an outage).
+    pub redis_timeouts: IntCounterVec,
     pub degraded: IntGauge,
     /// admission_redis_round_trips_total: commands, scripts and pipelines sent to Redis.
     pub redis_round_trips: IntCounter,
@@ -95,6 +98,12 @@ impl Metrics {
                 "admission_redis_fallbacks_total",
                 "Operations served by the Redis failure policy instead of Redis, by operation and reason.",
                 &["operation", "reason"],
+            ),
+            redis_timeouts: counter_vec(
+                &registry,
+                "admission_redis_timeouts_total",
+                "Redis calls that timed out, by operation (the call answers as Redis unavailable; only registry heartbeats timing out twice in a row switch to the failure policy).",
+                &["operation"],
             ),
             degraded: gauge(
                 &registry,

@@ -10,12 +10,16 @@
 //!   over-admit).
 //! - `closed`: refuse with `backend_unavailable`.
 //!
-//! A replica enters the degraded state on the first Redis connection failure (or a failed registry
-//! heartbeat) and stops sending operations to Redis; the registry heartbeat doubles as the probe.
-//! A *timeout* of an acquire is not an outage: Redis is slow, and may even have applied it. It
-//! answers `backend_unavailable` for that acquire (the relay tries a sibling or waits) instead of
-//! admitting from the fallback, which would over-admit exactly when Redis is overloaded (a CI run
-//! under load caught that).
+//! A replica enters the degraded state on the first Redis connection failure (or a registry
+//! heartbeat that fails, or times out twice in a row) and stops sending operations to Redis; the
+//! registry heartbeat doubles as the probe. A *timeout* of any other operation is not an outage:
+//! Redis is slow, and may even have applied it. The operation answers as Redis being unavailable
+//! for that one call (an acquire `backend_unavailable`, so the relay tries a sibling or waits; a
+//! resume an error the relay retries; a heartbeat `NotRenewed`; a release is queued and retried)
+//! instead of switching the whole replica to the fallback, which would over-admit exactly when
+//! Redis is overloaded: a CI run under load caught an acquire doing that, and the chaos suite a
+//! resume storm after an admission replica died (one resume timed out, the replica granted from
+//! its fallback for the 0.4 s until the next probe, and three accounts ran over their limit).
 //! When Redis answers again, the replica first writes the leases and RPM events it admitted on its
 //! own into Redis, then serves from Redis again, then replays releases and spend recorded during
 //! the outage — so the return neither over-admits nor loses spend. Under `divided`, the replicas
@@ -129,6 +133,8 @@ pub struct PolicyBackend {
     settings: PolicySettings,
     member: String,
     degraded: AtomicBool,
+    /// Registry heartbeats that timed out in a row (two make an outage; one is a slow moment).
+    registry_timeouts: std::sync::atomic::AtomicU32,
     registry: Mutex<RegistryView>,
     outage: Mutex<Vec<OutageRecord>>,
     /// Leases this replica's streams hold (lease -> ttl ms), wherever they were granted. When
@@ -166,6 +172,7 @@ impl PolicyBackend {
             member: format!("{:016x}", fastrand::u64(..)),
             settings,
             degraded: AtomicBool::new(false),
+            registry_timeouts: std::sync::atomic::AtomicU32::new(0),
             registry: Mutex::new(RegistryView {
                 replicas: expected,
                 rank: None,
@@ -283,10 +290,10 @@ impl PolicyBackend {
     }
 
     /// Like `guarded`, but a *timeout* (Redis slow, not gone: the operation may even have been
-    /// applied) answers `on_timeout` when given, instead of switching to the fallback. Admitting
-    /// from the fallback while Redis is merely slow would over-admit exactly when it is
-    /// overloaded; connection failures (Redis gone) still switch, and the registry probe decides
-    /// when Redis is back.
+    /// applied) never switches to the fallback: it answers `on_timeout` when given, the timeout
+    /// otherwise. Admitting from the fallback while Redis is merely slow would over-admit exactly
+    /// when it is overloaded; connection failures (Redis gone) still switch, and the registry
+    /// probe decides about an outage that only shows as timeouts, and when Redis is back.
     async fn guarded_or<T>(
         &self,
         operation: &'static str,
@@ -304,17 +311,22 @@ impl PolicyBackend {
         }
         match on_redis.await {
             Ok(value) => Ok(value),
-            Err(BackendError::Timeout) if on_timeout.is_some() => {
-                self.count_fallback(operation, "timeout");
-                on_timeout.ok_or(BackendError::Timeout)
+            Err(BackendError::Timeout) => {
+                self.metrics
+                    .redis_timeouts
+                    .with_label_values(&[operation])
+                    .inc();
+                match on_timeout {
+                    Some(answer) => {
+                        self.count_fallback(operation, "timeout");
+                        Ok(answer)
+                    }
+                    None => Err(BackendError::Timeout),
+                }
             }
             Err(error) => {
-                let reason = match error {
-                    BackendError::Timeout => "timeout",
-                    BackendError::Failed(_) => "error",
-                };
                 self.enter_degraded(operation, &error).await;
-                self.count_fallback(operation, reason);
+                self.count_fallback(operation, "error");
                 let _adopted = self.adoption.read().await;
                 on_fallback.await
             }
@@ -350,6 +362,7 @@ impl PolicyBackend {
         let ttl = millis(self.settings.registry_ttl);
         match self.redis.registry_heartbeat(&self.member, ttl).await {
             Ok(members) => {
+                self.registry_timeouts.store(0, Ordering::SeqCst);
                 let rank = members
                     .iter()
                     .position(|m| *m == self.member)
@@ -371,7 +384,18 @@ impl PolicyBackend {
                     });
                 }
             }
-            Err(error) => self.enter_degraded("registry", &error).await,
+            Err(BackendError::Timeout)
+                if self.registry_timeouts.fetch_add(1, Ordering::SeqCst) == 0 =>
+            {
+                self.metrics
+                    .redis_timeouts
+                    .with_label_values(&["registry"])
+                    .inc();
+            }
+            Err(error) => {
+                self.registry_timeouts.store(0, Ordering::SeqCst);
+                self.enter_degraded("registry", &error).await
+            }
         }
     }
 

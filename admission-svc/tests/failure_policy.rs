@@ -394,3 +394,71 @@ async fn uncertain_acquire_is_cleaned_up_with_its_rpm_event_by_one_detached_clea
     .await
     .expect("the ghost lease and its rpm event are removed long before the 3 s ttl");
 }
+
+/// A slow Redis is not an outage. One replica's heartbeat times out while Redis is busy (a
+/// `DEBUG SLEEP`); the replica answers `NotRenewed` for that heartbeat and stays on Redis. Were it
+/// to switch to its fallback, it would grant a lease on an account another replica holds full
+/// (the chaos suite caught a resume storm doing that after an admission replica died).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_heartbeat_is_not_an_outage_and_grants_nothing_from_the_fallback() {
+    let redis = RedisServer::start_with(&["--enable-debug-command", "yes"])
+        .await
+        .expect("redis");
+    let mut servers = Vec::new();
+    for _ in 0..2 {
+        let mut backend = backend(redis.url(), FailurePolicy::Open, 1);
+        if let BackendConfig::Redis {
+            options, policy, ..
+        } = &mut backend
+        {
+            options.timeout = Duration::from_millis(60);
+            // One registry probe at most falls in the sleep: two timed out in a row would be an
+            // outage by design.
+            policy.registry_interval = Duration::from_secs(1);
+        }
+        servers.push(TestServer::start(backend, test_settings()).await);
+    }
+    let (slow, full) = (&servers[0], &servers[1]);
+    // Account 591 (limit 1) is full through the other replica; the slow one holds a lease on 592.
+    let (_held, answer) = LeaseStream::acquire(&full.client, acquire(591, 1)).await;
+    assert!(answer.is_granted());
+    let (mut mine, answer) = LeaseStream::acquire(&slow.client, acquire(592, 1)).await;
+    assert!(answer.is_granted());
+
+    let mut blocker = redis.client().await.expect("client");
+    let sleeper = tokio::spawn(async move {
+        let _: Result<String, _> = redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg("0.4")
+            .query_async(&mut blocker)
+            .await;
+    });
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    match mine.heartbeat().await {
+        Ok(Some(pb::lease_event::Kind::NotRenewed(_))) => {}
+        other => panic!("expected NotRenewed, got {other:?}"),
+    }
+    let policy = slow.admission.policy().expect("redis backend");
+    assert!(
+        !policy.is_degraded(),
+        "one timed-out call does not switch the replica to its fallback"
+    );
+    assert!(
+        slow.admission
+            .metrics()
+            .redis_timeouts
+            .with_label_values(&["renew"])
+            .get()
+            >= 1,
+        "the timeout is counted"
+    );
+    let _ = sleeper.await;
+    let (_, answer) = LeaseStream::acquire(&slow.client, acquire(591, 1)).await;
+    assert_eq!(
+        answer.denied_reason(),
+        Some(pb::DenyReason::Concurrency),
+        "the account the other replica holds full stays full: {answer:?}"
+    );
+    assert!(!policy.is_degraded());
+    assert_eq!(fallbacks(slow), 0, "nothing was served by the fallback");
+}
