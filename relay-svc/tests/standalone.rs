@@ -240,6 +240,12 @@ async fn a_billing_answer_the_probe_does_not_confirm_keeps_the_account() {
     );
     let (status, _) = h.messages(&message(false)).await;
     assert_eq!(status, 200, "failed over to b");
+    // The probe runs in the background (the client's answer does not wait for it).
+    eventually(Duration::from_secs(5), || async {
+        (h.upstream.stats("cred-a").total == 2).then_some(())
+    })
+    .await
+    .expect("the probe asked again");
     // Once the probe (a 200) is in, `a` (priority 0) serves again (a new conversation each
     // time: the first one is bound to `b` now).
     eventually(Duration::from_secs(5), || async {

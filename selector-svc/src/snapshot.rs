@@ -86,6 +86,13 @@ impl Snapshot {
         self.api_keys.values()
     }
 
+    /// The client keys with their hashes (what names a key whatever its id).
+    pub fn api_key_hashes(&self) -> impl Iterator<Item = (&[u8], &ApiKeyRecord)> {
+        self.api_keys
+            .iter()
+            .map(|(hash, record)| (hash.as_slice(), record))
+    }
+
     pub fn price(&self, model: &str) -> Price {
         self.prices.get(model).copied().unwrap_or_default()
     }

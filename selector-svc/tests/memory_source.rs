@@ -248,8 +248,8 @@ async fn status_changes_survive_a_restart_and_a_restore_hands_the_account_back_t
     let statuses = saved["statuses"].as_object().expect("statuses");
     assert_eq!(
         statuses.keys().collect::<Vec<_>>(),
-        vec!["2"],
-        "only what differs from the config: {text}"
+        vec!["acct-2"],
+        "only what differs from the config, by account name: {text}"
     );
 }
 
@@ -407,6 +407,149 @@ async fn the_usage_ledger_sums_a_keys_hours_in_range_and_survives_a_restart() {
             .requests,
         1
     );
+}
+
+/// A config with two client keys, `client-key-a` and `client-key-b`, with the ids given.
+fn two_keys(accounts: Vec<Account>, a: i64, b: i64) -> Snapshot {
+    let record = |id: i64| ApiKeyRecord {
+        id,
+        name: format!("api_keys[{}]", id - 1),
+        prefix: "client-k".into(),
+        user: "alice".into(),
+        group: "g".into(),
+        user_rpm_limit: 0,
+        active: true,
+    };
+    let keys = HashMap::from([
+        (api_key_hash("client-key-a"), record(a)),
+        (api_key_hash("client-key-b"), record(b)),
+    ]);
+    Snapshot::new(vec!["g".into()], accounts, keys, HashMap::new())
+}
+
+#[tokio::test]
+async fn a_config_whose_entries_moved_applies_each_saved_entry_to_its_own_account_and_key() {
+    let scratch = Scratch::new("memory-source").expect("scratch");
+    let file = state_in(&scratch);
+    let named = |id: AccountId, name: &'static str| account(id, move |a| a.name = name.into());
+    let source = MemorySource::new(
+        two_keys(vec![named(1, "alpha"), named(2, "beta")], 1, 2),
+        Some(file.clone()),
+    )
+    .expect("source");
+    source
+        .set_status(2, AccountStatus::Retired, "quota gone")
+        .await
+        .expect("retired");
+    let hour = 3_600_000;
+    let base = 1_700_000_000_000 / hour * hour;
+    source
+        .insert_usage(&[usage(Some(1), base, 10, 1.0)])
+        .await
+        .expect("taken");
+    source.flush().await.expect("flushed");
+    drop(source);
+    // The operator put a new account and a new key first: every id moved by one.
+    let moved = MemorySource::new(
+        two_keys(
+            vec![named(1, "gamma"), named(2, "alpha"), named(3, "beta")],
+            2,
+            3,
+        ),
+        Some(file.clone()),
+    )
+    .expect("source");
+    let moved = &moved;
+    let status = |id| async move { moved.load_account(id).await.expect("account").status };
+    assert_eq!(
+        status(3).await,
+        AccountStatus::Retired,
+        "beta stays retired"
+    );
+    assert_eq!(
+        status(2).await,
+        AccountStatus::Active,
+        "alpha was never retired"
+    );
+    assert_eq!(status(1).await, AccountStatus::Active, "the new account");
+    let read = |id| async move {
+        moved
+            .read_usage(id, base, base + hour)
+            .await
+            .expect("read")
+            .requests
+    };
+    assert_eq!(read(2).await, 1, "key a's usage follows key a");
+    assert_eq!(read(1).await, 0, "nothing on the id key a had before");
+}
+
+#[tokio::test]
+async fn a_state_file_of_the_first_format_is_read_by_id_and_written_back_by_name() {
+    let scratch = Scratch::new("memory-source").expect("scratch");
+    let file = state_in(&scratch);
+    let hour = 3_600_000;
+    let base = 1_700_000_000_000 / hour * hour;
+    std::fs::write(
+        file.path(),
+        format!(
+            r#"{{"statuses": {{"2": {{"status": "retired", "reason": "quota gone"}}}},
+                "usage": [{{"api_key_id": 1, "hour_start_ms": {base}, "requests": 4,
+                            "input_tokens": 1, "output_tokens": 2, "cost_usd": 0.5}}]}}"#
+        ),
+    )
+    .expect("old file");
+    let source = MemorySource::new(
+        config(vec![account(1, |_| {}), account(2, |_| {})]),
+        Some(file.clone()),
+    )
+    .expect("source");
+    assert_eq!(
+        source.load_account(2).await.expect("account").status,
+        AccountStatus::Retired
+    );
+    assert_eq!(
+        source
+            .read_usage(1, base, base + hour)
+            .await
+            .expect("read")
+            .requests,
+        4
+    );
+    source
+        .set_status(1, AccountStatus::Error, "unauthorized")
+        .await
+        .expect("written");
+    let saved: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(file.path()).expect("file")).expect("json");
+    assert_eq!(saved["format"], 1);
+    let mut names: Vec<_> = saved["statuses"]
+        .as_object()
+        .expect("statuses")
+        .keys()
+        .cloned()
+        .collect();
+    names.sort();
+    assert_eq!(names, ["acct-1", "acct-2"]);
+    assert_eq!(
+        saved["usage"][0]["key"],
+        hex(&api_key_hash("client-key-1")),
+        "usage names its key by hash"
+    );
+}
+
+#[tokio::test]
+async fn a_state_file_of_a_newer_format_stops_the_start() {
+    let scratch = Scratch::new("memory-source").expect("scratch");
+    let file = state_in(&scratch);
+    std::fs::write(file.path(), r#"{"format": 99}"#).expect("file");
+    let error = MemorySource::new(config(vec![account(1, |_| {})]), Some(file))
+        .err()
+        .expect("refused");
+    assert!(error.to_string().contains("format 99"), "{error}");
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
 #[tokio::test]

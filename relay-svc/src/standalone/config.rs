@@ -159,9 +159,14 @@ impl StandaloneFile {
     fn accounts(&self) -> Result<Vec<Account>, String> {
         let mut accounts = Vec::new();
         let mut ids = std::collections::HashSet::new();
+        let mut names = std::collections::HashSet::new();
         for (index, entry) in self.accounts.iter().enumerate() {
             let at =
                 |message: &str| format!("config: accounts[{index}] ({}): {message}", entry.name);
+            // The name is what the state file keeps an account's tokens and status under.
+            if entry.name.trim().is_empty() || !names.insert(entry.name.as_str()) {
+                return Err(at("name must be non-empty and unique"));
+            }
             let platform = Platform::parse(&entry.platform)
                 .ok_or_else(|| at("platform must be anthropic or openai"))?;
             let signed_in = entry.oauth.as_ref().or(entry.chatgpt_oauth.as_ref());

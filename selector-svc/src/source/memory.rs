@@ -75,6 +75,10 @@ struct StoredStatus {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct UsageBucket {
+    /// The client key's hash (hex), which names the key whatever its place in the config; empty
+    /// for a key the config does not list (then `api_key_id` alone says whose it is).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    key: String,
     api_key_id: i64,
     hour_start_ms: i64,
     requests: i64,
@@ -83,14 +87,23 @@ struct UsageBucket {
     cost_usd: f64,
 }
 
+/// The state file format this build writes. Format 1 names accounts by name and client keys by
+/// hash, so a config whose entries moved (ids default to the place in the file) applies no
+/// retirement or usage to another account or key. Format 0 (the first release) named them by id;
+/// it is read, and written back as format 1.
+const FORMAT: u32 = 1;
+
 /// The state file's content.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 struct Persisted {
     #[serde(default)]
-    tokens: BTreeMap<AccountId, StoredTokens>,
-    /// Only statuses that differ from the config's.
+    format: u32,
+    /// By account name (format 0: by account id).
     #[serde(default)]
-    statuses: BTreeMap<AccountId, StoredStatus>,
+    tokens: BTreeMap<String, StoredTokens>,
+    /// Only statuses that differ from the config's; by account name (format 0: by id).
+    #[serde(default)]
+    statuses: BTreeMap<String, StoredStatus>,
     #[serde(default)]
     usage: Vec<UsageBucket>,
 }
@@ -180,6 +193,7 @@ impl StateFile {
 
 /// What the config itself says of an account, to tell the state file's changes from it.
 struct Configured {
+    name: String,
     status: AccountStatus,
     credential: String,
 }
@@ -187,18 +201,32 @@ struct Configured {
 struct Current {
     snapshot: Snapshot,
     configured: HashMap<AccountId, Configured>,
+    /// Account name -> id; a name the config gives twice maps to nothing (no entry is applied
+    /// to either account).
+    names: HashMap<String, Option<AccountId>>,
+    /// Client key id <-> the key's hash (hex).
+    key_hashes: HashMap<i64, String>,
+    key_ids: HashMap<String, i64>,
     persisted: Persisted,
     usage: BTreeMap<(i64, i64), UsageTotals>,
+    /// Buckets of keys the config no longer lists: kept in the file, counted for no one.
+    retained_usage: Vec<UsageBucket>,
     usage_dirty: bool,
 }
 
 impl Current {
     fn to_persisted(&self) -> Persisted {
         Persisted {
+            format: FORMAT,
             usage: self
                 .usage
                 .iter()
                 .map(|(&(api_key_id, hour_start_ms), totals)| UsageBucket {
+                    key: self
+                        .key_hashes
+                        .get(&api_key_id)
+                        .cloned()
+                        .unwrap_or_default(),
                     api_key_id,
                     hour_start_ms,
                     requests: totals.requests,
@@ -206,9 +234,29 @@ impl Current {
                     output_tokens: totals.output_tokens,
                     cost_usd: totals.cost_usd,
                 })
+                .chain(self.retained_usage.iter().cloned())
                 .collect(),
             ..self.persisted.clone()
         }
+    }
+
+    /// The account a state file entry is for: by name (format 1) or by id (format 0).
+    fn resolve(&self, key: &str, format: u32) -> Option<AccountId> {
+        if format == 0 {
+            return key
+                .parse::<AccountId>()
+                .ok()
+                .filter(|id| self.configured.contains_key(id));
+        }
+        self.names.get(key).copied().flatten()
+    }
+
+    /// The name an account's entries are kept under.
+    fn entry_name(&self, id: AccountId) -> Result<String, StoreError> {
+        self.configured
+            .get(&id)
+            .map(|configured| configured.name.clone())
+            .ok_or_else(|| StoreError::NotFound(format!("account {id}")))
     }
 
     fn account(&self, id: AccountId) -> Result<Account, StoreError> {
@@ -220,11 +268,11 @@ impl Current {
 }
 
 fn fingerprint(credential: &str) -> String {
-    Sha256::digest(credential.as_bytes())
-        .iter()
-        .take(16)
-        .map(|byte| format!("{byte:02x}"))
-        .collect()
+    hex(&Sha256::digest(credential.as_bytes())[..16])
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
 fn with_tokens(mut account: Account, tokens: &StoredTokens) -> Account {
@@ -263,22 +311,55 @@ impl MemorySource {
                 (
                     account.id,
                     Configured {
+                        name: account.name.clone(),
                         status: account.status,
                         credential: fingerprint(account.credential.expose()),
                     },
                 )
             })
             .collect();
+        let mut names: HashMap<String, Option<AccountId>> = HashMap::new();
+        for (&id, account) in &configured {
+            names
+                .entry(account.name.clone())
+                .and_modify(|taken| *taken = None)
+                .or_insert(Some(id));
+        }
+        let key_hashes: HashMap<i64, String> = snapshot
+            .api_key_hashes()
+            .map(|(hash, record)| (record.id, hex(hash)))
+            .collect();
+        let key_ids = key_hashes
+            .iter()
+            .map(|(&id, hash)| (hash.clone(), id))
+            .collect();
         let persisted = match &state_file {
             Some(file) => file.read()?.unwrap_or_default(),
             None => Persisted::default(),
         };
+        if persisted.format > FORMAT {
+            return Err(StoreError::StateFile(format!(
+                "{} is in format {}, newer than this build reads ({FORMAT}); start the newer \
+                 build, or move the file away to start without it",
+                state_file
+                    .as_ref()
+                    .map_or_else(String::new, |file| file.path().display().to_string()),
+                persisted.format
+            )));
+        }
         let mut current = Current {
             snapshot,
             configured,
+            names,
+            key_hashes,
+            key_ids,
             usage: BTreeMap::new(),
+            retained_usage: Vec::new(),
             usage_dirty: false,
-            persisted: Persisted::default(),
+            persisted: Persisted {
+                format: FORMAT,
+                ..Persisted::default()
+            },
         };
         current.load(persisted);
         Ok(MemorySource {
@@ -360,17 +441,21 @@ impl MemorySource {
 }
 
 impl Current {
-    /// Applies a saved state over the config.
+    /// Applies a saved state over the config. Entries for accounts or keys the config does not
+    /// name are ignored and kept in the file (an account taken out of the config for a while
+    /// finds its tokens again).
     fn load(&mut self, persisted: Persisted) {
-        for (&id, tokens) in &persisted.tokens {
-            let Some(configured) = self.configured.get(&id) else {
+        let format = persisted.format;
+        for (key, tokens) in persisted.tokens {
+            let Some(id) = self.resolve(&key, format) else {
                 tracing::warn!(
-                    account_id = id,
+                    account = %key,
                     "the state file has tokens of an account the config does not name; ignored"
                 );
-                self.persisted.tokens.insert(id, tokens.clone());
+                self.persisted.tokens.insert(key, tokens);
                 continue;
             };
+            let configured = &self.configured[&id];
             if configured.credential != tokens.replaces {
                 tracing::warn!(
                     account_id = id,
@@ -378,33 +463,47 @@ impl Current {
                 );
                 continue;
             }
+            let name = configured.name.clone();
             if let Ok(account) = self.account(id) {
-                self.snapshot.replace_account(with_tokens(account, tokens));
+                self.snapshot.replace_account(with_tokens(account, &tokens));
             }
-            self.persisted.tokens.insert(id, tokens.clone());
+            self.persisted.tokens.insert(name, tokens);
         }
-        for (&id, stored) in &persisted.statuses {
-            self.persisted.statuses.insert(id, stored.clone());
-            let Some(status) = AccountStatus::parse(&stored.status) else {
+        for (key, stored) in persisted.statuses {
+            let Some(id) = self.resolve(&key, format) else {
+                tracing::warn!(
+                    account = %key,
+                    "the state file has the status of an account the config does not name; ignored"
+                );
+                self.persisted.statuses.insert(key, stored);
+                continue;
+            };
+            let status = AccountStatus::parse(&stored.status);
+            let name = self.configured[&id].name.clone();
+            self.persisted.statuses.insert(name, stored.clone());
+            let Some(status) = status else {
                 tracing::warn!(account_id = id, status = %stored.status, "unknown status in the state file; ignored");
                 continue;
             };
-            match self.account(id) {
-                Ok(mut account) => {
-                    account.status = status;
-                    account.status_reason = stored.reason.clone();
-                    self.snapshot.replace_account(account);
-                }
-                Err(_) => tracing::warn!(
-                    account_id = id,
-                    "the state file has the status of an account the config does not name; ignored"
-                ),
+            if let Ok(mut account) = self.account(id) {
+                account.status = status;
+                account.status_reason = stored.reason;
+                self.snapshot.replace_account(account);
             }
         }
         for bucket in persisted.usage {
+            let api_key_id = if bucket.key.is_empty() {
+                Some(bucket.api_key_id)
+            } else {
+                self.key_ids.get(&bucket.key).copied()
+            };
+            let Some(api_key_id) = api_key_id else {
+                self.retained_usage.push(bucket);
+                continue;
+            };
             let totals = self
                 .usage
-                .entry((bucket.api_key_id, bucket.hour_start_ms))
+                .entry((api_key_id, bucket.hour_start_ms))
                 .or_default();
             totals.requests += bucket.requests;
             totals.input_tokens += bucket.input_tokens;
@@ -432,6 +531,7 @@ impl AccountSource for MemorySource {
     ) -> Result<(), StoreError> {
         self.with_current(|current| {
             let mut account = current.account(id)?;
+            let name = current.entry_name(id)?;
             account.status = status;
             account.status_reason = reason.to_owned();
             current.snapshot.replace_account(account);
@@ -442,10 +542,10 @@ impl AccountSource for MemorySource {
                 .get(&id)
                 .is_some_and(|configured| configured.status == status)
             {
-                current.persisted.statuses.remove(&id);
+                current.persisted.statuses.remove(&name);
             } else {
                 current.persisted.statuses.insert(
-                    id,
+                    name,
                     StoredStatus {
                         status: status.as_str().to_owned(),
                         reason: reason.to_owned(),
@@ -467,6 +567,7 @@ impl AccountSource for MemorySource {
     ) -> Result<(), StoreError> {
         self.with_current(|current| {
             let account = current.account(id)?;
+            let name = current.entry_name(id)?;
             let replaces = current
                 .configured
                 .get(&id)
@@ -481,7 +582,7 @@ impl AccountSource for MemorySource {
             current
                 .snapshot
                 .replace_account(with_tokens(account, &tokens));
-            current.persisted.tokens.insert(id, tokens);
+            current.persisted.tokens.insert(name, tokens);
             Ok::<_, StoreError>(())
         })?;
         self.changed();
