@@ -334,6 +334,20 @@ async fn after_redis_restarts_enforcement_resumes_without_over_admission_from_ou
     assert_eq!(spend, Some(1_500_000), "1.5 USD in micro-USD");
 }
 
+/// Blocks Redis (started with the debug command enabled) for `seconds`, in the background: every
+/// client's command waits, as when Redis is overloaded.
+async fn block_redis(redis: &RedisServer, seconds: &str) -> tokio::task::JoinHandle<()> {
+    let mut blocker = redis.client().await.expect("client");
+    let seconds = seconds.to_owned();
+    tokio::spawn(async move {
+        let _: Result<String, _> = redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg(seconds)
+            .query_async(&mut blocker)
+            .await;
+    })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uncertain_acquire_is_cleaned_up_with_its_rpm_event_by_one_detached_cleanup() {
     let redis = RedisServer::start_with(&["--enable-debug-command", "yes"])
@@ -353,14 +367,7 @@ async fn uncertain_acquire_is_cleaned_up_with_its_rpm_event_by_one_detached_clea
     let (warm, answer) = LeaseStream::acquire(&server.client, terms.clone()).await;
     assert!(answer.is_granted());
     warm.release(0.0).await;
-    let mut blocker = redis.client().await.expect("client");
-    let sleeper = tokio::spawn(async move {
-        let _: Result<String, _> = redis::cmd("DEBUG")
-            .arg("SLEEP")
-            .arg("0.3")
-            .query_async(&mut blocker)
-            .await;
-    });
+    let sleeper = block_redis(&redis, "0.3").await;
     tokio::time::sleep(Duration::from_millis(30)).await;
     let (_, answer) = LeaseStream::acquire(&server.client, terms.clone()).await;
     assert_eq!(
@@ -425,14 +432,7 @@ async fn a_timed_out_heartbeat_is_not_an_outage_and_grants_nothing_from_the_fall
     let (mut mine, answer) = LeaseStream::acquire(&slow.client, acquire(592, 1)).await;
     assert!(answer.is_granted());
 
-    let mut blocker = redis.client().await.expect("client");
-    let sleeper = tokio::spawn(async move {
-        let _: Result<String, _> = redis::cmd("DEBUG")
-            .arg("SLEEP")
-            .arg("0.4")
-            .query_async(&mut blocker)
-            .await;
-    });
+    let sleeper = block_redis(&redis, "0.4").await;
     tokio::time::sleep(Duration::from_millis(30)).await;
     match mine.heartbeat().await {
         Ok(Some(pb::lease_event::Kind::NotRenewed(_))) => {}

@@ -26,6 +26,24 @@ pub fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// Lowercase hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes
+        .iter()
+        .fold(String::with_capacity(2 * bytes.len()), |mut text, byte| {
+            let _ = write!(text, "{byte:02x}");
+            text
+        })
+}
+
+/// The first 16 bytes of `text`'s SHA-256, in hex: a name for a value that must not be shown or
+/// kept as it is (a long session id, the credential a saved token replaced).
+pub fn short_hash(text: &str) -> String {
+    use sha2::{Digest, Sha256};
+    hex(&Sha256::digest(text.as_bytes())[..16])
+}
+
 /// Wall-clock ms since the epoch (used only where Redis `TIME` cannot be: Postgres timestamps,
 /// upstream reset headers).
 pub fn now_ms() -> i64 {

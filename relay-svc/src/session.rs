@@ -5,17 +5,12 @@
 //! the first user turn. At most 128 bytes (longer ones are hashed).
 
 use http::HeaderMap;
+use poolgate_core::short_hash as hashed;
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 
 use crate::api::Api;
 
 const MAX: usize = 128;
-
-fn hashed(text: &str) -> String {
-    let digest = Sha256::digest(text.as_bytes());
-    digest.iter().take(16).map(|b| format!("{b:02x}")).collect()
-}
 
 fn bounded(value: &str) -> Option<String> {
     let value = value.trim();

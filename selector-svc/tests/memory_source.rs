@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use admission_svc::admission::Admission;
 use admission_svc::memory::MemoryBackend;
+use poolgate_core::hex;
 use poolgate_core::lease::Settings;
 use poolgate_testkit::{Scratch, eventually};
 use selector_svc::crypto::api_key_hash;
@@ -546,10 +547,6 @@ async fn a_state_file_of_a_newer_format_stops_the_start() {
         .err()
         .expect("refused");
     assert!(error.to_string().contains("format 99"), "{error}");
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
 #[tokio::test]

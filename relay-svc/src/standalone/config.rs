@@ -332,3 +332,32 @@ fn oauth_state(entry: &OAuthEntry, platform: Platform) -> Result<Option<OAuthSta
         client_id: entry.client_id.clone().unwrap_or_default(),
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(accounts: &str) -> Result<Snapshot, String> {
+        StandaloneFile::parse(&format!(
+            "api_keys:\n  - {{key: k1}}\naccounts:\n{accounts}"
+        ))?
+        .snapshot()
+    }
+
+    #[test]
+    fn account_names_are_required_to_be_unique_and_non_empty() {
+        let account = |name: &str| {
+            format!(
+                "  - {{name: \"{name}\", platform: anthropic, base_url: \"http://127.0.0.1:9\", api_key: sk-x}}\n"
+            )
+        };
+        assert!(file(&(account("a") + &account("b"))).is_ok());
+        let twice = file(&(account("a") + &account("a"))).expect_err("a name given twice");
+        assert!(
+            twice.contains("accounts[1] (a): name must be non-empty and unique"),
+            "{twice}"
+        );
+        let blank = file(&account(" ")).expect_err("a blank name");
+        assert!(blank.contains("name must be non-empty"), "{blank}");
+    }
+}

@@ -17,8 +17,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use poolgate_core::{hex, short_hash};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -267,14 +267,6 @@ impl Current {
     }
 }
 
-fn fingerprint(credential: &str) -> String {
-    hex(&Sha256::digest(credential.as_bytes())[..16])
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
-}
-
 fn with_tokens(mut account: Account, tokens: &StoredTokens) -> Account {
     account.credential = tokens.access_token.clone();
     let oauth = account.oauth.get_or_insert_with(|| OAuthState {
@@ -313,7 +305,7 @@ impl MemorySource {
                     Configured {
                         name: account.name.clone(),
                         status: account.status,
-                        credential: fingerprint(account.credential.expose()),
+                        credential: short_hash(account.credential.expose()),
                     },
                 )
             })
