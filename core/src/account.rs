@@ -184,10 +184,16 @@ pub fn default_oauth_client_id(platform: Platform) -> &'static str {
     }
 }
 
-/// Where the official CLIs refresh their subscription tokens.
+/// Claude Code's token endpoint before it moved to `platform.claude.com`; it now answers 404.
+/// Migration 0003 rewrites stored rows that still name it.
+pub const LEGACY_ANTHROPIC_TOKEN_URL: &str = "https://console.anthropic.com/v1/oauth/token";
+
+/// Where the official CLIs refresh their subscription tokens (Claude Code's `TOKEN_URL`, the
+/// Codex CLI's refresh endpoint). An account without a token URL of its own uses these, applied
+/// when it is read, so a changed default needs no rewrite of stored rows.
 pub fn default_oauth_token_url(platform: Platform) -> &'static str {
     match platform {
-        Platform::Anthropic => "https://console.anthropic.com/v1/oauth/token",
+        Platform::Anthropic => "https://platform.claude.com/v1/oauth/token",
         Platform::OpenAi => "https://auth.openai.com/oauth/token",
     }
 }

@@ -26,8 +26,8 @@ pub struct Classified {
     pub class: OutcomeClass,
     /// When the upstream said the limit resets, ms since the epoch.
     pub reset_at_ms: Option<i64>,
-    /// Failover reason label: `429`, `529`, `5xx`, `401`, `403`, `network`, `quota`, `409`,
-    /// `client`, `stream_error`.
+    /// Failover reason label: `429`, `529`, `5xx`, `401`, `refused`, `connect`, `network`,
+    /// `quota`, `409`, `client`, `stream_error`.
     pub label: &'static str,
 }
 
@@ -40,10 +40,17 @@ impl Classified {
         }
     }
 
-    /// A `403 permission_error`: the account may not use what this request asks for (often a
-    /// model). Another account may; the account's health is not touched.
+    /// A 401/403 that refuses the *request*, not the credential (`permission_error`, a model
+    /// the project may not use, a scope the key lacks for this endpoint): the client chose it.
+    /// Another account may answer differently; the account's health is not touched.
     pub fn is_permission_refusal(&self) -> bool {
-        self.class == OutcomeClass::ClientError && self.label == "403"
+        self.class == OutcomeClass::ClientError && self.label == "refused"
+    }
+
+    /// No answer because the connection never got as far as sending the request (DNS, TCP
+    /// connect, TLS handshake): nothing of the client's request reached the upstream.
+    pub fn is_connect_failure(&self) -> bool {
+        self.label == "connect"
     }
 }
 
@@ -123,6 +130,67 @@ impl UpstreamError {
             (None, Some(code)) => clean(code),
             (None, None) => String::new(),
         }
+    }
+}
+
+/// What a 401 or 403 refuses (docs/SECURITY.md, "Health writes"), read from the error's code
+/// before its type: a code is the most specific thing the upstream asserts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The request: a model not found or not permitted, a scope the key lacks for this
+    /// endpoint, `permission_error`. The client chose it; never reported.
+    Request,
+    /// The credential: an invalid, expired or revoked key or token. Confirmed by the probe.
+    Credential,
+    /// Neither is asserted. Confirmed by the probe; never taken for a client error.
+    Unknown,
+}
+
+/// Codes that name the credential (OpenAI `invalid_api_key`; ChatGPT's token codes).
+const CREDENTIAL_CODES: &[&str] = &[
+    "invalid_api_key",
+    "token_expired",
+    "token_revoked",
+    "token_invalidated",
+    "invalid_token",
+    "account_deactivated",
+];
+
+/// Codes that name the request (OpenAI's 403 for a model the project may not use).
+const REQUEST_CODES: &[&str] = &["model_not_found", "unsupported_model", "missing_scope"];
+
+/// Types that name the credential (Anthropic, and OpenAI-compatible upstreams).
+const CREDENTIAL_TYPES: &[&str] = &["authentication_error", "invalid_authentication"];
+
+/// Types that name the request: Anthropic's `permission_error` and `not_found_error`; OpenAI's
+/// `invalid_request_error` when no credential code says otherwise (a restricted key's
+/// "Missing scopes: api.responses.write" is a 401 `invalid_request_error` with no code).
+const REQUEST_TYPES: &[&str] = &[
+    "permission_error",
+    "not_found_error",
+    "invalid_request_error",
+];
+
+/// What a 401/403's error body refuses; `None` for a body with no structured error.
+pub fn refusal(error: Option<&UpstreamError>) -> Refusal {
+    let Some(error) = error else {
+        return Refusal::Unknown;
+    };
+    if let Some(code) = error.code.as_deref() {
+        if CREDENTIAL_CODES.contains(&code) {
+            return Refusal::Credential;
+        }
+        if REQUEST_CODES.contains(&code) {
+            return Refusal::Request;
+        }
+    }
+    match error.kind.as_deref() {
+        Some(kind) if CREDENTIAL_TYPES.contains(&kind) => Refusal::Credential,
+        // A code we do not know next to a request type: the code may name the credential in a
+        // way we have not seen, so it is not taken for the request's doing.
+        Some(kind) if REQUEST_TYPES.contains(&kind) && error.code.is_none() => Refusal::Request,
+        Some("permission_error" | "not_found_error") => Refusal::Request,
+        _ => Refusal::Unknown,
     }
 }
 
@@ -305,15 +373,16 @@ pub fn classify(
             }
         }
         409 | 423 => Classified::new(OutcomeClass::Conflict, "409"),
-        401 => Classified::new(OutcomeClass::Unauthorized, "401"),
-        403 if error.is_some_and(|e| e.is(&["permission_error"])) => {
-            Classified::new(OutcomeClass::ClientError, "403")
-        }
-        // A JSON 403 is the upstream refusing the credential; an HTML one is a proxy in the way.
-        403 if is_json(headers) || error.is_some() => {
-            Classified::new(OutcomeClass::Unauthorized, "401")
-        }
-        403 => Classified::new(OutcomeClass::Broken, "5xx"),
+        401 | 403 => match refusal(error) {
+            Refusal::Request => Classified::new(OutcomeClass::ClientError, "refused"),
+            Refusal::Credential => Classified::new(OutcomeClass::Unauthorized, "401"),
+            // An HTML 403 is a proxy or firewall in the way, not the upstream's word.
+            Refusal::Unknown if status == 403 && !is_json(headers) && error.is_none() => {
+                Classified::new(OutcomeClass::Broken, "5xx")
+            }
+            // Suspected, never assumed: the selector's probe decides.
+            Refusal::Unknown => Classified::new(OutcomeClass::Unauthorized, "401"),
+        },
         500..=599 => Classified::new(OutcomeClass::Broken, "5xx"),
         _ => Classified::new(OutcomeClass::ClientError, "client"),
     }
@@ -364,9 +433,17 @@ pub fn is_stream_error(event: &Value) -> bool {
     }
 }
 
-/// A network error or timeout before any response.
+/// No usable answer after the request started going out: a timeout, an early close, an answer
+/// too large to keep, a stream that broke off. The request may have caused it (a huge body, a
+/// prompt the upstream chokes on), so the selector's probe confirms it before anything applies.
 pub fn network_failure() -> Classified {
     Classified::new(OutcomeClass::Broken, "network")
+}
+
+/// The connection failed before any byte of the request left (DNS, TCP connect, TLS
+/// handshake): nothing the client sent shaped it, so it applies at once.
+pub fn connect_failure() -> Classified {
+    Classified::new(OutcomeClass::Broken, "connect")
 }
 
 #[cfg(test)]
@@ -414,5 +491,115 @@ mod tests {
             message: String::new(),
         };
         assert_eq!(odd.summary(), "abscript/cd");
+    }
+
+    /// Real 401/403 answers of the providers (messages shortened), and what each refuses.
+    #[test]
+    fn refusals_are_classified_by_code_before_type() {
+        let json = headers(&[("content-type", "application/json")]);
+        let html = headers(&[("content-type", "text/html")]);
+        let cases: &[(u16, &HeaderMap, &str, OutcomeClass, &str)] = &[
+            // Anthropic: a bad key, a revoked OAuth token, a resource the key may not use.
+            (
+                401,
+                &json,
+                r#"{"type":"error","error":{"type":"authentication_error","message":"invalid x-api-key"}}"#,
+                OutcomeClass::Unauthorized,
+                "401",
+            ),
+            (
+                401,
+                &json,
+                r#"{"type":"error","error":{"type":"authentication_error","message":"OAuth token has been revoked. Please obtain a new token."}}"#,
+                OutcomeClass::Unauthorized,
+                "401",
+            ),
+            (
+                403,
+                &json,
+                r#"{"type":"error","error":{"type":"permission_error","message":"Your API key does not have permission to use the specified resource."}}"#,
+                OutcomeClass::ClientError,
+                "refused",
+            ),
+            // OpenAI: a revoked key is an invalid_request_error whose code names the key.
+            (
+                401,
+                &json,
+                r#"{"error":{"message":"Incorrect API key provided: sk-abc***.","type":"invalid_request_error","param":null,"code":"invalid_api_key"}}"#,
+                OutcomeClass::Unauthorized,
+                "401",
+            ),
+            // A model the project may not use, and a restricted key on an endpoint it lacks.
+            (
+                403,
+                &json,
+                r#"{"error":{"message":"Project `proj_x` does not have access to model `gpt-5`","type":"invalid_request_error","param":null,"code":"model_not_found"}}"#,
+                OutcomeClass::ClientError,
+                "refused",
+            ),
+            (
+                401,
+                &json,
+                r#"{"error":{"message":"You have insufficient permissions for this operation. Missing scopes: api.responses.write.","type":"invalid_request_error","param":null,"code":null}}"#,
+                OutcomeClass::ClientError,
+                "refused",
+            ),
+            // Neither asserted: confirmed by the probe.
+            (
+                403,
+                &json,
+                r#"{"error":{"code":"unsupported_country_region_territory","message":"Country, region, or territory not supported","param":null,"type":"request_forbidden"}}"#,
+                OutcomeClass::Unauthorized,
+                "401",
+            ),
+            (
+                401,
+                &json,
+                r#"{"detail":"Unauthorized"}"#,
+                OutcomeClass::Unauthorized,
+                "401",
+            ),
+            (
+                401,
+                &HeaderMap::new(),
+                "",
+                OutcomeClass::Unauthorized,
+                "401",
+            ),
+            // An unknown code beside a request type is not taken for the request's doing.
+            (
+                401,
+                &json,
+                r#"{"error":{"type":"invalid_request_error","code":"key_disabled_somehow"}}"#,
+                OutcomeClass::Unauthorized,
+                "401",
+            ),
+            // ChatGPT (Codex): an expired sign-in.
+            (
+                401,
+                &json,
+                r#"{"error":{"message":"Provided authentication token is expired.","type":null,"code":"token_expired","param":null}}"#,
+                OutcomeClass::Unauthorized,
+                "401",
+            ),
+            // A proxy's HTML page: not the upstream's word.
+            (
+                403,
+                &html,
+                "<html>Forbidden</html>",
+                OutcomeClass::Broken,
+                "5xx",
+            ),
+        ];
+        for (status, headers, body, class, label) in cases {
+            let got = classify(*status, headers, body.as_bytes(), NOW, 60_000);
+            assert_eq!((got.class, got.label), (*class, *label), "{status} {body}");
+        }
+        // The client's text never decides: a message naming a credential changes nothing.
+        let echoed = r#"{"error":{"message":"invalid_api_key authentication_error","type":"invalid_request_error","code":null}}"#;
+        assert_eq!(
+            classify(403, &json, echoed.as_bytes(), NOW, 60_000).class,
+            OutcomeClass::ClientError
+        );
     }
 }

@@ -42,6 +42,27 @@ pub struct Outcome {
     /// Reset time announced by the upstream, ms since the epoch.
     pub reset_at_ms: Option<i64>,
     pub reason: String,
+    /// `short_hash` of the credential the upstream refused (unauthorized outcomes), never the
+    /// credential. `None`: not said (an older relay); the probe decides with the stored one.
+    pub refused_fingerprint: Option<String>,
+    /// No answer, and nothing of the request left the relay (DNS, TCP connect, TLS handshake):
+    /// the one no-answer outcome that applies without a probe.
+    pub before_send: bool,
+}
+
+impl Outcome {
+    /// An outcome with nothing more than its class and status.
+    pub fn new(account_id: AccountId, class: OutcomeClass, status: u16) -> Self {
+        Outcome {
+            account_id,
+            class,
+            status,
+            reset_at_ms: None,
+            reason: String::new(),
+            refused_fingerprint: None,
+            before_send: false,
+        }
+    }
 }
 
 /// Durations of runtime blocks and the breaker (docs/DESIGN.md §1 and §5). All configurable.
@@ -148,11 +169,8 @@ mod tests {
 
     fn outcome(class: OutcomeClass, status: u16, reset_at_ms: Option<i64>) -> Outcome {
         Outcome {
-            account_id: 1,
-            class,
-            status,
             reset_at_ms,
-            reason: String::new(),
+            ..Outcome::new(1, class, status)
         }
     }
 

@@ -112,18 +112,19 @@ pub trait Selection: Send + Sync + 'static {
     async fn select(&self, request: &PlanRequest) -> Result<Plan, BackendError>;
     /// Reports a real upstream outcome (never a local refusal). Best effort.
     async fn report(&self, account_id: i64, outcome: Classified, status: u16, reason: &str);
-    /// Reports an upstream's refusal of an OAuth account's token. The first time
-    /// (`after_refresh` false) the selector may refresh the token and return it, for a retry on
-    /// the same account; with `after_refresh` the refusal counts against the account.
+    /// Reports an upstream's refusal of `refused`, the credential the request used (only its
+    /// fingerprint leaves the relay). Nothing counts until the selector's probe bears it out.
+    /// `Some(token)`: the account's stored OAuth token is another one now (refreshed for this
+    /// refusal or before it): retry on the same account with it.
     async fn report_refused(
         &self,
         account_id: i64,
         outcome: Classified,
         status: u16,
         reason: &str,
-        after_refresh: bool,
+        refused: &Secret,
     ) -> Option<Secret> {
-        let _ = after_refresh;
+        let _ = refused;
         self.report(account_id, outcome, status, reason).await;
         None
     }

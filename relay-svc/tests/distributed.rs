@@ -638,8 +638,8 @@ async fn a_revoked_subscription_token_is_refreshed_once_and_the_request_succeeds
     .await
     .expect("the request was retried on the subscription account with the new token");
     assert_eq!(served.0, 200, "{}", served.1);
-    // The refused request itself was retried on the same account with the new token: the
-    // upstream's next request after the refusal is the same conversation, with that token.
+    // The refused request itself was retried on the same account with the new token, after the
+    // selector's probe (the same revoked token, a fixed request) was refused too.
     let seen = stack.upstream.seen_requests();
     let bearer = |r: &relay_svc::fake_upstream::SeenRequest| {
         r.headers
@@ -651,8 +651,19 @@ async fn a_revoked_subscription_token_is_refreshed_once_and_the_request_succeeds
         .iter()
         .position(|r| bearer(r).as_deref() == Some("Bearer revoked-access"))
         .expect("the revoked token was used once");
-    let retry = &seen[refused + 1];
-    assert_eq!(bearer(retry).as_deref(), Some("Bearer rt-1-access"));
+    let probe = seen[refused + 1..]
+        .iter()
+        .position(|r| bearer(r).as_deref() == Some("Bearer revoked-access"))
+        .map(|at| &seen[refused + 1 + at])
+        .expect("the probe tried the stored token");
+    assert_eq!(
+        probe.body["max_tokens"], 1,
+        "the probe, not a client request"
+    );
+    let retry = seen[refused + 1..]
+        .iter()
+        .find(|r| bearer(r).as_deref() == Some("Bearer rt-1-access"))
+        .expect("retried with the new token");
     assert_eq!(retry.body["messages"], seen[refused].body["messages"]);
     let refreshes = stack.upstream.token_requests();
     assert_eq!(refreshes.len(), 1, "refreshed once: {refreshes:?}");

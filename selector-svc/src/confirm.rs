@@ -39,6 +39,16 @@ pub struct ProbeSettings {
     /// start none for this long: a client that keeps sending a request the upstream chokes on
     /// cannot keep the account blocked probe after probe.
     pub quiet_after_unconfirmed: Duration,
+    /// A probe that could not be sent (no slot in time) is tried again after each of these,
+    /// with the "confirming" block lifted meanwhile; then the quiet period starts. No client
+    /// behaviour keeps an account confirming.
+    pub inconclusive_retries: Vec<Duration>,
+    /// How long a report of a refused OAuth token waits for the probe or refresh of that token
+    /// to end (so concurrent refusals get the new token), within the request's wait budget.
+    pub refusal_wait: Duration,
+    /// After a token refresh, a refused probe with the new token blocks and counts instead of
+    /// refreshing again, for this long (at most one refresh per account per floor).
+    pub refresh_floor: Duration,
 }
 
 impl Default for ProbeSettings {
@@ -50,6 +60,13 @@ impl Default for ProbeSettings {
             anthropic_model: "claude-haiku-4-5".into(),
             openai_model: "gpt-4o-mini".into(),
             quiet_after_unconfirmed: Duration::from_secs(60),
+            inconclusive_retries: vec![
+                Duration::from_secs(5),
+                Duration::from_secs(10),
+                Duration::from_secs(20),
+            ],
+            refusal_wait: Duration::from_secs(10),
+            refresh_floor: Duration::from_secs(60),
         }
     }
 }
@@ -81,8 +98,12 @@ pub struct Probed {
 pub enum Suspicion {
     /// A billing-class answer: retire when confirmed.
     QuotaGone,
-    /// The upstream failed on a request: hard block and breaker count when confirmed.
+    /// The upstream failed on a request, or gave no answer after it started: hard block and
+    /// breaker count when confirmed.
     Broken,
+    /// The upstream refused the credential (or a 401/403 said neither request nor credential):
+    /// block and count when confirmed; an OAuth token is refreshed first.
+    Unauthorized,
 }
 
 impl Suspicion {
@@ -90,6 +111,16 @@ impl Suspicion {
         match self {
             Suspicion::QuotaGone => "quota_gone",
             Suspicion::Broken => "broken",
+            Suspicion::Unauthorized => "unauthorized",
+        }
+    }
+
+    /// The class a probe's answer must have to bear the suspicion out.
+    pub fn class(self) -> OutcomeClass {
+        match self {
+            Suspicion::QuotaGone => OutcomeClass::QuotaGone,
+            Suspicion::Broken => OutcomeClass::Broken,
+            Suspicion::Unauthorized => OutcomeClass::Unauthorized,
         }
     }
 }

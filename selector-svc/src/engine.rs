@@ -10,12 +10,11 @@ use std::time::Duration;
 use admission_svc::admission::Admission;
 use tokio::time::Instant;
 
-use crate::confirm::{
-    ProbeSettings, Suspicion, Verdict, breaker_closes, confirm, probe_under_lease,
-};
+use crate::confirm::{ProbeSettings, Suspicion, breaker_closes, probe_under_lease};
+use crate::confirmations::{Confirmations, LockState, running_owner};
 use crate::crypto::api_key_hash;
 use crate::domain::{
-    Account, AccountId, AccountStatus, ApiKeyRecord, Outcome, OutcomeClass, Platform, Price,
+    Account, AccountId, AccountStatus, ApiKeyRecord, Outcome, Platform, Price,
     RuntimeBlockSettings, Secret, millis, now_ms,
 };
 use crate::health::{BackendError, BlockInfo, Breaker, BreakerChange, HealthStore};
@@ -25,6 +24,7 @@ use crate::snapshot::SnapshotCell;
 use crate::source::{AccountSource, StoreError};
 use poolgate_core::outcome::{Decision, decide};
 use poolgate_core::select::{Candidate, NoneReason, order};
+use poolgate_core::short_hash;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SelectorError {
@@ -135,6 +135,22 @@ pub struct Applied {
     pub block_ms: u64,
 }
 
+impl Applied {
+    const NONE: Applied = Applied {
+        what: "none",
+        block_ms: 0,
+    };
+}
+
+/// The answer to an outcome report.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reported {
+    Applied(Applied),
+    /// A refused OAuth token that is not the stored one (any more): retry on the same account
+    /// with this one. Nothing counted against the account.
+    Refreshed(Secret),
+}
+
 struct StickyEntry {
     account: AccountId,
     fetched: Instant,
@@ -159,9 +175,6 @@ pub struct SelectorParts {
     pub admission: Arc<Admission>,
     pub settings: SelectorSettings,
     pub metrics: Metrics,
-    /// Where the engine asks for a token refresh after an unauthorized outcome (see
-    /// `refresh::refresh_loop`).
-    pub refresh_requests: tokio::sync::mpsc::UnboundedSender<(AccountId, Secret)>,
 }
 
 pub struct Selector {
@@ -172,13 +185,11 @@ pub struct Selector {
     settings: SelectorSettings,
     sticky_cache: Mutex<HashMap<(String, String), StickyEntry>>,
     metrics: Metrics,
-    /// Accounts that need a token refresh after an unauthorized outcome.
-    refresh_requests: tokio::sync::mpsc::UnboundedSender<(AccountId, Secret)>,
     /// The confirmation probe holds a lease from it like any request.
     admission: Arc<Admission>,
     probe_http: reqwest::Client,
-    /// Set once the server has built it (it needs the engine's health and source).
-    refresher: std::sync::OnceLock<crate::refresh::TokenRefresher>,
+    /// Suspicious outcomes become writes only through these (`confirmations.rs`).
+    confirmations: Confirmations,
 }
 
 impl Selector {
@@ -190,17 +201,27 @@ impl Selector {
             admission,
             settings,
             metrics,
-            refresh_requests,
         } = parts;
         let _ = rustls::crypto::ring::default_provider().install_default();
         let probe_http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .build()
             .unwrap_or_default();
+        let confirmations = Confirmations {
+            admission: admission.clone(),
+            http: probe_http.clone(),
+            health: health.clone(),
+            source: source.clone(),
+            metrics: metrics.clone(),
+            probe: settings.probe.clone(),
+            blocks: settings.blocks.clone(),
+            refresher: Arc::new(std::sync::OnceLock::new()),
+            ended: Arc::new(tokio::sync::Notify::new()),
+        };
         Selector {
             admission,
             probe_http,
-            refresher: std::sync::OnceLock::new(),
+            confirmations,
             oracle: LoadOracle::new(health.clone(), settings.oracle.clone())
                 .with_active_blocks_gauge(metrics.active_blocks.clone()),
             snapshot,
@@ -209,7 +230,6 @@ impl Selector {
             settings,
             sticky_cache: Mutex::new(HashMap::new()),
             metrics,
-            refresh_requests,
         }
     }
 
@@ -412,8 +432,22 @@ impl Selector {
         candidates
     }
 
-    /// Applies an upstream outcome (docs/DESIGN.md §1 and §5).
+    /// Applies an upstream outcome (docs/DESIGN.md §1 and §5); a refused OAuth token's new
+    /// token shows as `refreshed` (use [`Selector::report_outcome`] to get it).
     pub async fn report(&self, outcome: &Outcome) -> Result<Applied, SelectorError> {
+        Ok(match self.report_outcome(outcome).await? {
+            Reported::Applied(applied) => applied,
+            Reported::Refreshed(_) => Applied {
+                what: "refreshed",
+                block_ms: 0,
+            },
+        })
+    }
+
+    /// Applies an upstream outcome (docs/DESIGN.md §1 and §5). Every write that can take the
+    /// account out of service needs evidence the client cannot shape (docs/SECURITY.md,
+    /// "Health writes"): answers that may depend on the request go to the probe first.
+    pub async fn report_outcome(&self, outcome: &Outcome) -> Result<Reported, SelectorError> {
         let snapshot = self.snapshot.get();
         let account = snapshot
             .account(outcome.account_id)
@@ -433,10 +467,7 @@ impl Selector {
             {
                 // Nothing to reset: a closed breaker with no failures counted. Saves a round trip
                 // on the hot path (most outcomes are successes).
-                Applied {
-                    what: "none",
-                    block_ms: 0,
-                }
+                Applied::NONE
             }
             Decision::Success => {
                 self.oracle.note(account.id, |h| {
@@ -458,16 +489,10 @@ impl Selector {
                         block_ms: 0,
                     }
                 } else {
-                    Applied {
-                        what: "none",
-                        block_ms: 0,
-                    }
+                    Applied::NONE
                 }
             }
-            Decision::Nothing => Applied {
-                what: "none",
-                block_ms: 0,
-            },
+            Decision::Nothing => Applied::NONE,
             Decision::SoftBlock { ms } => {
                 let left = self
                     .health
@@ -480,6 +505,7 @@ impl Selector {
                 }
             }
             Decision::HardBlock { ms } => {
+                // The upstream's rate-limit headers assert an exhausted window.
                 let left = self
                     .health
                     .hard_block(account.id, ms, class, outcome.status, &outcome.reason)
@@ -490,20 +516,9 @@ impl Selector {
                     block_ms: left,
                 }
             }
-            Decision::Broken { .. } if outcome.status != 0 => {
-                // The upstream answered, and its answer may depend on the request (a crafted
-                // request can make an upstream fail): the probe confirms it first.
-                let started = self
-                    .start_confirmation(account, outcome.status, Suspicion::Broken)
-                    .await
-                    .map_err(unavailable)?;
-                Applied {
-                    what: if started { "confirming" } else { "none" },
-                    block_ms: 0,
-                }
-            }
-            Decision::Broken { ms } => {
-                // No answer at all (status 0): nothing in the request shaped that.
+            Decision::Broken { ms } if outcome.status == 0 && outcome.before_send => {
+                // The connection failed before any byte of the request left: nothing the
+                // client sent shaped that.
                 self.oracle.note(account.id, |h| h.failures += 1);
                 apply_broken(
                     self.health.as_ref(),
@@ -517,213 +532,175 @@ impl Selector {
                 .await
                 .map_err(unavailable)?
             }
-            Decision::Unauthorized { ms } => {
-                let left = self
-                    .health
-                    .hard_block(account.id, ms, class, outcome.status, &outcome.reason)
+            Decision::Broken { .. } => {
+                // An answer, or none after the request started: either may depend on the
+                // request (a crafted one can make an upstream fail or time out), so the probe
+                // confirms it first.
+                self.confirm(account, outcome.status, Suspicion::Broken)
                     .await
-                    .map_err(unavailable)?;
-                // With the credential the upstream refused: a refresh that another replica made
-                // meanwhile is not repeated.
-                let _ = self
-                    .refresh_requests
-                    .send((account.id, account.credential.clone()));
-                let count = self
-                    .health
-                    .count_unauthorized(account.id, millis(blocks.unauthorized_window))
-                    .await
-                    .map_err(unavailable)?;
-                if count >= blocks.unauthorized_error_count {
-                    let reason = format!(
-                        "{count} unauthorized outcomes within {:?}",
-                        blocks.unauthorized_window
-                    );
-                    self.source
-                        .set_status(account.id, AccountStatus::Error, &reason)
-                        .await?;
-                    tracing::warn!(account_id = account.id, %reason, "account marked error");
-                    Applied {
-                        what: "error",
-                        block_ms: left,
-                    }
-                } else {
-                    Applied {
-                        what: "hard_block",
-                        block_ms: left,
-                    }
-                }
+                    .map_err(unavailable)?
             }
-            Decision::Confirm => {
-                let started = self
-                    .start_confirmation(account, outcome.status, Suspicion::QuotaGone)
-                    .await
-                    .map_err(unavailable)?;
-                Applied {
-                    what: if started { "confirming" } else { "none" },
-                    block_ms: if started {
-                        millis(self.settings.probe.block)
-                    } else {
-                        0
-                    },
-                }
+            Decision::Unauthorized { .. } => {
+                let reported = self.refused(account, outcome).await?;
+                let what = match &reported {
+                    Reported::Applied(applied) => applied.what,
+                    Reported::Refreshed(_) => "refreshed",
+                };
+                self.metrics
+                    .outcomes
+                    .with_label_values(&[class, what])
+                    .inc();
+                return Ok(reported);
             }
+            Decision::Confirm => self
+                .confirm(account, outcome.status, Suspicion::QuotaGone)
+                .await
+                .map_err(unavailable)?,
         };
         self.metrics
             .outcomes
             .with_label_values(&[class, applied.what])
             .inc();
-        Ok(applied)
+        Ok(Reported::Applied(applied))
     }
 
-    /// Starts confirming an answer a client's request may have shaped (billing-class, or the
-    /// upstream failing): under the account's cluster-wide confirmation lock, hard-block it
-    /// ("confirming") and send the probe in the background; only when the probe gets the same
-    /// class of answer does the outcome apply. `false`: a confirmation is already running (here
-    /// or on another replica).
-    async fn start_confirmation(
+    /// Starts a confirmation (`confirmations.rs`): `confirming` with the block it set, or
+    /// `none` when one is running or the account is quiet.
+    async fn confirm(
         &self,
         account: Arc<Account>,
         status: u16,
         suspicion: Suspicion,
-    ) -> Result<bool, BackendError> {
-        let owner = format!("{:016x}", fastrand::u64(..));
-        let block_ms = millis(self.settings.probe.block);
-        if !self
-            .health
-            .lock_confirm(account.id, &owner, block_ms)
-            .await?
-        {
-            self.metrics
-                .confirmations
-                .with_label_values(&[suspicion.as_str(), "already_running"])
-                .inc();
-            return Ok(false);
+    ) -> Result<Applied, BackendError> {
+        if !self.confirmations.start(account, status, suspicion).await? {
+            return Ok(Applied::NONE);
         }
-        let block = self
-            .health
-            .block_confirming(account.id, block_ms, suspicion.as_str(), status, &owner)
-            .await?;
         self.oracle.invalidate();
-        self.metrics
-            .confirmations
-            .with_label_values(&[suspicion.as_str(), "started"])
-            .inc();
-        tracing::info!(
-            account_id = account.id,
-            status,
-            suspect = suspicion.as_str(),
-            "confirming with a probe before the outcome applies"
-        );
-        let (admission, http, health, source, metrics) = (
-            self.admission.clone(),
-            self.probe_http.clone(),
-            self.health.clone(),
-            self.source.clone(),
-            self.metrics.clone(),
-        );
-        let (probe, blocks) = (self.settings.probe.clone(), self.settings.blocks.clone());
-        tokio::spawn(async move {
-            let threshold = millis(blocks.hard_block_threshold);
-            let verdict = confirm(&admission, &http, &account, &probe, threshold).await;
-            let verdict = match (suspicion, verdict) {
-                (Suspicion::Broken, Verdict::Confirmed(probed) | Verdict::NotConfirmed(probed)) => {
-                    if probed.classified.class == OutcomeClass::Broken {
-                        Verdict::Confirmed(probed)
-                    } else {
-                        Verdict::NotConfirmed(probed)
+        Ok(Applied {
+            what: "confirming",
+            block_ms: millis(self.settings.probe.block),
+        })
+    }
+
+    /// An upstream refused the account's credential (or a 401/403 said neither request nor
+    /// credential). Nothing counts until the probe bears it out with the stored credential.
+    /// For an OAuth account, a refusal of a token that is no longer the stored one gets the
+    /// stored one; a token past its recorded expiry is refreshed at once (the clock is
+    /// evidence); any other refusal waits (bounded) for the probe, and for the refresh a
+    /// refused probe leads to, so concurrent refusals of one token spend one refresh.
+    async fn refused(
+        &self,
+        account: Arc<Account>,
+        outcome: &Outcome,
+    ) -> Result<Reported, SelectorError> {
+        let unavailable = |e: BackendError| SelectorError::Unavailable(e.to_string());
+        let id = account.id;
+        if !account.credential_kind.is_oauth() {
+            let applied = self
+                .confirm(account, outcome.status, Suspicion::Unauthorized)
+                .await
+                .map_err(unavailable)?;
+            return Ok(Reported::Applied(applied));
+        }
+        let stored = Arc::new(self.source.load_account(id).await?);
+        let refused = outcome
+            .refused_fingerprint
+            .clone()
+            .unwrap_or_else(|| short_hash(stored.credential.expose()));
+        if stored
+            .oauth
+            .as_ref()
+            .is_some_and(|oauth| oauth.expires_at_ms <= now_ms())
+            && short_hash(stored.credential.expose()) == refused
+            && let Some(fresh) = self.refresh_expired(&stored).await
+        {
+            return Ok(Reported::Refreshed(fresh));
+        }
+        let deadline = Instant::now() + self.settings.probe.refusal_wait;
+        let mut stored = stored;
+        loop {
+            // Registered before the state is read, so an ending in between is not missed.
+            let ended = self.confirmations.ended.notified();
+            if short_hash(stored.credential.expose()) != refused && !stored.credential.is_empty() {
+                // Refreshed away (before this report, or by the confirmation it waited for).
+                return Ok(Reported::Refreshed(stored.credential.clone()));
+            }
+            match self
+                .health
+                .confirm_state(id)
+                .await
+                .map_err(unavailable)?
+                .map(|value| (LockState::parse(&value), value))
+            {
+                None => {
+                    let health = self.health.read_one(id).await.map_err(unavailable)?;
+                    if health.hard_block_ms > 0 {
+                        // A verdict blocked it (or something else did): fail over.
+                        return Ok(Reported::Applied(Applied {
+                            what: "hard_block",
+                            block_ms: health.hard_block_ms,
+                        }));
                     }
-                }
-                (_, verdict) => verdict,
-            };
-            metrics
-                .confirmations
-                .with_label_values(&[suspicion.as_str(), verdict.label()])
-                .inc();
-            match &verdict {
-                Verdict::Confirmed(probed) if suspicion == Suspicion::Broken => {
-                    let _ = health.unblock_confirming(account.id, &block).await;
-                    let applied = apply_broken(
-                        health.as_ref(),
-                        &metrics,
-                        &blocks,
-                        account.id,
-                        millis(blocks.broken_block),
-                        probed.status,
-                        &probed.summary,
-                    )
-                    .await;
-                    if let Ok(applied) = applied {
-                        metrics
-                            .outcomes
-                            .with_label_values(&["broken", applied.what])
-                            .inc();
-                    }
-                }
-                Verdict::Confirmed(probed) => {
-                    let reason = format!(
-                        "quota gone: confirmed by probe ({} {})",
-                        probed.status, probed.summary
-                    );
-                    match source
-                        .set_status(account.id, AccountStatus::Retired, &reason)
+                    self.confirm(stored.clone(), outcome.status, Suspicion::Unauthorized)
                         .await
+                        .map_err(unavailable)?;
+                }
+                // The probe found the stored token good: this refusal was the request's.
+                Some((LockState::Quiet, _)) => return Ok(Reported::Applied(Applied::NONE)),
+                Some((LockState::Fresh { fingerprint }, value)) if fingerprint == refused => {
+                    // The token refreshed moments ago is refused too: probe it; no second
+                    // refresh.
+                    if self
+                        .confirmations
+                        .start_after_refresh(stored.clone(), outcome.status, &value)
+                        .await
+                        .map_err(unavailable)?
                     {
-                        Ok(()) => {
-                            metrics.retirements.inc();
-                            tracing::warn!(account_id = account.id, %reason, "account retired");
-                            // Until every snapshot has the new status, admission refuses it too.
-                            let _ = health
-                                .hard_block(
-                                    account.id,
-                                    millis(blocks.max_hard_block),
-                                    "quota_gone",
-                                    probed.status,
-                                    "retired",
-                                )
-                                .await;
-                        }
-                        Err(error) => {
-                            tracing::warn!(account_id = account.id, %error, "retirement not written; the confirming block lapses");
-                        }
+                        self.oracle.invalidate();
                     }
                 }
-                Verdict::NotConfirmed(probed) => {
-                    tracing::info!(
-                        account_id = account.id,
-                        status = probed.status,
-                        class = probed.classified.class.as_str(),
-                        suspect = suspicion.as_str(),
-                        "not confirmed by the probe; the account stays"
-                    );
-                    let _ = health.unblock_confirming(account.id, &block).await;
-                }
-                Verdict::Inconclusive(why) => {
-                    tracing::info!(
-                        account_id = account.id,
-                        why,
-                        "confirmation probe not sent; the account stays"
-                    );
-                    let _ = health.unblock_confirming(account.id, &block).await;
-                }
+                Some((LockState::Fresh { .. } | LockState::Running, _)) => {}
             }
-            if !verdict.cleared() {
-                let _ = health.unlock_confirm(account.id, &owner).await;
-            } else {
-                // Quiet for a while: the lock stays, so the next suspicious answers of this
-                // account start no confirmation (and block nothing) until it lapses.
-                let _ = health
-                    .linger_confirm(account.id, &owner, millis(probe.quiet_after_unconfirmed))
-                    .await;
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                // Still confirming: the request fails over; the verdict applies when it comes.
+                return Ok(Reported::Applied(Applied {
+                    what: "confirming",
+                    block_ms: 0,
+                }));
             }
-        });
-        Ok(true)
+            let _ = tokio::time::timeout(left.min(Duration::from_millis(100)), ended).await;
+            stored = Arc::new(self.source.load_account(id).await?);
+        }
+    }
+
+    /// Refreshes a token past its recorded expiry, once cluster-wide: the new token, or `None`
+    /// when there is none to be had (the refusal then goes to the probe).
+    async fn refresh_expired(&self, stored: &Account) -> Option<Secret> {
+        let refresher = self.confirmations.refresher.get()?;
+        match refresher
+            .refresh_refused(stored.id, &stored.credential)
+            .await
+        {
+            Ok(
+                crate::refresh::RefreshResult::Refreshed | crate::refresh::RefreshResult::Waited,
+            ) => {
+                let fresh = self.source.load_account(stored.id).await.ok()?.credential;
+                (fresh != stored.credential && !fresh.is_empty()).then_some(fresh)
+            }
+            Ok(crate::refresh::RefreshResult::NotNeeded) => None,
+            Err(error) => {
+                tracing::warn!(account_id = stored.id, %error, "refresh of an expired token failed");
+                None
+            }
+        }
     }
 
     /// Checks a half-open breaker with the probe, in the background, under the account's
     /// confirmation lock (so one check runs cluster-wide): closes the breaker unless the
     /// upstream itself failed, in which case it reopens for twice as long.
     async fn start_half_open_check(&self, account: Arc<Account>) -> Result<(), BackendError> {
-        let owner = format!("{:016x}", fastrand::u64(..));
+        let owner = running_owner();
         let lock_ms = millis(self.settings.probe.block);
         if !self
             .health
@@ -786,34 +763,7 @@ impl Selector {
 
     /// Hands the engine the token refresher (once).
     pub fn set_refresher(&self, refresher: crate::refresh::TokenRefresher) {
-        let _ = self.refresher.set(refresher);
-    }
-
-    /// The upstream refused an OAuth account's token: refreshes it now (once cluster-wide; a
-    /// refresh made meanwhile elsewhere counts) and returns the new token for the caller to retry
-    /// with. `None`: not an OAuth account, or no new token (the outcome then counts as usual).
-    pub async fn refresh_refused_token(&self, account_id: AccountId) -> Option<Secret> {
-        let account = self.snapshot.get().account(account_id)?.clone();
-        if !account.credential_kind.is_oauth() {
-            return None;
-        }
-        let refresher = self.refresher.get()?;
-        match refresher
-            .refresh_refused(account_id, &account.credential)
-            .await
-        {
-            Ok(
-                crate::refresh::RefreshResult::Refreshed | crate::refresh::RefreshResult::Waited,
-            ) => {
-                let fresh = self.source.load_account(account_id).await.ok()?.credential;
-                (fresh != account.credential && !fresh.is_empty()).then_some(fresh)
-            }
-            Ok(crate::refresh::RefreshResult::NotNeeded) => None,
-            Err(error) => {
-                tracing::warn!(account_id, %error, "token refresh after a refused token failed");
-                None
-            }
-        }
+        let _ = self.confirmations.refresher.set(refresher);
     }
 
     /// Binds a session to the account that served it; returns `hit`, `bound` or `rebind`.
@@ -956,7 +906,7 @@ impl Selector {
 }
 
 /// A broken outcome: a hard block, and one more count toward the breaker.
-async fn apply_broken(
+pub(crate) async fn apply_broken(
     health: &dyn HealthStore,
     metrics: &Metrics,
     blocks: &RuntimeBlockSettings,

@@ -12,7 +12,7 @@ use crate::domain::{
     AccountId, AccountStatus, CredentialKind, MAX_NAME_BYTES, OAuthState, Outcome, OutcomeClass,
     Platform, Secret, group_models, now_ms,
 };
-use crate::engine::{Plan, SelectQuery, Selector, SelectorError};
+use crate::engine::{Plan, Reported, SelectQuery, Selector, SelectorError};
 use crate::source::UsageInput;
 use crate::store::{AccountInput, ConfigStore};
 
@@ -188,38 +188,42 @@ impl pb::selector_server::Selector for SelectorGrpc {
             0 => None,
             ms => Some(i64::try_from(ms).map_err(|_| invalid("reset_at_ms", "out of range"))?),
         };
-        // An OAuth token refused for the first time: refreshed now, and handed back for the
-        // retry; nothing counts against the account yet.
-        if class == OutcomeClass::Unauthorized
-            && !request.after_refresh
-            && let Some(fresh) = self.selector.refresh_refused_token(id).await
-        {
-            self.selector
-                .metrics()
-                .outcomes
-                .with_label_values(&[class.as_str(), "refreshed"])
-                .inc();
-            return Ok(Response::new(pb::ReportOutcomeResponse {
-                applied: "refreshed".into(),
-                block_ms: 0,
-                refreshed_credential: fresh.expose().to_owned(),
-            }));
-        }
-        let applied = self
-            .selector
-            .report(&Outcome {
-                account_id: id,
-                class,
-                status: request.status as u16,
-                reset_at_ms,
-                reason: request.reason,
-            })
-            .await?;
-        Ok(Response::new(pb::ReportOutcomeResponse {
-            applied: applied.what.to_owned(),
-            block_ms: applied.block_ms,
-            refreshed_credential: String::new(),
-        }))
+        let refused_fingerprint = match request.refused_credential_fingerprint.as_str() {
+            "" => None,
+            fingerprint
+                if fingerprint.len() == 32
+                    && fingerprint.bytes().all(|b| b.is_ascii_hexdigit()) =>
+            {
+                Some(fingerprint.to_ascii_lowercase())
+            }
+            _ => {
+                return Err(invalid(
+                    "refused_credential_fingerprint",
+                    "must be 32 hex digits (the first 16 bytes of the credential's SHA-256)",
+                ));
+            }
+        };
+        let outcome = Outcome {
+            reset_at_ms,
+            reason: request.reason,
+            refused_fingerprint,
+            before_send: request.before_send && request.status == 0,
+            ..Outcome::new(id, class, request.status as u16)
+        };
+        Ok(Response::new(
+            match self.selector.report_outcome(&outcome).await? {
+                Reported::Applied(applied) => pb::ReportOutcomeResponse {
+                    applied: applied.what.to_owned(),
+                    block_ms: applied.block_ms,
+                    refreshed_credential: String::new(),
+                },
+                Reported::Refreshed(fresh) => pb::ReportOutcomeResponse {
+                    applied: "refreshed".into(),
+                    block_ms: 0,
+                    refreshed_credential: fresh.expose().to_owned(),
+                },
+            },
+        ))
     }
 
     async fn bind_session(
@@ -487,6 +491,9 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
                 "chatgpt_oauth accounts are on platform openai",
             ));
         }
+        // An empty token_url is stored as NULL (an update keeps the stored URL); the store reads
+        // NULL as the platform's default (`default_oauth_token_url`), so accounts that never
+        // named an endpoint follow the default when it changes.
         let oauth = kind.is_oauth().then(|| OAuthState {
             refresh_token: Secret::new(r.refresh_token.clone()),
             expires_at_ms: r.expires_at_ms.min(i64::MAX as u64) as i64,

@@ -11,6 +11,7 @@
 //! memory stores, for the relay's standalone mode.
 
 pub mod confirm;
+pub mod confirmations;
 pub mod crypto;
 pub mod domain;
 pub mod engine;

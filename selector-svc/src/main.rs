@@ -11,7 +11,7 @@ use poolgate_runtime::redis::{RedisOptions, RedisTarget};
 use poolgate_runtime::service_auth::{CallerCheck, WithToken};
 use selector_svc::confirm::ProbeSettings;
 use selector_svc::crypto::Keyring;
-use selector_svc::domain::{CredentialKind, Platform};
+use selector_svc::domain::{CredentialKind, Platform, default_oauth_token_url};
 use selector_svc::engine::SelectorSettings;
 use selector_svc::server::Config;
 use selector_svc::store::ConfigStore;
@@ -212,8 +212,8 @@ enum AdminAction {
         /// OAuth accounts: access token expiry, ms since the epoch.
         #[arg(long, default_value_t = 0)]
         expires_at_ms: u64,
-        /// OAuth accounts: the token endpoint URL.
-        #[arg(long, default_value = "")]
+        // OAuth accounts: the token endpoint URL (help: `token_url_help`).
+        #[arg(long, default_value = "", help = token_url_help())]
         token_url: String,
         /// OAuth accounts: the client id of refresh requests (none: the platform's default).
         #[arg(long, default_value = "")]
@@ -266,6 +266,18 @@ enum AdminAction {
     Load,
     /// A key's usage over the last 24 h.
     Usage { api_key_id: i64 },
+}
+
+/// `--token-url`'s help: unset stores none, and reads give the platform's default, named here
+/// from `default_oauth_token_url` so the help follows it.
+fn token_url_help() -> String {
+    format!(
+        "OAuth accounts: the token endpoint URL. None: the platform's default, applied when the \
+         account is read ({} for anthropic, {} for openai); an update without it keeps the \
+         stored URL",
+        default_oauth_token_url(Platform::Anthropic),
+        default_oauth_token_url(Platform::OpenAi),
+    )
 }
 
 fn keyring(args: &ServeArgs) -> Result<Keyring, String> {

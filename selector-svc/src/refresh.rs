@@ -8,12 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
-use tokio::sync::mpsc;
 
 use crate::domain::{AccountId, Platform, Secret, now_ms};
 use crate::health::HealthStore;
 use crate::metrics::Metrics;
-use crate::snapshot::SnapshotCell;
 use crate::source::AccountSource;
 
 #[derive(Debug, Clone)]
@@ -273,35 +271,28 @@ impl TokenRefresher {
     }
 }
 
-/// Refreshes OAuth tokens that are due (every `interval`) and those an unauthorized outcome asked
-/// for (the engine's `refresh_requests`). Runs until the engine is gone.
+/// Refreshes OAuth tokens that are due, every `interval`, until the engine is gone. (Refused
+/// tokens are refreshed by the engine's confirmations, on the probe's evidence.)
 pub async fn refresh_loop(
     refresher: TokenRefresher,
-    snapshot: Arc<SnapshotCell>,
-    mut requests: mpsc::UnboundedReceiver<(AccountId, Secret)>,
+    engine: std::sync::Weak<crate::engine::Selector>,
     interval: Duration,
 ) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tokio::select! {
-            _ = tick.tick() => {
-                let due: Vec<AccountId> = snapshot
-                    .get()
-                    .accounts()
-                    .filter(|a| a.credential_kind.is_oauth())
-                    .map(|a| a.id)
-                    .collect();
-                refresher.refresh_due(&due).await;
-            }
-            request = requests.recv() => match request {
-                Some((id, refused)) => {
-                    if let Err(error) = refresher.refresh_refused(id, &refused).await {
-                        tracing::warn!(account_id = id, %error, "token refresh after unauthorized failed");
-                    }
-                }
-                None => return,
-            },
-        }
+        tick.tick().await;
+        let Some(engine) = engine.upgrade() else {
+            return;
+        };
+        let due: Vec<AccountId> = engine
+            .snapshot()
+            .get()
+            .accounts()
+            .filter(|a| a.credential_kind.is_oauth())
+            .map(|a| a.id)
+            .collect();
+        drop(engine);
+        refresher.refresh_due(&due).await;
     }
 }

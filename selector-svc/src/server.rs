@@ -9,7 +9,6 @@ use poolgate_proto::selector::v1::selector_admin_server::SelectorAdminServer;
 use poolgate_proto::selector::v1::selector_server::SelectorServer;
 use poolgate_runtime::redis::{RedisHandle, RedisOptions, RedisTarget};
 use tokio::net::TcpListener;
-use tokio::sync::mpsc;
 use tonic::transport::server::TcpIncoming;
 
 use admission_svc::admission::Admission;
@@ -116,7 +115,6 @@ pub async fn build(config: &Config, metrics: Metrics) -> Result<Built, ServeErro
         poolgate_core::lease::Settings::default(),
         admission_svc::metrics::Metrics::new(),
     );
-    let (refresh_sender, refresh_receiver) = mpsc::unbounded_channel();
     let selector = Arc::new(Selector::new(SelectorParts {
         snapshot: snapshot.clone(),
         source: Arc::new(store.clone()),
@@ -124,7 +122,6 @@ pub async fn build(config: &Config, metrics: Metrics) -> Result<Built, ServeErro
         admission,
         settings: config.settings.clone(),
         metrics: metrics.clone(),
-        refresh_requests: refresh_sender,
     }));
     let refresher = TokenRefresher::new(
         Arc::new(store.clone()),
@@ -143,8 +140,7 @@ pub async fn build(config: &Config, metrics: Metrics) -> Result<Built, ServeErro
         )),
         tokio::spawn(refresh_loop(
             refresher.clone(),
-            snapshot,
-            refresh_receiver,
+            Arc::downgrade(&selector),
             config.refresh_interval,
         )),
     ];

@@ -13,7 +13,7 @@ use sqlx::{Row, migrate::Migrator};
 use crate::crypto::{BlobPlace, Keyring, api_key_hash, api_key_prefix, new_api_key};
 use crate::domain::{
     Account, AccountId, AccountStatus, ApiKeyRecord, CredentialKind, OAuthState, Platform, Price,
-    Secret,
+    Secret, default_oauth_token_url,
 };
 use crate::snapshot::Snapshot;
 use crate::source::AccountSource;
@@ -209,6 +209,9 @@ impl ConfigStore {
         let kind_text: String = row.try_get("credential_kind").map_err(convert)?;
         let credential_kind = CredentialKind::parse(&kind_text)
             .ok_or_else(|| StoreError::Conflict(format!("credential kind {kind_text}")))?;
+        let platform_text: String = row.try_get("platform").map_err(convert)?;
+        let platform = Platform::parse(&platform_text)
+            .ok_or_else(|| StoreError::Conflict(format!("platform {platform_text}")))?;
         let oauth = match credential_kind {
             CredentialKind::ApiKey => None,
             CredentialKind::OAuth | CredentialKind::ChatGptOAuth => {
@@ -227,10 +230,13 @@ impl ConfigStore {
                         .try_get::<Option<i64>, _>("expires_at_ms")
                         .map_err(convert)?
                         .unwrap_or(0),
+                    // NULL or empty: the platform's default, applied here so a changed
+                    // default reaches every account that never named an endpoint.
                     token_url: row
                         .try_get::<Option<String>, _>("token_url")
                         .map_err(convert)?
-                        .unwrap_or_default(),
+                        .filter(|url| !url.is_empty())
+                        .unwrap_or_else(|| default_oauth_token_url(platform).to_owned()),
                     client_id: row
                         .try_get::<Option<String>, _>("oauth_client_id")
                         .map_err(convert)?
@@ -238,7 +244,6 @@ impl ConfigStore {
                 })
             }
         };
-        let platform_text: String = row.try_get("platform").map_err(convert)?;
         let status_text: String = row.try_get("status").map_err(convert)?;
         let mapping: serde_json::Value = row.try_get("model_mapping").map_err(convert)?;
         let model_mapping = mapping
@@ -254,8 +259,7 @@ impl ConfigStore {
             id,
             name: row.try_get("name").map_err(convert)?,
             group: row.try_get("group_name").map_err(convert)?,
-            platform: Platform::parse(&platform_text)
-                .ok_or_else(|| StoreError::Conflict(format!("platform {platform_text}")))?,
+            platform,
             base_url: row.try_get("base_url").map_err(convert)?,
             credential_kind,
             credential,
@@ -322,6 +326,7 @@ impl ConfigStore {
             .map(|o| o.expires_at_ms)
             .filter(|ms| *ms > 0)
             .map(|ms| ms as f64);
+        // Empty: NULL (an update keeps the stored one); reads give NULL the platform's default.
         let token_url = input
             .oauth
             .as_ref()

@@ -13,7 +13,9 @@ use poolgate_proto::selector::v1 as pb;
 use poolgate_testkit::eventually;
 use selector_svc::refresh::RefreshResult;
 use sqlx::Row;
-use support::{ADMIN_TOKEN, Backends, Replica, admin, fast_settings, oauth, select_request};
+use support::{
+    ADMIN_TOKEN, Backends, ProbeUpstream, Replica, admin, fast_settings, oauth, select_request,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_committed_change_is_live_within_a_second_through_notify() {
@@ -153,40 +155,104 @@ async fn start_token_endpoint(endpoint: TokenEndpoint) -> String {
     format!("http://{addr}/oauth/token")
 }
 
+fn refusal(account_id: i64, token: &str) -> pb::ReportOutcomeRequest {
+    pb::ReportOutcomeRequest {
+        account_id,
+        class: pb::OutcomeClass::Unauthorized as i32,
+        status: 401,
+        reason: "authentication_error".into(),
+        refused_credential_fingerprint: poolgate_core::short_hash(token),
+        ..Default::default()
+    }
+}
+
+const AUTHENTICATION_ERROR: &str = r#"{"type":"error","error":{"type":"authentication_error","message":"OAuth token has been revoked."}}"#;
+const OK: &str = r#"{"id":"msg_1","type":"message","role":"assistant","content":[],"usage":{"input_tokens":1,"output_tokens":1}}"#;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_refused_token_is_refreshed_whatever_its_expiry_and_only_once() {
+async fn a_refused_token_is_refreshed_only_when_the_probe_is_refused_too_and_only_once() {
     let backends = Backends::start().await;
     let endpoint = TokenEndpoint::default();
     let url = start_token_endpoint(endpoint.clone()).await;
+    let refusing = ProbeUpstream::start(401, AUTHENTICATION_ERROR, Duration::ZERO).await;
+    let healthy = ProbeUpstream::start(200, OK, Duration::ZERO).await;
     let far = now_ms() + 10 * 3600 * 1000;
-    let id = backends
-        .account("subscription", "g", |a| {
+    let revoked = backends
+        .account("revoked", "g", |a| {
+            a.base_url = refusing.url.clone();
             a.credential_kind = CredentialKind::OAuth;
             a.credential = Some(Secret::new("revoked-access-token"));
             a.oauth = Some(oauth("refresh-1", far, &url));
         })
         .await;
+    let fine = backends
+        .account("fine", "g", |a| {
+            a.base_url = healthy.url.clone();
+            a.credential_kind = CredentialKind::OAuth;
+            a.credential = Some(Secret::new("good-access-token"));
+            a.oauth = Some(oauth("refresh-2", far, &url));
+        })
+        .await;
     let replica = Replica::start(backends.config(fast_settings())).await;
-    let refused = Secret::new("revoked-access-token");
-    // Not near expiry, yet refused upstream: refreshed.
-    let first = replica
-        .built
-        .refresher
-        .refresh_refused(id, &refused)
+    // A 401 the client shaped (a scope, a model): the probe with the stored token is answered.
+    // Nothing is refreshed, nothing counts.
+    let answer = replica
+        .client
+        .clone()
+        .report_outcome(refusal(fine, "good-access-token"))
         .await
-        .expect("refreshed");
-    assert_eq!(first, RefreshResult::Refreshed);
-    let account = backends.store.load_account(id).await.expect("account");
-    assert_eq!(account.credential.expose(), "access-after-refresh-1");
-    // The same refusal reported again (another relay, a late report): nothing to do.
-    let again = replica
-        .built
-        .refresher
-        .refresh_refused(id, &refused)
+        .expect("report")
+        .into_inner();
+    assert_eq!(answer.applied, "none", "{answer:?}");
+    assert_eq!(healthy.calls(), 1, "probed once");
+    // Not near expiry, and refused by the probe too: refreshed once, for all five concurrent
+    // refusals, each handed the new token.
+    let reports = (0..5).map(|_| {
+        let mut client = replica.client.clone();
+        async move {
+            client
+                .report_outcome(refusal(revoked, "revoked-access-token"))
+                .await
+        }
+    });
+    for answer in futures_util::future::join_all(reports).await {
+        let answer = answer.expect("report").into_inner();
+        assert_eq!(
+            (
+                answer.applied.as_str(),
+                answer.refreshed_credential.as_str()
+            ),
+            ("refreshed", "access-after-refresh-1")
+        );
+    }
+    assert_eq!(refusing.calls(), 1, "one probe for five refusals");
+    // A late refusal of the old token: handed the new one, nothing refreshed.
+    let late = replica
+        .client
+        .clone()
+        .report_outcome(refusal(revoked, "revoked-access-token"))
         .await
-        .expect("no error");
-    assert_eq!(again, RefreshResult::Waited);
+        .expect("report")
+        .into_inner();
+    assert_eq!(late.refreshed_credential, "access-after-refresh-1");
     assert_eq!(*endpoint.calls.lock().expect("lock"), 1, "one refresh");
+    // The fresh token refused too (within the floor): probed, then blocked and counted, no
+    // second refresh.
+    let fresh = replica
+        .client
+        .clone()
+        .report_outcome(refusal(revoked, "access-after-refresh-1"))
+        .await
+        .expect("report")
+        .into_inner();
+    assert_eq!(fresh.applied, "hard_block", "{fresh:?}");
+    assert_eq!(refusing.calls(), 2);
+    assert_eq!(*endpoint.calls.lock().expect("lock"), 1, "floored");
+    let metrics = replica.built.selector.metrics().render();
+    assert!(
+        metrics.contains("selector_token_refreshes_total{result=\"floored\"} 1"),
+        "{metrics}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -29,6 +29,9 @@ use selector_svc::snapshot::{Snapshot, SnapshotCell};
 use selector_svc::source::{AccountSource, MemorySource};
 use tokio_util::sync::CancellationToken;
 
+mod support;
+use support::ProbeUpstream;
+
 macro_rules! health_suite {
     ($($name:ident),* $(,)?) => {
         mod on_memory {
@@ -61,8 +64,10 @@ health_suite!(
     the_load_is_admissions_live_lease_count_in_the_order_asked,
     selection_filters_and_orders_through_the_engine,
     busy_is_not_broken_through_the_engine,
-    network_failures_open_the_breaker_and_a_success_closes_it_through_the_engine,
-    unauthorized_outcomes_mark_the_account_error_through_the_engine,
+    connect_failures_open_the_breaker_and_a_success_closes_it_through_the_engine,
+    no_answer_after_the_request_started_is_confirmed_by_the_probe_first_through_the_engine,
+    unauthorized_outcomes_mark_the_account_error_only_when_the_probe_is_refused_through_the_engine,
+    the_confirmation_lock_names_its_state_and_swaps_only_from_the_value_it_holds,
     sessions_and_responses_stick_to_their_account_through_the_engine,
 );
 
@@ -600,7 +605,6 @@ impl Engine {
         let source = Arc::new(MemorySource::new(snapshot, None).expect("source"));
         let cell = Arc::new(SnapshotCell::new(source.snapshot()));
         let reload = tokio::spawn(source.clone().reload_on_change(cell.clone()));
-        let (refresh_requests, _) = tokio::sync::mpsc::unbounded_channel();
         let selector = Selector::new(SelectorParts {
             snapshot: cell,
             source: source.clone(),
@@ -608,7 +612,6 @@ impl Engine {
             admission: store.admission.clone(),
             settings: engine_settings(),
             metrics: Metrics::new(),
-            refresh_requests,
         });
         Engine {
             selector,
@@ -622,13 +625,14 @@ impl Engine {
     }
 
     async fn report(&self, id: AccountId, class: OutcomeClass, status: u16) -> &'static str {
+        self.report_outcome(Outcome::new(id, class, status)).await
+    }
+
+    async fn report_outcome(&self, outcome: Outcome) -> &'static str {
         self.selector
             .report(&Outcome {
-                account_id: id,
-                class,
-                status,
-                reset_at_ms: None,
-                reason: format!("test {status}"),
+                reason: format!("test {}", outcome.status),
+                ..outcome
             })
             .await
             .expect("report")
@@ -768,20 +772,18 @@ async fn busy_is_not_broken_through_the_engine(store: Store) {
     assert_eq!(ids(&engine.plan(&query("g")).await), vec![1]);
 }
 
-async fn network_failures_open_the_breaker_and_a_success_closes_it_through_the_engine(
+async fn connect_failures_open_the_breaker_and_a_success_closes_it_through_the_engine(
     store: Store,
 ) {
     let engine = Engine::new(&store, vec![account(1, "g", |_| {})]);
-    // No answer at all (status 0) applies at once: nothing in the request shaped it.
-    assert_eq!(
-        engine.report(1, OutcomeClass::Broken, 0).await,
-        "hard_block"
-    );
+    // The connection failed before any byte of the request left: applies at once.
+    let connect = || Outcome {
+        before_send: true,
+        ..Outcome::new(1, OutcomeClass::Broken, 0)
+    };
+    assert_eq!(engine.report_outcome(connect()).await, "hard_block");
     assert_eq!(store.read(1).await.failures, 1);
-    assert_eq!(
-        engine.report(1, OutcomeClass::Broken, 0).await,
-        "breaker_open"
-    );
+    assert_eq!(engine.report_outcome(connect()).await, "breaker_open");
     assert!(matches!(store.read(1).await.breaker, Breaker::Open(_)));
     // The 50 ms hard block lapses; the breaker keeps the account out.
     let plan = eventually(Duration::from_secs(3), || async {
@@ -799,44 +801,153 @@ async fn network_failures_open_the_breaker_and_a_success_closes_it_through_the_e
     assert_eq!(store.read(1).await.failures, 0);
 }
 
-async fn unauthorized_outcomes_mark_the_account_error_through_the_engine(store: Store) {
+async fn no_answer_after_the_request_started_is_confirmed_by_the_probe_first_through_the_engine(
+    store: Store,
+) {
+    let healthy = ProbeUpstream::start(200, OK, Duration::from_millis(100)).await;
     let engine = Engine::new(
         &store,
-        vec![account(1, "g", |_| {}), account(2, "g", |_| {})],
+        vec![
+            account(1, "g", |a| a.base_url = healthy.url.clone()),
+            // Nothing listens there: the probe gets no answer either.
+            account(2, "g", |_| {}),
+        ],
     );
-    for expected in ["hard_block", "hard_block", "error"] {
-        assert_eq!(
-            engine.report(1, OutcomeClass::Unauthorized, 401).await,
-            expected
-        );
-    }
-    let stored = engine.source.load_account(1).await.expect("account");
-    assert_eq!(stored.status, AccountStatus::Error);
-    assert!(
-        stored.status_reason.contains("unauthorized"),
-        "{}",
-        stored.status_reason
-    );
-    eventually(Duration::from_secs(3), || async {
-        let snapshot = engine.selector.snapshot().get();
-        (snapshot.account(1)?.status == AccountStatus::Error).then_some(())
-    })
-    .await
-    .expect("the snapshot follows the source");
-    eventually(Duration::from_secs(3), || async {
-        (store.read(1).await.hard_block_ms == 0).then_some(())
-    })
-    .await
-    .expect("the unauthorized block lapses");
+    // A timeout, an early close, an oversized answer, a stream broken mid-way: the request
+    // may have caused it. Confirming, then cleared by the probe's answer.
     assert_eq!(
-        ids(&engine.plan(&query("g")).await),
-        vec![2],
-        "unblocked, but in error: not served"
+        engine.report(1, OutcomeClass::Broken, 0).await,
+        "confirming"
     );
+    eventually(Duration::from_secs(5), || async {
+        let read = store.read(1).await;
+        (healthy.calls() == 1 && read.hard_block_ms == 0).then_some(())
+    })
+    .await
+    .expect("probed; the confirming block lifted");
+    assert_eq!(store.read(1).await.failures, 0, "not counted");
+    // The converse: the probe gets no answer either, and the outcome applies.
+    assert_eq!(
+        engine.report(2, OutcomeClass::Broken, 0).await,
+        "confirming"
+    );
+    eventually(Duration::from_secs(5), || async {
+        (store.read(2).await.failures == 1).then_some(())
+    })
+    .await
+    .expect("the probe bore it out: counted");
+}
+
+const OK: &str = r#"{"id":"msg_1","type":"message","role":"assistant","content":[{"type":"text","text":"p"}],"usage":{"input_tokens":1,"output_tokens":1}}"#;
+const AUTHENTICATION_ERROR: &str =
+    r#"{"type":"error","error":{"type":"authentication_error","message":"invalid x-api-key"}}"#;
+
+async fn unauthorized_outcomes_mark_the_account_error_only_when_the_probe_is_refused_through_the_engine(
+    store: Store,
+) {
+    let refusing = ProbeUpstream::start(401, AUTHENTICATION_ERROR, Duration::ZERO).await;
+    let healthy = ProbeUpstream::start(200, OK, Duration::ZERO).await;
+    let engine = Engine::new(
+        &store,
+        vec![
+            account(1, "g", |a| a.base_url = refusing.url.clone()),
+            account(2, "g", |a| a.base_url = healthy.url.clone()),
+        ],
+    );
+    // A client-shaped 401 on account 2: its probe is answered, nothing counts.
+    assert_eq!(
+        engine.report(2, OutcomeClass::Unauthorized, 401).await,
+        "confirming"
+    );
+    eventually(Duration::from_secs(5), || async {
+        (healthy.calls() == 1 && store.read(2).await.hard_block_ms == 0).then_some(())
+    })
+    .await
+    .expect("probed; unblocked");
+    // Quiet now: the same refusal again starts nothing and blocks nothing.
+    assert_eq!(
+        engine.report(2, OutcomeClass::Unauthorized, 401).await,
+        "none"
+    );
+    assert_eq!(healthy.calls(), 1);
+    assert_eq!(
+        store
+            .health
+            .count_unauthorized(2, 3_600_000)
+            .await
+            .expect("count"),
+        1,
+        "only this read's own event: none before it"
+    );
+    // Account 1's key is refused by the probe too: each confirmed refusal counts; the third
+    // within the window marks it error.
+    for round in 1..=3 {
+        let started = eventually(Duration::from_secs(5), || async {
+            (engine.report(1, OutcomeClass::Unauthorized, 401).await == "confirming").then_some(())
+        })
+        .await;
+        assert_eq!(started, Ok(()), "round {round}");
+        eventually(Duration::from_secs(5), || async {
+            (refusing.calls() == round).then_some(())
+        })
+        .await
+        .expect("probed");
+    }
+    eventually(Duration::from_secs(5), || async {
+        let stored = engine.source.load_account(1).await.ok()?;
+        (stored.status == AccountStatus::Error).then_some(stored)
+    })
+    .await
+    .map(|stored| {
+        assert!(
+            stored.status_reason.contains("unauthorized"),
+            "{}",
+            stored.status_reason
+        )
+    })
+    .expect("three confirmed refusals: error");
     assert_eq!(
         engine.source.load_account(2).await.expect("account").status,
         AccountStatus::Active
     );
+}
+
+async fn the_confirmation_lock_names_its_state_and_swaps_only_from_the_value_it_holds(
+    store: Store,
+) {
+    let health = &store.health;
+    assert_eq!(health.confirm_state(1).await.expect("read"), None);
+    assert!(health.lock_confirm(1, "run:a", 5_000).await.expect("lock"));
+    assert_eq!(
+        health.confirm_state(1).await.expect("read").as_deref(),
+        Some("run:a")
+    );
+    assert!(
+        !health
+            .swap_confirm(1, "run:b", "quiet:b", 5_000)
+            .await
+            .expect("swap"),
+        "not the value it holds"
+    );
+    assert!(
+        health
+            .swap_confirm(1, "run:a", "fresh:f00:a", 80)
+            .await
+            .expect("swap")
+    );
+    assert_eq!(
+        health.confirm_state(1).await.expect("read").as_deref(),
+        Some("fresh:f00:a")
+    );
+    assert!(
+        !health.lock_confirm(1, "run:c", 5_000).await.expect("lock"),
+        "still held"
+    );
+    eventually(Duration::from_secs(3), || async {
+        health.confirm_state(1).await.ok()?.is_none().then_some(())
+    })
+    .await
+    .expect("the swapped TTL lapses");
 }
 
 async fn sessions_and_responses_stick_to_their_account_through_the_engine(store: Store) {

@@ -3,13 +3,12 @@
 
 mod support;
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use poolgate_proto::keys::AccountKeys;
 use poolgate_proto::selector::v1 as pb;
 use poolgate_testkit::eventually;
-use support::{Backends, Replica, admin, fast_settings, select_request};
+use support::{Backends, ProbeUpstream, Replica, admin, fast_settings, select_request};
 
 fn report(
     account_id: i64,
@@ -24,6 +23,16 @@ fn report(
         reset_at_ms,
         reason: format!("test {status}"),
         after_refresh: false,
+        refused_credential_fingerprint: String::new(),
+        before_send: false,
+    }
+}
+
+/// No answer because the connection failed before anything was sent: applies at once.
+fn connect_failure(account_id: i64) -> pb::ReportOutcomeRequest {
+    pb::ReportOutcomeRequest {
+        before_send: true,
+        ..report(account_id, pb::OutcomeClass::Broken, 0, 0)
     }
 }
 
@@ -152,7 +161,7 @@ async fn a_429_with_a_reset_two_hours_ahead_hard_blocks_until_then() {
         applied.block_ms
     );
     let broken = client
-        .report_outcome(report(id, pb::OutcomeClass::Broken, 0, 0))
+        .report_outcome(connect_failure(id))
         .await
         .expect("report")
         .into_inner();
@@ -183,9 +192,10 @@ async fn confirmed_failures_open_the_breaker_and_the_selectors_own_probe_closes_
         .await;
     let replica = Replica::start(backends.config(fast_settings())).await;
     let mut client = replica.client.clone();
-    // No answer at all (status 0): nothing in a request shaped that, so it applies at once.
+    // A connect failure: nothing of a request left, so nothing in it shaped that; it applies
+    // at once.
     let applied = client
-        .report_outcome(report(id, pb::OutcomeClass::Broken, 0, 0))
+        .report_outcome(connect_failure(id))
         .await
         .expect("report")
         .into_inner();
@@ -291,7 +301,7 @@ async fn a_failed_probe_reopens_the_breaker_for_twice_as_long() {
     let mut client = replica.client.clone();
     for _ in 0..5 {
         client
-            .report_outcome(report(id, pb::OutcomeClass::Broken, 0, 0))
+            .report_outcome(connect_failure(id))
             .await
             .expect("report");
     }
@@ -316,58 +326,6 @@ async fn a_failed_probe_reopens_the_breaker_for_twice_as_long() {
     assert_eq!(open_ms, 800, "400 ms doubled");
     assert_eq!(upstream.calls(), 1, "the half-open probe");
     assert_eq!(primary(&replica).await, None, "open again: not selectable");
-}
-
-/// A stand-in upstream for the confirmation probe: answers every `/v1/messages` with one
-/// status and body, after a delay, and keeps what it was sent.
-struct ProbeUpstream {
-    url: String,
-    seen: Arc<Mutex<Vec<(http::HeaderMap, serde_json::Value)>>>,
-    answer: Arc<Mutex<(u16, &'static str)>>,
-}
-
-impl ProbeUpstream {
-    async fn start(status: u16, body: &'static str, delay: Duration) -> Self {
-        let seen: Arc<Mutex<Vec<(http::HeaderMap, serde_json::Value)>>> = Arc::default();
-        let kept = seen.clone();
-        let answer = Arc::new(Mutex::new((status, body)));
-        let answers = answer.clone();
-        let router = axum::Router::new().route(
-            "/v1/messages",
-            axum::routing::post(
-                move |headers: http::HeaderMap, body_in: axum::body::Bytes| {
-                    let kept = kept.clone();
-                    let (status, body) = *answers.lock().expect("answer");
-                    async move {
-                        let json = serde_json::from_slice(&body_in).unwrap_or_default();
-                        kept.lock().expect("seen").push((headers, json));
-                        tokio::time::sleep(delay).await;
-                        (
-                            http::StatusCode::from_u16(status).expect("status"),
-                            [(http::header::CONTENT_TYPE, "application/json")],
-                            body,
-                        )
-                    }
-                },
-            ),
-        );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let url = format!("http://{}", listener.local_addr().expect("addr"));
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, router).await;
-        });
-        ProbeUpstream { url, seen, answer }
-    }
-
-    fn set_status(&self, status: u16, body: &'static str) {
-        *self.answer.lock().expect("answer") = (status, body);
-    }
-
-    fn calls(&self) -> usize {
-        self.seen.lock().expect("seen").len()
-    }
 }
 
 const API_ERROR: &str =
@@ -534,26 +492,99 @@ async fn a_quota_outcome_the_probe_does_not_confirm_leaves_the_account_active_an
     assert_eq!(primary(&replica).await, Some(id), "selectable again");
 }
 
+const AUTHENTICATION_ERROR: &str =
+    r#"{"type":"error","error":{"type":"authentication_error","message":"invalid x-api-key"}}"#;
+
+/// The account's unauthorized count, as Redis holds it.
+async fn unauthorized_count(backends: &Backends, id: i64) -> u64 {
+    let Ok(mut conn) = backends.redis.client().await else {
+        return 0;
+    };
+    redis::cmd("ZCARD")
+        .arg(poolgate_proto::keys::unauthorized_events(id))
+        .query_async(&mut conn)
+        .await
+        .unwrap_or(0)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_unauthorized_outcomes_within_an_hour_mark_the_account_error() {
+async fn three_unauthorized_outcomes_the_probe_confirms_within_an_hour_mark_the_account_error() {
     let backends = Backends::start().await;
-    let id = backends.account("revoked", "g", |_| {}).await;
+    let upstream = ProbeUpstream::start(401, AUTHENTICATION_ERROR, Duration::ZERO).await;
+    let id = backends
+        .account("revoked", "g", |a| a.base_url = upstream.url.clone())
+        .await;
+    let replica = Replica::start(backends.config(fast_settings())).await;
+    let client = replica.client.clone();
+    for round in 1..=3u64 {
+        let applied = eventually(Duration::from_secs(5), || {
+            let mut client = client.clone();
+            async move {
+                let applied = client
+                    .report_outcome(report(id, pb::OutcomeClass::Unauthorized, 401, 0))
+                    .await
+                    .ok()?
+                    .into_inner()
+                    .applied;
+                // While the last verdict's block holds, a report starts nothing.
+                (applied == "confirming").then_some(applied)
+            }
+        })
+        .await;
+        assert_eq!(applied.as_deref(), Ok("confirming"), "round {round}");
+        eventually(Duration::from_secs(5), || async {
+            (unauthorized_count(&backends, id).await == round).then_some(())
+        })
+        .await
+        .unwrap_or_else(|_| panic!("round {round}: the refused probe counts"));
+    }
+    eventually(Duration::from_secs(5), || async {
+        let account = backends.store.load_account(id).await.ok()?;
+        (account.status == poolgate_core::account::AccountStatus::Error).then_some(())
+    })
+    .await
+    .expect("three confirmed refusals: error");
+    assert_eq!(upstream.calls(), 3, "one probe per refusal");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_401_the_probe_does_not_confirm_blocks_nothing_and_counts_nothing() {
+    let backends = Backends::start().await;
+    let upstream = ProbeUpstream::start(200, OK, Duration::from_millis(200)).await;
+    let id = backends
+        .account("fine", "g", |a| a.base_url = upstream.url.clone())
+        .await;
     let replica = Replica::start(backends.config(fast_settings())).await;
     let mut client = replica.client.clone();
-    let mut applied = Vec::new();
-    for _ in 0..3 {
-        applied.push(
-            client
-                .report_outcome(report(id, pb::OutcomeClass::Unauthorized, 401, 0))
-                .await
-                .expect("report")
-                .into_inner()
-                .applied,
+    // A restricted key's 401 for an endpoint the client chose, a 403 for a model: whatever the
+    // client made the upstream say, the probe with the stored key is answered.
+    for _ in 0..5 {
+        let answer = client
+            .report_outcome(report(id, pb::OutcomeClass::Unauthorized, 401, 0))
+            .await
+            .expect("report")
+            .into_inner();
+        assert!(
+            ["confirming", "none"].contains(&answer.applied.as_str()),
+            "{}",
+            answer.applied
         );
     }
-    assert_eq!(applied, vec!["hard_block", "hard_block", "error"]);
+    eventually(Duration::from_secs(5), || async {
+        (upstream.calls() == 1 && primary(&replica).await == Some(id)).then_some(())
+    })
+    .await
+    .expect("one probe; the confirming block lifted");
+    assert_eq!(
+        unauthorized_count(&backends, id).await,
+        0,
+        "nothing counted"
+    );
     let account = backends.store.load_account(id).await.expect("account");
-    assert_eq!(account.status, poolgate_core::account::AccountStatus::Error);
+    assert_eq!(
+        account.status,
+        poolgate_core::account::AccountStatus::Active
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -180,9 +180,9 @@ impl Relay {
         // Upstream models that answered 404: the request fails over only to an account that
         // maps the client's model to a different upstream model.
         let mut not_found_models: Vec<String> = Vec::new();
-        // OAuth accounts whose refused token the selector refreshed for this request: retried
-        // once with the new token.
-        let mut refreshed: HashMap<i64, Secret> = HashMap::new();
+        // OAuth accounts whose refused token the selector had refreshed (for this request or
+        // before it): retried with the stored token, at most `REFRESHED_RETRIES` times each.
+        let mut refreshed: HashMap<i64, (Secret, u32)> = HashMap::new();
         loop {
             let plan = match self
                 .selection
@@ -204,7 +204,7 @@ impl Relay {
             };
             let mut plan = plan;
             for planned in plan.accounts.iter_mut() {
-                if let Some(fresh) = refreshed.get(&planned.id) {
+                if let Some((fresh, _)) = refreshed.get(&planned.id) {
                     planned.credential = fresh.clone();
                 }
             }
@@ -326,17 +326,16 @@ impl Relay {
                         let reason = UpstreamError::parse(&body)
                             .map(|e| e.summary())
                             .unwrap_or_default();
-                        // Status 0: no upstream answer at all (the selector applies that at
-                        // once; an answer is confirmed by its probe first).
-                        let reported = if classified.label == "network" {
+                        // Status 0: no upstream answer at all (the selector applies a connect
+                        // failure at once and confirms everything else by its probe first).
+                        let reported = if matches!(classified.label, "network" | "connect") {
                             0
                         } else {
                             status
                         };
-                        if classified.class == OutcomeClass::Unauthorized
-                            && account.credential_kind.is_oauth()
-                        {
-                            let after_refresh = refreshed.contains_key(&account.id);
+                        if classified.class == OutcomeClass::Unauthorized {
+                            // Which credential was refused goes with the report (as its
+                            // fingerprint): the selector refreshes only a token still stored.
                             let fresh = self
                                 .selection
                                 .report_refused(
@@ -344,12 +343,16 @@ impl Relay {
                                     classified,
                                     reported,
                                     &reason,
-                                    after_refresh,
+                                    &account.credential,
                                 )
                                 .await;
-                            if let Some(fresh) = fresh.filter(|_| !after_refresh) {
-                                // The same account again, with the new token; no budget spent.
-                                refreshed.insert(account.id, fresh);
+                            let retries = refreshed.get(&account.id).map_or(0, |(_, n)| *n);
+                            if let Some(fresh) = fresh.filter(|fresh| {
+                                *fresh != account.credential && retries < REFRESHED_RETRIES
+                            }) {
+                                // The same account again, with the stored token; no budget
+                                // spent.
+                                refreshed.insert(account.id, (fresh, retries + 1));
                                 self.metrics.failover("401", "retry_refreshed");
                                 continue;
                             }
@@ -452,6 +455,9 @@ impl Relay {
         }
     }
 }
+
+/// Same-account retries with a refreshed token, per account and request.
+const REFRESHED_RETRIES: u32 = 2;
 
 /// An upstream error answer, kept to pass on to the client as it came.
 struct Failure {

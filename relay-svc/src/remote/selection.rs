@@ -11,6 +11,7 @@ use poolgate_core::account::{Platform, Secret};
 use poolgate_core::classify::Classified;
 use poolgate_core::outcome::OutcomeClass;
 use poolgate_core::select::NoneReason;
+use poolgate_core::short_hash;
 use poolgate_proto::convert::{self, ConvertError};
 use poolgate_proto::selector::v1 as spb;
 use poolgate_proto::selector::v1::selector_client::SelectorClient;
@@ -74,6 +75,8 @@ fn success_report(account_id: i64, status: u16) -> spb::ReportOutcomeRequest {
         reset_at_ms: 0,
         reason: String::new(),
         after_refresh: false,
+        refused_credential_fingerprint: String::new(),
+        before_send: false,
     }
 }
 
@@ -115,7 +118,7 @@ impl RemoteSelection {
         outcome: Classified,
         status: u16,
         reason: &str,
-        after_refresh: bool,
+        refused: Option<&Secret>,
     ) -> Option<spb::ReportOutcomeResponse> {
         let pending_success = self
             .successes
@@ -135,7 +138,11 @@ impl RemoteSelection {
             status: u32::from(status),
             reset_at_ms: outcome.reset_at_ms.map(|ms| ms.max(0) as u64).unwrap_or(0),
             reason: reason.chars().take(400).collect(),
-            after_refresh,
+            after_refresh: false,
+            refused_credential_fingerprint: refused
+                .map(|credential| short_hash(credential.expose()))
+                .unwrap_or_default(),
+            before_send: status == 0 && outcome.is_connect_failure(),
         };
         match self.client.clone().report_outcome(request).await {
             Ok(answer) => Some(answer.into_inner()),
@@ -304,7 +311,7 @@ impl Selection for RemoteSelection {
             return;
         }
         let _ = self
-            .send_report(account_id, outcome, status, reason, false)
+            .send_report(account_id, outcome, status, reason, None)
             .await;
     }
 
@@ -314,10 +321,10 @@ impl Selection for RemoteSelection {
         outcome: Classified,
         status: u16,
         reason: &str,
-        after_refresh: bool,
+        refused: &Secret,
     ) -> Option<Secret> {
         let answer = self
-            .send_report(account_id, outcome, status, reason, after_refresh)
+            .send_report(account_id, outcome, status, reason, Some(refused))
             .await?;
         (answer.applied == "refreshed" && !answer.refreshed_credential.is_empty())
             .then(|| Secret::new(answer.refreshed_credential))

@@ -62,7 +62,6 @@ pub fn build(
     let health: Arc<dyn selector_svc::health::HealthStore> =
         Arc::new(InProcessHealth::new(admission.clone()));
     let selector_metrics = selector_svc::metrics::Metrics::registered_in(metrics.registry.clone());
-    let (refresh_sender, refresh_receiver) = tokio::sync::mpsc::unbounded_channel();
     let selector = Arc::new(Selector::new(SelectorParts {
         snapshot: snapshot.clone(),
         source: source.clone(),
@@ -70,7 +69,6 @@ pub fn build(
         admission: admission.clone(),
         settings,
         metrics: selector_metrics.clone(),
-        refresh_requests: refresh_sender,
     }));
     let refresher = TokenRefresher::new(
         source.clone(),
@@ -82,8 +80,7 @@ pub fn build(
     tokio::spawn(source.clone().reload_on_change(snapshot.clone()));
     tokio::spawn(refresh_loop(
         refresher,
-        snapshot,
-        refresh_receiver,
+        Arc::downgrade(&selector),
         REFRESH_EVERY,
     ));
     let usage = UsageSink::start(

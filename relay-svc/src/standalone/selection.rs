@@ -6,9 +6,10 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use poolgate_core::account::{Platform, Secret, group_models};
 use poolgate_core::classify::Classified;
-use poolgate_core::outcome::{Outcome, OutcomeClass};
+use poolgate_core::outcome::Outcome;
 use poolgate_core::select::NoneReason;
-use selector_svc::engine::{SelectQuery, Selector, SelectorError};
+use poolgate_core::short_hash;
+use selector_svc::engine::{Reported, SelectQuery, Selector, SelectorError};
 
 use crate::backends::{BackendError, Caller, Plan, PlanRequest, Planned, Selection, UsageRecord};
 use crate::usage_sink::UsageSink;
@@ -23,19 +24,31 @@ impl InProcessSelection {
         InProcessSelection { selector, usage }
     }
 
-    async fn apply(&self, account_id: i64, outcome: &Classified, status: u16, reason: &str) {
+    /// The same outcome the selector's gRPC layer builds from a remote relay's report.
+    async fn apply(
+        &self,
+        account_id: i64,
+        outcome: &Classified,
+        status: u16,
+        reason: &str,
+        refused: Option<&Secret>,
+    ) -> Option<Reported> {
         let applied = self
             .selector
-            .report(&Outcome {
-                account_id,
-                class: outcome.class,
-                status,
+            .report_outcome(&Outcome {
                 reset_at_ms: outcome.reset_at_ms,
                 reason: reason.to_owned(),
+                refused_fingerprint: refused.map(|credential| short_hash(credential.expose())),
+                before_send: status == 0 && outcome.is_connect_failure(),
+                ..Outcome::new(account_id, outcome.class, status)
             })
             .await;
-        if let Err(error) = applied {
-            tracing::warn!(account_id, %error, "outcome not applied");
+        match applied {
+            Ok(reported) => Some(reported),
+            Err(error) => {
+                tracing::warn!(account_id, %error, "outcome not applied");
+                None
+            }
         }
     }
 }
@@ -121,7 +134,7 @@ impl Selection for InProcessSelection {
     }
 
     async fn report(&self, account_id: i64, outcome: Classified, status: u16, reason: &str) {
-        self.apply(account_id, &outcome, status, reason).await;
+        self.apply(account_id, &outcome, status, reason, None).await;
     }
 
     async fn report_refused(
@@ -130,23 +143,15 @@ impl Selection for InProcessSelection {
         outcome: Classified,
         status: u16,
         reason: &str,
-        after_refresh: bool,
+        refused: &Secret,
     ) -> Option<Secret> {
-        // The first refusal of an OAuth token: refreshed now and handed back for a retry on the
-        // same account; nothing counts against the account yet (as the selector's gRPC layer).
-        if outcome.class == OutcomeClass::Unauthorized
-            && !after_refresh
-            && let Some(fresh) = self.selector.refresh_refused_token(account_id).await
+        match self
+            .apply(account_id, &outcome, status, reason, Some(refused))
+            .await?
         {
-            self.selector
-                .metrics()
-                .outcomes
-                .with_label_values(&[outcome.class.as_str(), "refreshed"])
-                .inc();
-            return Some(fresh);
+            Reported::Refreshed(fresh) => Some(fresh),
+            Reported::Applied(_) => None,
         }
-        self.apply(account_id, &outcome, status, reason).await;
-        None
     }
 
     async fn bind_session(&self, group: &str, session_hash: &str, account_id: i64) {

@@ -517,6 +517,29 @@ impl HealthStore for InProcessHealth {
         Ok(())
     }
 
+    async fn confirm_state(&self, id: AccountId) -> Result<Option<String>, BackendError> {
+        Ok(self.with_account(id, |account, now| {
+            live(&account.confirm_lock, now).map(|lock| lock.value.clone())
+        }))
+    }
+
+    async fn swap_confirm(
+        &self,
+        id: AccountId,
+        from: &str,
+        to: &str,
+        ttl_ms: u64,
+    ) -> Result<bool, BackendError> {
+        Ok(self.with_account(id, |account, now| {
+            if live(&account.confirm_lock, now).is_some_and(|lock| lock.value == from) {
+                account.confirm_lock = Some(Expiring::new(to.to_owned(), now, ttl_ms));
+                true
+            } else {
+                false
+            }
+        }))
+    }
+
     async fn block_confirming(
         &self,
         id: AccountId,

@@ -151,6 +151,20 @@ pub trait HealthStore: Send + Sync + 'static {
     async fn linger_confirm(&self, id: AccountId, owner: &str, ms: u64)
     -> Result<(), BackendError>;
 
+    /// The confirmation lock's value while it is held (`confirm.rs` names its states: running,
+    /// quiet, freshly refreshed), for reports that arrive meanwhile.
+    async fn confirm_state(&self, id: AccountId) -> Result<Option<String>, BackendError>;
+
+    /// Replaces the confirmation lock's value `from` with `to`, held `ttl_ms` from now, if it
+    /// still holds `from`: whether it did.
+    async fn swap_confirm(
+        &self,
+        id: AccountId,
+        from: &str,
+        to: &str,
+        ttl_ms: u64,
+    ) -> Result<bool, BackendError>;
+
     /// Hard-blocks an account while its confirmation runs; returns the value to lift it with.
     async fn block_confirming(
         &self,

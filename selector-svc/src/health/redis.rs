@@ -83,12 +83,22 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARG
 return {0, now}
 "#;
 
+/// KEYS: lock. ARGV: from, to, ms. Replaces the value `from` with `to` for `ms`.
+const SWAP: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return {1, now}
+end
+return {0, now}
+"#;
+
 struct Scripts {
     block: Script,
     breaker_failure: Script,
     count_event: Script,
     unlock: Script,
     linger: Script,
+    swap: Script,
 }
 
 /// Health in Redis.
@@ -110,6 +120,7 @@ impl RedisHealth {
                 count_event: script(COUNT_EVENT),
                 unlock: script(UNLOCK),
                 linger: script(LINGER),
+                swap: script(SWAP),
             }),
             clock: RedisClock::default(),
         }
@@ -599,6 +610,40 @@ impl HealthStore for RedisHealth {
             )
             .await?;
         Ok(())
+    }
+
+    async fn confirm_state(&self, id: AccountId) -> Result<Option<String>, BackendError> {
+        let mut conn = self.redis.conn().await?;
+        self.redis
+            .bounded(
+                redis::cmd("GET")
+                    .arg(keys::confirm_lock(id))
+                    .query_async(&mut conn),
+            )
+            .await
+    }
+
+    async fn swap_confirm(
+        &self,
+        id: AccountId,
+        from: &str,
+        to: &str,
+        ttl_ms: u64,
+    ) -> Result<bool, BackendError> {
+        let mut conn = self.redis.conn().await?;
+        let (swapped, _now): (i64, i64) = self
+            .redis
+            .bounded(
+                self.scripts
+                    .swap
+                    .key(keys::confirm_lock(id))
+                    .arg(from)
+                    .arg(to)
+                    .arg(ttl_ms.max(1))
+                    .invoke_async(&mut conn),
+            )
+            .await?;
+        Ok(swapped == 1)
     }
 
     async fn block_confirming(

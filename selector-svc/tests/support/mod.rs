@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use poolgate_core::account::{CredentialKind, OAuthState, Platform, Secret};
@@ -236,4 +236,56 @@ pub fn admin<T>(message: T) -> tonic::Request<T> {
         format!("Bearer {ADMIN_TOKEN}").parse().expect("header"),
     );
     request
+}
+
+/// A stand-in upstream for the confirmation probe: answers every `/v1/messages` with one
+/// status and body, after a delay, and keeps what it was sent.
+pub struct ProbeUpstream {
+    pub url: String,
+    pub seen: Arc<Mutex<Vec<(http::HeaderMap, serde_json::Value)>>>,
+    answer: Arc<Mutex<(u16, &'static str)>>,
+}
+
+impl ProbeUpstream {
+    pub async fn start(status: u16, body: &'static str, delay: Duration) -> Self {
+        let seen: Arc<Mutex<Vec<(http::HeaderMap, serde_json::Value)>>> = Arc::default();
+        let kept = seen.clone();
+        let answer = Arc::new(Mutex::new((status, body)));
+        let answers = answer.clone();
+        let router = axum::Router::new().route(
+            "/v1/messages",
+            axum::routing::post(
+                move |headers: http::HeaderMap, body_in: axum::body::Bytes| {
+                    let kept = kept.clone();
+                    let (status, body) = *answers.lock().expect("answer");
+                    async move {
+                        let json = serde_json::from_slice(&body_in).unwrap_or_default();
+                        kept.lock().expect("seen").push((headers, json));
+                        tokio::time::sleep(delay).await;
+                        (
+                            http::StatusCode::from_u16(status).expect("status"),
+                            [(http::header::CONTENT_TYPE, "application/json")],
+                            body,
+                        )
+                    }
+                },
+            ),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, router).await;
+        });
+        ProbeUpstream { url, seen, answer }
+    }
+
+    pub fn set_status(&self, status: u16, body: &'static str) {
+        *self.answer.lock().expect("answer") = (status, body);
+    }
+
+    pub fn calls(&self) -> usize {
+        self.seen.lock().expect("seen").len()
+    }
 }
