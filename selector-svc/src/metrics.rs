@@ -13,14 +13,14 @@ pub struct Metrics {
     /// selector_breaker_changes_total{change}: opened, reopened, closed.
     pub breaker_changes: IntCounterVec,
     pub retirements: IntCounter,
-    /// selector_confirmations_total{suspect, result}: suspect quota_gone or broken; result
+    /// selector_confirmations_total{suspect, result}: suspect quota_gone, broken or unauthorized; result
     /// started, already_running, confirmed, not_confirmed, inconclusive.
     pub confirmations: IntCounterVec,
     /// selector_sticky_total{result, platform}: hit, bound, rebind.
     pub sticky: IntCounterVec,
     /// selector_reloads_total{trigger}: notify, periodic, startup.
     pub reloads: IntCounterVec,
-    /// selector_token_refreshes_total{result}: refreshed, waited, failed.
+    /// selector_token_refreshes_total{result}: refreshed, waited, failed, floored.
     pub token_refreshes: IntCounterVec,
     /// selector_active_blocks{kind}: hard, soft, breaker (from the latest readings).
     pub active_blocks: IntGaugeVec,
@@ -77,7 +77,7 @@ impl Metrics {
             confirmations: counter_vec(
                 &registry,
                 "selector_confirmations_total",
-                "Confirmation probes by what they suspect (quota_gone, broken) and result (started, already_running, confirmed, not_confirmed, inconclusive).",
+                "Confirmation probes by what they suspect (quota_gone, broken, unauthorized) and result (started, already_running, confirmed, not_confirmed, inconclusive).",
                 &["suspect", "result"],
             ),
             sticky: counter_vec(
