@@ -1,7 +1,13 @@
 //! A fake upstream LLM server speaking enough of the Anthropic and OpenAI APIs for the demo
 //! (`relay-svc --standalone --demo`), the tests and the benchmarks. It counts concurrent requests
 //! per credential (and their peak), and answers from a per-credential script of queued outcomes
-//! (429, 529, 500, 401, quota, delays), so tests can drive every failover path.
+//! (429, 529, 500, 401, quota, delays, connections that break, answers too large), so tests can
+//! drive every failover path.
+//!
+//! It tells the selector's confirmation probe (the fixed bodies of `selector-svc/src/confirm.rs`
+//! `probe_request`) from client requests, so a test can give clients hostile answers while the
+//! probe, which no client shapes, gets a healthy one (`script_clients`), or script both alike
+//! (`script`) when the upstream really is broken.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -27,6 +33,19 @@ pub enum Scripted {
     },
     /// Answer normally after this delay.
     Delay(Duration),
+    /// A 200 head (the content type the normal answer has), part of the body, then the
+    /// connection drops.
+    EarlyClose,
+    /// A 200 JSON answer whose body is this many bytes.
+    Oversized(usize),
+    /// The normal event stream (SSE, whatever the request asked) without its terminal events
+    /// (Anthropic's `message_delta`/`message_stop`, chat's finish and `[DONE]`, Responses'
+    /// `response.completed`), ended cleanly.
+    IncompleteStream,
+    /// The first half of the normal event stream (SSE), then the connection drops.
+    BrokenStream,
+    /// This answer after a pause (a refusal that arrives late, a head that comes too late).
+    After(Duration, Box<Scripted>),
 }
 
 /// One request as the fake upstream received it (the first 1 000 are kept).
@@ -36,6 +55,15 @@ pub struct SeenRequest {
     pub query: Option<String>,
     pub headers: HeaderMap,
     pub body: Value,
+    /// The selector's confirmation probe (one of its fixed bodies), not a client's request.
+    pub probe: bool,
+}
+
+impl SeenRequest {
+    /// The credential the request carried (`x-api-key`, else the bearer token).
+    pub fn credential(&self) -> String {
+        credential(&self.headers)
+    }
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +77,12 @@ pub struct CredentialStats {
 struct FakeState {
     stats: Mutex<HashMap<String, CredentialStats>>,
     scripts: Mutex<HashMap<String, VecDeque<Scripted>>>,
+    /// Answers for client requests only: the probe skips this queue.
+    client_scripts: Mutex<HashMap<String, VecDeque<Scripted>>>,
+    /// `/oauth/token` answers after this long (so refusals can pile up behind one refresh).
+    token_delay: Mutex<Duration>,
+    /// Probes received per credential (all of them, not only the first 1 000 requests).
+    probes: Mutex<HashMap<String, u64>>,
     /// Every answer waits this long before its head (simulated model latency).
     delay: Mutex<Duration>,
     /// Pause between stream events.
@@ -83,8 +117,11 @@ impl FakeUpstream {
 
     /// Starts on `addr`. Besides the two APIs it serves a control API: `POST /_mock/script`
     /// (`{"credential": "...", "answers": [{"status": 429, "headers": {...}, "body": "..."},
-    /// {"delay_ms": 500}]}`), `GET /_mock/stats` (per credential: current, peak, total) and
-    /// `POST /_mock/reset` (peaks back to the current count).
+    /// {"delay_ms": 500}, {"early_close": true}, {"oversized": 100000},
+    /// {"incomplete_stream": true}, {"broken_stream": true}, {"after_ms": 900, "status": 401}]}`,
+    /// with `"clients_only": true` for answers the probe skips), `GET /_mock/stats` (per
+    /// credential: current, peak, total), `GET /_mock/requests` (what was received, `probe`
+    /// marking the selector's) and `POST /_mock/reset` (peaks back to the current count).
     pub async fn start_on(addr: std::net::SocketAddr) -> std::io::Result<Self> {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
@@ -115,13 +152,47 @@ impl FakeUpstream {
         })
     }
 
-    /// Queues answers for requests made with `credential`.
+    /// Queues answers for requests made with `credential`, the selector's probe included (an
+    /// upstream that really fails fails the probe too).
     pub fn script(&self, credential: &str, answers: impl IntoIterator<Item = Scripted>) {
         let mut scripts = self.state.scripts.lock().unwrap_or_else(|p| p.into_inner());
         scripts
             .entry(credential.to_owned())
             .or_default()
             .extend(answers);
+    }
+
+    /// Queues answers for client requests made with `credential`: the selector's probe skips
+    /// them (and gets the next `script` answer, or the normal one). A client request takes these
+    /// first, then `script`'s.
+    pub fn script_clients(&self, credential: &str, answers: impl IntoIterator<Item = Scripted>) {
+        let mut scripts = self
+            .state
+            .client_scripts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        scripts
+            .entry(credential.to_owned())
+            .or_default()
+            .extend(answers);
+    }
+
+    /// Drops every answer still queued by `script_clients`.
+    pub fn clear_client_scripts(&self) {
+        self.state
+            .client_scripts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+    }
+
+    /// `/oauth/token` answers after `delay` (the request is recorded at once).
+    pub fn set_token_delay(&self, delay: Duration) {
+        *self
+            .state
+            .token_delay
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = delay;
     }
 
     /// Only these models exist; any other gets a 404 that echoes the model name, as the real
@@ -229,6 +300,154 @@ impl FakeUpstream {
             .unwrap_or_else(|p| p.into_inner())
             .clone()
     }
+
+    /// How many of the selector's probes came with `credential`.
+    pub fn probe_count(&self, credential: &str) -> u64 {
+        self.state
+            .probes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(credential)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// The selector's probes received with `credential`, oldest first (among the first 1 000
+    /// requests).
+    pub fn probes(&self, credential: &str) -> Vec<SeenRequest> {
+        self.seen_requests()
+            .into_iter()
+            .filter(|r| r.probe && r.credential() == credential)
+            .collect()
+    }
+}
+
+/// Whether `request` (sent to `path`) is the selector's confirmation probe: exactly one of the
+/// fixed bodies `selector-svc/src/confirm.rs` `probe_request` sends, nothing else in it.
+/// Anthropic: `max_tokens: 1` and one user "ping" (OAuth: Claude Code's identity as the only
+/// system block); OpenAI chat: `max_completion_tokens: 1` and the same message; ChatGPT: the
+/// "Answer in one word." instructions with the ping as input. A client could send the same
+/// bytes; it would then get the probe's answers, which is what the upstream would do too.
+pub fn is_probe(path: &str, request: &Value) -> bool {
+    let Some(fields) = request.as_object() else {
+        return false;
+    };
+    let ping = json!([{"role": "user", "content": "ping"}]);
+    let only = |allowed: &[&str]| fields.keys().all(|k| allowed.contains(&k.as_str()));
+    let model = fields.get("model").is_some_and(Value::is_string);
+    if path.ends_with("/v1/messages") {
+        let identity =
+            json!([{"type": "text", "text": poolgate_core::upstream::CLAUDE_CODE_IDENTITY}]);
+        model
+            && only(&["model", "max_tokens", "messages", "system"])
+            && fields.get("max_tokens") == Some(&json!(1))
+            && fields.get("messages") == Some(&ping)
+            && fields
+                .get("system")
+                .is_none_or(|system| *system == identity)
+    } else if path.ends_with("/chat/completions") {
+        model
+            && only(&["model", "max_completion_tokens", "messages"])
+            && fields.get("max_completion_tokens") == Some(&json!(1))
+            && fields.get("messages") == Some(&ping)
+    } else if path.ends_with("/responses") {
+        model
+            && only(&["model", "instructions", "input", "store", "stream"])
+            && fields.get("instructions") == Some(&json!("Answer in one word."))
+            && fields.get("input") == Some(&ping)
+            && fields.get("store") == Some(&Value::Bool(false))
+            && fields.get("stream") == Some(&Value::Bool(true))
+    } else {
+        false
+    }
+}
+
+/// The next scripted answer for a request with `credential`: a client's takes the client-only
+/// queue first; the probe only the shared one.
+fn take_scripted(state: &FakeState, credential: &str, probe: bool) -> Option<Scripted> {
+    if !probe {
+        let client = state
+            .client_scripts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(credential)
+            .and_then(VecDeque::pop_front);
+        if client.is_some() {
+            return client;
+        }
+    }
+    state
+        .scripts
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get_mut(credential)
+        .and_then(VecDeque::pop_front)
+}
+
+/// Waits out `After` wrappers; the answer inside them.
+async fn after_pauses(mut scripted: Option<Scripted>) -> Option<Scripted> {
+    while let Some(Scripted::After(pause, inner)) = scripted {
+        tokio::time::sleep(pause).await;
+        scripted = Some(*inner);
+    }
+    scripted
+}
+
+/// One answer of the control API's JSON form (see [`FakeUpstream::start_on`]).
+fn parse_answer(answer: &Value) -> Option<Scripted> {
+    if let Some(ms) = answer.get("after_ms").and_then(Value::as_u64) {
+        let mut inner = answer.clone();
+        if let Some(fields) = inner.as_object_mut() {
+            fields.remove("after_ms");
+        }
+        return parse_answer(&inner)
+            .map(|inner| Scripted::After(Duration::from_millis(ms), Box::new(inner)));
+    }
+    let flag = |name: &str| answer.get(name).and_then(Value::as_bool) == Some(true);
+    if let Some(ms) = answer.get("delay_ms").and_then(Value::as_u64) {
+        return Some(Scripted::Delay(Duration::from_millis(ms)));
+    }
+    if flag("early_close") {
+        return Some(Scripted::EarlyClose);
+    }
+    if let Some(bytes) = answer.get("oversized").and_then(Value::as_u64) {
+        return Some(Scripted::Oversized(
+            usize::try_from(bytes).unwrap_or(usize::MAX),
+        ));
+    }
+    if flag("incomplete_stream") {
+        return Some(Scripted::IncompleteStream);
+    }
+    if flag("broken_stream") {
+        return Some(Scripted::BrokenStream);
+    }
+    let status = answer.get("status").and_then(Value::as_u64)?;
+    let headers = answer
+        .get("headers")
+        .and_then(Value::as_object)
+        .map(|h| {
+            h.iter()
+                .map(|(k, v)| {
+                    (
+                        k.clone(),
+                        v.as_str()
+                            .map(str::to_owned)
+                            .unwrap_or_else(|| v.to_string()),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let body = match answer.get("body") {
+        Some(Value::String(text)) => text.clone(),
+        Some(other) => other.to_string(),
+        None => "{}".into(),
+    };
+    Some(Scripted::Fail {
+        status: status.min(999) as u16,
+        headers,
+        body,
+    })
 }
 
 async fn control_script(
@@ -238,47 +457,20 @@ async fn control_script(
     let Some(credential) = request.get("credential").and_then(Value::as_str) else {
         return (StatusCode::BAD_REQUEST, "credential: required").into_response();
     };
-    let mut answers = Vec::new();
-    for answer in request
+    let answers: Vec<Scripted> = request
         .get("answers")
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
-    {
-        if let Some(ms) = answer.get("delay_ms").and_then(Value::as_u64) {
-            answers.push(Scripted::Delay(Duration::from_millis(ms)));
-        } else if let Some(status) = answer.get("status").and_then(Value::as_u64) {
-            let headers = answer
-                .get("headers")
-                .and_then(Value::as_object)
-                .map(|h| {
-                    h.iter()
-                        .map(|(k, v)| {
-                            (
-                                k.clone(),
-                                v.as_str()
-                                    .map(str::to_owned)
-                                    .unwrap_or_else(|| v.to_string()),
-                            )
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            let body = match answer.get("body") {
-                Some(Value::String(text)) => text.clone(),
-                Some(other) => other.to_string(),
-                None => "{}".into(),
-            };
-            answers.push(Scripted::Fail {
-                status: status.min(999) as u16,
-                headers,
-                body,
-            });
-        }
-    }
+        .filter_map(parse_answer)
+        .collect();
     let count = answers.len();
-    state
-        .scripts
+    let queue = if request.get("clients_only").and_then(Value::as_bool) == Some(true) {
+        &state.client_scripts
+    } else {
+        &state.scripts
+    };
+    queue
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .entry(credential.to_owned())
@@ -319,7 +511,7 @@ async fn control_requests(State(state): State<Arc<FakeState>>) -> Response {
                     (name.as_str().to_owned(), Value::String(value))
                 })
                 .collect();
-            json!({"path": r.path, "query": r.query, "headers": headers, "body": r.body})
+            json!({"path": r.path, "query": r.query, "headers": headers, "body": r.body, "probe": r.probe})
         })
         .collect();
     axum::Json(Value::Array(requests)).into_response()
@@ -421,12 +613,16 @@ async fn oauth_token(
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_owned();
-    let mut seen = state.refreshed.lock().unwrap_or_else(|p| p.into_inner());
-    let reused = seen
-        .iter()
-        .any(|r| r.get("refresh_token") == request.get("refresh_token"));
-    seen.push(request.clone());
-    drop(seen);
+    let reused = {
+        let mut seen = state.refreshed.lock().unwrap_or_else(|p| p.into_inner());
+        let reused = seen
+            .iter()
+            .any(|r| r.get("refresh_token") == request.get("refresh_token"));
+        seen.push(request.clone());
+        reused
+    };
+    let pause = *state.token_delay.lock().unwrap_or_else(|p| p.into_inner());
+    tokio::time::sleep(pause).await;
     if refresh.is_empty()
         || reused
         || request.get("grant_type").and_then(Value::as_str) != Some("refresh_token")
@@ -510,22 +706,150 @@ async fn count_tokens(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let scripted = state
-        .scripts
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get_mut(&credential(&headers))
-        .and_then(VecDeque::pop_front);
-    if let Some(Scripted::Fail { status, body, .. }) = scripted {
-        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        return (
+    // Never the probe's: count_tokens is a client endpoint only.
+    let scripted = after_pauses(take_scripted(&state, &credential(&headers), false)).await;
+    let counted = json!({"input_tokens": body.len() / 4});
+    match scripted {
+        Some(Scripted::Fail {
             status,
-            [(http::header::CONTENT_TYPE, "application/json")],
+            headers,
             body,
-        )
-            .into_response();
+        }) => fail_response(status, headers, body),
+        Some(Scripted::Delay(pause)) => {
+            tokio::time::sleep(pause).await;
+            axum::Json(counted).into_response()
+        }
+        Some(Scripted::EarlyClose) => {
+            let text = counted.to_string();
+            cut_short(&text, "application/json", None)
+        }
+        Some(Scripted::Oversized(bytes)) => oversized(bytes, "count", None),
+        Some(scripted @ (Scripted::IncompleteStream | Scripted::BrokenStream)) => {
+            let events = normal_events(Shape::Anthropic, "count", "count_tokens", &Value::Null);
+            event_stream(
+                cut_events(Shape::Anthropic, events, &scripted),
+                Duration::ZERO,
+                None,
+            )
+        }
+        Some(Scripted::After(..)) | None => axum::Json(counted).into_response(),
     }
-    axum::Json(json!({"input_tokens": body.len() / 4})).into_response()
+}
+
+/// A scripted failure: this status, JSON, these headers and body.
+fn fail_response(status: u16, headers: Vec<(String, String)>, body: String) -> Response {
+    let mut response = Response::new(Body::from(body));
+    *response.status_mut() =
+        StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    for (name, value) in headers {
+        if let (Ok(name), Ok(value)) = (
+            http::HeaderName::from_bytes(name.as_bytes()),
+            http::HeaderValue::from_str(&value),
+        ) {
+            response.headers_mut().insert(name, value);
+        }
+    }
+    response
+}
+
+/// A 200 of `content_type` that sends the first half of `text`, then drops the connection
+/// (a body stream that fails makes hyper abort the connection mid-body).
+fn cut_short(text: &str, content_type: &'static str, guard: Option<InFlight>) -> Response {
+    let mut half = text.len() / 2;
+    while !text.is_char_boundary(half) {
+        half -= 1;
+    }
+    let chunks = vec![
+        Ok(Bytes::copy_from_slice(&text.as_bytes()[..half])),
+        Err(std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "scripted early close",
+        )),
+    ];
+    let mut response = Response::new(Body::from_stream(paced(chunks, Duration::ZERO, guard)));
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static(content_type),
+    );
+    response
+}
+
+/// A 200 JSON answer of exactly `bytes` bytes (a message padded out), sent in pieces.
+fn oversized(bytes: usize, id: &str, guard: Option<InFlight>) -> Response {
+    static PADDING: [u8; 64 * 1024] = [b'x'; 64 * 1024];
+    let prefix = format!(r#"{{"id":"msg_{id}","type":"message","padding":""#);
+    let suffix = r#""}"#;
+    let (prefix, suffix) = if bytes >= prefix.len() + suffix.len() {
+        (prefix, suffix)
+    } else {
+        (String::new(), "")
+    };
+    let mut padding = bytes - prefix.len() - suffix.len();
+    let mut chunks = vec![Ok(Bytes::from(prefix))];
+    while padding > 0 {
+        let piece = padding.min(PADDING.len());
+        chunks.push(Ok(Bytes::from_static(&PADDING[..piece])));
+        padding -= piece;
+    }
+    chunks.push(Ok(Bytes::from_static(suffix.as_bytes())));
+    let mut response = Response::new(Body::from_stream(paced(chunks, Duration::ZERO, guard)));
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+/// `IncompleteStream`: the events without the terminal ones; `BrokenStream`: the first half,
+/// then the connection drops. Any other answer: the events as they are.
+fn cut_events(
+    shape: Shape,
+    mut events: Vec<String>,
+    how: &Scripted,
+) -> Vec<Result<Bytes, std::io::Error>> {
+    let broken = matches!(how, Scripted::BrokenStream);
+    match how {
+        Scripted::IncompleteStream => {
+            let keep = match shape {
+                // Without `message_delta` (the stop reason) and `message_stop`.
+                Shape::Anthropic => events.len().saturating_sub(2),
+                // The first chunk only: no finish reason, no usage, no `[DONE]`.
+                Shape::Chat => 1,
+                // Without `response.completed`.
+                Shape::Responses => events.len().saturating_sub(1),
+            };
+            events.truncate(keep);
+        }
+        Scripted::BrokenStream => events.truncate((events.len() / 2).max(1)),
+        _ => {}
+    }
+    let mut chunks: Vec<Result<Bytes, std::io::Error>> =
+        events.into_iter().map(|e| Ok(Bytes::from(e))).collect();
+    if broken {
+        chunks.push(Err(std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "scripted broken stream",
+        )));
+    }
+    chunks
+}
+
+/// An SSE answer of these chunks, paced, the in-flight guard held until it ends.
+fn event_stream(
+    chunks: Vec<Result<Bytes, std::io::Error>>,
+    chunk_delay: Duration,
+    guard: Option<InFlight>,
+) -> Response {
+    let mut response = Response::new(Body::from_stream(paced(chunks, chunk_delay, guard)));
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/event-stream"),
+    );
+    response
 }
 
 async fn answer(
@@ -543,6 +867,15 @@ async fn answer(
         .and_then(Value::as_str)
         .unwrap_or("unknown")
         .to_owned();
+    let probe = is_probe(uri.path(), &request);
+    if probe {
+        *state
+            .probes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(credential.clone())
+            .or_default() += 1;
+    }
     state
         .seen_models
         .lock()
@@ -556,6 +889,7 @@ async fn answer(
                 query: uri.query().map(str::to_owned),
                 headers: headers.clone(),
                 body: request.clone(),
+                probe,
             });
         }
     }
@@ -563,12 +897,7 @@ async fn answer(
         .get("stream")
         .and_then(Value::as_bool)
         .unwrap_or(false);
-    let scripted = state
-        .scripts
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get_mut(&credential)
-        .and_then(VecDeque::pop_front);
+    let scripted = after_pauses(take_scripted(&state, &credential, probe)).await;
     let delay = *state.delay.lock().unwrap_or_else(|p| p.into_inner());
     let chunk_delay = *state.chunk_delay.lock().unwrap_or_else(|p| p.into_inner());
     let broke = state
@@ -642,52 +971,78 @@ async fn answer(
             body,
         }) => {
             tokio::time::sleep(delay).await;
-            let mut response = Response::new(Body::from(body));
-            *response.status_mut() =
-                StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            response.headers_mut().insert(
-                http::header::CONTENT_TYPE,
-                http::HeaderValue::from_static("application/json"),
-            );
-            for (name, value) in headers {
-                if let (Ok(name), Ok(value)) = (
-                    http::HeaderName::from_bytes(name.as_bytes()),
-                    http::HeaderValue::from_str(&value),
-                ) {
-                    response.headers_mut().insert(name, value);
-                }
-            }
             drop(guard);
-            return response;
+            return fail_response(status, headers, body);
         }
         Some(Scripted::Delay(extra)) => tokio::time::sleep(delay + extra).await,
-        None => tokio::time::sleep(delay).await,
+        Some(Scripted::After(..)) | None => tokio::time::sleep(delay).await,
+        Some(Scripted::EarlyClose) => {
+            tokio::time::sleep(delay).await;
+            let id = format!("{:016x}", fastrand::u64(..));
+            return if stream {
+                let events = normal_events(shape, &id, &model, &request);
+                cut_short(
+                    events.first().map(String::as_str).unwrap_or_default(),
+                    "text/event-stream",
+                    Some(guard),
+                )
+            } else {
+                let body = normal_body(shape, &id, &model).to_string();
+                cut_short(&body, "application/json", Some(guard))
+            };
+        }
+        Some(Scripted::Oversized(bytes)) => {
+            tokio::time::sleep(delay).await;
+            let id = format!("{:016x}", fastrand::u64(..));
+            return oversized(bytes, &id, Some(guard));
+        }
+        Some(how @ (Scripted::IncompleteStream | Scripted::BrokenStream)) => {
+            tokio::time::sleep(delay).await;
+            let id = format!("{:016x}", fastrand::u64(..));
+            let events = normal_events(shape, &id, &model, &request);
+            return event_stream(cut_events(shape, events, &how), chunk_delay, Some(guard));
+        }
     }
     let id = format!("{:016x}", fastrand::u64(..));
     if !stream {
-        let body = match shape {
-            Shape::Anthropic => json!({
-                "id": format!("msg_{id}"), "type": "message", "role": "assistant", "model": model,
-                "content": [{"type": "text", "text": "Hello from the fake upstream."}],
-                "stop_reason": "end_turn", "stop_sequence": null,
-                "usage": {"input_tokens": 10, "output_tokens": 7, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
-            }),
-            Shape::Chat => json!({
-                "id": format!("chatcmpl-{id}"), "object": "chat.completion", "created": 1_700_000_000, "model": model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello from the fake upstream."}, "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 10, "completion_tokens": 7, "total_tokens": 17}
-            }),
-            Shape::Responses => json!({
-                "id": format!("resp_{id}"), "object": "response", "created_at": 1_700_000_000, "model": model, "status": "completed",
-                "output": [{"type": "message", "id": format!("msg_{id}"), "status": "completed", "role": "assistant",
-                            "content": [{"type": "output_text", "text": "Hello from the fake upstream.", "annotations": []}]}],
-                "usage": {"input_tokens": 10, "output_tokens": 7, "total_tokens": 17}
-            }),
-        };
+        let body = normal_body(shape, &id, &model);
         drop(guard);
         return axum::Json(body).into_response();
     }
-    let events: Vec<String> = match shape {
+    let events = normal_events(shape, &id, &model, &request);
+    event_stream(
+        events.into_iter().map(|e| Ok(Bytes::from(e))).collect(),
+        chunk_delay,
+        Some(guard),
+    )
+}
+
+/// The normal (non-streamed) answer of `shape`.
+fn normal_body(shape: Shape, id: &str, model: &str) -> Value {
+    match shape {
+        Shape::Anthropic => json!({
+            "id": format!("msg_{id}"), "type": "message", "role": "assistant", "model": model,
+            "content": [{"type": "text", "text": "Hello from the fake upstream."}],
+            "stop_reason": "end_turn", "stop_sequence": null,
+            "usage": {"input_tokens": 10, "output_tokens": 7, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+        }),
+        Shape::Chat => json!({
+            "id": format!("chatcmpl-{id}"), "object": "chat.completion", "created": 1_700_000_000, "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello from the fake upstream."}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 7, "total_tokens": 17}
+        }),
+        Shape::Responses => json!({
+            "id": format!("resp_{id}"), "object": "response", "created_at": 1_700_000_000, "model": model, "status": "completed",
+            "output": [{"type": "message", "id": format!("msg_{id}"), "status": "completed", "role": "assistant",
+                        "content": [{"type": "output_text", "text": "Hello from the fake upstream.", "annotations": []}]}],
+            "usage": {"input_tokens": 10, "output_tokens": 7, "total_tokens": 17}
+        }),
+    }
+}
+
+/// The normal event stream of `shape` (chat: with usage when the request asked for it).
+fn normal_events(shape: Shape, id: &str, model: &str, request: &Value) -> Vec<String> {
+    match shape {
         Shape::Anthropic => vec![
             format!(
                 "event: message_start\ndata: {}\n\n",
@@ -779,14 +1134,7 @@ async fn answer(
             })
             .collect()
         }
-    };
-    let stream = async_stream(events, chunk_delay, guard);
-    let mut response = Response::new(Body::from_stream(stream));
-    response.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("text/event-stream"),
-    );
-    response
+    }
 }
 
 /// Why Anthropic would refuse a subscription token on this request, if it would.
@@ -823,20 +1171,142 @@ fn claude_code_refusal(headers: &HeaderMap, request: &Value) -> Option<(u16, Val
     None
 }
 
-/// The events one by one; the in-flight guard lives until the stream is done (or dropped).
-fn async_stream(
-    events: Vec<String>,
+/// The chunks one by one, `chunk_delay` apart; the in-flight guard (if any) lives until the
+/// stream is done (or dropped). An `Err` chunk makes the server drop the connection there.
+fn paced(
+    chunks: Vec<Result<Bytes, std::io::Error>>,
     chunk_delay: Duration,
-    guard: InFlight,
+    guard: Option<InFlight>,
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> {
     futures_util::stream::unfold(
-        (events.into_iter(), 0usize, guard),
-        move |(mut events, sent, guard)| async move {
-            let event = events.next()?;
-            if sent > 0 {
+        (chunks.into_iter(), 0usize, guard),
+        move |(mut chunks, sent, guard)| async move {
+            let chunk = chunks.next()?;
+            if sent > 0 && !chunk_delay.is_zero() {
                 tokio::time::sleep(chunk_delay).await;
             }
-            Some((Ok(Bytes::from(event)), (events, sent + 1, guard)))
+            if chunk.is_err() {
+                // Pending for a moment first, so the server flushes the head and what came
+                // before: the break is then mid-body, not before the head.
+                tokio::time::sleep(Duration::from_millis(30)).await;
+            }
+            Some((chunk, (chunks, sent + 1, guard)))
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn anthropic_probe() -> Value {
+        json!({"model": "claude-haiku-4-5", "max_tokens": 1, "messages": [{"role": "user", "content": "ping"}]})
+    }
+
+    #[test]
+    fn the_probes_fixed_bodies_are_recognised_and_nothing_else() {
+        assert!(is_probe("/v1/messages", &anthropic_probe()));
+        let mut oauth = anthropic_probe();
+        oauth["system"] =
+            json!([{"type": "text", "text": poolgate_core::upstream::CLAUDE_CODE_IDENTITY}]);
+        assert!(is_probe("/v1/messages", &oauth));
+        assert!(is_probe(
+            "/v1/chat/completions",
+            &json!({"model": "gpt-4o-mini", "max_completion_tokens": 1, "messages": [{"role": "user", "content": "ping"}]})
+        ));
+        assert!(is_probe(
+            "/backend-api/codex/responses",
+            &json!({"model": "gpt-5", "instructions": "Answer in one word.", "input": [{"role": "user", "content": "ping"}], "store": false, "stream": true})
+        ));
+        let mut longer = anthropic_probe();
+        longer["max_tokens"] = json!(2);
+        let mut streamed = anthropic_probe();
+        streamed["stream"] = json!(true);
+        let mut other_system = anthropic_probe();
+        other_system["system"] = json!("You are Claude Code, Anthropic's official CLI for Claude.");
+        for body in [longer, streamed, other_system] {
+            assert!(!is_probe("/v1/messages", &body), "{body}");
+        }
+        assert!(!is_probe("/v1/chat/completions", &anthropic_probe()));
+    }
+
+    async fn post(base: &str, credential: &str, body: &Value) -> reqwest::Response {
+        // reqwest is built without a bundled TLS provider.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        reqwest::Client::new()
+            .post(format!("{base}/v1/messages"))
+            .header("x-api-key", credential)
+            .json(body)
+            .send()
+            .await
+            .expect("the fake answers")
+    }
+
+    fn client(stream: bool) -> Value {
+        json!({"model": "claude-x", "max_tokens": 8, "stream": stream, "messages": [{"role": "user", "content": "hi"}]})
+    }
+
+    #[tokio::test]
+    async fn client_only_answers_skip_the_probe_and_shared_ones_do_not() {
+        let fake = FakeUpstream::start().await.expect("fake starts");
+        let fail = |status| Scripted::Fail {
+            status,
+            headers: vec![],
+            body: "{}".into(),
+        };
+        fake.script_clients("k", [fail(500)]);
+        fake.script("k", [fail(503)]);
+        let probe = post(&fake.base_url, "k", &anthropic_probe()).await;
+        assert_eq!(
+            probe.status().as_u16(),
+            503,
+            "the probe takes the shared queue only"
+        );
+        let probe = post(&fake.base_url, "k", &anthropic_probe()).await;
+        assert_eq!(probe.status().as_u16(), 200);
+        let answer = post(&fake.base_url, "k", &client(false)).await;
+        assert_eq!(answer.status().as_u16(), 500, "the client's own answer");
+        assert_eq!(fake.probe_count("k"), 2);
+        let flags: Vec<bool> = fake.seen_requests().iter().map(|r| r.probe).collect();
+        assert_eq!(flags, [true, true, false]);
+    }
+
+    #[tokio::test]
+    async fn broken_answers_break_where_they_say() {
+        let fake = FakeUpstream::start().await.expect("fake starts");
+        fake.script_clients(
+            "k",
+            [
+                Scripted::EarlyClose,
+                Scripted::EarlyClose,
+                Scripted::Oversized(200_000),
+                Scripted::IncompleteStream,
+                Scripted::BrokenStream,
+            ],
+        );
+        for stream in [false, true] {
+            let early = post(&fake.base_url, "k", &client(stream)).await;
+            assert_eq!(early.status().as_u16(), 200);
+            assert!(
+                early.bytes().await.is_err(),
+                "an early close (stream {stream})"
+            );
+        }
+        let big = post(&fake.base_url, "k", &client(false)).await;
+        let body = big.bytes().await.expect("a whole body");
+        assert_eq!(body.len(), 200_000);
+        assert!(serde_json::from_slice::<Value>(&body).is_ok(), "still JSON");
+        let incomplete = post(&fake.base_url, "k", &client(false)).await;
+        let text = incomplete.text().await.expect("ends cleanly");
+        assert!(text.contains("content_block_delta") && !text.contains("message_stop"));
+        let broken = post(&fake.base_url, "k", &client(true)).await;
+        assert!(broken.bytes().await.is_err(), "a stream broken mid-way");
+        for _ in 0..100 {
+            if fake.stats("k").current == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(fake.stats("k").current, 0, "nothing left in flight");
+    }
 }

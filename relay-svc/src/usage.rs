@@ -135,8 +135,10 @@ impl SseScanner {
 }
 
 /// A whole Responses API stream folded into the one response a non-streaming client expects:
-/// the `response` of its `response.completed` event. `Err(Some(event))`: the stream ended in an
-/// error event; `Err(None)`: it ended without either.
+/// the `response` of its `response.completed` or `response.incomplete` event (an answer cut
+/// short by `max_output_tokens` or a content filter is the upstream's answer, `status:
+/// "incomplete"` with `incomplete_details`, as the API returns it without a stream).
+/// `Err(Some(event))`: the stream ended in an error event; `Err(None)`: it ended without any.
 pub fn completed_response(stream: &[u8]) -> Result<Value, Option<Value>> {
     let text = String::from_utf8_lossy(stream);
     let mut error = None;
@@ -151,7 +153,7 @@ pub fn completed_response(stream: &[u8]) -> Result<Value, Option<Value>> {
             continue;
         };
         match event.get("type").and_then(Value::as_str) {
-            Some("response.completed") => {
+            Some("response.completed" | "response.incomplete") => {
                 if let Some(response) = event.get("response") {
                     return Ok(response.clone());
                 }
@@ -324,7 +326,7 @@ mod tests {
     }
 
     #[test]
-    fn a_responses_stream_folds_into_its_completed_response() {
+    fn a_responses_stream_folds_into_its_completed_or_incomplete_response() {
         let stream = concat!(
             "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_1\",\"status\":\"in_progress\"}}\n\n",
             "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"Hi\"}\n\n",
@@ -338,6 +340,16 @@ mod tests {
             completed_response(failed.as_bytes()),
             Err(Some(_))
         ));
+        let incomplete = concat!(
+            "data: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_2\",\"status\":\"in_progress\"}}\n\n",
+            "data: {\"type\":\"response.incomplete\",\"response\":{\"id\":\"resp_2\",\"status\":\"incomplete\",\"incomplete_details\":{\"reason\":\"max_output_tokens\"}}}\n\n",
+        );
+        let response = completed_response(incomplete.as_bytes()).expect("an answer, cut short");
+        assert_eq!(response["status"], "incomplete");
+        assert_eq!(
+            response["incomplete_details"]["reason"],
+            "max_output_tokens"
+        );
         assert_eq!(completed_response(b"data: [DONE]\n\n"), Err(None));
     }
 

@@ -229,6 +229,17 @@ async fn an_unauthorized_account_is_left_for_its_sibling(pool: Pool) {
     let (status, body) = pool.messages(&message()).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(pool.served("second"), 1, "failed over");
+    // The client's 401 blocks nothing by itself: the selector's probe is refused too (the
+    // second scripted 401), and only then is the account blocked.
+    let probed = tokio::time::timeout(Duration::from_secs(10), async {
+        while pool.upstream.probe_count("cred-first") == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(probed.is_ok(), "the selector probed the refused key");
+    // The verdict is written right after the probe's answer.
+    tokio::time::sleep(Duration::from_millis(500)).await;
     pool.upstream.reset_stats();
     for _ in 0..4 {
         let (status, _) = pool.messages(&message()).await;

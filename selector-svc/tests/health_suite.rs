@@ -15,6 +15,7 @@ use poolgate_core::lease::{DenyReason, LeaseTerms, Settings};
 use poolgate_core::select::NoneReason;
 use poolgate_runtime::redis::{RedisHandle, RedisOptions, RedisTarget};
 use poolgate_testkit::{RedisServer, eventually};
+use selector_svc::confirm::ProbeSettings;
 use selector_svc::domain::{
     Account, AccountId, AccountStatus, CredentialKind, Outcome, OutcomeClass, Platform,
     RuntimeBlockSettings, Secret,
@@ -68,6 +69,7 @@ health_suite!(
     no_answer_after_the_request_started_is_confirmed_by_the_probe_first_through_the_engine,
     unauthorized_outcomes_mark_the_account_error_only_when_the_probe_is_refused_through_the_engine,
     the_confirmation_lock_names_its_state_and_swaps_only_from_the_value_it_holds,
+    a_probe_with_no_slot_retries_with_the_account_selectable_then_applies_its_answer_through_the_engine,
     sessions_and_responses_stick_to_their_account_through_the_engine,
 );
 
@@ -588,6 +590,11 @@ fn engine_settings() -> SelectorSettings {
             cache_ttl: Duration::ZERO,
             ..OracleSettings::default()
         },
+        probe: ProbeSettings {
+            lease_wait: Duration::from_millis(200),
+            inconclusive_retries: vec![Duration::from_millis(300); 3],
+            ..ProbeSettings::default()
+        },
         ..SelectorSettings::default()
     }
 }
@@ -1029,4 +1036,60 @@ async fn sessions_and_responses_stick_to_their_account_through_the_engine(store:
         vec![2, 1],
         "a previous response's account comes first"
     );
+}
+
+async fn a_probe_with_no_slot_retries_with_the_account_selectable_then_applies_its_answer_through_the_engine(
+    store: Store,
+) {
+    let failing = ProbeUpstream::start(
+        500,
+        r#"{"type":"error","error":{"type":"api_error","message":"boom"}}"#,
+        Duration::ZERO,
+    )
+    .await;
+    let engine = Engine::new(
+        &store,
+        vec![account(1, "g", |a| {
+            a.base_url = failing.url.clone();
+            a.concurrency_limit = 1;
+        })],
+    );
+    // A client holds the account's only slot: the probe cannot be sent.
+    let terms = LeaseTerms {
+        account_id: 1,
+        concurrency_limit: 1,
+        rpm_limit: 0,
+        user: None,
+        session_hash: None,
+        session_window_limit_micros: 0,
+        session_bound: false,
+        ignore_cooldown: false,
+    };
+    let AcquireOutcome::Granted(held) = store
+        .admission
+        .acquire(&terms, Duration::ZERO, &CancellationToken::new(), |_| {})
+        .await
+        .expect("admission answers")
+    else {
+        panic!("the only slot is free");
+    };
+    assert_eq!(
+        engine.report(1, OutcomeClass::Broken, 500).await,
+        "confirming"
+    );
+    // While the probe waits to retry, the account is not held out of service.
+    eventually(Duration::from_secs(3), || async {
+        (store.read(1).await.hard_block_ms == 0).then_some(())
+    })
+    .await
+    .expect("the confirming block is lifted while the probe waits to retry");
+    assert_eq!(ids(&engine.plan(&query("g")).await), vec![1], "selectable");
+    assert_eq!(failing.calls(), 0, "no probe without a slot");
+    // The slot comes free: a retry sends the probe, and its 5xx applies.
+    store.admission.release(&held, Some(&terms), 0).await;
+    eventually(Duration::from_secs(5), || async {
+        (failing.calls() == 1 && store.read(1).await.failures == 1).then_some(())
+    })
+    .await
+    .expect("the retried probe got the 5xx: counted");
 }

@@ -10,14 +10,18 @@ use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 use http::{HeaderMap, HeaderValue, StatusCode};
 use poolgate_core::account::CredentialKind;
-use poolgate_core::classify::{classify, classify_stream_error, network_failure};
+use poolgate_core::classify::{
+    Classified, UpstreamError, classify, classify_stream_error, connect_failure, network_failure,
+};
 use poolgate_core::now_ms;
+use poolgate_core::outcome::OutcomeClass;
 use serde_json::Value;
 use tokio::sync::watch;
 
 use super::finish::Finish;
 use super::request::response_headers;
 use super::{Answer, Body, Called, Inbound, Relay};
+use crate::api::{Api, ErrorKind, RelayError};
 use crate::backends::{Lease, Planned};
 use crate::usage::{Usage, completed_response};
 
@@ -35,17 +39,104 @@ pub(super) struct Answered<S> {
 }
 
 impl Called {
-    /// No usable answer from upstream (unreachable, or its body broke off): a network failure,
-    /// told to the client as a 502 with `what`.
-    pub(super) fn network_failure(lease: Box<dyn Lease>, what: &'static str) -> Called {
+    /// A call with no upstream answer to pass on, told to the client as `error` (JSON in its
+    /// API's format, as every error the relay makes itself).
+    fn relay_made(lease: Box<dyn Lease>, classified: Classified, error: &RelayError) -> Called {
         Called::Failed {
-            classified: network_failure(),
-            status: 502,
-            headers: HeaderMap::new(),
-            body: Bytes::from_static(what.as_bytes()),
+            classified,
+            status: error.kind.status().as_u16(),
+            headers: json_headers(),
+            body: Bytes::from(error.body().to_string()),
             lease,
         }
     }
+
+    /// The upstream could not be reached (DNS, TCP connect, TLS handshake): nothing of the
+    /// request left the relay, so nothing the client sent shaped it (see `connect_failure`).
+    fn connect_failure(lease: Box<dyn Lease>, api: Api, what: &str) -> Called {
+        let error = RelayError::new(api, ErrorKind::Upstream, what);
+        Called::relay_made(lease, connect_failure(), &error)
+    }
+
+    /// No usable answer after the request went out (a timeout, an early close, a body that
+    /// broke off or outgrew `max_body_bytes`): the request may have caused it, so it is a
+    /// network failure the selector confirms (see `network_failure`).
+    pub(super) fn network_failure(lease: Box<dyn Lease>, api: Api, what: &str) -> Called {
+        let error = RelayError::new(api, ErrorKind::Upstream, what);
+        Called::relay_made(lease, network_failure(), &error)
+    }
+
+    /// A folded stream that ended in an error event (classified by `classify_stream_error`), or
+    /// without any terminal event (a network failure). The client gets the event's own type,
+    /// code and message in its format: a 400 when the event blames the request, else a 502.
+    fn stream_failure(lease: Box<dyn Lease>, api: Api, event: Option<&Value>) -> Called {
+        let Some(event) = event else {
+            return Called::network_failure(
+                lease,
+                api,
+                "the upstream stream ended without a response",
+            );
+        };
+        let classified = classify_stream_error(event);
+        let upstream = event_error(event);
+        let kind = if classified.class == OutcomeClass::ClientError {
+            ErrorKind::InvalidRequest
+        } else {
+            ErrorKind::Upstream
+        };
+        let message = if upstream.message.is_empty() {
+            "the upstream stream failed".to_owned()
+        } else {
+            upstream.message.clone()
+        };
+        let error = RelayError::new(api, kind, message);
+        let mut body = error.body();
+        if let Some(fields) = body.get_mut("error").and_then(Value::as_object_mut) {
+            if let Some(kind) = &upstream.kind {
+                fields.insert("type".into(), Value::from(kind.as_str()));
+            }
+            if let (Api::OpenAi, Some(code)) = (api, &upstream.code) {
+                fields.insert("code".into(), Value::from(code.as_str()));
+            }
+        }
+        Called::Failed {
+            classified,
+            status: kind.status().as_u16(),
+            headers: json_headers(),
+            body: Bytes::from(body.to_string()),
+            lease,
+        }
+    }
+}
+
+/// The structured error of a stream's error event: Anthropic's and chat's `error` object, a
+/// Responses `response.failed`'s `response.error`, or the flat fields of a Responses `error`.
+fn event_error(event: &Value) -> UpstreamError {
+    UpstreamError::from_json(event)
+        .or_else(|| event.get("response").and_then(UpstreamError::from_json))
+        .unwrap_or_else(|| {
+            let text = |name: &str| {
+                event
+                    .get(name)
+                    .and_then(Value::as_str)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned)
+            };
+            UpstreamError {
+                kind: None,
+                code: text("code"),
+                message: text("message").unwrap_or_default(),
+            }
+        })
+}
+
+fn json_headers() -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers
 }
 
 impl Relay {
@@ -66,9 +157,19 @@ impl Relay {
         };
         let response = match answered {
             Ok(response) => response,
-            Err(error) => {
+            // Only a failed connection is known to have carried nothing of the request; a
+            // timeout or an early close after it went out may be the request's doing.
+            Err(error) if error.is_connect() => {
                 tracing::warn!(account_id = account.id, error = %error.without_url(), "upstream unreachable");
-                return Called::network_failure(lease, "upstream unreachable");
+                return Called::connect_failure(
+                    lease,
+                    inbound.api,
+                    "the upstream could not be reached",
+                );
+            }
+            Err(error) => {
+                tracing::warn!(account_id = account.id, error = %error.without_url(), "upstream did not answer");
+                return Called::network_failure(lease, inbound.api, "the upstream did not answer");
             }
         };
         let status = response.status();
@@ -147,7 +248,13 @@ impl Relay {
                 {
                     collected.extend_from_slice(&chunk)
                 }
-                Some(_) => return Called::network_failure(lease, "upstream response broke off"),
+                Some(_) => {
+                    return Called::network_failure(
+                        lease,
+                        inbound.api,
+                        "the upstream response broke off or outgrew the relay's limit",
+                    );
+                }
             }
         }
         let mut body = Bytes::from(collected);
@@ -160,20 +267,7 @@ impl Relay {
                         HeaderValue::from_static("application/json"),
                     );
                 }
-                Err(event) => {
-                    return Called::Failed {
-                        classified: event
-                            .as_ref()
-                            .map(classify_stream_error)
-                            .unwrap_or_else(network_failure),
-                        status: 502,
-                        headers: HeaderMap::new(),
-                        body: Bytes::from(event.map(|e| e.to_string()).unwrap_or_else(|| {
-                            "the upstream stream ended without a response".into()
-                        })),
-                        lease,
-                    };
-                }
+                Err(event) => return Called::stream_failure(lease, inbound.api, event.as_ref()),
             }
         }
         self.metrics

@@ -323,16 +323,18 @@ impl Relay {
                         // The status reason carries what the upstream asserted (type/code),
                         // never the message, which can carry the client's input. (An
                         // ungoverned count_tokens call changes no account's health.)
-                        let reason = UpstreamError::parse(&body)
-                            .map(|e| e.summary())
-                            .unwrap_or_default();
                         // Status 0: no upstream answer at all (the selector applies a connect
-                        // failure at once and confirms everything else by its probe first).
-                        let reported = if matches!(classified.label, "network" | "connect") {
-                            0
+                        // failure at once and confirms everything else by its probe first);
+                        // the body is then the relay's own, so the label is the reason.
+                        let no_answer = matches!(classified.label, "network" | "connect");
+                        let reason = if no_answer {
+                            classified.label.to_owned()
                         } else {
-                            status
+                            UpstreamError::parse(&body)
+                                .map(|e| e.summary())
+                                .unwrap_or_default()
                         };
+                        let reported = if no_answer { 0 } else { status };
                         if classified.class == OutcomeClass::Unauthorized {
                             // Which credential was refused goes with the report (as its
                             // fingerprint): the selector refreshes only a token still stored.

@@ -46,7 +46,11 @@ impl Relay {
             _ = gone(&mut lost) => return Called::LeaseLost(lease),
         };
         let Some(Ok(first)) = first else {
-            return Called::network_failure(lease, "upstream stream ended before its first byte");
+            return Called::network_failure(
+                lease,
+                inbound.api,
+                "the upstream stream ended before its first byte",
+            );
         };
         let api = inbound.api;
         self.metrics
@@ -156,6 +160,8 @@ impl Pump {
             // still counts the request (see `Lingering`).
             tokio::time::sleep(finish.relay.settings.cancel_linger).await;
         }
+        // A Responses `response.incomplete` (max output tokens, a content filter) is not an
+        // error event: the upstream answered, the client has it as it came, a success.
         let succeeded = complete && !client_gone && scanner.error.is_none();
         if let Some(event) = &scanner.error {
             // A 200 whose stream carried an error event is not a success; what the event
