@@ -6,9 +6,11 @@ use std::time::Duration;
 
 use admission_svc::policy::{FailurePolicy, PolicySettings};
 use admission_svc::{BackendConfig, Config};
-use clap::Parser;
+use clap::parser::ValueSource;
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
 use poolgate_core::lease::Settings;
 use poolgate_runtime::redis::{RedisOptions, RedisTarget};
+use poolgate_runtime::secret_flags::SecretFlag;
 use poolgate_runtime::service_auth::CallerCheck;
 
 /// poolgate admission: concurrency, RPM, cooldown and session-window leases on upstream accounts.
@@ -74,9 +76,16 @@ struct Cli {
     #[arg(long, env = "ADMISSION_TLS_CLIENT_CA", requires = "tls_cert")]
     tls_client_ca: Option<std::path::PathBuf>,
     /// The service token every caller sends in the `x-poolgate-service-token` metadata key
-    /// (health checks excepted). Required unless --tls-client-ca or --insecure-dev.
+    /// (health checks excepted). Required unless --tls-client-ca or --insecure-dev. On the
+    /// command line it is visible to every local user: prefer --service-token-file.
     #[arg(long, env = "POOLGATE_SERVICE_TOKEN", hide_env_values = true)]
     service_token: Option<String>,
+    /// A file holding the service token (a trailing newline is ignored).
+    #[arg(long, env = "POOLGATE_SERVICE_TOKEN_FILE")]
+    service_token_file: Option<std::path::PathBuf>,
+    /// Whether --service-token came from the command line (set from the parse, not a flag).
+    #[arg(skip)]
+    service_token_on_command_line: bool,
     /// Accept calls from anyone who can reach the port (development only).
     #[arg(long, env = "POOLGATE_INSECURE_DEV")]
     insecure_dev: bool,
@@ -86,6 +95,14 @@ struct Cli {
 }
 
 impl Cli {
+    /// Parses the arguments, noting which secrets came from the command line.
+    fn parse_noting_secrets() -> Self {
+        let matches = Cli::command().get_matches();
+        let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit());
+        cli.service_token_on_command_line = on_command_line(&matches, "service_token");
+        cli
+    }
+
     fn config(&self) -> Result<Config, String> {
         if !(self.sticky_reserve.is_finite() && (0.0..=10.0).contains(&self.sticky_reserve)) {
             return Err(format!(
@@ -117,8 +134,15 @@ impl Cli {
             max_waiting: self.max_waiting,
             ..Settings::default()
         };
+        let service_token = SecretFlag {
+            flag: "--service-token",
+            value: self.service_token.as_deref(),
+            on_command_line: self.service_token_on_command_line,
+            file: self.service_token_file.as_deref(),
+        }
+        .resolve()?;
         let callers = CallerCheck::from_flags(
-            self.service_token.as_deref(),
+            service_token.as_deref(),
             self.tls_client_ca.is_some(),
             self.insecure_dev,
         )?;
@@ -140,9 +164,13 @@ impl Cli {
     }
 }
 
+fn on_command_line(matches: &ArgMatches, id: &str) -> bool {
+    matches.value_source(id) == Some(ValueSource::CommandLine)
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_noting_secrets();
     let _telemetry = poolgate_runtime::telemetry::init("admission-svc", &cli.log_format);
     let config = match cli.config() {
         Ok(config) => config,

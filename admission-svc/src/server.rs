@@ -192,6 +192,7 @@ pub async fn serve(
     let server = builder
         .layer(poolgate_runtime::grpc_metrics::GrpcMetrics::new(
             &metrics.registry,
+            served_methods(),
         ))
         .layer(poolgate_runtime::telemetry::TraceLayer)
         .layer(config.callers.layer())
@@ -224,6 +225,23 @@ pub async fn serve(
     }
     result?;
     Ok(())
+}
+
+/// The RPCs this server serves (admission, health, reflection): the only method labels of its
+/// metrics.
+fn served_methods() -> poolgate_runtime::grpc_metrics::ServedMethods {
+    poolgate_runtime::grpc_metrics::ServedMethods::from_descriptors(
+        &[
+            poolgate_proto::FILE_DESCRIPTOR_SET,
+            tonic_health::pb::FILE_DESCRIPTOR_SET,
+            tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET,
+        ],
+        &[
+            poolgate_proto::admission::v1::admission_server::SERVICE_NAME,
+            tonic_health::pb::health_server::SERVICE_NAME,
+            tonic_reflection::pb::v1::server_reflection_server::SERVICE_NAME,
+        ],
+    )
 }
 
 /// Retries releases the backend did not take (Redis blipped) until they land, for as long as

@@ -104,15 +104,17 @@ impl Secret {
         self.0.is_empty()
     }
 
-    /// `sk-a…wxyz`: enough to tell two credentials apart, never enough to use one.
+    /// `…wxyz`: the last four characters, enough to tell two credentials apart, never enough
+    /// to use one. The head is not shown: it is the vendor's fixed prefix (`sk-ant-`) at best,
+    /// and four more known characters of a credential at worst. A secret of 12 characters or
+    /// fewer shows nothing but `…`.
     pub fn masked(&self) -> String {
         let chars: Vec<char> = self.0.chars().collect();
         if chars.len() <= 12 {
             return "…".repeat(usize::from(!chars.is_empty()));
         }
-        let head: String = chars[..4].iter().collect();
         let tail: String = chars[chars.len() - 4..].iter().collect();
-        format!("{head}…{tail}")
+        format!("…{tail}")
     }
 }
 
@@ -287,7 +289,7 @@ mod tests {
         let secret = Secret::new("sk-ant-api03-very-secret-value");
         assert_eq!(format!("{secret:?}"), "Secret(***)");
         assert_eq!(format!("{secret}"), "***");
-        assert_eq!(secret.masked(), "sk-a…alue");
+        assert_eq!(secret.masked(), "…alue", "the last four characters only");
         assert_eq!(Secret::new("short").masked(), "…");
         assert_eq!(Secret::new("").masked(), "");
     }

@@ -2,7 +2,8 @@
 //! blocks, restore, clear-block, usage — the verbs the selector's gRPC admin API offers in
 //! distributed mode. It listens on its own address (`--admin-listen`), never the client port,
 //! and answers only with the admin token (`Authorization: Bearer …`, compared in constant time).
-//! Without a token it does not run at all.
+//! A wrong token is refused after a fixed delay, with a cap on refusals delayed at once
+//! (`poolgate_runtime::failed_auth`; never a lockout). Without a token it does not run at all.
 
 use std::sync::Arc;
 
@@ -13,6 +14,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use http::StatusCode;
+use poolgate_runtime::failed_auth::FailedAttempts;
 use poolgate_runtime::service_auth::constant_time_eq;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -81,6 +83,7 @@ pub trait Operator: Send + Sync + 'static {
 struct Admin {
     operator: Arc<dyn Operator>,
     token: Arc<str>,
+    failed: FailedAttempts,
 }
 
 /// The admin router; every route needs `token`.
@@ -88,6 +91,7 @@ pub fn router(operator: Arc<dyn Operator>, token: &str) -> Router {
     let admin = Admin {
         operator,
         token: Arc::from(token),
+        failed: FailedAttempts::default(),
     };
     Router::new()
         .route("/admin/accounts", get(accounts))
@@ -134,6 +138,7 @@ async fn authorize(State(admin): State<Admin>, request: Request, next: Next) -> 
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or_default();
     if given.is_empty() || !constant_time_eq(given.as_bytes(), admin.token.as_bytes()) {
+        admin.failed.refused().await;
         return error(
             StatusCode::UNAUTHORIZED,
             "authentication_error",

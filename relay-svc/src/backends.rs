@@ -52,6 +52,8 @@ pub struct Caller {
 
 #[derive(Debug, Clone)]
 pub struct PlanRequest {
+    /// The caller's key: session and response bindings are the key's own.
+    pub api_key_id: i64,
     pub group: String,
     pub platform: Platform,
     pub model: String,
@@ -87,6 +89,9 @@ pub struct Plan {
     pub none_reason: Option<NoneReason>,
     /// When nothing is eligible because of blocks: ms until the earliest ends.
     pub retry_after_ms: u64,
+    /// The request's `previous_response_id` is bound to another client key: refused (404),
+    /// no account called.
+    pub previous_response_other_key: bool,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -128,8 +133,11 @@ pub trait Selection: Send + Sync + 'static {
         self.report(account_id, outcome, status, reason).await;
         None
     }
-    async fn bind_session(&self, group: &str, session_hash: &str, account_id: i64);
-    async fn bind_response(&self, response_id: &str, account_id: i64);
+    /// Binds the session of client key `api_key_id` (sessions are the key's own: see
+    /// `session::binding_key`).
+    async fn bind_session(&self, group: &str, api_key_id: i64, session_hash: &str, account_id: i64);
+    /// Binds a response id for the client key it was made for: only that key continues it.
+    async fn bind_response(&self, api_key_id: i64, response_id: &str, account_id: i64);
     /// Queues usage records; they are written in batches.
     fn record_usage(&self, record: UsageRecord);
 

@@ -17,6 +17,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use crate::api::{Api, ErrorKind, RelayError};
+use crate::edge::{BodyError, BufferBudget, read_body};
 use crate::proxy::{Answer, Body, Inbound, Relay, request_id_header};
 use crate::session::session_hash;
 
@@ -25,6 +26,61 @@ use crate::session::session_hash;
 pub struct Front {
     pub relay: Arc<Relay>,
     pub ready: Arc<std::sync::atomic::AtomicBool>,
+    /// Request body bytes held across every connection (`--max-buffered-bytes`).
+    pub buffers: BufferBudget,
+}
+
+impl Front {
+    pub fn new(relay: Arc<Relay>, ready: Arc<std::sync::atomic::AtomicBool>) -> Self {
+        let buffers = BufferBudget::new(relay.settings.edge.max_buffered_bytes);
+        Front {
+            relay,
+            ready,
+            buffers,
+        }
+    }
+}
+
+/// Marks a response as the connection's last: hyper closes it after the response instead of
+/// reading on (the unread rest of a body is never read).
+fn closing(mut response: Response) -> Response {
+    response
+        .headers_mut()
+        .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+    response
+}
+
+/// The answer to a body that was not read whole, in the client's format.
+fn body_refusal(api: Api, error: BodyError, limit: usize) -> Response {
+    let (status, kind, message) = match error {
+        BodyError::TooLarge => (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorKind::InvalidRequest,
+            format!("the request body is larger than {limit} bytes"),
+        ),
+        BodyError::Saturated => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            ErrorKind::Overloaded,
+            "the relay is holding as many request bodies as it will; try again shortly".into(),
+        ),
+        BodyError::TooSlow => (
+            StatusCode::REQUEST_TIMEOUT,
+            ErrorKind::InvalidRequest,
+            "the request body arrived too slowly".into(),
+        ),
+        BodyError::Broken => (
+            StatusCode::BAD_REQUEST,
+            ErrorKind::InvalidRequest,
+            "the request body broke off".into(),
+        ),
+    };
+    let mut error = RelayError::new(api, kind, message);
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        error = error.retry_after_ms(1000);
+    }
+    let mut response = error.into_response();
+    *response.status_mut() = status;
+    closing(response)
 }
 
 pub fn router(front: Front) -> Router {
@@ -220,36 +276,6 @@ async fn handle(front: Front, route: Route, headers: HeaderMap, body: AxumBody) 
     response
 }
 
-/// Past the limit, the rest of an oversized body is read and dropped (up to this much more, for
-/// at most `DRAIN_TIME`) before the 413 goes out: a client still writing its body when the
-/// connection closes sees a broken pipe instead of the answer.
-const DRAIN_BYTES: usize = 64 << 20;
-const DRAIN_TIME: Duration = Duration::from_secs(10);
-
-/// The request body, or `Err` when it is larger than `limit` (or unreadable).
-async fn read_body(body: AxumBody, limit: usize) -> Result<Bytes, ()> {
-    let mut chunks = body.into_data_stream();
-    let mut collected = Vec::new();
-    while let Some(chunk) = chunks.next().await {
-        let chunk = chunk.map_err(|_| ())?;
-        if collected.len() + chunk.len() > limit {
-            let mut drained = collected.len() + chunk.len();
-            let _ = tokio::time::timeout(DRAIN_TIME, async {
-                while drained <= limit.saturating_add(DRAIN_BYTES) {
-                    match chunks.next().await {
-                        Some(Ok(chunk)) => drained += chunk.len(),
-                        _ => break,
-                    }
-                }
-            })
-            .await;
-            return Err(());
-        }
-        collected.extend_from_slice(&chunk);
-    }
-    Ok(Bytes::from(collected))
-}
-
 async fn handle_inner(front: Front, route: Route, headers: HeaderMap, body: AxumBody) -> Response {
     let Route {
         api,
@@ -259,27 +285,25 @@ async fn handle_inner(front: Front, route: Route, headers: HeaderMap, body: Axum
     } = route;
     let relay = front.relay.clone();
     relay.metrics.requests.with_label_values(&[path]).inc();
-    let limit = relay.settings.max_body_bytes;
-    let body = match read_body(body, limit).await {
-        Ok(body) => body,
-        Err(()) => {
-            let error = RelayError::new(
-                api,
-                ErrorKind::InvalidRequest,
-                format!("the request body is larger than {limit} bytes"),
-            );
-            let mut response = error.into_response();
-            *response.status_mut() = StatusCode::PAYLOAD_TOO_LARGE;
-            return response;
-        }
-    };
+    // The key first, from the headers alone: a request without a good one is answered and its
+    // connection closed before a byte of its body is read.
     let caller = match relay
         .authenticate(api, client_key(&headers).as_deref())
         .await
     {
         Ok(caller) => caller,
-        Err(error) => return error.into_response(),
+        Err(error) => return closing(error.into_response()),
     };
+    let limit = relay.settings.max_body_bytes;
+    let announced = headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    let (body, buffered) =
+        match read_body(body, announced, limit, &front.buffers, &relay.settings.edge).await {
+            Ok(read) => read,
+            Err(error) => return body_refusal(api, error, limit),
+        };
     if query.as_ref().is_some_and(|q| q.len() > MAX_QUERY_BYTES) {
         return RelayError::new(
             api,
@@ -341,6 +365,7 @@ async fn handle_inner(front: Front, route: Route, headers: HeaderMap, body: Axum
         caller,
         previous_response_id,
         ungoverned,
+        buffered,
     };
     if !stream {
         return respond(relay.run(inbound).await);

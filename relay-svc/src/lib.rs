@@ -10,6 +10,7 @@
 pub mod admin;
 pub mod api;
 pub mod backends;
+pub mod edge;
 pub mod fake_upstream;
 pub mod http;
 pub mod metrics;

@@ -5,10 +5,12 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::parser::ValueSource;
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
+use poolgate_runtime::secret_flags::SecretFlag;
 use relay_svc::fake_upstream::FakeUpstream;
 use relay_svc::metrics::Metrics;
-use relay_svc::proxy::RelaySettings;
+use relay_svc::proxy::{EdgeSettings, RelaySettings};
 use relay_svc::server::{Config, Mode};
 use relay_svc::standalone::StandaloneFile;
 
@@ -37,12 +39,36 @@ struct Cli {
     /// usage); it runs only with --admin-token.
     #[arg(long, env = "RELAY_ADMIN_LISTEN", default_value = "127.0.0.1:9464")]
     admin_listen: SocketAddr,
-    /// --standalone: the token the admin endpoint requires (`Authorization: Bearer …`).
+    /// --standalone: the token the admin endpoint requires (`Authorization: Bearer …`). On the
+    /// command line it is visible to every local user: prefer --admin-token-file.
     #[arg(long, env = "RELAY_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
+    /// A file holding the admin token (a trailing newline is ignored).
+    #[arg(long, env = "RELAY_ADMIN_TOKEN_FILE")]
+    admin_token_file: Option<std::path::PathBuf>,
     /// Largest request body accepted, bytes.
     #[arg(long, env = "RELAY_MAX_BODY_BYTES", default_value_t = 32 << 20)]
     max_body_bytes: usize,
+    /// Request body bytes held across all connections at once; past it, 503 in the client's
+    /// format.
+    #[arg(long, env = "RELAY_MAX_BUFFERED_BYTES", default_value_t = 512 << 20)]
+    max_buffered_bytes: usize,
+    /// Longest wait for a request's headers, ms (HTTP/1).
+    #[arg(long, env = "RELAY_HEADER_READ_TIMEOUT_MS", default_value_t = 20_000)]
+    header_read_timeout_ms: u64,
+    /// Longest pause between two chunks of a request body, ms; past it, 408 and the connection
+    /// closed.
+    #[arg(long, env = "RELAY_BODY_IDLE_TIMEOUT_MS", default_value_t = 30_000)]
+    body_idle_timeout_ms: u64,
+    /// After the first --body-rate-grace-ms, a body must average at least this many bytes per
+    /// second (slower: 408 and the connection closed).
+    #[arg(long, env = "RELAY_BODY_MIN_RATE", default_value_t = 16 << 10)]
+    body_min_rate: u64,
+    #[arg(long, env = "RELAY_BODY_RATE_GRACE_MS", default_value_t = 10_000)]
+    body_rate_grace_ms: u64,
+    /// HTTP/2 streams per client connection.
+    #[arg(long, env = "RELAY_H2_MAX_STREAMS", default_value_t = 128)]
+    h2_max_streams: u32,
     /// Selector gRPC endpoints, comma-separated (one per replica).
     #[arg(long, env = "RELAY_SELECTOR_URL", value_delimiter = ',')]
     selector_url: Vec<String>,
@@ -63,9 +89,16 @@ struct Cli {
     #[arg(long, env = "RELAY_GRPC_TLS_KEY", requires = "grpc_tls_cert")]
     grpc_tls_key: Option<std::path::PathBuf>,
     /// The service token sent to the selector and admission in the `x-poolgate-service-token`
-    /// metadata key.
+    /// metadata key. On the command line it is visible to every local user: prefer
+    /// --service-token-file.
     #[arg(long, env = "POOLGATE_SERVICE_TOKEN", hide_env_values = true)]
     service_token: Option<String>,
+    /// A file holding the service token (a trailing newline is ignored).
+    #[arg(long, env = "POOLGATE_SERVICE_TOKEN_FILE")]
+    service_token_file: Option<std::path::PathBuf>,
+    /// Which secret flags came from the command line (set from the parse, not flags).
+    #[arg(skip)]
+    on_command_line: SecretsOnCommandLine,
     /// How long a request may wait for capacity, ms.
     #[arg(long, env = "RELAY_MAX_WAIT_MS", default_value_t = 30_000)]
     max_wait_ms: u64,
@@ -94,12 +127,65 @@ enum Command {
         /// The admin endpoint.
         #[arg(long, env = "RELAY_ADMIN_URL", default_value = "http://127.0.0.1:9464")]
         url: String,
-        /// The admin token.
+        /// The admin token (visible to every local user on the command line: prefer
+        /// --token-file).
         #[arg(long, env = "RELAY_ADMIN_TOKEN", hide_env_values = true)]
-        token: String,
+        token: Option<String>,
+        /// A file holding the admin token (a trailing newline is ignored).
+        #[arg(long, env = "RELAY_ADMIN_TOKEN_FILE")]
+        token_file: Option<std::path::PathBuf>,
         #[command(subcommand)]
         verb: relay_svc::admin::Verb,
     },
+}
+
+/// Which secret flags were given on the command line (visible in `/proc/<pid>/cmdline`), as
+/// opposed to their environment variables.
+#[derive(Debug, Default, Clone, Copy)]
+struct SecretsOnCommandLine {
+    admin_token: bool,
+    service_token: bool,
+    /// `admin --token`.
+    admin_verb_token: bool,
+}
+
+impl Cli {
+    /// Parses the arguments, noting which secrets came from the command line.
+    fn parse_noting_secrets() -> Self {
+        let matches = Cli::command().get_matches();
+        let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit());
+        let given = |matches: &ArgMatches, id: &str| {
+            matches.value_source(id) == Some(ValueSource::CommandLine)
+        };
+        cli.on_command_line = SecretsOnCommandLine {
+            admin_token: given(&matches, "admin_token"),
+            service_token: given(&matches, "service_token"),
+            admin_verb_token: matches
+                .subcommand_matches("admin")
+                .is_some_and(|admin| given(admin, "token")),
+        };
+        cli
+    }
+
+    fn admin_token(&self) -> Result<Option<String>, String> {
+        SecretFlag {
+            flag: "--admin-token",
+            value: self.admin_token.as_deref(),
+            on_command_line: self.on_command_line.admin_token,
+            file: self.admin_token_file.as_deref(),
+        }
+        .resolve()
+    }
+
+    fn service_token(&self) -> Result<Option<String>, String> {
+        SecretFlag {
+            flag: "--service-token",
+            value: self.service_token.as_deref(),
+            on_command_line: self.on_command_line.service_token,
+            file: self.service_token_file.as_deref(),
+        }
+        .resolve()
+    }
 }
 
 const DEMO_KEY: &str = "pgk-demo-key-0001";
@@ -170,7 +256,8 @@ async fn config(cli: &Cli) -> Result<Config, String> {
             }
             _ => None,
         };
-        if cli.service_token.as_deref().is_none_or(str::is_empty) && tls_identity.is_none() {
+        let service_token = cli.service_token()?;
+        if service_token.as_deref().is_none_or(str::is_empty) && tls_identity.is_none() {
             tracing::warn!(
                 "no --service-token (POOLGATE_SERVICE_TOKEN) and no client certificate: the \
                  selector and admission accept this relay only if they run with --insecure-dev"
@@ -182,7 +269,7 @@ async fn config(cli: &Cli) -> Result<Config, String> {
             client: relay_svc::remote::GrpcClient {
                 tls_ca,
                 tls_identity,
-                service_token: cli.service_token.clone(),
+                service_token,
             },
         }
     };
@@ -194,6 +281,15 @@ async fn config(cli: &Cli) -> Result<Config, String> {
             failover_budget: cli.failover_budget,
             cancel_linger: Duration::from_millis(cli.cancel_linger_ms),
             max_body_bytes: cli.max_body_bytes.max(1024),
+            edge: EdgeSettings {
+                max_buffered_bytes: cli.max_buffered_bytes.max(cli.max_body_bytes),
+                header_read_timeout: Duration::from_millis(cli.header_read_timeout_ms.max(100)),
+                body_idle_timeout: Duration::from_millis(cli.body_idle_timeout_ms.max(100)),
+                body_min_rate: cli.body_min_rate,
+                body_rate_grace: Duration::from_millis(cli.body_rate_grace_ms),
+                h2_max_concurrent_streams: cli.h2_max_streams.max(1),
+                ..EdgeSettings::default()
+            },
             ..RelaySettings::default()
         },
         blocks: Default::default(),
@@ -204,9 +300,36 @@ async fn config(cli: &Cli) -> Result<Config, String> {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
-    if let Some(Command::Admin { url, token, verb }) = &cli.command {
-        return match relay_svc::admin::call(url, token, verb).await {
+    let cli = Cli::parse_noting_secrets();
+    if let Some(Command::Admin {
+        url,
+        token,
+        token_file,
+        verb,
+    }) = &cli.command
+    {
+        // No telemetry here: the verb's answer is the output, warnings go to stderr.
+        let flag = SecretFlag {
+            flag: "--token",
+            value: token.as_deref(),
+            on_command_line: cli.on_command_line.admin_verb_token,
+            file: token_file.as_deref(),
+        };
+        if let Some(warning) = flag.warning() {
+            eprintln!("relay-svc admin: warning: {warning}");
+        }
+        let token = match flag.read() {
+            Ok(Some(token)) => token,
+            Ok(None) => {
+                eprintln!("relay-svc admin: --token-file (or RELAY_ADMIN_TOKEN) is required");
+                return ExitCode::from(2);
+            }
+            Err(message) => {
+                eprintln!("relay-svc admin: {message}");
+                return ExitCode::from(2);
+            }
+        };
+        return match relay_svc::admin::call(url, &token, verb).await {
             Ok(answer) => {
                 println!("{answer}");
                 ExitCode::SUCCESS
@@ -219,6 +342,7 @@ async fn main() -> ExitCode {
     }
     let _telemetry = poolgate_runtime::telemetry::init("relay-svc", &cli.log_format);
     let result = async {
+        let admin_token = cli.admin_token()?;
         let config = config(&cli).await?;
         let assembled = relay_svc::server::assemble(&config, Metrics::new())?;
         let relay = assembled.relay;
@@ -239,7 +363,7 @@ async fn main() -> ExitCode {
         let metrics_listener = tokio::net::TcpListener::bind(cli.metrics_listen)
             .await
             .map_err(|e| format!("cannot listen on {}: {e}", cli.metrics_listen))?;
-        let admin = match (&assembled.standalone, &cli.admin_token) {
+        let admin = match (&assembled.standalone, &admin_token) {
             (Some(engines), Some(token)) if !token.is_empty() => {
                 let listener = tokio::net::TcpListener::bind(cli.admin_listen)
                     .await

@@ -129,42 +129,64 @@ async fn serve_clients(
     shutdown: impl Future<Output = ()> + Send + 'static,
     grace: Duration,
 ) -> Result<(), String> {
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    use hyper_util::server::conn::auto;
+    use hyper_util::service::TowerToHyperService;
+
     let ready = Arc::new(AtomicBool::new(true));
-    let front = Front {
-        relay,
-        ready: ready.clone(),
-    };
-    let (drained, drained_signal) = tokio::sync::oneshot::channel::<()>();
-    let graceful = async move {
-        shutdown.await;
-        ready.store(false, Ordering::Relaxed);
-        tracing::info!("shutting down: readiness off, finishing in-flight requests");
-        let _ = drained.send(());
-    };
-    // TCP_NODELAY: SSE events are small writes; Nagle plus delayed ACKs would hold each one back.
-    use axum::serve::ListenerExt;
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    let server = axum::serve(listener, router(front)).with_graceful_shutdown(graceful);
-    let mut server = tokio::spawn(async move { server.await });
-    tokio::select! {
-        result = &mut server => {
-            return match result {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(error)) => Err(format!("http server failed: {error}")),
-                Err(error) => Err(format!("http server task failed: {error}")),
-            };
-        }
-        _ = drained_signal => {}
+    let edge = relay.settings.edge.clone();
+    let front = Front::new(relay, ready.clone());
+    let service = TowerToHyperService::new(router(front));
+    // One connection builder for HTTP/1 and HTTP/2 (prior knowledge), with the edge's bounds: a
+    // header read timeout, and per connection a cap on concurrent streams and on resets in a row.
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(edge.header_read_timeout)
+        .max_headers(128);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(edge.h2_max_concurrent_streams)
+        .max_pending_accept_reset_streams(edge.h2_max_pending_resets)
+        .max_local_error_reset_streams(edge.h2_max_pending_resets);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = &mut shutdown => break,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(error) => {
+                // Out of file descriptors and the like: wait a moment, as axum::serve does.
+                tracing::debug!(%error, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        // TCP_NODELAY: SSE events are small writes; Nagle plus delayed ACKs would hold each one
+        // back.
+        let _ = stream.set_nodelay(true);
+        let connection = builder
+            .serve_connection_with_upgrades(TokioIo::new(stream), service.clone())
+            .into_owned();
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(error = %error, "client connection ended with an error");
+            }
+        });
     }
-    match tokio::time::timeout(grace, server).await {
-        Ok(Ok(Ok(()))) => Ok(()),
-        Ok(Ok(Err(error))) => Err(format!("http server failed: {error}")),
-        Ok(Err(error)) => Err(format!("http server task failed: {error}")),
-        Err(_) => {
-            tracing::warn!("shutdown grace ran out with requests still open");
-            Ok(())
-        }
+    ready.store(false, Ordering::Relaxed);
+    tracing::info!("shutting down: readiness off, finishing in-flight requests");
+    if tokio::time::timeout(grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("shutdown grace ran out with requests still open");
     }
+    Ok(())
 }

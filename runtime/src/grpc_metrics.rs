@@ -2,9 +2,15 @@
 //! flight by method, and a duration histogram by method (for a lease stream: the whole stream).
 //! The code is read from the response head (`grpc-status`, sent there for every error a handler
 //! returns); a response without one counts as `OK`.
+//!
+//! A server labels only the methods it serves ([`ServedMethods`], read from the protos): the
+//! path of a request comes from whoever connects, before any authentication, so every other
+//! path is counted as `unknown` — refused calls stay visible and the series count stays fixed.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
@@ -12,25 +18,96 @@ use prometheus::{HistogramVec, IntCounterVec, IntGaugeVec, Registry};
 
 use crate::metrics::{counter_vec, gauge_vec, histogram_vec};
 
+/// The label of every path a server does not serve.
+pub const UNKNOWN_METHOD: &str = "unknown";
+
+/// The RPCs a server serves, by full path (`/package.Service/Method`), each with its label
+/// (`Service/Method`): the only method labels its metrics take.
+#[derive(Clone, Debug, Default)]
+pub struct ServedMethods {
+    labels: Arc<HashMap<String, String>>,
+}
+
+impl ServedMethods {
+    /// Every method of the named services (`package.Service`, as tonic's `NamedService::NAME`
+    /// spells them) in the encoded file descriptor sets (`FILE_DESCRIPTOR_SET` of the protos).
+    ///
+    /// The sets are compiled into the binary and the names are the server's own: a set that does
+    /// not decode, or a service no set describes, is a programming error every server start
+    /// (and so every test) hits, hence a panic.
+    pub fn from_descriptors(descriptor_sets: &[&[u8]], services: &[&str]) -> Self {
+        use prost::Message;
+        let mut labels = HashMap::new();
+        let mut found = Vec::new();
+        for encoded in descriptor_sets {
+            let set = prost_types::FileDescriptorSet::decode(*encoded)
+                .expect("a compiled-in file descriptor set decodes");
+            for file in &set.file {
+                for service in &file.service {
+                    let full = match file.package() {
+                        "" => service.name().to_owned(),
+                        package => format!("{package}.{}", service.name()),
+                    };
+                    if !services.contains(&full.as_str()) {
+                        continue;
+                    }
+                    for method in &service.method {
+                        labels.insert(
+                            format!("/{full}/{}", method.name()),
+                            format!("{}/{}", service.name(), method.name()),
+                        );
+                    }
+                    found.push(full);
+                }
+            }
+        }
+        for service in services {
+            assert!(
+                found.iter().any(|f| f == service),
+                "no descriptor set describes the served service {service}"
+            );
+        }
+        ServedMethods {
+            labels: Arc::new(labels),
+        }
+    }
+
+    /// The label of a request's path: its method's, or [`UNKNOWN_METHOD`].
+    pub fn label(&self, path: &str) -> &str {
+        self.labels
+            .get(path)
+            .map(String::as_str)
+            .unwrap_or(UNKNOWN_METHOD)
+    }
+
+    /// The labels of every served method.
+    pub fn labels(&self) -> impl Iterator<Item = &str> {
+        self.labels.values().map(String::as_str)
+    }
+}
+
 #[derive(Clone)]
 pub struct GrpcMetrics {
     requests: IntCounterVec,
     in_flight: IntGaugeVec,
     seconds: HistogramVec,
+    /// Server side: the methods it serves (every other path is `unknown`). Client side `None`:
+    /// the paths are the ones this process's own generated clients call.
+    served: Option<ServedMethods>,
 }
 
 impl GrpcMetrics {
-    /// Registers `grpc_server_*` metrics in `registry`.
-    pub fn new(registry: &Registry) -> Self {
-        Self::with_side(registry, "server")
+    /// Registers `grpc_server_*` metrics in `registry`, labelled with the `served` methods only.
+    pub fn new(registry: &Registry, served: ServedMethods) -> Self {
+        Self::with_side(registry, "server", Some(served))
     }
 
     /// Registers `grpc_client_*` metrics in `registry` (for a service's outgoing calls).
     pub fn client(registry: &Registry) -> Self {
-        Self::with_side(registry, "client")
+        Self::with_side(registry, "client", None)
     }
 
-    fn with_side(registry: &Registry, side: &str) -> Self {
+    fn with_side(registry: &Registry, side: &str, served: Option<ServedMethods>) -> Self {
         let requests = counter_vec(
             registry,
             &format!("grpc_{side}_requests_total"),
@@ -56,6 +133,14 @@ impl GrpcMetrics {
             requests,
             in_flight,
             seconds,
+            served,
+        }
+    }
+
+    fn label(&self, path: &str) -> String {
+        match &self.served {
+            Some(served) => served.label(path).to_owned(),
+            None => method_label(path),
         }
     }
 }
@@ -77,8 +162,8 @@ pub struct GrpcMetricsService<S> {
     metrics: GrpcMetrics,
 }
 
-/// `/pkg.Service/Method` → `Service/Method` (bounded: only known routes reach handlers; unknown
-/// paths are folded into one label).
+/// Client side: `/pkg.Service/Method` → `Service/Method` (the paths are this process's own
+/// calls; anything malformed or overlong is `unknown`).
 fn method_label(path: &str) -> String {
     let trimmed = path.trim_start_matches('/');
     match trimmed.split_once('/') {
@@ -86,7 +171,7 @@ fn method_label(path: &str) -> String {
             let service = service.rsplit('.').next().unwrap_or(service);
             format!("{service}/{method}")
         }
-        _ => "unknown".to_owned(),
+        _ => UNKNOWN_METHOD.to_owned(),
     }
 }
 
@@ -105,7 +190,7 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let method = method_label(request.uri().path());
+        let method = self.metrics.label(request.uri().path());
         let metrics = self.metrics.clone();
         let future = self.inner.call(request);
         Box::pin(async move {
@@ -136,7 +221,66 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::method_label;
+    use super::{ServedMethods, UNKNOWN_METHOD, method_label};
+
+    /// A descriptor set of one file, package `demo.v1`, services `Greeter` (`Hello`, `Bye`) and
+    /// `Other` (`Call`).
+    fn demo_set() -> Vec<u8> {
+        use prost::Message;
+        use prost_types::{
+            FileDescriptorProto, FileDescriptorSet, MethodDescriptorProto, ServiceDescriptorProto,
+        };
+        let method = |name: &str| MethodDescriptorProto {
+            name: Some(name.to_owned()),
+            ..Default::default()
+        };
+        let service = |name: &str, methods: &[&str]| ServiceDescriptorProto {
+            name: Some(name.to_owned()),
+            method: methods.iter().map(|m| method(m)).collect(),
+            ..Default::default()
+        };
+        FileDescriptorSet {
+            file: vec![FileDescriptorProto {
+                name: Some("demo.proto".into()),
+                package: Some("demo.v1".into()),
+                service: vec![
+                    service("Greeter", &["Hello", "Bye"]),
+                    service("Other", &["Call"]),
+                ],
+                ..Default::default()
+            }],
+        }
+        .encode_to_vec()
+    }
+
+    #[test]
+    fn a_server_labels_only_the_methods_of_the_services_it_serves() {
+        let set = demo_set();
+        let served = ServedMethods::from_descriptors(&[&set], &["demo.v1.Greeter"]);
+        assert_eq!(served.label("/demo.v1.Greeter/Hello"), "Greeter/Hello");
+        assert_eq!(served.label("/demo.v1.Greeter/Bye"), "Greeter/Bye");
+        // Another service of the same protos, an unknown method of a served one, a lookalike.
+        for path in [
+            "/demo.v1.Other/Call",
+            "/demo.v1.Greeter/Nope",
+            "/x.Greeter/Hello",
+            "/demo.v1.Greeter/Hello/",
+            "",
+            "nonsense",
+        ] {
+            assert_eq!(served.label(path), UNKNOWN_METHOD, "{path}");
+        }
+        let mut labels: Vec<_> = served.labels().collect();
+        labels.sort_unstable();
+        assert_eq!(labels, ["Greeter/Bye", "Greeter/Hello"]);
+    }
+
+    #[test]
+    #[should_panic(expected = "demo.v1.Missing")]
+    fn a_served_service_no_descriptor_describes_is_a_programming_error() {
+        let set = demo_set();
+        ServedMethods::from_descriptors(&[&set], &["demo.v1.Greeter", "demo.v1.Missing"]);
+    }
 
     #[test]
     fn method_labels_are_short_and_bounded() {

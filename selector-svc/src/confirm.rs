@@ -191,7 +191,10 @@ pub fn probe_request(
                 .header("originator", "codex_cli_rs")
                 // The ChatGPT backend refuses a request without one (400), as it would every
                 // probe: a fresh id per probe, so it binds nothing.
-                .header("session_id", format!("poolgate-probe-{:016x}", fastrand::u64(..)));
+                .header(
+                    "session_id",
+                    format!("poolgate-probe-{:016x}", fastrand::u64(..)),
+                );
             if let Some(id) = chatgpt_account_id(credential) {
                 request = request.header("chatgpt-account-id", id);
             }

@@ -107,6 +107,9 @@ pub struct SelectQuery {
     pub previous_response_id: Option<String>,
     pub exclude: Vec<AccountId>,
     pub max_accounts: usize,
+    /// The client key the request came with: `previous_response_id` is looked up among its
+    /// response bindings. 0: unknown (an older relay), only unscoped bindings are found.
+    pub api_key_id: i64,
 }
 
 /// One planned account.
@@ -163,6 +166,20 @@ const SUCCESS_SKIP_AGE: Duration = Duration::from_secs(1);
 /// How long a binding read from Redis is trusted locally, and how often its TTL is refreshed.
 const STICKY_LOCAL: Duration = Duration::from_secs(5);
 const STICKY_TOUCH: Duration = Duration::from_secs(60);
+
+/// The response binding of `response_id` for one client key (0: an older relay's, unscoped).
+/// The key's digits end at the first `:`, so no two (key, id) pairs share a name. Bindings of
+/// the plain `<id>` form (before response bindings were scoped) are no longer read: they were
+/// dropped once on upgrade (docs/SECURITY.md).
+fn scoped_response(api_key_id: i64, response_id: &str) -> String {
+    format!("k{api_key_id}:{response_id}")
+}
+
+/// Marks `response_id` as bound by poolgate for some client key (whichever: the mark does not
+/// say), so another key's request naming it is refused instead of passed as unknown.
+fn marked_response(response_id: &str) -> String {
+    format!("any:{response_id}")
+}
 
 /// What an engine is built from.
 pub struct SelectorParts {
@@ -249,11 +266,13 @@ impl Selector {
         &self.metrics
     }
 
-    /// The account bound to this request: the previous response's account, else the session's.
-    /// A Redis failure means "no binding", never an error.
+    /// The account bound to this request: the previous response's account (a binding of the
+    /// request's own client key), else the session's. A Redis failure means "no binding", never
+    /// an error.
     async fn binding(&self, query: &SelectQuery) -> Option<AccountId> {
         if let Some(response_id) = &query.previous_response_id {
-            match self.health.response_get(response_id).await {
+            let scoped = scoped_response(query.api_key_id, response_id);
+            match self.health.response_get(&scoped).await {
                 Ok(Some(id)) => return Some(id),
                 Ok(None) => {}
                 Err(error) => tracing::debug!(%error, "response binding unreadable"),
@@ -830,15 +849,72 @@ impl Selector {
         Ok(result)
     }
 
+    /// Binds a response id to its account without a client key (an older relay's binding):
+    /// found only by requests without a key, refused to none.
     pub async fn bind_response(
         &self,
         response_id: &str,
         account: AccountId,
     ) -> Result<(), SelectorError> {
+        self.bind_response_for_key(0, response_id, account).await
+    }
+
+    /// Binds a response id to the account that produced it, for the client key it was made for
+    /// (`api_key_id`; 0: none): only that key's requests continue it on the account, another
+    /// key's are refused (`response_of_another_key`).
+    pub async fn bind_response_for_key(
+        &self,
+        api_key_id: i64,
+        response_id: &str,
+        account: AccountId,
+    ) -> Result<(), SelectorError> {
+        let ttl = millis(self.settings.response_ttl);
+        let unavailable = |e: BackendError| SelectorError::Unavailable(e.to_string());
+        // The key's own binding first: a mark without it would refuse the key its own response.
         self.health
-            .response_set(response_id, account, millis(self.settings.response_ttl))
+            .response_set(&scoped_response(api_key_id, response_id), account, ttl)
             .await
-            .map_err(|e| SelectorError::Unavailable(e.to_string()))
+            .map_err(unavailable)?;
+        if api_key_id != 0 {
+            self.health
+                .response_set(&marked_response(response_id), account, ttl)
+                .await
+                .map_err(unavailable)?;
+        }
+        Ok(())
+    }
+
+    /// Whether the query's `previous_response_id` was bound by poolgate for another client key:
+    /// such a request is refused and never reaches an account (the upstream serves any response
+    /// id of its organisation to whoever holds the credential). An id poolgate never bound
+    /// passes, as does a query without a key (an older relay). A binding that cannot be read is
+    /// an error: the request is not sent on a guess.
+    pub async fn response_of_another_key(
+        &self,
+        query: &SelectQuery,
+    ) -> Result<bool, SelectorError> {
+        let Some(response_id) = query
+            .previous_response_id
+            .as_deref()
+            .filter(|_| query.api_key_id != 0)
+        else {
+            return Ok(false);
+        };
+        let unavailable = |e: BackendError| SelectorError::Unavailable(e.to_string());
+        let own = self
+            .health
+            .response_get(&scoped_response(query.api_key_id, response_id))
+            .await
+            .map_err(unavailable)?;
+        if own.is_some() {
+            return Ok(false);
+        }
+        let bound = self
+            .health
+            .response_get(&marked_response(response_id))
+            .await
+            .map_err(unavailable)?;
+        Ok(bound.is_some())
     }
 
     /// Checks a client key against the snapshot (a revoked key is refused once the snapshot has

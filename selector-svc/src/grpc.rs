@@ -3,9 +3,14 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
+use futures_util::future::BoxFuture;
 use poolgate_proto::convert::{self, EnumField};
 use poolgate_proto::selector::v1 as pb;
+use poolgate_runtime::failed_auth::FailedAttempts;
+use tonic::codegen::Service;
+use tonic::server::NamedService;
 use tonic::{Request, Response, Status};
 
 use crate::domain::{
@@ -59,6 +64,18 @@ fn account_id(field: &str, id: i64) -> Result<AccountId, Status> {
     Ok(id)
 }
 
+/// A client key id a relay sends with a select or a response binding: 0 for none (an older
+/// relay), else the key's id.
+fn client_key_id(id: i64) -> Result<i64, Status> {
+    if id < 0 {
+        return Err(invalid(
+            "api_key_id",
+            format!("must be a client key id (0: none), got {id}"),
+        ));
+    }
+    Ok(id)
+}
+
 fn platform_pb(platform: Platform) -> i32 {
     pb::Platform::from(platform) as i32
 }
@@ -106,6 +123,7 @@ fn plan_response(plan: Plan) -> pb::SelectResponse {
             .map(|reason| reason.as_str().to_owned())
             .unwrap_or_default(),
         retry_after_ms: plan.retry_after_ms,
+        previous_response_other_key: false,
     }
 }
 
@@ -154,7 +172,20 @@ impl pb::selector_server::Selector for SelectorGrpc {
             )?,
             exclude: request.exclude_account_ids,
             max_accounts: request.max_accounts.min(64) as usize,
+            api_key_id: client_key_id(request.api_key_id)?,
         };
+        if self.selector.response_of_another_key(&query).await? {
+            // Refused before any account is planned: the relay answers 404 and calls none.
+            self.selector
+                .metrics()
+                .selects
+                .with_label_values(&["previous_response_other_key"])
+                .inc();
+            return Ok(Response::new(pb::SelectResponse {
+                previous_response_other_key: true,
+                ..Default::default()
+            }));
+        }
         let plan = self.selector.select(&query).await?;
         let label = plan.none_reason.map_or("planned", |reason| reason.as_str());
         self.selector
@@ -250,8 +281,9 @@ impl pb::selector_server::Selector for SelectorGrpc {
         let request = request.into_inner();
         name("response_id", &request.response_id)?;
         let id = account_id("account_id", request.account_id)?;
+        let api_key_id = client_key_id(request.api_key_id)?;
         self.selector
-            .bind_response(&request.response_id, id)
+            .bind_response_for_key(api_key_id, &request.response_id, id)
             .await?;
         Ok(Response::new(pb::BindResponseResponse {}))
     }
@@ -338,38 +370,92 @@ impl pb::selector_server::Selector for SelectorGrpc {
     }
 }
 
-/// Checks `authorization: Bearer <token>` on every admin call (constant-time comparison).
+/// Checks `authorization: Bearer <token>` on every admin call (constant-time comparison). A
+/// missing or wrong token is refused after a fixed delay, with a cap on refusals delayed at once
+/// (`poolgate_runtime::failed_auth`): guessing costs time, and a flood neither piles up timers
+/// nor locks the operator out. It wraps the admin service (an interceptor cannot wait).
 #[derive(Clone)]
 pub struct AdminAuth {
     token: Option<Arc<str>>,
+    failed: FailedAttempts,
 }
 
 impl AdminAuth {
     pub fn new(token: Option<String>) -> Self {
         AdminAuth {
             token: token.filter(|t| !t.is_empty()).map(Arc::from),
+            failed: FailedAttempts::default(),
         }
     }
 
-    #[allow(clippy::result_large_err)]
-    pub fn check(&self, request: Request<()>) -> Result<Request<()>, Status> {
+    /// The admin service behind this check.
+    pub fn wrap<S>(self, inner: S) -> AdminAuthService<S> {
+        AdminAuthService { inner, auth: self }
+    }
+
+    /// `None` when the request carries the admin token; else its refusal, and whether it is a
+    /// failed attempt (with no token configured there is nothing to guess).
+    fn refusal(&self, headers: &http::HeaderMap) -> Option<(Status, bool)> {
         let Some(token) = &self.token else {
-            return Err(Status::unauthenticated(
-                "admin api disabled: no admin token configured",
+            return Some((
+                Status::unauthenticated("admin api disabled: no admin token configured"),
+                false,
             ));
         };
-        let given = request
-            .metadata()
-            .get("authorization")
+        let given = headers
+            .get(http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .unwrap_or("");
         if poolgate_runtime::service_auth::constant_time_eq(given.as_bytes(), token.as_bytes()) {
-            Ok(request)
+            None
         } else {
-            Err(Status::unauthenticated(
-                "missing or wrong admin bearer token",
+            Some((
+                Status::unauthenticated("missing or wrong admin bearer token"),
+                true,
             ))
+        }
+    }
+}
+
+/// The admin service, answering only callers with the admin token.
+#[derive(Clone)]
+pub struct AdminAuthService<S> {
+    inner: S,
+    auth: AdminAuth,
+}
+
+impl<S: NamedService> NamedService for AdminAuthService<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S, B, R> Service<http::Request<B>> for AdminAuthService<S>
+where
+    S: Service<http::Request<B>, Response = http::Response<R>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    R: Default + Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = BoxFuture<'static, Result<S::Response, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        match self.auth.refusal(request.headers()) {
+            None => Box::pin(self.inner.call(request)),
+            Some((status, attempt)) => {
+                let failed = self.auth.failed.clone();
+                Box::pin(async move {
+                    if attempt {
+                        failed.refused().await;
+                    }
+                    Ok(status.into_http())
+                })
+            }
         }
     }
 }

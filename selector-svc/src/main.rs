@@ -5,9 +5,11 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use poolgate_proto::selector::v1 as pb;
 use poolgate_runtime::redis::{RedisOptions, RedisTarget};
+use poolgate_runtime::secret_flags::SecretFlag;
 use poolgate_runtime::service_auth::{CallerCheck, WithToken};
 use selector_svc::confirm::ProbeSettings;
 use selector_svc::crypto::Keyring;
@@ -65,7 +67,8 @@ struct ServeArgs {
     #[arg(long, env = "POOLGATE_REDIS_URL", global = true)]
     redis_url: Option<String>,
     /// Credential keys: `id:base64key[,id:base64key...]`. The first encrypts unless
-    /// --credential-key-id says otherwise; all decrypt.
+    /// --credential-key-id says otherwise; all decrypt. On the command line they are visible to
+    /// every local user: prefer --credential-keys-file.
     #[arg(
         long,
         env = "POOLGATE_CREDENTIAL_KEYS",
@@ -76,10 +79,14 @@ struct ServeArgs {
     /// A file holding the credential keys (one `id:base64key` per line), instead of the flag.
     #[arg(long, env = "POOLGATE_CREDENTIAL_KEYS_FILE", global = true)]
     credential_keys_file: Option<std::path::PathBuf>,
+    /// Where each secret came from (set from the parse, not flags).
+    #[arg(skip)]
+    on_command_line: SecretsOnCommandLine,
     /// The key id that encrypts new credentials.
     #[arg(long, env = "POOLGATE_CREDENTIAL_KEY_ID", global = true)]
     credential_key_id: Option<String>,
-    /// Bearer token of the admin API (absent: admin API disabled).
+    /// Bearer token of the admin API (absent: admin API disabled). On the command line it is
+    /// visible to every local user: prefer --admin-token-file.
     #[arg(
         long,
         env = "SELECTOR_ADMIN_TOKEN",
@@ -87,6 +94,9 @@ struct ServeArgs {
         global = true
     )]
     admin_token: Option<String>,
+    /// A file holding the admin token (a trailing newline is ignored).
+    #[arg(long, env = "SELECTOR_ADMIN_TOKEN_FILE", global = true)]
+    admin_token_file: Option<std::path::PathBuf>,
     /// Periodic full reload, ms (NOTIFY reloads at once).
     #[arg(
         long,
@@ -129,7 +139,8 @@ struct ServeArgs {
     tls_client_ca: Option<std::path::PathBuf>,
     /// The service token every caller sends in the `x-poolgate-service-token` metadata key
     /// (health checks excepted; the admin CLI sends it too). Required unless --tls-client-ca or
-    /// --insecure-dev.
+    /// --insecure-dev. On the command line it is visible to every local user: prefer
+    /// --service-token-file.
     #[arg(
         long,
         env = "POOLGATE_SERVICE_TOKEN",
@@ -137,12 +148,71 @@ struct ServeArgs {
         global = true
     )]
     service_token: Option<String>,
+    /// A file holding the service token (a trailing newline is ignored).
+    #[arg(long, env = "POOLGATE_SERVICE_TOKEN_FILE", global = true)]
+    service_token_file: Option<std::path::PathBuf>,
     /// Accept calls from anyone who can reach the port (development only).
     #[arg(long, env = "POOLGATE_INSECURE_DEV", global = true)]
     insecure_dev: bool,
     /// Log format.
     #[arg(long, env = "POOLGATE_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"], global = true)]
     log_format: String,
+}
+
+/// Which secret flags were given on the command line (visible in `/proc/<pid>/cmdline`), as
+/// opposed to their environment variables.
+#[derive(Debug, Default, Clone, Copy)]
+struct SecretsOnCommandLine {
+    credential_keys: bool,
+    admin_token: bool,
+    service_token: bool,
+}
+
+impl ServeArgs {
+    fn credential_keys(&self) -> Result<Option<String>, String> {
+        SecretFlag {
+            flag: "--credential-keys",
+            value: self.credential_keys.as_deref(),
+            on_command_line: self.on_command_line.credential_keys,
+            file: self.credential_keys_file.as_deref(),
+        }
+        .resolve()
+    }
+
+    fn admin_token(&self) -> Result<Option<String>, String> {
+        SecretFlag {
+            flag: "--admin-token",
+            value: self.admin_token.as_deref(),
+            on_command_line: self.on_command_line.admin_token,
+            file: self.admin_token_file.as_deref(),
+        }
+        .resolve()
+    }
+
+    fn service_token(&self) -> Result<Option<String>, String> {
+        SecretFlag {
+            flag: "--service-token",
+            value: self.service_token.as_deref(),
+            on_command_line: self.on_command_line.service_token,
+            file: self.service_token_file.as_deref(),
+        }
+        .resolve()
+    }
+}
+
+impl Cli {
+    /// Parses the arguments, noting which secrets came from the command line.
+    fn parse_noting_secrets() -> Self {
+        let matches = Cli::command().get_matches();
+        let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit());
+        let given = |id: &str| matches.value_source(id) == Some(ValueSource::CommandLine);
+        cli.serve.on_command_line = SecretsOnCommandLine {
+            credential_keys: given("credential_keys"),
+            admin_token: given("admin_token"),
+            service_token: given("service_token"),
+        };
+        cli
+    }
 }
 
 #[derive(Debug, Args)]
@@ -260,7 +330,8 @@ enum AdminAction {
     Blocks,
     /// Clear an account's blocks and breaker.
     ClearBlock { account_id: i64 },
-    /// Drop a sticky binding.
+    /// Drop a sticky binding. Bindings are scoped to the client key: the session is
+    /// `k<api key id>:<session hash>` (as `admin` lists keys).
     DropBinding { group: String, session_hash: String },
     /// Live leases per account.
     Load,
@@ -281,13 +352,10 @@ fn token_url_help() -> String {
 }
 
 fn keyring(args: &ServeArgs) -> Result<Keyring, String> {
-    let spec = match (&args.credential_keys, &args.credential_keys_file) {
-        (Some(spec), _) => spec.clone(),
-        (None, Some(path)) => std::fs::read_to_string(path)
-            .map_err(|e| format!("--credential-keys-file {}: {e}", path.display()))?,
-        (None, None) => {
-            return Err("credential keys are required: --credential-keys or POOLGATE_CREDENTIAL_KEYS (make one with `selector-svc genkey`)".into());
-        }
+    let Some(spec) = args.credential_keys()? else {
+        return Err("credential keys are required: --credential-keys-file, or \
+                    POOLGATE_CREDENTIAL_KEYS (make one with `selector-svc genkey`)"
+            .into());
     };
     Keyring::parse(&spec, args.credential_key_id.as_deref()).map_err(|e| e.to_string())
 }
@@ -309,7 +377,7 @@ fn config(args: &ServeArgs) -> Result<Config, String> {
         redis_target: RedisTarget::parse(&redis_url).map_err(|e| format!("--redis-url: {e}"))?,
         redis_options: RedisOptions::default(),
         keyring: keyring(args)?,
-        admin_token: args.admin_token.clone(),
+        admin_token: args.admin_token()?,
         settings: SelectorSettings {
             probe: ProbeSettings {
                 anthropic_model: args.probe_model_anthropic.clone(),
@@ -331,7 +399,7 @@ fn config(args: &ServeArgs) -> Result<Config, String> {
             _ => None,
         },
         callers: CallerCheck::from_flags(
-            args.service_token.as_deref(),
+            args.service_token()?.as_deref(),
             args.tls_client_ca.is_some(),
             args.insecure_dev,
         )?,
@@ -371,9 +439,9 @@ async fn store(args: &ServeArgs) -> Result<ConfigStore, String> {
 async fn admin(args: &ServeArgs, admin: &AdminArgs) -> Result<(), String> {
     use pb::selector_admin_client::SelectorAdminClient;
     let token = args
-        .admin_token
-        .clone()
-        .ok_or("--admin-token (or SELECTOR_ADMIN_TOKEN) is required")?;
+        .admin_token()?
+        .ok_or("--admin-token-file (or SELECTOR_ADMIN_TOKEN) is required")?;
+    let service_token = args.service_token()?;
     let channel = tonic::transport::Endpoint::from_shared(admin.endpoint.clone())
         .map_err(|e| format!("--endpoint: {e}"))?
         .connect()
@@ -382,7 +450,7 @@ async fn admin(args: &ServeArgs, admin: &AdminArgs) -> Result<(), String> {
     let bearer: tonic::metadata::MetadataValue<_> = format!("Bearer {token}")
         .parse()
         .map_err(|_| "the admin token is not a valid header value".to_string())?;
-    let channel = WithToken::new(channel, args.service_token.as_deref());
+    let channel = WithToken::new(channel, service_token.as_deref());
     let mut client =
         SelectorAdminClient::with_interceptor(channel, move |mut request: tonic::Request<()>| {
             request
@@ -615,7 +683,7 @@ async fn admin(args: &ServeArgs, admin: &AdminArgs) -> Result<(), String> {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_noting_secrets();
     let _telemetry = poolgate_runtime::telemetry::init("selector-svc", &cli.serve.log_format);
     let result = match &cli.command {
         None | Some(Command::Serve) => serve(&cli.serve).await,

@@ -271,11 +271,9 @@ pub async fn serve_selector(
             let _ = axum::serve(listener, router).await;
         })
     });
-    let auth = AdminAuth::new(config.admin_token.clone());
-    let admin = SelectorAdminServer::with_interceptor(
+    let admin = AdminAuth::new(config.admin_token.clone()).wrap(SelectorAdminServer::new(
         AdminGrpc::new(selector.clone(), store),
-        move |request| auth.check(request),
-    );
+    ));
     let mut builder = tonic::transport::Server::builder();
     if let Some(tls) = &config.tls {
         let tls = tls.server_config().map_err(|e| {
@@ -286,6 +284,7 @@ pub async fn serve_selector(
     let result = builder
         .layer(poolgate_runtime::grpc_metrics::GrpcMetrics::new(
             &selector.metrics().registry,
+            served_methods(),
         ))
         .layer(poolgate_runtime::telemetry::TraceLayer)
         .layer(config.callers.layer())
@@ -306,4 +305,22 @@ pub async fn serve_selector(
     }
     result?;
     Ok(())
+}
+
+/// The RPCs this server serves (selector, admin, health, reflection): the only method labels of
+/// its metrics.
+fn served_methods() -> poolgate_runtime::grpc_metrics::ServedMethods {
+    poolgate_runtime::grpc_metrics::ServedMethods::from_descriptors(
+        &[
+            poolgate_proto::FILE_DESCRIPTOR_SET,
+            tonic_health::pb::FILE_DESCRIPTOR_SET,
+            tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET,
+        ],
+        &[
+            poolgate_proto::selector::v1::selector_server::SERVICE_NAME,
+            poolgate_proto::selector::v1::selector_admin_server::SERVICE_NAME,
+            tonic_health::pb::health_server::SERVICE_NAME,
+            tonic_reflection::pb::v1::server_reflection_server::SERVICE_NAME,
+        ],
+    )
 }

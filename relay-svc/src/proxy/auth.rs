@@ -1,12 +1,66 @@
 //! Client authentication: the selector's answer for a key, reused for `auth_cache_ttl` so a
 //! revoked key is refused within a second and a key in steady use costs one call per ttl, not
-//! one per request.
+//! one per request. And what a key may reach once known: its own response ids only, and
+//! `count_tokens` at its own rates (docs/DESIGN.md §6, "What a client key reaches").
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use super::Relay;
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, StatusCode};
+use poolgate_core::lease::{DenyReason, LeaseTerms, UserLimit};
+use poolgate_core::short_hash;
+
+use super::{Answer, Body, Inbound, Relay};
 use crate::api::{Api, ErrorKind, RelayError};
-use crate::backends::Caller;
+use crate::backends::{Acquired, Caller, Planned};
+
+/// `count_tokens` requests one account takes a minute, from all clients together: Claude Code
+/// calls it alongside its messages, and it must not hammer an upstream that limits it apart.
+pub(super) const COUNT_TOKENS_ACCOUNT_RPM: i32 = 60;
+
+/// The admission bucket of a user's `count_tokens` rate: apart from the user's Messages bucket
+/// (keyed by the user alone), so counting tokens never spends a request of the user's RPM.
+/// Per-key limits can join it under their own name. At most 128 bytes (admission's bound on a
+/// name): a longer user is hashed.
+pub(super) fn count_tokens_user_bucket(user: &str) -> String {
+    let bucket = format!("{user}:count_tokens");
+    if bucket.len() > poolgate_core::MAX_NAME_BYTES {
+        format!("{}:count_tokens", short_hash(user))
+    } else {
+        bucket
+    }
+}
+
+/// The admission bucket of an account's `count_tokens` cap.
+pub(super) fn count_tokens_account_bucket(account_id: i64) -> String {
+    format!("account:{account_id}:count_tokens")
+}
+
+/// The answer to a request whose `previous_response_id` poolgate bound for another client key:
+/// what the upstream answers for an id it does not know (so the request learns nothing about
+/// whose it is), and no account is called.
+pub(super) fn previous_response_refusal(api: Api, response_id: &str) -> Answer {
+    let message = format!("Previous response with id '{response_id}' not found.");
+    let body = match api {
+        Api::OpenAi => serde_json::json!({"error": {
+            "message": message,
+            "type": "invalid_request_error",
+            "param": "previous_response_id",
+            "code": "previous_response_not_found",
+        }}),
+        Api::Anthropic => RelayError::new(api, ErrorKind::NotFound, message).body(),
+    };
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Answer::Upstream {
+        status: StatusCode::NOT_FOUND,
+        headers,
+        body: Body::Full(Bytes::from(body.to_string())),
+    }
+}
 
 impl Relay {
     /// Authenticates a client key, reusing answers for `auth_cache_ttl` (so a revoked key is
@@ -46,5 +100,58 @@ impl Relay {
             cache.insert(key.to_owned(), (answer.clone(), Instant::now()));
         }
         answer.ok_or_else(|| RelayError::new(api, ErrorKind::Authentication, "invalid API key"))
+    }
+}
+
+impl Relay {
+    /// Charges a `count_tokens` request to its user's own rate (default: the user's RPM), once
+    /// per request, before any account's cap is asked: `Some(429)` past it. Nothing when the
+    /// user has no limit; an admission that does not answer leaves the decision to the
+    /// account leases that follow (they ask the same admission).
+    pub(super) async fn charge_count_tokens(
+        &self,
+        inbound: &Inbound,
+        account: &Planned,
+    ) -> Option<Answer> {
+        let caller = &inbound.caller;
+        if caller.user_rpm_limit <= 0 {
+            return None;
+        }
+        // A lease of no account limits: admission charges the user bucket and grants at once;
+        // releasing it keeps the charge.
+        let terms = LeaseTerms {
+            account_id: account.id,
+            concurrency_limit: 0,
+            rpm_limit: 0,
+            user: Some(UserLimit {
+                user_id: count_tokens_user_bucket(&caller.user),
+                rpm_limit: caller.user_rpm_limit,
+            }),
+            session_hash: None,
+            session_window_limit_micros: 0,
+            session_bound: false,
+            ignore_cooldown: false,
+        };
+        match self.leases.acquire(terms, Duration::ZERO).await {
+            Ok(Acquired::Granted(lease)) => {
+                lease.release(0.0).await;
+                None
+            }
+            Ok(Acquired::Denied(denial)) if denial.reason == DenyReason::UserRpm => {
+                Some(Answer::Error(
+                    RelayError::new(
+                        inbound.api,
+                        ErrorKind::RateLimited,
+                        "you sent too many count_tokens requests this minute",
+                    )
+                    .retry_after_ms(denial.retry_after_ms.max(1000)),
+                ))
+            }
+            Ok(Acquired::Denied(_)) => None,
+            Err(error) => {
+                tracing::warn!(%error, "admission unavailable for the count_tokens rate");
+                None
+            }
+        }
     }
 }

@@ -286,10 +286,8 @@ impl Relay {
         // Bound before the client has the answer: its next request in the conversation (or
         // with this `previous_response_id`) must find the binding.
         finish.bind_session().await;
-        if let Some(response_id) = &response_id
-            && finish.governed
-        {
-            self.selection.bind_response(response_id, account.id).await;
+        if let Some(response_id) = &response_id {
+            finish.bind_response(response_id).await;
         }
         tokio::spawn(tracing::Instrument::in_current_span(
             finish.run(lease, usage, true),

@@ -49,7 +49,8 @@ impl Finish {
         }
     }
 
-    /// Binds the conversation to the account that answered it (sticky sessions).
+    /// Binds the conversation to the account that answered it (sticky sessions), for the
+    /// caller's key only.
     pub(super) async fn bind_session(&self) {
         if !self.governed {
             return;
@@ -57,9 +58,26 @@ impl Finish {
         if let Some(session) = &self.session_hash {
             self.relay
                 .selection
-                .bind_session(&self.caller.group, session, self.account.id)
+                .bind_session(
+                    &self.caller.group,
+                    self.caller.api_key_id,
+                    session,
+                    self.account.id,
+                )
                 .await;
         }
+    }
+
+    /// Binds a response's `resp_` id to the account that produced it, for the caller's key
+    /// only: another key naming it is refused (docs/SECURITY.md).
+    pub(super) async fn bind_response(&self, response_id: &str) {
+        if !self.governed {
+            return;
+        }
+        self.relay
+            .selection
+            .bind_response(self.caller.api_key_id, response_id, self.account.id)
+            .await;
     }
 
     /// Binds a streamed response's `resp_` id the first time the scanner has seen it.
@@ -68,10 +86,7 @@ impl Finish {
             return;
         }
         if let Some(response_id) = &scanner.response_id {
-            self.relay
-                .selection
-                .bind_response(response_id, self.account.id)
-                .await;
+            self.bind_response(response_id).await;
             *bound = true;
         }
     }

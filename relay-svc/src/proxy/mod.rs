@@ -59,6 +59,40 @@ pub struct RelaySettings {
     /// After a client disconnects, how long its slot stays held before release (the upstream
     /// counts the cancelled call until it notices the closed connection).
     pub cancel_linger: Duration,
+    /// The client edge under hostile traffic (docs/SECURITY.md, "The HTTP front").
+    pub edge: EdgeSettings,
+}
+
+/// Bounds on what a client connection may hold of the relay's time and memory.
+#[derive(Debug, Clone)]
+pub struct EdgeSettings {
+    /// Longest wait for a request's headers (HTTP/1).
+    pub header_read_timeout: Duration,
+    /// Longest pause between two chunks of a request body.
+    pub body_idle_timeout: Duration,
+    /// Past `body_rate_grace`, a body must have arrived at this many bytes per second on
+    /// average, or the request gets a 408 and the connection is closed.
+    pub body_min_rate: u64,
+    pub body_rate_grace: Duration,
+    /// Request body bytes buffered across all connections at once: past it, 503.
+    pub max_buffered_bytes: usize,
+    /// HTTP/2: concurrent streams per connection, and resets a client may make in a row.
+    pub h2_max_concurrent_streams: u32,
+    pub h2_max_pending_resets: usize,
+}
+
+impl Default for EdgeSettings {
+    fn default() -> Self {
+        EdgeSettings {
+            header_read_timeout: Duration::from_secs(20),
+            body_idle_timeout: Duration::from_secs(30),
+            body_min_rate: 16 << 10,
+            body_rate_grace: Duration::from_secs(10),
+            max_buffered_bytes: 512 << 20,
+            h2_max_concurrent_streams: 128,
+            h2_max_pending_resets: 32,
+        }
+    }
 }
 
 impl Default for RelaySettings {
@@ -76,6 +110,7 @@ impl Default for RelaySettings {
             auth_cache_ttl: Duration::from_millis(500),
             max_body_bytes: 32 << 20,
             cancel_linger: Duration::from_secs(1),
+            edge: EdgeSettings::default(),
         }
     }
 }
@@ -113,8 +148,11 @@ pub struct Inbound {
     pub caller: Caller,
     pub session_hash: Option<String>,
     pub previous_response_id: Option<String>,
-    /// Requests that cost nothing and take no lease (count_tokens).
+    /// count_tokens: no account limits, no Messages RPM, no health change; its own per-user
+    /// rate and per-account cap instead (`auth.rs`).
     pub ungoverned: bool,
+    /// The share of the edge's body budget `body` holds, given back with it.
+    pub buffered: crate::edge::Hold,
 }
 
 pub struct Relay {
@@ -187,6 +225,7 @@ impl Relay {
             let plan = match self
                 .selection
                 .select(&PlanRequest {
+                    api_key_id: inbound.caller.api_key_id,
                     group: inbound.caller.group.clone(),
                     platform: api.platform(),
                     model: inbound.model.clone(),
@@ -202,6 +241,10 @@ impl Relay {
                     return overloaded(api, "account selection is unavailable; try again");
                 }
             };
+            if plan.previous_response_other_key {
+                let id = inbound.previous_response_id.as_deref().unwrap_or_default();
+                return auth::previous_response_refusal(api, id);
+            }
             let mut plan = plan;
             for planned in plan.accounts.iter_mut() {
                 if let Some((fresh, _)) = refreshed.get(&planned.id) {
@@ -232,6 +275,13 @@ impl Relay {
             let sticky = plan.sticky;
             let mut leased = None;
             let mut refused_all = true;
+            // count_tokens: the user's own rate once, before any account's cap is asked.
+            if inbound.ungoverned && !user_charged {
+                if let Some(refusal) = self.charge_count_tokens(&inbound, &plan.accounts[0]).await {
+                    return refusal;
+                }
+                user_charged = true;
+            }
             for (index, account) in plan.accounts.iter().enumerate() {
                 if acquires >= self.settings.max_acquires {
                     break;
@@ -244,7 +294,10 @@ impl Relay {
                         refused_all = false;
                         break;
                     }
-                    Ok(Acquired::Denied(denial)) if denial.reason == DenyReason::UserRpm => {
+                    // (For count_tokens the lease's user bucket is the account's cap: a sibling.)
+                    Ok(Acquired::Denied(denial))
+                        if denial.reason == DenyReason::UserRpm && !inbound.ungoverned =>
+                    {
                         return user_rpm_refusal(api, denial);
                     }
                     Ok(Acquired::Denied(denial)) => {
@@ -266,7 +319,9 @@ impl Relay {
                     let terms = self.terms(&inbound, best, !user_charged, sticky);
                     match self.leases.acquire(terms, remaining).await {
                         Ok(Acquired::Granted(lease)) => leased = Some((best.clone(), lease)),
-                        Ok(Acquired::Denied(denial)) if denial.reason == DenyReason::UserRpm => {
+                        Ok(Acquired::Denied(denial))
+                            if denial.reason == DenyReason::UserRpm && !inbound.ungoverned =>
+                        {
                             return user_rpm_refusal(api, denial);
                         }
                         Ok(Acquired::Denied(_)) | Err(_) => {}
@@ -398,12 +453,20 @@ impl Relay {
             } else {
                 account.rpm_limit
             },
-            user: (charge_user && caller.user_rpm_limit > 0 && !inbound.ungoverned).then(|| {
-                UserLimit {
+            // count_tokens takes no account limit and no Messages RPM: its user's rate was
+            // charged apart (`charge_count_tokens`), and the user bucket here is the account's
+            // count_tokens cap, so it cannot hammer one upstream.
+            user: if inbound.ungoverned {
+                Some(UserLimit {
+                    user_id: auth::count_tokens_account_bucket(account.id),
+                    rpm_limit: auth::COUNT_TOKENS_ACCOUNT_RPM,
+                })
+            } else {
+                (charge_user && caller.user_rpm_limit > 0).then(|| UserLimit {
                     user_id: caller.user.clone(),
                     rpm_limit: caller.user_rpm_limit,
-                }
-            }),
+                })
+            },
             session_hash: inbound.session_hash.clone(),
             session_window_limit_micros: if inbound.ungoverned {
                 0

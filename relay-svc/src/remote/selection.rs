@@ -21,6 +21,7 @@ use tonic::transport::Channel;
 use super::throttle::Throttle;
 use super::{Traced, traced};
 use crate::backends::{BackendError, Caller, Plan, PlanRequest, Planned, Selection, UsageRecord};
+use crate::session::binding_key;
 use crate::usage_sink::{SinkSettings, UsageSink, UsageWriter, WriteError};
 
 /// The selector over gRPC.
@@ -236,6 +237,7 @@ fn plan(answer: spb::SelectResponse) -> Result<Plan, ConvertError> {
         sticky: answer.sticky,
         none_reason,
         retry_after_ms: answer.retry_after_ms,
+        previous_response_other_key: answer.previous_response_other_key,
     })
 }
 
@@ -279,10 +281,15 @@ impl Selection for RemoteSelection {
                 group: request.group.clone(),
                 platform: platform_pb(request.platform),
                 model: request.model.clone(),
-                session_hash: request.session_hash.clone().unwrap_or_default(),
+                session_hash: request
+                    .session_hash
+                    .as_deref()
+                    .map(|session| binding_key(request.api_key_id, session))
+                    .unwrap_or_default(),
                 previous_response_id: request.previous_response_id.clone().unwrap_or_default(),
                 exclude_account_ids: request.exclude.clone(),
                 max_accounts: 0,
+                api_key_id: request.api_key_id,
             })
             .await;
         let answer = match answer {
@@ -330,10 +337,16 @@ impl Selection for RemoteSelection {
             .then(|| Secret::new(answer.refreshed_credential))
     }
 
-    async fn bind_session(&self, group: &str, session_hash: &str, account_id: i64) {
+    async fn bind_session(
+        &self,
+        group: &str,
+        api_key_id: i64,
+        session_hash: &str,
+        account_id: i64,
+    ) {
         let request = spb::BindSessionRequest {
             group: group.to_owned(),
-            session_hash: session_hash.to_owned(),
+            session_hash: binding_key(api_key_id, session_hash),
             account_id,
         };
         if let Err(status) = self.client.clone().bind_session(request).await {
@@ -341,10 +354,11 @@ impl Selection for RemoteSelection {
         }
     }
 
-    async fn bind_response(&self, response_id: &str, account_id: i64) {
+    async fn bind_response(&self, api_key_id: i64, response_id: &str, account_id: i64) {
         let request = spb::BindResponseRequest {
             response_id: response_id.to_owned(),
             account_id,
+            api_key_id,
         };
         if let Err(status) = self.client.clone().bind_response(request).await {
             tracing::debug!(code = ?status.code(), "response bind failed");

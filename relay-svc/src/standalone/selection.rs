@@ -12,6 +12,7 @@ use poolgate_core::short_hash;
 use selector_svc::engine::{Reported, SelectQuery, Selector, SelectorError};
 
 use crate::backends::{BackendError, Caller, Plan, PlanRequest, Planned, Selection, UsageRecord};
+use crate::session::binding_key;
 use crate::usage_sink::UsageSink;
 
 pub struct InProcessSelection {
@@ -75,18 +76,36 @@ impl Selection for InProcessSelection {
     }
 
     async fn select(&self, request: &PlanRequest) -> Result<Plan, BackendError> {
-        let plan = self
+        let query = SelectQuery {
+            group: request.group.clone(),
+            platform: Some(request.platform),
+            model: request.model.clone(),
+            session_hash: request
+                .session_hash
+                .as_deref()
+                .map(|session| binding_key(request.api_key_id, session)),
+            previous_response_id: request.previous_response_id.clone(),
+            exclude: request.exclude.clone(),
+            max_accounts: 0,
+            api_key_id: request.api_key_id,
+        };
+        if self
             .selector
-            .select(&SelectQuery {
-                group: request.group.clone(),
-                platform: Some(request.platform),
-                model: request.model.clone(),
-                session_hash: request.session_hash.clone(),
-                previous_response_id: request.previous_response_id.clone(),
-                exclude: request.exclude.clone(),
-                max_accounts: 0,
-            })
-            .await;
+            .response_of_another_key(&query)
+            .await
+            .map_err(unavailable)?
+        {
+            self.selector
+                .metrics()
+                .selects
+                .with_label_values(&["previous_response_other_key"])
+                .inc();
+            return Ok(Plan {
+                previous_response_other_key: true,
+                ..Plan::default()
+            });
+        }
+        let plan = self.selector.select(&query).await;
         let plan = match plan {
             Ok(plan) => plan,
             // A group without accounts is not an error to the client: nothing to serve it.
@@ -130,6 +149,7 @@ impl Selection for InProcessSelection {
             sticky: plan.sticky,
             none_reason: plan.none_reason,
             retry_after_ms: plan.retry_after_ms,
+            previous_response_other_key: false,
         })
     }
 
@@ -154,18 +174,28 @@ impl Selection for InProcessSelection {
         }
     }
 
-    async fn bind_session(&self, group: &str, session_hash: &str, account_id: i64) {
+    async fn bind_session(
+        &self,
+        group: &str,
+        api_key_id: i64,
+        session_hash: &str,
+        account_id: i64,
+    ) {
         if let Err(error) = self
             .selector
-            .bind_session(group, session_hash, account_id)
+            .bind_session(group, &binding_key(api_key_id, session_hash), account_id)
             .await
         {
             tracing::debug!(%error, "session binding not written");
         }
     }
 
-    async fn bind_response(&self, response_id: &str, account_id: i64) {
-        if let Err(error) = self.selector.bind_response(response_id, account_id).await {
+    async fn bind_response(&self, api_key_id: i64, response_id: &str, account_id: i64) {
+        if let Err(error) = self
+            .selector
+            .bind_response_for_key(api_key_id, response_id, account_id)
+            .await
+        {
             tracing::debug!(%error, "response binding not written");
         }
     }

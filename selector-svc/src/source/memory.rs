@@ -6,11 +6,12 @@
 //! start: refreshed OAuth tokens (refresh tokens are single-use: a relay that refreshed and then
 //! restarted with the config's old token has lost the account), status changes, and the usage
 //! ledger. The file is JSON, mode 0600 (it holds credentials in clear, as the config does),
-//! written atomically (a temporary file in the same directory, fsync, rename, fsync of the
-//! directory), so a crash leaves the old state or the new one, never half of one.
+//! written atomically (a fresh temporary file created exclusively in the same directory, fsync,
+//! rename, fsync of the directory), so a crash leaves the old state or the new one, never half
+//! of one.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -159,29 +160,28 @@ impl StateFile {
             .ok_or_else(|| StoreError::StateFile(format!("{} names no file", self.path.display())))?
             .to_string_lossy()
             .into_owned();
-        let temporary = directory.join(format!(".{name}.tmp-{}", std::process::id()));
+        // A fresh file under a random name, created exclusively (`O_EXCL`, never through a
+        // symlink) with mode 0600 from the start: a file or symlink planted at a path that
+        // could be predicted (the pid-named temporary of earlier releases) is never opened, so
+        // the tokens in clear cannot be steered into another file. A failed write removes it.
         let written = (|| {
-            let mut options = OpenOptions::new();
-            options.write(true).create(true).truncate(true);
-            #[cfg(unix)]
-            {
-                use std::os::unix::fs::OpenOptionsExt;
-                options.mode(0o600);
-            }
-            let mut file = options.open(&temporary)?;
-            // The mode applies to a new file only: a temporary left by a crashed write keeps its
-            // own unless set again.
+            let prefix = format!(".{name}.");
+            let mut builder = tempfile::Builder::new();
+            builder.prefix(&prefix).suffix(".tmp");
             #[cfg(unix)]
             {
                 use std::os::unix::fs::PermissionsExt;
-                file.set_permissions(fs::Permissions::from_mode(0o600))?;
+                builder.permissions(fs::Permissions::from_mode(0o600));
             }
-            file.write_all(&bytes)?;
-            file.sync_all()?;
-            fs::rename(&temporary, &self.path)
+            let mut temporary = builder.tempfile_in(&directory)?;
+            temporary.write_all(&bytes)?;
+            temporary.as_file().sync_all()?;
+            temporary
+                .persist(&self.path)
+                .map(drop)
+                .map_err(|error| error.error)
         })();
         if let Err(error) = written {
-            let _ = fs::remove_file(&temporary);
             return Err(failed("writing", error));
         }
         // The rename is durable only once the directory entry is.

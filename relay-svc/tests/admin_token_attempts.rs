@@ -1,0 +1,101 @@
+//! The standalone relay's admin endpoint: a wrong admin token is answered 401 only after a fixed
+//! delay, a flood of them past the cap is refused at once (the same 401), and the right token is
+//! never locked out.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use poolgate_runtime::failed_auth::{MAX_DELAYED_REFUSALS, REFUSAL_DELAY};
+use relay_svc::admin::{AccountView, AdminError, BlockView, KeyUsage, Operator};
+
+const TOKEN: &str = "the-admin-token";
+
+/// An engine with one account and nothing else.
+struct OneAccount;
+
+#[async_trait]
+impl Operator for OneAccount {
+    async fn accounts(&self) -> Vec<AccountView> {
+        vec![AccountView {
+            id: 1,
+            name: "acct-1".into(),
+            group: "g".into(),
+            platform: "anthropic".into(),
+            credential_kind: "api_key".into(),
+            credential_masked: "…wxyz".into(),
+            status: "active".into(),
+            status_reason: String::new(),
+        }]
+    }
+    async fn blocks(&self) -> Result<Vec<BlockView>, AdminError> {
+        Ok(vec![])
+    }
+    async fn restore(&self, account_id: i64) -> Result<AccountView, AdminError> {
+        Err(AdminError::UnknownAccount(account_id))
+    }
+    async fn clear_block(&self, account_id: i64) -> Result<(), AdminError> {
+        Err(AdminError::UnknownAccount(account_id))
+    }
+    async fn usage(&self, _from_ms: i64, _to_ms: i64) -> Result<Vec<KeyUsage>, AdminError> {
+        Ok(vec![])
+    }
+}
+
+async fn serve() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let router = relay_svc::admin::router(Arc::new(OneAccount), TOKEN);
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    format!("http://{addr}/admin/accounts")
+}
+
+/// One listing with `token`; its status and how long it took.
+async fn accounts(client: reqwest::Client, url: String, token: &str) -> (u16, Duration) {
+    let started = Instant::now();
+    let response = client
+        .get(url)
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("answer");
+    (response.status().as_u16(), started.elapsed())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_admin_token_costs_a_delay_and_a_flood_never_locks_the_right_one_out() {
+    let url = serve().await;
+    // reqwest is built without a bundled TLS provider; ring is the one in the tree.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = reqwest::Client::new();
+
+    let (status, took) = accounts(client.clone(), url.clone(), "wrong-token").await;
+    assert_eq!(status, 401);
+    assert!(took >= REFUSAL_DELAY, "a wrong token answered in {took:?}");
+    let (status, _) = accounts(client.clone(), url.clone(), TOKEN).await;
+    assert_eq!(status, 200);
+
+    let flood = 3 * MAX_DELAYED_REFUSALS;
+    let wrong: Vec<_> = (0..flood)
+        .map(|_| tokio::spawn(accounts(client.clone(), url.clone(), "wrong-token")))
+        .collect();
+    tokio::time::sleep(REFUSAL_DELAY / 5).await;
+    let (status, _) = accounts(client.clone(), url.clone(), TOKEN).await;
+    assert_eq!(status, 200, "the right token during a flood");
+    let mut delayed = 0;
+    for task in wrong {
+        let (status, took) = task.await.expect("call");
+        assert_eq!(status, 401);
+        if took >= REFUSAL_DELAY {
+            delayed += 1;
+        }
+    }
+    assert!(
+        (1..=MAX_DELAYED_REFUSALS).contains(&delayed),
+        "{delayed} of {flood} refusals waited the delay"
+    );
+}
