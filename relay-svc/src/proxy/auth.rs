@@ -18,6 +18,10 @@ use crate::backends::{Acquired, Caller, Planned};
 /// calls it alongside its messages, and it must not hammer an upstream that limits it apart.
 pub(super) const COUNT_TOKENS_ACCOUNT_RPM: i32 = 60;
 
+/// Key checks a relay has in flight at once, and how long one waits for its turn.
+pub(super) const MAX_KEY_LOOKUPS: usize = 64;
+const KEY_LOOKUP_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The admission bucket of a user's `count_tokens` rate: apart from the user's Messages bucket
 /// (keyed by the user alone), so counting tokens never spends a request of the user's RPM.
 /// Per-key limits can join it under their own name. At most 128 bytes (admission's bound on a
@@ -83,6 +87,21 @@ impl Relay {
                 });
             }
         }
+        // A key not seen within the cache TTL costs a selector call: at most `MAX_KEY_LOOKUPS`
+        // at once, each waiting at most `KEY_LOOKUP_WAIT` for its turn.
+        let busy = || {
+            RelayError::new(
+                api,
+                ErrorKind::Overloaded,
+                "too many API key checks at once; try again",
+            )
+            .retry_after_ms(1000)
+        };
+        let _permit = match tokio::time::timeout(KEY_LOOKUP_WAIT, self.auth_lookups.acquire()).await
+        {
+            Ok(Ok(permit)) => permit,
+            _ => return Err(busy()),
+        };
         let answer = self.selection.authenticate(key).await.map_err(|_| {
             RelayError::new(
                 api,

@@ -163,6 +163,9 @@ pub struct Relay {
     http: reqwest::Client,
     proxied: Mutex<HashMap<String, reqwest::Client>>,
     auth_cache: Mutex<HashMap<String, (Option<Caller>, Instant)>>,
+    /// Key lookups in flight at the selector: a flood of random keys (each a cache miss) waits
+    /// for a permit instead of multiplying selector calls (`auth.rs`).
+    auth_lookups: tokio::sync::Semaphore,
     /// Models already logged as having no price (each once; bounded).
     unpriced_models: Mutex<HashSet<String>>,
 }
@@ -201,6 +204,7 @@ impl Relay {
             metrics,
             proxied: Mutex::new(HashMap::new()),
             auth_cache: Mutex::new(HashMap::new()),
+            auth_lookups: tokio::sync::Semaphore::new(auth::MAX_KEY_LOOKUPS),
             unpriced_models: Mutex::new(HashSet::new()),
         })
     }
