@@ -44,6 +44,26 @@ pub fn short_hash(text: &str) -> String {
     hex(&Sha256::digest(text.as_bytes())[..16])
 }
 
+/// `short_hash` of a JSON value's compact text, without writing the text out first: the
+/// serializer feeds the hash (the same result as `short_hash(&value.to_string())`).
+pub fn short_hash_json<T: serde::Serialize + ?Sized>(value: &T) -> String {
+    use sha2::{Digest, Sha256};
+    struct Feed(Sha256);
+    impl std::io::Write for Feed {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.update(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut feed = Feed(Sha256::new());
+    // Writing into a hash cannot fail, and a Value always serializes.
+    let _ = serde_json::to_writer(&mut feed, value);
+    hex(&feed.0.finalize()[..16])
+}
+
 /// Wall-clock ms since the epoch (used only where Redis `TIME` cannot be: Postgres timestamps,
 /// upstream reset headers).
 pub fn now_ms() -> i64 {
@@ -51,4 +71,15 @@ pub fn now_ms() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_json_hash_is_the_hash_of_its_text() {
+        let value = serde_json::json!([{"a": "b\u{e9}\"q"}, null, [1, 2.5], "x".repeat(10_000)]);
+        assert_eq!(short_hash_json(&value), short_hash(&value.to_string()));
+    }
 }

@@ -138,6 +138,8 @@ impl FakeUpstream {
             .route("/_mock/stats", axum::routing::get(control_stats))
             .route("/_mock/reset", post(control_reset))
             .route("/_mock/requests", axum::routing::get(control_requests))
+            // The real APIs take requests of tens of MB (axum's default cap is 2 MB).
+            .layer(axum::extract::DefaultBodyLimit::max(64 << 20))
             .with_state(state.clone());
         tokio::spawn(async move {
             use axum::serve::ListenerExt;

@@ -13,12 +13,11 @@ use axum::routing::{get, post};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use http::{HeaderMap, HeaderValue, StatusCode, Uri};
-use serde_json::Value;
 use tokio::sync::mpsc;
 
 use crate::api::{Api, ErrorKind, RelayError};
 use crate::edge::{BodyError, BufferBudget, read_body};
-use crate::proxy::{Answer, Body, Inbound, Relay, request_id_header};
+use crate::proxy::{Answer, Body, BodyJsonError, Inbound, Relay, TopLevel, request_id_header};
 use crate::session::session_hash;
 
 /// Shared state of the HTTP front.
@@ -312,9 +311,10 @@ async fn handle_inner(front: Front, route: Route, headers: HeaderMap, body: Axum
         )
         .into_response();
     }
-    let json: Value = match serde_json::from_slice(&body) {
-        Ok(json @ Value::Object(_)) => json,
-        Ok(_) => {
+    // The top level only, raw: no DOM of the client's payload (`proxy/body.rs`).
+    let top = match TopLevel::parse(&body) {
+        Ok(top) => top,
+        Err(BodyJsonError::NotAnObject) => {
             return RelayError::new(
                 api,
                 ErrorKind::InvalidRequest,
@@ -322,7 +322,18 @@ async fn handle_inner(front: Front, route: Route, headers: HeaderMap, body: Axum
             )
             .into_response();
         }
-        Err(error) => {
+        Err(BodyJsonError::TooDeep) => {
+            return RelayError::new(
+                api,
+                ErrorKind::InvalidRequest,
+                format!(
+                    "the request body nests arrays and objects deeper than {}",
+                    crate::proxy::MAX_JSON_DEPTH
+                ),
+            )
+            .into_response();
+        }
+        Err(BodyJsonError::Invalid(error)) => {
             return RelayError::new(
                 api,
                 ErrorKind::InvalidRequest,
@@ -331,8 +342,8 @@ async fn handle_inner(front: Front, route: Route, headers: HeaderMap, body: Axum
             .into_response();
         }
     };
-    let model = match json.get("model") {
-        Some(Value::String(model)) if !model.is_empty() && model.len() <= 256 => model.clone(),
+    let model = match top.raw("model").map(|_| top.str("model")) {
+        Some(Some(model)) if !model.is_empty() && model.len() <= 256 => model,
         Some(_) => {
             return RelayError::new(
                 api,
@@ -346,20 +357,18 @@ async fn handle_inner(front: Front, route: Route, headers: HeaderMap, body: Axum
                 .into_response();
         }
     };
-    let stream = json.get("stream").and_then(Value::as_bool).unwrap_or(false);
-    let previous_response_id = json
-        .get("previous_response_id")
-        .and_then(Value::as_str)
-        .filter(|id| !id.is_empty() && id.len() <= 128)
-        .map(str::to_owned);
+    let stream = top.bool("stream").unwrap_or(false);
+    let previous_response_id = top
+        .str("previous_response_id")
+        .filter(|id| !id.is_empty() && id.len() <= 128);
     let inbound = Inbound {
         api,
         path,
         query,
-        session_hash: session_hash(api, &headers, &json),
+        session_hash: session_hash(api, &headers, &top.session_basis()),
         headers,
         body,
-        json,
+        top,
         model,
         stream,
         caller,

@@ -88,9 +88,8 @@ pub fn session_hash(api: Api, headers: &HeaderMap, body: &Value) -> Option<Strin
     let first_user = match messages {
         Some(Value::Array(items)) => items
             .iter()
-            .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))
-            .cloned(),
-        Some(Value::String(text)) => Some(Value::String(text.clone())),
+            .find(|m| m.get("role").and_then(Value::as_str) == Some("user")),
+        Some(text @ Value::String(_)) => Some(text),
         _ => None,
     };
     let system_messages: Vec<&Value> = match messages {
@@ -108,8 +107,13 @@ pub fn session_hash(api: Api, headers: &HeaderMap, body: &Value) -> Option<Strin
     if system.is_none() && first_user.is_none() && system_messages.is_empty() {
         return None;
     }
-    let basis = serde_json::json!([system, system_messages, first_user]);
-    Some(hashed(&basis.to_string()))
+    // Hashed as it is serialized: a large first turn is not copied into a string first.
+    // (A tuple of references serializes as the array `[system, system_messages, first_user]`.)
+    Some(poolgate_core::short_hash_json(&(
+        system,
+        &system_messages,
+        first_user,
+    )))
 }
 
 #[cfg(test)]

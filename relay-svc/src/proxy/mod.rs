@@ -8,6 +8,7 @@
 //! answer, `stream` pumps a streamed one, `finish` does the bookkeeping after the last byte.
 
 mod auth;
+mod body;
 mod call;
 mod finish;
 mod request;
@@ -25,13 +26,13 @@ use poolgate_core::lease::{Denial, DenyReason, LeaseTerms, UserLimit};
 use poolgate_core::money::usd_to_micros;
 use poolgate_core::outcome::OutcomeClass;
 use poolgate_core::select::NoneReason;
-use serde_json::Value;
 use tokio::sync::mpsc;
 
 use crate::api::{Api, ErrorKind, RelayError};
 use crate::backends::{Acquired, Caller, Lease, Leases, Plan, PlanRequest, Planned, Selection};
 use crate::metrics::Metrics;
 
+pub use body::{BodyJsonError, MAX_DEPTH as MAX_JSON_DEPTH, TopLevel};
 pub use request::{HttpClientError, merged_betas, passes_upstream, request_id_header};
 
 #[derive(Debug, Clone)]
@@ -142,7 +143,8 @@ pub struct Inbound {
     pub query: Option<String>,
     pub headers: HeaderMap,
     pub body: Bytes,
-    pub json: Value,
+    /// The body's top level, raw (`body.rs`): what the relay reads and rewrites of it.
+    pub top: TopLevel,
     pub model: String,
     pub stream: bool,
     pub caller: Caller,

@@ -315,39 +315,41 @@ impl Relay {
         let ask_usage = asks_stream_usage(inbound, account);
         let body =
             if account.mapped_model != inbound.model || ask_usage || as_claude_code || chatgpt {
-                // `inbound.json` is an object (checked when the request came in).
-                let mut json = inbound.json.clone();
-                json["model"] = Value::String(account.mapped_model.clone());
+                // Only the members rewritten are parsed; the rest is written back as it came.
+                let top = &inbound.top;
+                let mut changes: Vec<(&str, Option<String>)> = vec![(
+                    "model",
+                    Some(Value::String(account.mapped_model.clone()).to_string()),
+                )];
                 if as_claude_code {
                     let mut system =
                         vec![serde_json::json!({"type": "text", "text": CLAUDE_CODE_IDENTITY})];
-                    match json.get("system") {
+                    match top.value("system") {
                         Some(Value::String(text)) if !text.is_empty() => {
                             system.push(serde_json::json!({"type": "text", "text": text}));
                         }
-                        Some(Value::Array(blocks)) => system.extend(blocks.iter().cloned()),
+                        Some(Value::Array(blocks)) => system.extend(blocks),
                         _ => {}
                     }
-                    json["system"] = Value::Array(system);
+                    changes.push(("system", Some(Value::Array(system).to_string())));
                 }
                 if chatgpt {
                     // The backend keeps nothing and always streams (a non-streaming client's answer
                     // is folded from the stream).
-                    json["store"] = Value::Bool(false);
-                    json["stream"] = Value::Bool(true);
+                    changes.push(("store", Some("false".into())));
+                    changes.push(("stream", Some("true".into())));
                 }
                 if ask_usage {
-                    match json
-                        .get_mut("stream_options")
-                        .and_then(Value::as_object_mut)
-                    {
-                        Some(options) => {
+                    let options = match top.value("stream_options") {
+                        Some(Value::Object(mut options)) => {
                             options.insert("include_usage".into(), Value::Bool(true));
+                            Value::Object(options)
                         }
-                        None => json["stream_options"] = serde_json::json!({"include_usage": true}),
-                    }
+                        _ => serde_json::json!({"include_usage": true}),
+                    };
+                    changes.push(("stream_options", Some(options.to_string())));
                 }
-                Bytes::from(serde_json::to_vec(&json).unwrap_or_else(|_| inbound.body.to_vec()))
+                Bytes::from(top.rewrite(&changes))
             } else {
                 inbound.body.clone()
             };
@@ -381,8 +383,8 @@ fn client_headers(upstream: &HeaderMap, account_limits: bool) -> HeaderMap {
 
 /// Whether the request already opens with Claude Code's identity line (Claude Code's own
 /// requests do; they go upstream untouched).
-fn opens_with_claude_code_identity(json: &Value) -> bool {
-    match json.get("system") {
+fn opens_with_claude_code_identity(system: Option<&Value>) -> bool {
+    match system {
         Some(Value::String(text)) => text.trim_start().starts_with(CLAUDE_CODE_IDENTITY),
         Some(Value::Array(blocks)) => blocks
             .first()
@@ -401,7 +403,7 @@ fn needs_claude_code_identity(inbound: &Inbound, account: &Planned) -> bool {
     inbound.api == Api::Anthropic
         && inbound.path == "/v1/messages"
         && account.credential_kind == CredentialKind::OAuth
-        && !opens_with_claude_code_identity(&inbound.json)
+        && !opens_with_claude_code_identity(inbound.top.value("system").as_ref())
 }
 
 /// An OpenAI chat stream whose client did not ask for usage, on an account that allows asking:
@@ -413,9 +415,9 @@ pub(super) fn asks_stream_usage(inbound: &Inbound, account: &Planned) -> bool {
         && inbound.stream
         && account.stream_usage
         && inbound
-            .json
-            .pointer("/stream_options/include_usage")
-            .and_then(Value::as_bool)
+            .top
+            .value("stream_options")
+            .and_then(|options| options.get("include_usage").and_then(Value::as_bool))
             != Some(true)
 }
 

@@ -1,0 +1,346 @@
+//! A client's JSON request as the relay needs it: the top-level members as raw text, in order,
+//! parsed only where the relay reads them (model, stream, system, metadata, ids), and written
+//! back with the documented rewrites without building a DOM of the payload. A 30 MB request
+//! costs about its size twice (the bytes read and the raw members), and once more while the
+//! rewritten copy is on its way upstream.
+
+use std::fmt;
+
+use serde::de::{DeserializeOwned, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer};
+use serde_json::Value;
+use serde_json::value::RawValue;
+
+/// The top level of a JSON object: each member's raw text.
+#[derive(Debug, Default)]
+pub struct TopLevel {
+    members: Vec<(String, Box<RawValue>)>,
+}
+
+impl<'de> Deserialize<'de> for TopLevel {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Members;
+        impl<'de> Visitor<'de> for Members {
+            type Value = TopLevel;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<TopLevel, A::Error> {
+                let mut members: Vec<(String, Box<RawValue>)> = Vec::new();
+                while let Some((key, value)) = map.next_entry::<String, Box<RawValue>>()? {
+                    // A repeated name keeps its first place and its last value, as a parse into
+                    // a map would.
+                    match members.iter_mut().find(|(name, _)| *name == key) {
+                        Some(member) => member.1 = value,
+                        None => members.push((key, value)),
+                    }
+                }
+                Ok(TopLevel { members })
+            }
+        }
+        deserializer.deserialize_map(Members)
+    }
+}
+
+/// Why a request body is not one the relay takes.
+#[derive(Debug)]
+pub enum BodyJsonError {
+    NotAnObject,
+    /// Nested deeper than `MAX_DEPTH`.
+    TooDeep,
+    Invalid(serde_json::Error),
+}
+
+/// The deepest nesting of arrays and objects taken (serde_json's own limit for a full parse).
+pub const MAX_DEPTH: usize = 128;
+
+/// Whether `body`'s arrays and objects nest at most `max` deep: one pass over the bytes, strings
+/// (and their escapes) skipped, nothing allocated. (Raw members are not parsed, so the depth a
+/// full parse would refuse is checked here.)
+fn nesting_within(body: &[u8], max: usize) -> bool {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for &byte in body {
+        if in_string {
+            match byte {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > max {
+                    return false;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    true
+}
+
+impl TopLevel {
+    /// Parses a request body that must be a JSON object.
+    pub fn parse(body: &[u8]) -> Result<Self, BodyJsonError> {
+        if !nesting_within(body, MAX_DEPTH) {
+            return Err(BodyJsonError::TooDeep);
+        }
+        serde_json::from_slice(body).map_err(|error| {
+            if error.classify() == serde_json::error::Category::Data {
+                BodyJsonError::NotAnObject
+            } else {
+                BodyJsonError::Invalid(error)
+            }
+        })
+    }
+
+    pub fn raw(&self, name: &str) -> Option<&RawValue> {
+        self.members
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.as_ref())
+    }
+
+    /// A member parsed as `T`; `None` when absent or of another type.
+    pub fn get<T: DeserializeOwned>(&self, name: &str) -> Option<T> {
+        serde_json::from_str(self.raw(name)?.get()).ok()
+    }
+
+    /// A member parsed whole: only for the small ones (system, metadata, options).
+    pub fn value(&self, name: &str) -> Option<Value> {
+        self.get(name)
+    }
+
+    pub fn str(&self, name: &str) -> Option<String> {
+        self.get::<String>(name)
+    }
+
+    pub fn bool(&self, name: &str) -> Option<bool> {
+        self.get::<bool>(name)
+    }
+
+    /// What the session hash reads (`session.rs`), as a small object: the metadata, ids and
+    /// system prompt, and of `messages` / `input` only the system and developer messages and
+    /// the first user turn, each parsed alone (the rest is skipped, never built).
+    pub fn session_basis(&self) -> Value {
+        let mut basis = serde_json::Map::new();
+        for name in [
+            "metadata",
+            "prompt_cache_key",
+            "client_metadata",
+            "system",
+            "instructions",
+        ] {
+            if let Some(value) = self.value(name) {
+                basis.insert(name.to_owned(), value);
+            }
+        }
+        for name in ["messages", "input"] {
+            if let Some(raw) = self.raw(name) {
+                let mut deserializer = serde_json::Deserializer::from_str(raw.get());
+                if let Ok(kept) = SessionTurns.deserialize(&mut deserializer) {
+                    basis.insert(name.to_owned(), kept);
+                }
+            }
+        }
+        Value::Object(basis)
+    }
+
+    /// The object written back with `changes` applied, in the client's order: `Some(raw)`
+    /// replaces a member (or adds it at the end), `None` leaves it out. Raw texts are written
+    /// as they came.
+    pub fn rewrite(&self, changes: &[(&str, Option<String>)]) -> Vec<u8> {
+        let size: usize = self
+            .members
+            .iter()
+            .map(|(key, value)| key.len() + value.get().len() + 4)
+            .sum::<usize>()
+            + changes
+                .iter()
+                .map(|(key, value)| key.len() + value.as_ref().map_or(0, String::len) + 4)
+                .sum::<usize>()
+            + 2;
+        let mut out = Vec::with_capacity(size);
+        out.push(b'{');
+        let mut first = true;
+        let mut write = |out: &mut Vec<u8>, key: &str, value: &str| {
+            if !first {
+                out.push(b',');
+            }
+            first = false;
+            // A key is a plain string: serde_json escapes it.
+            out.extend_from_slice(
+                serde_json::to_string(key)
+                    .unwrap_or_else(|_| "\"\"".into())
+                    .as_bytes(),
+            );
+            out.push(b':');
+            out.extend_from_slice(value.as_bytes());
+        };
+        for (key, value) in &self.members {
+            match changes.iter().find(|(name, _)| name == key) {
+                Some((_, Some(replaced))) => write(&mut out, key, replaced),
+                Some((_, None)) => {}
+                None => write(&mut out, key, value.get()),
+            }
+        }
+        for (name, value) in changes {
+            if let Some(value) = value
+                && self.raw(name).is_none()
+            {
+                write(&mut out, name, value);
+            }
+        }
+        out.push(b'}');
+        out
+    }
+}
+
+/// Of an array of messages, the ones the session hash reads: system and developer messages and
+/// the first user turn, in order. Anything else (a string `input`) is kept as it is.
+struct SessionTurns;
+
+impl<'de> DeserializeSeed<'de> for SessionTurns {
+    type Value = Value;
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for SessionTurns {
+    type Value = Value;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("messages")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut kept = Vec::new();
+        let mut user_seen = false;
+        while let Some(message) = seq.next_element::<Value>()? {
+            let role = message.get("role").and_then(Value::as_str);
+            let keep = match role {
+                Some("system" | "developer") => true,
+                Some("user") if !user_seen => {
+                    user_seen = true;
+                    true
+                }
+                _ => false,
+            };
+            if keep {
+                kept.push(message);
+            }
+        }
+        Ok(Value::Array(kept))
+    }
+    fn visit_str<E>(self, text: &str) -> Result<Value, E> {
+        Ok(Value::String(text.to_owned()))
+    }
+    fn visit_string<E>(self, text: String) -> Result<Value, E> {
+        Ok(Value::String(text))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(Value::Null)
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn members_are_read_raw_and_written_back_in_order_with_the_rewrites() {
+        let body = br#"{"model":"a","messages":[{"role":"user","content":"hi \u00e9"}],"stream":true,"x":{"deep":[1,2]}}"#;
+        let top = TopLevel::parse(body).expect("an object");
+        assert_eq!(top.str("model").as_deref(), Some("a"));
+        assert_eq!(top.bool("stream"), Some(true));
+        assert_eq!(top.raw("x").map(RawValue::get), Some(r#"{"deep":[1,2]}"#));
+        let out = top.rewrite(&[
+            ("model", Some("\"b\"".into())),
+            ("stream", None),
+            ("store", Some("false".into())),
+        ]);
+        assert_eq!(
+            std::str::from_utf8(&out).expect("utf-8"),
+            r#"{"model":"b","messages":[{"role":"user","content":"hi \u00e9"}],"x":{"deep":[1,2]},"store":false}"#,
+            "the client's text (its escapes too) is written as it came"
+        );
+        let parsed: Value = serde_json::from_slice(&out).expect("valid JSON");
+        assert_eq!(parsed["store"], false);
+    }
+
+    #[test]
+    fn nesting_is_bounded_outside_strings_only() {
+        let deep = format!("{{\"a\":{}{}}}", "[".repeat(200), "]".repeat(200));
+        assert!(matches!(
+            TopLevel::parse(deep.as_bytes()),
+            Err(BodyJsonError::TooDeep)
+        ));
+        let in_string = format!("{{\"a\":\"{}\\\"{}\"}}", "[".repeat(200), "{".repeat(200));
+        assert!(TopLevel::parse(in_string.as_bytes()).is_ok(), "{in_string}");
+        let fine = format!("{{\"a\":{}{}}}", "[".repeat(100), "]".repeat(100));
+        assert!(TopLevel::parse(fine.as_bytes()).is_ok());
+    }
+
+    #[test]
+    fn only_objects_parse_and_a_repeated_name_keeps_its_last_value() {
+        assert!(TopLevel::parse(b"[1]").is_err());
+        assert!(TopLevel::parse(b"\"text\"").is_err());
+        assert!(TopLevel::parse(b"{\"a\":").is_err());
+        let top = TopLevel::parse(br#"{"model":"a","model":"b"}"#).expect("object");
+        assert_eq!(top.str("model").as_deref(), Some("b"));
+        assert_eq!(top.rewrite(&[]), br#"{"model":"b"}"#.to_vec());
+    }
+
+    #[test]
+    fn the_session_basis_keeps_what_the_session_hash_reads() {
+        let body = json!({
+            "system": "s",
+            "messages": [
+                {"role": "system", "content": "sys"},
+                {"role": "user", "content": "first"},
+                {"role": "assistant", "content": "a"},
+                {"role": "developer", "content": "dev"},
+                {"role": "user", "content": "second"}
+            ],
+            "metadata": {"user_id": "u"},
+            "big": "x".repeat(1000)
+        });
+        let top = TopLevel::parse(body.to_string().as_bytes()).expect("object");
+        let basis = top.session_basis();
+        assert_eq!(
+            basis,
+            json!({
+                "system": "s",
+                "metadata": {"user_id": "u"},
+                "messages": [
+                    {"role": "system", "content": "sys"},
+                    {"role": "user", "content": "first"},
+                    {"role": "developer", "content": "dev"}
+                ]
+            })
+        );
+        let input = TopLevel::parse(br#"{"input":"just text"}"#).expect("object");
+        assert_eq!(input.session_basis(), json!({"input": "just text"}));
+    }
+}
