@@ -653,16 +653,24 @@ impl Selector {
             {
                 None => {
                     let health = self.health.read_one(id).await.map_err(unavailable)?;
-                    if health.hard_block_ms > 0 {
-                        // A verdict blocked it (or something else did): fail over.
+                    if health.hard_block_ms == 0 {
+                        self.confirm(stored.clone(), outcome.status, Suspicion::Unauthorized)
+                            .await
+                            .map_err(unavailable)?;
+                    } else if self
+                        .health
+                        .confirm_state(id)
+                        .await
+                        .map_err(unavailable)?
+                        .is_none()
+                    {
+                        // A verdict blocked it (or something else did): fail over. (A block
+                        // seen while the lock is held again is that confirmation's own: wait.)
                         return Ok(Reported::Applied(Applied {
                             what: "hard_block",
                             block_ms: health.hard_block_ms,
                         }));
                     }
-                    self.confirm(stored.clone(), outcome.status, Suspicion::Unauthorized)
-                        .await
-                        .map_err(unavailable)?;
                 }
                 // The probe found the stored token good: this refusal was the request's.
                 Some((LockState::Quiet, _)) => return Ok(Reported::Applied(Applied::NONE)),
