@@ -1,13 +1,12 @@
-//! Confirmation: before an account is retired for a billing-class answer, poolgate asks the
-//! upstream again with a request the client cannot shape — a fixed minimal request built here
-//! (`max_tokens: 1`, the platform's probe model) — under an admission lease, so the probe never
-//! takes the account over its concurrency limit. Only when that request gets the same class of
-//! answer is the account retired. The same probe is a half-open breaker's check: no client
-//! request is let through as the probe (a crafted one could keep the breaker open).
+//! The probe: before an answer a client's request may have shaped changes an account's health,
+//! poolgate asks the upstream again with a request the client cannot shape — a fixed minimal
+//! request built here (`max_tokens: 1`, the platform's probe model) — under an admission lease,
+//! so the probe never takes the account over its concurrency limit. The same probe is a
+//! half-open breaker's check: no client request is let through as the probe (a crafted one
+//! could keep the breaker open).
 //!
-//! This module is the probe and the verdict; who holds the lock and where the result is written
-//! is the caller's (the selector engine over Redis and Postgres, the relay's standalone mode in
-//! memory).
+//! This module is the probe; what its answer does, under which lock, is `confirmations.rs`
+//! (and the engine's half-open check).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -125,34 +124,6 @@ impl Suspicion {
     }
 }
 
-/// The end of a confirmation.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Verdict {
-    /// The probe got a billing-class answer too: retire.
-    Confirmed(Probed),
-    /// The probe got some other answer: the account stays.
-    NotConfirmed(Probed),
-    /// No probe was sent (no slot in time, admission unavailable): the account stays.
-    Inconclusive(&'static str),
-}
-
-impl Verdict {
-    /// The probe got an answer, and not the suspected one: the upstream is fine for a request
-    /// nobody shaped, so the suspicious answer was the request's doing. (No answer, or no probe
-    /// sent, proves nothing.)
-    pub fn cleared(&self) -> bool {
-        matches!(self, Verdict::NotConfirmed(probed) if probed.status != 0)
-    }
-
-    pub fn label(&self) -> &'static str {
-        match self {
-            Verdict::Confirmed(_) => "confirmed",
-            Verdict::NotConfirmed(_) => "not_confirmed",
-            Verdict::Inconclusive(_) => "inconclusive",
-        }
-    }
-}
-
 /// The probe request: fixed, minimal, nothing of any client in it.
 pub fn probe_request(
     client: &reqwest::Client,
@@ -247,31 +218,6 @@ pub async fn send_probe(
         summary: UpstreamError::parse(body)
             .map(|e| e.summary())
             .unwrap_or_default(),
-    }
-}
-
-/// One confirmation: the probe under a lease; retire only on a billing-class answer.
-pub async fn confirm(
-    admission: &Arc<Admission>,
-    client: &reqwest::Client,
-    account: &Account,
-    settings: &ProbeSettings,
-    hard_block_threshold_ms: u64,
-) -> Verdict {
-    match probe_under_lease(
-        admission,
-        client,
-        account,
-        settings,
-        hard_block_threshold_ms,
-    )
-    .await
-    {
-        Ok(probed) if probed.classified.class == OutcomeClass::QuotaGone => {
-            Verdict::Confirmed(probed)
-        }
-        Ok(probed) => Verdict::NotConfirmed(probed),
-        Err(why) => Verdict::Inconclusive(why),
     }
 }
 
