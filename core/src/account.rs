@@ -259,6 +259,15 @@ pub fn group_models<'a>(
     models
 }
 
+/// What a group sets for every request it serves.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GroupSettings {
+    /// Clients get the pooled account's usage-window headers (`anthropic-ratelimit-unified-*`,
+    /// `x-codex-*`). They describe the account, which every client of a shared pool shares: only
+    /// a pool with one user (its own subscription behind the relay) should pass them on.
+    pub usage_headers_to_clients: bool,
+}
+
 /// A client API key, as authentication needs it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApiKeyRecord {

@@ -80,6 +80,8 @@ pub struct Planned {
     pub price: Price,
     pub soft_blocked: bool,
     pub inflight: Option<u32>,
+    /// The account's group passes its usage-window headers on to clients.
+    pub usage_headers_to_clients: bool,
 }
 
 #[derive(Debug, Clone, Default)]

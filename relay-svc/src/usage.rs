@@ -134,35 +134,131 @@ impl SseScanner {
     }
 }
 
-/// A whole Responses API stream folded into the one response a non-streaming client expects:
-/// the `response` of its `response.completed` or `response.incomplete` event (an answer cut
-/// short by `max_output_tokens` or a content filter is the upstream's answer, `status:
+/// What the relay reads of a whole JSON answer: its usage and, for the Responses API, its
+/// `resp_…` id. The parser skips every other member without building it.
+pub fn whole_answer(body: &[u8]) -> (Usage, Option<String>) {
+    #[derive(serde::Deserialize)]
+    struct Head {
+        #[serde(default)]
+        id: Option<Value>,
+        #[serde(default)]
+        usage: Option<Value>,
+    }
+    let mut usage = Usage::default();
+    let Ok(head) = serde_json::from_slice::<Head>(body) else {
+        return (usage, None);
+    };
+    if let Some(found) = head.usage.filter(Value::is_object) {
+        usage.absorb(&found);
+    }
+    let id = head
+        .id
+        .as_ref()
+        .and_then(Value::as_str)
+        .filter(|id| id.starts_with("resp_"))
+        .map(str::to_owned);
+    (usage, id)
+}
+
+/// A whole Responses API stream folded, as it arrives, into the one response a non-streaming
+/// client expects: the `response` of its `response.completed` or `response.incomplete` event (an
+/// answer cut short by `max_output_tokens` or a content filter is the upstream's answer, `status:
 /// "incomplete"` with `incomplete_details`, as the API returns it without a stream).
-/// `Err(Some(event))`: the stream ended in an error event; `Err(None)`: it ended without any.
-pub fn completed_response(stream: &[u8]) -> Result<Value, Option<Value>> {
-    let text = String::from_utf8_lossy(stream);
-    let mut error = None;
-    for event in text.split("\n\n") {
-        let data: String = event
-            .lines()
-            .filter_map(|line| line.strip_prefix("data:"))
-            .map(str::trim_start)
-            .collect::<Vec<_>>()
-            .join("\n");
-        let Ok(event) = serde_json::from_str::<Value>(&data) else {
-            continue;
-        };
-        match event.get("type").and_then(Value::as_str) {
-            Some("response.completed" | "response.incomplete") => {
-                if let Some(response) = event.get("response") {
-                    return Ok(response.clone());
-                }
+///
+/// Only the event being read and the folded response are held: deltas are dropped as their event
+/// ends, and the response is cut out of its event's bytes in place, never parsed into a tree.
+#[derive(Debug, Default)]
+pub struct StreamFold {
+    line: Vec<u8>,
+    data: Vec<u8>,
+    response: Option<Vec<u8>>,
+    error: Option<Value>,
+}
+
+impl StreamFold {
+    pub fn feed(&mut self, chunk: &[u8]) {
+        let mut rest = chunk;
+        while let Some(end) = rest.iter().position(|b| *b == b'\n') {
+            self.line.extend_from_slice(&rest[..end]);
+            self.line_done();
+            rest = &rest[end + 1..];
+        }
+        self.line.extend_from_slice(rest);
+    }
+
+    fn line_done(&mut self) {
+        if self.line.last() == Some(&b'\r') {
+            self.line.pop();
+        }
+        if self.line.is_empty() {
+            self.event_done();
+        } else if self.line.starts_with(b"data:") {
+            let skip = if self.line.get(5) == Some(&b' ') {
+                6
+            } else {
+                5
+            };
+            if self.data.is_empty() {
+                // The usual case, one data line: its bytes become the event's, shifted in place.
+                self.data = std::mem::take(&mut self.line);
+                self.data.drain(..skip);
+            } else {
+                self.data.push(b'\n');
+                self.data.extend_from_slice(&self.line[skip..]);
             }
-            Some("response.failed") | Some("error") => error = Some(event),
+        }
+        self.line.clear();
+    }
+
+    fn event_done(&mut self) {
+        #[derive(serde::Deserialize)]
+        struct Event<'a> {
+            #[serde(rename = "type", borrow, default)]
+            kind: Option<std::borrow::Cow<'a, str>>,
+            #[serde(borrow, default)]
+            response: Option<&'a serde_json::value::RawValue>,
+        }
+        let mut data = std::mem::take(&mut self.data);
+        let Ok(event) = serde_json::from_slice::<Event>(&data) else {
+            return;
+        };
+        match event.kind.as_deref() {
+            Some("response.completed" | "response.incomplete") if self.response.is_none() => {
+                let Some(response) = event.response else {
+                    return;
+                };
+                // The raw response is a slice of `data`: keep those bytes, drop the envelope.
+                let start = response.get().as_ptr() as usize - data.as_ptr() as usize;
+                let end = start + response.get().len();
+                data.truncate(end);
+                data.drain(..start);
+                self.response = Some(data);
+            }
+            Some("response.failed" | "error") if self.error.is_none() => {
+                self.error = serde_json::from_slice(&data).ok();
+            }
             _ => {}
         }
     }
-    Err(error)
+
+    /// The folded response (raw JSON bytes). `Err(Some(event))`: the stream ended in an error
+    /// event; `Err(None)`: it ended without either.
+    pub fn finish(mut self) -> Result<Vec<u8>, Option<Value>> {
+        if !self.line.is_empty() {
+            self.line_done();
+        }
+        if !self.data.is_empty() {
+            self.event_done();
+        }
+        self.response.ok_or(self.error)
+    }
+}
+
+/// [`StreamFold`] over a whole stream at once.
+pub fn completed_response(stream: &[u8]) -> Result<Vec<u8>, Option<Value>> {
+    let mut fold = StreamFold::default();
+    fold.feed(stream);
+    fold.finish()
 }
 
 /// Takes out of an OpenAI chat stream what the relay added by asking for usage the client did not
@@ -333,6 +429,7 @@ mod tests {
             "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_1\",\"status\":\"completed\",\"usage\":{\"input_tokens\":3}}}\n\n",
         );
         let response = completed_response(stream.as_bytes()).expect("completed");
+        let response: Value = serde_json::from_slice(&response).expect("the response is JSON");
         assert_eq!(response["id"], "resp_1");
         assert_eq!(response["status"], "completed");
         let failed = "data: {\"type\":\"response.failed\",\"response\":{\"error\":{\"code\":\"server_error\"}}}\n\n";
@@ -345,12 +442,52 @@ mod tests {
             "data: {\"type\":\"response.incomplete\",\"response\":{\"id\":\"resp_2\",\"status\":\"incomplete\",\"incomplete_details\":{\"reason\":\"max_output_tokens\"}}}\n\n",
         );
         let response = completed_response(incomplete.as_bytes()).expect("an answer, cut short");
+        let response: Value = serde_json::from_slice(&response).expect("the response is JSON");
         assert_eq!(response["status"], "incomplete");
         assert_eq!(
             response["incomplete_details"]["reason"],
             "max_output_tokens"
         );
         assert_eq!(completed_response(b"data: [DONE]\n\n"), Err(None));
+    }
+
+    #[test]
+    fn the_fold_reads_a_stream_in_pieces_and_keeps_only_the_response() {
+        let stream = concat!(
+            "event: response.created\r\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_9\"}}\r\n\r\n",
+            "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\n",
+            "data: \"delta\":\"Hi\"}\n\n",
+            "event: response.completed\ndata:{\"type\":\"response.completed\",\"sequence_number\":3,\"response\":{\"id\":\"resp_9\",\"status\":\"completed\",\"output\":[{\"type\":\"message\",\"content\":[{\"type\":\"output_text\",\"text\":\"Hi\"}]}],\"usage\":{\"input_tokens\":5,\"output_tokens\":2}}}",
+        );
+        for size in [1, 3, 7, 64, stream.len()] {
+            let mut fold = StreamFold::default();
+            for piece in stream.as_bytes().chunks(size) {
+                fold.feed(piece);
+            }
+            // The stream ends without its blank line: the last event still counts.
+            let response = fold.finish().expect("completed");
+            assert!(response.starts_with(b"{\"id\":\"resp_9\""), "{size}");
+            assert!(response.ends_with(b"\"output_tokens\":2}}"), "{size}");
+            let (usage, id) = whole_answer(&response);
+            assert_eq!(id.as_deref(), Some("resp_9"));
+            assert_eq!((usage.input, usage.output), (5, 2));
+        }
+    }
+
+    #[test]
+    fn a_whole_answer_gives_its_usage_and_only_a_responses_id() {
+        let (usage, id) = whole_answer(br#"{"id":"msg_1","content":[{"type":"text","text":"x"}],"usage":{"input_tokens":7,"cache_read_input_tokens":2,"output_tokens":3}}"#);
+        assert_eq!(id, None);
+        assert_eq!((usage.input, usage.cache_read, usage.output), (7, 2, 3));
+        let (usage, id) =
+            whole_answer(br#"{"id":"resp_2","usage":{"input_tokens":4,"output_tokens":1}}"#);
+        assert_eq!(id.as_deref(), Some("resp_2"));
+        assert_eq!(usage.output, 1);
+        assert_eq!(whole_answer(b"not json"), (Usage::default(), None));
+        assert_eq!(
+            whole_answer(br#"{"id":7,"usage":"none"}"#),
+            (Usage::default(), None)
+        );
     }
 
     #[test]

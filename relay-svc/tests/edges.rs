@@ -711,3 +711,62 @@ async fn over_grpc_response_and_session_bindings_are_the_keys_own() {
         .expect("get");
     assert_eq!(bare, None, "no binding another key could find");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_group_that_opts_in_passes_the_usage_window_headers_on() {
+    let upstream = FakeUpstream::start().await.expect("fake upstream");
+    let yaml = format!(
+        "api_keys:\n  - {{key: {KEY}, user: alice, group: solo}}\n  - {{key: {OTHER_KEY}, user: bob, group: shared}}\n\
+         groups:\n  solo: {{usage_headers_to_clients: true}}\n\
+         accounts:\n  - {{name: mine, group: solo, platform: anthropic, base_url: \"{0}\", api_key: cred-solo}}\n  \
+         - {{name: pooled, group: shared, platform: anthropic, base_url: \"{0}\", api_key: cred-shared}}\n",
+        upstream.base_url
+    );
+    let (_relay, addr) = common::standalone(
+        &yaml,
+        RelaySettings::default(),
+        poolgate_core::outcome::RuntimeBlockSettings::default(),
+    )
+    .await
+    .expect("standalone relay starts");
+    let answer = r#"{"id":"msg_1","type":"message","role":"assistant","model":"claude-x","content":[{"type":"text","text":"hi"}],"stop_reason":"end_turn","usage":{"input_tokens":1,"output_tokens":1}}"#;
+    let http = reqwest::Client::new();
+    for (key, credential, passes) in [(KEY, "cred-solo", true), (OTHER_KEY, "cred-shared", false)] {
+        upstream.script(
+            credential,
+            [Scripted::Fail {
+                status: 200,
+                headers: upstream_answer_headers(),
+                body: answer.to_owned(),
+            }],
+        );
+        let response = http
+            .post(format!("http://{addr}/v1/messages"))
+            .header("x-api-key", key)
+            .json(&message("hi"))
+            .send()
+            .await
+            .expect("relay answers");
+        assert_eq!(response.status().as_u16(), 200);
+        let headers = response.headers();
+        for name in [
+            "anthropic-ratelimit-unified-status",
+            "anthropic-ratelimit-unified-5h-utilization",
+            "x-codex-primary-used-percent",
+        ] {
+            assert_eq!(
+                headers.contains_key(name),
+                passes,
+                "{name} for {credential}"
+            );
+        }
+        // Opting in passes the usage windows only, never the account's organisation or cookies.
+        for name in [
+            "anthropic-organization-id",
+            "set-cookie",
+            "access-control-allow-origin",
+        ] {
+            assert!(!headers.contains_key(name), "{name} for {credential}");
+        }
+    }
+}

@@ -129,6 +129,9 @@ pub struct Plan {
     pub sticky: bool,
     pub none_reason: Option<NoneReason>,
     pub retry_after_ms: u64,
+    /// The group passes its accounts' usage-window headers to clients
+    /// ([`GroupSettings::usage_headers_to_clients`](crate::domain::GroupSettings)).
+    pub usage_headers_to_clients: bool,
 }
 
 /// What an outcome report changed.
@@ -413,6 +416,9 @@ impl Selector {
             sticky: is_sticky,
             none_reason: None,
             retry_after_ms: 0,
+            usage_headers_to_clients: snapshot
+                .group_settings(&query.group)
+                .usage_headers_to_clients,
         })
     }
 
@@ -1038,6 +1044,7 @@ impl Plan {
             sticky: false,
             none_reason: Some(reason),
             retry_after_ms,
+            usage_headers_to_clients: false,
         }
     }
 }

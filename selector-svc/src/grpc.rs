@@ -124,6 +124,7 @@ fn plan_response(plan: Plan) -> pb::SelectResponse {
             .unwrap_or_default(),
         retry_after_ms: plan.retry_after_ms,
         previous_response_other_key: false,
+        usage_headers_to_clients: plan.usage_headers_to_clients,
     }
 }
 

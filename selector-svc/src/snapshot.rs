@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 
-use crate::domain::{Account, AccountId, ApiKeyRecord, Price};
+use crate::domain::{Account, AccountId, ApiKeyRecord, GroupSettings, Price};
 
 #[derive(Debug, Default, Clone)]
 pub struct Snapshot {
@@ -14,6 +14,8 @@ pub struct Snapshot {
     by_group: HashMap<String, Vec<AccountId>>,
     api_keys: HashMap<Vec<u8>, ApiKeyRecord>,
     prices: HashMap<String, Price>,
+    /// Only groups that set something; the rest have the defaults.
+    settings: HashMap<String, GroupSettings>,
 }
 
 impl Snapshot {
@@ -43,7 +45,20 @@ impl Snapshot {
             by_group,
             api_keys,
             prices,
+            settings: HashMap::new(),
         }
+    }
+
+    /// This snapshot with these group settings (a group named here exists, accounts or not).
+    pub fn with_group_settings(mut self, settings: HashMap<String, GroupSettings>) -> Self {
+        self.groups.extend(settings.keys().cloned());
+        self.settings = settings;
+        self
+    }
+
+    /// A group's settings (the defaults for a group that set none).
+    pub fn group_settings(&self, group: &str) -> GroupSettings {
+        self.settings.get(group).cloned().unwrap_or_default()
     }
 
     /// Replaces an account by id, keeping its group (the in-memory source's writes: status and

@@ -12,8 +12,8 @@ use sqlx::{Row, migrate::Migrator};
 
 use crate::crypto::{BlobPlace, Keyring, api_key_hash, api_key_prefix, new_api_key};
 use crate::domain::{
-    Account, AccountId, AccountStatus, ApiKeyRecord, CredentialKind, OAuthState, Platform, Price,
-    Secret, default_oauth_token_url,
+    Account, AccountId, AccountStatus, ApiKeyRecord, CredentialKind, GroupSettings, OAuthState,
+    Platform, Price, Secret, default_oauth_token_url,
 };
 use crate::snapshot::Snapshot;
 use crate::source::AccountSource;
@@ -145,10 +145,23 @@ impl ConfigStore {
 
     /// Loads every group, account (credentials decrypted), active API key and price.
     pub async fn load_snapshot(&self) -> Result<Snapshot, StoreError> {
-        let groups: Vec<String> = sqlx::query_scalar("SELECT name FROM groups")
+        let group_rows = sqlx::query("SELECT name, usage_headers_to_clients FROM groups")
             .fetch_all(&self.pool)
             .await
             .map_err(convert)?;
+        let mut groups = Vec::with_capacity(group_rows.len());
+        let mut settings = HashMap::new();
+        for row in group_rows {
+            let name: String = row.try_get("name").map_err(convert)?;
+            let passes: bool = row.try_get("usage_headers_to_clients").map_err(convert)?;
+            if passes {
+                let set = GroupSettings {
+                    usage_headers_to_clients: true,
+                };
+                settings.insert(name.clone(), set);
+            }
+            groups.push(name);
+        }
         let rows = sqlx::query(ACCOUNT_SELECT)
             .fetch_all(&self.pool)
             .await
@@ -193,7 +206,7 @@ impl ConfigStore {
                 },
             );
         }
-        Ok(Snapshot::new(groups, accounts, api_keys, prices))
+        Ok(Snapshot::new(groups, accounts, api_keys, prices).with_group_settings(settings))
     }
 
     /// An account as stored. A blob that does not decrypt for this row and field (wrong key, or

@@ -23,7 +23,7 @@ use super::request::response_headers;
 use super::{Answer, Body, Called, Inbound, Relay};
 use crate::api::{Api, ErrorKind, RelayError};
 use crate::backends::{Lease, Planned};
-use crate::usage::{Usage, completed_response};
+use crate::usage::{StreamFold, whole_answer};
 
 /// A 2xx from upstream whose body is still to be read, and the lease it runs under.
 pub(super) struct Answered<S> {
@@ -199,16 +199,19 @@ impl Relay {
         // stream folded into one response.
         let fold =
             is_sse && !inbound.stream && account.credential_kind == CredentialKind::ChatGptOAuth;
+        let length = response
+            .content_length()
+            .and_then(|n| usize::try_from(n).ok());
         let answered = Answered {
             status,
-            headers: response_headers(&headers),
+            headers: response_headers(&headers, account.usage_headers_to_clients),
             body: response.bytes_stream(),
             lease,
             lost,
             sent,
         };
         if !is_sse || fold {
-            self.serve_whole(inbound, account, answered, started, fold)
+            self.serve_whole(inbound, account, answered, started, fold, length)
                 .await
         } else {
             self.serve_stream(inbound, account, answered, started).await
@@ -223,6 +226,7 @@ impl Relay {
         answered: Answered<S>,
         started: Instant,
         fold: bool,
+        length: Option<usize>,
     ) -> Called
     where
         S: Stream<Item = reqwest::Result<Bytes>> + Unpin,
@@ -235,7 +239,16 @@ impl Relay {
             mut lost,
             sent,
         } = answered;
-        let mut collected = Vec::new();
+        // A JSON answer is kept as its bytes (room for it taken once, from its length); a folded
+        // stream keeps only its event in progress and the response it folds to.
+        let max = self.settings.max_body_bytes;
+        let mut collected = Vec::with_capacity(if fold {
+            0
+        } else {
+            length.unwrap_or(0).min(max)
+        });
+        let mut folding = fold.then(StreamFold::default);
+        let mut received = 0usize;
         loop {
             let chunk = tokio::select! {
                 chunk = upstream.next() => chunk,
@@ -243,10 +256,12 @@ impl Relay {
             };
             match chunk {
                 None => break,
-                Some(Ok(chunk))
-                    if collected.len() + chunk.len() <= self.settings.max_body_bytes =>
-                {
-                    collected.extend_from_slice(&chunk)
+                Some(Ok(chunk)) if received + chunk.len() <= max => {
+                    received += chunk.len();
+                    match folding.as_mut() {
+                        Some(folding) => folding.feed(&chunk),
+                        None => collected.extend_from_slice(&chunk),
+                    }
                 }
                 Some(_) => {
                     return Called::network_failure(
@@ -257,11 +272,10 @@ impl Relay {
                 }
             }
         }
-        let mut body = Bytes::from(collected);
-        if fold {
-            match completed_response(&body) {
+        if let Some(folding) = folding {
+            match folding.finish() {
                 Ok(response) => {
-                    body = Bytes::from(serde_json::to_vec(&response).unwrap_or_default());
+                    collected = response;
                     client_headers.insert(
                         http::header::CONTENT_TYPE,
                         HeaderValue::from_static("application/json"),
@@ -270,18 +284,10 @@ impl Relay {
                 Err(event) => return Called::stream_failure(lease, inbound.api, event.as_ref()),
             }
         }
+        let body = Bytes::from(collected);
         self.metrics
             .upstream_latency(inbound.api.platform().as_str(), sent.elapsed());
-        let mut usage = Usage::default();
-        let mut response_id = None;
-        if let Ok(json) = serde_json::from_slice::<Value>(&body) {
-            usage.absorb_message(&json);
-            response_id = json
-                .get("id")
-                .and_then(Value::as_str)
-                .filter(|id| id.starts_with("resp_"))
-                .map(str::to_owned);
-        }
+        let (usage, response_id) = whole_answer(&body);
         let finish = Finish::new(self.clone(), inbound, account, started, status.as_u16());
         // Bound before the client has the answer: its next request in the conversation (or
         // with this `previous_response_id`) must find the binding.

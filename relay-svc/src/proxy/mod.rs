@@ -378,7 +378,7 @@ impl Relay {
                                 true
                             });
                         if !other_may_answer {
-                            return Failure::new(status, headers, body).into_answer();
+                            return Failure::new(status, &headers, body, &account).into_answer();
                         }
                     } else if !inbound.ungoverned {
                         // The status reason carries what the upstream asserted (type/code),
@@ -427,7 +427,7 @@ impl Relay {
                     }
                     failures += 1;
                     exclude.push(account.id);
-                    let failure = Failure::new(status, headers, body);
+                    let failure = Failure::new(status, &headers, body, &account);
                     if failures >= self.settings.failover_budget {
                         self.metrics.failover(classified.label, "budget_spent");
                         return failure.into_answer();
@@ -538,10 +538,11 @@ struct Failure {
 }
 
 impl Failure {
-    fn new(status: u16, headers: HeaderMap, body: Bytes) -> Self {
+    /// An account's error answer, with the headers its client may see.
+    fn new(status: u16, upstream: &HeaderMap, body: Bytes, account: &Planned) -> Self {
         Failure {
             status,
-            headers,
+            headers: request::response_headers(upstream, account.usage_headers_to_clients),
             body,
         }
     }
@@ -549,7 +550,7 @@ impl Failure {
     fn into_answer(self) -> Answer {
         Answer::Upstream {
             status: StatusCode::from_u16(self.status).unwrap_or(StatusCode::BAD_GATEWAY),
-            headers: request::response_headers(&self.headers),
+            headers: self.headers,
             body: Body::Full(self.body),
         }
     }

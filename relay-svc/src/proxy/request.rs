@@ -176,10 +176,6 @@ const CLIENT_HEADERS: [&str; 6] = [
 /// they reach a client only where the pool is that client's alone.
 const ACCOUNT_LIMIT_PREFIXES: [&str; 3] = ["anthropic-ratelimit-", "x-ratelimit-", "x-codex-"];
 
-/// Whether clients get the account-limit headers. No group setting exists for it yet (it
-/// would come with the group's config): every pool is shared, so they are dropped.
-const ACCOUNT_LIMITS_TO_CLIENTS: bool = false;
-
 /// An HTTP client the relay could not build.
 #[derive(Debug, thiserror::Error)]
 pub enum HttpClientError {
@@ -360,13 +356,9 @@ impl Relay {
     }
 }
 
-/// The headers a response keeps on its way to the client.
-pub(super) fn response_headers(upstream: &HeaderMap) -> HeaderMap {
-    client_headers(upstream, ACCOUNT_LIMITS_TO_CLIENTS)
-}
-
-/// The allow-listed response headers, with the account's limit headers when `account_limits`.
-fn client_headers(upstream: &HeaderMap, account_limits: bool) -> HeaderMap {
+/// The headers a response keeps on its way to the client: the allow-listed ones, and the
+/// account's usage-window headers when its group passes them on (`account_limits`).
+pub(super) fn response_headers(upstream: &HeaderMap, account_limits: bool) -> HeaderMap {
     let mut headers = HeaderMap::new();
     for (name, value) in upstream {
         let name_str = name.as_str();
@@ -609,7 +601,7 @@ mod tests {
             "retry-after-ms",
             "x-should-retry",
         ];
-        assert_eq!(kept(&response_headers(&upstream)), sdk_reads);
+        assert_eq!(kept(&response_headers(&upstream, false)), sdk_reads);
         let mut single_user = sdk_reads.to_vec();
         single_user.extend([
             "anthropic-ratelimit-requests-remaining",
@@ -620,7 +612,7 @@ mod tests {
         ]);
         single_user.sort();
         assert_eq!(
-            kept(&client_headers(&upstream, true)),
+            kept(&response_headers(&upstream, true)),
             single_user,
             "a pool that is one client's alone may pass the account's windows on"
         );

@@ -202,7 +202,10 @@ fn platform_pb(platform: Platform) -> i32 {
 
 /// One plan entry. The kind decides how the credential is sent: an entry whose kind the relay
 /// cannot read is refused, not sent as an API key on a guess.
-fn planned(account: spb::PlanAccount) -> Result<Planned, ConvertError> {
+fn planned(
+    account: spb::PlanAccount,
+    usage_headers_to_clients: bool,
+) -> Result<Planned, ConvertError> {
     // A selector older than the enum sends only the deprecated string.
     #[allow(deprecated)]
     let credential_kind = convert::credential_kind(account.kind, &account.credential_kind)?;
@@ -221,6 +224,7 @@ fn planned(account: spb::PlanAccount) -> Result<Planned, ConvertError> {
         price: account.price.unwrap_or_default().into(),
         soft_blocked: account.soft_blocked,
         inflight: u32::try_from(account.inflight).ok(),
+        usage_headers_to_clients,
     })
 }
 
@@ -232,7 +236,7 @@ fn plan(answer: spb::SelectResponse) -> Result<Plan, ConvertError> {
         accounts: answer
             .accounts
             .into_iter()
-            .map(planned)
+            .map(|account| planned(account, answer.usage_headers_to_clients))
             .collect::<Result<_, _>>()?,
         sticky: answer.sticky,
         none_reason,

@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 
 use poolgate_core::account::{
-    Account, AccountStatus, ApiKeyRecord, CredentialKind, OAuthState, Platform, Price, Secret,
-    default_oauth_token_url,
+    Account, AccountStatus, ApiKeyRecord, CredentialKind, GroupSettings, OAuthState, Platform,
+    Price, Secret, default_oauth_token_url,
 };
 use selector_svc::crypto::{api_key_hash, api_key_prefix};
 use selector_svc::snapshot::Snapshot;
@@ -23,6 +23,18 @@ pub struct StandaloneFile {
     pub accounts: Vec<AccountEntry>,
     #[serde(default)]
     pub prices: Prices,
+    /// Per-group settings by group name (a group not named has the defaults).
+    #[serde(default)]
+    pub groups: HashMap<String, GroupEntry>,
+}
+
+/// What a group sets (see `GroupSettings`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupEntry {
+    /// Pass the accounts' usage-window headers on to clients: only for a pool with one user.
+    #[serde(default)]
+    pub usage_headers_to_clients: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -260,12 +272,20 @@ impl StandaloneFile {
             }
         }
         let groups = self.api_keys.iter().map(|k| k.group.clone()).collect();
-        Ok(Snapshot::new(
-            groups,
-            self.accounts()?,
-            keys,
-            self.prices()?,
-        ))
+        let settings = self
+            .groups
+            .iter()
+            .map(|(name, entry)| {
+                let settings = GroupSettings {
+                    usage_headers_to_clients: entry.usage_headers_to_clients,
+                };
+                (name.clone(), settings)
+            })
+            .collect();
+        Ok(
+            Snapshot::new(groups, self.accounts()?, keys, self.prices()?)
+                .with_group_settings(settings),
+        )
     }
 
     fn prices(&self) -> Result<HashMap<String, Price>, String> {

@@ -143,6 +143,7 @@ impl Selection for InProcessSelection {
                         price: entry.price,
                         soft_blocked: entry.soft_blocked,
                         inflight: entry.inflight,
+                        usage_headers_to_clients: plan.usage_headers_to_clients,
                     }
                 })
                 .collect(),
