@@ -254,13 +254,6 @@ impl StreamFold {
     }
 }
 
-/// [`StreamFold`] over a whole stream at once.
-pub fn completed_response(stream: &[u8]) -> Result<Vec<u8>, Option<Value>> {
-    let mut fold = StreamFold::default();
-    fold.feed(stream);
-    fold.finish()
-}
-
 /// Takes out of an OpenAI chat stream what the relay added by asking for usage the client did not
 /// ask for (`stream_options.include_usage`): the final usage-only chunk (`"choices": []`) and the
 /// `"usage": null` field of every other chunk. The client gets the stream it asked for; the
@@ -329,6 +322,13 @@ fn strip_event(event: &[u8], out: &mut Vec<u8>) {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// [`StreamFold`] over a whole stream at once.
+    fn completed_response(stream: &[u8]) -> Result<Vec<u8>, Option<Value>> {
+        let mut fold = StreamFold::default();
+        fold.feed(stream);
+        fold.finish()
+    }
 
     #[test]
     fn anthropic_stream_usage_is_read_in_passing() {
