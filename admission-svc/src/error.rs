@@ -1,43 +1,19 @@
-//! The admission error type and its one mapping to gRPC status codes.
+//! The one mapping of admission's errors to gRPC status codes.
 
-use poolgate_runtime::error::BackendError;
-use thiserror::Error;
+use poolgate_lease::error::LeaseError;
+use poolgate_proto::convert::ConvertError;
 
-#[derive(Debug, Error)]
-pub enum AdmissionError {
-    /// Bad input; the message names the field.
-    #[error("invalid {field}: {message}")]
-    InvalidArgument { field: String, message: String },
-    /// The stream broke the lease protocol (e.g. a second `Acquire`).
-    #[error("lease protocol violation: {0}")]
-    Protocol(String),
-    /// The backend could not answer (Redis down, timed out).
-    #[error("backend unavailable: {0}")]
-    Unavailable(#[from] BackendError),
-}
-
-impl AdmissionError {
-    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
-        AdmissionError::InvalidArgument {
-            field: field.into(),
-            message: message.into(),
-        }
+/// A lease error as the gRPC status the caller sees.
+pub fn status(error: LeaseError) -> tonic::Status {
+    let message = error.to_string();
+    match error {
+        LeaseError::InvalidArgument { .. } => tonic::Status::invalid_argument(message),
+        LeaseError::Protocol(_) => tonic::Status::failed_precondition(message),
+        LeaseError::Unavailable(_) => tonic::Status::unavailable(message),
     }
 }
 
-impl From<poolgate_proto::convert::ConvertError> for AdmissionError {
-    fn from(error: poolgate_proto::convert::ConvertError) -> Self {
-        AdmissionError::invalid(error.field, error.problem)
-    }
-}
-
-impl From<AdmissionError> for tonic::Status {
-    fn from(error: AdmissionError) -> Self {
-        let message = error.to_string();
-        match error {
-            AdmissionError::InvalidArgument { .. } => tonic::Status::invalid_argument(message),
-            AdmissionError::Protocol(_) => tonic::Status::failed_precondition(message),
-            AdmissionError::Unavailable(_) => tonic::Status::unavailable(message),
-        }
-    }
+/// A field the proto conversion refused, as the lease error naming it.
+pub fn invalid(error: ConvertError) -> LeaseError {
+    LeaseError::invalid(error.field, error.problem)
 }

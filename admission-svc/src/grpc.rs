@@ -12,53 +12,57 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::admission::Admission;
-use crate::domain::{AccountId, LeaseId, LeaseTerms, micros_to_usd, millis};
-use crate::error::AdmissionError;
-use crate::session::{ClientMessage, Inbound, LeaseEvent, serve_lease};
+use crate::error::{invalid, status};
+use poolgate_core::AccountId;
+use poolgate_core::lease::{LeaseId, LeaseTerms};
+use poolgate_core::millis;
+use poolgate_core::money::micros_to_usd;
+use poolgate_lease::LeaseEngine;
+use poolgate_lease::error::LeaseError;
+use poolgate_lease::session::{ClientMessage, Inbound, LeaseEvent, serve_lease};
 
 /// Most accounts one `Inflight` call may read.
 pub const MAX_INFLIGHT_ACCOUNTS: usize = 1000;
 
 pub struct AdmissionGrpc {
-    admission: Arc<Admission>,
+    admission: Arc<LeaseEngine>,
 }
 
 impl AdmissionGrpc {
-    pub fn new(admission: Arc<Admission>) -> Self {
+    pub fn new(admission: Arc<LeaseEngine>) -> Self {
         AdmissionGrpc { admission }
     }
 }
 
-fn account_id(field: &'static str, id: i64) -> Result<AccountId, AdmissionError> {
-    Ok(convert::account_id(field, id)?)
+fn account_id(field: &'static str, id: i64) -> Result<AccountId, LeaseError> {
+    convert::account_id(field, id).map_err(invalid)
 }
 
-fn spend(field: &'static str, usd: f64) -> Result<i64, AdmissionError> {
-    Ok(convert::spend_micros(field, usd)?)
+fn spend(field: &'static str, usd: f64) -> Result<i64, LeaseError> {
+    convert::spend_micros(field, usd).map_err(invalid)
 }
 
-fn lease_id(field: &str, text: &str) -> Result<LeaseId, AdmissionError> {
+fn lease_id(field: &str, text: &str) -> Result<LeaseId, LeaseError> {
     LeaseId::parse(text).ok_or_else(|| {
         let shown: String = text.chars().take(64).collect();
-        AdmissionError::invalid(field, format!("not a lease id: {shown:?}"))
+        LeaseError::invalid(field, format!("not a lease id: {shown:?}"))
     })
 }
 
 /// Validates an `Acquire` into lease terms and a wait. `prefix` names the message in errors.
-fn terms(acquire: pb::Acquire, prefix: &str) -> Result<(LeaseTerms, Duration), AdmissionError> {
+fn terms(acquire: pb::Acquire, prefix: &str) -> Result<(LeaseTerms, Duration), LeaseError> {
     let in_message = |error: ConvertError| {
-        AdmissionError::invalid(format!("{prefix}.{}", error.field), error.problem)
+        LeaseError::invalid(format!("{prefix}.{}", error.field), error.problem)
     };
     let wait = convert::wait(acquire.wait_ms).map_err(in_message)?;
     let terms = LeaseTerms::try_from(acquire).map_err(in_message)?;
     Ok((terms, wait))
 }
 
-fn client_message(request: pb::LeaseRequest) -> Result<ClientMessage, AdmissionError> {
+fn client_message(request: pb::LeaseRequest) -> Result<ClientMessage, LeaseError> {
     use pb::lease_request::Kind;
     match request.kind {
-        None => Err(AdmissionError::invalid(
+        None => Err(LeaseError::invalid(
             "kind",
             "a lease request must set one of acquire, resume, heartbeat, attempt, release",
         )),
@@ -69,11 +73,11 @@ fn client_message(request: pb::LeaseRequest) -> Result<ClientMessage, AdmissionE
         Some(Kind::Resume(resume)) => {
             let lease_id = lease_id("resume.lease_id", &resume.lease_id)?;
             let acquire = resume.terms.ok_or_else(|| {
-                AdmissionError::invalid("resume.terms", "is required (the original acquire)")
+                LeaseError::invalid("resume.terms", "is required (the original acquire)")
             })?;
             let (terms, _) = terms(acquire, "resume.terms")?;
             if terms.account_id != lease_id.account_id() {
-                return Err(AdmissionError::invalid(
+                return Err(LeaseError::invalid(
                     "resume.terms.account_id",
                     "does not match the lease id's account",
                 ));
@@ -144,7 +148,7 @@ impl pb::admission_server::Admission for AdmissionGrpc {
         ));
         let events = ReceiverStream::new(receiver).map(|item| match item {
             Ok(event) => Ok(lease_event(event)),
-            Err(error) => Err(Status::from(error)),
+            Err(error) => Err(status(error)),
         });
         Ok(Response::new(Box::pin(events)))
     }
@@ -154,8 +158,8 @@ impl pb::admission_server::Admission for AdmissionGrpc {
         request: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::ReleaseResponse>, Status> {
         let request = request.into_inner();
-        let lease_id = lease_id("lease_id", &request.lease_id)?;
-        let spend_micros = spend("spend_usd", request.spend_usd)?;
+        let lease_id = lease_id("lease_id", &request.lease_id).map_err(status)?;
+        let spend_micros = spend("spend_usd", request.spend_usd).map_err(status)?;
         let released = self.admission.release(&lease_id, None, spend_micros).await;
         Ok(Response::new(pb::ReleaseResponse { released }))
     }
@@ -166,23 +170,22 @@ impl pb::admission_server::Admission for AdmissionGrpc {
     ) -> Result<Response<pb::InflightResponse>, Status> {
         let ids = request.into_inner().account_ids;
         if ids.len() > MAX_INFLIGHT_ACCOUNTS {
-            return Err(AdmissionError::invalid(
+            return Err(status(LeaseError::invalid(
                 "account_ids",
                 format!(
                     "at most {MAX_INFLIGHT_ACCOUNTS} accounts per call, got {}",
                     ids.len()
                 ),
-            )
-            .into());
+            )));
         }
         for &id in &ids {
-            account_id("account_ids", id)?;
+            account_id("account_ids", id).map_err(status)?;
         }
         let counts = self
             .admission
             .inflight(&ids)
             .await
-            .map_err(AdmissionError::Unavailable)?;
+            .map_err(|error| status(LeaseError::Unavailable(error)))?;
         let accounts = ids
             .into_iter()
             .zip(counts)
@@ -199,13 +202,13 @@ impl pb::admission_server::Admission for AdmissionGrpc {
         request: Request<pb::RecordSpendRequest>,
     ) -> Result<Response<pb::RecordSpendResponse>, Status> {
         let request = request.into_inner();
-        let account = account_id("account_id", request.account_id)?;
-        let micros = spend("usd", request.usd)?;
+        let account = account_id("account_id", request.account_id).map_err(status)?;
+        let micros = spend("usd", request.usd).map_err(status)?;
         let total = self
             .admission
             .record_spend(account, micros)
             .await
-            .map_err(AdmissionError::Unavailable)?;
+            .map_err(|error| status(LeaseError::Unavailable(error)))?;
         Ok(Response::new(pb::RecordSpendResponse {
             window_spend_usd: micros_to_usd(total),
         }))

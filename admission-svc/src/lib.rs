@@ -1,19 +1,10 @@
-//! admission-svc: decides whether one more request may go to one upstream account now, and holds
-//! that decision as a lease for as long as the request runs (docs/DESIGN.md §4).
+//! admission-svc: the lease engine (`poolgate-lease`) served over gRPC (docs/DESIGN.md §4).
 //!
-//! Layers, outside in: `grpc` (transport and validation) → `session` (the lease stream
-//! protocol) → `admission` (the engine) → `backend` (`memory` or `redis_backend`).
+//! `grpc` (transport, validation, the proto conversions of `poolgate-proto`) → the engine;
+//! `error` is the one map from the engine's errors to gRPC codes; `server` the wiring.
 
-pub mod admission;
-pub mod backend;
-pub mod domain;
 pub mod error;
 pub mod grpc;
-pub mod memory;
-pub mod metrics;
-pub mod policy;
-pub mod redis_backend;
 pub mod server;
-pub mod session;
 
-pub use server::{BackendConfig, Config, run};
+pub use server::{Config, run};

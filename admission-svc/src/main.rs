@@ -4,14 +4,15 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use admission_svc::policy::{FailurePolicy, PolicySettings};
-use admission_svc::{BackendConfig, Config};
+use admission_svc::Config;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
 use poolgate_core::lease::Settings;
+use poolgate_lease::LeaseStore;
+use poolgate_lease::policy::{FailurePolicy, PolicySettings};
+use poolgate_rpc::service_auth::CallerCheck;
 use poolgate_runtime::redis::{RedisOptions, RedisTarget};
 use poolgate_runtime::secret_flags::SecretFlag;
-use poolgate_runtime::service_auth::CallerCheck;
 
 /// poolgate admission: concurrency, RPM, cooldown and session-window leases on upstream accounts.
 #[derive(Debug, Parser)]
@@ -111,8 +112,8 @@ impl Cli {
             ));
         }
         let backend = match &self.redis_url {
-            None => BackendConfig::Memory,
-            Some(url) => BackendConfig::Redis {
+            None => LeaseStore::Memory,
+            Some(url) => LeaseStore::Redis {
                 target: RedisTarget::parse(url).map_err(|e| format!("--redis-url: {e}"))?,
                 options: RedisOptions {
                     timeout: Duration::from_millis(self.redis_timeout_ms),
@@ -151,7 +152,7 @@ impl Cli {
             backend,
             shutdown_grace: Duration::from_millis(self.shutdown_grace_ms),
             tls: match (&self.tls_cert, &self.tls_key) {
-                (Some(cert), Some(key)) => Some(poolgate_runtime::tls::TlsFiles {
+                (Some(cert), Some(key)) => Some(poolgate_rpc::tls::TlsFiles {
                     cert: cert.clone(),
                     key: key.clone(),
                     client_ca: self.tls_client_ca.clone(),
@@ -171,7 +172,7 @@ fn on_command_line(matches: &ArgMatches, id: &str) -> bool {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse_noting_secrets();
-    let _telemetry = poolgate_runtime::telemetry::init("admission-svc", &cli.log_format);
+    let _telemetry = poolgate_rpc::telemetry::init("admission-svc", &cli.log_format);
     let config = match cli.config() {
         Ok(config) => config,
         Err(message) => {

@@ -2,42 +2,25 @@
 //! reflection) and `/metrics`, and stop on the shutdown signal.
 
 use std::future::Future;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use poolgate_proto::admission::v1::admission_server::AdmissionServer;
 use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
 
-use crate::admission::Admission;
-use crate::backend::LeaseBackend;
-use crate::domain::Settings;
 use crate::grpc::AdmissionGrpc;
-use crate::memory::MemoryBackend;
-use crate::metrics::Metrics;
-use crate::policy::{PolicyBackend, PolicySettings};
-use crate::redis_backend::RedisBackend;
+use poolgate_core::lease::Settings;
+use poolgate_lease::metrics::Metrics;
+use poolgate_lease::{LeaseEngine, LeaseStore};
+use poolgate_rpc::service_auth::CallerCheck;
+use poolgate_rpc::tls::TlsFiles;
 use poolgate_runtime::error::BackendError;
-use poolgate_runtime::redis::{RedisHandle, RedisOptions, RedisTarget};
-use poolgate_runtime::service_auth::CallerCheck;
-use poolgate_runtime::tls::TlsFiles;
-
-/// Where admission state lives.
-#[derive(Debug, Clone)]
-pub enum BackendConfig {
-    /// One process, no Redis: the embedded default.
-    Memory,
-    Redis {
-        target: RedisTarget,
-        options: RedisOptions,
-        policy: PolicySettings,
-    },
-}
 
 #[derive(Debug, Clone)]
 pub struct Config {
     pub settings: Settings,
-    pub backend: BackendConfig,
+    pub backend: LeaseStore,
     /// HTTP/2 streams per connection; each lease is one stream, so this bounds the leases one
     /// relay connection may hold (hyper's default of 200 is far too low).
     pub max_concurrent_streams: u32,
@@ -54,7 +37,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             settings: Settings::default(),
-            backend: BackendConfig::Memory,
+            backend: LeaseStore::Memory,
             max_concurrent_streams: 100_000,
             shutdown_grace: Duration::from_secs(30),
             tls: None,
@@ -77,61 +60,12 @@ pub enum ServeError {
     Tls(String),
 }
 
-/// Builds the engine for `config` (also used in process by the relay's standalone mode).
-pub async fn build_admission(
+/// Builds the engine for `config` with its background tasks (`poolgate_lease::start`).
+pub async fn build_engine(
     config: &Config,
     metrics: Metrics,
-) -> Result<Arc<Admission>, ServeError> {
-    let admission = match &config.backend {
-        BackendConfig::Memory => return Ok(memory_admission(config.settings.clone(), metrics)),
-        BackendConfig::Redis {
-            target,
-            options,
-            policy,
-        } => {
-            let handle =
-                RedisHandle::connect(target, options, metrics.redis_round_trips.clone()).await?;
-            let backend = PolicyBackend::new(
-                RedisBackend::new(handle),
-                policy.clone(),
-                config.settings.rpm_window,
-                metrics.clone(),
-            );
-            // The first heartbeat registers this replica before it serves.
-            backend.tick().await;
-            tokio::spawn(registry_loop(
-                Arc::downgrade(&backend),
-                policy.registry_interval,
-            ));
-            Admission::with_policy(backend, config.settings.clone(), metrics)
-        }
-    };
-    tokio::spawn(retry_releases(Arc::downgrade(&admission)));
-    Ok(admission)
-}
-
-/// An engine on the memory backend (one process, nothing shared), with its release-retry task.
-/// Call inside a Tokio runtime.
-pub fn memory_admission(settings: Settings, metrics: Metrics) -> Arc<Admission> {
-    let backend: Arc<dyn LeaseBackend> = Arc::new(MemoryBackend::new());
-    let admission = Admission::new(backend, settings, metrics);
-    tokio::spawn(retry_releases(Arc::downgrade(&admission)));
-    admission
-}
-
-/// Heartbeats into the replica registry (and probes Redis while degraded) until the backend is
-/// dropped.
-async fn registry_loop(backend: Weak<PolicyBackend>, interval: Duration) {
-    let mut tick = tokio::time::interval(interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tick.tick().await;
-    loop {
-        tick.tick().await;
-        let Some(backend) = backend.upgrade() else {
-            return;
-        };
-        backend.tick().await;
-    }
+) -> Result<Arc<LeaseEngine>, ServeError> {
+    Ok(poolgate_lease::start(&config.backend, config.settings.clone(), metrics).await?)
 }
 
 /// Serves admission on `listener` (and `/metrics` on `metrics_listener`) until `shutdown`.
@@ -141,13 +75,13 @@ pub async fn run(
     metrics_listener: Option<TcpListener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    let admission = build_admission(&config, Metrics::new()).await?;
+    let admission = build_engine(&config, Metrics::new()).await?;
     serve(admission, &config, listener, metrics_listener, shutdown).await
 }
 
 /// Serves an already built engine (tests keep a handle on it to set cooldowns, read metrics).
 pub async fn serve(
-    admission: Arc<Admission>,
+    admission: Arc<LeaseEngine>,
     config: &Config,
     listener: TcpListener,
     metrics_listener: Option<TcpListener>,
@@ -190,11 +124,11 @@ pub async fn serve(
         builder = builder.tls_config(tls)?;
     }
     let server = builder
-        .layer(poolgate_runtime::grpc_metrics::GrpcMetrics::new(
+        .layer(poolgate_rpc::grpc_metrics::GrpcMetrics::new(
             &metrics.registry,
             served_methods(),
         ))
-        .layer(poolgate_runtime::telemetry::TraceLayer)
+        .layer(poolgate_rpc::telemetry::TraceLayer)
         .layer(config.callers.layer())
         .tcp_nodelay(true)
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
@@ -229,8 +163,8 @@ pub async fn serve(
 
 /// The RPCs this server serves (admission, health, reflection): the only method labels of its
 /// metrics.
-fn served_methods() -> poolgate_runtime::grpc_metrics::ServedMethods {
-    poolgate_runtime::grpc_metrics::ServedMethods::from_descriptors(
+fn served_methods() -> poolgate_rpc::grpc_metrics::ServedMethods {
+    poolgate_rpc::grpc_metrics::ServedMethods::from_descriptors(
         &[
             poolgate_proto::FILE_DESCRIPTOR_SET,
             tonic_health::pb::FILE_DESCRIPTOR_SET,
@@ -242,19 +176,6 @@ fn served_methods() -> poolgate_runtime::grpc_metrics::ServedMethods {
             tonic_reflection::pb::v1::server_reflection_server::SERVICE_NAME,
         ],
     )
-}
-
-/// Retries releases the backend did not take (Redis blipped) until they land, for as long as
-/// the engine lives.
-async fn retry_releases(admission: Weak<Admission>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    loop {
-        tick.tick().await;
-        let Some(admission) = admission.upgrade() else {
-            return;
-        };
-        admission.retry_pending_releases().await;
-    }
 }
 
 async fn serve_metrics(listener: TcpListener, metrics: Metrics) -> Result<(), std::io::Error> {

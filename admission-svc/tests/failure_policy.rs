@@ -6,16 +6,16 @@ mod support;
 
 use std::time::Duration;
 
-use admission_svc::policy::{FailurePolicy, PolicySettings};
-use admission_svc::server::BackendConfig;
+use poolgate_lease::LeaseStore;
+use poolgate_lease::policy::{FailurePolicy, PolicySettings};
 use poolgate_proto::admission::v1 as pb;
-use poolgate_proto::keys::AccountKeys;
+use poolgate_runtime::keys::AccountKeys;
 use poolgate_runtime::redis::{RedisOptions, RedisTarget};
 use poolgate_testkit::{RedisServer, eventually, free_port};
 use support::{LeaseStream, TestServer, acquire, test_settings};
 
-fn backend(url: String, policy: FailurePolicy, expected_replicas: u32) -> BackendConfig {
-    BackendConfig::Redis {
+fn backend(url: String, policy: FailurePolicy, expected_replicas: u32) -> LeaseStore {
+    LeaseStore::Redis {
         target: RedisTarget::Single(url),
         options: RedisOptions {
             timeout: Duration::from_millis(300),
@@ -164,7 +164,7 @@ async fn divided_recovery_keeps_the_limit_in_total_until_every_replica_wrote_its
     let mut servers = Vec::new();
     for _ in 0..3 {
         let mut config = backend(redis.url(), FailurePolicy::Divided, 3);
-        if let BackendConfig::Redis { policy, .. } = &mut config {
+        if let LeaseStore::Redis { policy, .. } = &mut config {
             policy.registry_interval = Duration::from_secs(3600);
             policy.registry_ttl = Duration::from_secs(3600);
         }
@@ -354,7 +354,7 @@ async fn uncertain_acquire_is_cleaned_up_with_its_rpm_event_by_one_detached_clea
         .await
         .expect("redis");
     let mut backend = backend(redis.url(), FailurePolicy::Closed, 1);
-    if let BackendConfig::Redis { options, .. } = &mut backend {
+    if let LeaseStore::Redis { options, .. } = &mut backend {
         options.timeout = Duration::from_millis(60);
     }
     let server = TestServer::start(backend, test_settings()).await;
@@ -414,7 +414,7 @@ async fn a_timed_out_heartbeat_is_not_an_outage_and_grants_nothing_from_the_fall
     let mut servers = Vec::new();
     for _ in 0..2 {
         let mut backend = backend(redis.url(), FailurePolicy::Open, 1);
-        if let BackendConfig::Redis {
+        if let LeaseStore::Redis {
             options, policy, ..
         } = &mut backend
         {

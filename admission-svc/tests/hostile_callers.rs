@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use poolgate_runtime::service_auth::SERVICE_TOKEN_HEADER;
+use poolgate_rpc::service_auth::SERVICE_TOKEN_HEADER;
 use poolgate_testkit::{Scratch, call_empty, eventually, free_port};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::Code;

@@ -28,12 +28,13 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use admission_svc::admission::Admission;
-use admission_svc::backend::LeaseBackend;
-use admission_svc::memory::MemoryBackend;
-use admission_svc::metrics::Metrics;
-use admission_svc::server::{self, BackendConfig, Config};
+use admission_svc::server::{self, Config};
 use poolgate_core::lease::Settings;
+use poolgate_lease::LeaseEngine;
+use poolgate_lease::LeaseStore;
+use poolgate_lease::backend::LeaseBackend;
+use poolgate_lease::memory::MemoryBackend;
+use poolgate_lease::metrics::Metrics;
 use poolgate_proto::admission::v1 as pb;
 use poolgate_runtime::redis::{RedisOptions, RedisTarget};
 use poolgate_testkit::{RedisCluster, RedisServer};
@@ -121,17 +122,17 @@ impl Store {
         }
     }
 
-    async fn engine(&self, settings: &Settings) -> (Arc<Admission>, Config) {
+    async fn engine(&self, settings: &Settings) -> (Arc<LeaseEngine>, Config) {
         let target = match self {
             Store::Memory(backend) => {
                 let backend: Arc<dyn LeaseBackend> = backend.clone();
                 let config = Config {
                     settings: settings.clone(),
-                    backend: BackendConfig::Memory,
+                    backend: LeaseStore::Memory,
                     shutdown_grace: Duration::ZERO,
                     ..Config::default()
                 };
-                let engine = Admission::new(backend, settings.clone(), Metrics::new());
+                let engine = LeaseEngine::new(backend, settings.clone(), Metrics::new());
                 return (engine, config);
             }
             Store::Redis(server) => RedisTarget::Single(server.url()),
@@ -139,7 +140,7 @@ impl Store {
         };
         let config = Config {
             settings: settings.clone(),
-            backend: BackendConfig::Redis {
+            backend: LeaseStore::Redis {
                 target,
                 options: RedisOptions::default(),
                 policy: Default::default(),
@@ -147,7 +148,7 @@ impl Store {
             shutdown_grace: Duration::ZERO,
             ..Config::default()
         };
-        let engine = server::build_admission(&config, Metrics::new())
+        let engine = server::build_engine(&config, Metrics::new())
             .await
             .expect("admission builds");
         (engine, config)
@@ -156,7 +157,7 @@ impl Store {
 
 /// One admission replica serving gRPC on port 0; `kill` drops its connections at once.
 pub struct Replica {
-    pub admission: Arc<Admission>,
+    pub admission: Arc<LeaseEngine>,
     pub client: Client,
     stop: Option<oneshot::Sender<()>>,
 }

@@ -5,9 +5,9 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use admission_svc::server::BackendConfig;
+use poolgate_lease::LeaseStore;
 use poolgate_proto::admission::v1 as pb;
-use poolgate_proto::keys::AccountKeys;
+use poolgate_runtime::keys::AccountKeys;
 use poolgate_runtime::redis::{RedisOptions, RedisTarget};
 use poolgate_testkit::{RedisCluster, RedisServer, eventually};
 use support::{
@@ -154,7 +154,7 @@ async fn leases_of_a_killed_admission_process_are_reaped_at_their_ttl() {
     let killed_at = Instant::now();
     let _ = process.child.wait();
     let observer = TestServer::start(
-        BackendConfig::Redis {
+        LeaseStore::Redis {
             target: RedisTarget::Single(redis.url()),
             options: RedisOptions::default(),
             policy: Default::default(),
@@ -186,7 +186,7 @@ async fn leases_of_a_killed_admission_process_are_reaped_at_their_ttl() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_serves_accounts_on_different_slots() {
     let cluster = RedisCluster::start().await.expect("cluster");
-    let backend = BackendConfig::Redis {
+    let backend = LeaseStore::Redis {
         target: RedisTarget::parse(&cluster.url()).expect("cluster url"),
         options: RedisOptions::default(),
         policy: Default::default(),
@@ -242,7 +242,7 @@ async fn cluster_serves_accounts_on_different_slots() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_cluster_a_waiting_acquire_charges_the_user_once_and_refunds_a_refusal() {
     let cluster = RedisCluster::start().await.expect("cluster");
-    let backend = BackendConfig::Redis {
+    let backend = LeaseStore::Redis {
         target: RedisTarget::parse(&cluster.url()).expect("cluster url"),
         options: RedisOptions::default(),
         policy: Default::default(),
@@ -261,7 +261,7 @@ async fn on_a_cluster_a_waiting_acquire_charges_the_user_once_and_refunds_a_refu
         .get_async_connection()
         .await
         .expect("cluster connection");
-    let user_key = poolgate_proto::keys::user_rpm("carol");
+    let user_key = poolgate_runtime::keys::user_rpm("carol");
     // Refused after polling for 700 ms (the slot stays taken): nothing left charged.
     let (_, refused) = LeaseStream::acquire(&server.client, terms(700)).await;
     assert_eq!(refused.denied_reason(), Some(pb::DenyReason::Concurrency));

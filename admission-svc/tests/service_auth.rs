@@ -20,7 +20,7 @@ async fn every_rpc_refuses_callers_without_the_service_token_and_health_stays_op
     let paths =
         rpc_paths(FILE_DESCRIPTOR_SET, &["poolgate.admission.v1.Admission"]).expect("paths");
     assert!(paths.len() >= 4, "{paths:?}");
-    let header = poolgate_runtime::service_auth::SERVICE_TOKEN_HEADER;
+    let header = poolgate_rpc::service_auth::SERVICE_TOKEN_HEADER;
     for path in paths
         .iter()
         .map(String::as_str)

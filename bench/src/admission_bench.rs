@@ -14,17 +14,18 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use admission_svc::backend::{AcquireLimits, LeaseBackend};
-use admission_svc::metrics::Metrics;
-use admission_svc::redis_backend::RedisBackend;
-use admission_svc::server::{self, BackendConfig, Config};
+use admission_svc::server::{self, Config};
 use clap::Parser;
 use poolgate_bench::stats::{Sample, pace};
 use poolgate_core::lease::{LeaseId, LeaseTerms};
+use poolgate_lease::LeaseStore;
+use poolgate_lease::backend::{AcquireLimits, LeaseBackend};
+use poolgate_lease::metrics::Metrics;
+use poolgate_lease::redis_backend::RedisBackend;
 use poolgate_proto::admission::v1 as pb;
 use poolgate_proto::admission::v1::admission_client::AdmissionClient;
+use poolgate_rpc::service_auth::{CallerCheck, WithToken};
 use poolgate_runtime::redis::{RedisHandle, RedisOptions, RedisTarget};
-use poolgate_runtime::service_auth::{CallerCheck, WithToken};
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
@@ -266,14 +267,14 @@ async fn run(args: Args) -> Result<(), String> {
     };
     let target = RedisTarget::parse(&redis_url)?;
     let options = RedisOptions::default();
-    let round_trips = admission_svc::metrics::Metrics::new().redis_round_trips;
+    let round_trips = Metrics::new().redis_round_trips;
     let handle = RedisHandle::connect(&target, &options, round_trips)
         .await
         .map_err(|e| e.to_string())?;
     let bare = Arc::new(RedisBackend::new(handle));
 
     let config = Config {
-        backend: BackendConfig::Redis {
+        backend: LeaseStore::Redis {
             target,
             options,
             policy: Default::default(),
@@ -281,7 +282,7 @@ async fn run(args: Args) -> Result<(), String> {
         callers: CallerCheck::Token(BENCH_TOKEN.into()),
         ..Config::default()
     };
-    let admission = server::build_admission(&config, Metrics::new())
+    let admission = server::build_engine(&config, Metrics::new())
         .await
         .map_err(|e| e.to_string())?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

@@ -14,7 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use relay_svc::fake_upstream::FakeUpstream;
+use poolgate_testkit::fake_upstream::FakeUpstream;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 

@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use futures_util::StreamExt;
 use poolgate_bench::stats::{Sample, pace};
-use relay_svc::fake_upstream::FakeUpstream;
+use poolgate_stack as stack;
+use poolgate_testkit::fake_upstream::FakeUpstream;
 use relay_svc::proxy::RelaySettings;
-use relay_svc::stack;
 
 #[derive(Debug, Parser)]
 struct Args {

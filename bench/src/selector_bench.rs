@@ -12,7 +12,7 @@ use clap::Parser;
 use poolgate_bench::stats::{Sample, pace};
 use poolgate_proto::selector::v1 as pb;
 use poolgate_proto::selector::v1::selector_client::SelectorClient;
-use relay_svc::stack;
+use poolgate_stack as stack;
 use selector_svc::store::AccountInput;
 
 #[derive(Debug, Parser)]
@@ -81,7 +81,7 @@ async fn run(args: Args) -> Result<(), String> {
         .connect()
         .await
         .map_err(|e| e.to_string())?;
-    let client = SelectorClient::new(poolgate_runtime::service_auth::WithToken::new(
+    let client = SelectorClient::new(poolgate_rpc::service_auth::WithToken::new(
         channel,
         Some(stack::SERVICE_TOKEN),
     ));

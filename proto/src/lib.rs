@@ -1,9 +1,8 @@
 //! poolgate's shared contracts: the generated gRPC APIs, their conversions to and from the domain
-//! types of `poolgate-core` ([`convert`], the only place they are written), and the Redis key
-//! layout that admission and the selector both read and write. Key names live only in [`keys`].
+//! types of `poolgate-core` ([`convert`], the only place they are written). (The Redis key
+//! layout is `poolgate_runtime::keys`, where both engines read it.)
 
 pub mod convert;
-pub mod keys;
 
 /// `poolgate.admission.v1`: leases on upstream accounts.
 pub mod admission {

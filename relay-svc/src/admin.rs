@@ -14,8 +14,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use http::StatusCode;
+use poolgate_rpc::service_auth::constant_time_eq;
 use poolgate_runtime::failed_auth::FailedAttempts;
-use poolgate_runtime::service_auth::constant_time_eq;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 

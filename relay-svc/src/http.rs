@@ -15,7 +15,7 @@ use futures_util::StreamExt;
 use http::{HeaderMap, HeaderValue, StatusCode, Uri};
 use tokio::sync::mpsc;
 
-use crate::api::{Api, ErrorKind, RelayError};
+use crate::client_api::{Api, ErrorKind, RelayError};
 use crate::edge::{BodyError, BufferBudget, read_body};
 use crate::proxy::{Answer, Body, BodyJsonError, Inbound, Relay, TopLevel, request_id_header};
 use crate::session::session_hash;

@@ -8,7 +8,6 @@ use std::time::Duration;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
 use poolgate_runtime::secret_flags::SecretFlag;
-use relay_svc::fake_upstream::FakeUpstream;
 use relay_svc::metrics::Metrics;
 use relay_svc::proxy::{EdgeSettings, RelaySettings};
 use relay_svc::server::{Config, Mode};
@@ -23,8 +22,7 @@ struct Cli {
     /// HTTP listen address (default: the config file's `listen`, else 127.0.0.1:8080).
     #[arg(long, env = "RELAY_LISTEN")]
     listen: Option<SocketAddr>,
-    /// Run everything in this process (memory backends, accounts from --config). Without
-    /// --config: a demo pool over a built-in fake upstream.
+    /// Run everything in this process (memory backends, accounts from --config).
     #[arg(long, env = "RELAY_STANDALONE")]
     standalone: bool,
     /// YAML config for --standalone: accounts, API keys, prices (see examples/standalone.yaml).
@@ -188,32 +186,6 @@ impl Cli {
     }
 }
 
-const DEMO_KEY: &str = "pgk-demo-key-0001";
-
-async fn demo_file() -> Result<StandaloneFile, String> {
-    let upstream = FakeUpstream::start()
-        .await
-        .map_err(|e| format!("demo upstream: {e}"))?;
-    upstream.set_delay(Duration::from_millis(50));
-    let base = &upstream.base_url;
-    let yaml = format!(
-        "api_keys:\n  - {{key: {DEMO_KEY}, user: demo, group: default, user_rpm: 600}}\n\
-         accounts:\n\
-         \x20 - {{name: demo-claude-1, platform: anthropic, base_url: \"{base}\", credential: sk-ant-demo-1, concurrency: 2, rpm: 120}}\n\
-         \x20 - {{name: demo-claude-2, platform: anthropic, base_url: \"{base}\", credential: sk-ant-demo-2, concurrency: 2, rpm: 120}}\n\
-         \x20 - {{name: demo-openai-1, platform: openai, base_url: \"{base}\", credential: sk-demo-openai-1, concurrency: 4}}\n\
-         prices:\n  claude-sonnet-4-5: {{input: 3, output: 15, cache_write: 3.75, cache_read: 0.3}}\n"
-    );
-    eprintln!(
-        "relay-svc: demo pool over a built-in fake upstream at {base}\n\
-         relay-svc: try: curl -s http://127.0.0.1:8080/v1/messages -H 'x-api-key: {DEMO_KEY}' \
-         -H 'content-type: application/json' -d '{{\"model\":\"claude-sonnet-4-5\",\"max_tokens\":64,\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'"
-    );
-    // The fake upstream lives as long as the process.
-    std::mem::forget(upstream);
-    StandaloneFile::parse(&yaml)
-}
-
 async fn config(cli: &Cli) -> Result<Config, String> {
     let mode = if cli.standalone {
         let (file, state_file) = match &cli.config {
@@ -226,7 +198,13 @@ async fn config(cli: &Cli) -> Result<Config, String> {
                     .or_else(|| relay_svc::standalone::default_state_file(path));
                 (StandaloneFile::parse(&text)?, state_file)
             }
-            None => (demo_file().await?, cli.state_file.clone()),
+            None => {
+                return Err(
+                    "--standalone needs --config FILE: the accounts, API keys and prices \
+                            (examples/standalone.yaml runs against `mock-upstream`, see README)"
+                        .into(),
+                );
+            }
         };
         match &state_file {
             Some(path) => tracing::info!(state_file = %path.display(), "standalone state kept"),
@@ -340,7 +318,7 @@ async fn main() -> ExitCode {
             }
         };
     }
-    let _telemetry = poolgate_runtime::telemetry::init("relay-svc", &cli.log_format);
+    let _telemetry = poolgate_rpc::telemetry::init("relay-svc", &cli.log_format);
     let result = async {
         let admin_token = cli.admin_token()?;
         let config = config(&cli).await?;

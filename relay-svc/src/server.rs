@@ -10,12 +10,12 @@ use poolgate_core::lease::Settings;
 use poolgate_core::outcome::RuntimeBlockSettings;
 use tokio::net::TcpListener;
 
-use crate::backends::Backends;
 use crate::http::{Front, router};
 use crate::metrics::Metrics;
+use crate::ports::Backends;
 use crate::proxy::{Relay, RelaySettings};
 use crate::standalone::{Standalone, StandaloneFile};
-use selector_svc::engine::SelectorSettings;
+use poolgate_select::engine::SelectorSettings;
 
 #[derive(Debug, Clone)]
 pub enum Mode {

@@ -9,7 +9,7 @@ use http::HeaderMap;
 use poolgate_core::short_hash as hashed;
 use serde_json::Value;
 
-use crate::api::Api;
+use crate::client_api::Api;
 
 const MAX: usize = 128;
 

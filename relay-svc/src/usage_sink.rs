@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use prometheus::IntCounter;
 use tokio::sync::mpsc;
 
-use crate::backends::UsageRecord;
+use crate::ports::UsageRecord;
 
 /// Why a batch was not written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use poolgate_core::account::Platform;
-use relay_svc::fake_upstream::{FakeUpstream, Scripted};
+use poolgate_testkit::fake_upstream::{FakeUpstream, Scripted};
 use relay_svc::proxy::RelaySettings;
 use serde_json::{Value, json};
 

@@ -30,10 +30,10 @@ use std::time::{Duration, Instant};
 mod common;
 
 use common::processes::{Env, Process};
-use poolgate_proto::keys::AccountKeys;
+use poolgate_runtime::keys::AccountKeys;
+use poolgate_select::crypto::Keyring;
+use poolgate_testkit::fake_upstream::{FakeUpstream, Scripted};
 use poolgate_testkit::{PostgresServer, RedisServer, eventually, free_port};
-use relay_svc::fake_upstream::{FakeUpstream, Scripted};
-use selector_svc::crypto::Keyring;
 use serde_json::{Value, json};
 
 const ACCOUNTS: usize = 20;
@@ -96,9 +96,10 @@ impl Cluster {
         upstream.set_chunk_delay(Duration::from_millis(10));
         let keys = format!("k1:{}", Keyring::generate_key());
         let keyring = Keyring::parse(&keys, None).expect("keyring");
-        let store = selector_svc::store::ConfigStore::connect(&postgres.url(), Arc::new(keyring))
-            .await
-            .expect("connect");
+        let store =
+            selector_svc::store::PostgresSource::connect(&postgres.url(), Arc::new(keyring))
+                .await
+                .expect("connect");
         store.migrate().await.expect("migrate");
         let mut accounts = Vec::new();
         for n in 0..ACCOUNTS {

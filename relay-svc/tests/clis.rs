@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use poolgate_core::account::Platform;
 use poolgate_testkit::Scratch;
-use relay_svc::fake_upstream::{FakeUpstream, SeenRequest};
+use poolgate_testkit::fake_upstream::{FakeUpstream, SeenRequest};
 use relay_svc::proxy::RelaySettings;
 
 const KEY: &str = "pgk-cli-test-key-0001";
@@ -266,7 +266,7 @@ fn check_codex_on_chatgpt(seen: &[SeenRequest]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn codex_works_through_a_chatgpt_subscription_account_in_both_modes() {
     let bin = clients_bin();
-    let token = relay_svc::fake_upstream::fake_chatgpt_token("acct-cli");
+    let token = poolgate_testkit::fake_upstream::fake_chatgpt_token("acct-cli");
     // Standalone.
     let upstream = FakeUpstream::start().await.expect("fake upstream");
     let yaml = format!(

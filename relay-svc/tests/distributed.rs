@@ -8,27 +8,27 @@ use common::account;
 use std::sync::Arc;
 use std::time::Duration;
 
-use poolgate_proto::keys::AccountKeys;
+use poolgate_runtime::keys::AccountKeys;
+use poolgate_testkit::fake_upstream::{FakeUpstream, Scripted};
 use poolgate_testkit::{PostgresServer, RedisServer, eventually};
-use relay_svc::fake_upstream::{FakeUpstream, Scripted};
 
 use relay_svc::proxy::RelaySettings;
 
 use poolgate_core::account::Price;
-use selector_svc::store::ConfigStore;
+use selector_svc::store::PostgresSource;
 use serde_json::{Value, json};
 
 struct Stack {
     _postgres: PostgresServer,
     redis: RedisServer,
-    store: ConfigStore,
+    store: PostgresSource,
     upstream: FakeUpstream,
     base: String,
     key: String,
     key_id: i64,
     http: reqwest::Client,
     _selector: selector_svc::server::Built,
-    admission: Arc<admission_svc::admission::Admission>,
+    admission: Arc<poolgate_lease::LeaseEngine>,
 }
 
 async fn start() -> Stack {
@@ -641,7 +641,7 @@ async fn a_revoked_subscription_token_is_refreshed_once_and_the_request_succeeds
     // The refused request itself was retried on the same account with the new token, after the
     // selector's probe (the same revoked token, a fixed request) was refused too.
     let seen = stack.upstream.seen_requests();
-    let bearer = |r: &relay_svc::fake_upstream::SeenRequest| {
+    let bearer = |r: &poolgate_testkit::fake_upstream::SeenRequest| {
         r.headers
             .get("authorization")
             .and_then(|v| v.to_str().ok())

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use poolgate_core::account::{Platform, Price};
 use poolgate_testkit::eventually;
-use relay_svc::fake_upstream::{FakeUpstream, Scripted, SeenRequest};
+use poolgate_testkit::fake_upstream::{FakeUpstream, Scripted, SeenRequest};
 use relay_svc::proxy::RelaySettings;
 use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
@@ -97,7 +97,7 @@ fn with_extras(request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_upstream_gets_its_own_platforms_headers_and_known_query_parameters_only() {
-    let token = relay_svc::fake_upstream::fake_chatgpt_token("acct-edge");
+    let token = poolgate_testkit::fake_upstream::fake_chatgpt_token("acct-edge");
     let chatgpt = format!(", group: chatgpt, chatgpt_oauth: {{access_token: \"{token}\"}}");
     let h = start(&[
         ("a", "anthropic", ", api_key: cred-a"),
@@ -693,7 +693,7 @@ async fn over_grpc_response_and_session_bindings_are_the_keys_own() {
     // Alice's session is bound under her key, not under the bare session id.
     let mut redis = backends.redis.client().await.expect("redis");
     let scoped: Option<i64> = redis::cmd("GET")
-        .arg(poolgate_proto::keys::sticky_binding(
+        .arg(poolgate_runtime::keys::sticky_binding(
             "default",
             &format!("k{alice_id}:alice-session"),
         ))
@@ -702,7 +702,7 @@ async fn over_grpc_response_and_session_bindings_are_the_keys_own() {
         .expect("get");
     assert!(scoped.is_some(), "alice's session is bound under her key");
     let bare: Option<i64> = redis::cmd("GET")
-        .arg(poolgate_proto::keys::sticky_binding(
+        .arg(poolgate_runtime::keys::sticky_binding(
             "default",
             "alice-session",
         ))

@@ -114,12 +114,12 @@ async fn mutual_tls_admits_callers_with_a_certificate_from_the_ca_and_no_one_els
     let dir = scratch.path();
     certificates(dir);
     let config = admission_svc::Config {
-        tls: Some(poolgate_runtime::tls::TlsFiles {
+        tls: Some(poolgate_rpc::tls::TlsFiles {
             cert: dir.join("server.pem"),
             key: dir.join("server.key"),
             client_ca: Some(dir.join("ca.pem")),
         }),
-        callers: poolgate_runtime::service_auth::CallerCheck::MutualTls,
+        callers: poolgate_rpc::service_auth::CallerCheck::MutualTls,
         ..admission_svc::Config::default()
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -156,7 +156,7 @@ async fn admission_over_tls_verified_by_the_relays_channel() {
     let dir = scratch.path();
     certificates(dir);
     let config = admission_svc::Config {
-        tls: Some(poolgate_runtime::tls::TlsFiles {
+        tls: Some(poolgate_rpc::tls::TlsFiles {
             cert: dir.join("server.pem"),
             key: dir.join("server.key"),
             client_ca: None,

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use poolgate_core::account::Platform;
 use poolgate_core::health::Breaker;
 use poolgate_testkit::eventually;
-use relay_svc::fake_upstream::Scripted;
+use poolgate_testkit::fake_upstream::Scripted;
 use relay_svc::proxy::RelaySettings;
 use serde_json::{Value, json};
 use support::{Mode, Options, Pool, Spec, env_u64, quick_probe};

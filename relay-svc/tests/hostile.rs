@@ -12,8 +12,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::processes::{Process, binary};
+use poolgate_testkit::fake_upstream::FakeUpstream;
 use poolgate_testkit::{eventually, free_port};
-use relay_svc::fake_upstream::FakeUpstream;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

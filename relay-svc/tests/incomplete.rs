@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use poolgate_testkit::eventually;
-use relay_svc::fake_upstream::{FakeUpstream, Scripted, fake_chatgpt_token};
+use poolgate_testkit::fake_upstream::{FakeUpstream, Scripted, fake_chatgpt_token};
 use relay_svc::proxy::{Relay, RelaySettings};
 use serde_json::{Value, json};
 

@@ -7,14 +7,14 @@ use std::time::Duration;
 
 use poolgate_core::lease::{LeaseId, Settings};
 use poolgate_testkit::eventually;
-use relay_svc::fake_upstream::FakeUpstream;
+use poolgate_testkit::fake_upstream::FakeUpstream;
 use relay_svc::proxy::RelaySettings;
 use serde_json::json;
 
 /// The lease ids live on `account` in Redis.
 async fn lease_ids(conn: &mut redis::aio::MultiplexedConnection, account: i64) -> Vec<String> {
     redis::cmd("ZRANGE")
-        .arg(poolgate_proto::keys::AccountKeys::new(account).leases)
+        .arg(poolgate_runtime::keys::AccountKeys::new(account).leases)
         .arg(0)
         .arg(-1)
         .query_async(conn)
@@ -35,7 +35,7 @@ fn counter(metrics: &str, line_start: &str) -> f64 {
 struct Stack {
     backends: common::Backends,
     upstream: FakeUpstream,
-    admission: std::sync::Arc<admission_svc::admission::Admission>,
+    admission: std::sync::Arc<poolgate_lease::LeaseEngine>,
     handle: std::sync::Arc<relay_svc::proxy::Relay>,
     relay: std::net::SocketAddr,
     key: String,

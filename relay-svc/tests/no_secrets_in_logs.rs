@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use poolgate_testkit::fake_upstream::{FakeUpstream, Scripted};
 use poolgate_testkit::{eventually, free_port};
-use relay_svc::fake_upstream::{FakeUpstream, Scripted};
 use serde_json::json;
 
 const UPSTREAM_SECRET: &str = "sk-ant-api03-UPSTREAM-SECRET-0001";

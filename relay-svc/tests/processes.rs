@@ -7,8 +7,8 @@ use std::time::Duration;
 mod common;
 
 use common::processes::Env;
+use poolgate_testkit::fake_upstream::FakeUpstream;
 use poolgate_testkit::{PostgresServer, RedisServer, eventually, free_port};
-use relay_svc::fake_upstream::FakeUpstream;
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -22,7 +22,7 @@ async fn relay_selector_and_admission_as_separate_processes() {
         free_port().expect("port"),
         free_port().expect("port"),
     );
-    let keys = format!("k1:{}", selector_svc::crypto::Keyring::generate_key());
+    let keys = format!("k1:{}", poolgate_select::crypto::Keyring::generate_key());
     let env = Env {
         vars: vec![
             ("POOLGATE_DATABASE_URL".into(), postgres.url()),

@@ -4,7 +4,7 @@
 use http::{HeaderMap, HeaderName, HeaderValue};
 use poolgate_core::classify::{classify, reset_at_ms};
 use proptest::prelude::*;
-use relay_svc::api::Api;
+use relay_svc::client_api::Api;
 use relay_svc::session::session_hash;
 use relay_svc::usage::{SseScanner, Usage};
 

@@ -15,7 +15,7 @@ mod support;
 use std::time::Duration;
 
 use poolgate_testkit::eventually;
-use relay_svc::fake_upstream::Scripted;
+use poolgate_testkit::fake_upstream::Scripted;
 use serde_json::{Value, json};
 use support::{Mode, Options, Pool, Spec};
 

@@ -6,7 +6,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use relay_svc::fake_upstream::FakeUpstream;
+use poolgate_testkit::fake_upstream::FakeUpstream;
 
 fn sdk_python() -> PathBuf {
     if let Some(python) = std::env::var_os("POOLGATE_SDK_PYTHON") {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use poolgate_testkit::eventually;
-use relay_svc::fake_upstream::{FakeUpstream, Scripted};
+use poolgate_testkit::fake_upstream::{FakeUpstream, Scripted};
 use relay_svc::proxy::RelaySettings;
 use serde_json::{Value, json};
 
@@ -1099,7 +1099,7 @@ async fn claude_code_requests_go_to_a_subscription_account_untouched_and_others_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chatgpt_subscription_account_serves_the_responses_api_through_the_codex_backend() {
     let upstream = FakeUpstream::start().await.expect("fake upstream");
-    let token = relay_svc::fake_upstream::fake_chatgpt_token("acct-123");
+    let token = poolgate_testkit::fake_upstream::fake_chatgpt_token("acct-123");
     let yaml = format!(
         "api_keys:\n  - {{key: {KEY}, user: alice, group: default}}\naccounts:\n  - {{name: chatgpt, platform: openai, base_url: \"{}/backend-api\", chatgpt_oauth: {{access_token: \"{token}\"}}, concurrency: 4}}\n",
         upstream.base_url

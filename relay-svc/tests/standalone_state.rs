@@ -9,8 +9,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::processes::{Process, binary};
+use poolgate_testkit::fake_upstream::FakeUpstream;
 use poolgate_testkit::{eventually, free_port};
-use relay_svc::fake_upstream::FakeUpstream;
 use serde_json::{Value, json};
 
 const KEY: &str = "sk-state-client";

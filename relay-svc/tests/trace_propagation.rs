@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
-use relay_svc::fake_upstream::FakeUpstream;
+use poolgate_testkit::fake_upstream::FakeUpstream;
 use serde_json::json;
 use tracing_subscriber::layer::SubscriberExt;
 
@@ -19,7 +19,7 @@ async fn a_client_request_is_one_trace_across_relay_selector_and_admission() {
     let provider = SdkTracerProvider::builder()
         .with_simple_exporter(exporter.clone())
         .build();
-    poolgate_runtime::telemetry::install_propagator();
+    poolgate_rpc::telemetry::install_propagator();
     let subscriber = tracing_subscriber::registry()
         .with(tracing_subscriber::filter::LevelFilter::INFO)
         .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));

@@ -1,16 +1,15 @@
-//! poolgate-runtime: what every poolgate process needs and no service owns. The Redis connection
-//! and its clock, the storage error, telemetry (tracing, OpenTelemetry, context propagation),
-//! the gRPC metrics layer, service identity (token or mutual TLS), secret flags and the cost of
-//! a wrong admin token, TLS files, the shutdown signal, Prometheus helpers.
+//! poolgate-runtime: what every poolgate process needs and no service owns, without gRPC (the
+//! engines build on it without tonic; the gRPC pieces are `poolgate-rpc`). The Redis connection,
+//! its clock and key layout, the storage error, the ports through which the selection engine
+//! reaches the lease engine, secret flags and the cost of a wrong admin token, the shutdown
+//! signal, Prometheus helpers.
 
 pub mod clock;
 pub mod error;
 pub mod failed_auth;
-pub mod grpc_metrics;
+pub mod keys;
 pub mod metrics;
+pub mod ports;
 pub mod redis;
 pub mod secret_flags;
-pub mod service_auth;
 pub mod shutdown;
-pub mod telemetry;
-pub mod tls;

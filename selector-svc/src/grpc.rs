@@ -13,13 +13,15 @@ use tonic::codegen::Service;
 use tonic::server::NamedService;
 use tonic::{Request, Response, Status};
 
-use crate::domain::{
-    AccountId, AccountStatus, CredentialKind, MAX_NAME_BYTES, OAuthState, Outcome, OutcomeClass,
-    Platform, Secret, group_models, now_ms,
+use crate::error::status;
+use crate::store::{AccountInput, PostgresSource};
+use poolgate_core::account::{
+    AccountStatus, CredentialKind, OAuthState, Platform, Secret, group_models,
 };
-use crate::engine::{Plan, Reported, SelectQuery, Selector, SelectorError};
-use crate::source::UsageInput;
-use crate::store::{AccountInput, ConfigStore};
+use poolgate_core::outcome::{Outcome, OutcomeClass};
+use poolgate_core::{AccountId, MAX_NAME_BYTES, now_ms};
+use poolgate_select::engine::{Plan, Reported, SelectQuery, Selector, SelectorError};
+use poolgate_select::source::UsageInput;
 
 const MAX_MODEL_BYTES: usize = 256;
 const MAX_EXCLUDED: usize = 256;
@@ -27,7 +29,7 @@ const MAX_USAGE_RECORDS: usize = 1000;
 const MAX_REASON_BYTES: usize = 512;
 
 fn invalid(field: &str, message: impl Into<String>) -> Status {
-    SelectorError::invalid(field, message).into()
+    status(SelectorError::invalid(field, message))
 }
 
 fn name(field: &str, value: &str) -> Result<(), Status> {
@@ -175,7 +177,12 @@ impl pb::selector_server::Selector for SelectorGrpc {
             max_accounts: request.max_accounts.min(64) as usize,
             api_key_id: client_key_id(request.api_key_id)?,
         };
-        if self.selector.response_of_another_key(&query).await? {
+        if self
+            .selector
+            .response_of_another_key(&query)
+            .await
+            .map_err(status)?
+        {
             // Refused before any account is planned: the relay answers 404 and calls none.
             self.selector
                 .metrics()
@@ -187,7 +194,7 @@ impl pb::selector_server::Selector for SelectorGrpc {
                 ..Default::default()
             }));
         }
-        let plan = self.selector.select(&query).await?;
+        let plan = self.selector.select(&query).await.map_err(status)?;
         let label = plan.none_reason.map_or("planned", |reason| reason.as_str());
         self.selector
             .metrics()
@@ -243,7 +250,12 @@ impl pb::selector_server::Selector for SelectorGrpc {
             ..Outcome::new(id, class, request.status as u16)
         };
         Ok(Response::new(
-            match self.selector.report_outcome(&outcome).await? {
+            match self
+                .selector
+                .report_outcome(&outcome)
+                .await
+                .map_err(status)?
+            {
                 Reported::Applied(applied) => pb::ReportOutcomeResponse {
                     applied: applied.what.to_owned(),
                     block_ms: applied.block_ms,
@@ -269,7 +281,8 @@ impl pb::selector_server::Selector for SelectorGrpc {
         let result = self
             .selector
             .bind_session(&request.group, &request.session_hash, id)
-            .await?;
+            .await
+            .map_err(status)?;
         Ok(Response::new(pb::BindSessionResponse {
             result: result.to_owned(),
         }))
@@ -285,7 +298,8 @@ impl pb::selector_server::Selector for SelectorGrpc {
         let api_key_id = client_key_id(request.api_key_id)?;
         self.selector
             .bind_response_for_key(api_key_id, &request.response_id, id)
-            .await?;
+            .await
+            .map_err(status)?;
         Ok(Response::new(pb::BindResponseResponse {}))
     }
 
@@ -297,7 +311,7 @@ impl pb::selector_server::Selector for SelectorGrpc {
         if key.is_empty() || key.len() > 256 {
             return Err(invalid("api_key", "must be 1..=256 bytes"));
         }
-        let record = self.selector.authenticate(&key)?;
+        let record = self.selector.authenticate(&key).map_err(status)?;
         Ok(Response::new(pb::AuthenticateResponse {
             api_key_id: record.id,
             user: record.user,
@@ -348,7 +362,7 @@ impl pb::selector_server::Selector for SelectorGrpc {
             .source()
             .insert_usage(&inputs)
             .await
-            .map_err(SelectorError::from)?;
+            .map_err(|e| status(e.into()))?;
         Ok(Response::new(pb::RecordUsageResponse {
             accepted: accepted as u32,
         }))
@@ -408,7 +422,7 @@ impl AdminAuth {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .unwrap_or("");
-        if poolgate_runtime::service_auth::constant_time_eq(given.as_bytes(), token.as_bytes()) {
+        if poolgate_rpc::service_auth::constant_time_eq(given.as_bytes(), token.as_bytes()) {
             None
         } else {
             Some((
@@ -465,11 +479,11 @@ pub struct AdminGrpc {
     selector: Arc<Selector>,
     /// The admin writes (accounts, keys, statuses) go to Postgres itself, not through the
     /// engine's account source.
-    store: ConfigStore,
+    store: PostgresSource,
 }
 
 impl AdminGrpc {
-    pub fn new(selector: Arc<Selector>, store: ConfigStore) -> Self {
+    pub fn new(selector: Arc<Selector>, store: PostgresSource) -> Self {
         AdminGrpc { selector, store }
     }
 
@@ -488,7 +502,7 @@ impl AdminGrpc {
             .store
             .load_snapshot()
             .await
-            .map_err(SelectorError::from)?;
+            .map_err(|e| status(e.into()))?;
         self.selector.snapshot().set(ticket, snapshot);
         Ok(())
     }
@@ -496,7 +510,7 @@ impl AdminGrpc {
 
 // The deprecated `credential_kind` string is filled next to `kind` until no caller reads it.
 #[allow(deprecated)]
-fn account_view(account: &crate::domain::Account) -> pb::AccountView {
+fn account_view(account: &poolgate_core::account::Account) -> pb::AccountView {
     pb::AccountView {
         id: account.id,
         name: account.name.clone(),
@@ -610,7 +624,7 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
             .store
             .upsert_account(&input)
             .await
-            .map_err(SelectorError::from)?;
+            .map_err(|e| status(e.into()))?;
         self.reload().await?;
         Ok(Response::new(self.view(id)?))
     }
@@ -636,11 +650,11 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
     ) -> Result<Response<pb::AccountView>, Status> {
         let r = request.into_inner();
         let id = account_id("account_id", r.account_id)?;
-        let status = match AccountStatus::parse(&r.status) {
+        let new_status = match AccountStatus::parse(&r.status) {
             Some(AccountStatus::Retired) => {
                 return Err(invalid("status", "retired is set by quota outcomes only"));
             }
-            Some(status) => status,
+            Some(new_status) => new_status,
             None => return Err(invalid("status", "must be active, disabled or error")),
         };
         if r.reason.len() > MAX_REASON_BYTES {
@@ -650,9 +664,9 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
             ));
         }
         self.store
-            .set_status(id, status, &r.reason)
+            .set_status(id, new_status, &r.reason)
             .await
-            .map_err(SelectorError::from)?;
+            .map_err(|e| status(e.into()))?;
         self.reload().await?;
         Ok(Response::new(self.view(id)?))
     }
@@ -662,7 +676,7 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
         request: Request<pb::RestoreAccountRequest>,
     ) -> Result<Response<pb::AccountView>, Status> {
         let id = account_id("account_id", request.into_inner().account_id)?;
-        let account = self.selector.restore(id).await?;
+        let account = self.selector.restore(id).await.map_err(status)?;
         Ok(Response::new(account_view(&account)))
     }
 
@@ -680,7 +694,7 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
             .store
             .create_api_key(&r.name, &r.user, &r.group, r.user_rpm_limit)
             .await
-            .map_err(SelectorError::from)?;
+            .map_err(|e| status(e.into()))?;
         self.reload().await?;
         Ok(Response::new(pb::CreateApiKeyResponse {
             id,
@@ -696,7 +710,7 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
             .store
             .list_api_keys()
             .await
-            .map_err(SelectorError::from)?;
+            .map_err(|e| status(e.into()))?;
         Ok(Response::new(pb::ListApiKeysResponse {
             keys: keys
                 .into_iter()
@@ -724,7 +738,7 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
         self.store
             .revoke_api_key(id)
             .await
-            .map_err(SelectorError::from)?;
+            .map_err(|e| status(e.into()))?;
         self.reload().await?;
         Ok(Response::new(pb::RevokeApiKeyResponse {}))
     }
@@ -733,7 +747,7 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
         &self,
         _request: Request<pb::ListBlocksRequest>,
     ) -> Result<Response<pb::ListBlocksResponse>, Status> {
-        let blocks = self.selector.blocks().await?;
+        let blocks = self.selector.blocks().await.map_err(status)?;
         let snapshot = self.selector.snapshot().get();
         Ok(Response::new(pb::ListBlocksResponse {
             blocks: blocks
@@ -759,7 +773,7 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
         request: Request<pb::ClearBlockRequest>,
     ) -> Result<Response<pb::ClearBlockResponse>, Status> {
         let id = account_id("account_id", request.into_inner().account_id)?;
-        self.selector.clear_blocks(id).await?;
+        self.selector.clear_blocks(id).await.map_err(status)?;
         Ok(Response::new(pb::ClearBlockResponse {}))
     }
 
@@ -775,7 +789,8 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
             .health()
             .sticky_drop(&r.group, &r.session_hash)
             .await
-            .map_err(|e| SelectorError::Unavailable(e.to_string()))?;
+            .map_err(|e| SelectorError::Unavailable(e.to_string()))
+            .map_err(status)?;
         Ok(Response::new(pb::DropBindingResponse { dropped }))
     }
 
@@ -832,7 +847,7 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
             .store
             .read_usage(r.api_key_id, from, to)
             .await
-            .map_err(SelectorError::from)?;
+            .map_err(|e| status(e.into()))?;
         Ok(Response::new(pb::ReadUsageResponse {
             requests: totals.requests.max(0) as u64,
             input_tokens: totals.input_tokens.max(0) as u64,

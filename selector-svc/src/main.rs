@@ -7,16 +7,16 @@ use std::time::Duration;
 
 use clap::parser::ValueSource;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+use poolgate_core::account::{CredentialKind, Platform, default_oauth_token_url};
 use poolgate_proto::selector::v1 as pb;
+use poolgate_rpc::service_auth::{CallerCheck, WithToken};
 use poolgate_runtime::redis::{RedisOptions, RedisTarget};
 use poolgate_runtime::secret_flags::SecretFlag;
-use poolgate_runtime::service_auth::{CallerCheck, WithToken};
-use selector_svc::confirm::ProbeSettings;
-use selector_svc::crypto::Keyring;
-use selector_svc::domain::{CredentialKind, Platform, default_oauth_token_url};
-use selector_svc::engine::SelectorSettings;
+use poolgate_select::crypto::Keyring;
+use poolgate_select::engine::SelectorSettings;
+use poolgate_select::probe::ProbeSettings;
 use selector_svc::server::Config;
-use selector_svc::store::ConfigStore;
+use selector_svc::store::PostgresSource;
 
 /// poolgate selector: account config, credentials, health and selection.
 #[derive(Debug, Parser)]
@@ -105,6 +105,13 @@ struct ServeArgs {
         global = true
     )]
     reload_interval_ms: u64,
+    /// The admission replicas' lease time to live, ms: the probe's leases and their release
+    /// fences follow the same rules as the relays' (set it as admission's is set).
+    #[arg(long, env = "ADMISSION_LEASE_TTL_MS", default_value_t = 120_000, value_parser = clap::value_parser!(u64).range(1_000..))]
+    lease_ttl_ms: u64,
+    /// The admission replicas' orphan grace, ms.
+    #[arg(long, env = "ADMISSION_ORPHAN_GRACE_MS", default_value_t = 5_000)]
+    orphan_grace_ms: u64,
     /// PEM certificate (chain) to serve gRPC over TLS (with --tls-key).
     #[arg(long, env = "SELECTOR_TLS_CERT", requires = "tls_key", global = true)]
     tls_cert: Option<std::path::PathBuf>,
@@ -386,12 +393,17 @@ fn config(args: &ServeArgs) -> Result<Config, String> {
             },
             ..SelectorSettings::default()
         },
+        lease_settings: poolgate_core::lease::Settings {
+            lease_ttl: Duration::from_millis(args.lease_ttl_ms),
+            orphan_grace: Duration::from_millis(args.orphan_grace_ms),
+            ..Default::default()
+        },
         refresh: Default::default(),
         reload_interval: Duration::from_millis(args.reload_interval_ms.max(100)),
         refresh_interval: Duration::from_secs(30),
         max_concurrent_streams: 10_000,
         tls: match (&args.tls_cert, &args.tls_key) {
-            (Some(cert), Some(key)) => Some(poolgate_runtime::tls::TlsFiles {
+            (Some(cert), Some(key)) => Some(poolgate_rpc::tls::TlsFiles {
                 cert: cert.clone(),
                 key: key.clone(),
                 client_ca: args.tls_client_ca.clone(),
@@ -425,13 +437,13 @@ async fn serve(args: &ServeArgs) -> Result<(), String> {
     .map_err(|e| e.to_string())
 }
 
-async fn store(args: &ServeArgs) -> Result<ConfigStore, String> {
+async fn store(args: &ServeArgs) -> Result<PostgresSource, String> {
     let url = required(
         &args.database_url,
         "--database-url",
         "POOLGATE_DATABASE_URL",
     )?;
-    ConfigStore::connect(&url, std::sync::Arc::new(keyring(args)?))
+    PostgresSource::connect(&url, std::sync::Arc::new(keyring(args)?))
         .await
         .map_err(|e| e.to_string())
 }
@@ -684,7 +696,7 @@ async fn admin(args: &ServeArgs, admin: &AdminArgs) -> Result<(), String> {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse_noting_secrets();
-    let _telemetry = poolgate_runtime::telemetry::init("selector-svc", &cli.serve.log_format);
+    let _telemetry = poolgate_rpc::telemetry::init("selector-svc", &cli.serve.log_format);
     let result = match &cli.command {
         None | Some(Command::Serve) => serve(&cli.serve).await,
         Some(Command::Migrate) => match store(&cli.serve).await {

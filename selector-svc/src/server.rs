@@ -11,17 +11,16 @@ use poolgate_runtime::redis::{RedisHandle, RedisOptions, RedisTarget};
 use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
 
-use admission_svc::admission::Admission;
-use admission_svc::redis_backend::RedisBackend;
+use poolgate_lease::LeaseStore;
 
-use crate::crypto::Keyring;
-use crate::engine::{Selector, SelectorParts, SelectorSettings};
 use crate::grpc::{AdminAuth, AdminGrpc, SelectorGrpc};
-use crate::health::RedisHealth;
-use crate::metrics::Metrics;
-use crate::refresh::{RefreshSettings, TokenRefresher, refresh_loop};
-use crate::snapshot::SnapshotCell;
-use crate::store::{ConfigStore, StoreError};
+use crate::store::{PostgresSource, StoreError};
+use poolgate_select::crypto::Keyring;
+use poolgate_select::engine::{Selector, SelectorParts, SelectorSettings};
+use poolgate_select::health::RedisHealth;
+use poolgate_select::metrics::Metrics;
+use poolgate_select::refresh::{RefreshSettings, TokenRefresher, refresh_loop};
+use poolgate_select::snapshot::SnapshotCell;
 
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -32,6 +31,9 @@ pub struct Config {
     /// Bearer token of the admin API; `None` disables it.
     pub admin_token: Option<String>,
     pub settings: SelectorSettings,
+    /// The lease settings of the admission replicas (ttl, orphan grace, session window): the
+    /// probe's leases and their release fences follow the same rules as the relays' leases.
+    pub lease_settings: poolgate_core::lease::Settings,
     pub refresh: RefreshSettings,
     /// The periodic full reload (the safety net behind NOTIFY).
     pub reload_interval: Duration,
@@ -39,10 +41,10 @@ pub struct Config {
     pub refresh_interval: Duration,
     pub max_concurrent_streams: u32,
     /// Serve gRPC over TLS with this identity; `None`: plaintext.
-    pub tls: Option<poolgate_runtime::tls::TlsFiles>,
+    pub tls: Option<poolgate_rpc::tls::TlsFiles>,
     /// How callers prove who they are (service token, mutual TLS, or open for development).
     /// The admin RPCs check the admin token on top.
-    pub callers: poolgate_runtime::service_auth::CallerCheck,
+    pub callers: poolgate_rpc::service_auth::CallerCheck,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -64,7 +66,7 @@ pub struct Built {
     pub selector: Arc<Selector>,
     pub refresher: TokenRefresher,
     /// The engine's stores as their own types (round trips, direct reads in tests and benches).
-    pub store: ConfigStore,
+    pub store: PostgresSource,
     pub health: RedisHealth,
     background: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -82,7 +84,7 @@ impl Built {
 #[derive(Clone)]
 pub struct Serving {
     pub selector: Arc<Selector>,
-    pub store: ConfigStore,
+    pub store: PostgresSource,
 }
 
 impl Drop for Built {
@@ -96,7 +98,7 @@ impl Drop for Built {
 /// Connects, checks the schema, loads the first snapshot and starts the reload and refresh tasks.
 pub async fn build(config: &Config, metrics: Metrics) -> Result<Built, ServeError> {
     let store =
-        ConfigStore::connect(&config.database_url, Arc::new(config.keyring.clone())).await?;
+        PostgresSource::connect(&config.database_url, Arc::new(config.keyring.clone())).await?;
     store.check_schema().await?;
     let snapshot = Arc::new(SnapshotCell::new(store.load_snapshot().await?));
     metrics.reloads.with_label_values(&["startup"]).inc();
@@ -109,17 +111,20 @@ pub async fn build(config: &Config, metrics: Metrics) -> Result<Built, ServeErro
     .map_err(|e| ServeError::Redis(e.to_string()))?;
     let health = RedisHealth::new(redis.clone());
     // The probe's leases come from admission's scripts on the same Redis, so they count against
-    // the account like the relays' leases.
-    let admission = Admission::new(
-        Arc::new(RedisBackend::new(redis)),
-        poolgate_core::lease::Settings::default(),
-        admission_svc::metrics::Metrics::new(),
-    );
+    // the account like the relays' leases. Built by the lease engine's one constructor: its
+    // failed releases are retried, its metrics are served with the selector's.
+    let leases = poolgate_lease::start(
+        &LeaseStore::SharedRedis(redis),
+        config.lease_settings.clone(),
+        poolgate_lease::metrics::Metrics::registered_in(metrics.registry.clone()),
+    )
+    .await
+    .map_err(|e| ServeError::Redis(e.to_string()))?;
     let selector = Arc::new(Selector::new(SelectorParts {
         snapshot: snapshot.clone(),
         source: Arc::new(store.clone()),
         health: Arc::new(health.clone()),
-        admission,
+        leases,
         settings: config.settings.clone(),
         metrics: metrics.clone(),
     }));
@@ -156,7 +161,7 @@ pub async fn build(config: &Config, metrics: Metrics) -> Result<Built, ServeErro
 /// Reloads the snapshot on every NOTIFY of a config change (so a committed change is live
 /// within a second) and every `interval` as a safety net.
 async fn reload_loop(
-    store: ConfigStore,
+    store: PostgresSource,
     snapshot: Arc<SnapshotCell>,
     interval: Duration,
     metrics: Metrics,
@@ -282,11 +287,11 @@ pub async fn serve_selector(
         builder = builder.tls_config(tls)?;
     }
     let result = builder
-        .layer(poolgate_runtime::grpc_metrics::GrpcMetrics::new(
+        .layer(poolgate_rpc::grpc_metrics::GrpcMetrics::new(
             &selector.metrics().registry,
             served_methods(),
         ))
-        .layer(poolgate_runtime::telemetry::TraceLayer)
+        .layer(poolgate_rpc::telemetry::TraceLayer)
         .layer(config.callers.layer())
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(5)))
@@ -309,8 +314,8 @@ pub async fn serve_selector(
 
 /// The RPCs this server serves (selector, admin, health, reflection): the only method labels of
 /// its metrics.
-fn served_methods() -> poolgate_runtime::grpc_metrics::ServedMethods {
-    poolgate_runtime::grpc_metrics::ServedMethods::from_descriptors(
+fn served_methods() -> poolgate_rpc::grpc_metrics::ServedMethods {
+    poolgate_rpc::grpc_metrics::ServedMethods::from_descriptors(
         &[
             poolgate_proto::FILE_DESCRIPTOR_SET,
             tonic_health::pb::FILE_DESCRIPTOR_SET,

@@ -10,14 +10,15 @@ use std::sync::Arc;
 use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
 use sqlx::{Row, migrate::Migrator};
 
-use crate::crypto::{BlobPlace, Keyring, api_key_hash, api_key_prefix, new_api_key};
-use crate::domain::{
-    Account, AccountId, AccountStatus, ApiKeyRecord, CredentialKind, GroupSettings, OAuthState,
-    Platform, Price, Secret, default_oauth_token_url,
+use poolgate_core::AccountId;
+use poolgate_core::account::{
+    Account, AccountStatus, ApiKeyRecord, CredentialKind, GroupSettings, OAuthState, Platform,
+    Price, Secret, default_oauth_token_url,
 };
-use crate::snapshot::Snapshot;
-use crate::source::AccountSource;
-pub use crate::source::{StoreError, UsageInput, UsageTotals};
+use poolgate_select::crypto::{BlobPlace, Keyring, api_key_hash, api_key_prefix, new_api_key};
+use poolgate_select::snapshot::Snapshot;
+use poolgate_select::source::AccountSource;
+pub use poolgate_select::source::{StoreError, UsageInput, UsageTotals};
 
 mod reencrypt;
 pub use reencrypt::{ReencryptOutcome, ReencryptReport, StoredCiphertexts};
@@ -84,12 +85,12 @@ pub struct AccountInput {
 }
 
 #[derive(Clone)]
-pub struct ConfigStore {
+pub struct PostgresSource {
     pool: PgPool,
     keyring: Arc<Keyring>,
 }
 
-impl ConfigStore {
+impl PostgresSource {
     pub async fn connect(url: &str, keyring: Arc<Keyring>) -> Result<Self, StoreError> {
         let pool = PgPoolOptions::new()
             .max_connections(8)
@@ -97,7 +98,7 @@ impl ConfigStore {
             .connect(url)
             .await
             .map_err(convert)?;
-        Ok(ConfigStore { pool, keyring })
+        Ok(PostgresSource { pool, keyring })
     }
 
     pub fn pool(&self) -> &PgPool {
@@ -692,13 +693,13 @@ impl ConfigStore {
 
 /// The engine's view of the store: the methods above, by name.
 #[async_trait::async_trait]
-impl AccountSource for ConfigStore {
+impl AccountSource for PostgresSource {
     async fn load_snapshot(&self) -> Result<Snapshot, StoreError> {
-        ConfigStore::load_snapshot(self).await
+        PostgresSource::load_snapshot(self).await
     }
 
     async fn load_account(&self, id: AccountId) -> Result<Account, StoreError> {
-        ConfigStore::load_account(self, id).await
+        PostgresSource::load_account(self, id).await
     }
 
     async fn set_status(
@@ -707,7 +708,7 @@ impl AccountSource for ConfigStore {
         status: AccountStatus,
         reason: &str,
     ) -> Result<(), StoreError> {
-        ConfigStore::set_status(self, id, status, reason).await
+        PostgresSource::set_status(self, id, status, reason).await
     }
 
     async fn store_tokens(
@@ -717,11 +718,11 @@ impl AccountSource for ConfigStore {
         refresh_token: &Secret,
         expires_at_ms: i64,
     ) -> Result<(), StoreError> {
-        ConfigStore::store_tokens(self, id, access_token, refresh_token, expires_at_ms).await
+        PostgresSource::store_tokens(self, id, access_token, refresh_token, expires_at_ms).await
     }
 
     async fn insert_usage(&self, records: &[UsageInput]) -> Result<u64, StoreError> {
-        ConfigStore::insert_usage(self, records).await
+        PostgresSource::insert_usage(self, records).await
     }
 
     async fn read_usage(
@@ -730,7 +731,7 @@ impl AccountSource for ConfigStore {
         from_ms: i64,
         to_ms: i64,
     ) -> Result<UsageTotals, StoreError> {
-        ConfigStore::read_usage(self, api_key_id, from_ms, to_ms).await
+        PostgresSource::read_usage(self, api_key_id, from_ms, to_ms).await
     }
 }
 

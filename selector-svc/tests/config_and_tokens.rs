@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use poolgate_core::account::{CredentialKind, Secret};
 use poolgate_core::now_ms;
 use poolgate_proto::selector::v1 as pb;
+use poolgate_select::refresh::RefreshResult;
 use poolgate_testkit::eventually;
-use selector_svc::refresh::RefreshResult;
 use sqlx::Row;
 use support::{
     ADMIN_TOKEN, Backends, ProbeUpstream, Replica, admin, fast_settings, oauth, select_request,
@@ -62,7 +62,7 @@ async fn a_committed_change_is_live_within_a_second_through_notify() {
 /// Picks of `replica` over `n` selects, by account.
 async fn picks(replica: &Replica, n: usize) -> HashMap<i64, usize> {
     let mut counts = HashMap::new();
-    let query = selector_svc::engine::SelectQuery {
+    let query = poolgate_select::engine::SelectQuery {
         group: "g".into(),
         platform: Some(poolgate_core::account::Platform::Anthropic),
         model: "claude".into(),

@@ -8,26 +8,23 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use admission_svc::admission::{AcquireOutcome, Admission};
-use admission_svc::memory::MemoryBackend;
-use admission_svc::redis_backend::RedisBackend;
+use poolgate_core::AccountId;
+use poolgate_core::account::{Account, AccountStatus, CredentialKind, Platform, Secret};
 use poolgate_core::lease::{DenyReason, LeaseTerms, Settings};
+use poolgate_core::outcome::{Outcome, OutcomeClass, RuntimeBlockSettings};
 use poolgate_core::select::NoneReason;
+use poolgate_lease::engine::{AcquireOutcome, LeaseEngine};
 use poolgate_runtime::redis::{RedisHandle, RedisOptions, RedisTarget};
-use poolgate_testkit::{RedisServer, eventually};
-use selector_svc::confirm::ProbeSettings;
-use selector_svc::domain::{
-    Account, AccountId, AccountStatus, CredentialKind, Outcome, OutcomeClass, Platform,
-    RuntimeBlockSettings, Secret,
-};
-use selector_svc::engine::{
+use poolgate_select::engine::{
     Plan, SelectQuery, Selector, SelectorError, SelectorParts, SelectorSettings,
 };
-use selector_svc::health::{Breaker, BreakerChange, HealthStore, InProcessHealth, RedisHealth};
-use selector_svc::metrics::Metrics;
-use selector_svc::oracle::OracleSettings;
-use selector_svc::snapshot::{Snapshot, SnapshotCell};
-use selector_svc::source::{AccountSource, MemorySource};
+use poolgate_select::health::{Breaker, BreakerChange, HealthStore, InProcessHealth, RedisHealth};
+use poolgate_select::load_cache::LoadCacheSettings;
+use poolgate_select::metrics::Metrics;
+use poolgate_select::probe::ProbeSettings;
+use poolgate_select::snapshot::{Snapshot, SnapshotCell};
+use poolgate_select::source::{AccountSource, MemorySource};
+use poolgate_testkit::{RedisServer, eventually};
 use tokio_util::sync::CancellationToken;
 
 mod support;
@@ -76,17 +73,14 @@ health_suite!(
 /// A health store under test, with the admission engine its hard blocks and loads belong to.
 pub struct Store {
     health: Arc<dyn HealthStore>,
-    admission: Arc<Admission>,
+    admission: Arc<LeaseEngine>,
     _redis: Option<RedisServer>,
 }
 
 impl Store {
     async fn memory() -> Self {
-        let admission = Admission::new(
-            Arc::new(MemoryBackend::new()),
-            Settings::default(),
-            admission_svc::metrics::Metrics::new(),
-        );
+        let admission =
+            poolgate_lease::in_memory(Settings::default(), poolgate_lease::metrics::Metrics::new());
         Store {
             health: Arc::new(InProcessHealth::new(admission.clone())),
             admission,
@@ -103,11 +97,13 @@ impl Store {
         )
         .await
         .expect("redis connects");
-        let admission = Admission::new(
-            Arc::new(RedisBackend::new(handle.clone())),
+        let admission = poolgate_lease::start(
+            &poolgate_lease::LeaseStore::SharedRedis(handle.clone()),
             Settings::default(),
-            admission_svc::metrics::Metrics::new(),
-        );
+            poolgate_lease::metrics::Metrics::new(),
+        )
+        .await
+        .expect("lease engine");
         Store {
             health: Arc::new(RedisHealth::new(handle)),
             admission,
@@ -142,7 +138,7 @@ impl Store {
         }
     }
 
-    async fn read(&self, id: AccountId) -> selector_svc::health::AccountHealth {
+    async fn read(&self, id: AccountId) -> poolgate_select::health::AccountHealth {
         self.health.read_one(id).await.expect("health readable")
     }
 }
@@ -586,9 +582,9 @@ fn engine_settings() -> SelectorSettings {
             breaker_open: Duration::from_secs(30),
             ..RuntimeBlockSettings::default()
         },
-        oracle: OracleSettings {
+        load_cache: LoadCacheSettings {
             cache_ttl: Duration::ZERO,
-            ..OracleSettings::default()
+            ..LoadCacheSettings::default()
         },
         probe: ProbeSettings {
             lease_wait: Duration::from_millis(200),
@@ -616,7 +612,7 @@ impl Engine {
             snapshot: cell,
             source: source.clone(),
             health: store.health.clone(),
-            admission: store.admission.clone(),
+            leases: store.admission.clone(),
             settings: engine_settings(),
             metrics: Metrics::new(),
         });

@@ -9,8 +9,8 @@ use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::time::{Duration, Instant};
 
+use poolgate_rpc::service_auth::SERVICE_TOKEN_HEADER;
 use poolgate_runtime::failed_auth::{MAX_DELAYED_REFUSALS, REFUSAL_DELAY};
-use poolgate_runtime::service_auth::SERVICE_TOKEN_HEADER;
 use poolgate_testkit::call_empty;
 use support::{ADMIN_TOKEN, Backends, Replica, SERVICE_TOKEN, fast_settings};
 use tonic::Code;

@@ -7,21 +7,19 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use admission_svc::admission::Admission;
-use admission_svc::memory::MemoryBackend;
+use poolgate_core::account::{
+    Account, AccountStatus, ApiKeyRecord, CredentialKind, OAuthState, Platform, Secret,
+};
 use poolgate_core::hex;
 use poolgate_core::lease::Settings;
+use poolgate_core::{AccountId, now_ms};
+use poolgate_select::crypto::api_key_hash;
+use poolgate_select::health::InProcessHealth;
+use poolgate_select::metrics::Metrics;
+use poolgate_select::refresh::{RefreshResult, RefreshSettings, TokenRefresher};
+use poolgate_select::snapshot::{Snapshot, SnapshotCell};
+use poolgate_select::source::{AccountSource, MemorySource, StateFile, StoreError, UsageInput};
 use poolgate_testkit::{Scratch, eventually};
-use selector_svc::crypto::api_key_hash;
-use selector_svc::domain::{
-    Account, AccountId, AccountStatus, ApiKeyRecord, CredentialKind, OAuthState, Platform, Secret,
-    now_ms,
-};
-use selector_svc::health::InProcessHealth;
-use selector_svc::metrics::Metrics;
-use selector_svc::refresh::{RefreshResult, RefreshSettings, TokenRefresher};
-use selector_svc::snapshot::{Snapshot, SnapshotCell};
-use selector_svc::source::{AccountSource, MemorySource, StateFile, StoreError, UsageInput};
 
 fn account(id: AccountId, tweak: impl FnOnce(&mut Account)) -> Account {
     let mut account = Account {
@@ -655,11 +653,8 @@ async fn start_token_endpoint(endpoint: TokenEndpoint) -> String {
 }
 
 fn refresher(source: Arc<MemorySource>) -> TokenRefresher {
-    let admission = Admission::new(
-        Arc::new(MemoryBackend::new()),
-        Settings::default(),
-        admission_svc::metrics::Metrics::new(),
-    );
+    let admission =
+        poolgate_lease::in_memory(Settings::default(), poolgate_lease::metrics::Metrics::new());
     TokenRefresher::new(
         source,
         Arc::new(InProcessHealth::new(admission)),

@@ -9,9 +9,10 @@ use aes_gcm::{Aes256Gcm, Key};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use poolgate_core::account::{CredentialKind, Secret};
-use selector_svc::crypto::{BlobFormat, BlobPlace, CryptoError, Keyring};
+use poolgate_select::crypto::{BlobFormat, BlobPlace, CryptoError, Keyring};
 use selector_svc::store::{
-    AccountInput, ConfigStore, ReencryptOutcome, ReencryptReport, StoreError, known_schema_version,
+    AccountInput, PostgresSource, ReencryptOutcome, ReencryptReport, StoreError,
+    known_schema_version,
 };
 use support::{api_account, oauth};
 
@@ -23,7 +24,7 @@ async fn the_selector_refuses_a_schema_it_does_not_know() {
     let keyring = Arc::new(
         Keyring::parse(&format!("k1:{}", Keyring::generate_key()), None).expect("keyring"),
     );
-    let store = ConfigStore::connect(&postgres.url(), keyring)
+    let store = PostgresSource::connect(&postgres.url(), keyring)
         .await
         .expect("connect");
     match store.check_schema().await {
@@ -57,7 +58,7 @@ async fn reencrypt_moves_every_credential_to_the_active_key() {
         .expect("postgres");
     let (k1, k2) = (Keyring::generate_key(), Keyring::generate_key());
     let old = Arc::new(Keyring::parse(&format!("k1:{k1}"), None).expect("keyring"));
-    let store = ConfigStore::connect(&postgres.url(), old)
+    let store = PostgresSource::connect(&postgres.url(), old)
         .await
         .expect("connect");
     store.migrate().await.expect("migrate");
@@ -66,7 +67,7 @@ async fn reencrypt_moves_every_credential_to_the_active_key() {
         .await
         .expect("account");
     let both = Arc::new(Keyring::parse(&format!("k1:{k1},k2:{k2}"), Some("k2")).expect("keyring"));
-    let rotating = ConfigStore::connect(&postgres.url(), both)
+    let rotating = PostgresSource::connect(&postgres.url(), both)
         .await
         .expect("connect");
     assert_eq!(
@@ -82,7 +83,7 @@ async fn reencrypt_moves_every_credential_to_the_active_key() {
         "nothing left on the old key"
     );
     let only_new = Arc::new(Keyring::parse(&format!("k2:{k2}"), None).expect("keyring"));
-    let after = ConfigStore::connect(&postgres.url(), only_new)
+    let after = PostgresSource::connect(&postgres.url(), only_new)
         .await
         .expect("connect");
     let account = after
@@ -133,9 +134,9 @@ async fn store_with(
     postgres: &poolgate_testkit::PostgresServer,
     keys: &str,
     active: Option<&str>,
-) -> ConfigStore {
+) -> PostgresSource {
     let keyring = Arc::new(Keyring::parse(keys, active).expect("keyring"));
-    ConfigStore::connect(&postgres.url(), keyring)
+    PostgresSource::connect(&postgres.url(), keyring)
         .await
         .expect("connect")
 }
@@ -152,7 +153,7 @@ fn oauth_account(name: &str) -> AccountInput {
     input
 }
 
-async fn ciphertexts(store: &ConfigStore, id: i64) -> (Vec<u8>, Option<Vec<u8>>) {
+async fn ciphertexts(store: &PostgresSource, id: i64) -> (Vec<u8>, Option<Vec<u8>>) {
     let row: (Vec<u8>, Option<Vec<u8>>) = sqlx::query_as(
         "SELECT credential_ciphertext, refresh_token_ciphertext FROM accounts WHERE id = $1",
     )
@@ -165,7 +166,7 @@ async fn ciphertexts(store: &ConfigStore, id: i64) -> (Vec<u8>, Option<Vec<u8>>)
 
 /// Rewrites a row's blobs as the selector wrote them before row binding.
 async fn write_v1(
-    store: &ConfigStore,
+    store: &PostgresSource,
     key: &str,
     id: i64,
     credential: &str,

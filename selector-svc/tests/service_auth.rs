@@ -32,7 +32,7 @@ async fn every_rpc_refuses_callers_without_the_service_token_and_health_stays_op
             "{paths:?}"
         );
     }
-    let header = poolgate_runtime::service_auth::SERVICE_TOKEN_HEADER;
+    let header = poolgate_rpc::service_auth::SERVICE_TOKEN_HEADER;
     let bearer = format!("Bearer {ADMIN_TOKEN}");
     for path in paths
         .iter()

@@ -7,12 +7,13 @@ use std::collections::HashMap;
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::PathBuf;
 
-use poolgate_testkit::Scratch;
-use selector_svc::domain::{
-    Account, AccountStatus, CredentialKind, OAuthState, Platform, Secret, now_ms,
+use poolgate_core::account::{
+    Account, AccountStatus, CredentialKind, OAuthState, Platform, Secret,
 };
-use selector_svc::snapshot::Snapshot;
-use selector_svc::source::{AccountSource, MemorySource, StateFile};
+use poolgate_core::now_ms;
+use poolgate_select::snapshot::Snapshot;
+use poolgate_select::source::{AccountSource, MemorySource, StateFile};
+use poolgate_testkit::Scratch;
 
 fn subscription() -> Account {
     Account {

@@ -17,9 +17,9 @@ use std::sync::Arc;
 use poolgate_core::account::{
     CredentialKind, LEGACY_ANTHROPIC_TOKEN_URL, Platform, Secret, default_oauth_token_url,
 };
+use poolgate_select::crypto::Keyring;
 use poolgate_testkit::PostgresServer;
-use selector_svc::crypto::Keyring;
-use selector_svc::store::{AccountInput, ConfigStore, MIGRATOR};
+use selector_svc::store::{AccountInput, MIGRATOR, PostgresSource};
 use support::{api_account, oauth};
 
 // ---- the pinned CLIs ----------------------------------------------------------------------
@@ -272,11 +272,11 @@ fn the_scan_finds_a_needle_across_chunk_boundaries() {
 
 // ---- stored accounts ----------------------------------------------------------------------
 
-async fn store_on(postgres: &PostgresServer) -> ConfigStore {
+async fn store_on(postgres: &PostgresServer) -> PostgresSource {
     let keyring = Arc::new(
         Keyring::parse(&format!("k1:{}", Keyring::generate_key()), None).expect("keyring"),
     );
-    ConfigStore::connect(&postgres.url(), keyring)
+    PostgresSource::connect(&postgres.url(), keyring)
         .await
         .expect("connect")
 }
@@ -293,7 +293,7 @@ fn subscription(name: &str, platform: Platform, token_url: &str) -> AccountInput
     input
 }
 
-async fn stored_token_url(store: &ConfigStore, id: i64) -> Option<String> {
+async fn stored_token_url(store: &PostgresSource, id: i64) -> Option<String> {
     sqlx::query_scalar("SELECT token_url FROM accounts WHERE id = $1")
         .bind(id)
         .fetch_one(store.pool())
@@ -301,7 +301,7 @@ async fn stored_token_url(store: &ConfigStore, id: i64) -> Option<String> {
         .expect("row")
 }
 
-async fn read_token_url(store: &ConfigStore, id: i64) -> String {
+async fn read_token_url(store: &PostgresSource, id: i64) -> String {
     let account = store.load_account(id).await.expect("loads");
     let from_snapshot = store.load_snapshot().await.expect("snapshot");
     let in_snapshot = from_snapshot.account(id).expect("in the snapshot");

@@ -1,10 +1,13 @@
-//! poolgate's test harness: private Redis servers (one node or a 3-master cluster) on free
-//! loopback ports, owned by the test that started them and stopped when dropped, and a bounded
-//! `eventually` wait instead of fixed sleeps.
+//! poolgate's test harness: private Redis servers (one node or a 3-master cluster) and Postgres
+//! servers on free loopback ports, owned by the test that started them and stopped when dropped,
+//! a bounded `eventually` wait instead of fixed sleeps, and the project's fake upstream LLM
+//! server (`fake_upstream`; `mock-upstream` runs it as a process for demos and benches).
 //!
 //! Each test owns its servers, so a test that stops Redis or counts its commands never disturbs
 //! another. Binaries come from `PATH` (or `REDIS_SERVER` / `REDIS_CLI`); `bash .ci/run` installs
 //! them on a fresh machine.
+
+pub mod fake_upstream;
 
 use std::future::Future;
 use std::net::TcpListener;

@@ -7,14 +7,15 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use admission_svc::admission::Admission;
-use admission_svc::metrics::Metrics;
-use admission_svc::server::{self, BackendConfig, Config};
+use admission_svc::server::{self, Config};
 use poolgate_core::lease::Settings;
+use poolgate_lease::LeaseEngine;
+use poolgate_lease::LeaseStore;
+use poolgate_lease::metrics::Metrics;
 use poolgate_proto::admission::v1 as pb;
 use poolgate_proto::admission::v1::admission_client::AdmissionClient;
+use poolgate_rpc::service_auth::{CallerCheck, WithToken};
 use poolgate_runtime::redis::{RedisOptions, RedisTarget};
-use poolgate_runtime::service_auth::{CallerCheck, WithToken};
 use poolgate_testkit::{RedisServer, free_port};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::StreamExt;
@@ -53,10 +54,10 @@ impl Store {
         Store::Redis(RedisServer::start().await.expect("redis starts"))
     }
 
-    pub fn backend_config(&self) -> BackendConfig {
+    pub fn backend_config(&self) -> LeaseStore {
         match self {
-            Store::Memory => BackendConfig::Memory,
-            Store::Redis(server) => BackendConfig::Redis {
+            Store::Memory => LeaseStore::Memory,
+            Store::Redis(server) => LeaseStore::Redis {
                 target: RedisTarget::Single(server.url()),
                 options: RedisOptions::default(),
                 policy: Default::default(),
@@ -74,7 +75,7 @@ impl Store {
 
 /// An admission server running in this process.
 pub struct TestServer {
-    pub admission: Arc<Admission>,
+    pub admission: Arc<LeaseEngine>,
     pub client: Client,
     pub addr: std::net::SocketAddr,
     pub metrics_addr: std::net::SocketAddr,
@@ -82,14 +83,14 @@ pub struct TestServer {
 }
 
 impl TestServer {
-    pub async fn start(backend: BackendConfig, settings: Settings) -> Self {
+    pub async fn start(backend: LeaseStore, settings: Settings) -> Self {
         let config = Config {
             settings,
             backend,
             callers: CallerCheck::Token(SERVICE_TOKEN.into()),
             ..Config::default()
         };
-        let admission = server::build_admission(&config, Metrics::new())
+        let admission = server::build_engine(&config, Metrics::new())
             .await
             .expect("admission builds");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

@@ -11,8 +11,8 @@ use poolgate_core::lease::{DenyReason, LeaseTerms, UserLimit};
 use poolgate_core::short_hash;
 
 use super::{Answer, Body, Inbound, Relay};
-use crate::api::{Api, ErrorKind, RelayError};
-use crate::backends::{Acquired, Caller, Planned};
+use crate::client_api::{Api, ErrorKind, RelayError};
+use crate::ports::{Acquired, Caller, Planned};
 
 /// `count_tokens` requests one account takes a minute, from all clients together: Claude Code
 /// calls it alongside its messages, and it must not hammer an upstream that limits it apart.

@@ -21,8 +21,8 @@ use tokio::sync::watch;
 use super::finish::Finish;
 use super::request::response_headers;
 use super::{Answer, Body, Called, Inbound, Relay};
-use crate::api::{Api, ErrorKind, RelayError};
-use crate::backends::{Lease, Planned};
+use crate::client_api::{Api, ErrorKind, RelayError};
+use crate::ports::{Lease, Planned};
 use crate::usage::{StreamFold, whole_answer};
 
 /// A 2xx from upstream whose body is still to be read, and the lease it runs under.

@@ -12,7 +12,7 @@ use poolgate_core::now_ms;
 use poolgate_core::outcome::OutcomeClass;
 
 use super::{Inbound, Relay};
-use crate::backends::{Caller, Lease, Planned, UsageRecord};
+use crate::ports::{Caller, Lease, Planned, UsageRecord};
 use crate::usage::{SseScanner, Usage};
 
 /// Bookkeeping after the last byte: report, bind, spend on release, usage record.

@@ -28,9 +28,9 @@ use poolgate_core::outcome::OutcomeClass;
 use poolgate_core::select::NoneReason;
 use tokio::sync::mpsc;
 
-use crate::api::{Api, ErrorKind, RelayError};
-use crate::backends::{Acquired, Caller, Lease, Leases, Plan, PlanRequest, Planned, Selection};
+use crate::client_api::{Api, ErrorKind, RelayError};
 use crate::metrics::Metrics;
+use crate::ports::{Acquired, Caller, Lease, Leases, Plan, PlanRequest, Planned, Selection};
 
 pub use body::{BodyJsonError, MAX_DEPTH as MAX_JSON_DEPTH, TopLevel};
 pub use request::{HttpClientError, merged_betas, passes_upstream, request_id_header};
@@ -198,10 +198,7 @@ impl Relay {
         Ok(Relay {
             http: request::build_client(settings.upstream_timeout, None)?,
             selection,
-            leases: Arc::new(crate::backends::Lingering::new(
-                leases,
-                settings.cancel_linger,
-            )),
+            leases: Arc::new(crate::ports::Lingering::new(leases, settings.cancel_linger)),
             settings,
             metrics,
             proxied: Mutex::new(HashMap::new()),

@@ -12,8 +12,8 @@ use poolgate_core::upstream::{CLAUDE_CODE_IDENTITY, chatgpt_responses_url, upstr
 use serde_json::Value;
 
 use super::{Inbound, Relay};
-use crate::api::Api;
-use crate::backends::Planned;
+use crate::client_api::Api;
+use crate::ports::Planned;
 
 /// Where a request goes, for the header rules (docs/DESIGN.md §6, "Headers, both ways"): the
 /// Anthropic API, the OpenAI API (and compatible bases), or the ChatGPT backend (a ChatGPT

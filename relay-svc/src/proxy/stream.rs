@@ -16,8 +16,8 @@ use super::call::{Answered, gone};
 use super::finish::Finish;
 use super::request::asks_stream_usage;
 use super::{Answer, Body, Called, Inbound, Relay};
-use crate::api::{Api, ErrorKind, RelayError};
-use crate::backends::{Lease, Planned};
+use crate::client_api::{Api, ErrorKind, RelayError};
+use crate::ports::{Lease, Planned};
 use crate::usage::{ChatUsageStripper, SseScanner};
 
 impl Relay {

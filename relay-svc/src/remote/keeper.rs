@@ -14,8 +14,8 @@ use tokio_stream::StreamExt;
 
 use super::Traced;
 use super::leases::{Events, acquire_pb, message, open};
-use crate::backends::{BackendError, Lease};
 use crate::metrics::Metrics;
+use crate::ports::{BackendError, Lease};
 
 /// Starts the keeper of a lease admission just granted on `events`; the returned handle is the
 /// holder's.

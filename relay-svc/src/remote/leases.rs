@@ -9,7 +9,7 @@ use poolgate_core::lease::{Denial, DenyReason, LeaseTerms};
 use poolgate_proto::admission::v1 as apb;
 use poolgate_proto::admission::v1::admission_client::AdmissionClient;
 use poolgate_proto::convert;
-use poolgate_runtime::service_auth::WithToken;
+use poolgate_rpc::service_auth::WithToken;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
@@ -17,8 +17,8 @@ use tonic::transport::Channel;
 
 use super::keeper;
 use super::{Traced, traced};
-use crate::backends::{Acquired, BackendError, Leases};
 use crate::metrics::Metrics;
+use crate::ports::{Acquired, BackendError, Leases};
 
 /// Admission over gRPC.
 pub struct RemoteLeases {
@@ -30,7 +30,7 @@ impl RemoteLeases {
     pub fn new(
         channel: WithToken<Channel>,
         metrics: Metrics,
-        grpc_metrics: &poolgate_runtime::grpc_metrics::GrpcMetrics,
+        grpc_metrics: &poolgate_rpc::grpc_metrics::GrpcMetrics,
     ) -> Self {
         RemoteLeases {
             client: AdmissionClient::new(traced(channel, grpc_metrics)),
@@ -311,7 +311,7 @@ mod tests {
                 .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
         );
         let metrics = Metrics::new();
-        let grpc_metrics = poolgate_runtime::grpc_metrics::GrpcMetrics::client(&metrics.registry);
+        let grpc_metrics = poolgate_rpc::grpc_metrics::GrpcMetrics::client(&metrics.registry);
         let channel = balanced_channel(&[format!("http://{address}")], &GrpcClient::default())
             .expect("channel");
         let leases = RemoteLeases::new(WithToken::new(channel, None), metrics, &grpc_metrics);

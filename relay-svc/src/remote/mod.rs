@@ -3,12 +3,12 @@
 //! upstream call finishing anyway when that fails). Channels balance over every endpoint given.
 //!
 //! - `balancer`: the balanced channel over every replica of an endpoint (resolved and probed).
-//! - `selection`: [`Selection`](crate::backends::Selection) over the selector, successes
+//! - `selection`: [`Selection`](crate::ports::Selection) over the selector, successes
 //!   coalesced, usage batched.
-//! - `leases`: [`Leases`](crate::backends::Leases) over admission: one acquire per task, retried
+//! - `leases`: [`Leases`](crate::ports::Leases) over admission: one acquire per task, retried
 //!   on another replica, withdrawn when the caller leaves.
 //! - `keeper`: the task that owns a granted lease's stream (heartbeats, attempts, release,
-//!   resume) and the [`Lease`](crate::backends::Lease) handle that talks to it.
+//!   resume) and the [`Lease`](crate::ports::Lease) handle that talks to it.
 //! - `throttle`: a warning let through once per period.
 
 mod balancer;
@@ -19,11 +19,11 @@ mod throttle;
 
 use std::sync::Arc;
 
-use poolgate_runtime::service_auth::WithToken;
+use poolgate_rpc::service_auth::WithToken;
 use tonic::transport::Channel;
 
-use crate::backends::Backends;
 use crate::metrics::Metrics;
+use crate::ports::Backends;
 
 pub use balancer::{ChannelError, GrpcClient, balanced_channel};
 pub use leases::RemoteLeases;
@@ -31,15 +31,15 @@ pub use selection::RemoteSelection;
 
 /// A balanced channel that carries the current trace context in every request's metadata, and
 /// counts every call (`grpc_client_*` metrics).
-pub type Traced = poolgate_runtime::grpc_metrics::GrpcMetricsService<
-    poolgate_runtime::telemetry::Inject<WithToken<Channel>>,
+pub type Traced = poolgate_rpc::grpc_metrics::GrpcMetricsService<
+    poolgate_rpc::telemetry::Inject<WithToken<Channel>>,
 >;
 
 fn traced(
     channel: WithToken<Channel>,
-    metrics: &poolgate_runtime::grpc_metrics::GrpcMetrics,
+    metrics: &poolgate_rpc::grpc_metrics::GrpcMetrics,
 ) -> Traced {
-    tower::Layer::layer(metrics, poolgate_runtime::telemetry::Inject::new(channel))
+    tower::Layer::layer(metrics, poolgate_rpc::telemetry::Inject::new(channel))
 }
 
 /// Endpoints the remote backends cannot use: a configuration mistake, named by its flag.
@@ -58,7 +58,7 @@ pub fn remote_backends(
     client: &GrpcClient,
     metrics: Metrics,
 ) -> Result<Backends, RemoteConfigError> {
-    let grpc_metrics = poolgate_runtime::grpc_metrics::GrpcMetrics::client(&metrics.registry);
+    let grpc_metrics = poolgate_rpc::grpc_metrics::GrpcMetrics::client(&metrics.registry);
     let token = client.service_token.as_deref();
     let selection = RemoteSelection::new(
         WithToken::new(

@@ -15,12 +15,12 @@ use poolgate_core::short_hash;
 use poolgate_proto::convert::{self, ConvertError};
 use poolgate_proto::selector::v1 as spb;
 use poolgate_proto::selector::v1::selector_client::SelectorClient;
-use poolgate_runtime::service_auth::WithToken;
+use poolgate_rpc::service_auth::WithToken;
 use tonic::transport::Channel;
 
 use super::throttle::Throttle;
 use super::{Traced, traced};
-use crate::backends::{BackendError, Caller, Plan, PlanRequest, Planned, Selection, UsageRecord};
+use crate::ports::{BackendError, Caller, Plan, PlanRequest, Planned, Selection, UsageRecord};
 use crate::session::binding_key;
 use crate::usage_sink::{SinkSettings, UsageSink, UsageWriter, WriteError};
 
@@ -43,7 +43,7 @@ const SUCCESS_FLUSH: Duration = Duration::from_millis(50);
 impl RemoteSelection {
     pub fn new(
         channel: WithToken<Channel>,
-        grpc_metrics: &poolgate_runtime::grpc_metrics::GrpcMetrics,
+        grpc_metrics: &poolgate_rpc::grpc_metrics::GrpcMetrics,
         usage_lost: prometheus::IntCounter,
     ) -> Self {
         let client = SelectorClient::new(traced(channel, grpc_metrics));

@@ -7,8 +7,8 @@ use poolgate_core::account::{
     Account, AccountStatus, ApiKeyRecord, CredentialKind, GroupSettings, OAuthState, Platform,
     Price, Secret, default_oauth_token_url,
 };
-use selector_svc::crypto::{api_key_hash, api_key_prefix};
-use selector_svc::snapshot::Snapshot;
+use poolgate_select::crypto::{api_key_hash, api_key_prefix};
+use poolgate_select::snapshot::Snapshot;
 use serde::Deserialize;
 
 /// The standalone account file (see `examples/standalone.yaml`). Unknown fields are ignored, so

@@ -1,34 +1,34 @@
-//! Admission in this process: the admission engine on its memory backend, built as
-//! `admission-svc` builds it; a lease renews itself and is released when dropped.
+//! Admission in this process: the lease engine on its memory backend, built by its one
+//! constructor (`poolgate_lease::in_memory`); a lease renews itself and is released when dropped.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use admission_svc::admission::{AcquireOutcome, Admission};
 use async_trait::async_trait;
 use poolgate_core::lease::{LeaseId, LeaseTerms, Settings};
 use poolgate_core::money::usd_to_micros;
+use poolgate_lease::{AcquireOutcome, LeaseEngine};
 use tokio_util::sync::CancellationToken;
 
-use crate::backends::{Acquired, BackendError, Lease, Leases};
+use crate::ports::{Acquired, BackendError, Lease, Leases};
 
 /// Admission in this process: the engine on its memory backend.
 pub struct LocalLeases {
-    admission: Arc<Admission>,
+    admission: Arc<LeaseEngine>,
 }
 
 impl LocalLeases {
-    pub fn new(admission: Arc<Admission>) -> Self {
+    pub fn new(admission: Arc<LeaseEngine>) -> Self {
         LocalLeases { admission }
     }
 
-    /// The admission engine on its memory backend, built as `admission-svc` builds it (with
-    /// the release-retry task), its metrics in `registry`.
-    pub fn engine(settings: Settings, registry: &prometheus::Registry) -> Arc<Admission> {
-        admission_svc::server::memory_admission(
+    /// The lease engine on its memory backend, with its release-retry task, its metrics in
+    /// `registry`.
+    pub fn engine(settings: Settings, registry: &prometheus::Registry) -> Arc<LeaseEngine> {
+        poolgate_lease::in_memory(
             settings,
-            admission_svc::metrics::Metrics::registered_in(registry.clone()),
+            poolgate_lease::metrics::Metrics::registered_in(registry.clone()),
         )
     }
 }
@@ -64,7 +64,7 @@ impl Leases for LocalLeases {
     }
 }
 
-async fn renew(admission: Arc<Admission>, lease_id: LeaseId, terms: LeaseTerms) {
+async fn renew(admission: Arc<LeaseEngine>, lease_id: LeaseId, terms: LeaseTerms) {
     let every = admission.settings().lease_ttl / 3;
     loop {
         tokio::time::sleep(every).await;
@@ -73,7 +73,7 @@ async fn renew(admission: Arc<Admission>, lease_id: LeaseId, terms: LeaseTerms) 
 }
 
 struct LocalLease {
-    admission: Arc<Admission>,
+    admission: Arc<LeaseEngine>,
     lease_id: LeaseId,
     terms: LeaseTerms,
     attempts: AtomicU32,

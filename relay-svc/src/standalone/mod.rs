@@ -14,22 +14,22 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use admission_svc::admission::Admission;
 use async_trait::async_trait;
 use poolgate_core::lease::Settings;
-use selector_svc::engine::{Selector, SelectorParts, SelectorSettings};
-use selector_svc::health::InProcessHealth;
-use selector_svc::refresh::{RefreshSettings, TokenRefresher, refresh_loop};
-use selector_svc::snapshot::SnapshotCell;
-use selector_svc::source::{AccountSource, MemorySource, StateFile, UsageInput};
+use poolgate_lease::LeaseEngine;
+use poolgate_select::engine::{Selector, SelectorParts, SelectorSettings};
+use poolgate_select::health::InProcessHealth;
+use poolgate_select::refresh::{RefreshSettings, TokenRefresher, refresh_loop};
+use poolgate_select::snapshot::SnapshotCell;
+use poolgate_select::source::{AccountSource, MemorySource, StateFile, UsageInput};
 
 pub use config::{AccountEntry, KeyEntry, OAuthEntry, PriceEntry, Prices, StandaloneFile};
 pub use leases::LocalLeases;
 pub use selection::InProcessSelection;
 
 use crate::admin::Operator;
-use crate::backends::UsageRecord;
 use crate::metrics::Metrics;
+use crate::ports::UsageRecord;
 use crate::usage_sink::{SinkSettings, UsageSink, UsageWriter, WriteError};
 
 /// How often due OAuth tokens are refreshed ahead of their expiry.
@@ -41,7 +41,7 @@ pub struct Standalone {
     pub leases: Arc<LocalLeases>,
     pub operator: Arc<dyn Operator>,
     pub source: Arc<MemorySource>,
-    pub admission: Arc<Admission>,
+    pub admission: Arc<LeaseEngine>,
 }
 
 /// Builds the engines over `file` (and `state_file`'s saved state). Call inside a Tokio
@@ -59,14 +59,15 @@ pub fn build(
             .map_err(|e| e.to_string())?,
     );
     let snapshot = Arc::new(SnapshotCell::new(source.snapshot()));
-    let health: Arc<dyn selector_svc::health::HealthStore> =
+    let health: Arc<dyn poolgate_select::health::HealthStore> =
         Arc::new(InProcessHealth::new(admission.clone()));
-    let selector_metrics = selector_svc::metrics::Metrics::registered_in(metrics.registry.clone());
+    let selector_metrics =
+        poolgate_select::metrics::Metrics::registered_in(metrics.registry.clone());
     let selector = Arc::new(Selector::new(SelectorParts {
         snapshot: snapshot.clone(),
         source: source.clone(),
         health: health.clone(),
-        admission: admission.clone(),
+        leases: admission.clone(),
         settings,
         metrics: selector_metrics.clone(),
     }));

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use poolgate_core::account::Account;
-use selector_svc::engine::{Selector, SelectorError};
-use selector_svc::source::{AccountSource, MemorySource};
+use poolgate_select::engine::{Selector, SelectorError};
+use poolgate_select::source::{AccountSource, MemorySource};
 
 use crate::admin::{AccountView, AdminError, BlockView, KeyUsage, Operator};
 

@@ -9,9 +9,9 @@ use poolgate_core::classify::Classified;
 use poolgate_core::outcome::Outcome;
 use poolgate_core::select::NoneReason;
 use poolgate_core::short_hash;
-use selector_svc::engine::{Reported, SelectQuery, Selector, SelectorError};
+use poolgate_select::engine::{Reported, SelectQuery, Selector, SelectorError};
 
-use crate::backends::{BackendError, Caller, Plan, PlanRequest, Planned, Selection, UsageRecord};
+use crate::ports::{BackendError, Caller, Plan, PlanRequest, Planned, Selection, UsageRecord};
 use crate::session::binding_key;
 use crate::usage_sink::UsageSink;
 
@@ -54,10 +54,9 @@ impl InProcessSelection {
     }
 }
 
-/// The engine's error as the selector's gRPC layer answers it (the same code, so a caller acts
-/// on it as it would on a remote selector's).
+/// The engine's error, kept as it is (the relay decides on its variant, never on a string).
 fn unavailable(error: SelectorError) -> BackendError {
-    tonic::Status::from(error).into()
+    BackendError::Selection(error)
 }
 
 #[async_trait]

@@ -1,8 +1,8 @@
 //! Building blocks for the relay's integration tests: the in-process stack
-//! (`relay_svc::stack`, shared with the relay bench) and the service binaries as processes.
+//! (`poolgate_stack`, shared with the relay bench) and the service binaries as processes.
 
 #![allow(dead_code, unused_imports)]
 
 pub mod processes;
 
-pub use relay_svc::stack::*;
+pub use poolgate_stack::*;

@@ -15,16 +15,16 @@ use std::time::Duration;
 use poolgate_core::account::{CredentialKind, OAuthState, Platform, Secret};
 use poolgate_core::health::Breaker;
 use poolgate_core::outcome::RuntimeBlockSettings;
+use poolgate_rpc::service_auth::CallerCheck;
 use poolgate_runtime::redis::{RedisOptions, RedisTarget};
-use poolgate_runtime::service_auth::CallerCheck;
+use poolgate_select::engine::SelectorSettings;
+use poolgate_select::probe::ProbeSettings;
+use poolgate_stack::{self as stack, Backends, SERVICE_TOKEN};
+use poolgate_testkit::fake_upstream::FakeUpstream;
 use relay_svc::admin::Operator;
-use relay_svc::fake_upstream::FakeUpstream;
 use relay_svc::metrics::Metrics;
 use relay_svc::proxy::{Relay, RelaySettings};
-use relay_svc::stack::{self, Backends, SERVICE_TOKEN};
 use relay_svc::standalone::{Standalone, StandaloneFile};
-use selector_svc::confirm::ProbeSettings;
-use selector_svc::engine::SelectorSettings;
 use serde_json::Value;
 
 /// The client key of the standalone pool (the distributed one creates its own).
@@ -176,7 +176,7 @@ enum Engines {
     Distributed {
         backends: Backends,
         selectors: Vec<selector_svc::server::Built>,
-        _admission: Arc<admission_svc::admission::Admission>,
+        _admission: Arc<poolgate_lease::LeaseEngine>,
     },
 }
 
@@ -245,6 +245,7 @@ async fn selector(
         keyring: backends.keyring.clone(),
         admin_token: Some("evidence-admin".into()),
         settings: selector_settings(options),
+        lease_settings: Default::default(),
         refresh: Default::default(),
         reload_interval: Duration::from_secs(3600),
         refresh_interval: Duration::from_secs(3600),
@@ -252,7 +253,7 @@ async fn selector(
         tls: None,
         callers: CallerCheck::Token(SERVICE_TOKEN.into()),
     };
-    let built = selector_svc::server::build(&config, selector_svc::metrics::Metrics::new())
+    let built = selector_svc::server::build(&config, poolgate_select::metrics::Metrics::new())
         .await
         .map_err(|e| format!("selector: {e}"))?;
     let (listener, address) = listen().await?;
@@ -493,7 +494,7 @@ impl Pool {
                     let account = backends.store.load_account(*id).await.expect("account");
                     let health = selector.health().read_one(*id).await.expect("health");
                     let unauthorized: u64 = redis::cmd("ZCARD")
-                        .arg(poolgate_proto::keys::unauthorized_events(*id))
+                        .arg(poolgate_runtime::keys::unauthorized_events(*id))
                         .query_async(&mut redis)
                         .await
                         .expect("zcard");

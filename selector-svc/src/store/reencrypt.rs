@@ -3,9 +3,9 @@
 
 use sqlx::Row;
 
-use super::{ConfigStore, StoreError, convert};
-use crate::crypto::{BlobFormat, BlobPlace};
-use crate::domain::AccountId;
+use super::{PostgresSource, StoreError, convert};
+use poolgate_core::AccountId;
+use poolgate_select::crypto::{BlobFormat, BlobPlace};
 
 /// One account's encrypted columns as read, for `reencrypt_one`'s compare-and-set.
 #[derive(Clone)]
@@ -38,7 +38,7 @@ pub struct ReencryptReport {
     pub unreadable: u64,
 }
 
-impl ConfigStore {
+impl PostgresSource {
     /// Brings every row to v2 under the active key (`selector-svc reencrypt`): after a key
     /// rotation, and once after the upgrade to row-bound blobs. Safe while selectors serve: a row
     /// whose ciphertext changed since it was read (a token refresh, an admin update) is left as

@@ -12,14 +12,14 @@ use poolgate_core::outcome::RuntimeBlockSettings;
 use poolgate_proto::selector::v1 as pb;
 use poolgate_proto::selector::v1::selector_admin_client::SelectorAdminClient;
 use poolgate_proto::selector::v1::selector_client::SelectorClient;
+use poolgate_rpc::service_auth::{CallerCheck, WithToken};
 use poolgate_runtime::redis::{RedisOptions, RedisTarget};
-use poolgate_runtime::service_auth::{CallerCheck, WithToken};
+use poolgate_select::crypto::Keyring;
+use poolgate_select::engine::SelectorSettings;
+use poolgate_select::metrics::Metrics;
 use poolgate_testkit::{PostgresServer, RedisServer};
-use selector_svc::crypto::Keyring;
-use selector_svc::engine::SelectorSettings;
-use selector_svc::metrics::Metrics;
 use selector_svc::server::{self, Built, Config};
-use selector_svc::store::{AccountInput, ConfigStore};
+use selector_svc::store::{AccountInput, PostgresSource};
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
 
@@ -40,7 +40,7 @@ pub struct Backends {
     pub postgres: PostgresServer,
     pub redis: RedisServer,
     pub keyring: Keyring,
-    pub store: ConfigStore,
+    pub store: PostgresSource,
 }
 
 impl Backends {
@@ -50,7 +50,7 @@ impl Backends {
         let redis = redis.expect("redis starts");
         let keyring =
             Keyring::parse(&format!("k1:{}", Keyring::generate_key()), None).expect("keyring");
-        let store = ConfigStore::connect(&postgres.url(), Arc::new(keyring.clone()))
+        let store = PostgresSource::connect(&postgres.url(), Arc::new(keyring.clone()))
             .await
             .expect("postgres connects");
         store.migrate().await.expect("migrations apply");
@@ -70,6 +70,7 @@ impl Backends {
             keyring: self.keyring.clone(),
             admin_token: Some(ADMIN_TOKEN.into()),
             settings,
+            lease_settings: Default::default(),
             refresh: Default::default(),
             reload_interval: Duration::from_secs(3600),
             refresh_interval: Duration::from_secs(3600),

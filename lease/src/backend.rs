@@ -1,0 +1,141 @@
+//! The admission state behind one small trait, with a memory implementation (one process: the
+//! embedded default and the Redis fallback) and a Redis implementation (many replicas). Both
+//! keep the same semantics and run the same test suite.
+
+use async_trait::async_trait;
+
+use poolgate_core::AccountId;
+use poolgate_core::lease::{Denial, LeaseId, LeaseTerms, Renewal, Resumption};
+use poolgate_runtime::error::BackendError;
+
+/// Everything admission keeps per account. Every method is one round trip on Redis.
+///
+/// Durations are passed per call (from [`crate::domain::Settings`]) so one backend serves
+/// replicas configured alike without knowing the settings struct.
+#[async_trait]
+pub trait LeaseBackend: Send + Sync + 'static {
+    /// Charges one event to the user's rolling-minute RPM. `None` = charged.
+    async fn charge_user(
+        &self,
+        user_id: &str,
+        rpm_limit: i32,
+        event_id: &str,
+        window_ms: u64,
+    ) -> Result<Option<Denial>, BackendError>;
+
+    /// Removes a user RPM event again (the account refused the acquire it was charged for).
+    /// Idempotent: removing an event that is not there does nothing.
+    async fn refund_user(&self, user_id: &str, event_id: &str) -> Result<(), BackendError>;
+
+    /// Whether `acquire` checks and charges the user RPM in the same step as the account gates
+    /// (one node, or one process). On a Redis Cluster the user's key lives in another slot, so
+    /// the engine charges the user once per acquire (`charge_user`, idempotent by event id) and
+    /// refunds when no lease came of it.
+    fn joins_user_gate(&self) -> bool {
+        true
+    }
+
+    /// Checks the user RPM (when `terms.user` is set), cooldown, concurrency, account RPM and the
+    /// session window, and only if all pass adds the lease and the RPM events (account and
+    /// user, both with the lease id as event id). `None` = granted. A refusal writes nothing.
+    /// Never called for unlimited accounts, and with `terms.user` only when
+    /// [`Self::joins_user_gate`].
+    async fn acquire(
+        &self,
+        terms: &LeaseTerms,
+        lease_id: &LeaseId,
+        limits: AcquireLimits,
+    ) -> Result<Option<Denial>, BackendError>;
+
+    /// Sets a live lease's expiry to now + ttl. A lease the backend no longer has is `Lost`
+    /// (released while its release fence is up), or re-added when `restore_within` is
+    /// `Some(limit)` and the account has room (fewer than `limit` live leases; <= 0: unlimited),
+    /// or `Lost` (no room; expired when `restore_within` is `None`).
+    async fn renew(
+        &self,
+        lease_id: &LeaseId,
+        ttl_ms: u64,
+        restore_within: Option<i32>,
+    ) -> Result<Renewal, BackendError>;
+
+    /// Like `renew`, but only for a lease that is still live, and the caller becomes its holder
+    /// (a new holder epoch, also when the lease already was resumed: the last `Resume` holds it).
+    async fn resume(&self, lease_id: &LeaseId, ttl_ms: u64) -> Result<Resumption, BackendError>;
+
+    /// Charges account RPM again for a same-account retry on a held lease. `None` = charged.
+    async fn attempt(
+        &self,
+        lease_id: &LeaseId,
+        rpm_limit: i32,
+        event_id: &str,
+        window_ms: u64,
+    ) -> Result<Option<Denial>, BackendError>;
+
+    /// Removes the lease and adds `spend_micros` (if > 0) to the session window, in one step,
+    /// and raises the lease's release fence for `fence_ms`: until it falls no renewal or resume
+    /// brings the lease back. Returns whether a live lease was removed.
+    async fn release(
+        &self,
+        lease_id: &LeaseId,
+        spend_micros: i64,
+        session_window_ms: u64,
+        fence_ms: u64,
+    ) -> Result<bool, BackendError>;
+
+    /// Cuts a lease's expiry to now + grace (never lengthens it), only if `holder_epoch` is still
+    /// the lease's holder (0: the stream that acquired it; a resume makes a new holder). So a
+    /// stream whose end is noticed after its lease was resumed elsewhere does not cut it.
+    /// Raises the release fence from the lease's new expiry for `fence_ms` (a `Resume` within
+    /// the grace lowers it again), so the orphan reaper's release is fenced like the others.
+    async fn orphan(
+        &self,
+        lease_id: &LeaseId,
+        grace_ms: u64,
+        holder_epoch: u64,
+        fence_ms: u64,
+    ) -> Result<(), BackendError>;
+
+    /// Live lease counts, in the order asked.
+    async fn inflight(&self, account_ids: &[AccountId]) -> Result<Vec<u32>, BackendError>;
+
+    /// Adds spend to the session window; returns the window's spend afterwards (micro-USD).
+    async fn record_spend(
+        &self,
+        account_id: AccountId,
+        spend_micros: i64,
+        session_window_ms: u64,
+    ) -> Result<i64, BackendError>;
+
+    /// Hard-blocks the account for `ttl_ms` (keeping a later existing deadline).
+    async fn set_cooldown(&self, account_id: AccountId, ttl_ms: u64) -> Result<(), BackendError>;
+
+    /// Lifts the account's hard block, whatever its deadline (an operator cleared it, or the
+    /// in-process selector lifted a block it set).
+    async fn clear_cooldown(&self, account_id: AccountId) -> Result<(), BackendError>;
+
+    /// Registers a waiter, bounded by `max_waiting`. Returns its position, or `None` when the
+    /// queue is full. The entry expires after `ttl_ms`.
+    async fn register_waiter(
+        &self,
+        account_id: AccountId,
+        waiter_id: &str,
+        max_waiting: u32,
+        ttl_ms: u64,
+    ) -> Result<Option<u32>, BackendError>;
+
+    async fn remove_waiter(
+        &self,
+        account_id: AccountId,
+        waiter_id: &str,
+    ) -> Result<(), BackendError>;
+}
+
+/// The per-acquire numbers derived from terms and settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AcquireLimits {
+    pub ttl_ms: u64,
+    pub rpm_window_ms: u64,
+    /// Refuse when the window's spend reached this (0: no window gate).
+    pub window_limit_micros: i64,
+    pub session_window_ms: u64,
+}

@@ -1,0 +1,664 @@
+//! The admission engine: takes, renews, charges and frees leases on a backend, waits for slots,
+//! and retries releases the backend could not take. Transport-free: `grpc.rs` and `session.rs`
+//! call it; tests may too.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::{AcquireLimits, LeaseBackend};
+use crate::metrics::Metrics;
+use crate::policy::PolicyBackend;
+use poolgate_core::lease::{
+    Denial, DenyReason, LeaseId, LeaseTerms, Renewal, Resumption, Settings,
+};
+use poolgate_core::{AccountId, millis};
+use poolgate_runtime::error::BackendError;
+
+/// What an acquire came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AcquireOutcome {
+    Granted(LeaseId),
+    Denied(Denial),
+    /// The caller went away while waiting; nothing is held.
+    Cancelled,
+}
+
+/// A release the backend did not take; retried in the background so no slot stays until ttl.
+struct PendingRelease {
+    lease_id: LeaseId,
+    spend_micros: i64,
+}
+
+pub struct LeaseEngine {
+    backend: Arc<dyn LeaseBackend>,
+    settings: Settings,
+    instance: String,
+    sequence: AtomicU64,
+    /// Waiters on this replica per account, woken at once by a release here.
+    local_wakeups: Mutex<HashMap<AccountId, Arc<Notify>>>,
+    /// Acquires of this replica waiting per account. A new acquire does not barge in front of
+    /// them (see `acquire`).
+    local_waiting: Arc<Mutex<HashMap<AccountId, usize>>>,
+    pending_releases: Mutex<Vec<PendingRelease>>,
+    metrics: Metrics,
+    /// The Redis failure policy layer, when the backend is Redis.
+    policy: Option<Arc<PolicyBackend>>,
+}
+
+/// A random per-process instance id: 12 lowercase hex digits.
+fn new_instance_id() -> String {
+    format!("{:012x}", fastrand::u64(..) & 0xffff_ffff_ffff)
+}
+
+impl LeaseEngine {
+    pub fn new(backend: Arc<dyn LeaseBackend>, settings: Settings, metrics: Metrics) -> Arc<Self> {
+        Self::build(backend, None, settings, metrics)
+    }
+
+    /// An engine on Redis behind its failure policy.
+    pub fn with_policy(
+        policy: Arc<PolicyBackend>,
+        settings: Settings,
+        metrics: Metrics,
+    ) -> Arc<Self> {
+        Self::build(policy.clone(), Some(policy), settings, metrics)
+    }
+
+    fn build(
+        backend: Arc<dyn LeaseBackend>,
+        policy: Option<Arc<PolicyBackend>>,
+        settings: Settings,
+        metrics: Metrics,
+    ) -> Arc<Self> {
+        Arc::new(LeaseEngine {
+            policy,
+            backend,
+            settings,
+            instance: new_instance_id(),
+            sequence: AtomicU64::new(0),
+            local_wakeups: Mutex::new(HashMap::new()),
+            local_waiting: Arc::new(Mutex::new(HashMap::new())),
+            pending_releases: Mutex::new(Vec::new()),
+            metrics,
+        })
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    pub fn instance_id(&self) -> &str {
+        &self.instance
+    }
+
+    /// The failure policy layer, when the backend is Redis.
+    pub fn policy(&self) -> Option<&Arc<PolicyBackend>> {
+        self.policy.as_ref()
+    }
+
+    /// Whether Redis is unreachable and the failure policy decides.
+    pub fn is_degraded(&self) -> bool {
+        self.policy
+            .as_ref()
+            .is_some_and(|policy| policy.is_degraded())
+    }
+
+    fn next_lease_id(&self, account_id: AccountId) -> LeaseId {
+        let sequence = self.sequence.fetch_add(1, Ordering::Relaxed);
+        LeaseId::new(account_id, &self.instance, sequence)
+    }
+
+    fn ttl_ms(&self) -> u64 {
+        millis(self.settings.lease_ttl)
+    }
+
+    /// How long a released lease stays fenced: its last holder heartbeats at most a ttl after
+    /// its last renewal, and an orphaned one is resumable for the grace, so after this no
+    /// holder of it can still be asking.
+    fn fence_ms(&self) -> u64 {
+        millis(self.settings.lease_ttl + self.settings.orphan_grace)
+    }
+
+    fn limits(&self, terms: &LeaseTerms) -> AcquireLimits {
+        AcquireLimits {
+            ttl_ms: self.ttl_ms(),
+            rpm_window_ms: millis(self.settings.rpm_window),
+            window_limit_micros: terms.effective_window_limit_micros(self.settings.sticky_reserve),
+            session_window_ms: millis(self.settings.session_window),
+        }
+    }
+
+    fn wakeup(&self, account_id: AccountId) -> Arc<Notify> {
+        let mut wakeups = self.local_wakeups.lock().unwrap_or_else(|p| p.into_inner());
+        wakeups.entry(account_id).or_default().clone()
+    }
+
+    fn wake_one(&self, account_id: AccountId) {
+        let wakeups = self.local_wakeups.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(notify) = wakeups.get(&account_id) {
+            notify.notify_one();
+        }
+    }
+
+    fn has_local_waiters(&self, account_id: AccountId) -> bool {
+        let waiting = self.local_waiting.lock().unwrap_or_else(|p| p.into_inner());
+        waiting.get(&account_id).is_some_and(|n| *n > 0)
+    }
+
+    /// One try at every gate. Where the backend joins the user gate (one Redis node, memory) it
+    /// is one step that writes nothing when refused; otherwise `terms` carries no user here (the
+    /// user was charged once for the whole acquire, see `acquire`).
+    async fn try_acquire(&self, terms: &LeaseTerms) -> Result<AcquireOutcome, BackendError> {
+        let lease_id = self.next_lease_id(terms.account_id);
+        if terms.account_unlimited() {
+            return Ok(AcquireOutcome::Granted(lease_id));
+        }
+        let denial = self
+            .backend
+            .acquire(terms, &lease_id, self.limits(terms))
+            .await?;
+        Ok(match denial {
+            None => AcquireOutcome::Granted(lease_id),
+            Some(denial) => AcquireOutcome::Denied(denial),
+        })
+    }
+
+    /// Takes a lease, waiting up to `wait` for a slot (or an RPM event) to free up. `on_queued`
+    /// is told the queue position once the acquire registers as a waiter. `cancel` ends the wait
+    /// (the client went away); a script already running is allowed to finish so its result is
+    /// never lost.
+    ///
+    /// The user RPM gate joins the account gates in one step where the backend can
+    /// (`joins_user_gate`). Otherwise (a Redis Cluster, or an unlimited account) the user is
+    /// charged once, before the first try, with an event id of its own (the charge is idempotent
+    /// by it), kept through the wait (no charge per poll), and refunded when no lease came of
+    /// it — also when the caller goes away (the refund then runs detached).
+    pub async fn acquire(
+        &self,
+        terms: &LeaseTerms,
+        wait: Duration,
+        cancel: &CancellationToken,
+        on_queued: impl FnMut(u32),
+    ) -> Result<AcquireOutcome, BackendError> {
+        let separate_user = terms
+            .user
+            .as_ref()
+            .filter(|user| user.rpm_limit > 0)
+            .filter(|_| terms.account_unlimited() || !self.backend.joins_user_gate());
+        let Some(user) = separate_user else {
+            return self.wait_for_grant(terms, wait, cancel, on_queued).await;
+        };
+        let event_id = format!("u{}", self.next_lease_id(terms.account_id));
+        let charged = self
+            .backend
+            .charge_user(
+                &user.user_id,
+                user.rpm_limit,
+                &event_id,
+                millis(self.settings.rpm_window),
+            )
+            .await;
+        match charged {
+            Ok(None) => {}
+            Ok(Some(denial)) => {
+                let outcome = Ok(AcquireOutcome::Denied(denial));
+                self.record_decision(&outcome);
+                return outcome;
+            }
+            Err(error) => {
+                let outcome = Err(error);
+                self.record_decision(&outcome);
+                return outcome;
+            }
+        }
+        let charge = UserCharge {
+            backend: self.backend.clone(),
+            user_id: user.user_id.clone(),
+            event_id,
+            armed: true,
+        };
+        let account_terms = LeaseTerms {
+            user: None,
+            ..terms.clone()
+        };
+        let outcome = self
+            .wait_for_grant(&account_terms, wait, cancel, on_queued)
+            .await;
+        match outcome {
+            Ok(AcquireOutcome::Granted(_)) => charge.keep(),
+            _ => charge.refund().await,
+        }
+        outcome
+    }
+
+    /// The wait loop of `acquire`: tries, registers as a waiter, sleeps until woken or the next
+    /// poll, until granted, refused for good, or cancelled.
+    async fn wait_for_grant(
+        &self,
+        terms: &LeaseTerms,
+        wait: Duration,
+        cancel: &CancellationToken,
+        mut on_queued: impl FnMut(u32),
+    ) -> Result<AcquireOutcome, BackendError> {
+        let deadline = Instant::now() + wait;
+        let mut waiter: Option<WaiterGuard> = None;
+        let mut delay = self.settings.wait_poll_initial;
+        // Fairness: while acquires of this replica wait for the account, a new one queues behind
+        // them instead of taking a slot one of them is about to get (under overload, new
+        // requests probing with no wait would otherwise win every freed slot and starve the
+        // queue). It nudges a waiter instead, so a slot freed elsewhere is not left idle.
+        let mut queue_first =
+            !terms.account_unlimited() && self.has_local_waiters(terms.account_id);
+        loop {
+            let outcome = if std::mem::take(&mut queue_first) {
+                self.wake_one(terms.account_id);
+                Ok(AcquireOutcome::Denied(Denial::new(
+                    DenyReason::Concurrency,
+                    0,
+                )))
+            } else {
+                self.try_acquire(terms).await
+            };
+            let denial = match outcome {
+                Ok(AcquireOutcome::Denied(denial)) => denial,
+                other => {
+                    self.record_decision(&other);
+                    return other;
+                }
+            };
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            let hopeless = !denial.reason.is_waitable()
+                || remaining.is_zero()
+                || Duration::from_millis(denial.retry_after_ms) > remaining;
+            if hopeless {
+                let outcome = Ok(AcquireOutcome::Denied(denial));
+                self.record_decision(&outcome);
+                return outcome;
+            }
+            if waiter.is_none() {
+                let waiter_id = format!("w{}", self.next_lease_id(terms.account_id));
+                // The entry outlives the wait a little so a slow poll never finds itself gone.
+                let ttl_ms = millis(remaining) + millis(self.settings.wait_poll_max) + 1000;
+                let position = self
+                    .backend
+                    .register_waiter(
+                        terms.account_id,
+                        &waiter_id,
+                        self.settings.max_waiting,
+                        ttl_ms,
+                    )
+                    .await?;
+                let Some(position) = position else {
+                    let outcome = Ok(AcquireOutcome::Denied(Denial::new(
+                        DenyReason::QueueFull,
+                        0,
+                    )));
+                    self.record_decision(&outcome);
+                    return outcome;
+                };
+                self.metrics.waiters.inc();
+                *self
+                    .local_waiting
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .entry(terms.account_id)
+                    .or_default() += 1;
+                waiter = Some(WaiterGuard {
+                    backend: self.backend.clone(),
+                    account_id: terms.account_id,
+                    waiter_id,
+                    metrics: self.metrics.clone(),
+                    local_waiting: self.local_waiting.clone(),
+                });
+                on_queued(position);
+            }
+            // Jitter keeps replicas from polling in step; RPM refusals know when to come back.
+            let jittered = delay.mul_f64(0.5 + fastrand::f64());
+            let pause = jittered
+                .max(Duration::from_millis(denial.retry_after_ms))
+                .min(remaining);
+            let wakeup = self.wakeup(terms.account_id);
+            tokio::select! {
+                _ = wakeup.notified() => {}
+                _ = tokio::time::sleep(pause) => {}
+                _ = cancel.cancelled() => {
+                    let outcome = Ok(AcquireOutcome::Cancelled);
+                    self.record_decision(&outcome);
+                    return outcome;
+                }
+            }
+            delay = (delay * 2).min(self.settings.wait_poll_max);
+        }
+    }
+
+    fn record_decision(&self, outcome: &Result<AcquireOutcome, BackendError>) {
+        let (result, reason) = match outcome {
+            Ok(AcquireOutcome::Granted(_)) => ("granted", "none"),
+            Ok(AcquireOutcome::Denied(denial)) => ("denied", denial.reason.as_str()),
+            Ok(AcquireOutcome::Cancelled) => ("cancelled", "client_gone"),
+            Err(BackendError::Timeout) => ("error", "backend_timeout"),
+            Err(BackendError::Failed(_)) => ("error", "backend_error"),
+        };
+        self.metrics
+            .decisions
+            .with_label_values(&[result, reason])
+            .inc();
+    }
+
+    /// Takes over a lease whose stream broke (or that another stream still holds: the last
+    /// `Resume` holds it). Never adds a lease the backend does not have live.
+    pub async fn resume(
+        &self,
+        lease_id: &LeaseId,
+        terms: &LeaseTerms,
+    ) -> Result<Resumption, BackendError> {
+        if terms.account_unlimited() {
+            return Ok(Resumption::Resumed { holder_epoch: 0 });
+        }
+        self.backend.resume(lease_id, self.ttl_ms()).await
+    }
+
+    /// A renewal by a holder that renews every ttl/3 (the standalone relay's lease): see
+    /// [`Self::heartbeat`].
+    pub async fn renew(
+        &self,
+        lease_id: &LeaseId,
+        terms: &LeaseTerms,
+    ) -> Result<Renewal, BackendError> {
+        self.heartbeat(lease_id, terms, Duration::ZERO).await
+    }
+
+    /// A heartbeat: renews the lease, re-adds it if the backend lost it and the account has
+    /// room, or reports it lost (released, no room). `since_renewal` is how long ago the
+    /// holder's last renewal succeeded: after a whole ttl the lease surely expired, and it is
+    /// not re-added (its release fence, which lasts a ttl plus the grace from the release, may
+    /// have fallen already), so the holder is told `Lost{expired}`.
+    pub async fn heartbeat(
+        &self,
+        lease_id: &LeaseId,
+        terms: &LeaseTerms,
+        since_renewal: Duration,
+    ) -> Result<Renewal, BackendError> {
+        if terms.account_unlimited() {
+            return Ok(Renewal::Renewed);
+        }
+        let restore_within =
+            (since_renewal < self.settings.lease_ttl).then_some(terms.concurrency_limit);
+        let renewal = self
+            .backend
+            .renew(lease_id, self.ttl_ms(), restore_within)
+            .await?;
+        match renewal {
+            Renewal::Renewed => {}
+            Renewal::Restored => self.metrics.leases_restored.inc(),
+            Renewal::Lost(reason) => self
+                .metrics
+                .leases_lost
+                .with_label_values(&[reason.as_str()])
+                .inc(),
+        }
+        Ok(renewal)
+    }
+
+    /// Charges account RPM for the `n`-th same-account retry on a held lease.
+    pub async fn attempt(
+        &self,
+        lease_id: &LeaseId,
+        terms: &LeaseTerms,
+        attempt: u32,
+    ) -> Result<Option<Denial>, BackendError> {
+        if terms.rpm_limit <= 0 {
+            return Ok(None);
+        }
+        // Unique across resumes (a resumed stream counts its attempts from 1 again) and replicas:
+        // an event id seen twice would be charged once.
+        let sequence = self.sequence.fetch_add(1, Ordering::Relaxed);
+        let event_id = format!("{lease_id}:{attempt}.{}.{sequence}", self.instance);
+        let rpm_window_ms = millis(self.settings.rpm_window);
+        let denial = self
+            .backend
+            .attempt(lease_id, terms.rpm_limit, &event_id, rpm_window_ms)
+            .await?;
+        let (result, reason) = match denial {
+            None => ("granted", "none"),
+            Some(denial) => ("denied", denial.reason.as_str()),
+        };
+        self.metrics
+            .attempts
+            .with_label_values(&[result, reason])
+            .inc();
+        Ok(denial)
+    }
+
+    /// Frees a lease (recording spend when the terms keep a window, or, without terms (the
+    /// unary `Release`), whenever it is given). A release the backend cannot take now is queued
+    /// and retried; the holder is done either way.
+    pub async fn release(
+        &self,
+        lease_id: &LeaseId,
+        terms: Option<&LeaseTerms>,
+        spend_micros: i64,
+    ) -> bool {
+        if terms.is_some_and(LeaseTerms::account_unlimited) {
+            return true;
+        }
+        let spend_micros = match terms {
+            Some(terms) if terms.session_window_limit_micros <= 0 => 0,
+            _ => spend_micros.max(0),
+        };
+        let session_window_ms = millis(self.settings.session_window);
+        match self
+            .backend
+            .release(lease_id, spend_micros, session_window_ms, self.fence_ms())
+            .await
+        {
+            Ok(removed) => {
+                self.wake_one(lease_id.account_id());
+                removed
+            }
+            Err(error) => {
+                tracing::warn!(%error, lease_id = %lease_id, "release failed; queued for retry");
+                self.metrics.release_retries.inc();
+                let mut pending = self
+                    .pending_releases
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                pending.push(PendingRelease {
+                    lease_id: lease_id.clone(),
+                    spend_micros,
+                });
+                false
+            }
+        }
+    }
+
+    /// Retries releases that failed; returns how many are still pending.
+    pub async fn retry_pending_releases(&self) -> usize {
+        let batch: Vec<PendingRelease> = {
+            let mut pending = self
+                .pending_releases
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            std::mem::take(&mut *pending)
+        };
+        let session_window_ms = millis(self.settings.session_window);
+        let mut failed = Vec::new();
+        for release in batch {
+            match self
+                .backend
+                .release(
+                    &release.lease_id,
+                    release.spend_micros,
+                    session_window_ms,
+                    self.fence_ms(),
+                )
+                .await
+            {
+                Ok(_) => self.wake_one(release.lease_id.account_id()),
+                Err(_) => failed.push(release),
+            }
+        }
+        let mut pending = self
+            .pending_releases
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        pending.extend(failed);
+        pending.len()
+    }
+
+    /// The stream that held the lease ended without `Release`: leave the lease resumable for
+    /// the orphan grace, then Redis reaps it.
+    pub async fn orphan(&self, lease_id: &LeaseId, terms: &LeaseTerms, holder_epoch: u64) {
+        if terms.account_unlimited() {
+            return;
+        }
+        self.metrics.orphaned.inc();
+        if let Err(error) = self
+            .backend
+            .orphan(
+                lease_id,
+                millis(self.settings.orphan_grace),
+                holder_epoch,
+                self.fence_ms(),
+            )
+            .await
+        {
+            tracing::warn!(%error, lease_id = %lease_id, "orphan failed; the lease expires at its ttl");
+        }
+    }
+
+    /// The holder was told `Lost`: the lease is no longer this replica's (the failure policy
+    /// must not adopt it at the next outage).
+    pub fn forget_held(&self, lease_id: &LeaseId) {
+        if let Some(policy) = &self.policy {
+            policy.forget_held(lease_id);
+        }
+    }
+
+    pub async fn inflight(&self, account_ids: &[AccountId]) -> Result<Vec<u32>, BackendError> {
+        self.backend.inflight(account_ids).await
+    }
+
+    pub async fn record_spend(
+        &self,
+        account_id: AccountId,
+        spend_micros: i64,
+    ) -> Result<i64, BackendError> {
+        self.metrics.spend_micros.inc_by(spend_micros.max(0) as u64);
+        self.backend
+            .record_spend(
+                account_id,
+                spend_micros,
+                millis(self.settings.session_window),
+            )
+            .await
+    }
+
+    /// Hard-blocks an account (the selector's cooldown key; exposed for the in-process selector
+    /// and tests).
+    pub async fn set_cooldown(
+        &self,
+        account_id: AccountId,
+        duration: Duration,
+    ) -> Result<(), BackendError> {
+        self.backend
+            .set_cooldown(account_id, millis(duration))
+            .await
+    }
+
+    /// Lifts an account's hard block (the in-process selector's `clear` and the end of a
+    /// confirmation it started).
+    pub async fn clear_cooldown(&self, account_id: AccountId) -> Result<(), BackendError> {
+        self.backend.clear_cooldown(account_id).await
+    }
+}
+
+/// A user RPM charge made apart from the account gates (a Cluster): refunded unless the
+/// acquire it was made for got a lease; dropped while armed (the caller went away), the refund
+/// runs detached.
+struct UserCharge {
+    backend: Arc<dyn LeaseBackend>,
+    user_id: String,
+    event_id: String,
+    armed: bool,
+}
+
+impl UserCharge {
+    fn keep(mut self) {
+        self.armed = false;
+    }
+
+    async fn refund(mut self) {
+        self.armed = false;
+        if let Err(error) = self
+            .backend
+            .refund_user(&self.user_id, &self.event_id)
+            .await
+        {
+            tracing::warn!(%error, "user rpm refund failed; the event ages out within the rpm window");
+        }
+    }
+}
+
+impl Drop for UserCharge {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let backend = self.backend.clone();
+        let user_id = std::mem::take(&mut self.user_id);
+        let event_id = std::mem::take(&mut self.event_id);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(error) = backend.refund_user(&user_id, &event_id).await {
+                    tracing::debug!(%error, "user rpm refund failed; the event ages out");
+                }
+            });
+        }
+    }
+}
+
+/// Removes a registered waiter when the wait ends for any reason (granted, refused, or the
+/// client went away and the future was dropped).
+struct WaiterGuard {
+    backend: Arc<dyn LeaseBackend>,
+    account_id: AccountId,
+    waiter_id: String,
+    metrics: Metrics,
+    local_waiting: Arc<Mutex<HashMap<AccountId, usize>>>,
+}
+
+impl Drop for WaiterGuard {
+    fn drop(&mut self) {
+        self.metrics.waiters.dec();
+        {
+            let mut waiting = self.local_waiting.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(count) = waiting.get_mut(&self.account_id) {
+                *count = count.saturating_sub(1);
+                if *count == 0 {
+                    waiting.remove(&self.account_id);
+                }
+            }
+        }
+        let backend = self.backend.clone();
+        let account_id = self.account_id;
+        let waiter_id = std::mem::take(&mut self.waiter_id);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(error) = backend.remove_waiter(account_id, &waiter_id).await {
+                    tracing::debug!(%error, "waiter removal failed; the entry expires by itself");
+                }
+            });
+        }
+    }
+}

@@ -1,0 +1,337 @@
+//! The lease stream protocol (docs/DESIGN.md §4), in domain terms: one lease per stream, from the
+//! first `Acquire`/`Resume` to `Release` or the end of the stream. `grpc.rs` converts to and from
+//! proto messages; this module decides what each message does.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::{Stream, StreamExt};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::engine::{AcquireOutcome, LeaseEngine};
+use crate::error::LeaseError;
+use poolgate_core::lease::{
+    Denial, DenyReason, LeaseId, LeaseTerms, LostReason, Renewal, Resumption,
+};
+use poolgate_core::millis;
+
+/// A validated message from the lease holder.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClientMessage {
+    Acquire {
+        terms: LeaseTerms,
+        wait: Duration,
+    },
+    Resume {
+        lease_id: LeaseId,
+        terms: LeaseTerms,
+    },
+    Heartbeat,
+    Attempt,
+    Release {
+        spend_micros: i64,
+    },
+}
+
+/// What the lease stream tells the holder.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LeaseEvent {
+    Granted {
+        lease_id: LeaseId,
+        ttl: Duration,
+    },
+    Denied(Denial),
+    Queued {
+        position: u32,
+    },
+    Renewed {
+        ttl: Duration,
+        restored: bool,
+    },
+    /// A heartbeat the backend could not take; the lease holds for `left` more.
+    NotRenewed {
+        left: Duration,
+    },
+    AttemptAccepted,
+    Released,
+    /// The lease is not held any more; ends the stream.
+    Lost {
+        reason: LostReason,
+        detail: String,
+    },
+}
+
+/// An inbound item: a message, bad input (ends the stream with that error), or a broken stream
+/// (the holder went away).
+pub enum Inbound {
+    Message(ClientMessage),
+    Invalid(LeaseError),
+    Broken,
+}
+
+type Outbound = mpsc::Sender<Result<LeaseEvent, LeaseError>>;
+
+/// Serves one lease stream to its end.
+pub async fn serve_lease(
+    admission: Arc<LeaseEngine>,
+    mut inbound: impl Stream<Item = Inbound> + Unpin,
+    out: Outbound,
+) {
+    let (lease_id, terms, holder_epoch) = match inbound.next().await {
+        Some(Inbound::Message(ClientMessage::Acquire { terms, wait })) => {
+            match acquire(&admission, &mut inbound, &out, &terms, wait).await {
+                Some(lease_id) => (lease_id, terms, 0),
+                None => return,
+            }
+        }
+        Some(Inbound::Message(ClientMessage::Resume { lease_id, terms })) => {
+            match admission.resume(&lease_id, &terms).await {
+                Ok(Resumption::Resumed { holder_epoch }) => (lease_id, terms, holder_epoch),
+                Ok(Resumption::Released) => {
+                    let lost = LeaseEvent::Lost {
+                        reason: LostReason::Released,
+                        detail: "the lease was released; it cannot be resumed".into(),
+                    };
+                    let _ = out.send(Ok(lost)).await;
+                    return;
+                }
+                Ok(Resumption::Unknown) => {
+                    let _ = out
+                        .send(Ok(LeaseEvent::Denied(Denial::new(
+                            DenyReason::LeaseUnknown,
+                            0,
+                        ))))
+                        .await;
+                    return;
+                }
+                Err(error) => {
+                    let _ = out.send(Err(LeaseError::Unavailable(error))).await;
+                    return;
+                }
+            }
+        }
+        Some(Inbound::Message(_)) => {
+            let _ = out
+                .send(Err(LeaseError::invalid(
+                    "kind",
+                    "the first message of a lease stream must be acquire or resume",
+                )))
+                .await;
+            return;
+        }
+        Some(Inbound::Invalid(error)) => {
+            let _ = out.send(Err(error)).await;
+            return;
+        }
+        Some(Inbound::Broken) | None => return,
+    };
+
+    let ttl = admission.settings().lease_ttl;
+    let granted = LeaseEvent::Granted {
+        lease_id: lease_id.clone(),
+        ttl,
+    };
+    if out.send(Ok(granted)).await.is_err() {
+        admission.orphan(&lease_id, &terms, holder_epoch).await;
+        return;
+    }
+    admission.metrics().leases_in_flight.inc();
+    let ended = hold(&admission, &mut inbound, &out, &lease_id, &terms).await;
+    admission.metrics().leases_in_flight.dec();
+    match ended {
+        HoldEnd::Abandoned => admission.orphan(&lease_id, &terms, holder_epoch).await,
+        HoldEnd::Lost => admission.forget_held(&lease_id),
+        HoldEnd::Released => {}
+    }
+}
+
+/// Runs the acquire while watching the stream: a holder that goes away cancels the wait. A
+/// lease granted to a holder that is gone is released at once.
+async fn acquire(
+    admission: &Arc<LeaseEngine>,
+    inbound: &mut (impl Stream<Item = Inbound> + Unpin),
+    out: &Outbound,
+    terms: &LeaseTerms,
+    wait: Duration,
+) -> Option<LeaseId> {
+    let cancel = CancellationToken::new();
+    let queued_out = out.clone();
+    let on_queued = move |position| {
+        // Best effort: a full channel only drops an informational event.
+        let _ = queued_out.try_send(Ok(LeaseEvent::Queued { position }));
+    };
+    let acquire = admission.acquire(terms, wait, &cancel, on_queued);
+    tokio::pin!(acquire);
+    let mut protocol_error = None;
+    let mut withdrawn = false;
+    let outcome = loop {
+        tokio::select! {
+            outcome = &mut acquire => break outcome,
+            message = inbound.next(), if !cancel.is_cancelled() => match message {
+                Some(Inbound::Message(ClientMessage::Release { .. })) => {
+                    withdrawn = true;
+                    cancel.cancel();
+                }
+                Some(Inbound::Message(_)) => {
+                    protocol_error = Some(LeaseError::Protocol(
+                        "no message may follow acquire before its answer".into(),
+                    ));
+                    cancel.cancel();
+                }
+                Some(Inbound::Invalid(error)) => {
+                    protocol_error = Some(error);
+                    cancel.cancel();
+                }
+                Some(Inbound::Broken) | None => cancel.cancel(),
+            },
+            _ = out.closed(), if !cancel.is_cancelled() => cancel.cancel(),
+        }
+    };
+    match outcome {
+        Ok(AcquireOutcome::Granted(lease_id)) if cancel.is_cancelled() => {
+            admission.release(&lease_id, Some(terms), 0).await;
+            if let Some(error) = protocol_error {
+                let _ = out.send(Err(error)).await;
+            } else if withdrawn {
+                let _ = out.send(Ok(LeaseEvent::Released)).await;
+            }
+            None
+        }
+        Ok(AcquireOutcome::Granted(lease_id)) => Some(lease_id),
+        Ok(AcquireOutcome::Denied(denial)) => {
+            let _ = out.send(Ok(LeaseEvent::Denied(denial))).await;
+            None
+        }
+        Ok(AcquireOutcome::Cancelled) => {
+            if let Some(error) = protocol_error {
+                let _ = out.send(Err(error)).await;
+            } else if withdrawn {
+                let _ = out.send(Ok(LeaseEvent::Released)).await;
+            }
+            None
+        }
+        Err(error) => {
+            let _ = out.send(Err(LeaseError::Unavailable(error))).await;
+            None
+        }
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum HoldEnd {
+    Released,
+    /// The stream ended (or broke) without `Release`.
+    Abandoned,
+    /// The lease could not be renewed for a whole ttl; the holder was told `Lost`.
+    Lost,
+}
+
+/// Serves heartbeats, attempts and the release of a held lease.
+async fn hold(
+    admission: &Arc<LeaseEngine>,
+    inbound: &mut (impl Stream<Item = Inbound> + Unpin),
+    out: &Outbound,
+    lease_id: &LeaseId,
+    terms: &LeaseTerms,
+) -> HoldEnd {
+    let ttl = admission.settings().lease_ttl;
+    let mut renewed_at = Instant::now();
+    let mut attempts = 0u32;
+    loop {
+        let message = tokio::select! {
+            message = inbound.next() => message,
+            _ = out.closed() => return HoldEnd::Abandoned,
+        };
+        let event = match message {
+            Some(Inbound::Message(ClientMessage::Heartbeat)) => {
+                match admission
+                    .heartbeat(lease_id, terms, renewed_at.elapsed())
+                    .await
+                {
+                    Ok(renewal @ (Renewal::Renewed | Renewal::Restored)) => {
+                        renewed_at = Instant::now();
+                        LeaseEvent::Renewed {
+                            ttl,
+                            // The backend had lost the lease and the account had room for it.
+                            restored: renewal == Renewal::Restored,
+                        }
+                    }
+                    Ok(Renewal::Lost(reason)) => {
+                        let detail = match reason {
+                            LostReason::Released => "the lease was released".to_owned(),
+                            LostReason::NoRoom => {
+                                "the backend lost the lease and the account has no room for it"
+                                    .to_owned()
+                            }
+                            LostReason::BackendUnavailable => "the backend is unavailable".into(),
+                            LostReason::Expired => {
+                                "no heartbeat for a whole ttl: the lease expired".to_owned()
+                            }
+                        };
+                        let _ = out.send(Ok(LeaseEvent::Lost { reason, detail })).await;
+                        return HoldEnd::Lost;
+                    }
+                    // A missed renewal is not fatal while the lease still has time left: the
+                    // next heartbeat may get through.
+                    Err(error) if renewed_at.elapsed() < ttl => {
+                        tracing::warn!(%error, lease_id = %lease_id, "lease renewal failed; will retry on next heartbeat");
+                        LeaseEvent::NotRenewed {
+                            left: ttl.saturating_sub(renewed_at.elapsed()),
+                        }
+                    }
+                    Err(error) => {
+                        admission
+                            .metrics()
+                            .leases_lost
+                            .with_label_values(&[LostReason::BackendUnavailable.as_str()])
+                            .inc();
+                        let detail =
+                            format!("lease could not be renewed for {} ms: {error}", millis(ttl));
+                        let lost = LeaseEvent::Lost {
+                            reason: LostReason::BackendUnavailable,
+                            detail,
+                        };
+                        let _ = out.send(Ok(lost)).await;
+                        return HoldEnd::Lost;
+                    }
+                }
+            }
+            Some(Inbound::Message(ClientMessage::Attempt)) => {
+                attempts += 1;
+                match admission.attempt(lease_id, terms, attempts).await {
+                    Ok(None) => LeaseEvent::AttemptAccepted,
+                    Ok(Some(denial)) => LeaseEvent::Denied(denial),
+                    Err(error) => {
+                        tracing::warn!(%error, "attempt charge failed");
+                        LeaseEvent::Denied(Denial::new(DenyReason::BackendUnavailable, 0))
+                    }
+                }
+            }
+            Some(Inbound::Message(ClientMessage::Release { spend_micros })) => {
+                admission.release(lease_id, Some(terms), spend_micros).await;
+                let _ = out.send(Ok(LeaseEvent::Released)).await;
+                return HoldEnd::Released;
+            }
+            Some(Inbound::Message(
+                ClientMessage::Acquire { .. } | ClientMessage::Resume { .. },
+            )) => {
+                let _ = out
+                    .send(Err(LeaseError::Protocol(
+                        "a lease stream holds one lease; open a new stream for another".into(),
+                    )))
+                    .await;
+                return HoldEnd::Abandoned;
+            }
+            Some(Inbound::Invalid(error)) => {
+                let _ = out.send(Err(error)).await;
+                return HoldEnd::Abandoned;
+            }
+            Some(Inbound::Broken) | None => return HoldEnd::Abandoned,
+        };
+        if out.send(Ok(event)).await.is_err() {
+            return HoldEnd::Abandoned;
+        }
+    }
+}

@@ -1,0 +1,256 @@
+//! What the relay needs from the selector and from admission, as two small traits. Each has a
+//! gRPC-client implementation (`remote.rs`: many replicas) and an in-process one
+//! (`standalone.rs`: one process, memory backends, a YAML account file).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use poolgate_core::account::{CredentialKind, Platform, Price, Secret};
+use poolgate_core::classify::Classified;
+use poolgate_core::lease::{Denial, LeaseTerms};
+use poolgate_core::select::NoneReason;
+use poolgate_proto::convert::ConvertError;
+
+/// A backend that did not answer usefully. The relay degrades (or answers 503), never panics;
+/// the variant keeps what a caller may act on (the gRPC code decides whether another replica is
+/// worth a try).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum BackendError {
+    /// The backend answered with a gRPC error.
+    #[error("{code:?}: {message}")]
+    Status { code: tonic::Code, message: String },
+    /// The backend's answer holds a value this relay cannot read (an unknown enum value): an
+    /// error of that backend, never a guess at what it meant.
+    #[error("unreadable answer: {0}")]
+    Convert(#[from] ConvertError),
+    /// The in-process engine's storage failed (standalone mode).
+    #[error(transparent)]
+    Storage(#[from] poolgate_runtime::error::BackendError),
+    /// The in-process selection engine refused or failed (standalone mode).
+    #[error(transparent)]
+    Selection(#[from] poolgate_select::engine::SelectorError),
+    /// The call ended without an answer.
+    #[error("no answer: {0}")]
+    NoAnswer(&'static str),
+}
+
+impl From<tonic::Status> for BackendError {
+    fn from(status: tonic::Status) -> Self {
+        BackendError::Status {
+            code: status.code(),
+            message: status.message().to_owned(),
+        }
+    }
+}
+
+/// The authenticated client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    pub api_key_id: i64,
+    pub user: String,
+    pub group: String,
+    pub user_rpm_limit: i32,
+}
+
+#[derive(Debug, Clone)]
+pub struct PlanRequest {
+    /// The caller's key: session and response bindings are the key's own.
+    pub api_key_id: i64,
+    pub group: String,
+    pub platform: Platform,
+    pub model: String,
+    pub session_hash: Option<String>,
+    pub previous_response_id: Option<String>,
+    pub exclude: Vec<i64>,
+}
+
+/// One account of a plan, with everything needed to call it.
+#[derive(Debug, Clone)]
+pub struct Planned {
+    pub id: i64,
+    pub name: String,
+    pub base_url: String,
+    pub credential: Secret,
+    pub credential_kind: CredentialKind,
+    pub mapped_model: String,
+    pub concurrency_limit: i32,
+    pub rpm_limit: i32,
+    pub session_window_limit_usd: f64,
+    pub proxy_url: Option<String>,
+    /// OpenAI chat streams: ask the upstream for usage when the client did not.
+    pub stream_usage: bool,
+    pub price: Price,
+    pub soft_blocked: bool,
+    pub inflight: Option<u32>,
+    /// The account's group passes its usage-window headers on to clients.
+    pub usage_headers_to_clients: bool,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Plan {
+    pub accounts: Vec<Planned>,
+    pub sticky: bool,
+    pub none_reason: Option<NoneReason>,
+    /// When nothing is eligible because of blocks: ms until the earliest ends.
+    pub retry_after_ms: u64,
+    /// The request's `previous_response_id` is bound to another client key: refused (404),
+    /// no account called.
+    pub previous_response_other_key: bool,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct UsageRecord {
+    pub api_key_id: i64,
+    pub user: String,
+    pub account_id: i64,
+    pub model: String,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cache_write_tokens: u64,
+    pub cache_read_tokens: u64,
+    pub cost_usd: f64,
+    pub status: u16,
+    pub latency_ms: u32,
+    pub at_ms: u64,
+}
+
+#[async_trait]
+pub trait Selection: Send + Sync + 'static {
+    /// `Ok(None)`: the key is unknown or revoked.
+    async fn authenticate(&self, api_key: &str) -> Result<Option<Caller>, BackendError>;
+    async fn select(&self, request: &PlanRequest) -> Result<Plan, BackendError>;
+    /// Reports a real upstream outcome (never a local refusal). Best effort.
+    async fn report(&self, account_id: i64, outcome: Classified, status: u16, reason: &str);
+    /// Reports an upstream's refusal of `refused`, the credential the request used (only its
+    /// fingerprint leaves the relay). Nothing counts until the selector's probe bears it out.
+    /// `Some(token)`: the account's stored OAuth token is another one now (refreshed for this
+    /// refusal or before it): retry on the same account with it.
+    async fn report_refused(
+        &self,
+        account_id: i64,
+        outcome: Classified,
+        status: u16,
+        reason: &str,
+        refused: &Secret,
+    ) -> Option<Secret> {
+        let _ = refused;
+        self.report(account_id, outcome, status, reason).await;
+        None
+    }
+    /// Binds the session of client key `api_key_id` (sessions are the key's own: see
+    /// `session::binding_key`).
+    async fn bind_session(&self, group: &str, api_key_id: i64, session_hash: &str, account_id: i64);
+    /// Binds a response id for the client key it was made for: only that key continues it.
+    async fn bind_response(&self, api_key_id: i64, response_id: &str, account_id: i64);
+    /// Queues usage records; they are written in batches.
+    fn record_usage(&self, record: UsageRecord);
+
+    /// Models the group's accounts of `platform` name (allow-lists and mapping keys), for
+    /// `/v1/models`. Empty when unknown.
+    async fn models(&self, _group: &str, _platform: Platform) -> Vec<String> {
+        Vec::new()
+    }
+}
+
+/// The two backends a relay runs on.
+pub type Backends = (std::sync::Arc<dyn Selection>, std::sync::Arc<dyn Leases>);
+
+/// The answer to an acquire.
+pub enum Acquired {
+    Granted(Box<dyn Lease>),
+    Denied(Denial),
+}
+
+#[async_trait]
+pub trait Leases: Send + Sync + 'static {
+    async fn acquire(&self, terms: LeaseTerms, wait: Duration) -> Result<Acquired, BackendError>;
+}
+
+/// A held lease. Dropping it without `release` releases it (after the relay's cancel linger:
+/// see [`Lingering`]).
+#[async_trait]
+pub trait Lease: Send + Sync {
+    /// Charges account RPM for a same-account retry; `false` when refused (the lease is kept).
+    async fn attempt(&mut self) -> bool;
+    /// Frees the slot, recording the request's spend.
+    async fn release(self: Box<Self>, spend_usd: f64);
+    /// Turns `true` when admission said the lease is gone for good (released by someone else,
+    /// no room to restore it, expired): a request that has not sent its first byte fails over.
+    /// `None`: this lease cannot be lost that way.
+    fn lost(&self) -> Option<tokio::sync::watch::Receiver<bool>> {
+        None
+    }
+}
+
+/// Leases whose holder went away (the client disconnected, the request future was dropped)
+/// are released after `linger` instead of at once: the upstream call was cancelled by closing
+/// its connection, and the upstream counts the request until it notices, which it does at its
+/// next write. Reusing the slot before then would put one request too many on the account.
+pub struct Lingering {
+    inner: Arc<dyn Leases>,
+    linger: Duration,
+}
+
+impl Lingering {
+    pub fn new(inner: Arc<dyn Leases>, linger: Duration) -> Self {
+        Lingering { inner, linger }
+    }
+}
+
+#[async_trait]
+impl Leases for Lingering {
+    async fn acquire(&self, terms: LeaseTerms, wait: Duration) -> Result<Acquired, BackendError> {
+        Ok(match self.inner.acquire(terms, wait).await? {
+            Acquired::Granted(lease) => Acquired::Granted(Box::new(LingeringLease {
+                inner: Some(lease),
+                linger: self.linger,
+            })),
+            denied => denied,
+        })
+    }
+}
+
+struct LingeringLease {
+    inner: Option<Box<dyn Lease>>,
+    linger: Duration,
+}
+
+#[async_trait]
+impl Lease for LingeringLease {
+    async fn attempt(&mut self) -> bool {
+        match self.inner.as_mut() {
+            Some(lease) => lease.attempt().await,
+            None => false,
+        }
+    }
+
+    async fn release(mut self: Box<Self>, spend_usd: f64) {
+        if let Some(lease) = self.inner.take() {
+            lease.release(spend_usd).await;
+        }
+    }
+
+    fn lost(&self) -> Option<tokio::sync::watch::Receiver<bool>> {
+        self.inner.as_ref().and_then(|lease| lease.lost())
+    }
+}
+
+impl Drop for LingeringLease {
+    fn drop(&mut self) {
+        let Some(lease) = self.inner.take() else {
+            return;
+        };
+        let linger = self.linger;
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    tokio::time::sleep(linger).await;
+                    lease.release(0.0).await;
+                });
+            }
+            // No runtime (the process is ending): the inner lease's own drop releases it.
+            Err(_) => drop(lease),
+        }
+    }
+}

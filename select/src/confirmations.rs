@@ -1,0 +1,493 @@
+//! Confirmations: the one place an answer a client's request may have shaped turns into a write
+//! that takes an account out of service (docs/SECURITY.md, "Health writes"). A suspicious
+//! outcome (a 5xx, no answer after the request started, a billing-class answer, a credential
+//! refusal) takes the account's cluster-wide confirmation lock, hard-blocks it "confirming" (at
+//! most `probe.block`, lifted on any verdict) and sends the selector's own probe
+//! (`confirm.rs`) with the credential read from the account source. The probe's answer then
+//! applies **by its own class**, whatever was suspected: a 5xx confirmation whose probe gets a
+//! 401 is a credential refusal.
+//!
+//! The lock's value says what state the account is in, for reports that arrive meanwhile:
+//! - `run:<owner>`: a probe (or its retries, or the refresh after it) is running;
+//! - `quiet:<owner>`: the probe found the account fine; suspicious answers start nothing
+//!   until the lock lapses (`probe.quiet_after_unconfirmed`);
+//! - `fresh:<fingerprint>:<owner>`: the token was just refreshed (to the one with that
+//!   fingerprint); a refusal of *that* token is probed, and a refused probe then blocks and
+//!   counts instead of refreshing again (`probe.refresh_floor`).
+
+use std::sync::{Arc, OnceLock};
+
+use poolgate_core::outcome::{Decision, decide};
+use poolgate_core::short_hash;
+use poolgate_runtime::ports::ProbeLeases;
+use tokio::sync::Notify;
+
+use crate::engine::{Applied, apply_broken};
+use crate::health::{BackendError, HealthStore};
+use crate::metrics::Metrics;
+use crate::probe::{ProbeSettings, Probed, Suspicion, probe_under_lease};
+use crate::refresh::{RefreshError, RefreshResult, TokenRefresher};
+use crate::source::AccountSource;
+use poolgate_core::account::{Account, AccountStatus};
+use poolgate_core::outcome::{Outcome, OutcomeClass, RuntimeBlockSettings};
+use poolgate_core::{AccountId, millis, now_ms};
+
+const RUNNING: &str = "run:";
+const QUIET: &str = "quiet:";
+const FRESH: &str = "fresh:";
+
+/// The state a confirmation lock's value names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LockState {
+    Running,
+    Quiet,
+    /// Refreshed just now, to the token with this fingerprint.
+    Fresh {
+        fingerprint: String,
+    },
+}
+
+impl LockState {
+    pub fn parse(value: &str) -> LockState {
+        if value.starts_with(QUIET) {
+            LockState::Quiet
+        } else if let Some(rest) = value.strip_prefix(FRESH) {
+            let fingerprint = rest.split(':').next().unwrap_or_default().to_owned();
+            LockState::Fresh { fingerprint }
+        } else {
+            LockState::Running
+        }
+    }
+}
+
+/// A fresh lock owner for a running confirmation or check.
+pub fn running_owner() -> String {
+    format!("{RUNNING}{:016x}", fastrand::u64(..))
+}
+
+/// How a confirmation ends, and so what its lock becomes.
+enum Ending {
+    /// Something applied (or nothing to hold): the lock goes.
+    Done,
+    /// The account is fine (or the probe could not tell): quiet for a while.
+    Quiet,
+    /// The token was refreshed to the one with this fingerprint.
+    Fresh(String),
+}
+
+/// What confirmations need, shared with their background tasks.
+#[derive(Clone)]
+pub struct Confirmations {
+    pub(crate) admission: Arc<dyn ProbeLeases>,
+    pub(crate) http: reqwest::Client,
+    pub(crate) health: Arc<dyn HealthStore>,
+    pub(crate) source: Arc<dyn AccountSource>,
+    pub(crate) metrics: Metrics,
+    pub(crate) probe: ProbeSettings,
+    pub(crate) blocks: RuntimeBlockSettings,
+    /// Set once the engine's builder has made it (it needs the engine's health and source).
+    pub(crate) refresher: Arc<OnceLock<TokenRefresher>>,
+    /// Woken whenever a confirmation ends, for the reports waiting on one.
+    pub(crate) ended: Arc<Notify>,
+}
+
+impl Confirmations {
+    /// Starts a confirmation under the account's lock: `false` when one is running, the account
+    /// is quiet, or its token was just refreshed (here or on another replica).
+    pub async fn start(
+        &self,
+        account: Arc<Account>,
+        status: u16,
+        suspicion: Suspicion,
+    ) -> Result<bool, BackendError> {
+        let owner = running_owner();
+        if !self
+            .health
+            .lock_confirm(account.id, &owner, millis(self.probe.block))
+            .await?
+        {
+            self.metrics
+                .confirmations
+                .with_label_values(&[suspicion.as_str(), "already_running"])
+                .inc();
+            return Ok(false);
+        }
+        self.begin(account, status, suspicion, owner, true).await?;
+        Ok(true)
+    }
+
+    /// Probes a token refreshed just now that the upstream refused too (the lock holds
+    /// `fresh_value`): a refused probe blocks and counts, no second refresh. `false`: another
+    /// report took it first.
+    pub async fn start_after_refresh(
+        &self,
+        account: Arc<Account>,
+        status: u16,
+        fresh_value: &str,
+    ) -> Result<bool, BackendError> {
+        let owner = running_owner();
+        if !self
+            .health
+            .swap_confirm(account.id, fresh_value, &owner, millis(self.probe.block))
+            .await?
+        {
+            return Ok(false);
+        }
+        self.begin(account, status, Suspicion::Unauthorized, owner, false)
+            .await?;
+        Ok(true)
+    }
+
+    async fn begin(
+        &self,
+        account: Arc<Account>,
+        status: u16,
+        suspicion: Suspicion,
+        owner: String,
+        may_refresh: bool,
+    ) -> Result<(), BackendError> {
+        let block = match self
+            .health
+            .block_confirming(
+                account.id,
+                millis(self.probe.block),
+                suspicion.as_str(),
+                status,
+                &owner,
+            )
+            .await
+        {
+            Ok(block) => block,
+            Err(error) => {
+                let _ = self.health.unlock_confirm(account.id, &owner).await;
+                return Err(error);
+            }
+        };
+        self.metrics
+            .confirmations
+            .with_label_values(&[suspicion.as_str(), "started"])
+            .inc();
+        tracing::info!(
+            account_id = account.id,
+            status,
+            suspect = suspicion.as_str(),
+            "confirming with a probe before the outcome applies"
+        );
+        let this = self.clone();
+        tokio::spawn(async move {
+            this.run(account, suspicion, owner, block, may_refresh)
+                .await;
+            this.ended.notify_waiters();
+        });
+        Ok(())
+    }
+
+    async fn run(
+        &self,
+        account: Arc<Account>,
+        suspicion: Suspicion,
+        owner: String,
+        block: String,
+        may_refresh: bool,
+    ) {
+        let id = account.id;
+        // The credential as stored now, not as the snapshot had it: a refresh may have landed.
+        let account = match self.source.load_account(id).await {
+            Ok(stored) => Arc::new(stored),
+            Err(error) => {
+                tracing::warn!(account_id = id, %error, "account unreadable; probing with the snapshot's credential");
+                account
+            }
+        };
+        let threshold = millis(self.blocks.hard_block_threshold);
+        let mut probed = probe_under_lease(
+            &self.admission,
+            &self.http,
+            &account,
+            &self.probe,
+            threshold,
+        )
+        .await;
+        let mut lifted = false;
+        for delay in &self.probe.inconclusive_retries {
+            if probed.is_ok() {
+                break;
+            }
+            // No slot for the probe: the account stays selectable while it waits to retry.
+            if !lifted {
+                let _ = self.health.unblock_confirming(id, &block).await;
+                lifted = true;
+            }
+            tokio::time::sleep(*delay).await;
+            let hold = millis(self.probe.block) + millis(*delay);
+            if !matches!(
+                self.health.swap_confirm(id, &owner, &owner, hold).await,
+                Ok(true)
+            ) {
+                break;
+            }
+            probed = probe_under_lease(
+                &self.admission,
+                &self.http,
+                &account,
+                &self.probe,
+                threshold,
+            )
+            .await;
+        }
+        if !lifted {
+            // Before the verdict writes: a block it sets must not be lifted with this one.
+            let _ = self.health.unblock_confirming(id, &block).await;
+        }
+        let ending = match probed {
+            Ok(probed) => self.apply(&account, suspicion, &probed, may_refresh).await,
+            Err(why) => {
+                self.metrics
+                    .confirmations
+                    .with_label_values(&[suspicion.as_str(), "inconclusive"])
+                    .inc();
+                tracing::info!(
+                    account_id = id,
+                    why,
+                    "confirmation probe not sent; the account stays"
+                );
+                Ending::Quiet
+            }
+        };
+        let tail = owner.strip_prefix(RUNNING).unwrap_or(&owner);
+        let _ = match ending {
+            Ending::Done => self.health.unlock_confirm(id, &owner).await,
+            Ending::Quiet => self
+                .health
+                .swap_confirm(
+                    id,
+                    &owner,
+                    &format!("{QUIET}{tail}"),
+                    millis(self.probe.quiet_after_unconfirmed),
+                )
+                .await
+                .map(drop),
+            Ending::Fresh(fingerprint) => self
+                .health
+                .swap_confirm(
+                    id,
+                    &owner,
+                    &format!("{FRESH}{fingerprint}:{tail}"),
+                    millis(self.probe.refresh_floor),
+                )
+                .await
+                .map(drop),
+        };
+    }
+
+    /// Applies the probe's answer by its own class.
+    async fn apply(
+        &self,
+        account: &Arc<Account>,
+        suspicion: Suspicion,
+        probed: &Probed,
+        may_refresh: bool,
+    ) -> Ending {
+        let class = probed.classified.class;
+        let result = if class == suspicion.class() {
+            "confirmed"
+        } else {
+            "not_confirmed"
+        };
+        self.metrics
+            .confirmations
+            .with_label_values(&[suspicion.as_str(), result])
+            .inc();
+        let outcome = Outcome {
+            reset_at_ms: probed.classified.reset_at_ms,
+            reason: probed.summary.clone(),
+            ..Outcome::new(account.id, class, probed.status)
+        };
+        let (health, id) = (self.health.as_ref(), account.id);
+        match (class, decide(&outcome, &self.blocks, now_ms())) {
+            (OutcomeClass::Unauthorized, _) => {
+                self.credential_refused(account, probed, may_refresh).await
+            }
+            (OutcomeClass::QuotaGone, _) => {
+                self.retire(account, probed).await;
+                Ending::Done
+            }
+            (_, Decision::Broken { ms }) => {
+                if let Ok(applied) = apply_broken(
+                    health,
+                    &self.metrics,
+                    &self.blocks,
+                    id,
+                    ms,
+                    probed.status,
+                    &probed.summary,
+                )
+                .await
+                {
+                    self.count("broken", applied);
+                }
+                Ending::Done
+            }
+            (_, Decision::HardBlock { ms }) => {
+                let _ = health
+                    .hard_block(id, ms, class.as_str(), probed.status, &probed.summary)
+                    .await;
+                Ending::Done
+            }
+            (_, Decision::SoftBlock { ms }) => {
+                // Busy, but it answered: nothing was wrong with the account.
+                let _ = health
+                    .soft_block(id, ms, class.as_str(), probed.status, &probed.summary)
+                    .await;
+                Ending::Quiet
+            }
+            _ => {
+                tracing::info!(
+                    account_id = id,
+                    status = probed.status,
+                    class = class.as_str(),
+                    suspect = suspicion.as_str(),
+                    "not confirmed by the probe; the account stays"
+                );
+                Ending::Quiet
+            }
+        }
+    }
+
+    /// The probe's credential was refused: an OAuth token is refreshed (once per floor), any
+    /// other refusal blocks and counts.
+    async fn credential_refused(
+        &self,
+        account: &Arc<Account>,
+        probed: &Probed,
+        may_refresh: bool,
+    ) -> Ending {
+        let id = account.id;
+        if account.credential_kind.is_oauth() {
+            if !may_refresh {
+                // Refused with the token refreshed moments ago: refreshing again would spend
+                // the refresh token on an account whose sign-in is what is wrong.
+                self.metrics
+                    .token_refreshes
+                    .with_label_values(&["floored"])
+                    .inc();
+            } else if let Some(refresher) = self.refresher.get() {
+                match refresher.refresh_refused(id, &account.credential).await {
+                    Ok(RefreshResult::Refreshed | RefreshResult::Waited) => {
+                        return match self.source.load_account(id).await {
+                            Ok(stored) => Ending::Fresh(short_hash(stored.credential.expose())),
+                            Err(_) => Ending::Done,
+                        };
+                    }
+                    // No refresh token to use, or the token endpoint refused it: counts.
+                    Ok(RefreshResult::NotNeeded)
+                    | Err(RefreshError::Refused(_) | RefreshError::BadAnswer) => {}
+                    Err(error) => {
+                        // The token endpoint could not be asked: proves nothing.
+                        tracing::warn!(account_id = id, %error, "token refresh after a refused probe failed");
+                        return Ending::Quiet;
+                    }
+                }
+            }
+        }
+        match block_unauthorized(
+            self.health.as_ref(),
+            self.source.as_ref(),
+            &self.blocks,
+            id,
+            probed.status,
+            &probed.summary,
+        )
+        .await
+        {
+            Ok(applied) => self.count("unauthorized", applied),
+            Err(error) => {
+                tracing::warn!(account_id = id, %error, "unauthorized outcome not written")
+            }
+        }
+        Ending::Done
+    }
+
+    async fn retire(&self, account: &Account, probed: &Probed) {
+        let reason = format!(
+            "quota gone: confirmed by probe ({} {})",
+            probed.status, probed.summary
+        );
+        match self
+            .source
+            .set_status(account.id, AccountStatus::Retired, &reason)
+            .await
+        {
+            Ok(()) => {
+                self.metrics.retirements.inc();
+                tracing::warn!(account_id = account.id, %reason, "account retired");
+                // Until every snapshot has the new status, admission refuses it too.
+                let _ = self
+                    .health
+                    .hard_block(
+                        account.id,
+                        millis(self.blocks.max_hard_block),
+                        "quota_gone",
+                        probed.status,
+                        "retired",
+                    )
+                    .await;
+            }
+            Err(error) => {
+                tracing::warn!(account_id = account.id, %error, "retirement not written; the confirming block lapses");
+            }
+        }
+    }
+
+    fn count(&self, class: &str, applied: Applied) {
+        self.metrics
+            .outcomes
+            .with_label_values(&[class, applied.what])
+            .inc();
+    }
+}
+
+/// A credential refusal the probe bore out: a hard block, one more count, and past
+/// `unauthorized_error_count` within the window, status `error`.
+pub(crate) async fn block_unauthorized(
+    health: &dyn HealthStore,
+    source: &dyn AccountSource,
+    blocks: &RuntimeBlockSettings,
+    id: AccountId,
+    status: u16,
+    reason: &str,
+) -> Result<Applied, String> {
+    let left = health
+        .hard_block(
+            id,
+            millis(blocks.unauthorized_block),
+            "unauthorized",
+            status,
+            reason,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    let count = health
+        .count_unauthorized(id, millis(blocks.unauthorized_window))
+        .await
+        .map_err(|e| e.to_string())?;
+    if count < blocks.unauthorized_error_count {
+        return Ok(Applied {
+            what: "hard_block",
+            block_ms: left,
+        });
+    }
+    let reason = format!(
+        "{count} unauthorized outcomes confirmed by probe within {:?}",
+        blocks.unauthorized_window
+    );
+    source
+        .set_status(id, AccountStatus::Error, &reason)
+        .await
+        .map_err(|e| e.to_string())?;
+    tracing::warn!(account_id = id, %reason, "account marked error");
+    Ok(Applied {
+        what: "error",
+        block_ms: left,
+    })
+}

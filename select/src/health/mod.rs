@@ -1,0 +1,211 @@
+//! Account health as the engine sees it, behind one trait with two stores: Redis
+//! (`redis.rs`, shared by every selector replica) and memory (`memory.rs`, one process: the
+//! relay's standalone mode). Both keep the same semantics and run the same test suite
+//! (`tests/health_suite.rs`).
+//!
+//! In both, a hard block is admission's cooldown, so admission refuses the account in the same
+//! step that takes a slot, and the live lease count is admission's.
+
+use async_trait::async_trait;
+
+use poolgate_core::AccountId;
+
+pub use poolgate_core::health::{AccountHealth, Breaker};
+pub use poolgate_runtime::error::BackendError;
+
+mod memory;
+mod redis;
+
+pub use memory::InProcessHealth;
+pub use redis::RedisHealth;
+
+/// What the breaker did with a broken outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BreakerChange {
+    /// Counted; still closed.
+    Counted(u32),
+    /// Opened (threshold reached) for this many ms.
+    Opened(u64),
+    /// The half-open probe failed: re-opened for this many ms (doubled, capped).
+    Reopened(u64),
+    /// Already open.
+    StillOpen,
+}
+
+/// A block as operators see it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BlockInfo {
+    pub account_id: AccountId,
+    pub kind: &'static str,
+    pub class: String,
+    pub status: u16,
+    pub reason: String,
+    pub remaining_ms: u64,
+}
+
+/// Everything the engine, the load cache, the token refresher and the admin API keep per
+/// account outside the config. Times are the store's clock (Redis `TIME`, or the process's).
+#[async_trait]
+pub trait HealthStore: Send + Sync + 'static {
+    /// The store's clock, ms since the epoch.
+    async fn now(&self) -> Result<i64, BackendError>;
+
+    /// Load, blocks and breakers of `ids`, in the order asked (one round trip on Redis).
+    async fn read_batch(&self, ids: &[AccountId]) -> Result<Vec<AccountHealth>, BackendError>;
+
+    /// One account (the fallback when a batch read fails).
+    async fn read_one(&self, id: AccountId) -> Result<AccountHealth, BackendError>;
+
+    /// Hard block (admission's cooldown), keeping a later deadline. Returns the block left.
+    async fn hard_block(
+        &self,
+        id: AccountId,
+        ttl_ms: u64,
+        class: &str,
+        status: u16,
+        reason: &str,
+    ) -> Result<u64, BackendError>;
+
+    /// Soft block (reorders only), keeping a later deadline. Returns the block left.
+    async fn soft_block(
+        &self,
+        id: AccountId,
+        ttl_ms: u64,
+        class: &str,
+        status: u16,
+        reason: &str,
+    ) -> Result<u64, BackendError>;
+
+    /// Counts a broken outcome toward the breaker: opens it at `threshold` for `open_ms`; a
+    /// failure once the open period ended (half-open) reopens it for twice as long, capped at
+    /// `max_open_ms`.
+    async fn breaker_failure(
+        &self,
+        id: AccountId,
+        threshold: u32,
+        open_ms: u64,
+        max_open_ms: u64,
+    ) -> Result<BreakerChange, BackendError>;
+
+    /// A success closes the breaker and resets its count. Returns whether it was open/half-open.
+    async fn breaker_success(&self, id: AccountId) -> Result<bool, BackendError>;
+
+    /// Counts an unauthorized outcome; returns how many fell in the window.
+    async fn count_unauthorized(&self, id: AccountId, window_ms: u64) -> Result<u32, BackendError>;
+
+    /// Clears hard and soft blocks, the breaker and the unauthorized count.
+    async fn clear(&self, id: AccountId) -> Result<(), BackendError>;
+
+    /// Every hard, soft and breaker block among `ids`.
+    async fn list_blocks(&self, ids: &[AccountId]) -> Result<Vec<BlockInfo>, BackendError>;
+
+    async fn sticky_get(
+        &self,
+        group: &str,
+        session: &str,
+    ) -> Result<Option<AccountId>, BackendError>;
+
+    /// Binds and returns the previous binding.
+    async fn sticky_set(
+        &self,
+        group: &str,
+        session: &str,
+        id: AccountId,
+        ttl_ms: u64,
+    ) -> Result<Option<AccountId>, BackendError>;
+
+    /// Refreshes a binding's TTL (nothing when there is no binding).
+    async fn sticky_touch(
+        &self,
+        group: &str,
+        session: &str,
+        ttl_ms: u64,
+    ) -> Result<(), BackendError>;
+
+    /// Drops a binding; returns whether there was one.
+    async fn sticky_drop(&self, group: &str, session: &str) -> Result<bool, BackendError>;
+
+    async fn response_get(&self, response_id: &str) -> Result<Option<AccountId>, BackendError>;
+
+    async fn response_set(
+        &self,
+        response_id: &str,
+        id: AccountId,
+        ttl_ms: u64,
+    ) -> Result<(), BackendError>;
+
+    /// Takes the account's confirmation lock (see `confirm.rs`): whether this owner took it.
+    async fn lock_confirm(
+        &self,
+        id: AccountId,
+        owner: &str,
+        ttl_ms: u64,
+    ) -> Result<bool, BackendError>;
+
+    /// Releases the confirmation lock, if this owner still holds it.
+    async fn unlock_confirm(&self, id: AccountId, owner: &str) -> Result<(), BackendError>;
+
+    /// Keeps the confirmation lock `ms` longer (from now) and then lets it lapse, if this owner
+    /// still holds it: readings cached on every replica still show the old breaker state for a
+    /// moment, and must not start a second check.
+    async fn linger_confirm(&self, id: AccountId, owner: &str, ms: u64)
+    -> Result<(), BackendError>;
+
+    /// The confirmation lock's value while it is held (`confirm.rs` names its states: running,
+    /// quiet, freshly refreshed), for reports that arrive meanwhile.
+    async fn confirm_state(&self, id: AccountId) -> Result<Option<String>, BackendError>;
+
+    /// Replaces the confirmation lock's value `from` with `to`, held `ttl_ms` from now, if it
+    /// still holds `from`: whether it did.
+    async fn swap_confirm(
+        &self,
+        id: AccountId,
+        from: &str,
+        to: &str,
+        ttl_ms: u64,
+    ) -> Result<bool, BackendError>;
+
+    /// Hard-blocks an account while its confirmation runs; returns the value to lift it with.
+    async fn block_confirming(
+        &self,
+        id: AccountId,
+        ttl_ms: u64,
+        class: &str,
+        status: u16,
+        owner: &str,
+    ) -> Result<String, BackendError>;
+
+    /// Lifts the "confirming" hard block, unless another block replaced it meanwhile.
+    async fn unblock_confirming(&self, id: AccountId, value: &str) -> Result<(), BackendError>;
+
+    /// Takes the account's token-refresh lock: whether this owner took it.
+    async fn lock_refresh(
+        &self,
+        id: AccountId,
+        owner: &str,
+        ttl_ms: u64,
+    ) -> Result<bool, BackendError>;
+
+    /// Releases the token-refresh lock, if this owner still holds it.
+    async fn unlock_refresh(&self, id: AccountId, owner: &str) -> Result<(), BackendError>;
+}
+
+/// How a block is recorded (the value of the cooldown / soft-block key): class, status, and
+/// the reason cut to 200 characters.
+fn block_value(class: &str, status: u16, reason: &str) -> String {
+    let reason: String = reason.chars().take(200).collect();
+    format!("{class}|{status}|{reason}")
+}
+
+fn parse_block_value(value: &str) -> (String, u16, String) {
+    let mut parts = value.splitn(3, '|');
+    let class = parts.next().unwrap_or_default().to_owned();
+    let status = parts.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+    let reason = parts.next().unwrap_or_default().to_owned();
+    (class, status, reason)
+}
+
+/// The reason an open breaker is listed with.
+fn breaker_reason(failures: u32) -> String {
+    format!("{failures} consecutive broken outcomes")
+}

@@ -1,0 +1,278 @@
+//! The probe: before an answer a client's request may have shaped changes an account's health,
+//! poolgate asks the upstream again with a request the client cannot shape — a fixed minimal
+//! request built here (`max_tokens: 1`, the platform's probe model) — under an admission lease,
+//! so the probe never takes the account over its concurrency limit. The same probe is a
+//! half-open breaker's check: no client request is let through as the probe (a crafted one
+//! could keep the breaker open).
+//!
+//! This module is the probe; what its answer does, under which lock, is `confirmations.rs`
+//! (and the engine's half-open check).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::HeaderMap;
+use poolgate_core::lease::LeaseTerms;
+use poolgate_runtime::ports::ProbeLeases;
+use serde_json::json;
+
+use poolgate_core::account::{Account, CredentialKind, Platform, chatgpt_account_id};
+use poolgate_core::classify::{Classified, UpstreamError, classify, network_failure};
+use poolgate_core::now_ms;
+use poolgate_core::outcome::OutcomeClass;
+use poolgate_core::upstream::{CLAUDE_CODE_IDENTITY, chatgpt_responses_url, upstream_url};
+
+/// How a confirmation runs.
+#[derive(Debug, Clone)]
+pub struct ProbeSettings {
+    /// Bound on the whole probe call (connect, answer, body).
+    pub timeout: Duration,
+    /// How long the probe waits for a slot on the account.
+    pub lease_wait: Duration,
+    /// The "confirming" hard block while the probe runs, and the lock's lifetime: longer than
+    /// `lease_wait + timeout`, so a selector that dies mid-way leaves nothing behind for long.
+    pub block: Duration,
+    /// The probe model per platform, unless the account's `probe_model` says otherwise.
+    pub anthropic_model: String,
+    pub openai_model: String,
+    /// After a confirmation the probe did not bear out, the account's next suspicious answers
+    /// start none for this long: a client that keeps sending a request the upstream chokes on
+    /// cannot keep the account blocked probe after probe.
+    pub quiet_after_unconfirmed: Duration,
+    /// A probe that could not be sent (no slot in time) is tried again after each of these,
+    /// with the "confirming" block lifted meanwhile; then the quiet period starts. No client
+    /// behaviour keeps an account confirming.
+    pub inconclusive_retries: Vec<Duration>,
+    /// How long a report of a refused OAuth token waits for the probe or refresh of that token
+    /// to end (so concurrent refusals get the new token), within the request's wait budget.
+    pub refusal_wait: Duration,
+    /// After a token refresh, a refused probe with the new token blocks and counts instead of
+    /// refreshing again, for this long (at most one refresh per account per floor).
+    pub refresh_floor: Duration,
+}
+
+impl Default for ProbeSettings {
+    fn default() -> Self {
+        ProbeSettings {
+            timeout: Duration::from_secs(30),
+            lease_wait: Duration::from_secs(20),
+            block: Duration::from_secs(90),
+            anthropic_model: "claude-haiku-4-5".into(),
+            openai_model: "gpt-4o-mini".into(),
+            quiet_after_unconfirmed: Duration::from_secs(60),
+            inconclusive_retries: vec![
+                Duration::from_secs(5),
+                Duration::from_secs(10),
+                Duration::from_secs(20),
+            ],
+            refusal_wait: Duration::from_secs(10),
+            refresh_floor: Duration::from_secs(60),
+        }
+    }
+}
+
+impl ProbeSettings {
+    pub fn model_for(&self, account: &Account) -> String {
+        match &account.probe_model {
+            Some(model) if !model.is_empty() => model.clone(),
+            _ => match account.platform {
+                Platform::Anthropic => self.anthropic_model.clone(),
+                Platform::OpenAi => self.openai_model.clone(),
+            },
+        }
+    }
+}
+
+/// What the probe got.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Probed {
+    /// Upstream status; 0 when no answer came.
+    pub status: u16,
+    pub classified: Classified,
+    /// The error's `type/code` (never its message), for the status reason.
+    pub summary: String,
+}
+
+/// What a confirmation suspects (the selector engine and standalone mode alike).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Suspicion {
+    /// A billing-class answer: retire when confirmed.
+    QuotaGone,
+    /// The upstream failed on a request, or gave no answer after it started: hard block and
+    /// breaker count when confirmed.
+    Broken,
+    /// The upstream refused the credential (or a 401/403 said neither request nor credential):
+    /// block and count when confirmed; an OAuth token is refreshed first.
+    Unauthorized,
+}
+
+impl Suspicion {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Suspicion::QuotaGone => "quota_gone",
+            Suspicion::Broken => "broken",
+            Suspicion::Unauthorized => "unauthorized",
+        }
+    }
+
+    /// The class a probe's answer must have to bear the suspicion out.
+    pub fn class(self) -> OutcomeClass {
+        match self {
+            Suspicion::QuotaGone => OutcomeClass::QuotaGone,
+            Suspicion::Broken => OutcomeClass::Broken,
+            Suspicion::Unauthorized => OutcomeClass::Unauthorized,
+        }
+    }
+}
+
+/// The probe request: fixed, minimal, nothing of any client in it.
+pub fn probe_request(
+    client: &reqwest::Client,
+    account: &Account,
+    model: &str,
+) -> reqwest::RequestBuilder {
+    let credential = account.credential.expose();
+    match account.platform {
+        Platform::Anthropic => {
+            let mut body = json!({
+                "model": model,
+                "max_tokens": 1,
+                "messages": [{"role": "user", "content": "ping"}],
+            });
+            let request = client
+                .post(upstream_url(&account.base_url, "/v1/messages"))
+                .header("anthropic-version", "2023-06-01");
+            match account.credential_kind {
+                CredentialKind::ApiKey | CredentialKind::ChatGptOAuth => {
+                    request.header("x-api-key", credential).json(&body)
+                }
+                CredentialKind::OAuth => {
+                    body["system"] = json!([{"type": "text", "text": CLAUDE_CODE_IDENTITY}]);
+                    request
+                        .bearer_auth(credential)
+                        .header("anthropic-beta", "claude-code-20250219,oauth-2025-04-20")
+                        .json(&body)
+                }
+            }
+        }
+        Platform::OpenAi if account.credential_kind == CredentialKind::ChatGptOAuth => {
+            let mut request = client
+                .post(chatgpt_responses_url(&account.base_url))
+                .bearer_auth(credential)
+                .header("openai-beta", "responses=experimental")
+                .header("originator", "codex_cli_rs")
+                // The ChatGPT backend refuses a request without one (400), as it would every
+                // probe: a fresh id per probe, so it binds nothing.
+                .header(
+                    "session_id",
+                    format!("poolgate-probe-{:016x}", fastrand::u64(..)),
+                );
+            if let Some(id) = chatgpt_account_id(credential) {
+                request = request.header("chatgpt-account-id", id);
+            }
+            request.json(&json!({
+                "model": model,
+                "instructions": "Answer in one word.",
+                "input": [{"role": "user", "content": "ping"}],
+                "store": false,
+                "stream": true,
+            }))
+        }
+        Platform::OpenAi => client
+            .post(upstream_url(&account.base_url, "/v1/chat/completions"))
+            .bearer_auth(credential)
+            .json(&json!({
+                "model": model,
+                "max_completion_tokens": 1,
+                "messages": [{"role": "user", "content": "ping"}],
+            })),
+    }
+}
+
+/// Sends the probe and classifies its answer with the relay's rules.
+pub async fn send_probe(
+    client: &reqwest::Client,
+    account: &Account,
+    settings: &ProbeSettings,
+    hard_block_threshold_ms: u64,
+) -> Probed {
+    let model = settings.model_for(account);
+    let request = probe_request(client, account, &model).timeout(settings.timeout);
+    let response = match request.send().await {
+        Ok(response) => response,
+        Err(error) => {
+            tracing::warn!(account_id = account.id, error = %error.without_url(), "confirmation probe got no answer");
+            return Probed {
+                status: 0,
+                classified: network_failure(),
+                summary: "network".into(),
+            };
+        }
+    };
+    let status = response.status().as_u16();
+    let headers: HeaderMap = response.headers().clone();
+    let body = response.bytes().await.unwrap_or_default();
+    let body = &body[..body.len().min(64 * 1024)];
+    Probed {
+        status,
+        classified: classify(status, &headers, body, now_ms(), hard_block_threshold_ms),
+        summary: UpstreamError::parse(body)
+            .map(|e| e.summary())
+            .unwrap_or_default(),
+    }
+}
+
+/// The probe under a lease on the account: its cooldown (a "confirming" block) does not refuse
+/// the lease; its concurrency and RPM limits do. `Err`: no probe was sent, and why.
+pub async fn probe_under_lease(
+    leases: &Arc<dyn ProbeLeases>,
+    client: &reqwest::Client,
+    account: &Account,
+    settings: &ProbeSettings,
+    hard_block_threshold_ms: u64,
+) -> Result<Probed, &'static str> {
+    let terms = LeaseTerms {
+        account_id: account.id,
+        concurrency_limit: account.concurrency_limit,
+        rpm_limit: account.rpm_limit,
+        user: None,
+        session_hash: None,
+        session_window_limit_micros: 0,
+        session_bound: false,
+        ignore_cooldown: true,
+    };
+    let lease = match leases.acquire_probe(&terms, settings.lease_wait).await {
+        Ok(Some(lease_id)) => lease_id,
+        Ok(None) => return Err("no_slot"),
+        Err(error) => {
+            tracing::warn!(account_id = account.id, %error, "probe: admission unavailable");
+            return Err("admission_unavailable");
+        }
+    };
+    let probed = send_probe(client, account, settings, hard_block_threshold_ms).await;
+    leases.release_probe(&lease, &terms).await;
+    Ok(probed)
+}
+
+/// What a half-open breaker's probe decides: only the upstream's own failure (5xx, no
+/// answer) keeps the breaker open; any other answer shows the account is reachable.
+pub fn breaker_closes(probed: &Probed) -> bool {
+    probed.classified.class != OutcomeClass::Broken
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_join_with_or_without_v1() {
+        assert_eq!(
+            upstream_url("https://api.anthropic.com", "/v1/messages"),
+            "https://api.anthropic.com/v1/messages"
+        );
+        assert_eq!(
+            upstream_url("http://127.0.0.1:9/v1/", "/v1/chat/completions"),
+            "http://127.0.0.1:9/v1/chat/completions"
+        );
+    }
+}

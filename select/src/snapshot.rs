@@ -1,0 +1,155 @@
+//! The in-memory config snapshot the selector serves from: accounts by group, API keys by hash,
+//! prices. Replaced whole on every reload (NOTIFY or the periodic safety net), never mutated.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, RwLock};
+
+use poolgate_core::AccountId;
+use poolgate_core::account::{Account, ApiKeyRecord, GroupSettings, Price};
+
+#[derive(Debug, Default, Clone)]
+pub struct Snapshot {
+    groups: HashSet<String>,
+    accounts: HashMap<AccountId, Arc<Account>>,
+    /// group -> account ids, ascending.
+    by_group: HashMap<String, Vec<AccountId>>,
+    api_keys: HashMap<Vec<u8>, ApiKeyRecord>,
+    prices: HashMap<String, Price>,
+    /// Only groups that set something; the rest have the defaults.
+    settings: HashMap<String, GroupSettings>,
+}
+
+impl Snapshot {
+    pub fn new(
+        groups: Vec<String>,
+        accounts: Vec<Account>,
+        api_keys: HashMap<Vec<u8>, ApiKeyRecord>,
+        prices: HashMap<String, Price>,
+    ) -> Self {
+        let mut by_group: HashMap<String, Vec<AccountId>> = HashMap::new();
+        let mut groups: HashSet<String> = groups.into_iter().collect();
+        let mut map = HashMap::new();
+        for account in accounts {
+            groups.insert(account.group.clone());
+            by_group
+                .entry(account.group.clone())
+                .or_default()
+                .push(account.id);
+            map.insert(account.id, Arc::new(account));
+        }
+        for ids in by_group.values_mut() {
+            ids.sort_unstable();
+        }
+        Snapshot {
+            groups,
+            accounts: map,
+            by_group,
+            api_keys,
+            prices,
+            settings: HashMap::new(),
+        }
+    }
+
+    /// This snapshot with these group settings (a group named here exists, accounts or not).
+    pub fn with_group_settings(mut self, settings: HashMap<String, GroupSettings>) -> Self {
+        self.groups.extend(settings.keys().cloned());
+        self.settings = settings;
+        self
+    }
+
+    /// A group's settings (the defaults for a group that set none).
+    pub fn group_settings(&self, group: &str) -> GroupSettings {
+        self.settings.get(group).cloned().unwrap_or_default()
+    }
+
+    /// Replaces an account by id, keeping its group (the in-memory source's writes: status and
+    /// tokens). `false` when there is no such account.
+    pub(crate) fn replace_account(&mut self, account: Account) -> bool {
+        match self.accounts.get_mut(&account.id) {
+            Some(current) if current.group == account.group => {
+                *current = Arc::new(account);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    pub fn has_group(&self, group: &str) -> bool {
+        self.groups.contains(group)
+    }
+
+    pub fn account(&self, id: AccountId) -> Option<&Arc<Account>> {
+        self.accounts.get(&id)
+    }
+
+    pub fn accounts(&self) -> impl Iterator<Item = &Arc<Account>> {
+        self.accounts.values()
+    }
+
+    pub fn group_accounts(&self, group: &str) -> impl Iterator<Item = &Arc<Account>> {
+        self.by_group
+            .get(group)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.accounts.get(id))
+    }
+
+    pub fn api_key(&self, hash: &[u8]) -> Option<&ApiKeyRecord> {
+        self.api_keys.get(hash)
+    }
+
+    pub fn api_keys(&self) -> impl Iterator<Item = &ApiKeyRecord> {
+        self.api_keys.values()
+    }
+
+    /// The client keys with their hashes (what names a key whatever its id).
+    pub fn api_key_hashes(&self) -> impl Iterator<Item = (&[u8], &ApiKeyRecord)> {
+        self.api_keys
+            .iter()
+            .map(|(hash, record)| (hash.as_slice(), record))
+    }
+
+    pub fn price(&self, model: &str) -> Price {
+        self.prices.get(model).copied().unwrap_or_default()
+    }
+}
+
+/// The current snapshot, swapped atomically on reload. Loads overlap (NOTIFY, the periodic
+/// safety net, an admin change): each takes a ticket before it reads Postgres, and a load only
+/// replaces a snapshot read before it, so a slow older load never overwrites a newer one.
+#[derive(Debug, Default)]
+pub struct SnapshotCell {
+    current: RwLock<(u64, Arc<Snapshot>)>,
+    tickets: std::sync::atomic::AtomicU64,
+}
+
+impl SnapshotCell {
+    pub fn new(snapshot: Snapshot) -> Self {
+        SnapshotCell {
+            current: RwLock::new((0, Arc::new(snapshot))),
+            tickets: std::sync::atomic::AtomicU64::new(1),
+        }
+    }
+
+    pub fn get(&self) -> Arc<Snapshot> {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .1
+            .clone()
+    }
+
+    /// Call before reading Postgres for a new snapshot.
+    pub fn ticket(&self) -> u64 {
+        self.tickets
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Installs a snapshot read under `ticket`, unless a later-started load already did.
+    pub fn set(&self, ticket: u64, snapshot: Snapshot) {
+        let mut current = self.current.write().unwrap_or_else(|p| p.into_inner());
+        if ticket > current.0 {
+            *current = (ticket, Arc::new(snapshot));
+        }
+    }
+}

@@ -1,0 +1,636 @@
+//! The in-memory account source of the relay's standalone mode: a snapshot built from its config
+//! file, changed in place by the engine's writes (retirements, restores, refreshed tokens, usage),
+//! so the next `load_snapshot` shows them.
+//!
+//! What must survive a restart goes to an optional state file, loaded over the config at
+//! start: refreshed OAuth tokens (refresh tokens are single-use: a relay that refreshed and then
+//! restarted with the config's old token has lost the account), status changes, and the usage
+//! ledger. The file is JSON, mode 0600 (it holds credentials in clear, as the config does),
+//! written atomically (a fresh temporary file created exclusively in the same directory, fsync,
+//! rename, fsync of the directory), so a crash leaves the old state or the new one, never half
+//! of one.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use poolgate_core::{hex, short_hash};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::{AccountSource, StoreError, UsageInput, UsageTotals};
+use crate::snapshot::{Snapshot, SnapshotCell};
+use poolgate_core::account::{Account, AccountStatus, OAuthState, Secret};
+use poolgate_core::{AccountId, now_ms};
+
+/// Usage is written at most this often (tokens and status changes at once): a crash loses at
+/// most this much of the ledger, and a busy relay does not fsync per request.
+const USAGE_WRITE_EVERY: Duration = Duration::from_secs(5);
+
+/// The ledger keeps totals per client key and hour; a range counts the hours that start in it.
+const USAGE_BUCKET_MS: i64 = 3_600_000;
+
+/// Where the standalone relay keeps what must survive a restart.
+#[derive(Debug, Clone)]
+pub struct StateFile {
+    path: PathBuf,
+}
+
+/// Serializes a `Secret` as its text (the state file holds credentials in clear, as the config
+/// does); everything else only ever prints it masked.
+mod secret_text {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use poolgate_core::account::Secret;
+
+    pub fn serialize<S: Serializer>(secret: &Secret, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(secret.expose())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Secret, D::Error> {
+        String::deserialize(deserializer).map(Secret::new)
+    }
+}
+
+/// Tokens a refresh wrote, with the fingerprint of the config credential they replaced: a
+/// config that names another credential since (the operator signed in again) wins over them.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct StoredTokens {
+    #[serde(with = "secret_text")]
+    access_token: Secret,
+    #[serde(with = "secret_text")]
+    refresh_token: Secret,
+    expires_at_ms: i64,
+    replaces: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct StoredStatus {
+    status: String,
+    reason: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct UsageBucket {
+    /// The client key's hash (hex), which names the key whatever its place in the config; empty
+    /// for a key the config does not list (then `api_key_id` alone says whose it is).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    key: String,
+    api_key_id: i64,
+    hour_start_ms: i64,
+    requests: i64,
+    input_tokens: i64,
+    output_tokens: i64,
+    cost_usd: f64,
+}
+
+/// The state file format this build writes. Format 1 names accounts by name and client keys by
+/// hash, so a config whose entries moved (ids default to the place in the file) applies no
+/// retirement or usage to another account or key. Format 0 (the first release) named them by id;
+/// it is read, and written back as format 1.
+const FORMAT: u32 = 1;
+
+/// The state file's content.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct Persisted {
+    #[serde(default)]
+    format: u32,
+    /// By account name (format 0: by account id).
+    #[serde(default)]
+    tokens: BTreeMap<String, StoredTokens>,
+    /// Only statuses that differ from the config's; by account name (format 0: by id).
+    #[serde(default)]
+    statuses: BTreeMap<String, StoredStatus>,
+    #[serde(default)]
+    usage: Vec<UsageBucket>,
+}
+
+impl StateFile {
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        StateFile { path: path.into() }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The saved state; `None` when there is no file yet. A file that cannot be read or parsed
+    /// is an error: starting without it could serve a refresh token that was already used.
+    fn read(&self) -> Result<Option<Persisted>, StoreError> {
+        let bytes = match fs::read(&self.path) {
+            Ok(bytes) => bytes,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(error) => {
+                return Err(StoreError::StateFile(format!(
+                    "reading {}: {error}",
+                    self.path.display()
+                )));
+            }
+        };
+        // serde's message can quote a value; the position is enough to find the fault.
+        serde_json::from_slice(&bytes).map(Some).map_err(|error| {
+            StoreError::StateFile(format!(
+                "{} is not a valid state file ({:?} error at line {} column {})",
+                self.path.display(),
+                error.classify(),
+                error.line(),
+                error.column()
+            ))
+        })
+    }
+
+    /// Writes the state atomically, readable by this user only.
+    fn write(&self, state: &Persisted) -> Result<(), StoreError> {
+        let failed = |what: &str, error: std::io::Error| {
+            StoreError::StateFile(format!("{what} {}: {error}", self.path.display()))
+        };
+        let bytes = serde_json::to_vec_pretty(state)
+            .map_err(|e| StoreError::StateFile(format!("encoding the state: {e}")))?;
+        let directory = match self.path.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let name = self
+            .path
+            .file_name()
+            .ok_or_else(|| StoreError::StateFile(format!("{} names no file", self.path.display())))?
+            .to_string_lossy()
+            .into_owned();
+        // A fresh file under a random name, created exclusively (`O_EXCL`, never through a
+        // symlink) with mode 0600 from the start: a file or symlink planted at a path that
+        // could be predicted (the pid-named temporary of earlier releases) is never opened, so
+        // the tokens in clear cannot be steered into another file. A failed write removes it.
+        let written = (|| {
+            let prefix = format!(".{name}.");
+            let mut builder = tempfile::Builder::new();
+            builder.prefix(&prefix).suffix(".tmp");
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::PermissionsExt;
+                builder.permissions(fs::Permissions::from_mode(0o600));
+            }
+            let mut temporary = builder.tempfile_in(&directory)?;
+            temporary.write_all(&bytes)?;
+            temporary.as_file().sync_all()?;
+            temporary
+                .persist(&self.path)
+                .map(drop)
+                .map_err(|error| error.error)
+        })();
+        if let Err(error) = written {
+            return Err(failed("writing", error));
+        }
+        // The rename is durable only once the directory entry is.
+        File::open(&directory)
+            .and_then(|dir| dir.sync_all())
+            .map_err(|error| failed("syncing the directory of", error))
+    }
+}
+
+/// What the config itself says of an account, to tell the state file's changes from it.
+struct Configured {
+    name: String,
+    status: AccountStatus,
+    credential: String,
+}
+
+struct Current {
+    snapshot: Snapshot,
+    configured: HashMap<AccountId, Configured>,
+    /// Account name -> id; a name the config gives twice maps to nothing (no entry is applied
+    /// to either account).
+    names: HashMap<String, Option<AccountId>>,
+    /// Client key id <-> the key's hash (hex).
+    key_hashes: HashMap<i64, String>,
+    key_ids: HashMap<String, i64>,
+    persisted: Persisted,
+    usage: BTreeMap<(i64, i64), UsageTotals>,
+    /// Buckets of keys the config no longer lists: kept in the file, counted for no one.
+    retained_usage: Vec<UsageBucket>,
+    usage_dirty: bool,
+}
+
+impl Current {
+    fn to_persisted(&self) -> Persisted {
+        Persisted {
+            format: FORMAT,
+            usage: self
+                .usage
+                .iter()
+                .map(|(&(api_key_id, hour_start_ms), totals)| UsageBucket {
+                    key: self
+                        .key_hashes
+                        .get(&api_key_id)
+                        .cloned()
+                        .unwrap_or_default(),
+                    api_key_id,
+                    hour_start_ms,
+                    requests: totals.requests,
+                    input_tokens: totals.input_tokens,
+                    output_tokens: totals.output_tokens,
+                    cost_usd: totals.cost_usd,
+                })
+                .chain(self.retained_usage.iter().cloned())
+                .collect(),
+            ..self.persisted.clone()
+        }
+    }
+
+    /// The account a state file entry is for: by name (format 1) or by id (format 0).
+    fn resolve(&self, key: &str, format: u32) -> Option<AccountId> {
+        if format == 0 {
+            return key
+                .parse::<AccountId>()
+                .ok()
+                .filter(|id| self.configured.contains_key(id));
+        }
+        self.names.get(key).copied().flatten()
+    }
+
+    /// The name an account's entries are kept under.
+    fn entry_name(&self, id: AccountId) -> Result<String, StoreError> {
+        self.configured
+            .get(&id)
+            .map(|configured| configured.name.clone())
+            .ok_or_else(|| StoreError::NotFound(format!("account {id}")))
+    }
+
+    fn account(&self, id: AccountId) -> Result<Account, StoreError> {
+        self.snapshot
+            .account(id)
+            .map(|account| Account::clone(account))
+            .ok_or_else(|| StoreError::NotFound(format!("account {id}")))
+    }
+}
+
+fn with_tokens(mut account: Account, tokens: &StoredTokens) -> Account {
+    account.credential = tokens.access_token.clone();
+    let oauth = account.oauth.get_or_insert_with(|| OAuthState {
+        refresh_token: Secret::default(),
+        expires_at_ms: 0,
+        token_url: String::new(),
+        client_id: String::new(),
+    });
+    oauth.refresh_token = tokens.refresh_token.clone();
+    oauth.expires_at_ms = tokens.expires_at_ms;
+    account
+}
+
+/// The config in memory, with the engine's changes and an optional state file.
+pub struct MemorySource {
+    current: Mutex<Current>,
+    state_file: Option<StateFile>,
+    /// Held across taking a copy of the state and writing it, so writes land in the order of
+    /// the changes they carry (each write carries every change made before it). Holds when
+    /// usage was last written.
+    writes: tokio::sync::Mutex<Instant>,
+    /// Bumped on every change the snapshot shows (see [`MemorySource::reload_on_change`]).
+    changes: watch::Sender<u64>,
+}
+
+impl MemorySource {
+    /// The source of `snapshot` (the config), with `state_file`'s tokens, statuses and usage
+    /// over it when given. Entries for accounts the config does not have are ignored (and kept
+    /// in the file); tokens refreshed from a credential the config no longer names are dropped.
+    pub fn new(snapshot: Snapshot, state_file: Option<StateFile>) -> Result<Self, StoreError> {
+        let configured: HashMap<AccountId, Configured> = snapshot
+            .accounts()
+            .map(|account| {
+                (
+                    account.id,
+                    Configured {
+                        name: account.name.clone(),
+                        status: account.status,
+                        credential: short_hash(account.credential.expose()),
+                    },
+                )
+            })
+            .collect();
+        let mut names: HashMap<String, Option<AccountId>> = HashMap::new();
+        for (&id, account) in &configured {
+            names
+                .entry(account.name.clone())
+                .and_modify(|taken| *taken = None)
+                .or_insert(Some(id));
+        }
+        let key_hashes: HashMap<i64, String> = snapshot
+            .api_key_hashes()
+            .map(|(hash, record)| (record.id, hex(hash)))
+            .collect();
+        let key_ids = key_hashes
+            .iter()
+            .map(|(&id, hash)| (hash.clone(), id))
+            .collect();
+        let persisted = match &state_file {
+            Some(file) => file.read()?.unwrap_or_default(),
+            None => Persisted::default(),
+        };
+        if persisted.format > FORMAT {
+            return Err(StoreError::StateFile(format!(
+                "{} is in format {}, newer than this build reads ({FORMAT}); start the newer \
+                 build, or move the file away to start without it",
+                state_file
+                    .as_ref()
+                    .map_or_else(String::new, |file| file.path().display().to_string()),
+                persisted.format
+            )));
+        }
+        let mut current = Current {
+            snapshot,
+            configured,
+            names,
+            key_hashes,
+            key_ids,
+            usage: BTreeMap::new(),
+            retained_usage: Vec::new(),
+            usage_dirty: false,
+            persisted: Persisted {
+                format: FORMAT,
+                ..Persisted::default()
+            },
+        };
+        current.load(persisted);
+        Ok(MemorySource {
+            current: Mutex::new(current),
+            state_file,
+            writes: tokio::sync::Mutex::new(Instant::now()),
+            changes: watch::channel(0).0,
+        })
+    }
+
+    fn with_current<T>(&self, f: impl FnOnce(&mut Current) -> T) -> T {
+        // Changes below are whole-value replacements: a poisoned lock holds nothing half-made.
+        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut current)
+    }
+
+    /// The snapshot as it is now (what `load_snapshot` answers).
+    pub fn snapshot(&self) -> Snapshot {
+        self.with_current(|current| current.snapshot.clone())
+    }
+
+    /// Changes as they happen: the value is bumped on every status or token change.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    /// Reloads `cell` from this source on every change, so a retirement or a refreshed token is
+    /// served at once (the Postgres source's NOTIFY). Runs until its task is dropped.
+    pub async fn reload_on_change(self: Arc<Self>, cell: Arc<SnapshotCell>) {
+        // Subscribed before the first reload: a change made before this task first ran is in
+        // that reload, one made after wakes the loop.
+        let mut changes = self.changes();
+        loop {
+            let ticket = cell.ticket();
+            cell.set(ticket, self.snapshot());
+            if changes.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Writes the state file now if usage is waiting to be written (at shutdown).
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        if self.with_current(|current| current.usage_dirty) {
+            self.persist().await?;
+        }
+        Ok(())
+    }
+
+    /// Writes the whole state (when there is a state file).
+    async fn persist(&self) -> Result<(), StoreError> {
+        let Some(file) = &self.state_file else {
+            return Ok(());
+        };
+        let mut last_write = self.writes.lock().await;
+        let state = self.with_current(|current| {
+            current.usage_dirty = false;
+            current.to_persisted()
+        });
+        let file = file.clone();
+        let written = tokio::task::spawn_blocking(move || file.write(&state))
+            .await
+            .map_err(|e| StoreError::StateFile(format!("the write did not finish: {e}")))
+            .and_then(|result| result);
+        match &written {
+            Ok(()) => *last_write = Instant::now(),
+            Err(error) => {
+                // The change is served from memory; the next write carries it again.
+                self.with_current(|current| current.usage_dirty = true);
+                tracing::error!(%error, "state file not written");
+            }
+        }
+        written
+    }
+
+    fn changed(&self) {
+        self.changes.send_modify(|version| *version += 1);
+    }
+}
+
+impl Current {
+    /// Applies a saved state over the config. Entries for accounts or keys the config does not
+    /// name are ignored and kept in the file (an account taken out of the config for a while
+    /// finds its tokens again).
+    fn load(&mut self, persisted: Persisted) {
+        let format = persisted.format;
+        for (key, tokens) in persisted.tokens {
+            let Some(id) = self.resolve(&key, format) else {
+                tracing::warn!(
+                    account = %key,
+                    "the state file has tokens of an account the config does not name; ignored"
+                );
+                self.persisted.tokens.insert(key, tokens);
+                continue;
+            };
+            let configured = &self.configured[&id];
+            if configured.credential != tokens.replaces {
+                tracing::warn!(
+                    account_id = id,
+                    "the config names another credential than the one refreshed; using the config's"
+                );
+                continue;
+            }
+            let name = configured.name.clone();
+            if let Ok(account) = self.account(id) {
+                self.snapshot.replace_account(with_tokens(account, &tokens));
+            }
+            self.persisted.tokens.insert(name, tokens);
+        }
+        for (key, stored) in persisted.statuses {
+            let Some(id) = self.resolve(&key, format) else {
+                tracing::warn!(
+                    account = %key,
+                    "the state file has the status of an account the config does not name; ignored"
+                );
+                self.persisted.statuses.insert(key, stored);
+                continue;
+            };
+            let status = AccountStatus::parse(&stored.status);
+            let name = self.configured[&id].name.clone();
+            self.persisted.statuses.insert(name, stored.clone());
+            let Some(status) = status else {
+                tracing::warn!(account_id = id, status = %stored.status, "unknown status in the state file; ignored");
+                continue;
+            };
+            if let Ok(mut account) = self.account(id) {
+                account.status = status;
+                account.status_reason = stored.reason;
+                self.snapshot.replace_account(account);
+            }
+        }
+        for bucket in persisted.usage {
+            let api_key_id = if bucket.key.is_empty() {
+                Some(bucket.api_key_id)
+            } else {
+                self.key_ids.get(&bucket.key).copied()
+            };
+            let Some(api_key_id) = api_key_id else {
+                self.retained_usage.push(bucket);
+                continue;
+            };
+            let totals = self
+                .usage
+                .entry((api_key_id, bucket.hour_start_ms))
+                .or_default();
+            totals.requests += bucket.requests;
+            totals.input_tokens += bucket.input_tokens;
+            totals.output_tokens += bucket.output_tokens;
+            totals.cost_usd += bucket.cost_usd;
+        }
+    }
+}
+
+#[async_trait]
+impl AccountSource for MemorySource {
+    async fn load_snapshot(&self) -> Result<Snapshot, StoreError> {
+        Ok(self.snapshot())
+    }
+
+    async fn load_account(&self, id: AccountId) -> Result<Account, StoreError> {
+        self.with_current(|current| current.account(id))
+    }
+
+    async fn set_status(
+        &self,
+        id: AccountId,
+        status: AccountStatus,
+        reason: &str,
+    ) -> Result<(), StoreError> {
+        self.with_current(|current| {
+            let mut account = current.account(id)?;
+            let name = current.entry_name(id)?;
+            account.status = status;
+            account.status_reason = reason.to_owned();
+            current.snapshot.replace_account(account);
+            // The file keeps only what differs from the config: a restore to the configured
+            // status leaves the config in charge again.
+            if current
+                .configured
+                .get(&id)
+                .is_some_and(|configured| configured.status == status)
+            {
+                current.persisted.statuses.remove(&name);
+            } else {
+                current.persisted.statuses.insert(
+                    name,
+                    StoredStatus {
+                        status: status.as_str().to_owned(),
+                        reason: reason.to_owned(),
+                    },
+                );
+            }
+            Ok::<_, StoreError>(())
+        })?;
+        self.changed();
+        self.persist().await
+    }
+
+    async fn store_tokens(
+        &self,
+        id: AccountId,
+        access_token: &Secret,
+        refresh_token: &Secret,
+        expires_at_ms: i64,
+    ) -> Result<(), StoreError> {
+        self.with_current(|current| {
+            let account = current.account(id)?;
+            let name = current.entry_name(id)?;
+            let replaces = current
+                .configured
+                .get(&id)
+                .map(|configured| configured.credential.clone())
+                .unwrap_or_default();
+            let tokens = StoredTokens {
+                access_token: access_token.clone(),
+                refresh_token: refresh_token.clone(),
+                expires_at_ms,
+                replaces,
+            };
+            current
+                .snapshot
+                .replace_account(with_tokens(account, &tokens));
+            current.persisted.tokens.insert(name, tokens);
+            Ok::<_, StoreError>(())
+        })?;
+        self.changed();
+        self.persist().await
+    }
+
+    async fn insert_usage(&self, records: &[UsageInput]) -> Result<u64, StoreError> {
+        if records.is_empty() {
+            return Ok(0);
+        }
+        let now = now_ms();
+        self.with_current(|current| {
+            // Records without a client key count toward no key's totals, as in Postgres (where
+            // they are stored but no read asks for them).
+            for record in records {
+                let Some(api_key_id) = record.api_key_id else {
+                    continue;
+                };
+                let at = record.at_ms.unwrap_or(now);
+                let hour = at - at.rem_euclid(USAGE_BUCKET_MS);
+                let totals = current.usage.entry((api_key_id, hour)).or_default();
+                totals.requests += 1;
+                totals.input_tokens += record.input_tokens;
+                totals.output_tokens += record.output_tokens;
+                totals.cost_usd += record.cost_usd;
+            }
+            current.usage_dirty = true;
+        });
+        let due = self.writes.lock().await.elapsed() >= USAGE_WRITE_EVERY;
+        if due {
+            self.persist().await?;
+        }
+        Ok(records.len() as u64)
+    }
+
+    async fn read_usage(
+        &self,
+        api_key_id: i64,
+        from_ms: i64,
+        to_ms: i64,
+    ) -> Result<UsageTotals, StoreError> {
+        if to_ms <= from_ms {
+            return Ok(UsageTotals::default());
+        }
+        Ok(self.with_current(|current| {
+            current
+                .usage
+                .range((api_key_id, from_ms)..(api_key_id, to_ms))
+                .fold(UsageTotals::default(), |mut sum, (_, totals)| {
+                    sum.requests += totals.requests;
+                    sum.input_tokens += totals.input_tokens;
+                    sum.output_tokens += totals.output_tokens;
+                    sum.cost_usd += totals.cost_usd;
+                    sum
+                })
+        }))
+    }
+}

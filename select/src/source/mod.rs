@@ -1,0 +1,101 @@
+//! Where accounts come from, behind one trait: what the engine, the token refresher and the
+//! snapshot reload need of the config. Two sources: Postgres (`store.rs`, the `postgres`
+//! feature: every selector replica) and memory (`memory.rs`: the relay's standalone mode, its
+//! config file plus an optional state file for what must survive a restart).
+
+use async_trait::async_trait;
+
+use crate::crypto::CryptoError;
+use crate::snapshot::Snapshot;
+use poolgate_core::AccountId;
+use poolgate_core::account::{Account, AccountStatus, Secret};
+
+mod memory;
+
+pub use memory::{MemorySource, StateFile};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("postgres unavailable: {0}")]
+    Unavailable(String),
+    #[error("database schema is at version {found}, this selector knows version {known}: {hint}")]
+    Schema {
+        found: i64,
+        known: i64,
+        hint: &'static str,
+    },
+    #[error("not found: {0}")]
+    NotFound(String),
+    #[error("conflict: {0}")]
+    Conflict(String),
+    #[error(transparent)]
+    Crypto(#[from] CryptoError),
+    /// The standalone state file could not be read or written.
+    #[error("state file: {0}")]
+    StateFile(String),
+}
+
+/// One usage record.
+#[derive(Debug, Clone, Default)]
+pub struct UsageInput {
+    pub api_key_id: Option<i64>,
+    pub user: String,
+    pub account_id: Option<AccountId>,
+    pub model: String,
+    pub input_tokens: i64,
+    pub output_tokens: i64,
+    pub cache_write_tokens: i64,
+    pub cache_read_tokens: i64,
+    pub cost_usd: f64,
+    pub status: i32,
+    pub latency_ms: i32,
+    pub at_ms: Option<i64>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct UsageTotals {
+    pub requests: i64,
+    pub input_tokens: i64,
+    pub output_tokens: i64,
+    pub cost_usd: f64,
+}
+
+/// The config the engine serves from and the few writes it makes to it.
+#[async_trait]
+pub trait AccountSource: Send + Sync + 'static {
+    /// Every group, account (credentials in clear), active API key and price.
+    async fn load_snapshot(&self) -> Result<Snapshot, StoreError>;
+
+    /// One account as stored now, not as the snapshot has it: the token refresh needs the
+    /// latest refresh token, which another replica may just have rotated.
+    async fn load_account(&self, id: AccountId) -> Result<Account, StoreError>;
+
+    /// Retires, marks `error`, disables or restores an account, with the reason operators see.
+    async fn set_status(
+        &self,
+        id: AccountId,
+        status: AccountStatus,
+        reason: &str,
+    ) -> Result<(), StoreError>;
+
+    /// Writes refreshed OAuth tokens. Refresh tokens are single-use: once this returns, the
+    /// old one is gone upstream, so the new one must outlive the process.
+    async fn store_tokens(
+        &self,
+        id: AccountId,
+        access_token: &Secret,
+        refresh_token: &Secret,
+        expires_at_ms: i64,
+    ) -> Result<(), StoreError>;
+
+    /// Adds usage records; returns how many were taken.
+    async fn insert_usage(&self, records: &[UsageInput]) -> Result<u64, StoreError>;
+
+    /// Totals of one client key's usage in `[from_ms, to_ms)`.
+    async fn read_usage(
+        &self,
+        api_key_id: i64,
+        from_ms: i64,
+        to_ms: i64,
+    ) -> Result<UsageTotals, StoreError>;
+}
