@@ -4,7 +4,7 @@
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked -p admission-svc -p selector-svc -p relay-svc --bins \
+RUN cargo build --release --locked -p admission-svc -p selector-svc -p relay-svc -p poolgate-testkit --bins \
  && mkdir -p /out \
  && cp target/release/admission-svc target/release/selector-svc target/release/relay-svc target/release/mock-upstream /out/
 

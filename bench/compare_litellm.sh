@@ -34,7 +34,7 @@ fi
 command -v redis-server >/dev/null || { echo "redis-server is missing: apt-get install -y redis-server" >&2; exit 1; }
 PGBIN=$(dirname "$(ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null | sort -V | tail -1)")
 [ -x "$PGBIN/initdb" ] || { echo "Postgres is missing: apt-get install -y postgresql-15" >&2; exit 1; }
-cargo build --release -q -p relay-svc --bins -p selector-svc -p admission-svc -p poolgate-bench --bin http-load
+cargo build --release -q -p relay-svc --bins -p poolgate-testkit --bin mock-upstream -p selector-svc -p admission-svc -p poolgate-bench --bin http-load
 BIN=target/release
 
 work=$(mktemp -d)

@@ -1,25 +1,23 @@
-//! The gRPC transport: decode and validate proto messages, call the engine, encode the answer.
-//! The only module that touches generated proto types.
+//! The gRPC transport: decode and validate proto messages (the conversions of
+//! `poolgate_proto::convert`), call the engine, encode the answer. The only module of this
+//! service that touches generated proto types.
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures_util::{Stream, StreamExt};
 use poolgate_proto::admission::v1 as pb;
-use poolgate_proto::convert::{self, ConvertError};
+use poolgate_proto::convert;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::error::{invalid, status};
 use poolgate_core::AccountId;
-use poolgate_core::lease::{LeaseId, LeaseTerms};
-use poolgate_core::millis;
 use poolgate_core::money::micros_to_usd;
 use poolgate_lease::LeaseEngine;
 use poolgate_lease::error::LeaseError;
-use poolgate_lease::session::{ClientMessage, Inbound, LeaseEvent, serve_lease};
+use poolgate_lease::session::{ClientMessage, Inbound, serve_lease};
 
 /// Most accounts one `Inflight` call may read.
 pub const MAX_INFLIGHT_ACCOUNTS: usize = 1000;
@@ -42,86 +40,6 @@ fn spend(field: &'static str, usd: f64) -> Result<i64, LeaseError> {
     convert::spend_micros(field, usd).map_err(invalid)
 }
 
-fn lease_id(field: &str, text: &str) -> Result<LeaseId, LeaseError> {
-    LeaseId::parse(text).ok_or_else(|| {
-        let shown: String = text.chars().take(64).collect();
-        LeaseError::invalid(field, format!("not a lease id: {shown:?}"))
-    })
-}
-
-/// Validates an `Acquire` into lease terms and a wait. `prefix` names the message in errors.
-fn terms(acquire: pb::Acquire, prefix: &str) -> Result<(LeaseTerms, Duration), LeaseError> {
-    let in_message = |error: ConvertError| {
-        LeaseError::invalid(format!("{prefix}.{}", error.field), error.problem)
-    };
-    let wait = convert::wait(acquire.wait_ms).map_err(in_message)?;
-    let terms = LeaseTerms::try_from(acquire).map_err(in_message)?;
-    Ok((terms, wait))
-}
-
-fn client_message(request: pb::LeaseRequest) -> Result<ClientMessage, LeaseError> {
-    use pb::lease_request::Kind;
-    match request.kind {
-        None => Err(LeaseError::invalid(
-            "kind",
-            "a lease request must set one of acquire, resume, heartbeat, attempt, release",
-        )),
-        Some(Kind::Acquire(acquire)) => {
-            let (terms, wait) = terms(acquire, "acquire")?;
-            Ok(ClientMessage::Acquire { terms, wait })
-        }
-        Some(Kind::Resume(resume)) => {
-            let lease_id = lease_id("resume.lease_id", &resume.lease_id)?;
-            let acquire = resume.terms.ok_or_else(|| {
-                LeaseError::invalid("resume.terms", "is required (the original acquire)")
-            })?;
-            let (terms, _) = terms(acquire, "resume.terms")?;
-            if terms.account_id != lease_id.account_id() {
-                return Err(LeaseError::invalid(
-                    "resume.terms.account_id",
-                    "does not match the lease id's account",
-                ));
-            }
-            Ok(ClientMessage::Resume { lease_id, terms })
-        }
-        Some(Kind::Heartbeat(_)) => Ok(ClientMessage::Heartbeat),
-        Some(Kind::Attempt(_)) => Ok(ClientMessage::Attempt),
-        Some(Kind::Release(release)) => Ok(ClientMessage::Release {
-            spend_micros: spend("release.spend_usd", release.spend_usd)?,
-        }),
-    }
-}
-
-fn ttl_ms(ttl: Duration) -> u32 {
-    u32::try_from(millis(ttl)).unwrap_or(u32::MAX)
-}
-
-fn lease_event(event: LeaseEvent) -> pb::LeaseEvent {
-    use pb::lease_event::Kind;
-    let kind = match event {
-        LeaseEvent::Granted { lease_id, ttl } => Kind::Granted(pb::Granted {
-            lease_id: lease_id.to_string(),
-            ttl_ms: ttl_ms(ttl),
-        }),
-        LeaseEvent::Denied(denial) => Kind::Denied(denial.into()),
-        LeaseEvent::Queued { position } => Kind::Queued(pb::Queued { position }),
-        LeaseEvent::Renewed { ttl, restored } => Kind::Renewed(pb::Renewed {
-            ttl_ms: ttl_ms(ttl),
-            restored,
-        }),
-        LeaseEvent::NotRenewed { left } => Kind::NotRenewed(pb::NotRenewed {
-            ttl_ms: ttl_ms(left),
-        }),
-        LeaseEvent::AttemptAccepted => Kind::AttemptAccepted(pb::AttemptAccepted {}),
-        LeaseEvent::Released => Kind::Released(pb::Released {}),
-        LeaseEvent::Lost { reason, detail } => Kind::Lost(pb::Lost {
-            reason: detail,
-            lost_reason: pb::LostReason::from(reason) as i32,
-        }),
-    };
-    pb::LeaseEvent { kind: Some(kind) }
-}
-
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::LeaseEvent, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -133,9 +51,9 @@ impl pb::admission_server::Admission for AdmissionGrpc {
         request: Request<Streaming<pb::LeaseRequest>>,
     ) -> Result<Response<Self::LeaseStream>, Status> {
         let inbound = request.into_inner().map(|item| match item {
-            Ok(message) => match client_message(message) {
+            Ok(message) => match ClientMessage::try_from(message) {
                 Ok(message) => Inbound::Message(message),
-                Err(error) => Inbound::Invalid(error),
+                Err(error) => Inbound::Invalid(invalid(error)),
             },
             // The holder's side broke (reset, cancelled, bad frame): treat as gone.
             Err(_) => Inbound::Broken,
@@ -147,7 +65,7 @@ impl pb::admission_server::Admission for AdmissionGrpc {
             sender,
         ));
         let events = ReceiverStream::new(receiver).map(|item| match item {
-            Ok(event) => Ok(lease_event(event)),
+            Ok(event) => Ok(pb::LeaseEvent::from(event)),
             Err(error) => Err(status(error)),
         });
         Ok(Response::new(Box::pin(events)))
@@ -158,7 +76,8 @@ impl pb::admission_server::Admission for AdmissionGrpc {
         request: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::ReleaseResponse>, Status> {
         let request = request.into_inner();
-        let lease_id = lease_id("lease_id", &request.lease_id).map_err(status)?;
+        let lease_id =
+            convert::lease_id("lease_id", &request.lease_id).map_err(|e| status(invalid(e)))?;
         let spend_micros = spend("spend_usd", request.spend_usd).map_err(status)?;
         let released = self.admission.release(&lease_id, None, spend_micros).await;
         Ok(Response::new(pb::ReleaseResponse { released }))

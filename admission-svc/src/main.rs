@@ -1,16 +1,17 @@
-//! The admission-svc binary: flags (with env fallbacks) → config → `run`.
+//! The admission-svc binary: flags (with env fallbacks) → config → `admission_svc::run`. A bad
+//! configuration exits 2 (as clap does for a bad flag), a failure while running 1.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use admission_svc::Config;
-use clap::parser::ValueSource;
-use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
+use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 use poolgate_core::lease::Settings;
 use poolgate_lease::LeaseStore;
 use poolgate_lease::policy::{FailurePolicy, PolicySettings};
-use poolgate_rpc::service_auth::CallerCheck;
+use poolgate_rpc::exit::{Failure, report};
+use poolgate_rpc::{service_auth::CallerCheck, telemetry::LogFormat, tls::TlsFiles};
 use poolgate_runtime::redis::{RedisOptions, RedisTarget};
 use poolgate_runtime::secret_flags::SecretFlag;
 
@@ -41,8 +42,8 @@ struct Cli {
     /// Session window length, ms (from the window's first spend).
     #[arg(long, env = "ADMISSION_SESSION_WINDOW_MS", default_value_t = 5 * 3600 * 1000, value_parser = clap::value_parser!(u64).range(1..))]
     session_window_ms: u64,
-    /// Extra share of the session window a session bound to the account may use.
-    #[arg(long, env = "ADMISSION_STICKY_RESERVE", default_value_t = 0.1)]
+    /// Extra share of the session window a session bound to the account may use, in [0, 10].
+    #[arg(long, env = "ADMISSION_STICKY_RESERVE", default_value_t = 0.1, value_parser = share)]
     sticky_reserve: f64,
     /// Waiters per account at most.
     #[arg(long, env = "ADMISSION_MAX_WAITING", default_value_t = 100)]
@@ -55,8 +56,8 @@ struct Cli {
     redis_pool_size: u32,
     /// What to do while Redis does not answer: `open` (in-process limits; N replicas admit up to
     /// N × limit), `divided` (this replica's share of each limit), `closed` (refuse).
-    #[arg(long, env = "ADMISSION_FAILURE_POLICY", default_value = "open", value_parser = ["open", "divided", "closed"])]
-    failure_policy: String,
+    #[arg(long, env = "ADMISSION_FAILURE_POLICY", value_enum, default_value_t = Policy::Open)]
+    failure_policy: Policy,
     /// Replica count the `divided` policy assumes before it has read the replica registry.
     #[arg(long, env = "ADMISSION_EXPECTED_REPLICAS", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     expected_replicas: u32,
@@ -91,26 +92,37 @@ struct Cli {
     #[arg(long, env = "POOLGATE_INSECURE_DEV")]
     insecure_dev: bool,
     /// Log format.
-    #[arg(long, env = "POOLGATE_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
-    log_format: String,
+    #[arg(long, env = "POOLGATE_LOG_FORMAT", value_enum, default_value_t)]
+    log_format: LogFormat,
+}
+
+/// `--failure-policy`, the flag's side of `poolgate_lease::policy::FailurePolicy`.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Policy {
+    Open,
+    Divided,
+    Closed,
+}
+
+impl From<Policy> for FailurePolicy {
+    fn from(policy: Policy) -> Self {
+        match policy {
+            Policy::Open => FailurePolicy::Open,
+            Policy::Divided => FailurePolicy::Divided,
+            Policy::Closed => FailurePolicy::Closed,
+        }
+    }
+}
+
+fn share(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(share) if (0.0..=10.0).contains(&share) => Ok(share),
+        _ => Err("must be a number in [0, 10]".into()),
+    }
 }
 
 impl Cli {
-    /// Parses the arguments, noting which secrets came from the command line.
-    fn parse_noting_secrets() -> Self {
-        let matches = Cli::command().get_matches();
-        let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit());
-        cli.service_token_on_command_line = on_command_line(&matches, "service_token");
-        cli
-    }
-
     fn config(&self) -> Result<Config, String> {
-        if !(self.sticky_reserve.is_finite() && (0.0..=10.0).contains(&self.sticky_reserve)) {
-            return Err(format!(
-                "--sticky-reserve must be in [0, 10], got {}",
-                self.sticky_reserve
-            ));
-        }
         let backend = match &self.redis_url {
             None => LeaseStore::Memory,
             Some(url) => LeaseStore::Redis {
@@ -120,20 +132,12 @@ impl Cli {
                     pool_size: self.redis_pool_size,
                 },
                 policy: PolicySettings {
-                    policy: FailurePolicy::parse(&self.failure_policy)?,
+                    policy: self.failure_policy.into(),
                     expected_replicas: self.expected_replicas,
                     registry_interval: Duration::from_millis(self.registry_interval_ms),
                     registry_ttl: Duration::from_millis(self.registry_interval_ms * 5),
                 },
             },
-        };
-        let settings = Settings {
-            lease_ttl: Duration::from_millis(self.lease_ttl_ms),
-            orphan_grace: Duration::from_millis(self.orphan_grace_ms),
-            session_window: Duration::from_millis(self.session_window_ms),
-            sticky_reserve: self.sticky_reserve,
-            max_waiting: self.max_waiting,
-            ..Settings::default()
         };
         let service_token = SecretFlag {
             flag: "--service-token",
@@ -142,73 +146,54 @@ impl Cli {
             file: self.service_token_file.as_deref(),
         }
         .resolve()?;
-        let callers = CallerCheck::from_flags(
-            service_token.as_deref(),
-            self.tls_client_ca.is_some(),
-            self.insecure_dev,
-        )?;
         Ok(Config {
-            settings,
+            settings: Settings {
+                lease_ttl: Duration::from_millis(self.lease_ttl_ms),
+                orphan_grace: Duration::from_millis(self.orphan_grace_ms),
+                session_window: Duration::from_millis(self.session_window_ms),
+                sticky_reserve: self.sticky_reserve,
+                max_waiting: self.max_waiting,
+                ..Settings::default()
+            },
             backend,
             shutdown_grace: Duration::from_millis(self.shutdown_grace_ms),
-            tls: match (&self.tls_cert, &self.tls_key) {
-                (Some(cert), Some(key)) => Some(poolgate_rpc::tls::TlsFiles {
-                    cert: cert.clone(),
-                    key: key.clone(),
-                    client_ca: self.tls_client_ca.clone(),
-                }),
-                _ => None,
-            },
-            callers,
+            tls: (self.tls_cert.clone().zip(self.tls_key.clone())).map(|(cert, key)| TlsFiles {
+                cert,
+                key,
+                client_ca: self.tls_client_ca.clone(),
+            }),
+            callers: CallerCheck::from_flags(
+                service_token.as_deref(),
+                self.tls_client_ca.is_some(),
+                self.insecure_dev,
+            )?,
             ..Config::default()
         })
     }
 }
 
-fn on_command_line(matches: &ArgMatches, id: &str) -> bool {
-    matches.value_source(id) == Some(ValueSource::CommandLine)
-}
-
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse_noting_secrets();
-    let _telemetry = poolgate_rpc::telemetry::init("admission-svc", &cli.log_format);
-    let config = match cli.config() {
-        Ok(config) => config,
-        Err(message) => {
-            eprintln!("admission-svc: {message}");
-            return ExitCode::from(2);
-        }
-    };
-    let listener = match tokio::net::TcpListener::bind(cli.listen).await {
-        Ok(listener) => listener,
-        Err(error) => {
-            eprintln!("admission-svc: cannot listen on {}: {error}", cli.listen);
-            return ExitCode::from(1);
-        }
-    };
-    let metrics_listener = match tokio::net::TcpListener::bind(cli.metrics_listen).await {
-        Ok(listener) => listener,
-        Err(error) => {
-            eprintln!(
-                "admission-svc: cannot listen on {} (metrics): {error}",
-                cli.metrics_listen
-            );
-            return ExitCode::from(1);
-        }
-    };
-    match admission_svc::run(
-        config,
-        listener,
-        Some(metrics_listener),
-        poolgate_runtime::shutdown::signal(),
-    )
-    .await
-    {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("admission-svc: {error}");
-            ExitCode::from(1)
-        }
-    }
+    let matches = Cli::command().get_matches();
+    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit());
+    cli.service_token_on_command_line =
+        matches.value_source("service_token") == Some(clap::parser::ValueSource::CommandLine);
+    let _telemetry = poolgate_rpc::telemetry::init("admission-svc", cli.log_format.as_str());
+    report("admission-svc", serve(&cli).await)
+}
+
+async fn serve(cli: &Cli) -> Result<(), Failure> {
+    let config = cli.config().map_err(Failure::Config)?;
+    let listener = bind(cli.listen, "").await?;
+    let metrics_listener = bind(cli.metrics_listen, " (metrics)").await?;
+    let shutdown = poolgate_runtime::shutdown::signal();
+    admission_svc::run(config, listener, Some(metrics_listener), shutdown)
+        .await
+        .map_err(|e| Failure::Runtime(e.to_string()))
+}
+
+async fn bind(addr: SocketAddr, what: &str) -> Result<tokio::net::TcpListener, Failure> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| Failure::Runtime(format!("cannot listen on {addr}{what}: {e}")))
 }

@@ -54,8 +54,6 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
     #[error("reflection service failed: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
-    #[error("metrics server failed: {0}")]
-    Metrics(#[from] std::io::Error),
     #[error("tls: {0}")]
     Tls(String),
 }
@@ -97,8 +95,10 @@ pub async fn serve(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
 
-    let metrics_task =
-        metrics_listener.map(|listener| tokio::spawn(serve_metrics(listener, metrics.clone())));
+    let metrics_task = metrics_listener.map(|listener| {
+        let metrics = metrics.clone();
+        poolgate_rpc::metrics_http::spawn(listener, move || metrics.render())
+    });
 
     let local = listener.local_addr().ok();
     tracing::info!(addr = ?local, "admission serving");
@@ -176,17 +176,6 @@ fn served_methods() -> poolgate_rpc::grpc_metrics::ServedMethods {
             tonic_reflection::pb::v1::server_reflection_server::SERVICE_NAME,
         ],
     )
-}
-
-async fn serve_metrics(listener: TcpListener, metrics: Metrics) -> Result<(), std::io::Error> {
-    use axum::routing::get;
-    let router = axum::Router::new()
-        .route(
-            "/metrics",
-            get(move || std::future::ready(metrics.render())),
-        )
-        .route("/healthz", get(|| std::future::ready("ok")));
-    axum::serve(listener, router).await
 }
 
 /// Accepted connections with `TCP_NODELAY` (a lease is many small messages; Nagle plus delayed

@@ -246,6 +246,52 @@ impl Default for Settings {
     }
 }
 
+/// A validated message from the lease holder.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClientMessage {
+    Acquire {
+        terms: LeaseTerms,
+        wait: Duration,
+    },
+    Resume {
+        lease_id: LeaseId,
+        terms: LeaseTerms,
+    },
+    Heartbeat,
+    Attempt,
+    Release {
+        spend_micros: i64,
+    },
+}
+
+/// What the lease stream tells the holder.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LeaseEvent {
+    Granted {
+        lease_id: LeaseId,
+        ttl: Duration,
+    },
+    Denied(Denial),
+    Queued {
+        position: u32,
+    },
+    Renewed {
+        ttl: Duration,
+        restored: bool,
+    },
+    /// A heartbeat the backend could not take; the lease holds for `left` more.
+    NotRenewed {
+        left: Duration,
+    },
+    AttemptAccepted,
+    Released,
+    /// The lease is not held any more; ends the stream.
+    Lost {
+        reason: LostReason,
+        detail: String,
+    },
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

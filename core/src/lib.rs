@@ -11,6 +11,7 @@ pub mod health;
 pub mod lease;
 pub mod money;
 pub mod outcome;
+pub mod plan;
 pub mod select;
 pub mod upstream;
 

@@ -1,6 +1,7 @@
 //! The lease stream protocol (docs/DESIGN.md §4), in domain terms: one lease per stream, from the
-//! first `Acquire`/`Resume` to `Release` or the end of the stream. `grpc.rs` converts to and from
-//! proto messages; this module decides what each message does.
+//! first `Acquire`/`Resume` to `Release` or the end of the stream. The messages are
+//! `poolgate-core`'s (`ClientMessage`, `LeaseEvent`; `poolgate-proto` converts them); this module
+//! decides what each one does.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,51 +18,7 @@ use poolgate_core::lease::{
 };
 use poolgate_core::millis;
 
-/// A validated message from the lease holder.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ClientMessage {
-    Acquire {
-        terms: LeaseTerms,
-        wait: Duration,
-    },
-    Resume {
-        lease_id: LeaseId,
-        terms: LeaseTerms,
-    },
-    Heartbeat,
-    Attempt,
-    Release {
-        spend_micros: i64,
-    },
-}
-
-/// What the lease stream tells the holder.
-#[derive(Debug, Clone, PartialEq)]
-pub enum LeaseEvent {
-    Granted {
-        lease_id: LeaseId,
-        ttl: Duration,
-    },
-    Denied(Denial),
-    Queued {
-        position: u32,
-    },
-    Renewed {
-        ttl: Duration,
-        restored: bool,
-    },
-    /// A heartbeat the backend could not take; the lease holds for `left` more.
-    NotRenewed {
-        left: Duration,
-    },
-    AttemptAccepted,
-    Released,
-    /// The lease is not held any more; ends the stream.
-    Lost {
-        reason: LostReason,
-        detail: String,
-    },
-}
+pub use poolgate_core::lease::{ClientMessage, LeaseEvent};
 
 /// An inbound item: a message, bad input (ends the stream with that error), or a broken stream
 /// (the holder went away).

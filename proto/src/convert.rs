@@ -9,12 +9,18 @@
 //! `none_reason`) decode through [`credential_kind`] and [`none_reason`]: the enum when set, else
 //! the string, and an error when both are set and disagree.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
+use poolgate_core::account::{Account, Secret};
 use poolgate_core::account::{CredentialKind, Platform, Price};
-use poolgate_core::lease::{Denial, DenyReason, LeaseTerms, LostReason, MAX_WAIT, UserLimit};
+use poolgate_core::lease::{
+    ClientMessage, Denial, DenyReason, LeaseEvent, LeaseId, LeaseTerms, LostReason, MAX_WAIT,
+    UserLimit,
+};
 use poolgate_core::money::{micros_to_usd, usd_to_micros};
 use poolgate_core::outcome::OutcomeClass;
+use poolgate_core::plan::{Effect, Plan, PlannedAccount, UsageRecord};
 use poolgate_core::select::NoneReason;
 use poolgate_core::{MAX_NAME_BYTES, millis};
 
@@ -26,17 +32,26 @@ use crate::selector::v1 as spb;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid {field}: {problem}")]
 pub struct ConvertError {
-    /// The proto field, as its message names it (`platform`, `account_id`, `kind`).
-    pub field: &'static str,
+    /// The proto field, as its message names it (`platform`, `account_id`, `kind`; a nested
+    /// one with its path: `resume.terms.account_id`).
+    pub field: Cow<'static, str>,
     /// What is wrong with the value (never the value of a credential).
     pub problem: String,
 }
 
 impl ConvertError {
-    pub fn new(field: &'static str, problem: impl Into<String>) -> Self {
+    pub fn new(field: impl Into<Cow<'static, str>>, problem: impl Into<String>) -> Self {
         ConvertError {
-            field,
+            field: field.into(),
             problem: problem.into(),
+        }
+    }
+
+    /// The same error for a field inside `message` (`acquire` + `wait_ms` → `acquire.wait_ms`).
+    pub fn within(self, message: &str) -> Self {
+        ConvertError {
+            field: format!("{message}.{}", self.field).into(),
+            problem: self.problem,
         }
     }
 }
@@ -84,7 +99,7 @@ macro_rules! enum_pair {
                 let known = $pm::$proto::try_from(value).map_err(|_| {
                     ConvertError::new(field, format!("unknown {} value {value}", stringify!($proto)))
                 })?;
-                $domain::try_from(known).map_err(|error| ConvertError { field, ..error })
+                $domain::try_from(known).map_err(|error| ConvertError { field: field.into(), ..error })
             }
         }
     };
@@ -118,6 +133,17 @@ enum_pair!("reason", spb::NoneReason <=> NoneReason {
     AllBlocked <=> AllBlocked,
     AllExcluded <=> AllExcluded,
     BreakerOpen <=> BreakerOpen,
+});
+
+enum_pair!("effect", spb::Effect <=> Effect {
+    None <=> None,
+    SoftBlock <=> SoftBlock,
+    HardBlock <=> HardBlock,
+    BreakerOpen <=> BreakerOpen,
+    BreakerClosed <=> BreakerClosed,
+    Confirming <=> Confirming,
+    Error <=> Error,
+    Refreshed <=> Refreshed,
 });
 
 enum_pair!("reason", apb::DenyReason <=> DenyReason {
@@ -189,6 +215,320 @@ pub fn none_reason(reason: i32, legacy: &str) -> Result<Option<NoneReason>, Conv
         ));
     }
     Ok(Some(decoded))
+}
+
+/// What an outcome report applied, from an answer that carries it twice while `applied` (the
+/// string) is deprecated: `effect` when set, else the string. Both set and disagreeing, or
+/// neither readable, is an error.
+pub fn effect(effect: i32, legacy: &str) -> Result<Effect, ConvertError> {
+    if effect == spb::Effect::Unspecified as i32 {
+        return Effect::parse(legacy)
+            .ok_or_else(|| ConvertError::new("applied", "not a known effect (or set effect)"));
+    }
+    let decoded = Effect::decode("effect", effect)?;
+    if !legacy.is_empty() && Effect::parse(legacy) != Some(decoded) {
+        return Err(ConvertError::new(
+            "effect",
+            format!("{} disagrees with the deprecated applied", decoded.as_str()),
+        ));
+    }
+    Ok(decoded)
+}
+
+/// The answer to an outcome report: what was applied, its block length, and with
+/// [`Effect::Refreshed`] the fresh credential to retry with.
+// The deprecated string field is filled next to the enum until no caller reads it.
+#[allow(deprecated)]
+pub fn report_answer(
+    effect: Effect,
+    block_ms: u64,
+    refreshed: Option<&Secret>,
+) -> spb::ReportOutcomeResponse {
+    spb::ReportOutcomeResponse {
+        applied: effect.as_str().to_owned(),
+        block_ms,
+        refreshed_credential: refreshed
+            .map(|fresh| fresh.expose().to_owned())
+            .unwrap_or_default(),
+        effect: spb::Effect::from(effect) as i32,
+    }
+}
+
+/// A report answer read strictly: the effect, and the fresh credential when the effect is
+/// [`Effect::Refreshed`] (a refreshed answer without one is an error, never a retry with
+/// nothing).
+#[allow(deprecated)]
+pub fn read_report_answer(
+    answer: spb::ReportOutcomeResponse,
+) -> Result<(Effect, Option<Secret>), ConvertError> {
+    let effect = effect(answer.effect, &answer.applied)?;
+    if effect != Effect::Refreshed {
+        return Ok((effect, None));
+    }
+    if answer.refreshed_credential.is_empty() {
+        return Err(ConvertError::new(
+            "refreshed_credential",
+            "is required when the effect is refreshed",
+        ));
+    }
+    Ok((effect, Some(Secret::new(answer.refreshed_credential))))
+}
+
+// The deprecated string field is filled next to the enum until no caller reads it.
+#[allow(deprecated)]
+impl From<&PlannedAccount> for spb::PlanAccount {
+    fn from(account: &PlannedAccount) -> Self {
+        spb::PlanAccount {
+            account_id: account.id,
+            name: account.name.clone(),
+            platform: spb::Platform::from(account.platform) as i32,
+            base_url: account.base_url.clone(),
+            credential: account.credential.expose().to_owned(),
+            kind: spb::CredentialKind::from(account.credential_kind) as i32,
+            credential_kind: account.credential_kind.as_str().to_owned(),
+            mapped_model: account.mapped_model.clone(),
+            concurrency_limit: account.concurrency_limit,
+            rpm_limit: account.rpm_limit,
+            session_window_limit_usd: account.session_window_limit_usd,
+            proxy_url: account.proxy_url.clone().unwrap_or_default(),
+            disable_stream_usage: !account.stream_usage,
+            price: Some(account.price.into()),
+            soft_blocked: account.soft_blocked,
+            inflight: account
+                .inflight
+                .and_then(|n| i32::try_from(n).ok())
+                .unwrap_or(-1),
+        }
+    }
+}
+
+/// A plan as the selector answers it. The group's `usage_headers_to_clients` travels once per
+/// answer (every account of a plan is of the request's group).
+#[allow(deprecated)]
+impl From<&Plan> for spb::SelectResponse {
+    fn from(plan: &Plan) -> Self {
+        spb::SelectResponse {
+            accounts: plan.accounts.iter().map(spb::PlanAccount::from).collect(),
+            sticky: plan.sticky,
+            reason: plan
+                .none_reason
+                .map(|reason| spb::NoneReason::from(reason) as i32)
+                .unwrap_or_default(),
+            none_reason: plan
+                .none_reason
+                .map(|reason| reason.as_str().to_owned())
+                .unwrap_or_default(),
+            retry_after_ms: plan.retry_after_ms,
+            previous_response_other_key: plan.previous_response_other_key,
+            usage_headers_to_clients: plan
+                .accounts
+                .first()
+                .is_some_and(|account| account.usage_headers_to_clients),
+        }
+    }
+}
+
+/// A plan read strictly: an account whose credential kind or platform the reader cannot read
+/// fails the whole answer (a credential is never sent the wrong way on a guess).
+#[allow(deprecated)]
+impl TryFrom<spb::SelectResponse> for Plan {
+    type Error = ConvertError;
+
+    fn try_from(answer: spb::SelectResponse) -> Result<Self, ConvertError> {
+        let usage_headers_to_clients = answer.usage_headers_to_clients;
+        let accounts = answer
+            .accounts
+            .into_iter()
+            .map(|account| {
+                let credential_kind = credential_kind(account.kind, &account.credential_kind)?;
+                Ok(PlannedAccount {
+                    id: account.account_id,
+                    name: account.name,
+                    platform: Platform::decode("platform", account.platform)?,
+                    base_url: account.base_url,
+                    credential: Secret::new(account.credential),
+                    credential_kind,
+                    mapped_model: account.mapped_model,
+                    concurrency_limit: account.concurrency_limit,
+                    rpm_limit: account.rpm_limit,
+                    session_window_limit_usd: account.session_window_limit_usd,
+                    proxy_url: (!account.proxy_url.is_empty()).then_some(account.proxy_url),
+                    stream_usage: !account.disable_stream_usage,
+                    price: account.price.unwrap_or_default().into(),
+                    soft_blocked: account.soft_blocked,
+                    inflight: u32::try_from(account.inflight).ok(),
+                    usage_headers_to_clients,
+                })
+            })
+            .collect::<Result<Vec<_>, ConvertError>>()?;
+        Ok(Plan {
+            accounts,
+            sticky: answer.sticky,
+            none_reason: none_reason(answer.reason, &answer.none_reason)?,
+            retry_after_ms: answer.retry_after_ms,
+            previous_response_other_key: answer.previous_response_other_key,
+        })
+    }
+}
+
+impl From<UsageRecord> for spb::UsageRecord {
+    fn from(r: UsageRecord) -> Self {
+        spb::UsageRecord {
+            api_key_id: r.api_key_id,
+            user: r.user,
+            account_id: r.account_id,
+            model: r.model,
+            input_tokens: r.input_tokens,
+            output_tokens: r.output_tokens,
+            cache_write_tokens: r.cache_write_tokens,
+            cache_read_tokens: r.cache_read_tokens,
+            cost_usd: r.cost_usd,
+            status: u32::from(r.status),
+            latency_ms: r.latency_ms,
+            at_ms: r.at_ms,
+        }
+    }
+}
+
+/// A usage record as a relay sends it; `field` names the batch in errors.
+impl TryFrom<spb::UsageRecord> for UsageRecord {
+    type Error = ConvertError;
+
+    fn try_from(r: spb::UsageRecord) -> Result<Self, ConvertError> {
+        Ok(UsageRecord {
+            api_key_id: r.api_key_id,
+            user: r.user,
+            account_id: r.account_id,
+            model: r.model,
+            input_tokens: r.input_tokens,
+            output_tokens: r.output_tokens,
+            cache_write_tokens: r.cache_write_tokens,
+            cache_read_tokens: r.cache_read_tokens,
+            cost_usd: r.cost_usd,
+            status: u16::try_from(r.status)
+                .map_err(|_| ConvertError::new("records.status", "must be an HTTP status"))?,
+            latency_ms: r.latency_ms,
+            at_ms: r.at_ms,
+        })
+    }
+}
+
+/// A lease id as a holder sends it; `field` names it in the error (the text is shown cut short,
+/// never whole).
+pub fn lease_id(field: &'static str, text: &str) -> Result<LeaseId, ConvertError> {
+    LeaseId::parse(text).ok_or_else(|| {
+        let shown: String = text.chars().take(64).collect();
+        ConvertError::new(field, format!("not a lease id: {shown:?}"))
+    })
+}
+
+/// An `Acquire` as lease terms and the wait it asks for; errors name the field inside `message`.
+fn acquire_terms(
+    acquire: apb::Acquire,
+    message: &str,
+) -> Result<(LeaseTerms, Duration), ConvertError> {
+    let wait = wait(acquire.wait_ms).map_err(|e| e.within(message))?;
+    let terms = LeaseTerms::try_from(acquire).map_err(|e| e.within(message))?;
+    Ok((terms, wait))
+}
+
+/// A message of the lease stream, validated: a resume's terms must be for its lease's account.
+impl TryFrom<apb::LeaseRequest> for ClientMessage {
+    type Error = ConvertError;
+
+    fn try_from(request: apb::LeaseRequest) -> Result<Self, ConvertError> {
+        use apb::lease_request::Kind;
+        match request.kind {
+            None => Err(ConvertError::new(
+                "kind",
+                "a lease request must set one of acquire, resume, heartbeat, attempt, release",
+            )),
+            Some(Kind::Acquire(acquire)) => {
+                let (terms, wait) = acquire_terms(acquire, "acquire")?;
+                Ok(ClientMessage::Acquire { terms, wait })
+            }
+            Some(Kind::Resume(resume)) => {
+                let lease_id = lease_id("resume.lease_id", &resume.lease_id)?;
+                let acquire = resume.terms.ok_or_else(|| {
+                    ConvertError::new("resume.terms", "is required (the original acquire)")
+                })?;
+                let (terms, _) = acquire_terms(acquire, "resume.terms")?;
+                if terms.account_id != lease_id.account_id() {
+                    return Err(ConvertError::new(
+                        "resume.terms.account_id",
+                        "does not match the lease id's account",
+                    ));
+                }
+                Ok(ClientMessage::Resume { lease_id, terms })
+            }
+            Some(Kind::Heartbeat(_)) => Ok(ClientMessage::Heartbeat),
+            Some(Kind::Attempt(_)) => Ok(ClientMessage::Attempt),
+            Some(Kind::Release(release)) => Ok(ClientMessage::Release {
+                spend_micros: spend_micros("release.spend_usd", release.spend_usd)?,
+            }),
+        }
+    }
+}
+
+fn ttl_ms(ttl: Duration) -> u32 {
+    u32::try_from(millis(ttl)).unwrap_or(u32::MAX)
+}
+
+impl From<LeaseEvent> for apb::LeaseEvent {
+    fn from(event: LeaseEvent) -> Self {
+        use apb::lease_event::Kind;
+        let kind = match event {
+            LeaseEvent::Granted { lease_id, ttl } => Kind::Granted(apb::Granted {
+                lease_id: lease_id.to_string(),
+                ttl_ms: ttl_ms(ttl),
+            }),
+            LeaseEvent::Denied(denial) => Kind::Denied(denial.into()),
+            LeaseEvent::Queued { position } => Kind::Queued(apb::Queued { position }),
+            LeaseEvent::Renewed { ttl, restored } => Kind::Renewed(apb::Renewed {
+                ttl_ms: ttl_ms(ttl),
+                restored,
+            }),
+            LeaseEvent::NotRenewed { left } => Kind::NotRenewed(apb::NotRenewed {
+                ttl_ms: ttl_ms(left),
+            }),
+            LeaseEvent::AttemptAccepted => Kind::AttemptAccepted(apb::AttemptAccepted {}),
+            LeaseEvent::Released => Kind::Released(apb::Released {}),
+            LeaseEvent::Lost { reason, detail } => Kind::Lost(apb::Lost {
+                reason: detail,
+                lost_reason: apb::LostReason::from(reason) as i32,
+            }),
+        };
+        apb::LeaseEvent { kind: Some(kind) }
+    }
+}
+
+// The deprecated `credential_kind` string is filled next to `kind` until no caller reads it.
+#[allow(deprecated)]
+impl From<&Account> for spb::AccountView {
+    fn from(account: &Account) -> Self {
+        spb::AccountView {
+            id: account.id,
+            name: account.name.clone(),
+            group: account.group.clone(),
+            platform: spb::Platform::from(account.platform) as i32,
+            base_url: account.base_url.clone(),
+            credential_masked: account.credential.masked(),
+            kind: spb::CredentialKind::from(account.credential_kind) as i32,
+            credential_kind: account.credential_kind.as_str().to_owned(),
+            status: account.status.as_str().to_owned(),
+            status_reason: account.status_reason.clone(),
+            priority: account.priority,
+            weight: account.weight,
+            concurrency_limit: account.concurrency_limit,
+            rpm_limit: account.rpm_limit,
+            session_window_limit_usd: account.session_window_limit_usd,
+            allowed_models: account.allowed_models.clone(),
+            model_mapping: account.model_mapping.clone().into_iter().collect(),
+            proxy_url: account.proxy_url.clone().unwrap_or_default(),
+            probe_model: account.probe_model.clone().unwrap_or_default(),
+            disable_stream_usage: !account.stream_usage,
+        }
+    }
 }
 
 impl From<Price> for spb::Price {
@@ -584,5 +924,66 @@ mod tests {
         );
         assert_eq!(wait(600_001).unwrap_err().field, "wait_ms");
         assert_eq!(spend_micros("usd", -1.0).unwrap_err().field, "usd");
+    }
+
+    #[allow(deprecated)]
+    fn plan_entry(kind: i32, legacy: &str) -> spb::PlanAccount {
+        spb::PlanAccount {
+            account_id: 3,
+            platform: spb::Platform::Anthropic as i32,
+            kind,
+            credential_kind: legacy.into(),
+            inflight: -1,
+            ..Default::default()
+        }
+    }
+
+    #[allow(deprecated)]
+    fn select_answer(
+        accounts: Vec<spb::PlanAccount>,
+        reason: i32,
+        legacy: &str,
+    ) -> spb::SelectResponse {
+        spb::SelectResponse {
+            accounts,
+            reason,
+            none_reason: legacy.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_plan_reads_the_enums_and_an_older_selectors_strings() {
+        let oauth = spb::CredentialKind::Oauth as i32;
+        for account in [
+            plan_entry(oauth, ""),
+            plan_entry(oauth, "oauth"),
+            plan_entry(0, "oauth"),
+        ] {
+            let plan = Plan::try_from(select_answer(vec![account], 0, "")).expect("readable");
+            assert_eq!(plan.accounts[0].credential_kind, CredentialKind::OAuth);
+            assert_eq!(plan.accounts[0].inflight, None);
+            assert_eq!(plan.none_reason, None);
+        }
+        let blocked = spb::NoneReason::AllBlocked as i32;
+        for (reason, legacy) in [(blocked, ""), (blocked, "all_blocked"), (0, "all_blocked")] {
+            let plan = Plan::try_from(select_answer(vec![], reason, legacy)).expect("readable");
+            assert_eq!(plan.none_reason, Some(NoneReason::AllBlocked));
+        }
+    }
+
+    #[test]
+    fn a_plan_entry_whose_kind_the_relay_cannot_read_fails_the_plan_instead_of_a_guess() {
+        for account in [
+            plan_entry(99, ""),
+            plan_entry(0, ""),
+            plan_entry(0, "bearer"),
+            plan_entry(spb::CredentialKind::ApiKey as i32, "oauth"),
+        ] {
+            let good = plan_entry(spb::CredentialKind::ApiKey as i32, "api_key");
+            assert!(Plan::try_from(select_answer(vec![good, account], 0, "")).is_err());
+        }
+        assert!(Plan::try_from(select_answer(vec![], 42, "")).is_err());
+        assert!(Plan::try_from(select_answer(vec![], 0, "everything_on_fire")).is_err());
     }
 }

@@ -1,8 +1,10 @@
-//! The operator endpoint of a relay that runs the selector in process (standalone): accounts,
-//! blocks, restore, clear-block, usage — the verbs the selector's gRPC admin API offers in
-//! distributed mode. It listens on its own address (`--admin-listen`), never the client port,
-//! and answers only with the admin token (`Authorization: Bearer …`, compared in constant time).
-//! A wrong token is refused after a fixed delay, with a cap on refusals delayed at once
+//! The operator endpoint of a relay that runs the selector in process (standalone): the read
+//! and repair verbs of `poolgate-operator` (accounts, blocks, restore, clear-block, usage), the
+//! ones the selector's gRPC admin API offers in distributed mode, answered in the operator
+//! crate's JSON envelopes (`poolgate_operator::view`), so one CLI prints the same for both. It
+//! listens on its own address (`--admin-listen`), never the client port, and answers only with
+//! the admin token (`Authorization: Bearer …`, compared in constant time). A wrong token is
+//! refused after a fixed delay, with a cap on refusals delayed at once
 //! (`poolgate_runtime::failed_auth`; never a lockout). Without a token it does not run at all.
 
 use std::sync::Arc;
@@ -14,50 +16,24 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use http::StatusCode;
+use poolgate_operator::view::{AccountList, BlockList, Cleared, ErrorBody, Restored, UsageReport};
 use poolgate_rpc::service_auth::constant_time_eq;
 use poolgate_runtime::failed_auth::FailedAttempts;
-use serde::{Deserialize, Serialize};
-use serde_json::json;
+use serde::Deserialize;
 
-/// An account as operators see it: the credential masked, never whole.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct AccountView {
-    pub id: i64,
-    pub name: String,
-    pub group: String,
-    pub platform: String,
-    pub credential_kind: String,
-    pub credential_masked: String,
-    pub status: String,
-    pub status_reason: String,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct BlockView {
-    pub account_id: i64,
-    pub account_name: String,
-    /// `hard`, `soft` or `breaker`.
-    pub kind: String,
-    pub class: String,
-    pub status: u16,
-    pub reason: String,
-    pub remaining_ms: u64,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct KeyUsage {
-    pub api_key_id: i64,
-    pub user: String,
-    pub requests: u64,
-    pub input_tokens: u64,
-    pub output_tokens: u64,
-    pub cost_usd: f64,
-}
+/// The `relay-svc admin` verbs: the operator CLI's, the same as `selector-svc admin`'s.
+pub use poolgate_operator::Verb;
+/// The rows the endpoint answers with, under the names the engine side has always used.
+pub use poolgate_operator::view::{
+    AccountRow as AccountView, BlockRow as BlockView, UsageRow as KeyUsage,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AdminError {
     #[error("no account {0}")]
     UnknownAccount(i64),
+    #[error("no client key {0}")]
+    UnknownKey(i64),
     #[error("invalid {field}: {message}")]
     Invalid {
         field: &'static str,
@@ -70,6 +46,7 @@ pub enum AdminError {
 /// What the endpoint asks of the engine behind it.
 #[async_trait]
 pub trait Operator: Send + Sync + 'static {
+    /// Every account, sorted by id.
     async fn accounts(&self) -> Vec<AccountView>;
     async fn blocks(&self) -> Result<Vec<BlockView>, AdminError>;
     /// Back to `active` (from retired, error or disabled), blocks cleared.
@@ -107,24 +84,17 @@ pub fn router(operator: Arc<dyn Operator>, token: &str) -> Router {
 }
 
 fn error(status: StatusCode, kind: &str, message: impl std::fmt::Display) -> Response {
-    (
-        status,
-        axum::Json(json!({"error": {"type": kind, "message": message.to_string()}})),
-    )
-        .into_response()
+    (status, axum::Json(ErrorBody::new(kind, message))).into_response()
 }
 
 impl IntoResponse for AdminError {
     fn into_response(self) -> Response {
-        let status = match &self {
-            AdminError::UnknownAccount(_) => StatusCode::NOT_FOUND,
-            AdminError::Invalid { .. } => StatusCode::BAD_REQUEST,
-            AdminError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-        };
-        let kind = match &self {
-            AdminError::UnknownAccount(_) => "not_found",
-            AdminError::Invalid { .. } => "invalid_request",
-            AdminError::Unavailable(_) => "unavailable",
+        let (status, kind) = match &self {
+            AdminError::UnknownAccount(_) | AdminError::UnknownKey(_) => {
+                (StatusCode::NOT_FOUND, "not_found")
+            }
+            AdminError::Invalid { .. } => (StatusCode::BAD_REQUEST, "invalid_request"),
+            AdminError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
         };
         error(status, kind, self)
     }
@@ -158,13 +128,22 @@ fn account_id(text: &str) -> Result<i64, AdminError> {
         })
 }
 
-async fn accounts(State(admin): State<Admin>) -> Response {
-    axum::Json(json!({"accounts": admin.operator.accounts().await})).into_response()
+#[derive(Debug, Deserialize)]
+struct Group {
+    group: Option<String>,
+}
+
+async fn accounts(State(admin): State<Admin>, Query(only): Query<Group>) -> Response {
+    let mut accounts = admin.operator.accounts().await;
+    if let Some(group) = &only.group {
+        accounts.retain(|account| &account.group == group);
+    }
+    axum::Json(AccountList { accounts }).into_response()
 }
 
 async fn blocks(State(admin): State<Admin>) -> Result<Response, AdminError> {
     let blocks = admin.operator.blocks().await?;
-    Ok(axum::Json(json!({"blocks": blocks})).into_response())
+    Ok(axum::Json(BlockList { blocks }).into_response())
 }
 
 async fn restore(
@@ -172,7 +151,7 @@ async fn restore(
     Path(id): Path<String>,
 ) -> Result<Response, AdminError> {
     let account = admin.operator.restore(account_id(&id)?).await?;
-    Ok(axum::Json(json!({"account": account})).into_response())
+    Ok(axum::Json(Restored { account }).into_response())
 }
 
 async fn clear_block(
@@ -181,13 +160,14 @@ async fn clear_block(
 ) -> Result<Response, AdminError> {
     let id = account_id(&id)?;
     admin.operator.clear_block(id).await?;
-    Ok(axum::Json(json!({"cleared": id})).into_response())
+    Ok(axum::Json(Cleared { cleared: id }).into_response())
 }
 
 #[derive(Debug, Deserialize)]
 struct Window {
     from_ms: Option<i64>,
     to_ms: Option<i64>,
+    api_key_id: Option<i64>,
 }
 
 async fn usage(
@@ -203,69 +183,27 @@ async fn usage(
             message: "must be after from_ms".into(),
         });
     }
-    let keys = admin.operator.usage(from, to).await?;
-    Ok(axum::Json(json!({"from_ms": from, "to_ms": to, "keys": keys})).into_response())
-}
-
-/// `relay-svc admin …`: one verb against a running relay's admin endpoint; prints its JSON.
-pub async fn call(url: &str, token: &str, verb: &Verb) -> Result<String, String> {
-    let base = url.trim_end_matches('/');
-    // reqwest is built without a bundled TLS provider; ring is the one in the tree already.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let client = reqwest::Client::builder()
-        .timeout(std::time::Duration::from_secs(30))
-        .build()
-        .map_err(|e| format!("http client: {e}"))?;
-    let request = match verb {
-        Verb::Accounts => client.get(format!("{base}/admin/accounts")),
-        Verb::Blocks => client.get(format!("{base}/admin/blocks")),
-        Verb::Restore { account_id } => {
-            client.post(format!("{base}/admin/accounts/{account_id}/restore"))
+    let mut keys = admin.operator.usage(from, to).await?;
+    if let Some(id) = window.api_key_id {
+        keys.retain(|key| key.api_key_id == id);
+        if keys.is_empty() {
+            return Err(AdminError::UnknownKey(id));
         }
-        Verb::ClearBlock { account_id } => {
-            client.post(format!("{base}/admin/accounts/{account_id}/clear-block"))
-        }
-        Verb::Usage { hours } => {
-            let now = poolgate_core::now_ms();
-            let from = now - i64::from(*hours) * 3600 * 1000;
-            client.get(format!(
-                "{base}/admin/usage?from_ms={from}&to_ms={}",
-                now + 1
-            ))
-        }
-    };
-    let response = request
-        .bearer_auth(token)
-        .send()
-        .await
-        .map_err(|e| format!("{base}: {e}"))?;
-    let status = response.status();
-    let body = response.text().await.map_err(|e| format!("{base}: {e}"))?;
-    let pretty = serde_json::from_str::<serde_json::Value>(&body)
-        .ok()
-        .and_then(|v| serde_json::to_string_pretty(&v).ok())
-        .unwrap_or(body);
-    if status.is_success() {
-        Ok(pretty)
-    } else {
-        Err(format!("{status}: {pretty}"))
     }
+    Ok(axum::Json(UsageReport {
+        from_ms: from,
+        to_ms: to,
+        keys,
+    })
+    .into_response())
 }
 
-/// The admin verbs.
-#[derive(Debug, Clone, clap::Subcommand)]
-pub enum Verb {
-    /// Accounts with their status (credentials masked).
-    Accounts,
-    /// Blocked accounts: kind, class, status code, reason, time left.
-    Blocks,
-    /// Puts a retired, errored or disabled account back to active and clears its blocks.
-    Restore { account_id: i64 },
-    /// Clears an account's blocks and breaker.
-    ClearBlock { account_id: i64 },
-    /// Usage per client key over the last hours.
-    Usage {
-        #[arg(long, default_value_t = 24)]
-        hours: u32,
-    },
+/// `relay-svc admin …`: one verb against a running relay's admin endpoint (at `url`, with the
+/// admin token), rendered as the verb's `--output` asks; `Err` is the message for stderr.
+pub async fn call(url: &str, token: &str, verb: &Verb) -> Result<String, String> {
+    let endpoint =
+        poolgate_operator::http::HttpAdmin::new(url, token).map_err(|e| e.to_string())?;
+    poolgate_operator::execute(&endpoint, verb)
+        .await
+        .map_err(|e| e.to_string())
 }

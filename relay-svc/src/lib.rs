@@ -6,8 +6,13 @@
 //! this process). `session` and `usage` are pure helpers. The standalone mode embeds
 //! the engines (`poolgate-select`, `poolgate-lease`); the remote mode speaks their gRPC
 //! services through `poolgate-proto`.
+//!
+//! A process: `cli` (the flags) → [`run`] (the relay on its listeners, and in standalone mode the
+//! admin endpoint and the state file's last write); `admin_client` is the `admin` subcommand.
 
 pub mod admin;
+pub mod admin_client;
+pub mod cli;
 pub mod client_api;
 pub mod edge;
 pub mod http;
@@ -15,8 +20,11 @@ pub mod metrics;
 pub mod ports;
 pub mod proxy;
 pub mod remote;
+pub mod run;
 pub mod server;
 pub mod session;
 pub mod standalone;
 pub mod usage;
 pub mod usage_sink;
+
+pub use run::run;

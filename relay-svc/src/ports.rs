@@ -6,10 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use poolgate_core::account::{CredentialKind, Platform, Price, Secret};
+use poolgate_core::account::{Platform, Secret};
 use poolgate_core::classify::Classified;
 use poolgate_core::lease::{Denial, LeaseTerms};
-use poolgate_core::select::NoneReason;
 use poolgate_proto::convert::ConvertError;
 
 /// A backend that did not answer usefully. The relay degrades (or answers 503), never panics;
@@ -65,55 +64,8 @@ pub struct PlanRequest {
     pub exclude: Vec<i64>,
 }
 
-/// One account of a plan, with everything needed to call it.
-#[derive(Debug, Clone)]
-pub struct Planned {
-    pub id: i64,
-    pub name: String,
-    pub base_url: String,
-    pub credential: Secret,
-    pub credential_kind: CredentialKind,
-    pub mapped_model: String,
-    pub concurrency_limit: i32,
-    pub rpm_limit: i32,
-    pub session_window_limit_usd: f64,
-    pub proxy_url: Option<String>,
-    /// OpenAI chat streams: ask the upstream for usage when the client did not.
-    pub stream_usage: bool,
-    pub price: Price,
-    pub soft_blocked: bool,
-    pub inflight: Option<u32>,
-    /// The account's group passes its usage-window headers on to clients.
-    pub usage_headers_to_clients: bool,
-}
-
-#[derive(Debug, Clone, Default)]
-pub struct Plan {
-    pub accounts: Vec<Planned>,
-    pub sticky: bool,
-    pub none_reason: Option<NoneReason>,
-    /// When nothing is eligible because of blocks: ms until the earliest ends.
-    pub retry_after_ms: u64,
-    /// The request's `previous_response_id` is bound to another client key: refused (404),
-    /// no account called.
-    pub previous_response_other_key: bool,
-}
-
-#[derive(Debug, Clone, Default)]
-pub struct UsageRecord {
-    pub api_key_id: i64,
-    pub user: String,
-    pub account_id: i64,
-    pub model: String,
-    pub input_tokens: u64,
-    pub output_tokens: u64,
-    pub cache_write_tokens: u64,
-    pub cache_read_tokens: u64,
-    pub cost_usd: f64,
-    pub status: u16,
-    pub latency_ms: u32,
-    pub at_ms: u64,
-}
+// The plan, what a report applied and a usage record are selection's own types, one each.
+pub use poolgate_core::plan::{Plan, PlannedAccount, UsageRecord};
 
 #[async_trait]
 pub trait Selection: Send + Sync + 'static {

@@ -118,7 +118,9 @@ pub async fn serve(
     });
     let result = serve_clients(relay, listener, shutdown, grace).await;
     if let Some(task) = metrics_task {
+        // Awaited so the metrics listener is closed when `serve` returns.
         task.abort();
+        let _ = task.await;
     }
     result
 }

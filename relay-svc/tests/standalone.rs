@@ -8,9 +8,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
+use poolgate_select::engine::SelectorSettings;
 use poolgate_testkit::eventually;
 use poolgate_testkit::fake_upstream::{FakeUpstream, Scripted};
-use relay_svc::proxy::RelaySettings;
+use relay_svc::metrics::Metrics;
+use relay_svc::proxy::{Relay, RelaySettings};
+use relay_svc::standalone::{Standalone, StandaloneFile};
 use serde_json::{Value, json};
 
 const KEY: &str = "pgk-test-key-0001";
@@ -20,7 +23,52 @@ struct Harness {
     upstream: FakeUpstream,
     base: String,
     http: reqwest::Client,
-    relay: Arc<relay_svc::proxy::Relay>,
+    relay: Arc<Relay>,
+    /// The engines behind the relay: their health and usage ledger, read by the tests that wait
+    /// for a request's bookkeeping to end before they check what it did not change.
+    engines: Standalone,
+}
+
+/// A standalone relay over `yaml` on the fake upstream `upstream`, served on a free port, its
+/// engines kept.
+async fn serve(upstream: FakeUpstream, yaml: &str, settings: RelaySettings) -> Harness {
+    let file = StandaloneFile::parse(yaml).expect("the pool's file parses");
+    let metrics = Metrics::new();
+    let engines = relay_svc::standalone::build(
+        &file,
+        None,
+        SelectorSettings::default(),
+        Default::default(),
+        &metrics,
+    )
+    .expect("the engines start");
+    let relay = Arc::new(
+        Relay::new(
+            engines.selection.clone(),
+            engines.leases.clone(),
+            settings,
+            metrics,
+        )
+        .expect("the relay builds"),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(relay_svc::server::serve(
+        relay.clone(),
+        listener,
+        None,
+        std::future::pending(),
+        Duration::from_secs(1),
+    ));
+    Harness {
+        upstream,
+        base: format!("http://{addr}"),
+        http: reqwest::Client::new(),
+        relay,
+        engines,
+    }
 }
 
 /// `accounts`: (name, platform, concurrency, extra yaml).
@@ -36,15 +84,7 @@ async fn start(accounts: &[(&str, &str, i32, &str)], settings: RelaySettings) ->
         ));
     }
     yaml.push_str("prices:\n  claude-x: {input: 3, output: 15}\n  gpt-x: {input: 2, output: 8}\n");
-    let (relay, addr) = common::standalone(&yaml, settings, Default::default())
-        .await
-        .expect("standalone relay starts");
-    Harness {
-        upstream,
-        base: format!("http://{addr}"),
-        http: reqwest::Client::new(),
-        relay,
-    }
+    serve(upstream, &yaml, settings).await
 }
 
 fn fast() -> RelaySettings {
@@ -85,6 +125,58 @@ impl Harness {
         let response = self.post("/v1/messages", KEY, body).await;
         let status = response.status().as_u16();
         (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    /// The sum of the series of metric `name` (as the relay's registry renders it, the
+    /// in-process selector's and admission's included) whose labels include all of `having`.
+    fn metric(&self, name: &str, having: &[(&str, &str)]) -> f64 {
+        self.relay
+            .metrics
+            .render()
+            .lines()
+            .filter(|line| {
+                line.strip_prefix(name)
+                    .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+                    && having
+                        .iter()
+                        .all(|(label, value)| line.contains(&format!("{label}=\"{value}\"")))
+            })
+            .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum()
+    }
+
+    /// Confirmations the in-process selector started, or decided against, for `suspect`.
+    fn confirmations(&self, suspect: &str, result: &str) -> f64 {
+        self.metric(
+            "selector_confirmations_total",
+            &[("suspect", suspect), ("result", result)],
+        )
+    }
+
+    /// Waits until the usage ledger holds `requests` records: the last step of each request's
+    /// bookkeeping (after its lease's release and any outcome report), so whatever a request
+    /// would change has been changed by then.
+    async fn wait_for_usage(&self, requests: u64) {
+        let recorded = || async {
+            let now = poolgate_core::now_ms();
+            self.engines
+                .operator
+                .usage(now - 3_600_000, now + 3_600_000)
+                .await
+                .expect("usage readable")
+                .iter()
+                .map(|key| key.requests)
+                .sum::<u64>()
+        };
+        let waited = eventually(Duration::from_secs(5), || async {
+            (recorded().await >= requests).then_some(())
+        })
+        .await;
+        assert!(
+            waited.is_ok(),
+            "{requests} usage records, found {}",
+            recorded().await
+        );
     }
 }
 
@@ -305,8 +397,28 @@ async fn a_5xx_the_probe_does_not_confirm_changes_nothing_and_repeats_probe_noth
     h.upstream.script("cred-a", [boom()]);
     let (status, _) = h.messages(&fresh_message()).await;
     assert_eq!(status, 200, "failed over to b");
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The selector's answer to that report: quiet, nothing started. Only a started
+    // confirmation sends a probe, so none can come later.
+    eventually(Duration::from_secs(5), || async {
+        (h.confirmations("broken", "already_running") == 1.0).then_some(())
+    })
+    .await
+    .expect("the repeated 500 was reported and found the account quiet");
+    assert_eq!(
+        h.confirmations("broken", "started"),
+        1.0,
+        "no second confirmation"
+    );
     assert_eq!(probes(&h), 1, "quiet after an unconfirmed probe");
+    assert!(
+        h.engines
+            .operator
+            .blocks()
+            .await
+            .expect("blocks")
+            .is_empty(),
+        "no block"
+    );
     let before = h.upstream.stats("cred-a").total;
     let (status, _) = h.messages(&fresh_message()).await;
     assert_eq!(status, 200);
@@ -348,7 +460,16 @@ async fn a_5xx_the_probe_confirms_blocks_the_account() {
     })
     .await
     .expect("the probe ran");
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The probe's verdict is written after its answer: wait for the block itself.
+    eventually(Duration::from_secs(5), || async {
+        let blocks = h.engines.operator.blocks().await.ok()?;
+        blocks
+            .iter()
+            .any(|b| b.account_name == "a" && b.kind == "hard")
+            .then_some(())
+    })
+    .await
+    .expect("the confirmed 5xx hard-blocks a");
     let before = h.upstream.stats("cred-a").total;
     for _ in 0..4 {
         let (status, _) = h.messages(&fresh_message()).await;
@@ -384,20 +505,59 @@ async fn count_tokens_never_changes_account_health() {
             ),
         ],
     );
+    // Each request: `a` answers with a failure that would start a confirmation on a Messages
+    // request (a 5xx, then a billing answer), and fails over to `b`, which counts the tokens.
     for _ in 0..2 {
         let response = h
             .post("/v1/messages/count_tokens", KEY, &message(false))
             .await;
-        assert!(response.status().as_u16() < 600);
+        assert_eq!(response.status().as_u16(), 200, "served by b");
+        let body: Value = response.json().await.expect("json");
+        assert!(
+            body["input_tokens"].as_u64().is_some_and(|n| n > 0),
+            "the upstream's count: {body}"
+        );
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        (
+            h.upstream.count_tokens_calls("cred-a"),
+            h.upstream.count_tokens_calls("cred-b")
+        ),
+        (2, 2),
+        "a failed both, b served both"
+    );
+    // The usage record is the last step of a request's bookkeeping: once both are in, any report
+    // the relay would have made for these requests has been made.
+    h.wait_for_usage(2).await;
+    assert_eq!(
+        h.metric("selector_outcomes_total", &[]),
+        0.0,
+        "no outcome reported, neither a's failures nor b's successes"
+    );
+    assert_eq!(
+        h.metric("selector_confirmations_total", &[]),
+        0.0,
+        "no confirmation started"
+    );
     assert!(
         !h.upstream
             .seen_models()
             .iter()
             .any(|m| m == "claude-haiku-4-5"),
-        "no outcome reported: no confirmation probe"
+        "no confirmation probe"
     );
+    assert!(
+        h.engines
+            .operator
+            .blocks()
+            .await
+            .expect("blocks")
+            .is_empty(),
+        "no block on either account"
+    );
+    for account in h.engines.operator.accounts().await {
+        assert_eq!(account.status, "active", "{}", account.name);
+    }
     let (a, b) = (
         h.upstream.stats("cred-a").total,
         h.upstream.stats("cred-b").total,
@@ -539,6 +699,15 @@ async fn the_clients_own_limit_is_a_429_with_retry_after_in_its_format() {
     );
 }
 
+/// Waits until the upstream holds a request on `a` (its only slot taken).
+async fn holder_in_flight(h: &Harness) {
+    eventually(Duration::from_secs(5), || async {
+        (h.upstream.stats("cred-a").current == 1).then_some(())
+    })
+    .await
+    .expect("the first request holds a's slot");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_pool_answers_503_with_retry_after_when_the_wait_runs_out() {
     let mut settings = fast();
@@ -549,7 +718,7 @@ async fn a_full_pool_answers_503_with_retry_after_when_the_wait_runs_out() {
         let h = h.clone();
         tokio::spawn(async move { h.messages(&message(false)).await.0 })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    holder_in_flight(&h).await;
     let response = h.post("/v1/messages", KEY, &message(false)).await;
     assert_eq!(response.status().as_u16(), 503);
     assert!(response.headers().get("retry-after").is_some());
@@ -664,12 +833,14 @@ async fn a_stream_that_breaks_after_its_first_byte_ends_with_an_error_event() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_streaming_client_gets_keep_alives_then_its_stream() {
     let h = Arc::new(start(&[("a", "anthropic", 1, "")], fast()).await);
-    h.upstream.set_delay(Duration::from_millis(900));
+    // Only the holder is slow: the streaming client waits for the slot, not for the upstream.
+    h.upstream
+        .script("cred-a", [Scripted::Delay(Duration::from_millis(900))]);
     let holder = {
         let h = h.clone();
         tokio::spawn(async move { h.messages(&message(false)).await.0 })
     };
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    holder_in_flight(&h).await;
     let response = h.post("/v1/messages", KEY, &message(true)).await;
     assert_eq!(response.status().as_u16(), 200);
     let text = response.text().await.expect("stream");
@@ -1058,15 +1229,7 @@ async fn claude_code_requests_go_to_a_subscription_account_untouched_and_others_
         "api_keys:\n  - {{key: {KEY}, user: alice, group: default}}\naccounts:\n  - {{name: sub, platform: anthropic, base_url: \"{}\", oauth: {{access_token: tok-sub}}, concurrency: 4}}\n",
         upstream.base_url
     );
-    let (relay, addr) = common::standalone(&yaml, fast(), Default::default())
-        .await
-        .expect("standalone relay starts");
-    let h = Harness {
-        upstream,
-        base: format!("http://{addr}"),
-        http: reqwest::Client::new(),
-        relay,
-    };
+    let h = serve(upstream, &yaml, fast()).await;
     // Another client, with a system prompt of its own: served, identity first, its prompt kept.
     let mut body = fresh_message();
     body["system"] = json!("Be brief.");
@@ -1104,15 +1267,7 @@ async fn a_chatgpt_subscription_account_serves_the_responses_api_through_the_cod
         "api_keys:\n  - {{key: {KEY}, user: alice, group: default}}\naccounts:\n  - {{name: chatgpt, platform: openai, base_url: \"{}/backend-api\", chatgpt_oauth: {{access_token: \"{token}\"}}, concurrency: 4}}\n",
         upstream.base_url
     );
-    let (relay, addr) = common::standalone(&yaml, fast(), Default::default())
-        .await
-        .expect("standalone relay starts");
-    let h = Harness {
-        upstream,
-        base: format!("http://{addr}"),
-        http: reqwest::Client::new(),
-        relay,
-    };
+    let h = serve(upstream, &yaml, fast()).await;
     let post = |path: &str, body: Value| {
         h.http
             .post(format!("{}{path}", h.base))

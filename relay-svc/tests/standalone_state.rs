@@ -95,6 +95,7 @@ impl Relay {
         let _ = self.process.0.wait();
     }
 
+    /// One `relay-svc admin` verb, its answer read as the admin endpoint's JSON.
     fn admin(&self, token: &str, verb: &[&str]) -> (bool, Value, String) {
         let output = Command::new(binary("relay-svc"))
             .args([
@@ -105,6 +106,7 @@ impl Relay {
                 token,
             ])
             .args(verb)
+            .args(["--output", "json"])
             .env_remove("RELAY_ADMIN_TOKEN")
             .env_remove("RELAY_ADMIN_URL")
             .output()

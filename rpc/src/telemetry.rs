@@ -36,6 +36,24 @@ pub fn install_propagator() {
     );
 }
 
+/// The `--log-format` flag of every binary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+impl LogFormat {
+    /// The name [`init`] takes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        }
+    }
+}
+
 /// Sets up logging (`json` or text, filtered by `RUST_LOG`, default `info`) and, when
 /// `OTEL_EXPORTER_OTLP_ENDPOINT` is set, span export over OTLP.
 pub fn init(service: &'static str, log_format: &str) -> Telemetry {

@@ -3,7 +3,7 @@
 //! outcome (a 5xx, no answer after the request started, a billing-class answer, a credential
 //! refusal) takes the account's cluster-wide confirmation lock, hard-blocks it "confirming" (at
 //! most `probe.block`, lifted on any verdict) and sends the selector's own probe
-//! (`confirm.rs`) with the credential read from the account source. The probe's answer then
+//! (`probe.rs`) with the credential read from the account source. The probe's answer then
 //! applies **by its own class**, whatever was suspected: a 5xx confirmation whose probe gets a
 //! 401 is a credential refusal.
 //!
@@ -15,6 +15,7 @@
 //!   fingerprint); a refusal of *that* token is probed, and a refused probe then blocks and
 //!   counts instead of refreshing again (`probe.refresh_floor`).
 
+use poolgate_core::plan::Effect;
 use std::sync::{Arc, OnceLock};
 
 use poolgate_core::outcome::{Decision, decide};
@@ -23,7 +24,7 @@ use poolgate_runtime::ports::ProbeLeases;
 use tokio::sync::Notify;
 
 use crate::engine::{Applied, apply_broken};
-use crate::health::{BackendError, HealthStore};
+use crate::health::{BackendError, Health, HealthStore};
 use crate::metrics::Metrics;
 use crate::probe::{ProbeSettings, Probed, Suspicion, probe_under_lease};
 use crate::refresh::{RefreshError, RefreshResult, TokenRefresher};
@@ -442,7 +443,7 @@ impl Confirmations {
     fn count(&self, class: &str, applied: Applied) {
         self.metrics
             .outcomes
-            .with_label_values(&[class, applied.what])
+            .with_label_values(&[class, applied.what.as_str()])
             .inc();
     }
 }
@@ -450,7 +451,7 @@ impl Confirmations {
 /// A credential refusal the probe bore out: a hard block, one more count, and past
 /// `unauthorized_error_count` within the window, status `error`.
 pub(crate) async fn block_unauthorized(
-    health: &dyn HealthStore,
+    health: &dyn Health,
     source: &dyn AccountSource,
     blocks: &RuntimeBlockSettings,
     id: AccountId,
@@ -473,7 +474,7 @@ pub(crate) async fn block_unauthorized(
         .map_err(|e| e.to_string())?;
     if count < blocks.unauthorized_error_count {
         return Ok(Applied {
-            what: "hard_block",
+            what: Effect::HardBlock,
             block_ms: left,
         });
     }
@@ -487,7 +488,7 @@ pub(crate) async fn block_unauthorized(
         .map_err(|e| e.to_string())?;
     tracing::warn!(account_id = id, %reason, "account marked error");
     Ok(Applied {
-        what: "error",
+        what: Effect::Error,
         block_ms: left,
     })
 }

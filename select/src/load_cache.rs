@@ -19,7 +19,7 @@ use std::time::Duration;
 use tokio::sync::{OnceCell, Semaphore};
 use tokio::time::Instant;
 
-use crate::health::{AccountHealth, HealthStore};
+use crate::health::{AccountHealth, Health};
 use poolgate_core::AccountId;
 
 #[derive(Debug, Clone)]
@@ -60,7 +60,7 @@ impl Reading {
 type Flight = Arc<OnceCell<Arc<Reading>>>;
 
 pub struct LoadCache {
-    health: Arc<dyn HealthStore>,
+    health: Arc<dyn Health>,
     settings: LoadCacheSettings,
     cache: Mutex<HashMap<u64, (Instant, Arc<Reading>)>>,
     flights: Mutex<HashMap<u64, Flight>>,
@@ -78,7 +78,7 @@ fn fingerprint(ids: &[AccountId]) -> u64 {
 }
 
 impl LoadCache {
-    pub fn new(health: Arc<dyn HealthStore>, settings: LoadCacheSettings) -> Self {
+    pub fn new(health: Arc<dyn Health>, settings: LoadCacheSettings) -> Self {
         LoadCache {
             health,
             permits: Arc::new(Semaphore::new(settings.max_fetches.max(1))),
@@ -213,7 +213,7 @@ impl LoadCache {
 /// One fetch: batches of `batch_size` accounts, one pipeline each, run concurrently; a failed
 /// batch is retried account by account.
 async fn fetch(
-    health: Arc<dyn HealthStore>,
+    health: Arc<dyn Health>,
     ids: Vec<AccountId>,
     settings: LoadCacheSettings,
     permits: Arc<Semaphore>,

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::health::HealthStore;
+use crate::health::Locks;
 use crate::metrics::Metrics;
 use crate::source::AccountSource;
 use poolgate_core::account::{Platform, Secret};
@@ -81,7 +81,7 @@ struct TokenAnswer {
 #[derive(Clone)]
 pub struct TokenRefresher {
     source: Arc<dyn AccountSource>,
-    health: Arc<dyn HealthStore>,
+    locks: Arc<dyn Locks>,
     http: reqwest::Client,
     settings: RefreshSettings,
     owner: String,
@@ -91,7 +91,7 @@ pub struct TokenRefresher {
 impl TokenRefresher {
     pub fn new(
         source: Arc<dyn AccountSource>,
-        health: Arc<dyn HealthStore>,
+        locks: Arc<dyn Locks>,
         settings: RefreshSettings,
         metrics: Metrics,
     ) -> Result<Self, String> {
@@ -103,7 +103,7 @@ impl TokenRefresher {
             .map_err(|e| format!("http client: {e}"))?;
         Ok(TokenRefresher {
             source,
-            health,
+            locks,
             http,
             settings,
             owner: format!("{:016x}", fastrand::u64(..)),
@@ -147,7 +147,7 @@ impl TokenRefresher {
         }
         let lock_ms = self.settings.lock_ttl.as_millis() as u64;
         let locked = self
-            .health
+            .locks
             .lock_refresh(id, &self.owner, lock_ms)
             .await
             .map_err(|e| RefreshError::Store(e.to_string()))?;
@@ -155,7 +155,7 @@ impl TokenRefresher {
             return self.wait_for_other(id, &account.credential).await;
         }
         let result = self.refresh_locked(id, &due).await;
-        let _ = self.health.unlock_refresh(id, &self.owner).await;
+        let _ = self.locks.unlock_refresh(id, &self.owner).await;
         let label = match &result {
             Ok(RefreshResult::Refreshed) => Some("refreshed"),
             Ok(RefreshResult::Waited) => Some("waited"),

@@ -15,17 +15,15 @@ use tonic::{Request, Response, Status};
 
 use crate::error::status;
 use crate::store::{AccountInput, PostgresSource};
-use poolgate_core::account::{
-    AccountStatus, CredentialKind, OAuthState, Platform, Secret, group_models,
-};
+use poolgate_core::account::{AccountStatus, CredentialKind, OAuthState, Platform, Secret};
 use poolgate_core::outcome::{Outcome, OutcomeClass};
+use poolgate_core::plan::UsageRecord;
 use poolgate_core::{AccountId, MAX_NAME_BYTES, now_ms};
-use poolgate_select::engine::{Plan, Reported, SelectQuery, Selector, SelectorError};
-use poolgate_select::source::UsageInput;
+use poolgate_select::engine::{
+    MAX_MODEL_BYTES, MAX_USAGE_RECORDS, Reported, SelectQuery, Selector, SelectorError,
+};
 
-const MAX_MODEL_BYTES: usize = 256;
 const MAX_EXCLUDED: usize = 256;
-const MAX_USAGE_RECORDS: usize = 1000;
 const MAX_REASON_BYTES: usize = 512;
 
 fn invalid(field: &str, message: impl Into<String>) -> Status {
@@ -78,58 +76,6 @@ fn client_key_id(id: i64) -> Result<i64, Status> {
     Ok(id)
 }
 
-fn platform_pb(platform: Platform) -> i32 {
-    pb::Platform::from(platform) as i32
-}
-
-fn kind_pb(kind: CredentialKind) -> i32 {
-    pb::CredentialKind::from(kind) as i32
-}
-
-// The deprecated string fields are filled next to the enums until no caller reads them.
-#[allow(deprecated)]
-fn plan_response(plan: Plan) -> pb::SelectResponse {
-    pb::SelectResponse {
-        accounts: plan
-            .entries
-            .into_iter()
-            .map(|entry| {
-                let account = &entry.account;
-                pb::PlanAccount {
-                    account_id: account.id,
-                    name: account.name.clone(),
-                    platform: platform_pb(account.platform),
-                    base_url: account.base_url.clone(),
-                    credential: account.credential.expose().to_owned(),
-                    kind: kind_pb(account.credential_kind),
-                    credential_kind: account.credential_kind.as_str().to_owned(),
-                    mapped_model: entry.mapped_model,
-                    concurrency_limit: account.concurrency_limit,
-                    rpm_limit: account.rpm_limit,
-                    session_window_limit_usd: account.session_window_limit_usd,
-                    proxy_url: account.proxy_url.clone().unwrap_or_default(),
-                    disable_stream_usage: !account.stream_usage,
-                    price: Some(entry.price.into()),
-                    soft_blocked: entry.soft_blocked,
-                    inflight: entry.inflight.map(|n| n as i32).unwrap_or(-1),
-                }
-            })
-            .collect(),
-        sticky: plan.sticky,
-        reason: plan
-            .none_reason
-            .map(|reason| pb::NoneReason::from(reason) as i32)
-            .unwrap_or_default(),
-        none_reason: plan
-            .none_reason
-            .map(|reason| reason.as_str().to_owned())
-            .unwrap_or_default(),
-        retry_after_ms: plan.retry_after_ms,
-        previous_response_other_key: false,
-        usage_headers_to_clients: plan.usage_headers_to_clients,
-    }
-}
-
 pub struct SelectorGrpc {
     selector: Arc<Selector>,
 }
@@ -177,31 +123,8 @@ impl pb::selector_server::Selector for SelectorGrpc {
             max_accounts: request.max_accounts.min(64) as usize,
             api_key_id: client_key_id(request.api_key_id)?,
         };
-        if self
-            .selector
-            .response_of_another_key(&query)
-            .await
-            .map_err(status)?
-        {
-            // Refused before any account is planned: the relay answers 404 and calls none.
-            self.selector
-                .metrics()
-                .selects
-                .with_label_values(&["previous_response_other_key"])
-                .inc();
-            return Ok(Response::new(pb::SelectResponse {
-                previous_response_other_key: true,
-                ..Default::default()
-            }));
-        }
-        let plan = self.selector.select(&query).await.map_err(status)?;
-        let label = plan.none_reason.map_or("planned", |reason| reason.as_str());
-        self.selector
-            .metrics()
-            .selects
-            .with_label_values(&[label])
-            .inc();
-        Ok(Response::new(plan_response(plan)))
+        let plan = self.selector.plan(&query).await.map_err(status)?;
+        Ok(Response::new(pb::SelectResponse::from(&plan)))
     }
 
     async fn report_outcome(
@@ -256,16 +179,12 @@ impl pb::selector_server::Selector for SelectorGrpc {
                 .await
                 .map_err(status)?
             {
-                Reported::Applied(applied) => pb::ReportOutcomeResponse {
-                    applied: applied.what.to_owned(),
-                    block_ms: applied.block_ms,
-                    refreshed_credential: String::new(),
-                },
-                Reported::Refreshed(fresh) => pb::ReportOutcomeResponse {
-                    applied: "refreshed".into(),
-                    block_ms: 0,
-                    refreshed_credential: fresh.expose().to_owned(),
-                },
+                Reported::Applied(applied) => {
+                    convert::report_answer(applied.what, applied.block_ms, None)
+                }
+                Reported::Refreshed(fresh) => {
+                    convert::report_answer(poolgate_core::plan::Effect::Refreshed, 0, Some(&fresh))
+                }
             },
         ))
     }
@@ -331,38 +250,11 @@ impl pb::selector_server::Selector for SelectorGrpc {
                 format!("at most {MAX_USAGE_RECORDS} per call"),
             ));
         }
-        let mut inputs = Vec::with_capacity(records.len());
-        for record in records {
-            if !(record.cost_usd.is_finite() && record.cost_usd >= 0.0) {
-                return Err(invalid("records.cost_usd", "must be finite and >= 0"));
-            }
-            if record.user.len() > MAX_NAME_BYTES || record.model.len() > MAX_MODEL_BYTES {
-                return Err(invalid("records", "user or model too long"));
-            }
-            let tokens = |n: u64| {
-                i64::try_from(n).map_err(|_| invalid("records", "token count out of range"))
-            };
-            inputs.push(UsageInput {
-                api_key_id: (record.api_key_id > 0).then_some(record.api_key_id),
-                user: record.user,
-                account_id: (record.account_id > 0).then_some(record.account_id),
-                model: record.model,
-                input_tokens: tokens(record.input_tokens)?,
-                output_tokens: tokens(record.output_tokens)?,
-                cache_write_tokens: tokens(record.cache_write_tokens)?,
-                cache_read_tokens: tokens(record.cache_read_tokens)?,
-                cost_usd: record.cost_usd,
-                status: record.status as i32,
-                latency_ms: record.latency_ms.min(i32::MAX as u32) as i32,
-                at_ms: (record.at_ms > 0).then_some(record.at_ms.min(i64::MAX as u64) as i64),
-            });
-        }
-        let accepted = self
-            .selector
-            .source()
-            .insert_usage(&inputs)
-            .await
-            .map_err(|e| status(e.into()))?;
+        let records = records
+            .into_iter()
+            .map(UsageRecord::try_from)
+            .collect::<Result<Vec<_>, _>>()?;
+        let accepted = self.selector.record_usage(records).await.map_err(status)?;
         Ok(Response::new(pb::RecordUsageResponse {
             accepted: accepted as u32,
         }))
@@ -375,12 +267,7 @@ impl pb::selector_server::Selector for SelectorGrpc {
         let request = request.into_inner();
         name("group", &request.group)?;
         let platform = Platform::decode("platform", request.platform)?;
-        let snapshot = self.selector.snapshot().get();
-        let models = group_models(
-            snapshot.accounts().map(|a| a.as_ref()),
-            &request.group,
-            platform,
-        );
+        let models = self.selector.models(&request.group, platform);
         Ok(Response::new(pb::ListModelsResponse { models }))
     }
 }
@@ -492,7 +379,7 @@ impl AdminGrpc {
         let account = snapshot
             .account(id)
             .ok_or_else(|| Status::not_found(format!("account {id}")))?;
-        Ok(account_view(account))
+        Ok(pb::AccountView::from(account.as_ref()))
     }
 
     /// Reloads the snapshot now, so the answer shows the change just made.
@@ -505,33 +392,6 @@ impl AdminGrpc {
             .map_err(|e| status(e.into()))?;
         self.selector.snapshot().set(ticket, snapshot);
         Ok(())
-    }
-}
-
-// The deprecated `credential_kind` string is filled next to `kind` until no caller reads it.
-#[allow(deprecated)]
-fn account_view(account: &poolgate_core::account::Account) -> pb::AccountView {
-    pb::AccountView {
-        id: account.id,
-        name: account.name.clone(),
-        group: account.group.clone(),
-        platform: platform_pb(account.platform),
-        base_url: account.base_url.clone(),
-        credential_masked: account.credential.masked(),
-        kind: kind_pb(account.credential_kind),
-        credential_kind: account.credential_kind.as_str().to_owned(),
-        status: account.status.as_str().to_owned(),
-        status_reason: account.status_reason.clone(),
-        priority: account.priority,
-        weight: account.weight,
-        concurrency_limit: account.concurrency_limit,
-        rpm_limit: account.rpm_limit,
-        session_window_limit_usd: account.session_window_limit_usd,
-        allowed_models: account.allowed_models.clone(),
-        model_mapping: account.model_mapping.clone().into_iter().collect(),
-        proxy_url: account.proxy_url.clone().unwrap_or_default(),
-        probe_model: account.probe_model.clone().unwrap_or_default(),
-        disable_stream_usage: !account.stream_usage,
     }
 }
 
@@ -638,7 +498,7 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
         let mut accounts: Vec<pb::AccountView> = snapshot
             .accounts()
             .filter(|a| group.is_empty() || a.group == group)
-            .map(|a| account_view(a))
+            .map(|a| pb::AccountView::from(a.as_ref()))
             .collect();
         accounts.sort_by_key(|a| a.id);
         Ok(Response::new(pb::ListAccountsResponse { accounts }))
@@ -677,7 +537,7 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
     ) -> Result<Response<pb::AccountView>, Status> {
         let id = account_id("account_id", request.into_inner().account_id)?;
         let account = self.selector.restore(id).await.map_err(status)?;
-        Ok(Response::new(account_view(&account)))
+        Ok(Response::new(pb::AccountView::from(account.as_ref())))
     }
 
     async fn create_api_key(

@@ -11,7 +11,7 @@ use poolgate_runtime::redis::{RedisHandle, RedisOptions, RedisTarget};
 use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
 
-use poolgate_lease::LeaseStore;
+use poolgate_lease::{LeaseEngine, LeaseStore};
 
 use crate::grpc::{AdminAuth, AdminGrpc, SelectorGrpc};
 use crate::store::{PostgresSource, StoreError};
@@ -68,6 +68,8 @@ pub struct Built {
     /// The engine's stores as their own types (round trips, direct reads in tests and benches).
     pub store: PostgresSource,
     pub health: RedisHealth,
+    /// The lease engine the confirmation probe takes its leases from.
+    pub probe_leases: Arc<LeaseEngine>,
     background: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -113,7 +115,7 @@ pub async fn build(config: &Config, metrics: Metrics) -> Result<Built, ServeErro
     // The probe's leases come from admission's scripts on the same Redis, so they count against
     // the account like the relays' leases. Built by the lease engine's one constructor: its
     // failed releases are retried, its metrics are served with the selector's.
-    let leases = poolgate_lease::start(
+    let probe_leases = poolgate_lease::start(
         &LeaseStore::SharedRedis(redis),
         config.lease_settings.clone(),
         poolgate_lease::metrics::Metrics::registered_in(metrics.registry.clone()),
@@ -124,7 +126,7 @@ pub async fn build(config: &Config, metrics: Metrics) -> Result<Built, ServeErro
         snapshot: snapshot.clone(),
         source: Arc::new(store.clone()),
         health: Arc::new(health.clone()),
-        leases,
+        leases: probe_leases.clone(),
         settings: config.settings.clone(),
         metrics: metrics.clone(),
     }));
@@ -154,6 +156,7 @@ pub async fn build(config: &Config, metrics: Metrics) -> Result<Built, ServeErro
         refresher,
         store,
         health,
+        probe_leases,
         background,
     })
 }
@@ -265,16 +268,7 @@ pub async fn serve_selector(
         .build_v1()?;
     let metrics_task = metrics_listener.map(|listener| {
         let metrics = selector.metrics().clone();
-        tokio::spawn(async move {
-            use axum::routing::get;
-            let router = axum::Router::new()
-                .route(
-                    "/metrics",
-                    get(move || std::future::ready(metrics.render())),
-                )
-                .route("/healthz", get(|| std::future::ready("ok")));
-            let _ = axum::serve(listener, router).await;
-        })
+        poolgate_rpc::metrics_http::spawn(listener, move || metrics.render())
     });
     let admin = AdminAuth::new(config.admin_token.clone()).wrap(SelectorAdminServer::new(
         AdminGrpc::new(selector.clone(), store),

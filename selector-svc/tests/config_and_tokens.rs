@@ -3,8 +3,7 @@
 
 mod support;
 
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use poolgate_core::account::{CredentialKind, Secret};
@@ -12,10 +11,9 @@ use poolgate_core::now_ms;
 use poolgate_proto::selector::v1 as pb;
 use poolgate_select::refresh::RefreshResult;
 use poolgate_testkit::eventually;
+use poolgate_testkit::fake_upstream::FakeUpstream;
 use sqlx::Row;
-use support::{
-    ADMIN_TOKEN, Backends, ProbeUpstream, Replica, admin, fast_settings, oauth, select_request,
-};
+use support::{ADMIN_TOKEN, Backends, Replica, admin, fast_settings, oauth, select_request};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_committed_change_is_live_within_a_second_through_notify() {
@@ -71,7 +69,7 @@ async fn picks(replica: &Replica, n: usize) -> HashMap<i64, usize> {
     };
     for _ in 0..n {
         let plan = replica.built.selector.select(&query).await.expect("select");
-        *counts.entry(plan.entries[0].account.id).or_insert(0) += 1;
+        *counts.entry(plan.accounts[0].id).or_insert(0) += 1;
     }
     counts
 }
@@ -105,54 +103,23 @@ async fn picks_follow_the_weights_and_two_replicas_agree() {
     }
 }
 
-/// A token endpoint as Anthropic's answers: JSON in, the Claude Code client id required; slow,
-/// and a refresh token used twice is refused.
-#[derive(Clone, Default)]
-struct TokenEndpoint {
-    used: Arc<Mutex<HashSet<String>>>,
-    calls: Arc<Mutex<u32>>,
+/// The fake upstream's token endpoint, answering after 400 ms (so concurrent refusals pile up
+/// behind one refresh): a refresh token is good once; `refresh-1` becomes access token
+/// `refresh-1-access` and refresh token `refresh-1-next`.
+fn token_endpoint(upstream: &FakeUpstream) -> String {
+    upstream.set_token_delay(Duration::from_millis(400));
+    format!("{}/oauth/token", upstream.base_url)
 }
 
-async fn start_token_endpoint(endpoint: TokenEndpoint) -> String {
-    use axum::extract::State;
-    use axum::http::StatusCode;
-    async fn token(
-        State(endpoint): State<TokenEndpoint>,
-        axum::Json(form): axum::Json<HashMap<String, String>>,
-    ) -> Result<axum::Json<serde_json::Value>, StatusCode> {
-        *endpoint.calls.lock().expect("lock") += 1;
-        tokio::time::sleep(Duration::from_millis(400)).await;
-        let refresh = form.get("refresh_token").cloned().unwrap_or_default();
-        if form.get("grant_type").map(String::as_str) != Some("refresh_token") {
-            return Err(StatusCode::BAD_REQUEST);
-        }
-        if form.get("client_id").map(String::as_str)
-            != Some(poolgate_core::account::default_oauth_client_id(
-                poolgate_core::account::Platform::Anthropic,
-            ))
-        {
-            return Err(StatusCode::UNAUTHORIZED);
-        }
-        if !endpoint.used.lock().expect("lock").insert(refresh.clone()) {
-            return Err(StatusCode::BAD_REQUEST);
-        }
-        Ok(axum::Json(serde_json::json!({
-            "access_token": format!("access-after-{refresh}"),
-            "refresh_token": format!("{refresh}-next"),
-            "expires_in": 3600,
-        })))
+/// Each refresh request carried Claude Code's client id (the one Anthropic's endpoint takes).
+fn assert_claude_code_client(upstream: &FakeUpstream) {
+    let expected = poolgate_core::account::default_oauth_client_id(
+        poolgate_core::account::Platform::Anthropic,
+    );
+    for request in upstream.token_requests() {
+        assert_eq!(request["client_id"], expected, "{request}");
+        assert_eq!(request["grant_type"], "refresh_token", "{request}");
     }
-    let router = axum::Router::new()
-        .route("/oauth/token", axum::routing::post(token))
-        .with_state(endpoint);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, router).await;
-    });
-    format!("http://{addr}/oauth/token")
 }
 
 fn refusal(account_id: i64, token: &str) -> pb::ReportOutcomeRequest {
@@ -166,20 +133,20 @@ fn refusal(account_id: i64, token: &str) -> pb::ReportOutcomeRequest {
     }
 }
 
-const AUTHENTICATION_ERROR: &str = r#"{"type":"error","error":{"type":"authentication_error","message":"OAuth token has been revoked."}}"#;
-const OK: &str = r#"{"id":"msg_1","type":"message","role":"assistant","content":[],"usage":{"input_tokens":1,"output_tokens":1}}"#;
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_token_is_refreshed_only_when_the_probe_is_refused_too_and_only_once() {
     let backends = Backends::start().await;
-    let endpoint = TokenEndpoint::default();
-    let url = start_token_endpoint(endpoint.clone()).await;
-    let refusing = ProbeUpstream::start(401, AUTHENTICATION_ERROR, Duration::ZERO).await;
-    let healthy = ProbeUpstream::start(200, OK, Duration::ZERO).await;
+    let upstream = FakeUpstream::start().await.expect("fake upstream starts");
+    let url = token_endpoint(&upstream);
+    // The revoked account's token is refused, and so is the one its refresh brings.
+    upstream.revoke("revoked-access-token");
+    upstream.revoke("refresh-1-access");
+    let refused_probes =
+        || upstream.probe_count("revoked-access-token") + upstream.probe_count("refresh-1-access");
     let far = now_ms() + 10 * 3600 * 1000;
     let revoked = backends
         .account("revoked", "g", |a| {
-            a.base_url = refusing.url.clone();
+            a.base_url = upstream.base_url.clone();
             a.credential_kind = CredentialKind::OAuth;
             a.credential = Some(Secret::new("revoked-access-token"));
             a.oauth = Some(oauth("refresh-1", far, &url));
@@ -187,7 +154,7 @@ async fn a_refused_token_is_refreshed_only_when_the_probe_is_refused_too_and_onl
         .await;
     let fine = backends
         .account("fine", "g", |a| {
-            a.base_url = healthy.url.clone();
+            a.base_url = upstream.base_url.clone();
             a.credential_kind = CredentialKind::OAuth;
             a.credential = Some(Secret::new("good-access-token"));
             a.oauth = Some(oauth("refresh-2", far, &url));
@@ -203,8 +170,8 @@ async fn a_refused_token_is_refreshed_only_when_the_probe_is_refused_too_and_onl
         .await
         .expect("report")
         .into_inner();
-    assert_eq!(answer.applied, "none", "{answer:?}");
-    assert_eq!(healthy.calls(), 1, "probed once");
+    assert_eq!(support::effect(&answer), "none", "{answer:?}");
+    assert_eq!(upstream.probe_count("good-access-token"), 1, "probed once");
     // Not near expiry, and refused by the probe too: refreshed once, for all five concurrent
     // refusals, each handed the new token.
     let reports = (0..5).map(|_| {
@@ -219,13 +186,13 @@ async fn a_refused_token_is_refreshed_only_when_the_probe_is_refused_too_and_onl
         let answer = answer.expect("report").into_inner();
         assert_eq!(
             (
-                answer.applied.as_str(),
+                support::effect(&answer),
                 answer.refreshed_credential.as_str()
             ),
-            ("refreshed", "access-after-refresh-1")
+            ("refreshed", "refresh-1-access")
         );
     }
-    assert_eq!(refusing.calls(), 1, "one probe for five refusals");
+    assert_eq!(refused_probes(), 1, "one probe for five refusals");
     // A late refusal of the old token: handed the new one, nothing refreshed.
     let late = replica
         .client
@@ -234,20 +201,21 @@ async fn a_refused_token_is_refreshed_only_when_the_probe_is_refused_too_and_onl
         .await
         .expect("report")
         .into_inner();
-    assert_eq!(late.refreshed_credential, "access-after-refresh-1");
-    assert_eq!(*endpoint.calls.lock().expect("lock"), 1, "one refresh");
+    assert_eq!(late.refreshed_credential, "refresh-1-access");
+    assert_eq!(upstream.token_requests().len(), 1, "one refresh");
+    assert_claude_code_client(&upstream);
     // The fresh token refused too (within the floor): probed, then blocked and counted, no
     // second refresh.
     let fresh = replica
         .client
         .clone()
-        .report_outcome(refusal(revoked, "access-after-refresh-1"))
+        .report_outcome(refusal(revoked, "refresh-1-access"))
         .await
         .expect("report")
         .into_inner();
-    assert_eq!(fresh.applied, "hard_block", "{fresh:?}");
-    assert_eq!(refusing.calls(), 2);
-    assert_eq!(*endpoint.calls.lock().expect("lock"), 1, "floored");
+    assert_eq!(support::effect(&fresh), "hard_block", "{fresh:?}");
+    assert_eq!(refused_probes(), 2);
+    assert_eq!(upstream.token_requests().len(), 1, "floored");
     let metrics = replica.built.selector.metrics().render();
     assert!(
         metrics.contains("selector_token_refreshes_total{result=\"floored\"} 1"),
@@ -258,8 +226,8 @@ async fn a_refused_token_is_refreshed_only_when_the_probe_is_refused_too_and_onl
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_with_an_expired_token_refresh_exactly_once_and_both_get_the_new_token() {
     let backends = Backends::start().await;
-    let endpoint = TokenEndpoint::default();
-    let url = start_token_endpoint(endpoint.clone()).await;
+    let upstream = FakeUpstream::start().await.expect("fake upstream starts");
+    let url = token_endpoint(&upstream);
     let id = backends
         .account("subscription", "g", |a| {
             a.credential_kind = CredentialKind::OAuth;
@@ -306,10 +274,11 @@ async fn two_replicas_with_an_expired_token_refresh_exactly_once_and_both_get_th
     .await;
     assert_eq!(settled, Ok((1, 0)), "one replica refreshed, none failed");
     assert_eq!(
-        *endpoint.calls.lock().expect("lock"),
+        upstream.token_requests().len(),
         1,
         "exactly one call to the token endpoint"
     );
+    assert_claude_code_client(&upstream);
     for replica in [&one, &two] {
         eventually(Duration::from_secs(2), || async {
             let plan = replica
@@ -319,7 +288,7 @@ async fn two_replicas_with_an_expired_token_refresh_exactly_once_and_both_get_th
                 .await
                 .ok()?
                 .into_inner();
-            (plan.accounts.first()?.credential == "access-after-refresh-1").then_some(())
+            (plan.accounts.first()?.credential == "refresh-1-access").then_some(())
         })
         .await
         .expect("both replicas serve the new token");

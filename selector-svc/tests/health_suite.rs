@@ -1,4 +1,4 @@
-//! One suite for both health stores (`health/{memory,redis}.rs`): every case runs on the memory
+//! One suite for both health stores (`health/{memory,redis}/`): every case runs on the memory
 //! store (over the in-process admission engine on its memory backend) and on the Redis store
 //! (over a real Redis, with admission's Redis backend on the same server), the way admission's
 //! `lease_suite` does for leases. The engine cases run `Selector` over a `MemorySource`, so the
@@ -640,6 +640,7 @@ impl Engine {
             .await
             .expect("report")
             .what
+            .as_str()
     }
 }
 
@@ -660,7 +661,7 @@ fn query(group: &str) -> SelectQuery {
 }
 
 fn ids(plan: &Plan) -> Vec<AccountId> {
-    plan.entries.iter().map(|entry| entry.account.id).collect()
+    plan.accounts.iter().map(|account| account.id).collect()
 }
 
 async fn selection_filters_and_orders_through_the_engine(store: Store) {
@@ -689,7 +690,7 @@ async fn selection_filters_and_orders_through_the_engine(store: Store) {
             ..query("g")
         })
         .await;
-    assert_eq!(plan.entries.len(), 1, "the plan is cut to the size asked");
+    assert_eq!(plan.accounts.len(), 1, "the plan is cut to the size asked");
     let plan = engine
         .plan(&SelectQuery {
             exclude: vec![1, 2, 3],
@@ -714,7 +715,7 @@ async fn selection_filters_and_orders_through_the_engine(store: Store) {
         .expect("soft-blocked");
     let plan = engine.plan(&query("g")).await;
     assert_eq!(ids(&plan), vec![2, 1, 3]);
-    assert!(plan.entries[1].soft_blocked && !plan.entries[0].soft_blocked);
+    assert!(plan.accounts[1].soft_blocked && !plan.accounts[0].soft_blocked);
     health
         .hard_block(2, 60_000, "window_exhausted", 429, "used up")
         .await
@@ -744,7 +745,7 @@ async fn busy_is_not_broken_through_the_engine(store: Store) {
     }
     let plan = engine.plan(&query("g")).await;
     assert_eq!(ids(&plan), vec![1], "still served: it is the only account");
-    assert!(plan.entries[0].soft_blocked);
+    assert!(plan.accounts[0].soft_blocked);
     let read = store.read(1).await;
     assert_eq!(
         (read.hard_block_ms, read.breaker, read.failures),

@@ -90,7 +90,7 @@ async fn sixteen_concurrent_misses_send_one_fetch() {
                 selector
                     .select(&query("g", 4))
                     .await
-                    .map(|p| p.entries.len())
+                    .map(|p| p.accounts.len())
             })
         })
         .collect();
@@ -114,13 +114,9 @@ async fn a_hundred_and_twenty_five_accounts_are_read_in_three_batches() {
     let before = trips(&replica);
     let plan = selector.select(&query("g", 125)).await.expect("select");
     assert_eq!(trips(&replica) - before, 3, "50 + 50 + 25: three pipelines");
-    assert_eq!(plan.entries.len(), 125, "every account takes part");
+    assert_eq!(plan.accounts.len(), 125, "every account takes part");
     for (n, &id) in ids.iter().enumerate() {
-        let entry = plan
-            .entries
-            .iter()
-            .find(|e| e.account.id == id)
-            .expect("planned");
+        let entry = plan.accounts.iter().find(|e| e.id == id).expect("planned");
         assert_eq!(entry.inflight, Some((n % 4) as u32), "account {id}");
     }
 }
@@ -146,9 +142,9 @@ async fn a_failed_pipeline_falls_back_per_account_and_never_reports_zero_for_an_
         "the batch, then one read per account"
     );
     let inflight = |id| {
-        plan.entries
+        plan.accounts
             .iter()
-            .find(|e| e.account.id == id)
+            .find(|e| e.id == id)
             .expect("planned")
             .inflight
     };
@@ -174,7 +170,7 @@ async fn a_cached_reading_that_filters_everyone_triggers_exactly_one_fresh_read(
     let selector = &replica.built.selector;
     let before = trips(&replica);
     let plan = selector.select(&query("g", 3)).await.expect("select");
-    assert!(plan.entries.is_empty());
+    assert!(plan.accounts.is_empty());
     assert_eq!(
         plan.none_reason,
         Some(poolgate_core::select::NoneReason::AllBlocked)
@@ -199,6 +195,6 @@ async fn a_cached_reading_that_filters_everyone_triggers_exactly_one_fresh_read(
     }
     let before = trips(&replica);
     let plan = selector.select(&query("g", 3)).await.expect("select");
-    assert_eq!(plan.entries.len(), 3, "the fresh read found them");
+    assert_eq!(plan.accounts.len(), 3, "the fresh read found them");
     assert_eq!(trips(&replica) - before, 1, "exactly one fresh read");
 }

@@ -3,8 +3,8 @@
 //! survive a restart; the file is written atomically, readable by its owner only, and nothing
 //! prints a credential.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use poolgate_core::account::{
@@ -19,6 +19,7 @@ use poolgate_select::metrics::Metrics;
 use poolgate_select::refresh::{RefreshResult, RefreshSettings, TokenRefresher};
 use poolgate_select::snapshot::{Snapshot, SnapshotCell};
 use poolgate_select::source::{AccountSource, MemorySource, StateFile, StoreError, UsageInput};
+use poolgate_testkit::fake_upstream::FakeUpstream;
 use poolgate_testkit::{Scratch, eventually};
 
 fn account(id: AccountId, tweak: impl FnOnce(&mut Account)) -> Account {
@@ -616,42 +617,6 @@ async fn the_snapshot_cell_follows_the_sources_changes() {
     follow.abort();
 }
 
-/// A token endpoint like Anthropic's: a refresh token works once.
-#[derive(Clone, Default)]
-struct TokenEndpoint {
-    used: Arc<Mutex<HashSet<String>>>,
-}
-
-async fn start_token_endpoint(endpoint: TokenEndpoint) -> String {
-    use axum::extract::State;
-    use axum::http::StatusCode;
-    async fn token(
-        State(endpoint): State<TokenEndpoint>,
-        axum::Json(form): axum::Json<HashMap<String, String>>,
-    ) -> Result<axum::Json<serde_json::Value>, StatusCode> {
-        let refresh = form.get("refresh_token").cloned().unwrap_or_default();
-        if !endpoint.used.lock().expect("lock").insert(refresh.clone()) {
-            return Err(StatusCode::BAD_REQUEST);
-        }
-        Ok(axum::Json(serde_json::json!({
-            "access_token": format!("access-after-{refresh}"),
-            "refresh_token": format!("{refresh}-next"),
-            "expires_in": 3600,
-        })))
-    }
-    let router = axum::Router::new()
-        .route("/oauth/token", axum::routing::post(token))
-        .with_state(endpoint);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, router).await;
-    });
-    format!("http://{addr}/oauth/token")
-}
-
 fn refresher(source: Arc<MemorySource>) -> TokenRefresher {
     let admission =
         poolgate_lease::in_memory(Settings::default(), poolgate_lease::metrics::Metrics::new());
@@ -668,7 +633,10 @@ fn refresher(source: Arc<MemorySource>) -> TokenRefresher {
 async fn a_relay_that_refreshed_and_restarted_refreshes_again_with_the_rotated_token() {
     let scratch = Scratch::new("memory-source").expect("scratch");
     let file = state_in(&scratch);
-    let url = start_token_endpoint(TokenEndpoint::default()).await;
+    // The fake upstream's token endpoint: a refresh token works once; `refresh-1` becomes
+    // `refresh-1-access`, rotated to `refresh-1-next`.
+    let upstream = FakeUpstream::start().await.expect("fake upstream starts");
+    let url = format!("{}/oauth/token", upstream.base_url);
     let accounts = || vec![subscription(1, "config-access", "refresh-1", &url)];
     let source =
         Arc::new(MemorySource::new(config(accounts()), Some(file.clone())).expect("source"));
@@ -684,7 +652,7 @@ async fn a_relay_that_refreshed_and_restarted_refreshes_again_with_the_rotated_t
     // Restarted with the config's token, whose refresh token the endpoint already took.
     let source = Arc::new(MemorySource::new(config(accounts()), Some(file)).expect("source"));
     let account = source.load_account(1).await.expect("account");
-    assert_eq!(account.credential.expose(), "access-after-refresh-1");
+    assert_eq!(account.credential.expose(), "refresh-1-access");
     assert_eq!(
         refresher(source.clone())
             .refresh(1, true)
@@ -699,6 +667,16 @@ async fn a_relay_that_refreshed_and_restarted_refreshes_again_with_the_rotated_t
             .expect("account")
             .credential
             .expose(),
-        "access-after-refresh-1-next"
+        "refresh-1-next-access"
+    );
+    let used: Vec<_> = upstream
+        .token_requests()
+        .iter()
+        .map(|request| request["refresh_token"].clone())
+        .collect();
+    assert_eq!(
+        used,
+        ["refresh-1", "refresh-1-next"],
+        "each refresh token once"
     );
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use poolgate_proto::selector::v1 as pb;
 use poolgate_runtime::keys::AccountKeys;
 use poolgate_testkit::eventually;
-use support::{Backends, ProbeUpstream, Replica, admin, fast_settings, select_request};
+use support::{Backends, Replica, admin, credential, fast_settings, select_request, upstream};
 
 fn report(
     account_id: i64,
@@ -67,7 +67,7 @@ async fn a_burst_of_429_and_529_never_hard_blocks_never_opens_the_breaker_and_ke
             .await
             .expect("report")
             .into_inner();
-        assert_eq!(applied.applied, "soft_block");
+        assert_eq!(support::effect(&applied), "soft_block");
     }
     // Soft-blocked only: still the primary of the next plan (it is the only account).
     assert_eq!(primary(&replica).await, Some(id));
@@ -116,7 +116,7 @@ async fn a_429_with_a_reset_two_hours_ahead_hard_blocks_until_then() {
         .await
         .expect("report")
         .into_inner();
-    assert_eq!(applied.applied, "hard_block");
+    assert_eq!(support::effect(&applied), "hard_block");
     assert!(
         applied.block_ms > 2 * 3600 * 1000 - 60_000,
         "{}",
@@ -186,9 +186,9 @@ async fn breaker_failures(backends: &Backends, id: i64) -> u32 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn confirmed_failures_open_the_breaker_and_the_selectors_own_probe_closes_it() {
     let backends = Backends::start().await;
-    let upstream = ProbeUpstream::start(500, API_ERROR, Duration::ZERO).await;
+    let upstream = upstream(500, API_ERROR, Duration::ZERO).await;
     let id = backends
-        .account("flaky", "g", |a| a.base_url = upstream.url.clone())
+        .account("flaky", "g", |a| a.base_url = upstream.base_url.clone())
         .await;
     let replica = Replica::start(backends.config(fast_settings())).await;
     let mut client = replica.client.clone();
@@ -199,7 +199,7 @@ async fn confirmed_failures_open_the_breaker_and_the_selectors_own_probe_closes_
         .await
         .expect("report")
         .into_inner();
-    assert_eq!(applied.applied, "hard_block");
+    assert_eq!(support::effect(&applied), "hard_block");
     // A 5xx answer may have been shaped by the request: the probe confirms each one.
     for n in 2..=5 {
         eventually(Duration::from_secs(5), || async {
@@ -210,7 +210,7 @@ async fn confirmed_failures_open_the_breaker_and_the_selectors_own_probe_closes_
                 .await
                 .ok()?
                 .into_inner();
-            (applied.applied == "confirming").then_some(())
+            (support::effect(&applied) == "confirming").then_some(())
         })
         .await
         .expect("a confirmation starts once the last one is over");
@@ -220,7 +220,11 @@ async fn confirmed_failures_open_the_breaker_and_the_selectors_own_probe_closes_
         .await
         .unwrap_or_else(|_| panic!("failure {n} confirmed by the probe"));
     }
-    assert_eq!(upstream.calls(), 4, "one probe per 5xx");
+    assert_eq!(
+        upstream.probe_count(&credential("flaky")),
+        4,
+        "one probe per 5xx"
+    );
     // The fifth opened the breaker (400 ms): not selectable.
     let plan = client
         .select(select_request("g", "claude"))
@@ -230,15 +234,24 @@ async fn confirmed_failures_open_the_breaker_and_the_selectors_own_probe_closes_
     assert!(plan.accounts.is_empty());
     // Half-open after 400 ms: the select that sees it starts the probe and leaves the account
     // out (no client request is the probe); once the probe answers, the breaker is closed.
-    upstream.set_status(200, OK);
+    upstream.set_standing_answer(None);
     let back = eventually(Duration::from_secs(5), || async {
         let primary = primary(&replica).await;
-        primary.filter(|_| upstream.calls() > 4)
+        primary.filter(|_| upstream.probe_count(&credential("flaky")) > 4)
     })
     .await
-    .unwrap_or_else(|_| panic!("closed by the probe; calls {}", upstream.calls()));
+    .unwrap_or_else(|_| {
+        panic!(
+            "closed by the probe; calls {}",
+            upstream.probe_count(&credential("flaky"))
+        )
+    });
     assert_eq!(back, id);
-    assert_eq!(upstream.calls(), 5, "one half-open probe, cluster-wide");
+    assert_eq!(
+        upstream.probe_count(&credential("flaky")),
+        5,
+        "one half-open probe, cluster-wide"
+    );
     let metrics = replica.built.selector.metrics().render();
     assert!(
         metrics.contains("selector_breaker_changes_total{change=\"closed\"} 1"),
@@ -249,9 +262,9 @@ async fn confirmed_failures_open_the_breaker_and_the_selectors_own_probe_closes_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_5xx_the_probe_does_not_confirm_changes_nothing() {
     let backends = Backends::start().await;
-    let upstream = ProbeUpstream::start(200, OK, Duration::ZERO).await;
+    let upstream = upstream(200, OK, Duration::ZERO).await;
     let id = backends
-        .account("fine", "g", |a| a.base_url = upstream.url.clone())
+        .account("fine", "g", |a| a.base_url = upstream.base_url.clone())
         .await;
     let replica = Replica::start(backends.config(fast_settings())).await;
     let applied = replica
@@ -261,7 +274,7 @@ async fn a_5xx_the_probe_does_not_confirm_changes_nothing() {
         .await
         .expect("report")
         .into_inner();
-    assert_eq!(applied.applied, "confirming");
+    assert_eq!(support::effect(&applied), "confirming");
     eventually(Duration::from_secs(5), || async {
         let mut conn = backends.redis.client().await.ok()?;
         let cooldown: i64 = redis::cmd("PTTL")
@@ -269,7 +282,7 @@ async fn a_5xx_the_probe_does_not_confirm_changes_nothing() {
             .query_async(&mut conn)
             .await
             .ok()?;
-        (upstream.calls() == 1 && cooldown == -2).then_some(())
+        (upstream.probe_count(&credential("fine")) == 1 && cooldown == -2).then_some(())
     })
     .await
     .expect("probed, confirming block lifted");
@@ -284,18 +297,36 @@ async fn a_5xx_the_probe_does_not_confirm_changes_nothing() {
         .await
         .expect("report")
         .into_inner();
-    assert_eq!(again.applied, "none");
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(upstream.calls(), 1, "no second probe");
+    assert_eq!(support::effect(&again), "none");
+    // The engine decided before it answered: quiet, so no confirmation started (a probe is only
+    // ever sent by a started one).
+    let confirmations = |result: &str| {
+        replica
+            .built
+            .selector
+            .metrics()
+            .confirmations
+            .with_label_values(&["broken", result])
+            .get()
+    };
+    assert_eq!(
+        (confirmations("started"), confirmations("already_running")),
+        (1, 1)
+    );
+    assert_eq!(
+        upstream.probe_count(&credential("fine")),
+        1,
+        "no second probe"
+    );
     assert_eq!(primary(&replica).await, Some(id));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_probe_reopens_the_breaker_for_twice_as_long() {
     let backends = Backends::start().await;
-    let upstream = ProbeUpstream::start(500, API_ERROR, Duration::ZERO).await;
+    let upstream = upstream(500, API_ERROR, Duration::ZERO).await;
     let id = backends
-        .account("flaky", "g", |a| a.base_url = upstream.url.clone())
+        .account("flaky", "g", |a| a.base_url = upstream.base_url.clone())
         .await;
     let replica = Replica::start(backends.config(fast_settings())).await;
     let mut client = replica.client.clone();
@@ -324,7 +355,11 @@ async fn a_failed_probe_reopens_the_breaker_for_twice_as_long() {
     .await
     .expect("reopened");
     assert_eq!(open_ms, 800, "400 ms doubled");
-    assert_eq!(upstream.calls(), 1, "the half-open probe");
+    assert_eq!(
+        upstream.probe_count(&credential("flaky")),
+        1,
+        "the half-open probe"
+    );
     assert_eq!(primary(&replica).await, None, "open again: not selectable");
 }
 
@@ -338,10 +373,10 @@ const BILLING: &str = r#"{"type":"error","error":{"type":"billing_error","messag
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quota_outcome_retires_only_after_the_probe_confirms_it_and_a_restore_brings_it_back() {
     let backends = Backends::start().await;
-    let upstream = ProbeUpstream::start(402, BILLING, Duration::from_millis(300)).await;
+    let upstream = upstream(402, BILLING, Duration::from_millis(300)).await;
     let id = backends
         .account("spent", "g", |a| {
-            a.base_url = upstream.url.clone();
+            a.base_url = upstream.base_url.clone();
             a.concurrency_limit = 1;
         })
         .await;
@@ -354,7 +389,8 @@ async fn a_quota_outcome_retires_only_after_the_probe_confirms_it_and_a_restore_
         .expect("report")
         .into_inner();
     assert_eq!(
-        applied.applied, "confirming",
+        support::effect(&applied),
+        "confirming",
         "never a retirement by itself"
     );
     let account = backends.store.load_account(id).await.expect("account");
@@ -382,22 +418,22 @@ async fn a_quota_outcome_retires_only_after_the_probe_confirms_it_and_a_restore_
         .await
         .expect("report")
         .into_inner();
-    assert_eq!(again.applied, "none");
+    assert_eq!(support::effect(&again), "none");
     eventually(Duration::from_secs(10), || async {
         let account = backends.store.load_account(id).await.ok()?;
         (account.status == poolgate_core::account::AccountStatus::Retired).then_some(())
     })
     .await
     .expect("retired once the probe got the same answer");
-    assert_eq!(upstream.calls(), 1, "one probe");
-    let (headers, probe) = upstream.seen.lock().expect("seen")[0].clone();
+    assert_eq!(upstream.probe_count(&credential("spent")), 1, "one probe");
+    let probe = upstream.probes(&credential("spent"))[0].clone();
     assert_eq!(
-        probe["model"], "claude-haiku-4-5",
+        probe.body["model"], "claude-haiku-4-5",
         "the platform's probe model"
     );
-    assert_eq!(probe["max_tokens"], 1);
+    assert_eq!(probe.body["max_tokens"], 1);
     assert_eq!(
-        headers.get("x-api-key").and_then(|v| v.to_str().ok()),
+        probe.headers.get("x-api-key").and_then(|v| v.to_str().ok()),
         Some("sk-ant-spent-secret-credential")
     );
     let account = backends.store.load_account(id).await.expect("account");
@@ -452,10 +488,10 @@ async fn a_quota_outcome_retires_only_after_the_probe_confirms_it_and_a_restore_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quota_outcome_the_probe_does_not_confirm_leaves_the_account_active_and_unblocked() {
     let backends = Backends::start().await;
-    let upstream = ProbeUpstream::start(200, OK, Duration::ZERO).await;
+    let upstream = upstream(200, OK, Duration::ZERO).await;
     let id = backends
         .account("healthy", "g", |a| {
-            a.base_url = upstream.url.clone();
+            a.base_url = upstream.base_url.clone();
             a.probe_model = Some("claude-probe-override".into());
         })
         .await;
@@ -467,7 +503,7 @@ async fn a_quota_outcome_the_probe_does_not_confirm_leaves_the_account_active_an
         .await
         .expect("report")
         .into_inner();
-    assert_eq!(applied.applied, "confirming");
+    assert_eq!(support::effect(&applied), "confirming");
     eventually(Duration::from_secs(10), || async {
         let mut conn = backends.redis.client().await.ok()?;
         let cooldown: i64 = redis::cmd("PTTL")
@@ -475,7 +511,7 @@ async fn a_quota_outcome_the_probe_does_not_confirm_leaves_the_account_active_an
             .query_async(&mut conn)
             .await
             .ok()?;
-        (upstream.calls() == 1 && cooldown == -2).then_some(())
+        (upstream.probe_count(&credential("healthy")) == 1 && cooldown == -2).then_some(())
     })
     .await
     .expect("the probe ran and the confirming block was lifted");
@@ -485,7 +521,7 @@ async fn a_quota_outcome_the_probe_does_not_confirm_leaves_the_account_active_an
         poolgate_core::account::AccountStatus::Active
     );
     assert_eq!(
-        upstream.seen.lock().expect("seen")[0].1["model"],
+        upstream.probes(&credential("healthy"))[0].body["model"],
         "claude-probe-override",
         "the account's probe model wins"
     );
@@ -510,9 +546,9 @@ async fn unauthorized_count(backends: &Backends, id: i64) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_unauthorized_outcomes_the_probe_confirms_within_an_hour_mark_the_account_error() {
     let backends = Backends::start().await;
-    let upstream = ProbeUpstream::start(401, AUTHENTICATION_ERROR, Duration::ZERO).await;
+    let upstream = upstream(401, AUTHENTICATION_ERROR, Duration::ZERO).await;
     let id = backends
-        .account("revoked", "g", |a| a.base_url = upstream.url.clone())
+        .account("revoked", "g", |a| a.base_url = upstream.base_url.clone())
         .await;
     let replica = Replica::start(backends.config(fast_settings())).await;
     let client = replica.client.clone();
@@ -524,8 +560,8 @@ async fn three_unauthorized_outcomes_the_probe_confirms_within_an_hour_mark_the_
                     .report_outcome(report(id, pb::OutcomeClass::Unauthorized, 401, 0))
                     .await
                     .ok()?
-                    .into_inner()
-                    .applied;
+                    .into_inner();
+                let applied = support::effect(&applied);
                 // While the last verdict's block holds, a report starts nothing.
                 (applied == "confirming").then_some(applied)
             }
@@ -544,15 +580,19 @@ async fn three_unauthorized_outcomes_the_probe_confirms_within_an_hour_mark_the_
     })
     .await
     .expect("three confirmed refusals: error");
-    assert_eq!(upstream.calls(), 3, "one probe per refusal");
+    assert_eq!(
+        upstream.probe_count(&credential("revoked")),
+        3,
+        "one probe per refusal"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_401_the_probe_does_not_confirm_blocks_nothing_and_counts_nothing() {
     let backends = Backends::start().await;
-    let upstream = ProbeUpstream::start(200, OK, Duration::from_millis(200)).await;
+    let upstream = upstream(200, OK, Duration::from_millis(200)).await;
     let id = backends
-        .account("fine", "g", |a| a.base_url = upstream.url.clone())
+        .account("fine", "g", |a| a.base_url = upstream.base_url.clone())
         .await;
     let replica = Replica::start(backends.config(fast_settings())).await;
     let mut client = replica.client.clone();
@@ -565,13 +605,14 @@ async fn a_401_the_probe_does_not_confirm_blocks_nothing_and_counts_nothing() {
             .expect("report")
             .into_inner();
         assert!(
-            ["confirming", "none"].contains(&answer.applied.as_str()),
+            ["confirming", "none"].contains(&support::effect(&answer)),
             "{}",
-            answer.applied
+            support::effect(&answer)
         );
     }
     eventually(Duration::from_secs(5), || async {
-        (upstream.calls() == 1 && primary(&replica).await == Some(id)).then_some(())
+        (upstream.probe_count(&credential("fine")) == 1 && primary(&replica).await == Some(id))
+            .then_some(())
     })
     .await
     .expect("one probe; the confirming block lifted");

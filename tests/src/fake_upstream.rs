@@ -4,6 +4,10 @@
 //! (429, 529, 500, 401, quota, delays, connections that break, answers too large), so tests can
 //! drive every failover path.
 //!
+//! A test can also give every request one standing answer (`set_standing_answer`: an upstream
+//! that fails or refuses everything until told otherwise), and the OAuth token endpoint
+//! (`/oauth/token`) refreshes tokens as the providers' do, counting each refresh request.
+//!
 //! It tells the selector's confirmation probe (the fixed bodies of `selector-svc/src/confirm.rs`
 //! `probe_request`) from client requests, so a test can give clients hostile answers while the
 //! probe, which no client shapes, gets a healthy one (`script_clients`), or script both alike
@@ -79,6 +83,10 @@ struct FakeState {
     scripts: Mutex<HashMap<String, VecDeque<Scripted>>>,
     /// Answers for client requests only: the probe skips this queue.
     client_scripts: Mutex<HashMap<String, VecDeque<Scripted>>>,
+    /// The answer every request gets when nothing is queued for it (none: the normal one).
+    standing: Mutex<Option<Scripted>>,
+    /// `count_tokens` requests received per credential (they count nowhere else).
+    count_tokens: Mutex<HashMap<String, u64>>,
     /// `/oauth/token` answers after this long (so refusals can pile up behind one refresh).
     token_delay: Mutex<Duration>,
     /// Probes received per credential (all of them, not only the first 1 000 requests).
@@ -177,6 +185,17 @@ impl FakeUpstream {
             .entry(credential.to_owned())
             .or_default()
             .extend(answers);
+    }
+
+    /// Every request with no queued answer (the probe's included, whatever its credential)
+    /// gets `answer`, each time, until `None` puts the normal answers back: an upstream that
+    /// fails or refuses everything for as long as a test says.
+    pub fn set_standing_answer(&self, answer: Option<Scripted>) {
+        *self
+            .state
+            .standing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = answer;
     }
 
     /// Drops every answer still queued by `script_clients`.
@@ -303,6 +322,18 @@ impl FakeUpstream {
             .clone()
     }
 
+    /// How many `/v1/messages/count_tokens` requests came with `credential` (they are not in
+    /// `stats`, `seen_requests` or `seen_models`).
+    pub fn count_tokens_calls(&self, credential: &str) -> u64 {
+        self.state
+            .count_tokens
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(credential)
+            .copied()
+            .unwrap_or(0)
+    }
+
     /// How many of the selector's probes came with `credential`.
     pub fn probe_count(&self, credential: &str) -> u64 {
         self.state
@@ -365,7 +396,7 @@ pub fn is_probe(path: &str, request: &Value) -> bool {
 }
 
 /// The next scripted answer for a request with `credential`: a client's takes the client-only
-/// queue first; the probe only the shared one.
+/// queue first; the probe only the shared one; then the standing answer, if any.
 fn take_scripted(state: &FakeState, credential: &str, probe: bool) -> Option<Scripted> {
     if !probe {
         let client = state
@@ -378,12 +409,19 @@ fn take_scripted(state: &FakeState, credential: &str, probe: bool) -> Option<Scr
             return client;
         }
     }
-    state
+    let queued = state
         .scripts
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .get_mut(credential)
-        .and_then(VecDeque::pop_front)
+        .and_then(VecDeque::pop_front);
+    queued.or_else(|| {
+        state
+            .standing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    })
 }
 
 /// Waits out `After` wrappers; the answer inside them.
@@ -708,8 +746,15 @@ async fn count_tokens(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    let credential = credential(&headers);
+    *state
+        .count_tokens
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .entry(credential.clone())
+        .or_default() += 1;
     // Never the probe's: count_tokens is a client endpoint only.
-    let scripted = after_pauses(take_scripted(&state, &credential(&headers), false)).await;
+    let scripted = after_pauses(take_scripted(&state, &credential, false)).await;
     let counted = json!({"input_tokens": body.len() / 4});
     match scripted {
         Some(Scripted::Fail {
@@ -1271,6 +1316,41 @@ mod tests {
         assert_eq!(fake.probe_count("k"), 2);
         let flags: Vec<bool> = fake.seen_requests().iter().map(|r| r.probe).collect();
         assert_eq!(flags, [true, true, false]);
+    }
+
+    #[tokio::test]
+    async fn a_standing_answer_serves_every_request_after_the_queue_until_cleared() {
+        let fake = FakeUpstream::start().await.expect("fake starts");
+        let fail = |status| Scripted::Fail {
+            status,
+            headers: vec![],
+            body: "{}".into(),
+        };
+        fake.script("k", [fail(529)]);
+        fake.set_standing_answer(Some(fail(500)));
+        let mut statuses = Vec::new();
+        for (credential, body) in [
+            ("k", client(false)),
+            ("k", anthropic_probe()),
+            ("other", client(false)),
+        ] {
+            statuses.push(
+                post(&fake.base_url, credential, &body)
+                    .await
+                    .status()
+                    .as_u16(),
+            );
+        }
+        assert_eq!(
+            statuses,
+            [529, 500, 500],
+            "the queue first, then every request"
+        );
+        fake.set_standing_answer(None);
+        let answer = post(&fake.base_url, "k", &client(false)).await;
+        assert_eq!(answer.status().as_u16(), 200);
+        assert_eq!(fake.probe_count("k"), 1);
+        assert_eq!(fake.count_tokens_calls("k"), 0);
     }
 
     #[tokio::test]

@@ -77,7 +77,8 @@ impl Drop for Scratch {
     }
 }
 
-/// One private `redis-server` process (no persistence), killed on drop.
+/// One private `redis-server` process (no persistence unless `stop_keeping_data` asks for it),
+/// killed on drop.
 pub struct RedisServer {
     port: u16,
     child: Option<Child>,
@@ -158,9 +159,38 @@ impl RedisServer {
         self.child = None;
     }
 
+    /// Stops the server as a restart with persistence does: it saves its data (`SHUTDOWN
+    /// SAVE`) and exits. `start_again` brings it back on the same port with that data, so what
+    /// a client could not write while it was down is not hidden by an empty server.
+    pub async fn stop_keeping_data(&mut self) -> HarnessResult<()> {
+        let mut conn = self.client().await?;
+        // The server closes the connection as it exits: no reply is the expected answer.
+        let _ = redis::cmd("SHUTDOWN")
+            .arg("SAVE")
+            .query_async::<String>(&mut conn)
+            .await;
+        if let Some(mut child) = self.child.take() {
+            let exited = tokio::task::spawn_blocking(move || child.wait())
+                .await
+                .map_err(|e| format!("wait for redis-server: {e}"))?;
+            exited.map_err(|e| format!("wait for redis-server: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// Starts a stopped server again on the same port, with the data it saved.
+    pub async fn start_again(&mut self) -> HarnessResult<()> {
+        if self.child.is_some() {
+            return Err("redis-server is still running".into());
+        }
+        self.spawn().await
+    }
+
     /// Starts the server again on the same port, empty.
     pub async fn restart(&mut self) -> HarnessResult<()> {
         self.kill();
+        // Data an earlier `stop_keeping_data` saved would be loaded again.
+        let _ = std::fs::remove_file(self.scratch.path().join("dump.rdb"));
         self.spawn().await
     }
 

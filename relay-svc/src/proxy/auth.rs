@@ -12,7 +12,7 @@ use poolgate_core::short_hash;
 
 use super::{Answer, Body, Inbound, Relay};
 use crate::client_api::{Api, ErrorKind, RelayError};
-use crate::ports::{Acquired, Caller, Planned};
+use crate::ports::{Acquired, Caller, PlannedAccount};
 
 /// `count_tokens` requests one account takes a minute, from all clients together: Claude Code
 /// calls it alongside its messages, and it must not hammer an upstream that limits it apart.
@@ -130,7 +130,7 @@ impl Relay {
     pub(super) async fn charge_count_tokens(
         &self,
         inbound: &Inbound,
-        account: &Planned,
+        account: &PlannedAccount,
     ) -> Option<Answer> {
         let caller = &inbound.caller;
         if caller.user_rpm_limit <= 0 {

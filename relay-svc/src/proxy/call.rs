@@ -22,7 +22,7 @@ use super::finish::Finish;
 use super::request::response_headers;
 use super::{Answer, Body, Called, Inbound, Relay};
 use crate::client_api::{Api, ErrorKind, RelayError};
-use crate::ports::{Lease, Planned};
+use crate::ports::{Lease, PlannedAccount};
 use crate::usage::{StreamFold, whole_answer};
 
 /// A 2xx from upstream whose body is still to be read, and the lease it runs under.
@@ -143,7 +143,7 @@ impl Relay {
     pub(super) async fn call(
         self: Arc<Self>,
         inbound: &Inbound,
-        account: &Planned,
+        account: &PlannedAccount,
         lease: Box<dyn Lease>,
         started: Instant,
     ) -> Called {
@@ -222,7 +222,7 @@ impl Relay {
     async fn serve_whole<S>(
         self: Arc<Self>,
         inbound: &Inbound,
-        account: &Planned,
+        account: &PlannedAccount,
         answered: Answered<S>,
         started: Instant,
         fold: bool,

@@ -12,13 +12,13 @@ use poolgate_core::now_ms;
 use poolgate_core::outcome::OutcomeClass;
 
 use super::{Inbound, Relay};
-use crate::ports::{Caller, Lease, Planned, UsageRecord};
+use crate::ports::{Caller, Lease, PlannedAccount, UsageRecord};
 use crate::usage::{SseScanner, Usage};
 
 /// Bookkeeping after the last byte: report, bind, spend on release, usage record.
 pub(super) struct Finish {
     pub(super) relay: Arc<Relay>,
-    pub(super) account: Planned,
+    pub(super) account: PlannedAccount,
     caller: Caller,
     session_hash: Option<String>,
     model: String,
@@ -33,7 +33,7 @@ impl Finish {
     pub(super) fn new(
         relay: Arc<Relay>,
         inbound: &Inbound,
-        account: &Planned,
+        account: &PlannedAccount,
         started: Instant,
         status: u16,
     ) -> Self {

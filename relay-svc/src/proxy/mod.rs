@@ -30,7 +30,7 @@ use tokio::sync::mpsc;
 
 use crate::client_api::{Api, ErrorKind, RelayError};
 use crate::metrics::Metrics;
-use crate::ports::{Acquired, Caller, Lease, Leases, Plan, PlanRequest, Planned, Selection};
+use crate::ports::{Acquired, Caller, Lease, Leases, Plan, PlanRequest, PlannedAccount, Selection};
 
 pub use body::{BodyJsonError, MAX_DEPTH as MAX_JSON_DEPTH, TopLevel};
 pub use request::{HttpClientError, merged_betas, passes_upstream, request_id_header};
@@ -439,7 +439,7 @@ impl Relay {
     fn terms(
         &self,
         inbound: &Inbound,
-        account: &Planned,
+        account: &PlannedAccount,
         charge_user: bool,
         bound: bool,
     ) -> LeaseTerms {
@@ -485,7 +485,7 @@ impl Relay {
     async fn call_with_retries(
         self: Arc<Self>,
         inbound: &Inbound,
-        account: &Planned,
+        account: &PlannedAccount,
         mut lease: Box<dyn Lease>,
         started: Instant,
     ) -> Called {
@@ -536,7 +536,7 @@ struct Failure {
 
 impl Failure {
     /// An account's error answer, with the headers its client may see.
-    fn new(status: u16, upstream: &HeaderMap, body: Bytes, account: &Planned) -> Self {
+    fn new(status: u16, upstream: &HeaderMap, body: Bytes, account: &PlannedAccount) -> Self {
         Failure {
             status,
             headers: request::response_headers(upstream, account.usage_headers_to_clients),

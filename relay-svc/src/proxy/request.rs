@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use super::{Inbound, Relay};
 use crate::client_api::Api;
-use crate::ports::Planned;
+use crate::ports::PlannedAccount;
 
 /// Where a request goes, for the header rules (docs/DESIGN.md §6, "Headers, both ways"): the
 /// Anthropic API, the OpenAI API (and compatible bases), or the ChatGPT backend (a ChatGPT
@@ -228,7 +228,7 @@ impl Relay {
     pub(super) fn upstream_request(
         &self,
         inbound: &Inbound,
-        account: &Planned,
+        account: &PlannedAccount,
     ) -> reqwest::RequestBuilder {
         let client = self.client_for(account.proxy_url.as_deref());
         let chatgpt = account.credential_kind == CredentialKind::ChatGptOAuth;
@@ -391,7 +391,7 @@ fn opens_with_claude_code_identity(system: Option<&Value>) -> bool {
 /// account: Anthropic serves such tokens only for Claude Code, so the request gets Claude Code's
 /// identity line as its first system block and Claude Code's beta, as sub2api and
 /// claude-relay-service do. `count_tokens` takes no system prompt and is left alone.
-fn needs_claude_code_identity(inbound: &Inbound, account: &Planned) -> bool {
+fn needs_claude_code_identity(inbound: &Inbound, account: &PlannedAccount) -> bool {
     inbound.api == Api::Anthropic
         && inbound.path == "/v1/messages"
         && account.credential_kind == CredentialKind::OAuth
@@ -401,7 +401,7 @@ fn needs_claude_code_identity(inbound: &Inbound, account: &Planned) -> bool {
 /// An OpenAI chat stream whose client did not ask for usage, on an account that allows asking:
 /// the relay asks the upstream for it (so streamed spend is recorded) and strips it from what
 /// the client gets.
-pub(super) fn asks_stream_usage(inbound: &Inbound, account: &Planned) -> bool {
+pub(super) fn asks_stream_usage(inbound: &Inbound, account: &PlannedAccount) -> bool {
     inbound.api == Api::OpenAi
         && inbound.path == "/v1/chat/completions"
         && inbound.stream

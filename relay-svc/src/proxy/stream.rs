@@ -17,7 +17,7 @@ use super::finish::Finish;
 use super::request::asks_stream_usage;
 use super::{Answer, Body, Called, Inbound, Relay};
 use crate::client_api::{Api, ErrorKind, RelayError};
-use crate::ports::{Lease, Planned};
+use crate::ports::{Lease, PlannedAccount};
 use crate::usage::{ChatUsageStripper, SseScanner};
 
 impl Relay {
@@ -26,7 +26,7 @@ impl Relay {
     pub(super) async fn serve_stream<S>(
         self: Arc<Self>,
         inbound: &Inbound,
-        account: &Planned,
+        account: &PlannedAccount,
         answered: Answered<S>,
         started: Instant,
     ) -> Called

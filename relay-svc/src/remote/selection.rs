@@ -12,7 +12,7 @@ use poolgate_core::classify::Classified;
 use poolgate_core::outcome::OutcomeClass;
 use poolgate_core::select::NoneReason;
 use poolgate_core::short_hash;
-use poolgate_proto::convert::{self, ConvertError};
+use poolgate_proto::convert;
 use poolgate_proto::selector::v1 as spb;
 use poolgate_proto::selector::v1::selector_client::SelectorClient;
 use poolgate_rpc::service_auth::WithToken;
@@ -20,7 +20,7 @@ use tonic::transport::Channel;
 
 use super::throttle::Throttle;
 use super::{Traced, traced};
-use crate::ports::{BackendError, Caller, Plan, PlanRequest, Planned, Selection, UsageRecord};
+use crate::ports::{BackendError, Caller, Plan, PlanRequest, Selection, UsageRecord};
 use crate::session::binding_key;
 use crate::usage_sink::{SinkSettings, UsageSink, UsageWriter, WriteError};
 
@@ -163,23 +163,7 @@ struct SelectorUsage(SelectorClient<Traced>);
 #[async_trait]
 impl UsageWriter for SelectorUsage {
     async fn write(&self, records: Vec<UsageRecord>) -> Result<(), WriteError> {
-        let records = records
-            .into_iter()
-            .map(|r| spb::UsageRecord {
-                api_key_id: r.api_key_id,
-                user: r.user,
-                account_id: r.account_id,
-                model: r.model,
-                input_tokens: r.input_tokens,
-                output_tokens: r.output_tokens,
-                cache_write_tokens: r.cache_write_tokens,
-                cache_read_tokens: r.cache_read_tokens,
-                cost_usd: r.cost_usd,
-                status: u32::from(r.status),
-                latency_ms: r.latency_ms,
-                at_ms: r.at_ms,
-            })
-            .collect();
+        let records = records.into_iter().map(spb::UsageRecord::from).collect();
         match self
             .0
             .clone()
@@ -198,51 +182,6 @@ impl UsageWriter for SelectorUsage {
 
 fn platform_pb(platform: Platform) -> i32 {
     spb::Platform::from(platform) as i32
-}
-
-/// One plan entry. The kind decides how the credential is sent: an entry whose kind the relay
-/// cannot read is refused, not sent as an API key on a guess.
-fn planned(
-    account: spb::PlanAccount,
-    usage_headers_to_clients: bool,
-) -> Result<Planned, ConvertError> {
-    // A selector older than the enum sends only the deprecated string.
-    #[allow(deprecated)]
-    let credential_kind = convert::credential_kind(account.kind, &account.credential_kind)?;
-    Ok(Planned {
-        id: account.account_id,
-        name: account.name,
-        base_url: account.base_url,
-        credential: Secret::new(account.credential),
-        credential_kind,
-        mapped_model: account.mapped_model,
-        concurrency_limit: account.concurrency_limit,
-        rpm_limit: account.rpm_limit,
-        session_window_limit_usd: account.session_window_limit_usd,
-        proxy_url: (!account.proxy_url.is_empty()).then_some(account.proxy_url),
-        stream_usage: !account.disable_stream_usage,
-        price: account.price.unwrap_or_default().into(),
-        soft_blocked: account.soft_blocked,
-        inflight: u32::try_from(account.inflight).ok(),
-        usage_headers_to_clients,
-    })
-}
-
-/// A select answer as a plan; `Err` when any of it is unreadable.
-fn plan(answer: spb::SelectResponse) -> Result<Plan, ConvertError> {
-    #[allow(deprecated)]
-    let none_reason = convert::none_reason(answer.reason, &answer.none_reason)?;
-    Ok(Plan {
-        accounts: answer
-            .accounts
-            .into_iter()
-            .map(|account| planned(account, answer.usage_headers_to_clients))
-            .collect::<Result<_, _>>()?,
-        sticky: answer.sticky,
-        none_reason,
-        retry_after_ms: answer.retry_after_ms,
-        previous_response_other_key: answer.previous_response_other_key,
-    })
 }
 
 #[async_trait]
@@ -307,7 +246,7 @@ impl Selection for RemoteSelection {
             }
             Err(status) => return Err(status.into()),
         };
-        plan(answer).map_err(|error| {
+        Plan::try_from(answer).map_err(|error| {
             tracing::warn!(%error, "the selector's plan is unreadable; treated as a selector error");
             BackendError::from(error)
         })
@@ -337,8 +276,13 @@ impl Selection for RemoteSelection {
         let answer = self
             .send_report(account_id, outcome, status, reason, Some(refused))
             .await?;
-        (answer.applied == "refreshed" && !answer.refreshed_credential.is_empty())
-            .then(|| Secret::new(answer.refreshed_credential))
+        match convert::read_report_answer(answer) {
+            Ok((_, fresh)) => fresh,
+            Err(error) => {
+                tracing::warn!(account_id, %error, "the selector's report answer is unreadable");
+                None
+            }
+        }
     }
 
     async fn bind_session(
@@ -389,64 +333,5 @@ impl Selection for RemoteSelection {
                 Vec::new()
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use poolgate_core::account::CredentialKind;
-
-    use super::*;
-
-    #[allow(deprecated)]
-    fn entry(kind: i32, legacy: &str) -> spb::PlanAccount {
-        spb::PlanAccount {
-            account_id: 3,
-            kind,
-            credential_kind: legacy.into(),
-            inflight: -1,
-            ..Default::default()
-        }
-    }
-
-    #[allow(deprecated)]
-    fn answer(accounts: Vec<spb::PlanAccount>, reason: i32, legacy: &str) -> spb::SelectResponse {
-        spb::SelectResponse {
-            accounts,
-            reason,
-            none_reason: legacy.into(),
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn a_plan_reads_the_enums_and_an_older_selectors_strings() {
-        let oauth = spb::CredentialKind::Oauth as i32;
-        for account in [entry(oauth, ""), entry(oauth, "oauth"), entry(0, "oauth")] {
-            let plan = plan(answer(vec![account], 0, "")).expect("readable");
-            assert_eq!(plan.accounts[0].credential_kind, CredentialKind::OAuth);
-            assert_eq!(plan.accounts[0].inflight, None);
-            assert_eq!(plan.none_reason, None);
-        }
-        let blocked = spb::NoneReason::AllBlocked as i32;
-        for (reason, legacy) in [(blocked, ""), (blocked, "all_blocked"), (0, "all_blocked")] {
-            let plan = plan(answer(vec![], reason, legacy)).expect("readable");
-            assert_eq!(plan.none_reason, Some(NoneReason::AllBlocked));
-        }
-    }
-
-    #[test]
-    fn a_plan_entry_whose_kind_the_relay_cannot_read_fails_the_plan_instead_of_a_guess() {
-        for account in [
-            entry(99, ""),
-            entry(0, ""),
-            entry(0, "bearer"),
-            entry(spb::CredentialKind::ApiKey as i32, "oauth"),
-        ] {
-            let good = entry(spb::CredentialKind::ApiKey as i32, "api_key");
-            assert!(plan(answer(vec![good, account], 0, "")).is_err());
-        }
-        assert!(plan(answer(vec![], 42, "")).is_err());
-        assert!(plan(answer(vec![], 0, "everything_on_fire")).is_err());
     }
 }

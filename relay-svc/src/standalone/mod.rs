@@ -17,11 +17,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use poolgate_core::lease::Settings;
 use poolgate_lease::LeaseEngine;
-use poolgate_select::engine::{Selector, SelectorParts, SelectorSettings};
+use poolgate_select::engine::{Selector, SelectorError, SelectorParts, SelectorSettings};
 use poolgate_select::health::InProcessHealth;
 use poolgate_select::refresh::{RefreshSettings, TokenRefresher, refresh_loop};
 use poolgate_select::snapshot::SnapshotCell;
-use poolgate_select::source::{AccountSource, MemorySource, StateFile, UsageInput};
+use poolgate_select::source::{MemorySource, StateFile};
 
 pub use config::{AccountEntry, KeyEntry, OAuthEntry, PriceEntry, Prices, StandaloneFile};
 pub use leases::LocalLeases;
@@ -85,7 +85,7 @@ pub fn build(
         REFRESH_EVERY,
     ));
     let usage = UsageSink::start(
-        SourceUsage(source.clone()),
+        EngineUsage(selector.clone()),
         metrics.usage_lost.clone(),
         SinkSettings::default(),
     );
@@ -122,31 +122,19 @@ fn tempfile_probe(directory: &Path) -> bool {
     created
 }
 
-/// The usage ledger of the memory source, as the usage sink's writer.
-struct SourceUsage(Arc<MemorySource>);
+/// The selection engine's usage intake (over the memory source's ledger), as the usage sink's
+/// writer.
+struct EngineUsage(Arc<Selector>);
 
 #[async_trait]
-impl UsageWriter for SourceUsage {
+impl UsageWriter for EngineUsage {
     async fn write(&self, records: Vec<UsageRecord>) -> Result<(), WriteError> {
-        let inputs: Vec<UsageInput> = records
-            .into_iter()
-            .map(|r| UsageInput {
-                api_key_id: (r.api_key_id > 0).then_some(r.api_key_id),
-                user: r.user,
-                account_id: (r.account_id > 0).then_some(r.account_id),
-                model: r.model,
-                input_tokens: clamp(r.input_tokens),
-                output_tokens: clamp(r.output_tokens),
-                cache_write_tokens: clamp(r.cache_write_tokens),
-                cache_read_tokens: clamp(r.cache_read_tokens),
-                cost_usd: r.cost_usd,
-                status: i32::from(r.status),
-                latency_ms: r.latency_ms.min(i32::MAX as u32) as i32,
-                at_ms: (r.at_ms > 0).then_some(r.at_ms.min(i64::MAX as u64) as i64),
-            })
-            .collect();
-        match self.0.insert_usage(&inputs).await {
+        match self.0.record_usage(records).await {
             Ok(_) => Ok(()),
+            Err(error @ SelectorError::InvalidArgument { .. }) => {
+                tracing::warn!(%error, "the engine refused a usage batch");
+                Err(WriteError::Refused)
+            }
             // Kept in memory; the next write carries it to the file again.
             Err(error) => {
                 tracing::warn!(%error, "usage kept in memory only");
@@ -154,8 +142,4 @@ impl UsageWriter for SourceUsage {
             }
         }
     }
-}
-
-fn clamp(tokens: u64) -> i64 {
-    i64::try_from(tokens).unwrap_or(i64::MAX)
 }

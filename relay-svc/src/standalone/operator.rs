@@ -1,5 +1,6 @@
 //! The admin endpoint's verbs over the in-process selector engine: the same engine calls the
-//! selector's gRPC admin API makes in distributed mode.
+//! selector's gRPC admin API makes in distributed mode, mapped into the operator CLI's rows
+//! (`poolgate_operator::view`), so both modes show the same.
 
 use std::sync::Arc;
 
@@ -8,7 +9,9 @@ use poolgate_core::account::Account;
 use poolgate_select::engine::{Selector, SelectorError};
 use poolgate_select::source::{AccountSource, MemorySource};
 
-use crate::admin::{AccountView, AdminError, BlockView, KeyUsage, Operator};
+use poolgate_operator::view::{AccountRow, BlockRow, UsageRow};
+
+use crate::admin::{AdminError, Operator};
 
 pub struct EngineOperator {
     selector: Arc<Selector>,
@@ -21,8 +24,8 @@ impl EngineOperator {
     }
 }
 
-fn view(account: &Account) -> AccountView {
-    AccountView {
+fn view(account: &Account) -> AccountRow {
+    AccountRow {
         id: account.id,
         name: account.name.clone(),
         group: account.group.clone(),
@@ -43,14 +46,14 @@ fn admin_error(account_id: i64, error: SelectorError) -> AdminError {
 
 #[async_trait]
 impl Operator for EngineOperator {
-    async fn accounts(&self) -> Vec<AccountView> {
+    async fn accounts(&self) -> Vec<AccountRow> {
         let snapshot = self.selector.snapshot().get();
-        let mut accounts: Vec<AccountView> = snapshot.accounts().map(|a| view(a)).collect();
+        let mut accounts: Vec<AccountRow> = snapshot.accounts().map(|a| view(a)).collect();
         accounts.sort_by_key(|a| a.id);
         accounts
     }
 
-    async fn blocks(&self) -> Result<Vec<BlockView>, AdminError> {
+    async fn blocks(&self) -> Result<Vec<BlockRow>, AdminError> {
         let blocks = self
             .selector
             .blocks()
@@ -59,7 +62,7 @@ impl Operator for EngineOperator {
         let snapshot = self.selector.snapshot().get();
         Ok(blocks
             .into_iter()
-            .map(|block| BlockView {
+            .map(|block| BlockRow {
                 account_name: snapshot
                     .account(block.account_id)
                     .map(|a| a.name.clone())
@@ -74,7 +77,7 @@ impl Operator for EngineOperator {
             .collect())
     }
 
-    async fn restore(&self, account_id: i64) -> Result<AccountView, AdminError> {
+    async fn restore(&self, account_id: i64) -> Result<AccountRow, AdminError> {
         let account = self
             .selector
             .restore(account_id)
@@ -93,7 +96,7 @@ impl Operator for EngineOperator {
             .map_err(|e| admin_error(account_id, e))
     }
 
-    async fn usage(&self, from_ms: i64, to_ms: i64) -> Result<Vec<KeyUsage>, AdminError> {
+    async fn usage(&self, from_ms: i64, to_ms: i64) -> Result<Vec<UsageRow>, AdminError> {
         let snapshot = self.selector.snapshot().get();
         let mut keys: Vec<_> = snapshot.api_keys().cloned().collect();
         keys.sort_by_key(|k| k.id);
@@ -104,7 +107,7 @@ impl Operator for EngineOperator {
                 .read_usage(key.id, from_ms, to_ms)
                 .await
                 .map_err(|e| AdminError::Unavailable(e.to_string()))?;
-            usage.push(KeyUsage {
+            usage.push(UsageRow {
                 api_key_id: key.id,
                 user: key.user,
                 requests: totals.requests.max(0) as u64,

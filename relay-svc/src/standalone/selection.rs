@@ -4,14 +4,14 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use poolgate_core::account::{Platform, Secret, group_models};
+use poolgate_core::account::{Platform, Secret};
 use poolgate_core::classify::Classified;
 use poolgate_core::outcome::Outcome;
 use poolgate_core::select::NoneReason;
 use poolgate_core::short_hash;
 use poolgate_select::engine::{Reported, SelectQuery, Selector, SelectorError};
 
-use crate::ports::{BackendError, Caller, Plan, PlanRequest, Planned, Selection, UsageRecord};
+use crate::ports::{BackendError, Caller, Plan, PlanRequest, Selection, UsageRecord};
 use crate::session::binding_key;
 use crate::usage_sink::UsageSink;
 
@@ -88,69 +88,15 @@ impl Selection for InProcessSelection {
             max_accounts: 0,
             api_key_id: request.api_key_id,
         };
-        if self
-            .selector
-            .response_of_another_key(&query)
-            .await
-            .map_err(unavailable)?
-        {
-            self.selector
-                .metrics()
-                .selects
-                .with_label_values(&["previous_response_other_key"])
-                .inc();
-            return Ok(Plan {
-                previous_response_other_key: true,
-                ..Plan::default()
-            });
-        }
-        let plan = self.selector.select(&query).await;
-        let plan = match plan {
-            Ok(plan) => plan,
+        match self.selector.plan(&query).await {
+            Ok(plan) => Ok(plan),
             // A group without accounts is not an error to the client: nothing to serve it.
-            Err(SelectorError::NotFound(_)) => {
-                return Ok(Plan {
-                    none_reason: Some(NoneReason::NoAccounts),
-                    ..Plan::default()
-                });
-            }
-            Err(error) => return Err(unavailable(error)),
-        };
-        self.selector
-            .metrics()
-            .selects
-            .with_label_values(&[plan.none_reason.map_or("planned", |reason| reason.as_str())])
-            .inc();
-        Ok(Plan {
-            accounts: plan
-                .entries
-                .into_iter()
-                .map(|entry| {
-                    let account = &entry.account;
-                    Planned {
-                        id: account.id,
-                        name: account.name.clone(),
-                        base_url: account.base_url.clone(),
-                        credential: account.credential.clone(),
-                        credential_kind: account.credential_kind,
-                        mapped_model: entry.mapped_model,
-                        concurrency_limit: account.concurrency_limit,
-                        rpm_limit: account.rpm_limit,
-                        session_window_limit_usd: account.session_window_limit_usd,
-                        proxy_url: account.proxy_url.clone(),
-                        stream_usage: account.stream_usage,
-                        price: entry.price,
-                        soft_blocked: entry.soft_blocked,
-                        inflight: entry.inflight,
-                        usage_headers_to_clients: plan.usage_headers_to_clients,
-                    }
-                })
-                .collect(),
-            sticky: plan.sticky,
-            none_reason: plan.none_reason,
-            retry_after_ms: plan.retry_after_ms,
-            previous_response_other_key: false,
-        })
+            Err(SelectorError::NotFound(_)) => Ok(Plan {
+                none_reason: Some(NoneReason::NoAccounts),
+                ..Plan::default()
+            }),
+            Err(error) => Err(unavailable(error)),
+        }
     }
 
     async fn report(&self, account_id: i64, outcome: Classified, status: u16, reason: &str) {
@@ -205,7 +151,6 @@ impl Selection for InProcessSelection {
     }
 
     async fn models(&self, group: &str, platform: Platform) -> Vec<String> {
-        let snapshot = self.selector.snapshot().get();
-        group_models(snapshot.accounts().map(|a| a.as_ref()), group, platform)
+        self.selector.models(group, platform)
     }
 }

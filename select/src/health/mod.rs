@@ -1,7 +1,9 @@
-//! Account health as the engine sees it, behind one trait with two stores: Redis
-//! (`redis.rs`, shared by every selector replica) and memory (`memory.rs`, one process: the
-//! relay's standalone mode). Both keep the same semantics and run the same test suite
-//! (`tests/health_suite.rs`).
+//! Account health as the engine sees it, behind three small traits by kind of state: `Health`
+//! (blocks, breakers, unauthorized counts, the reads selection makes), `Bindings` (sticky
+//! sessions, response ids) and `Locks` (the confirmation lock, the token-refresh lock), joined
+//! as `HealthStore`. Two stores implement all three: Redis (`redis/`, shared by every selector
+//! replica) and memory (`memory/`, one process: the relay's standalone mode). Both keep the same
+//! semantics and run the same test suite (`selector-svc/tests/health_suite.rs`).
 //!
 //! In both, a hard block is admission's cooldown, so admission refuses the account in the same
 //! step that takes a slot, and the live lease count is admission's.
@@ -43,10 +45,11 @@ pub struct BlockInfo {
     pub remaining_ms: u64,
 }
 
-/// Everything the engine, the load cache, the token refresher and the admin API keep per
-/// account outside the config. Times are the store's clock (Redis `TIME`, or the process's).
+/// What selection, outcomes and the admin API keep per account outside the config: blocks,
+/// breakers and unauthorized counts. Times are the store's clock (Redis `TIME`, or the
+/// process's).
 #[async_trait]
-pub trait HealthStore: Send + Sync + 'static {
+pub trait Health: Send + Sync + 'static {
     /// The store's clock, ms since the epoch.
     async fn now(&self) -> Result<i64, BackendError>;
 
@@ -99,6 +102,23 @@ pub trait HealthStore: Send + Sync + 'static {
     /// Every hard, soft and breaker block among `ids`.
     async fn list_blocks(&self, ids: &[AccountId]) -> Result<Vec<BlockInfo>, BackendError>;
 
+    /// Hard-blocks an account while its confirmation runs; returns the value to lift it with.
+    async fn block_confirming(
+        &self,
+        id: AccountId,
+        ttl_ms: u64,
+        class: &str,
+        status: u16,
+        owner: &str,
+    ) -> Result<String, BackendError>;
+
+    /// Lifts the "confirming" hard block, unless another block replaced it meanwhile.
+    async fn unblock_confirming(&self, id: AccountId, value: &str) -> Result<(), BackendError>;
+}
+
+/// Which account a session or a response id is bound to.
+#[async_trait]
+pub trait Bindings: Send + Sync + 'static {
     async fn sticky_get(
         &self,
         group: &str,
@@ -133,8 +153,13 @@ pub trait HealthStore: Send + Sync + 'static {
         id: AccountId,
         ttl_ms: u64,
     ) -> Result<(), BackendError>;
+}
 
-    /// Takes the account's confirmation lock (see `confirm.rs`): whether this owner took it.
+/// The per-account locks that make one replica act for all: the confirmation lock (its value
+/// names the confirmation's state, `confirmations.rs`) and the token-refresh lock.
+#[async_trait]
+pub trait Locks: Send + Sync + 'static {
+    /// Takes the account's confirmation lock (see `confirmations.rs`): whether this owner took it.
     async fn lock_confirm(
         &self,
         id: AccountId,
@@ -151,8 +176,8 @@ pub trait HealthStore: Send + Sync + 'static {
     async fn linger_confirm(&self, id: AccountId, owner: &str, ms: u64)
     -> Result<(), BackendError>;
 
-    /// The confirmation lock's value while it is held (`confirm.rs` names its states: running,
-    /// quiet, freshly refreshed), for reports that arrive meanwhile.
+    /// The confirmation lock's value while it is held (`confirmations.rs` names its states:
+    /// running, quiet, freshly refreshed), for reports that arrive meanwhile.
     async fn confirm_state(&self, id: AccountId) -> Result<Option<String>, BackendError>;
 
     /// Replaces the confirmation lock's value `from` with `to`, held `ttl_ms` from now, if it
@@ -165,19 +190,6 @@ pub trait HealthStore: Send + Sync + 'static {
         ttl_ms: u64,
     ) -> Result<bool, BackendError>;
 
-    /// Hard-blocks an account while its confirmation runs; returns the value to lift it with.
-    async fn block_confirming(
-        &self,
-        id: AccountId,
-        ttl_ms: u64,
-        class: &str,
-        status: u16,
-        owner: &str,
-    ) -> Result<String, BackendError>;
-
-    /// Lifts the "confirming" hard block, unless another block replaced it meanwhile.
-    async fn unblock_confirming(&self, id: AccountId, value: &str) -> Result<(), BackendError>;
-
     /// Takes the account's token-refresh lock: whether this owner took it.
     async fn lock_refresh(
         &self,
@@ -189,6 +201,12 @@ pub trait HealthStore: Send + Sync + 'static {
     /// Releases the token-refresh lock, if this owner still holds it.
     async fn unlock_refresh(&self, id: AccountId, owner: &str) -> Result<(), BackendError>;
 }
+
+/// The three kinds of state from one store: what the engine and its confirmations use (the load
+/// cache needs only `Health`, the token refresher only `Locks`).
+pub trait HealthStore: Health + Bindings + Locks {}
+
+impl<T: Health + Bindings + Locks> HealthStore for T {}
 
 /// How a block is recorded (the value of the cooldown / soft-block key): class, status, and
 /// the reason cut to 200 characters.

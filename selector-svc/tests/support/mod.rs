@@ -1,10 +1,11 @@
 //! Selector test helpers: a private Postgres and Redis per test, migrations applied, selector
-//! replicas built in-process and served on port 0.
+//! replicas built in-process and served on port 0, and the test kit's fake upstream for the
+//! confirmation probe.
 
 #![allow(dead_code)]
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use poolgate_core::account::{CredentialKind, OAuthState, Platform, Secret};
@@ -17,6 +18,7 @@ use poolgate_runtime::redis::{RedisOptions, RedisTarget};
 use poolgate_select::crypto::Keyring;
 use poolgate_select::engine::SelectorSettings;
 use poolgate_select::metrics::Metrics;
+use poolgate_testkit::fake_upstream::{FakeUpstream, Scripted};
 use poolgate_testkit::{PostgresServer, RedisServer};
 use selector_svc::server::{self, Built, Config};
 use selector_svc::store::{AccountInput, PostgresSource};
@@ -96,6 +98,11 @@ impl Backends {
     }
 }
 
+/// The API key `api_account` gives account `name`.
+pub fn credential(name: &str) -> String {
+    format!("sk-ant-{name}-secret-credential")
+}
+
 pub fn api_account(name: &str, group: &str) -> AccountInput {
     AccountInput {
         name: name.into(),
@@ -103,7 +110,7 @@ pub fn api_account(name: &str, group: &str) -> AccountInput {
         platform: Platform::Anthropic,
         base_url: "http://127.0.0.1:9".into(),
         credential_kind: CredentialKind::ApiKey,
-        credential: Some(Secret::new(format!("sk-ant-{name}-secret-credential"))),
+        credential: Some(Secret::new(credential(name))),
         oauth: None,
         priority: 0,
         weight: 1,
@@ -239,54 +246,50 @@ pub fn admin<T>(message: T) -> tonic::Request<T> {
     request
 }
 
-/// A stand-in upstream for the confirmation probe: answers every `/v1/messages` with one
-/// status and body, after a delay, and keeps what it was sent.
+/// The test kit's fake upstream, every answer `status` with `body` after `delay` (until the
+/// test sets another standing answer). The selector's probe is the only caller in these tests.
+pub async fn upstream(status: u16, body: &str, delay: Duration) -> FakeUpstream {
+    let upstream = FakeUpstream::start().await.expect("fake upstream starts");
+    upstream.set_delay(delay);
+    upstream.set_standing_answer(Some(Scripted::Fail {
+        status,
+        headers: Vec::new(),
+        body: body.to_owned(),
+    }));
+    upstream
+}
+
+/// `upstream` under the name `health_suite.rs` still uses (`url`, `calls()`: every request
+/// received); the other tests use the fake upstream itself.
 pub struct ProbeUpstream {
     pub url: String,
-    pub seen: Arc<Mutex<Vec<(http::HeaderMap, serde_json::Value)>>>,
-    answer: Arc<Mutex<(u16, &'static str)>>,
+    pub fake: FakeUpstream,
 }
 
 impl ProbeUpstream {
-    pub async fn start(status: u16, body: &'static str, delay: Duration) -> Self {
-        let seen: Arc<Mutex<Vec<(http::HeaderMap, serde_json::Value)>>> = Arc::default();
-        let kept = seen.clone();
-        let answer = Arc::new(Mutex::new((status, body)));
-        let answers = answer.clone();
-        let router = axum::Router::new().route(
-            "/v1/messages",
-            axum::routing::post(
-                move |headers: http::HeaderMap, body_in: axum::body::Bytes| {
-                    let kept = kept.clone();
-                    let (status, body) = *answers.lock().expect("answer");
-                    async move {
-                        let json = serde_json::from_slice(&body_in).unwrap_or_default();
-                        kept.lock().expect("seen").push((headers, json));
-                        tokio::time::sleep(delay).await;
-                        (
-                            http::StatusCode::from_u16(status).expect("status"),
-                            [(http::header::CONTENT_TYPE, "application/json")],
-                            body,
-                        )
-                    }
-                },
-            ),
-        );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let url = format!("http://{}", listener.local_addr().expect("addr"));
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, router).await;
-        });
-        ProbeUpstream { url, seen, answer }
-    }
-
-    pub fn set_status(&self, status: u16, body: &'static str) {
-        *self.answer.lock().expect("answer") = (status, body);
+    pub async fn start(status: u16, body: &str, delay: Duration) -> Self {
+        let fake = upstream(status, body, delay).await;
+        ProbeUpstream {
+            url: fake.base_url.clone(),
+            fake,
+        }
     }
 
     pub fn calls(&self) -> usize {
-        self.seen.lock().expect("seen").len()
+        self.fake.seen_requests().len()
     }
+}
+
+/// What an outcome report applied, read from the `effect` enum; the deprecated `applied` string
+/// the selector fills next to it must say the same.
+#[allow(deprecated)]
+pub fn effect(answer: &pb::ReportOutcomeResponse) -> &'static str {
+    let effect = poolgate_proto::convert::effect(answer.effect, "")
+        .expect("the selector sets the effect enum");
+    assert_eq!(
+        answer.applied,
+        effect.as_str(),
+        "the deprecated applied string says what the enum says"
+    );
+    effect.as_str()
 }

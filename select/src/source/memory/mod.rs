@@ -9,17 +9,16 @@
 //! written atomically (a fresh temporary file created exclusively in the same directory, fsync,
 //! rename, fsync of the directory), so a crash leaves the old state or the new one, never half
 //! of one.
+//!
+//! This file is the source and its ledger; `state_file.rs` is the file: its format and its
+//! atomic write.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::{self, File};
-use std::io::Write;
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use poolgate_core::{hex, short_hash};
-use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -27,6 +26,11 @@ use super::{AccountSource, StoreError, UsageInput, UsageTotals};
 use crate::snapshot::{Snapshot, SnapshotCell};
 use poolgate_core::account::{Account, AccountStatus, OAuthState, Secret};
 use poolgate_core::{AccountId, now_ms};
+use state_file::{FORMAT, Persisted, StoredStatus, StoredTokens, UsageBucket};
+
+mod state_file;
+
+pub use state_file::StateFile;
 
 /// Usage is written at most this often (tokens and status changes at once): a crash loses at
 /// most this much of the ledger, and a busy relay does not fsync per request.
@@ -34,163 +38,6 @@ const USAGE_WRITE_EVERY: Duration = Duration::from_secs(5);
 
 /// The ledger keeps totals per client key and hour; a range counts the hours that start in it.
 const USAGE_BUCKET_MS: i64 = 3_600_000;
-
-/// Where the standalone relay keeps what must survive a restart.
-#[derive(Debug, Clone)]
-pub struct StateFile {
-    path: PathBuf,
-}
-
-/// Serializes a `Secret` as its text (the state file holds credentials in clear, as the config
-/// does); everything else only ever prints it masked.
-mod secret_text {
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    use poolgate_core::account::Secret;
-
-    pub fn serialize<S: Serializer>(secret: &Secret, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(secret.expose())
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Secret, D::Error> {
-        String::deserialize(deserializer).map(Secret::new)
-    }
-}
-
-/// Tokens a refresh wrote, with the fingerprint of the config credential they replaced: a
-/// config that names another credential since (the operator signed in again) wins over them.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct StoredTokens {
-    #[serde(with = "secret_text")]
-    access_token: Secret,
-    #[serde(with = "secret_text")]
-    refresh_token: Secret,
-    expires_at_ms: i64,
-    replaces: String,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct StoredStatus {
-    status: String,
-    reason: String,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct UsageBucket {
-    /// The client key's hash (hex), which names the key whatever its place in the config; empty
-    /// for a key the config does not list (then `api_key_id` alone says whose it is).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    key: String,
-    api_key_id: i64,
-    hour_start_ms: i64,
-    requests: i64,
-    input_tokens: i64,
-    output_tokens: i64,
-    cost_usd: f64,
-}
-
-/// The state file format this build writes. Format 1 names accounts by name and client keys by
-/// hash, so a config whose entries moved (ids default to the place in the file) applies no
-/// retirement or usage to another account or key. Format 0 (the first release) named them by id;
-/// it is read, and written back as format 1.
-const FORMAT: u32 = 1;
-
-/// The state file's content.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-struct Persisted {
-    #[serde(default)]
-    format: u32,
-    /// By account name (format 0: by account id).
-    #[serde(default)]
-    tokens: BTreeMap<String, StoredTokens>,
-    /// Only statuses that differ from the config's; by account name (format 0: by id).
-    #[serde(default)]
-    statuses: BTreeMap<String, StoredStatus>,
-    #[serde(default)]
-    usage: Vec<UsageBucket>,
-}
-
-impl StateFile {
-    pub fn new(path: impl Into<PathBuf>) -> Self {
-        StateFile { path: path.into() }
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// The saved state; `None` when there is no file yet. A file that cannot be read or parsed
-    /// is an error: starting without it could serve a refresh token that was already used.
-    fn read(&self) -> Result<Option<Persisted>, StoreError> {
-        let bytes = match fs::read(&self.path) {
-            Ok(bytes) => bytes,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(error) => {
-                return Err(StoreError::StateFile(format!(
-                    "reading {}: {error}",
-                    self.path.display()
-                )));
-            }
-        };
-        // serde's message can quote a value; the position is enough to find the fault.
-        serde_json::from_slice(&bytes).map(Some).map_err(|error| {
-            StoreError::StateFile(format!(
-                "{} is not a valid state file ({:?} error at line {} column {})",
-                self.path.display(),
-                error.classify(),
-                error.line(),
-                error.column()
-            ))
-        })
-    }
-
-    /// Writes the state atomically, readable by this user only.
-    fn write(&self, state: &Persisted) -> Result<(), StoreError> {
-        let failed = |what: &str, error: std::io::Error| {
-            StoreError::StateFile(format!("{what} {}: {error}", self.path.display()))
-        };
-        let bytes = serde_json::to_vec_pretty(state)
-            .map_err(|e| StoreError::StateFile(format!("encoding the state: {e}")))?;
-        let directory = match self.path.parent() {
-            Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        let name = self
-            .path
-            .file_name()
-            .ok_or_else(|| StoreError::StateFile(format!("{} names no file", self.path.display())))?
-            .to_string_lossy()
-            .into_owned();
-        // A fresh file under a random name, created exclusively (`O_EXCL`, never through a
-        // symlink) with mode 0600 from the start: a file or symlink planted at a path that
-        // could be predicted (the pid-named temporary of earlier releases) is never opened, so
-        // the tokens in clear cannot be steered into another file. A failed write removes it.
-        let written = (|| {
-            let prefix = format!(".{name}.");
-            let mut builder = tempfile::Builder::new();
-            builder.prefix(&prefix).suffix(".tmp");
-            #[cfg(unix)]
-            {
-                use std::os::unix::fs::PermissionsExt;
-                builder.permissions(fs::Permissions::from_mode(0o600));
-            }
-            let mut temporary = builder.tempfile_in(&directory)?;
-            temporary.write_all(&bytes)?;
-            temporary.as_file().sync_all()?;
-            temporary
-                .persist(&self.path)
-                .map(drop)
-                .map_err(|error| error.error)
-        })();
-        if let Err(error) = written {
-            return Err(failed("writing", error));
-        }
-        // The rename is durable only once the directory entry is.
-        File::open(&directory)
-            .and_then(|dir| dir.sync_all())
-            .map_err(|error| failed("syncing the directory of", error))
-    }
-}
 
 /// What the config itself says of an account, to tell the state file's changes from it.
 struct Configured {

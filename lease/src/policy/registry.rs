@@ -1,0 +1,68 @@
+//! The replica registry: this replica's heartbeat (which doubles as the Redis probe while
+//! degraded, and recovers when it answers) and the view of the live replicas it reads.
+
+use std::sync::atomic::Ordering;
+
+use poolgate_core::millis;
+use poolgate_runtime::error::BackendError;
+
+use super::PolicyBackend;
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RegistryView {
+    pub(super) replicas: u32,
+    /// This replica's rank among the live replicas; `None` until the registry was read.
+    pub(super) rank: Option<u32>,
+}
+
+impl PolicyBackend {
+    /// (live replicas, this replica's rank) as last read from the registry.
+    pub fn registry_view(&self) -> (u32, Option<u32>) {
+        let view = *self.registry.lock().unwrap_or_else(|p| p.into_inner());
+        (view.replicas, view.rank)
+    }
+
+    /// Heartbeats into the registry; on success while degraded, recovers. Run every
+    /// `registry_interval` by the server.
+    pub async fn tick(&self) {
+        let ttl = millis(self.settings.registry_ttl);
+        match self.redis.registry_heartbeat(&self.member, ttl).await {
+            Ok(members) => {
+                self.registry_timeouts.store(0, Ordering::SeqCst);
+                let rank = members
+                    .iter()
+                    .position(|m| *m == self.member)
+                    .map(|r| r as u32);
+                let outage_view = {
+                    let mut view = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+                    let outage_view = *view;
+                    view.replicas = (members.len() as u32).max(1);
+                    view.rank = rank;
+                    outage_view
+                };
+                if self.is_degraded() && self.recover().await {
+                    self.start_transition(outage_view);
+                }
+            }
+            Err(BackendError::Timeout)
+                if self.registry_timeouts.fetch_add(1, Ordering::SeqCst) == 0 =>
+            {
+                self.metrics
+                    .redis_timeouts
+                    .with_label_values(&["registry"])
+                    .inc();
+            }
+            Err(error) => {
+                self.registry_timeouts.store(0, Ordering::SeqCst);
+                self.enter_degraded("registry", &error).await
+            }
+        }
+    }
+
+    /// Leaves the registry on shutdown.
+    pub async fn leave(&self) {
+        if let Err(error) = self.redis.registry_leave(&self.member).await {
+            tracing::debug!(%error, "could not leave the replica registry; the entry expires");
+        }
+    }
+}

@@ -1,0 +1,41 @@
+//! Writing back into Redis what a replica admitted on its own while Redis was away (the failure
+//! policy's recovery, docs/DESIGN.md §4).
+
+use poolgate_runtime::error::BackendError;
+use poolgate_runtime::keys::{self, AccountKeys};
+
+use super::RedisBackend;
+use crate::memory::FallbackSnapshot;
+
+impl RedisBackend {
+    /// Writes leases and RPM events admitted without Redis back into Redis (one script per
+    /// account, one `ZADD` per user), keeping the later expiry where a lease is already there.
+    pub async fn restore(&self, snapshot: &FallbackSnapshot) -> Result<(), BackendError> {
+        for account in &snapshot.accounts {
+            let keys = AccountKeys::new(account.account_id);
+            let mut invocation = self.scripts.restore.key(&keys.leases);
+            invocation.key(&keys.rpm).arg(account.leases.len());
+            for (id, ttl) in &account.leases {
+                invocation.arg(id).arg(*ttl);
+            }
+            for (id, age) in &account.rpm_events {
+                invocation.arg(id).arg(*age);
+            }
+            let (_, now): (i64, i64) = self.script(&invocation).await?;
+            self.learn_clock(now);
+        }
+        for (user, events) in &snapshot.users {
+            let now = self.redis_now().await?;
+            let mut cmd = redis::cmd("ZADD");
+            cmd.arg(keys::user_rpm(user));
+            for (id, age) in events {
+                cmd.arg(now - *age as i64).arg(id);
+            }
+            let mut conn = self.redis.conn().await?;
+            self.redis
+                .bounded(cmd.query_async::<i64>(&mut conn))
+                .await?;
+        }
+        Ok(())
+    }
+}

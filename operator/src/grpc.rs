@@ -1,0 +1,276 @@
+//! The selector's admin gRPC API as an [`AdminEndpoint`]: the generated client of
+//! `poolgate.selector.v1.SelectorAdmin`, the admin token as `authorization: Bearer` metadata and
+//! the service token as `x-poolgate-service-token`. Answers are read strictly (an enum the CLI
+//! cannot read is an unreadable answer, never a guess). The selector's configuration verbs use
+//! the same connection through [`SelectorAdmin::client`].
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use poolgate_core::account::Platform;
+use poolgate_proto::convert::{self, EnumField};
+use poolgate_proto::selector::v1 as pb;
+use poolgate_proto::selector::v1::selector_admin_client::SelectorAdminClient;
+use poolgate_rpc::service_auth::WithToken;
+use tonic::metadata::{AsciiMetadataValue, MetadataValue};
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
+use crate::view::UsageReport;
+use crate::{AccountRow, AdminEndpoint, BlockRow, OperatorError, UsageRow};
+
+/// The admin client with both tokens on every call.
+pub type AdminClient = SelectorAdminClient<InterceptedService<WithToken<Channel>, Bearer>>;
+
+/// Adds the admin token (`authorization: Bearer …`, marked sensitive) to every call.
+#[derive(Clone)]
+pub struct Bearer(AsciiMetadataValue);
+
+impl Interceptor for Bearer {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        request
+            .metadata_mut()
+            .insert("authorization", self.0.clone());
+        Ok(request)
+    }
+}
+
+/// A connection to one selector's admin API.
+#[derive(Clone)]
+pub struct SelectorAdmin {
+    client: AdminClient,
+}
+
+impl SelectorAdmin {
+    /// Connects to `endpoint` (`http://127.0.0.1:50062`).
+    pub async fn connect(
+        endpoint: &str,
+        admin_token: &str,
+        service_token: Option<&str>,
+    ) -> Result<Self, OperatorError> {
+        let mut bearer: AsciiMetadataValue =
+            MetadataValue::try_from(format!("Bearer {admin_token}")).map_err(|_| {
+                OperatorError::Invalid("the admin token is not a valid header value".into())
+            })?;
+        bearer.set_sensitive(true);
+        let channel = tonic::transport::Endpoint::from_shared(endpoint.to_owned())
+            .map_err(|error| OperatorError::Invalid(format!("endpoint {endpoint}: {error}")))?
+            .connect_timeout(Duration::from_secs(10))
+            .timeout(Duration::from_secs(30))
+            .connect()
+            .await
+            .map_err(|error| OperatorError::Unreachable(format!("{endpoint}: {error}")))?;
+        let channel = WithToken::new(channel, service_token);
+        Ok(SelectorAdmin {
+            client: SelectorAdminClient::with_interceptor(channel, Bearer(bearer)),
+        })
+    }
+
+    /// The generated client on this connection, for the RPCs beyond the shared verbs.
+    pub fn client(&self) -> AdminClient {
+        self.client.clone()
+    }
+}
+
+impl From<tonic::Status> for OperatorError {
+    fn from(status: tonic::Status) -> Self {
+        let detail = format!("{:?}: {}", status.code(), status.message());
+        match status.code() {
+            tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => {
+                OperatorError::Unauthenticated(detail)
+            }
+            tonic::Code::NotFound => OperatorError::NotFound(detail),
+            tonic::Code::InvalidArgument | tonic::Code::FailedPrecondition => {
+                OperatorError::Invalid(detail)
+            }
+            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded => {
+                OperatorError::Unavailable(detail)
+            }
+            _ => OperatorError::Failed(detail),
+        }
+    }
+}
+
+fn unreadable(error: convert::ConvertError) -> OperatorError {
+    OperatorError::Unreadable(error.to_string())
+}
+
+/// The selector's account view as the shared row.
+pub fn account_row(view: &pb::AccountView) -> Result<AccountRow, OperatorError> {
+    let platform = Platform::decode("platform", view.platform).map_err(unreadable)?;
+    #[allow(deprecated)]
+    let kind = convert::credential_kind(view.kind, &view.credential_kind).map_err(unreadable)?;
+    Ok(AccountRow {
+        id: view.id,
+        name: view.name.clone(),
+        group: view.group.clone(),
+        platform: platform.as_str().to_owned(),
+        credential_kind: kind.as_str().to_owned(),
+        credential_masked: view.credential_masked.clone(),
+        status: view.status.clone(),
+        status_reason: view.status_reason.clone(),
+    })
+}
+
+fn block_row(view: pb::BlockView) -> Result<BlockRow, OperatorError> {
+    let status = u16::try_from(view.status).map_err(|_| {
+        OperatorError::Unreadable(format!("invalid status: {} is no HTTP status", view.status))
+    })?;
+    Ok(BlockRow {
+        account_id: view.account_id,
+        account_name: view.account_name,
+        kind: view.kind,
+        class: view.class,
+        status,
+        reason: view.reason,
+        remaining_ms: view.remaining_ms,
+    })
+}
+
+#[async_trait]
+impl AdminEndpoint for SelectorAdmin {
+    async fn accounts(&self, group: Option<&str>) -> Result<Vec<AccountRow>, OperatorError> {
+        let answer = self
+            .client()
+            .list_accounts(pb::ListAccountsRequest {
+                group: group.unwrap_or_default().to_owned(),
+            })
+            .await?;
+        answer.get_ref().accounts.iter().map(account_row).collect()
+    }
+
+    async fn blocks(&self) -> Result<Vec<BlockRow>, OperatorError> {
+        let answer = self.client().list_blocks(pb::ListBlocksRequest {}).await?;
+        answer
+            .into_inner()
+            .blocks
+            .into_iter()
+            .map(block_row)
+            .collect()
+    }
+
+    async fn restore(&self, account_id: i64) -> Result<AccountRow, OperatorError> {
+        let answer = self
+            .client()
+            .restore_account(pb::RestoreAccountRequest { account_id })
+            .await?;
+        account_row(answer.get_ref())
+    }
+
+    async fn clear_block(&self, account_id: i64) -> Result<(), OperatorError> {
+        self.client()
+            .clear_block(pb::ClearBlockRequest { account_id })
+            .await?;
+        Ok(())
+    }
+
+    async fn usage(
+        &self,
+        from_ms: i64,
+        to_ms: i64,
+        api_key_id: Option<i64>,
+    ) -> Result<UsageReport, OperatorError> {
+        let mut client = self.client();
+        let listed = client
+            .list_api_keys(pb::ListApiKeysRequest {})
+            .await?
+            .into_inner()
+            .keys;
+        let keys: Vec<_> = match api_key_id {
+            None => listed,
+            Some(id) => {
+                let key: Vec<_> = listed.into_iter().filter(|k| k.id == id).collect();
+                if key.is_empty() {
+                    return Err(OperatorError::NotFound(format!("no client key {id}")));
+                }
+                key
+            }
+        };
+        // 0 / 0 means "the last 24 h" to the selector: a window always has a start past 0.
+        let (from, to) = (from_ms.max(1) as u64, to_ms.max(2) as u64);
+        let mut rows = Vec::with_capacity(keys.len());
+        for key in keys {
+            let totals = client
+                .read_usage(pb::ReadUsageRequest {
+                    api_key_id: key.id,
+                    from_ms: from,
+                    to_ms: to,
+                })
+                .await?
+                .into_inner();
+            rows.push(UsageRow {
+                api_key_id: key.id,
+                user: key.user,
+                requests: totals.requests,
+                input_tokens: totals.input_tokens,
+                output_tokens: totals.output_tokens,
+                cost_usd: totals.cost_usd,
+            });
+        }
+        rows.sort_by_key(|row| row.api_key_id);
+        Ok(UsageReport {
+            from_ms,
+            to_ms,
+            keys: rows,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_account_view_the_cli_cannot_read_is_unreadable_not_a_guess() {
+        let view = pb::AccountView {
+            id: 1,
+            platform: pb::Platform::Anthropic as i32,
+            kind: pb::CredentialKind::Oauth as i32,
+            status: "active".into(),
+            ..Default::default()
+        };
+        let row = account_row(&view).expect("readable");
+        assert_eq!(
+            (row.platform.as_str(), row.credential_kind.as_str()),
+            ("anthropic", "oauth")
+        );
+        let unknown = pb::AccountView {
+            platform: 99,
+            ..view.clone()
+        };
+        assert!(matches!(
+            account_row(&unknown),
+            Err(OperatorError::Unreadable(_))
+        ));
+        let unset = pb::AccountView {
+            platform: pb::Platform::Unspecified as i32,
+            ..view
+        };
+        assert!(matches!(
+            account_row(&unset),
+            Err(OperatorError::Unreadable(_))
+        ));
+        let block = pb::BlockView {
+            status: 70_000,
+            ..Default::default()
+        };
+        assert!(matches!(
+            block_row(block),
+            Err(OperatorError::Unreadable(_))
+        ));
+    }
+
+    #[test]
+    fn grpc_codes_map_to_what_an_operator_acts_on() {
+        let error = OperatorError::from(tonic::Status::not_found("no account 9"));
+        assert_eq!(error.to_string(), "not found (NotFound: no account 9)");
+        assert!(matches!(
+            OperatorError::from(tonic::Status::unauthenticated("admin token")),
+            OperatorError::Unauthenticated(_)
+        ));
+    }
+}

@@ -1,0 +1,170 @@
+//! The standalone relay's admin HTTP endpoint as an [`AdminEndpoint`]: the routes
+//! `relay-svc/src/admin.rs` serves, the admin token as `Authorization: Bearer`, JSON in the
+//! envelopes of [`crate::view`].
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use reqwest::{Method, Url};
+use serde::de::DeserializeOwned;
+
+use crate::view::{AccountList, BlockList, ErrorBody, Restored, UsageReport};
+use crate::{AccountRow, AdminEndpoint, BlockRow, OperatorError};
+
+/// A client of one relay's admin endpoint. Not `Debug`: it holds the admin token.
+pub struct HttpAdmin {
+    base: Url,
+    /// `base` without user or password, for messages.
+    shown: String,
+    token: String,
+    client: reqwest::Client,
+}
+
+impl HttpAdmin {
+    /// A client of the endpoint at `url` (`http://127.0.0.1:9464`) sending `token`.
+    pub fn new(url: &str, token: &str) -> Result<Self, OperatorError> {
+        let base = Url::parse(url)
+            .map_err(|error| OperatorError::Invalid(format!("admin url: {error}")))?;
+        if base.cannot_be_a_base() {
+            return Err(OperatorError::Invalid(
+                "admin url: must be an http(s) URL".into(),
+            ));
+        }
+        let mut shown = base.clone();
+        let _ = shown.set_username("");
+        let _ = shown.set_password(None);
+        // reqwest is built without a bundled TLS provider; ring is the one in the tree already.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .map_err(|error| OperatorError::Failed(format!("http client: {error}")))?;
+        Ok(HttpAdmin {
+            base,
+            shown: shown.as_str().trim_end_matches('/').to_owned(),
+            token: token.to_owned(),
+            client,
+        })
+    }
+
+    fn url(&self, segments: &[&str], query: &[(&str, String)]) -> Result<Url, OperatorError> {
+        let mut url = self.base.clone();
+        url.path_segments_mut()
+            .map_err(|()| OperatorError::Invalid("admin url: must be an http(s) URL".into()))?
+            .pop_if_empty()
+            .extend(segments);
+        if !query.is_empty() {
+            url.query_pairs_mut()
+                .extend_pairs(query.iter().map(|(k, v)| (k, v.as_str())));
+        }
+        Ok(url)
+    }
+
+    async fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        url: Url,
+    ) -> Result<T, OperatorError> {
+        let response = self
+            .client
+            .request(method, url)
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .map_err(|error| {
+                OperatorError::Unreachable(format!("{}: {}", self.shown, error.without_url()))
+            })?;
+        let status = response.status();
+        let body = response.bytes().await.map_err(|error| {
+            OperatorError::Unreachable(format!("{}: {}", self.shown, error.without_url()))
+        })?;
+        if status.is_success() {
+            return serde_json::from_slice(&body)
+                .map_err(|error| OperatorError::Unreadable(format!("{status}: {error}")));
+        }
+        let message = serde_json::from_slice::<ErrorBody>(&body)
+            .map(|answer| answer.error.message)
+            .unwrap_or_else(|_| String::from_utf8_lossy(&body).chars().take(300).collect());
+        let detail = format!("{status}: {message}");
+        Err(match status.as_u16() {
+            401 | 403 => OperatorError::Unauthenticated(detail),
+            404 => OperatorError::NotFound(detail),
+            400 | 422 => OperatorError::Invalid(detail),
+            503 => OperatorError::Unavailable(detail),
+            _ => OperatorError::Failed(detail),
+        })
+    }
+}
+
+#[async_trait]
+impl AdminEndpoint for HttpAdmin {
+    async fn accounts(&self, group: Option<&str>) -> Result<Vec<AccountRow>, OperatorError> {
+        let query: Vec<_> = group.map(|g| ("group", g.to_owned())).into_iter().collect();
+        let url = self.url(&["admin", "accounts"], &query)?;
+        let list: AccountList = self.call(Method::GET, url).await?;
+        Ok(list.accounts)
+    }
+
+    async fn blocks(&self) -> Result<Vec<BlockRow>, OperatorError> {
+        let url = self.url(&["admin", "blocks"], &[])?;
+        let list: BlockList = self.call(Method::GET, url).await?;
+        Ok(list.blocks)
+    }
+
+    async fn restore(&self, account_id: i64) -> Result<AccountRow, OperatorError> {
+        let id = account_id.to_string();
+        let url = self.url(&["admin", "accounts", &id, "restore"], &[])?;
+        let restored: Restored = self.call(Method::POST, url).await?;
+        Ok(restored.account)
+    }
+
+    async fn clear_block(&self, account_id: i64) -> Result<(), OperatorError> {
+        let id = account_id.to_string();
+        let url = self.url(&["admin", "accounts", &id, "clear-block"], &[])?;
+        let _: serde_json::Value = self.call(Method::POST, url).await?;
+        Ok(())
+    }
+
+    async fn usage(
+        &self,
+        from_ms: i64,
+        to_ms: i64,
+        api_key_id: Option<i64>,
+    ) -> Result<UsageReport, OperatorError> {
+        let mut query = vec![
+            ("from_ms", from_ms.to_string()),
+            ("to_ms", to_ms.to_string()),
+        ];
+        if let Some(id) = api_key_id {
+            query.push(("api_key_id", id.to_string()));
+        }
+        let url = self.url(&["admin", "usage"], &query)?;
+        self.call(Method::GET, url).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_are_built_under_the_base_and_messages_never_show_its_password() {
+        let admin = HttpAdmin::new("http://op:secret@127.0.0.1:9464/", "t").expect("client");
+        assert_eq!(admin.shown, "http://127.0.0.1:9464");
+        let url = admin
+            .url(&["admin", "accounts", "7", "restore"], &[])
+            .expect("url");
+        assert_eq!(url.path(), "/admin/accounts/7/restore");
+        let url = admin
+            .url(&["admin", "accounts"], &[("group", "a b&c".into())])
+            .expect("url");
+        assert_eq!(url.query(), Some("group=a+b%26c"));
+        let prefixed = HttpAdmin::new("http://127.0.0.1:9464/ops", "t").expect("client");
+        let url = prefixed.url(&["admin", "blocks"], &[]).expect("url");
+        assert_eq!(url.path(), "/ops/admin/blocks");
+        assert!(matches!(
+            HttpAdmin::new("not a url", "t"),
+            Err(OperatorError::Invalid(_))
+        ));
+    }
+}

@@ -1,0 +1,108 @@
+//! poolgate-operator: one operator CLI for both modes. The read and repair verbs (`accounts`,
+//! `blocks`, `restore ID`, `clear-block ID`, `usage`) are one clap subcommand enum ([`Verb`]),
+//! run by one [`execute`] against an [`AdminEndpoint`], and print the same output whichever
+//! endpoint answered: the selector's admin gRPC API ([`grpc::SelectorAdmin`], distributed) or the
+//! standalone relay's admin HTTP endpoint ([`http::HttpAdmin`]). The rows and the JSON envelopes
+//! are [`view`]'s, which the relay's endpoint serves as they are. Configuration verbs stay where
+//! configuration lives: the selector's admin RPCs (`selector-svc admin upsert-account …`), the
+//! standalone relay's YAML file.
+
+pub mod grpc;
+pub mod http;
+pub mod verb;
+pub mod view;
+
+use std::process::ExitCode;
+
+use async_trait::async_trait;
+
+pub use verb::{Format, Output, Verb};
+pub use view::{AccountRow, BlockRow, UsageReport, UsageRow};
+
+/// An admin endpoint the read and repair verbs run against.
+#[async_trait]
+pub trait AdminEndpoint: Send + Sync {
+    /// Accounts sorted by id, only `group`'s when given.
+    async fn accounts(&self, group: Option<&str>) -> Result<Vec<AccountRow>, OperatorError>;
+    /// Every block on every account.
+    async fn blocks(&self) -> Result<Vec<BlockRow>, OperatorError>;
+    /// Back to `active` (from retired, error or disabled), blocks cleared; the account after.
+    async fn restore(&self, account_id: i64) -> Result<AccountRow, OperatorError>;
+    /// Clears the account's blocks and breaker.
+    async fn clear_block(&self, account_id: i64) -> Result<(), OperatorError>;
+    /// Usage per client key between two instants (ms since the epoch), only `api_key_id`'s when
+    /// given.
+    async fn usage(
+        &self,
+        from_ms: i64,
+        to_ms: i64,
+        api_key_id: Option<i64>,
+    ) -> Result<UsageReport, OperatorError>;
+}
+
+/// Why a verb did not run. The detail keeps the transport's own code (`401 Unauthorized`,
+/// `NotFound`), so an operator can tell a refusal from an outage.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum OperatorError {
+    #[error("the admin token was refused ({0})")]
+    Unauthenticated(String),
+    #[error("not found ({0})")]
+    NotFound(String),
+    #[error("invalid request ({0})")]
+    Invalid(String),
+    #[error("unavailable ({0})")]
+    Unavailable(String),
+    #[error("cannot reach the admin endpoint: {0}")]
+    Unreachable(String),
+    #[error("unreadable answer: {0}")]
+    Unreadable(String),
+    #[error("failed ({0})")]
+    Failed(String),
+}
+
+/// Runs one verb and renders its answer as the verb's `--output` asks: one tab-separated line
+/// per row (nothing for an empty list), or the endpoint's JSON envelope.
+pub async fn execute(endpoint: &dyn AdminEndpoint, verb: &Verb) -> Result<String, OperatorError> {
+    let answer = match verb {
+        Verb::Accounts { group, .. } => verb::Answer::Accounts(view::AccountList {
+            accounts: endpoint.accounts(group.as_deref()).await?,
+        }),
+        Verb::Blocks { .. } => verb::Answer::Blocks(view::BlockList {
+            blocks: endpoint.blocks().await?,
+        }),
+        Verb::Restore { account_id, .. } => verb::Answer::Restored(view::Restored {
+            account: endpoint.restore(*account_id).await?,
+        }),
+        Verb::ClearBlock { account_id, .. } => {
+            endpoint.clear_block(*account_id).await?;
+            verb::Answer::Cleared(view::Cleared {
+                cleared: *account_id,
+            })
+        }
+        Verb::Usage {
+            api_key_id, hours, ..
+        } => {
+            let to_ms = poolgate_core::now_ms() + 1;
+            let from_ms = to_ms - i64::from(*hours) * 3_600_000;
+            verb::Answer::Usage(endpoint.usage(from_ms, to_ms, *api_key_id).await?)
+        }
+    };
+    answer.render(verb.output())
+}
+
+/// [`execute`], printed: the answer on stdout, an error on stderr as `<program>: <error>` with
+/// exit status 1 (a call that failed; a bad flag is clap's 2 before this runs).
+pub async fn run(program: &str, endpoint: &dyn AdminEndpoint, verb: &Verb) -> ExitCode {
+    match execute(endpoint, verb).await {
+        Ok(text) => {
+            if !text.is_empty() {
+                println!("{text}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("{program}: {error}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,266 @@
+//! The read and repair verbs as one clap subcommand enum, and how their answers print: one
+//! tab-separated line per row (`text`, the default; `key=value` columns so scripts can grep), or
+//! the admin endpoint's JSON envelope (`json`).
+
+use crate::OperatorError;
+use crate::view::{AccountList, AccountRow, BlockList, BlockRow, Cleared, Restored, UsageReport};
+
+/// The read and repair verbs, the same against a selector and against a standalone relay.
+#[derive(Debug, Clone, PartialEq, clap::Subcommand)]
+pub enum Verb {
+    /// Accounts with their status (credentials masked).
+    Accounts {
+        /// Only this group's accounts.
+        #[arg(long)]
+        group: Option<String>,
+        #[command(flatten)]
+        format: Format,
+    },
+    /// Blocked accounts: kind (hard, soft, breaker), class, upstream status, reason, time left.
+    Blocks {
+        #[command(flatten)]
+        format: Format,
+    },
+    /// Puts a retired, errored or disabled account back to active and clears its blocks.
+    Restore {
+        #[arg(value_parser = clap::value_parser!(i64).range(1..))]
+        account_id: i64,
+        #[command(flatten)]
+        format: Format,
+    },
+    /// Clears an account's blocks and breaker.
+    ClearBlock {
+        #[arg(value_parser = clap::value_parser!(i64).range(1..))]
+        account_id: i64,
+        #[command(flatten)]
+        format: Format,
+    },
+    /// Usage per client key over the last hours: every key, or the one given.
+    Usage {
+        /// One client key's id (the full listing shows every key's; `selector-svc admin keys`
+        /// lists the selector's).
+        #[arg(value_parser = clap::value_parser!(i64).range(1..))]
+        api_key_id: Option<i64>,
+        /// How many hours back from now.
+        #[arg(long, default_value_t = 24, value_parser = clap::value_parser!(u32).range(1..=87_600))]
+        hours: u32,
+        #[command(flatten)]
+        format: Format,
+    },
+}
+
+impl Verb {
+    /// How the answer prints.
+    pub fn output(&self) -> Output {
+        match self {
+            Verb::Accounts { format, .. }
+            | Verb::Blocks { format }
+            | Verb::Restore { format, .. }
+            | Verb::ClearBlock { format, .. }
+            | Verb::Usage { format, .. } => format.output,
+        }
+    }
+}
+
+/// The `--output` flag every verb takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::Args)]
+pub struct Format {
+    /// `text`: one tab-separated line per row; `json`: the admin endpoint's JSON.
+    #[arg(long, short = 'o', value_enum, default_value_t)]
+    pub output: Output,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Output {
+    #[default]
+    Text,
+    Json,
+}
+
+/// A verb's answer, before it prints.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Answer {
+    Accounts(AccountList),
+    Blocks(BlockList),
+    Restored(Restored),
+    Cleared(Cleared),
+    Usage(UsageReport),
+}
+
+impl Answer {
+    pub(crate) fn render(&self, output: Output) -> Result<String, OperatorError> {
+        match output {
+            Output::Json => {
+                let json = match self {
+                    Answer::Accounts(list) => serde_json::to_string_pretty(list),
+                    Answer::Blocks(list) => serde_json::to_string_pretty(list),
+                    Answer::Restored(restored) => serde_json::to_string_pretty(restored),
+                    Answer::Cleared(cleared) => serde_json::to_string_pretty(cleared),
+                    Answer::Usage(report) => serde_json::to_string_pretty(report),
+                };
+                json.map_err(|error| OperatorError::Failed(format!("cannot encode: {error}")))
+            }
+            Output::Text => Ok(match self {
+                Answer::Accounts(list) => lines(list.accounts.iter().map(account_line)),
+                Answer::Blocks(list) => lines(list.blocks.iter().map(block_line)),
+                Answer::Restored(restored) => account_line(&restored.account),
+                Answer::Cleared(cleared) => format!("cleared {}", cleared.cleared),
+                Answer::Usage(report) => lines(report.keys.iter().map(|key| {
+                    format!(
+                        "{}\t{}\trequests={}\tinput_tokens={}\toutput_tokens={}\tcost_usd={:.6}",
+                        key.api_key_id,
+                        key.user,
+                        key.requests,
+                        key.input_tokens,
+                        key.output_tokens,
+                        key.cost_usd
+                    )
+                })),
+            }),
+        }
+    }
+}
+
+fn lines(rows: impl Iterator<Item = String>) -> String {
+    rows.collect::<Vec<_>>().join("\n")
+}
+
+/// `<id>\t<name>\tgroup=…\tplatform=…\tkind=…\tstatus=…[ (reason)]\tcredential=<masked>`.
+pub fn account_line(account: &AccountRow) -> String {
+    format!(
+        "{}\t{}\tgroup={}\tplatform={}\tkind={}\tstatus={}{}\tcredential={}",
+        account.id,
+        account.name,
+        account.group,
+        account.platform,
+        account.credential_kind,
+        account.status,
+        if account.status_reason.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", account.status_reason)
+        },
+        account.credential_masked
+    )
+}
+
+/// `<account id>\t<name>\t<kind>\tclass=…\tstatus=…\tleft=<s>s\t<reason>`.
+pub fn block_line(block: &BlockRow) -> String {
+    format!(
+        "{}\t{}\t{}\tclass={}\tstatus={}\tleft={}s\t{}",
+        block.account_id,
+        block.account_name,
+        block.kind,
+        block.class,
+        block.status,
+        block.remaining_ms / 1000,
+        block.reason
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{Parser, Subcommand};
+
+    use super::*;
+    use crate::view::UsageRow;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        verb: Verb,
+    }
+
+    fn parse(args: &[&str]) -> Result<Verb, clap::Error> {
+        Cli::try_parse_from(std::iter::once("admin").chain(args.iter().copied())).map(|c| c.verb)
+    }
+
+    #[test]
+    fn the_verbs_parse_with_their_output_flag_after_the_verb() {
+        assert_eq!(
+            parse(&["restore", "2", "--output", "json"]).expect("parses"),
+            Verb::Restore {
+                account_id: 2,
+                format: Format {
+                    output: Output::Json
+                }
+            }
+        );
+        assert_eq!(
+            parse(&["usage"]).expect("parses"),
+            Verb::Usage {
+                api_key_id: None,
+                hours: 24,
+                format: Format::default()
+            }
+        );
+        assert_eq!(
+            parse(&["usage", "7", "--hours", "2", "-o", "json"])
+                .expect("parses")
+                .output(),
+            Output::Json
+        );
+        for refused in [
+            &["restore", "0"][..],
+            &["clear-block", "x"],
+            &["usage", "--hours", "0"],
+            &["accounts", "--output", "yaml"],
+        ] {
+            assert!(parse(refused).is_err(), "{refused:?} is refused");
+        }
+        // The subcommand names operators type.
+        let names: Vec<String> = <Verb as Subcommand>::augment_subcommands(clap::Command::new("x"))
+            .get_subcommands()
+            .map(|c| c.get_name().to_owned())
+            .collect();
+        assert_eq!(
+            names,
+            ["accounts", "blocks", "restore", "clear-block", "usage"]
+        );
+    }
+
+    fn account() -> AccountRow {
+        AccountRow {
+            id: 3,
+            name: "a".into(),
+            group: "g".into(),
+            platform: "anthropic".into(),
+            credential_kind: "api_key".into(),
+            credential_masked: "sk-a…wxyz".into(),
+            status: "error".into(),
+            status_reason: "3 unauthorized".into(),
+        }
+    }
+
+    #[test]
+    fn text_is_one_line_per_row_and_json_is_the_endpoints_envelope() {
+        let accounts = Answer::Accounts(AccountList {
+            accounts: vec![account()],
+        });
+        assert_eq!(
+            accounts.render(Output::Text).expect("text"),
+            "3\ta\tgroup=g\tplatform=anthropic\tkind=api_key\tstatus=error (3 unauthorized)\tcredential=sk-a…wxyz"
+        );
+        let json: serde_json::Value =
+            serde_json::from_str(&accounts.render(Output::Json).expect("json")).expect("parses");
+        assert_eq!(json["accounts"][0]["status"], "error");
+        let empty = Answer::Blocks(BlockList { blocks: vec![] });
+        assert_eq!(empty.render(Output::Text).expect("text"), "");
+        let usage = Answer::Usage(UsageReport {
+            from_ms: 1,
+            to_ms: 2,
+            keys: vec![UsageRow {
+                api_key_id: 1,
+                user: "u".into(),
+                requests: 2,
+                input_tokens: 3,
+                output_tokens: 4,
+                cost_usd: 0.5,
+            }],
+        });
+        assert_eq!(
+            usage.render(Output::Text).expect("text"),
+            "1\tu\trequests=2\tinput_tokens=3\toutput_tokens=4\tcost_usd=0.500000"
+        );
+    }
+}

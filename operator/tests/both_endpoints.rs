@@ -1,0 +1,478 @@
+//! One CLI for both modes: the same accounts, blocks and usage behind a selector's admin gRPC API
+//! and behind a standalone relay's admin HTTP endpoint print the same, verb by verb, in text and
+//! in JSON; a refusal and an unknown account are the same error on both.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::{Path, Query};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use clap::Parser;
+use pb::selector_admin_server::{SelectorAdmin as AdminService, SelectorAdminServer};
+use poolgate_operator::grpc::SelectorAdmin;
+use poolgate_operator::http::HttpAdmin;
+use poolgate_operator::view::{AccountList, BlockList, Cleared, ErrorBody, Restored, UsageReport};
+use poolgate_operator::{AccountRow, AdminEndpoint, BlockRow, OperatorError, UsageRow, Verb};
+use poolgate_proto::selector::v1 as pb;
+use tonic::{Request, Status};
+
+const ADMIN_TOKEN: &str = "admin-token";
+const SERVICE_TOKEN: &str = "service-token";
+
+fn accounts() -> Vec<AccountRow> {
+    let row = |id: i64, name: &str, group: &str, status: &str, reason: &str| AccountRow {
+        id,
+        name: name.into(),
+        group: group.into(),
+        platform: "anthropic".into(),
+        credential_kind: "oauth".into(),
+        credential_masked: "sk-a…wxyz".into(),
+        status: status.into(),
+        status_reason: reason.into(),
+    };
+    vec![
+        row(1, "a", "g", "active", ""),
+        row(2, "b", "h", "retired", "credit balance too low"),
+    ]
+}
+
+fn blocks() -> Vec<BlockRow> {
+    vec![BlockRow {
+        account_id: 1,
+        account_name: "a".into(),
+        kind: "hard".into(),
+        class: "unauthorized".into(),
+        status: 401,
+        reason: "invalid x-api-key".into(),
+        remaining_ms: 61_500,
+    }]
+}
+
+fn usage() -> Vec<UsageRow> {
+    vec![
+        UsageRow {
+            api_key_id: 1,
+            user: "alice".into(),
+            requests: 3,
+            input_tokens: 30,
+            output_tokens: 300,
+            cost_usd: 0.25,
+        },
+        UsageRow {
+            api_key_id: 2,
+            user: "bob".into(),
+            requests: 0,
+            input_tokens: 0,
+            output_tokens: 0,
+            cost_usd: 0.0,
+        },
+    ]
+}
+
+/// The relay's side: the admin endpoint's routes over the fixture, in the shared envelopes.
+async fn http_endpoint() -> SocketAddr {
+    fn authorized(headers: &HeaderMap) -> Result<(), Response> {
+        let bearer = format!("Bearer {ADMIN_TOKEN}");
+        match headers.get("authorization").and_then(|v| v.to_str().ok()) {
+            Some(given) if given == bearer => Ok(()),
+            _ => Err((
+                StatusCode::UNAUTHORIZED,
+                axum::Json(ErrorBody::new(
+                    "authentication_error",
+                    "send the admin token",
+                )),
+            )
+                .into_response()),
+        }
+    }
+    fn not_found(id: i64) -> Response {
+        (
+            StatusCode::NOT_FOUND,
+            axum::Json(ErrorBody::new("not_found", format!("no account {id}"))),
+        )
+            .into_response()
+    }
+    let router = axum::Router::new()
+        .route(
+            "/admin/accounts",
+            get(
+                |headers: HeaderMap, Query(q): Query<std::collections::HashMap<String, String>>| async move {
+                    authorized(&headers)?;
+                    let mut accounts = accounts();
+                    if let Some(group) = q.get("group") {
+                        accounts.retain(|a| &a.group == group);
+                    }
+                    Ok::<_, Response>(axum::Json(AccountList { accounts }).into_response())
+                },
+            ),
+        )
+        .route(
+            "/admin/blocks",
+            get(|headers: HeaderMap| async move {
+                authorized(&headers)?;
+                Ok::<_, Response>(axum::Json(BlockList { blocks: blocks() }).into_response())
+            }),
+        )
+        .route(
+            "/admin/accounts/{id}/restore",
+            post(|headers: HeaderMap, Path(id): Path<i64>| async move {
+                authorized(&headers)?;
+                let Some(mut account) = accounts().into_iter().find(|a| a.id == id) else {
+                    return Err(not_found(id));
+                };
+                account.status = "active".into();
+                account.status_reason.clear();
+                Ok(axum::Json(Restored { account }).into_response())
+            }),
+        )
+        .route(
+            "/admin/accounts/{id}/clear-block",
+            post(|headers: HeaderMap, Path(id): Path<i64>| async move {
+                authorized(&headers)?;
+                if !accounts().iter().any(|a| a.id == id) {
+                    return Err(not_found(id));
+                }
+                Ok(axum::Json(Cleared { cleared: id }).into_response())
+            }),
+        )
+        .route(
+            "/admin/usage",
+            get(
+                |headers: HeaderMap, Query(q): Query<std::collections::HashMap<String, i64>>| async move {
+                    authorized(&headers)?;
+                    let mut keys = usage();
+                    if let Some(id) = q.get("api_key_id") {
+                        keys.retain(|k| k.api_key_id == *id);
+                        if keys.is_empty() {
+                            return Err(not_found(*id));
+                        }
+                    }
+                    Ok::<_, Response>(
+                        axum::Json(UsageReport {
+                            from_ms: q.get("from_ms").copied().unwrap_or_default(),
+                            to_ms: q.get("to_ms").copied().unwrap_or_default(),
+                            keys,
+                        })
+                        .into_response(),
+                    )
+                },
+            ),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    addr
+}
+
+/// The selector's side: the admin API over the same fixture, as the selector's proto says it.
+struct FakeSelector;
+
+fn view(row: &AccountRow) -> pb::AccountView {
+    pb::AccountView {
+        id: row.id,
+        name: row.name.clone(),
+        group: row.group.clone(),
+        platform: pb::Platform::Anthropic as i32,
+        kind: pb::CredentialKind::Oauth as i32,
+        credential_masked: row.credential_masked.clone(),
+        status: row.status.clone(),
+        status_reason: row.status_reason.clone(),
+        priority: 3,
+        weight: 2,
+        ..Default::default()
+    }
+}
+
+fn check<T>(request: &Request<T>) -> Result<(), Status> {
+    let metadata = request.metadata();
+    let bearer = format!("Bearer {ADMIN_TOKEN}");
+    let admin = metadata.get("authorization").and_then(|v| v.to_str().ok());
+    let service = metadata
+        .get("x-poolgate-service-token")
+        .and_then(|v| v.to_str().ok());
+    if admin != Some(bearer.as_str()) || service != Some(SERVICE_TOKEN) {
+        return Err(Status::unauthenticated("admin token required"));
+    }
+    Ok(())
+}
+
+fn unused<T>() -> Result<tonic::Response<T>, Status> {
+    Err(Status::unimplemented("not used by the shared verbs"))
+}
+
+#[tonic::async_trait]
+impl AdminService for FakeSelector {
+    async fn upsert_account(
+        &self,
+        _: Request<pb::UpsertAccountRequest>,
+    ) -> Result<tonic::Response<pb::AccountView>, Status> {
+        unused()
+    }
+    async fn list_accounts(
+        &self,
+        request: Request<pb::ListAccountsRequest>,
+    ) -> Result<tonic::Response<pb::ListAccountsResponse>, Status> {
+        check(&request)?;
+        let group = request.into_inner().group;
+        let accounts = accounts()
+            .iter()
+            .filter(|a| group.is_empty() || a.group == group)
+            .map(view)
+            .collect();
+        Ok(tonic::Response::new(pb::ListAccountsResponse { accounts }))
+    }
+    async fn set_account_status(
+        &self,
+        _: Request<pb::SetAccountStatusRequest>,
+    ) -> Result<tonic::Response<pb::AccountView>, Status> {
+        unused()
+    }
+    async fn restore_account(
+        &self,
+        request: Request<pb::RestoreAccountRequest>,
+    ) -> Result<tonic::Response<pb::AccountView>, Status> {
+        check(&request)?;
+        let id = request.into_inner().account_id;
+        let Some(mut account) = accounts().into_iter().find(|a| a.id == id) else {
+            return Err(Status::not_found(format!("no account {id}")));
+        };
+        account.status = "active".into();
+        account.status_reason.clear();
+        Ok(tonic::Response::new(view(&account)))
+    }
+    async fn create_api_key(
+        &self,
+        _: Request<pb::CreateApiKeyRequest>,
+    ) -> Result<tonic::Response<pb::CreateApiKeyResponse>, Status> {
+        unused()
+    }
+    async fn list_api_keys(
+        &self,
+        request: Request<pb::ListApiKeysRequest>,
+    ) -> Result<tonic::Response<pb::ListApiKeysResponse>, Status> {
+        check(&request)?;
+        // Listed out of order: the CLI sorts.
+        let keys = usage()
+            .iter()
+            .rev()
+            .map(|k| pb::ApiKeyView {
+                id: k.api_key_id,
+                user: k.user.clone(),
+                status: "active".into(),
+                ..Default::default()
+            })
+            .collect();
+        Ok(tonic::Response::new(pb::ListApiKeysResponse { keys }))
+    }
+    async fn revoke_api_key(
+        &self,
+        _: Request<pb::RevokeApiKeyRequest>,
+    ) -> Result<tonic::Response<pb::RevokeApiKeyResponse>, Status> {
+        unused()
+    }
+    async fn list_blocks(
+        &self,
+        request: Request<pb::ListBlocksRequest>,
+    ) -> Result<tonic::Response<pb::ListBlocksResponse>, Status> {
+        check(&request)?;
+        let blocks = blocks()
+            .into_iter()
+            .map(|b| pb::BlockView {
+                account_id: b.account_id,
+                account_name: b.account_name,
+                kind: b.kind,
+                class: b.class,
+                status: u32::from(b.status),
+                reason: b.reason,
+                remaining_ms: b.remaining_ms,
+            })
+            .collect();
+        Ok(tonic::Response::new(pb::ListBlocksResponse { blocks }))
+    }
+    async fn clear_block(
+        &self,
+        request: Request<pb::ClearBlockRequest>,
+    ) -> Result<tonic::Response<pb::ClearBlockResponse>, Status> {
+        check(&request)?;
+        let id = request.into_inner().account_id;
+        if !accounts().iter().any(|a| a.id == id) {
+            return Err(Status::not_found(format!("no account {id}")));
+        }
+        Ok(tonic::Response::new(pb::ClearBlockResponse {}))
+    }
+    async fn drop_binding(
+        &self,
+        _: Request<pb::DropBindingRequest>,
+    ) -> Result<tonic::Response<pb::DropBindingResponse>, Status> {
+        unused()
+    }
+    async fn read_load(
+        &self,
+        _: Request<pb::ReadLoadRequest>,
+    ) -> Result<tonic::Response<pb::ReadLoadResponse>, Status> {
+        unused()
+    }
+    async fn read_usage(
+        &self,
+        request: Request<pb::ReadUsageRequest>,
+    ) -> Result<tonic::Response<pb::ReadUsageResponse>, Status> {
+        check(&request)?;
+        let asked = request.into_inner();
+        if asked.from_ms == 0 || asked.to_ms <= asked.from_ms {
+            return Err(Status::invalid_argument("the CLI always sends its window"));
+        }
+        let Some(key) = usage()
+            .into_iter()
+            .find(|k| k.api_key_id == asked.api_key_id)
+        else {
+            return Err(Status::not_found("no key"));
+        };
+        Ok(tonic::Response::new(pb::ReadUsageResponse {
+            requests: key.requests,
+            input_tokens: key.input_tokens,
+            output_tokens: key.output_tokens,
+            cost_usd: key.cost_usd,
+        }))
+    }
+}
+
+async fn grpc_endpoint() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let _ = tonic::transport::Server::builder()
+            .add_service(SelectorAdminServer::new(FakeSelector))
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
+            .await;
+    });
+    addr
+}
+
+#[derive(Debug, Parser)]
+struct Cli {
+    #[command(subcommand)]
+    verb: Verb,
+}
+
+fn verb(args: &[&str]) -> Verb {
+    Cli::try_parse_from(std::iter::once("admin").chain(args.iter().copied()))
+        .expect("a verb")
+        .verb
+}
+
+/// The usage window is the clock's at each call: compare what does not depend on it.
+fn without_window(json: &str) -> serde_json::Value {
+    let mut value: serde_json::Value = serde_json::from_str(json).expect("json");
+    if let Some(object) = value.as_object_mut() {
+        object.remove("from_ms");
+        object.remove("to_ms");
+    }
+    value
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_verb_prints_the_same_against_a_selector_and_a_standalone_relay() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let relay = HttpAdmin::new(&format!("http://{}", http_endpoint().await), ADMIN_TOKEN)
+        .expect("http client");
+    let selector = SelectorAdmin::connect(
+        &format!("http://{}", grpc_endpoint().await),
+        ADMIN_TOKEN,
+        Some(SERVICE_TOKEN),
+    )
+    .await
+    .expect("grpc client");
+    let endpoints: [&dyn AdminEndpoint; 2] = [&relay, &selector];
+    for args in [
+        &["accounts"][..],
+        &["accounts", "--group", "h"],
+        &["blocks"],
+        &["restore", "2"],
+        &["clear-block", "1"],
+        &["usage"],
+        &["usage", "1", "--hours", "2"],
+    ] {
+        let mut printed = Vec::new();
+        for endpoint in endpoints {
+            let text = poolgate_operator::execute(endpoint, &verb(args))
+                .await
+                .unwrap_or_else(|error| panic!("{args:?}: {error}"));
+            let mut json_args = args.to_vec();
+            json_args.extend(["--output", "json"]);
+            let json = poolgate_operator::execute(endpoint, &verb(&json_args))
+                .await
+                .unwrap_or_else(|error| panic!("{json_args:?}: {error}"));
+            printed.push((text, without_window(&json)));
+        }
+        assert_eq!(printed[0], printed[1], "{args:?}: relay, then selector");
+        assert!(!printed[0].0.is_empty(), "{args:?} printed something");
+    }
+    // What the rows say, once (the loop above holds that both say the same).
+    let text = poolgate_operator::execute(&selector, &verb(&["blocks"]))
+        .await
+        .expect("blocks");
+    assert_eq!(
+        text,
+        "1\ta\thard\tclass=unauthorized\tstatus=401\tleft=61s\tinvalid x-api-key"
+    );
+    let text = poolgate_operator::execute(&selector, &verb(&["usage"]))
+        .await
+        .expect("usage");
+    assert!(
+        text.starts_with("1\talice\trequests=3\t") && text.contains("\n2\tbob\t"),
+        "{text}"
+    );
+
+    // An unknown account is "not found" on both; an unknown key too.
+    for endpoint in endpoints {
+        for args in [
+            &["restore", "99"][..],
+            &["clear-block", "99"],
+            &["usage", "9"],
+        ] {
+            let error = poolgate_operator::execute(endpoint, &verb(args))
+                .await
+                .expect_err("unknown");
+            assert!(
+                matches!(error, OperatorError::NotFound(_)),
+                "{args:?}: {error}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_admin_token_is_refused_the_same_way_by_both() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let relay =
+        HttpAdmin::new(&format!("http://{}", http_endpoint().await), "wrong").expect("http client");
+    let selector = SelectorAdmin::connect(
+        &format!("http://{}", grpc_endpoint().await),
+        "wrong",
+        Some(SERVICE_TOKEN),
+    )
+    .await
+    .expect("grpc client");
+    let endpoints: [Arc<dyn AdminEndpoint>; 2] = [Arc::new(relay), Arc::new(selector)];
+    for endpoint in endpoints {
+        let error = poolgate_operator::execute(endpoint.as_ref(), &verb(&["accounts"]))
+            .await
+            .expect_err("refused");
+        assert!(
+            matches!(error, OperatorError::Unauthenticated(_)),
+            "{error}"
+        );
+        assert!(
+            !error.to_string().contains("wrong"),
+            "the token is never printed: {error}"
+        );
+    }
+}

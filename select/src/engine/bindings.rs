@@ -1,0 +1,229 @@
+//! Sticky sessions and response bindings: which account a request is bound to (read through a
+//! short local cache, its TTL touched at most once a minute), binding a session or a response
+//! to the account that served it, and refusing a response id bound for another client key.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::health::BackendError;
+use poolgate_core::{AccountId, millis};
+
+use super::{SelectQuery, Selector, SelectorError};
+
+/// A binding as this replica last read or wrote it, and when its TTL was last refreshed.
+pub(super) struct StickyEntry {
+    account: AccountId,
+    fetched: Instant,
+    touched: Instant,
+}
+
+/// How long a binding read from Redis is trusted locally, and how often its TTL is refreshed.
+const STICKY_LOCAL: Duration = Duration::from_secs(5);
+const STICKY_TOUCH: Duration = Duration::from_secs(60);
+
+/// The response binding of `response_id` for one client key (0: an older relay's, unscoped).
+/// The key's digits end at the first `:`, so no two (key, id) pairs share a name. Bindings of
+/// the plain `<id>` form (before response bindings were scoped) are no longer read: they were
+/// dropped once on upgrade (docs/SECURITY.md).
+fn scoped_response(api_key_id: i64, response_id: &str) -> String {
+    format!("k{api_key_id}:{response_id}")
+}
+
+/// Marks `response_id` as bound by poolgate for some client key (whichever: the mark does not
+/// say), so another key's request naming it is refused instead of passed as unknown.
+fn marked_response(response_id: &str) -> String {
+    format!("any:{response_id}")
+}
+
+impl Selector {
+    /// The account bound to this request: the previous response's account (a binding of the
+    /// request's own client key), else the session's. A Redis failure means "no binding", never
+    /// an error.
+    pub(super) async fn binding(&self, query: &SelectQuery) -> Option<AccountId> {
+        if let Some(response_id) = &query.previous_response_id {
+            let scoped = scoped_response(query.api_key_id, response_id);
+            match self.health.response_get(&scoped).await {
+                Ok(Some(id)) => return Some(id),
+                Ok(None) => {}
+                Err(error) => tracing::debug!(%error, "response binding unreadable"),
+            }
+        }
+        let session = query.session_hash.as_ref()?;
+        let key = (query.group.clone(), session.clone());
+        {
+            let mut cache = self.sticky_cache.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(entry) = cache.get_mut(&key)
+                && entry.fetched.elapsed() < STICKY_LOCAL
+            {
+                if entry.touched.elapsed() >= STICKY_TOUCH {
+                    entry.touched = Instant::now();
+                    let (health, ttl) = (self.health.clone(), millis(self.settings.sticky_ttl));
+                    let (group, session) = key.clone();
+                    tokio::spawn(async move {
+                        let _ = health.sticky_touch(&group, &session, ttl).await;
+                    });
+                }
+                return Some(entry.account);
+            }
+        }
+        match self.health.sticky_get(&query.group, session).await {
+            Ok(Some(account)) => {
+                let mut cache = self.sticky_cache.lock().unwrap_or_else(|p| p.into_inner());
+                let touched = cache
+                    .get(&key)
+                    .map(|e| e.touched)
+                    .unwrap_or_else(Instant::now);
+                if cache.len() > 100_000 {
+                    cache.retain(|_, e| e.fetched.elapsed() < STICKY_LOCAL);
+                }
+                cache.insert(
+                    key,
+                    StickyEntry {
+                        account,
+                        fetched: Instant::now(),
+                        touched,
+                    },
+                );
+                Some(account)
+            }
+            Ok(None) => None,
+            Err(error) => {
+                tracing::debug!(%error, "sticky binding unreadable; selecting without it");
+                None
+            }
+        }
+    }
+
+    /// Binds a session to the account that served it; returns `hit`, `bound` or `rebind`.
+    pub async fn bind_session(
+        &self,
+        group: &str,
+        session: &str,
+        account: AccountId,
+    ) -> Result<&'static str, SelectorError> {
+        // Bound here already and refreshed within a minute: a hit, no write (the binding's TTL is
+        // refreshed at most once a minute).
+        let cached_hit = {
+            let cache = self.sticky_cache.lock().unwrap_or_else(|p| p.into_inner());
+            cache
+                .get(&(group.to_owned(), session.to_owned()))
+                .is_some_and(|entry| {
+                    entry.account == account && entry.touched.elapsed() < STICKY_TOUCH
+                })
+        };
+        if cached_hit {
+            let platform = self
+                .snapshot
+                .get()
+                .account(account)
+                .map(|a| a.platform.as_str())
+                .unwrap_or("unknown");
+            self.metrics
+                .sticky
+                .with_label_values(&["hit", platform])
+                .inc();
+            return Ok("hit");
+        }
+        let previous = self
+            .health
+            .sticky_set(group, session, account, millis(self.settings.sticky_ttl))
+            .await
+            .map_err(|e| SelectorError::Unavailable(e.to_string()))?;
+        let result = match previous {
+            Some(id) if id == account => "hit",
+            Some(_) => "rebind",
+            None => "bound",
+        };
+        {
+            let mut cache = self.sticky_cache.lock().unwrap_or_else(|p| p.into_inner());
+            cache.insert(
+                (group.to_owned(), session.to_owned()),
+                StickyEntry {
+                    account,
+                    fetched: Instant::now(),
+                    touched: Instant::now(),
+                },
+            );
+        }
+        let platform = self
+            .snapshot
+            .get()
+            .account(account)
+            .map(|a| a.platform.as_str())
+            .unwrap_or("unknown");
+        self.metrics
+            .sticky
+            .with_label_values(&[result, platform])
+            .inc();
+        Ok(result)
+    }
+
+    /// Binds a response id to its account without a client key (an older relay's binding):
+    /// found only by requests without a key, refused to none.
+    pub async fn bind_response(
+        &self,
+        response_id: &str,
+        account: AccountId,
+    ) -> Result<(), SelectorError> {
+        self.bind_response_for_key(0, response_id, account).await
+    }
+
+    /// Binds a response id to the account that produced it, for the client key it was made for
+    /// (`api_key_id`; 0: none): only that key's requests continue it on the account, another
+    /// key's are refused (`response_of_another_key`).
+    pub async fn bind_response_for_key(
+        &self,
+        api_key_id: i64,
+        response_id: &str,
+        account: AccountId,
+    ) -> Result<(), SelectorError> {
+        let ttl = millis(self.settings.response_ttl);
+        let unavailable = |e: BackendError| SelectorError::Unavailable(e.to_string());
+        // The key's own binding first: a mark without it would refuse the key its own response.
+        self.health
+            .response_set(&scoped_response(api_key_id, response_id), account, ttl)
+            .await
+            .map_err(unavailable)?;
+        if api_key_id != 0 {
+            self.health
+                .response_set(&marked_response(response_id), account, ttl)
+                .await
+                .map_err(unavailable)?;
+        }
+        Ok(())
+    }
+
+    /// Whether the query's `previous_response_id` was bound by poolgate for another client key:
+    /// such a request is refused and never reaches an account (the upstream serves any response
+    /// id of its organisation to whoever holds the credential). An id poolgate never bound
+    /// passes, as does a query without a key (an older relay). A binding that cannot be read is
+    /// an error: the request is not sent on a guess.
+    pub async fn response_of_another_key(
+        &self,
+        query: &SelectQuery,
+    ) -> Result<bool, SelectorError> {
+        let Some(response_id) = query
+            .previous_response_id
+            .as_deref()
+            .filter(|_| query.api_key_id != 0)
+        else {
+            return Ok(false);
+        };
+        let unavailable = |e: BackendError| SelectorError::Unavailable(e.to_string());
+        let own = self
+            .health
+            .response_get(&scoped_response(query.api_key_id, response_id))
+            .await
+            .map_err(unavailable)?;
+        if own.is_some() {
+            return Ok(false);
+        }
+        let bound = self
+            .health
+            .response_get(&marked_response(response_id))
+            .await
+            .map_err(unavailable)?;
+        Ok(bound.is_some())
+    }
+}

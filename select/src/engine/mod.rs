@@ -1,0 +1,186 @@
+//! The selector engine: plans (select), outcomes ("busy is not broken"), bindings, and
+//! authentication, over a config snapshot from an account source (Postgres, or the standalone
+//! relay's file) and a health store (Redis shared by every replica, or memory in one process).
+//! Transport-free: `grpc.rs` calls it, and the standalone relay calls it directly.
+//!
+//! This file builds the engine from its parts and holds its error; the rest is by job:
+//! `select.rs` (plans: candidates, load reads, ordering, half-open checks), `report.rs`
+//! (outcomes, and the bounded wait of an OAuth refusal), `bindings.rs` (sticky sessions and
+//! response bindings), `admin.rs` (client-key checks and the operator's reads and actions).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use poolgate_runtime::ports::ProbeLeases;
+
+use crate::confirmations::Confirmations;
+use crate::health::HealthStore;
+use crate::load_cache::{LoadCache, LoadCacheSettings};
+use crate::metrics::Metrics;
+use crate::probe::ProbeSettings;
+use crate::snapshot::SnapshotCell;
+use crate::source::{AccountSource, StoreError};
+use poolgate_core::outcome::RuntimeBlockSettings;
+
+mod admin;
+mod bindings;
+mod report;
+mod select;
+mod usage;
+
+pub use poolgate_core::plan::{Plan, PlannedAccount};
+pub(crate) use report::apply_broken;
+pub use report::{Applied, Reported};
+pub use select::SelectQuery;
+pub use usage::{MAX_MODEL_BYTES, MAX_USAGE_RECORDS};
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum SelectorError {
+    #[error("invalid {field}: {message}")]
+    InvalidArgument { field: String, message: String },
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Unauthenticated(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("backend unavailable: {0}")]
+    Unavailable(String),
+}
+
+impl SelectorError {
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        SelectorError::InvalidArgument {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl From<StoreError> for SelectorError {
+    fn from(error: StoreError) -> Self {
+        match error {
+            StoreError::NotFound(what) => SelectorError::NotFound(what),
+            StoreError::Conflict(what) => SelectorError::Conflict(what),
+            other => SelectorError::Unavailable(other.to_string()),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct SelectorSettings {
+    pub blocks: RuntimeBlockSettings,
+    pub load_cache: LoadCacheSettings,
+    /// Plan length when the request does not say.
+    pub plan_size: usize,
+    pub sticky_ttl: Duration,
+    pub response_ttl: Duration,
+    /// The confirmation probe (billing-class answers, half-open breakers).
+    pub probe: ProbeSettings,
+}
+
+impl Default for SelectorSettings {
+    fn default() -> Self {
+        SelectorSettings {
+            blocks: RuntimeBlockSettings::default(),
+            load_cache: LoadCacheSettings::default(),
+            plan_size: 4,
+            sticky_ttl: Duration::from_secs(3600),
+            response_ttl: Duration::from_secs(3600),
+            probe: ProbeSettings::default(),
+        }
+    }
+}
+
+/// What an engine is built from.
+pub struct SelectorParts {
+    /// The snapshot served from; whoever builds the engine keeps it current (a reload loop).
+    pub snapshot: Arc<SnapshotCell>,
+    pub source: Arc<dyn AccountSource>,
+    pub health: Arc<dyn HealthStore>,
+    /// Where the confirmation probe takes its lease: the lease engine the relays' leases use
+    /// (wired by the composition root), so the probe counts against the account like any
+    /// request.
+    pub leases: Arc<dyn ProbeLeases>,
+    pub settings: SelectorSettings,
+    pub metrics: Metrics,
+}
+
+pub struct Selector {
+    snapshot: Arc<SnapshotCell>,
+    source: Arc<dyn AccountSource>,
+    health: Arc<dyn HealthStore>,
+    load_cache: LoadCache,
+    settings: SelectorSettings,
+    sticky_cache: Mutex<HashMap<(String, String), bindings::StickyEntry>>,
+    metrics: Metrics,
+    /// The confirmation probe holds a lease from it like any request.
+    admission: Arc<dyn ProbeLeases>,
+    probe_http: reqwest::Client,
+    /// Suspicious outcomes become writes only through these (`confirmations.rs`).
+    confirmations: Confirmations,
+}
+
+impl Selector {
+    pub fn new(parts: SelectorParts) -> Self {
+        let SelectorParts {
+            snapshot,
+            source,
+            health,
+            leases: admission,
+            settings,
+            metrics,
+        } = parts;
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let probe_http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .build()
+            .unwrap_or_default();
+        let confirmations = Confirmations {
+            admission: admission.clone(),
+            http: probe_http.clone(),
+            health: health.clone(),
+            source: source.clone(),
+            metrics: metrics.clone(),
+            probe: settings.probe.clone(),
+            blocks: settings.blocks.clone(),
+            refresher: Arc::new(std::sync::OnceLock::new()),
+            ended: Arc::new(tokio::sync::Notify::new()),
+        };
+        Selector {
+            admission,
+            probe_http,
+            confirmations,
+            load_cache: LoadCache::new(health.clone(), settings.load_cache.clone())
+                .with_active_blocks_gauge(metrics.active_blocks.clone()),
+            snapshot,
+            source,
+            health,
+            settings,
+            sticky_cache: Mutex::new(HashMap::new()),
+            metrics,
+        }
+    }
+
+    pub fn snapshot(&self) -> &Arc<SnapshotCell> {
+        &self.snapshot
+    }
+
+    pub fn source(&self) -> &Arc<dyn AccountSource> {
+        &self.source
+    }
+
+    pub fn health(&self) -> &Arc<dyn HealthStore> {
+        &self.health
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Hands the engine the token refresher (once).
+    pub fn set_refresher(&self, refresher: crate::refresh::TokenRefresher) {
+        let _ = self.confirmations.refresher.set(refresher);
+    }
+}

@@ -1,0 +1,273 @@
+//! Plans: the group's active accounts that may serve the model, less the excluded, filtered
+//! by their health (a fresh read when the cached one leaves no one), ordered by
+//! `poolgate_core::select::order` with the request's binding first; and the half-open breaker
+//! checks a plan starts instead of letting a client request through.
+
+use std::sync::Arc;
+
+use crate::confirmations::running_owner;
+use crate::health::{BackendError, Breaker, BreakerChange};
+use crate::load_cache::Reading;
+use crate::probe::{breaker_closes, probe_under_lease};
+use poolgate_core::account::{Account, AccountStatus, Platform, group_models};
+use poolgate_core::plan::{Plan, PlannedAccount};
+use poolgate_core::select::{Candidate, NoneReason, order};
+use poolgate_core::{AccountId, millis};
+
+use super::{Selector, SelectorError};
+
+/// A select request, validated.
+#[derive(Debug, Clone, Default)]
+pub struct SelectQuery {
+    pub group: String,
+    pub platform: Option<Platform>,
+    pub model: String,
+    pub session_hash: Option<String>,
+    pub previous_response_id: Option<String>,
+    pub exclude: Vec<AccountId>,
+    pub max_accounts: usize,
+    /// The client key the request came with: `previous_response_id` is looked up among its
+    /// response bindings. 0: unknown (an older relay), only unscoped bindings are found.
+    pub api_key_id: i64,
+}
+
+/// An empty plan, and why.
+fn no_plan(reason: NoneReason, retry_after_ms: u64) -> Plan {
+    Plan {
+        none_reason: Some(reason),
+        retry_after_ms,
+        ..Plan::default()
+    }
+}
+
+impl Selector {
+    /// A plan for a client request, as every transport answers it: refused before any account
+    /// is planned when its `previous_response_id` belongs to another client key, else
+    /// [`select`](Self::select), counted in `selector_selects_total` by how it ended.
+    pub async fn plan(&self, query: &SelectQuery) -> Result<Plan, SelectorError> {
+        if self.response_of_another_key(query).await? {
+            self.count_select("previous_response_other_key");
+            return Ok(Plan {
+                previous_response_other_key: true,
+                ..Plan::default()
+            });
+        }
+        let plan = self.select(query).await?;
+        self.count_select(plan.none_reason.map_or("planned", |reason| reason.as_str()));
+        Ok(plan)
+    }
+
+    fn count_select(&self, label: &str) {
+        self.metrics.selects.with_label_values(&[label]).inc();
+    }
+
+    /// The models the group's active accounts of `platform` serve (`/v1/models`).
+    pub fn models(&self, group: &str, platform: Platform) -> Vec<String> {
+        let snapshot = self.snapshot.get();
+        group_models(snapshot.accounts().map(|a| a.as_ref()), group, platform)
+    }
+
+    /// The plan of the group's eligible accounts in order, without the response-key check or
+    /// the count (`plan` adds both); an unknown group is `NotFound`.
+    pub async fn select(&self, query: &SelectQuery) -> Result<Plan, SelectorError> {
+        let snapshot = self.snapshot.get();
+        if !snapshot.has_group(&query.group) {
+            return Err(SelectorError::NotFound(format!(
+                "unknown group {:?}",
+                query.group
+            )));
+        }
+        let on_platform: Vec<&Arc<Account>> = snapshot
+            .group_accounts(&query.group)
+            .filter(|a| a.status == AccountStatus::Active)
+            .filter(|a| query.platform.is_none_or(|p| a.platform == p))
+            .collect();
+        if on_platform.is_empty() {
+            return Ok(no_plan(NoneReason::NoAccounts, 0));
+        }
+        let allowed: Vec<&Arc<Account>> = on_platform
+            .into_iter()
+            .filter(|a| a.allows(&query.model))
+            .collect();
+        if allowed.is_empty() {
+            return Ok(no_plan(NoneReason::ModelNotAllowed, 0));
+        }
+        let included: Vec<&Arc<Account>> = allowed
+            .into_iter()
+            .filter(|a| !query.exclude.contains(&a.id))
+            .collect();
+        if included.is_empty() {
+            return Ok(no_plan(NoneReason::AllExcluded, 0));
+        }
+        let ids: Vec<AccountId> = included.iter().map(|a| a.id).collect();
+        let sticky = self.binding(query).await;
+
+        let mut reading = self.load_cache.read(&ids, false).await;
+        let mut candidates = self.eligible(&included, &reading).await;
+        if candidates.is_empty() {
+            // The cached reading filtered everyone: confirm with one fresh (coalesced) read.
+            reading = self.load_cache.read(&ids, true).await;
+            candidates = self.eligible(&included, &reading).await;
+        }
+        if candidates.is_empty() {
+            let mut earliest = u64::MAX;
+            let mut all_breakers = true;
+            for account in &included {
+                if let Some(health) = reading.get(account.id) {
+                    if health.hard_block_ms > 0 {
+                        earliest = earliest.min(health.hard_block_ms);
+                        all_breakers = false;
+                    }
+                    if let Breaker::Open(ms) = health.breaker {
+                        earliest = earliest.min(ms);
+                    }
+                }
+            }
+            let reason = if all_breakers {
+                NoneReason::BreakerOpen
+            } else {
+                NoneReason::AllBlocked
+            };
+            return Ok(no_plan(
+                reason,
+                if earliest == u64::MAX { 0 } else { earliest },
+            ));
+        }
+        let (ordered, is_sticky) = order(candidates, sticky, &mut fastrand::Rng::new());
+        let limit = if query.max_accounts == 0 {
+            self.settings.plan_size
+        } else {
+            query.max_accounts
+        };
+        let usage_headers_to_clients = snapshot
+            .group_settings(&query.group)
+            .usage_headers_to_clients;
+        let accounts = ordered
+            .into_iter()
+            .take(limit.max(1))
+            .map(|candidate| {
+                let account = &candidate.account;
+                let mapped_model = account.mapped_model(&query.model);
+                PlannedAccount {
+                    id: account.id,
+                    name: account.name.clone(),
+                    platform: account.platform,
+                    base_url: account.base_url.clone(),
+                    credential: account.credential.clone(),
+                    credential_kind: account.credential_kind,
+                    price: snapshot.price(&mapped_model),
+                    mapped_model,
+                    concurrency_limit: account.concurrency_limit,
+                    rpm_limit: account.rpm_limit,
+                    session_window_limit_usd: account.session_window_limit_usd,
+                    proxy_url: account.proxy_url.clone(),
+                    stream_usage: account.stream_usage,
+                    soft_blocked: candidate.soft_blocked(),
+                    inflight: candidate.health.and_then(|h| h.inflight),
+                    usage_headers_to_clients,
+                }
+            })
+            .collect();
+        Ok(Plan {
+            accounts,
+            sticky: is_sticky,
+            ..Plan::default()
+        })
+    }
+
+    /// Drops hard-blocked and breaker-open accounts; a half-open one stays only if this select
+    /// takes its probe token (one request through at a time).
+    async fn eligible(&self, accounts: &[&Arc<Account>], reading: &Reading) -> Vec<Candidate> {
+        let mut candidates = Vec::with_capacity(accounts.len());
+        for account in accounts {
+            let health = reading.get(account.id);
+            if let Some(health) = health {
+                if health.hard_block_ms > 0 {
+                    continue;
+                }
+                match health.breaker {
+                    Breaker::Open(_) => continue,
+                    Breaker::HalfOpen => {
+                        // The selector's own probe decides; no client request goes through
+                        // as the probe. Excluded until then.
+                        if let Err(error) = self.start_half_open_check((*account).clone()).await {
+                            tracing::debug!(%error, account_id = account.id, "half-open check not started");
+                        }
+                        continue;
+                    }
+                    Breaker::Closed => {}
+                }
+            }
+            candidates.push(Candidate {
+                account: (*account).clone(),
+                health,
+            });
+        }
+        candidates
+    }
+
+    /// Checks a half-open breaker with the probe, in the background, under the account's
+    /// confirmation lock (so one check runs cluster-wide): closes the breaker unless the
+    /// upstream itself failed, in which case it reopens for twice as long.
+    async fn start_half_open_check(&self, account: Arc<Account>) -> Result<(), BackendError> {
+        let owner = running_owner();
+        let lock_ms = millis(self.settings.probe.block);
+        if !self
+            .health
+            .lock_confirm(account.id, &owner, lock_ms)
+            .await?
+        {
+            return Ok(());
+        }
+        let (admission, http, health, metrics) = (
+            self.admission.clone(),
+            self.probe_http.clone(),
+            self.health.clone(),
+            self.metrics.clone(),
+        );
+        let (probe, blocks) = (self.settings.probe.clone(), self.settings.blocks.clone());
+        let linger = millis(self.settings.load_cache.cache_ttl * 3).max(1000);
+        tokio::spawn(async move {
+            let threshold = millis(blocks.hard_block_threshold);
+            match probe_under_lease(&admission, &http, &account, &probe, threshold).await {
+                Ok(probed) if breaker_closes(&probed) => {
+                    if health.breaker_success(account.id).await.is_ok() {
+                        metrics.breaker_changes.with_label_values(&["closed"]).inc();
+                        tracing::info!(
+                            account_id = account.id,
+                            status = probed.status,
+                            "half-open probe answered; breaker closed"
+                        );
+                    }
+                }
+                Ok(probed) => {
+                    let change = health
+                        .breaker_failure(
+                            account.id,
+                            blocks.breaker_threshold,
+                            millis(blocks.breaker_open),
+                            millis(blocks.breaker_max_open),
+                        )
+                        .await;
+                    if let Ok(BreakerChange::Reopened(ms)) = change {
+                        metrics
+                            .breaker_changes
+                            .with_label_values(&["reopened"])
+                            .inc();
+                        tracing::warn!(
+                            account_id = account.id,
+                            status = probed.status,
+                            open_ms = ms,
+                            "half-open probe failed; breaker reopened"
+                        );
+                    }
+                }
+                Err(why) => {
+                    tracing::info!(account_id = account.id, why, "half-open probe not sent")
+                }
+            }
+            let _ = health.linger_confirm(account.id, &owner, linger).await;
+        });
+        Ok(())
+    }
+}

@@ -1,0 +1,95 @@
+//! `Locks` in Redis: the confirmation lock and the token-refresh lock, each one key taken with
+//! `SET NX PX` and changed only by the owner it names.
+
+use async_trait::async_trait;
+use poolgate_runtime::keys;
+
+use super::RedisHealth;
+use crate::health::{BackendError, Locks};
+use poolgate_core::AccountId;
+
+#[async_trait]
+impl Locks for RedisHealth {
+    /// Takes the cluster-wide confirmation lock of an account (see `confirmations.rs`).
+    async fn lock_confirm(
+        &self,
+        id: AccountId,
+        owner: &str,
+        ttl_ms: u64,
+    ) -> Result<bool, BackendError> {
+        self.lock(keys::confirm_lock(id), owner, ttl_ms).await
+    }
+
+    async fn unlock_confirm(&self, id: AccountId, owner: &str) -> Result<(), BackendError> {
+        self.delete_if(keys::confirm_lock(id), owner).await
+    }
+
+    async fn linger_confirm(
+        &self,
+        id: AccountId,
+        owner: &str,
+        ms: u64,
+    ) -> Result<(), BackendError> {
+        let mut conn = self.redis.conn().await?;
+        let _: (i64, i64) = self
+            .redis
+            .bounded(
+                self.scripts
+                    .linger
+                    .key(keys::confirm_lock(id))
+                    .arg(owner)
+                    .arg(ms.max(1))
+                    .invoke_async(&mut conn),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn confirm_state(&self, id: AccountId) -> Result<Option<String>, BackendError> {
+        let mut conn = self.redis.conn().await?;
+        self.redis
+            .bounded(
+                redis::cmd("GET")
+                    .arg(keys::confirm_lock(id))
+                    .query_async(&mut conn),
+            )
+            .await
+    }
+
+    async fn swap_confirm(
+        &self,
+        id: AccountId,
+        from: &str,
+        to: &str,
+        ttl_ms: u64,
+    ) -> Result<bool, BackendError> {
+        let mut conn = self.redis.conn().await?;
+        let (swapped, _now): (i64, i64) = self
+            .redis
+            .bounded(
+                self.scripts
+                    .swap
+                    .key(keys::confirm_lock(id))
+                    .arg(from)
+                    .arg(to)
+                    .arg(ttl_ms.max(1))
+                    .invoke_async(&mut conn),
+            )
+            .await?;
+        Ok(swapped == 1)
+    }
+
+    /// Takes the cluster-wide token-refresh lock for an account.
+    async fn lock_refresh(
+        &self,
+        id: AccountId,
+        owner: &str,
+        ttl_ms: u64,
+    ) -> Result<bool, BackendError> {
+        self.lock(keys::token_refresh_lock(id), owner, ttl_ms).await
+    }
+
+    async fn unlock_refresh(&self, id: AccountId, owner: &str) -> Result<(), BackendError> {
+        self.delete_if(keys::token_refresh_lock(id), owner).await
+    }
+}

@@ -1,0 +1,409 @@
+//! `selector-svc admin …`: the operator CLI against a running selector's admin gRPC API. The read
+//! and repair verbs (accounts, blocks, restore, clear-block, usage) are `poolgate-operator`'s,
+//! the same verbs and output as `relay-svc admin`; the configuration verbs (accounts and client
+//! keys, statuses, bindings, load) are the selector's own, since its configuration lives behind
+//! these RPCs (a standalone relay's lives in its YAML file).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{ArgMatches, Args, Subcommand, ValueEnum};
+use poolgate_core::account::{CredentialKind, Platform, default_oauth_token_url};
+use poolgate_operator::grpc::{AdminClient, SelectorAdmin, account_row};
+use poolgate_operator::verb::account_line;
+use poolgate_operator::{OperatorError, Verb};
+use poolgate_proto::selector::v1 as pb;
+use poolgate_runtime::secret_flags::SecretFlag;
+
+use crate::cli::given;
+
+const PROGRAM: &str = "selector-svc admin";
+
+#[derive(Debug, Args)]
+pub struct AdminArgs {
+    /// Selector gRPC endpoint.
+    #[arg(
+        long,
+        env = "SELECTOR_ENDPOINT",
+        default_value = "http://127.0.0.1:50062"
+    )]
+    endpoint: String,
+    /// The admin token. On the command line it is visible to every local user: prefer
+    /// --admin-token-file.
+    #[arg(long, env = "SELECTOR_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: Option<String>,
+    /// A file holding the admin token (a trailing newline is ignored).
+    #[arg(long, env = "SELECTOR_ADMIN_TOKEN_FILE")]
+    admin_token_file: Option<PathBuf>,
+    /// The service token the selector requires of every caller. On the command line it is
+    /// visible to every local user: prefer --service-token-file.
+    #[arg(long, env = "POOLGATE_SERVICE_TOKEN", hide_env_values = true)]
+    service_token: Option<String>,
+    /// A file holding the service token (a trailing newline is ignored).
+    #[arg(long, env = "POOLGATE_SERVICE_TOKEN_FILE")]
+    service_token_file: Option<PathBuf>,
+    /// `--admin-token` came from the command line (set from the parse, not a flag).
+    #[arg(skip)]
+    admin_token_on_command_line: bool,
+    /// `--service-token` came from the command line.
+    #[arg(skip)]
+    service_token_on_command_line: bool,
+    #[command(subcommand)]
+    command: AdminCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum AdminCommand {
+    #[command(flatten)]
+    Verb(Verb),
+    #[command(flatten)]
+    Configure(ConfigVerb),
+}
+
+/// The selector's configuration verbs (and its own reads: keys, load).
+#[derive(Debug, Subcommand)]
+enum ConfigVerb {
+    /// Create or update an account.
+    UpsertAccount(Box<UpsertAccount>),
+    /// Set an account's status.
+    SetStatus {
+        account_id: i64,
+        #[arg(value_enum)]
+        status: Status,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Create a client API key (shown once).
+    CreateKey {
+        #[arg(long)]
+        user: String,
+        #[arg(long)]
+        group: String,
+        #[arg(long, default_value_t = 0)]
+        user_rpm: i32,
+        #[arg(long, default_value = "")]
+        name: String,
+    },
+    /// List client API keys.
+    Keys,
+    /// Revoke a client API key.
+    RevokeKey { id: i64 },
+    /// Drop a sticky binding. Bindings are scoped to the client key: the session is
+    /// `k<api key id>:<session hash>` (as `admin keys` lists keys).
+    DropBinding { group: String, session_hash: String },
+    /// Live leases per account.
+    Load,
+}
+
+#[derive(Debug, Args)]
+struct UpsertAccount {
+    #[arg(long)]
+    name: String,
+    #[arg(long)]
+    group: String,
+    #[arg(long, value_enum)]
+    platform: PlatformArg,
+    #[arg(long)]
+    base_url: String,
+    /// `oauth`: a Claude subscription; `chatgpt_oauth`: a ChatGPT subscription (platform openai).
+    #[arg(long, value_enum, default_value_t = KindArg::ApiKey)]
+    credential_kind: KindArg,
+    /// The credential; read from the ACCOUNT_CREDENTIAL env var when absent.
+    #[arg(
+        long,
+        env = "ACCOUNT_CREDENTIAL",
+        hide_env_values = true,
+        default_value = ""
+    )]
+    credential: String,
+    #[arg(long, default_value_t = 0)]
+    priority: i32,
+    #[arg(long, default_value_t = 1)]
+    weight: i32,
+    #[arg(long, default_value_t = 0)]
+    concurrency: i32,
+    #[arg(long, default_value_t = 0)]
+    rpm: i32,
+    #[arg(long, default_value_t = 0.0)]
+    session_window_usd: f64,
+    /// OAuth accounts: the refresh token (read from ACCOUNT_REFRESH_TOKEN when absent).
+    #[arg(
+        long,
+        env = "ACCOUNT_REFRESH_TOKEN",
+        hide_env_values = true,
+        default_value = ""
+    )]
+    refresh_token: String,
+    /// OAuth accounts: access token expiry, ms since the epoch.
+    #[arg(long, default_value_t = 0)]
+    expires_at_ms: u64,
+    // OAuth accounts: the token endpoint URL (help: `token_url_help`).
+    #[arg(long, default_value = "", help = token_url_help())]
+    token_url: String,
+    /// OAuth accounts: the client id of refresh requests (none: the platform's default).
+    #[arg(long, default_value = "")]
+    oauth_client_id: String,
+    /// Models the account may serve (repeatable; none: every model).
+    #[arg(long = "model")]
+    models: Vec<String>,
+    /// Per-account proxy URL.
+    #[arg(long, default_value = "")]
+    proxy_url: String,
+    /// The model the confirmation probe asks for (none: the selector's platform default).
+    #[arg(long, default_value = "")]
+    probe_model: String,
+    /// OpenAI chat streams: do not ask the upstream for usage when the client did not (for
+    /// upstreams that reject `stream_options`).
+    #[arg(long)]
+    no_stream_usage: bool,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum PlatformArg {
+    Anthropic,
+    Openai,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum KindArg {
+    #[value(name = "api_key")]
+    ApiKey,
+    #[value(name = "oauth")]
+    OAuth,
+    #[value(name = "chatgpt_oauth")]
+    ChatGptOAuth,
+}
+
+/// The statuses an operator sets (`retired` is set by quota outcomes only).
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Status {
+    Active,
+    Disabled,
+    Error,
+}
+
+/// `--token-url`'s help: unset stores none, and reads give the platform's default, named here
+/// from `default_oauth_token_url` so the help follows it.
+fn token_url_help() -> String {
+    format!(
+        "OAuth accounts: the token endpoint URL. None: the platform's default, applied when the \
+         account is read ({} for anthropic, {} for openai); an update without it keeps the \
+         stored URL",
+        default_oauth_token_url(Platform::Anthropic),
+        default_oauth_token_url(Platform::OpenAi),
+    )
+}
+
+impl AdminArgs {
+    pub fn note_command_line(&mut self, matches: &ArgMatches) {
+        self.admin_token_on_command_line = given(matches, "admin_token");
+        self.service_token_on_command_line = given(matches, "service_token");
+    }
+
+    /// The admin token (required) and the service token.
+    fn tokens(&self) -> Result<(String, Option<String>), String> {
+        let admin = secret(
+            "--admin-token",
+            self.admin_token.as_deref(),
+            self.admin_token_on_command_line,
+            self.admin_token_file.as_deref(),
+        )?
+        .ok_or("--admin-token-file (or SELECTOR_ADMIN_TOKEN) is required")?;
+        let service = secret(
+            "--service-token",
+            self.service_token.as_deref(),
+            self.service_token_on_command_line,
+            self.service_token_file.as_deref(),
+        )?;
+        Ok((admin, service))
+    }
+}
+
+/// A token flag, with the warning a value on the command line earns printed to stderr (no
+/// telemetry here: the answer is the output).
+fn secret(
+    flag: &str,
+    value: Option<&str>,
+    on_command_line: bool,
+    file: Option<&std::path::Path>,
+) -> Result<Option<String>, String> {
+    let flag = SecretFlag {
+        flag,
+        value,
+        on_command_line,
+        file,
+    };
+    if let Some(warning) = flag.warning() {
+        eprintln!("{PROGRAM}: warning: {warning}");
+    }
+    flag.read()
+}
+
+/// Runs one admin command. Exit status 2 for missing or unreadable tokens, 1 when the selector
+/// refused the call or could not be reached.
+pub async fn run(args: &AdminArgs) -> ExitCode {
+    let (admin_token, service_token) = match args.tokens() {
+        Ok(tokens) => tokens,
+        Err(message) => {
+            eprintln!("{PROGRAM}: {message}");
+            return ExitCode::from(2);
+        }
+    };
+    let admin = match SelectorAdmin::connect(&args.endpoint, &admin_token, service_token.as_deref())
+        .await
+    {
+        Ok(admin) => admin,
+        Err(error) => {
+            eprintln!("{PROGRAM}: {error}");
+            // A malformed endpoint or token is the flags' fault; an unreachable one is not.
+            let flags = matches!(error, OperatorError::Invalid(_));
+            return ExitCode::from(if flags { 2 } else { 1 });
+        }
+    };
+    let verb = match &args.command {
+        AdminCommand::Verb(verb) => return poolgate_operator::run(PROGRAM, &admin, verb).await,
+        AdminCommand::Configure(verb) => verb,
+    };
+    match configure(admin.client(), verb).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("{PROGRAM}: {error}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// An account as the configuration verbs print it: the shared row, then its limits.
+fn print_account(view: &pb::AccountView) -> Result<(), OperatorError> {
+    println!(
+        "{}\tpriority={}\tweight={}\tconcurrency={}\trpm={}",
+        account_line(&account_row(view)?),
+        view.priority,
+        view.weight,
+        view.concurrency_limit,
+        view.rpm_limit
+    );
+    Ok(())
+}
+
+async fn configure(mut client: AdminClient, verb: &ConfigVerb) -> Result<(), OperatorError> {
+    match verb {
+        ConfigVerb::UpsertAccount(account) => {
+            let platform = match account.platform {
+                PlatformArg::Anthropic => Platform::Anthropic,
+                PlatformArg::Openai => Platform::OpenAi,
+            };
+            let kind = match account.credential_kind {
+                KindArg::ApiKey => CredentialKind::ApiKey,
+                KindArg::OAuth => CredentialKind::OAuth,
+                KindArg::ChatGptOAuth => CredentialKind::ChatGptOAuth,
+            };
+            let answer = client
+                .upsert_account(pb::UpsertAccountRequest {
+                    name: account.name.clone(),
+                    group: account.group.clone(),
+                    platform: pb::Platform::from(platform) as i32,
+                    base_url: account.base_url.clone(),
+                    kind: pb::CredentialKind::from(kind) as i32,
+                    credential: account.credential.clone(),
+                    priority: account.priority,
+                    weight: account.weight,
+                    concurrency_limit: account.concurrency,
+                    rpm_limit: account.rpm,
+                    session_window_limit_usd: account.session_window_usd,
+                    refresh_token: account.refresh_token.clone(),
+                    expires_at_ms: account.expires_at_ms,
+                    token_url: account.token_url.clone(),
+                    oauth_client_id: account.oauth_client_id.clone(),
+                    allowed_models: account.models.clone(),
+                    proxy_url: account.proxy_url.clone(),
+                    probe_model: account.probe_model.clone(),
+                    disable_stream_usage: account.no_stream_usage,
+                    ..Default::default()
+                })
+                .await?;
+            print_account(answer.get_ref())?;
+        }
+        ConfigVerb::SetStatus {
+            account_id,
+            status,
+            reason,
+        } => {
+            let status = match status {
+                Status::Active => "active",
+                Status::Disabled => "disabled",
+                Status::Error => "error",
+            };
+            let answer = client
+                .set_account_status(pb::SetAccountStatusRequest {
+                    account_id: *account_id,
+                    status: status.to_owned(),
+                    reason: reason.clone(),
+                })
+                .await?;
+            print_account(answer.get_ref())?;
+        }
+        ConfigVerb::CreateKey {
+            user,
+            group,
+            user_rpm,
+            name,
+        } => {
+            let answer = client
+                .create_api_key(pb::CreateApiKeyRequest {
+                    user: user.clone(),
+                    group: group.clone(),
+                    user_rpm_limit: *user_rpm,
+                    name: name.clone(),
+                })
+                .await?;
+            // The one time the key is shown: printing it is the point of the command.
+            println!(
+                "id={}\napi_key={}\n(shown once: store it now)",
+                answer.get_ref().id,
+                answer.get_ref().api_key
+            );
+        }
+        ConfigVerb::Keys => {
+            let answer = client.list_api_keys(pb::ListApiKeysRequest {}).await?;
+            for k in &answer.get_ref().keys {
+                println!(
+                    "{}\t{}…\tuser={}\tgroup={}\tuser_rpm={}\t{}",
+                    k.id, k.prefix, k.user, k.group, k.user_rpm_limit, k.status
+                );
+            }
+        }
+        ConfigVerb::RevokeKey { id } => {
+            client
+                .revoke_api_key(pb::RevokeApiKeyRequest { id: *id })
+                .await?;
+            println!("revoked {id}");
+        }
+        ConfigVerb::DropBinding {
+            group,
+            session_hash,
+        } => {
+            let answer = client
+                .drop_binding(pb::DropBindingRequest {
+                    group: group.clone(),
+                    session_hash: session_hash.clone(),
+                })
+                .await?;
+            println!("dropped={}", answer.get_ref().dropped);
+        }
+        ConfigVerb::Load => {
+            let answer = client
+                .read_load(pb::ReadLoadRequest {
+                    account_ids: vec![],
+                })
+                .await?;
+            for a in &answer.get_ref().accounts {
+                println!(
+                    "{}\tinflight={}\tlimit={}",
+                    a.account_id, a.inflight, a.concurrency_limit
+                );
+            }
+        }
+    }
+    Ok(())
+}
