@@ -6,7 +6,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::extract::{Path, Query};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use clap::Parser;
@@ -73,19 +74,17 @@ fn usage() -> Vec<UsageRow> {
 
 /// The relay's side: the admin endpoint's routes over the fixture, in the shared envelopes.
 async fn http_endpoint() -> SocketAddr {
-    fn authorized(headers: &HeaderMap) -> Result<(), Response> {
+    async fn authorized(request: axum::extract::Request, next: Next) -> Response {
         let bearer = format!("Bearer {ADMIN_TOKEN}");
-        match headers.get("authorization").and_then(|v| v.to_str().ok()) {
-            Some(given) if given == bearer => Ok(()),
-            _ => Err((
-                StatusCode::UNAUTHORIZED,
-                axum::Json(ErrorBody::new(
-                    "authentication_error",
-                    "send the admin token",
-                )),
-            )
-                .into_response()),
+        let given = request
+            .headers()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok());
+        if given != Some(bearer.as_str()) {
+            let refusal = ErrorBody::new("authentication_error", "send the admin token");
+            return (StatusCode::UNAUTHORIZED, axum::Json(refusal)).into_response();
         }
+        next.run(request).await
     }
     fn not_found(id: i64) -> Response {
         (
@@ -98,27 +97,22 @@ async fn http_endpoint() -> SocketAddr {
         .route(
             "/admin/accounts",
             get(
-                |headers: HeaderMap, Query(q): Query<std::collections::HashMap<String, String>>| async move {
-                    authorized(&headers)?;
+                |Query(q): Query<std::collections::HashMap<String, String>>| async move {
                     let mut accounts = accounts();
                     if let Some(group) = q.get("group") {
                         accounts.retain(|a| &a.group == group);
                     }
-                    Ok::<_, Response>(axum::Json(AccountList { accounts }).into_response())
+                    axum::Json(AccountList { accounts }).into_response()
                 },
             ),
         )
         .route(
             "/admin/blocks",
-            get(|headers: HeaderMap| async move {
-                authorized(&headers)?;
-                Ok::<_, Response>(axum::Json(BlockList { blocks: blocks() }).into_response())
-            }),
+            get(|| async move { axum::Json(BlockList { blocks: blocks() }).into_response() }),
         )
         .route(
             "/admin/accounts/{id}/restore",
-            post(|headers: HeaderMap, Path(id): Path<i64>| async move {
-                authorized(&headers)?;
+            post(|Path(id): Path<i64>| async move {
                 let Some(mut account) = accounts().into_iter().find(|a| a.id == id) else {
                     return Err(not_found(id));
                 };
@@ -129,8 +123,7 @@ async fn http_endpoint() -> SocketAddr {
         )
         .route(
             "/admin/accounts/{id}/clear-block",
-            post(|headers: HeaderMap, Path(id): Path<i64>| async move {
-                authorized(&headers)?;
+            post(|Path(id): Path<i64>| async move {
                 if !accounts().iter().any(|a| a.id == id) {
                     return Err(not_found(id));
                 }
@@ -140,8 +133,7 @@ async fn http_endpoint() -> SocketAddr {
         .route(
             "/admin/usage",
             get(
-                |headers: HeaderMap, Query(q): Query<std::collections::HashMap<String, i64>>| async move {
-                    authorized(&headers)?;
+                |Query(q): Query<std::collections::HashMap<String, i64>>| async move {
                     let mut keys = usage();
                     if let Some(id) = q.get("api_key_id") {
                         keys.retain(|k| k.api_key_id == *id);
@@ -159,7 +151,8 @@ async fn http_endpoint() -> SocketAddr {
                     )
                 },
             ),
-        );
+        )
+        .layer(axum::middleware::from_fn(authorized));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");

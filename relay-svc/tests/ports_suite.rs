@@ -27,6 +27,9 @@ use relay_svc::standalone::{Standalone, StandaloneFile};
 /// confirm).
 const NOWHERE: &str = "http://127.0.0.1:9";
 
+/// The client key of the in-process pool (the gRPC one has the selector make its own).
+const IN_PROCESS_KEY: &str = "pgk-ports-key-0001";
+
 /// The user and per-user limit of the one client key.
 const USER: &str = "alice";
 const USER_RPM: i32 = 7;
@@ -89,7 +92,7 @@ struct Ports {
 
 async fn in_process(specs: &[Spec]) -> Ports {
     let mut yaml = format!(
-        "api_keys:\n  - {{key: pgk-ports-key-0001, user: {USER}, group: default, user_rpm: {USER_RPM}}}\naccounts:\n"
+        "api_keys:\n  - {{key: {IN_PROCESS_KEY}, user: {USER}, group: default, user_rpm: {USER_RPM}}}\naccounts:\n"
     );
     for spec in specs {
         let mut extra = spec
@@ -122,7 +125,7 @@ async fn in_process(specs: &[Spec]) -> Ports {
     Ports {
         selection: engines.selection.clone(),
         leases: engines.leases.clone(),
-        key: "pgk-ports-key-0001".into(),
+        key: IN_PROCESS_KEY.into(),
         accounts,
         running: Running::InProcess(engines),
     }

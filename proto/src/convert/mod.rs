@@ -1,0 +1,259 @@
+//! Proto ↔ domain conversions, written once for the services and the relay. Decoding is strict:
+//! an unknown or `UNSPECIFIED` enum value is a [`ConvertError`] naming the field, never mapped to
+//! a likely-looking value (a guessed credential kind sends a credential the wrong way; a guessed
+//! deny reason hides a refusal the caller should act on). Servers answer a `ConvertError` with
+//! `INVALID_ARGUMENT`; the relay treats one in an answer as a backend error.
+//!
+//! Enums on the wire are `i32`: decode them with [`EnumField::decode`], which names the field.
+//! Fields that carry a value twice while a string field is deprecated (`credential_kind`,
+//! `none_reason`) decode through [`credential_kind`] and [`none_reason`]: the enum when set, else
+//! the string, and an error when both are set and disagree.
+
+use std::borrow::Cow;
+
+use poolgate_core::account::{CredentialKind, Platform};
+use poolgate_core::lease::{DenyReason, LostReason};
+use poolgate_core::money::usd_to_micros;
+use poolgate_core::outcome::OutcomeClass;
+use poolgate_core::plan::Effect;
+use poolgate_core::select::NoneReason;
+
+use crate::admission::v1 as apb;
+use crate::selector::v1 as spb;
+
+/// A proto value that has no domain meaning. The message names the field, so a server's
+/// `INVALID_ARGUMENT` (or a relay's log line) says which one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {field}: {problem}")]
+pub struct ConvertError {
+    /// The proto field, as its message names it (`platform`, `account_id`, `kind`; a nested
+    /// one with its path: `resume.terms.account_id`).
+    pub field: Cow<'static, str>,
+    /// What is wrong with the value (never the value of a credential).
+    pub problem: String,
+}
+
+impl ConvertError {
+    pub fn new(field: impl Into<Cow<'static, str>>, problem: impl Into<String>) -> Self {
+        ConvertError {
+            field: field.into(),
+            problem: problem.into(),
+        }
+    }
+
+    /// The same error for a field inside `message` (`acquire` + `wait_ms` → `acquire.wait_ms`).
+    pub fn within(self, message: &str) -> Self {
+        ConvertError {
+            field: format!("{message}.{}", self.field).into(),
+            problem: self.problem,
+        }
+    }
+}
+
+impl From<ConvertError> for tonic::Status {
+    fn from(error: ConvertError) -> Self {
+        tonic::Status::invalid_argument(error.to_string())
+    }
+}
+
+/// A proto enum field, as it is on the wire (`i32`), to its domain value.
+pub trait EnumField: Sized {
+    /// `field` names the field in the error: an unknown value, or `UNSPECIFIED`.
+    fn decode(field: &'static str, value: i32) -> Result<Self, ConvertError>;
+}
+
+/// One table per enum pair: `From` domain → proto, `TryFrom` proto → domain (`UNSPECIFIED` is an
+/// error), and [`EnumField`] for the `i32` on the wire. `$field` is the field's usual name.
+macro_rules! enum_pair {
+    ($field:literal, $pm:ident::$proto:ident <=> $domain:ident { $($p:ident <=> $d:ident),+ $(,)? }) => {
+        impl From<$domain> for $pm::$proto {
+            fn from(value: $domain) -> Self {
+                match value {
+                    $($domain::$d => $pm::$proto::$p,)+
+                }
+            }
+        }
+
+        impl TryFrom<$pm::$proto> for $domain {
+            type Error = ConvertError;
+
+            fn try_from(value: $pm::$proto) -> Result<Self, ConvertError> {
+                match value {
+                    $($pm::$proto::$p => Ok($domain::$d),)+
+                    other => Err(ConvertError::new(
+                        $field,
+                        format!("must be set, got {}", other.as_str_name()),
+                    )),
+                }
+            }
+        }
+
+        impl EnumField for $domain {
+            fn decode(field: &'static str, value: i32) -> Result<Self, ConvertError> {
+                let known = $pm::$proto::try_from(value).map_err(|_| {
+                    ConvertError::new(field, format!("unknown {} value {value}", stringify!($proto)))
+                })?;
+                $domain::try_from(known).map_err(|error| ConvertError { field: field.into(), ..error })
+            }
+        }
+    };
+}
+
+enum_pair!("platform", spb::Platform <=> Platform {
+    Anthropic <=> Anthropic,
+    Openai <=> OpenAi,
+});
+
+enum_pair!("kind", spb::CredentialKind <=> CredentialKind {
+    ApiKey <=> ApiKey,
+    Oauth <=> OAuth,
+    ChatgptOauth <=> ChatGptOAuth,
+});
+
+enum_pair!("class", spb::OutcomeClass <=> OutcomeClass {
+    Success <=> Success,
+    Conflict <=> Conflict,
+    Busy <=> Busy,
+    WindowExhausted <=> WindowExhausted,
+    Broken <=> Broken,
+    Unauthorized <=> Unauthorized,
+    QuotaGone <=> QuotaGone,
+    ClientError <=> ClientError,
+});
+
+enum_pair!("reason", spb::NoneReason <=> NoneReason {
+    NoAccounts <=> NoAccounts,
+    ModelNotAllowed <=> ModelNotAllowed,
+    AllBlocked <=> AllBlocked,
+    AllExcluded <=> AllExcluded,
+    BreakerOpen <=> BreakerOpen,
+});
+
+enum_pair!("effect", spb::Effect <=> Effect {
+    None <=> None,
+    SoftBlock <=> SoftBlock,
+    HardBlock <=> HardBlock,
+    BreakerOpen <=> BreakerOpen,
+    BreakerClosed <=> BreakerClosed,
+    Confirming <=> Confirming,
+    Error <=> Error,
+    Refreshed <=> Refreshed,
+});
+
+enum_pair!("reason", apb::DenyReason <=> DenyReason {
+    Concurrency <=> Concurrency,
+    Rpm <=> Rpm,
+    UserRpm <=> UserRpm,
+    SessionWindow <=> SessionWindow,
+    Cooling <=> Cooling,
+    QueueFull <=> QueueFull,
+    BackendUnavailable <=> BackendUnavailable,
+    LeaseUnknown <=> LeaseUnknown,
+});
+
+enum_pair!("lost_reason", apb::LostReason <=> LostReason {
+    BackendUnavailable <=> BackendUnavailable,
+    Released <=> Released,
+    NoRoom <=> NoRoom,
+    Expired <=> Expired,
+});
+
+/// The credential kind of a message that carries it twice while `credential_kind` (the string)
+/// is deprecated: `kind` when set, else the string. Both set and naming different kinds is an
+/// error (the caller is confused about what it sends); so is neither.
+pub fn credential_kind(kind: i32, legacy: &str) -> Result<CredentialKind, ConvertError> {
+    let from_string = || {
+        CredentialKind::parse(legacy).ok_or_else(|| {
+            ConvertError::new(
+                "credential_kind",
+                "must be api_key, oauth or chatgpt_oauth (or set kind)",
+            )
+        })
+    };
+    if kind == spb::CredentialKind::Unspecified as i32 {
+        return from_string();
+    }
+    let decoded = CredentialKind::decode("kind", kind)?;
+    if !legacy.is_empty() && CredentialKind::parse(legacy) != Some(decoded) {
+        return Err(ConvertError::new(
+            "kind",
+            format!(
+                "{} disagrees with the deprecated credential_kind; set one, or both alike",
+                decoded.as_str()
+            ),
+        ));
+    }
+    Ok(decoded)
+}
+
+/// Why a select answer is empty, from a message that carries it twice while `none_reason` (the
+/// string) is deprecated: `reason` when set, else the string; `None` when neither is (the plan
+/// has accounts). Both set and naming different reasons is an error.
+pub fn none_reason(reason: i32, legacy: &str) -> Result<Option<NoneReason>, ConvertError> {
+    if reason == spb::NoneReason::Unspecified as i32 {
+        if legacy.is_empty() {
+            return Ok(None);
+        }
+        return NoneReason::parse(legacy)
+            .map(Some)
+            .ok_or_else(|| ConvertError::new("none_reason", "not a known reason (or set reason)"));
+    }
+    let decoded = NoneReason::decode("reason", reason)?;
+    if !legacy.is_empty() && NoneReason::parse(legacy) != Some(decoded) {
+        return Err(ConvertError::new(
+            "reason",
+            format!(
+                "{} disagrees with the deprecated none_reason",
+                decoded.as_str()
+            ),
+        ));
+    }
+    Ok(Some(decoded))
+}
+
+/// What an outcome report applied, from an answer that carries it twice while `applied` (the
+/// string) is deprecated: `effect` when set, else the string. Both set and disagreeing, or
+/// neither readable, is an error.
+pub fn effect(effect: i32, legacy: &str) -> Result<Effect, ConvertError> {
+    if effect == spb::Effect::Unspecified as i32 {
+        return Effect::parse(legacy)
+            .ok_or_else(|| ConvertError::new("applied", "not a known effect (or set effect)"));
+    }
+    let decoded = Effect::decode("effect", effect)?;
+    if !legacy.is_empty() && Effect::parse(legacy) != Some(decoded) {
+        return Err(ConvertError::new(
+            "effect",
+            format!("{} disagrees with the deprecated applied", decoded.as_str()),
+        ));
+    }
+    Ok(decoded)
+}
+
+/// A USD amount admission accepts as spend (finite, 0..=1e6), in micro-USD.
+pub fn spend_micros(field: &'static str, usd: f64) -> Result<i64, ConvertError> {
+    usd_to_micros(usd).ok_or_else(|| {
+        ConvertError::new(
+            field,
+            format!("must be a finite amount in [0, 1e6] USD, got {usd}"),
+        )
+    })
+}
+
+/// An account id: positive.
+pub fn account_id(field: &'static str, id: i64) -> Result<i64, ConvertError> {
+    if id <= 0 {
+        return Err(ConvertError::new(
+            field,
+            format!("must be a positive account id, got {id}"),
+        ));
+    }
+    Ok(id)
+}
+
+mod lease;
+mod selection;
+#[cfg(test)]
+mod tests;
+
+pub use lease::{lease_id, wait, wait_ms};
+pub use selection::{read_report_answer, report_answer};

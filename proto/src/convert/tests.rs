@@ -1,0 +1,343 @@
+//! The conversions' tests: strict decoding, the deprecated string fields, the lease messages.
+
+use super::*;
+use crate::admission::v1 as apb;
+use crate::selector::v1 as spb;
+use poolgate_core::account::{CredentialKind, Platform, Price, Secret};
+use poolgate_core::lease::{Denial, DenyReason, LeaseTerms, LostReason, UserLimit};
+use poolgate_core::plan::{Effect, Plan};
+use std::time::Duration;
+
+/// Every domain value goes to the wire and back unchanged, and every named proto value but
+/// `UNSPECIFIED` has a domain value (a new proto value without one fails here).
+fn round_trips<D, P>(values: &[D], proto_values: impl Iterator<Item = i32>)
+where
+    D: EnumField + Copy + PartialEq + std::fmt::Debug,
+    P: From<D> + Into<i32>,
+{
+    for &value in values {
+        let wire: i32 = P::from(value).into();
+        assert_eq!(D::decode("f", wire), Ok(value));
+    }
+    let named: Vec<i32> = proto_values.filter(|&v| v != 0).collect();
+    assert_eq!(
+        named.len(),
+        values.len(),
+        "a proto value has no domain value"
+    );
+    for wire in named {
+        assert!(D::decode("f", wire).is_ok(), "{wire}");
+    }
+}
+
+/// The wire values prost knows for an enum, 0..=64.
+fn known<P: TryFrom<i32>>() -> impl Iterator<Item = i32> {
+    (0..=64).filter(|&v| P::try_from(v).is_ok())
+}
+
+#[test]
+fn every_enum_round_trips() {
+    round_trips::<_, spb::Platform>(
+        &[Platform::Anthropic, Platform::OpenAi],
+        known::<spb::Platform>(),
+    );
+    round_trips::<_, spb::CredentialKind>(
+        &[
+            CredentialKind::ApiKey,
+            CredentialKind::OAuth,
+            CredentialKind::ChatGptOAuth,
+        ],
+        known::<spb::CredentialKind>(),
+    );
+    round_trips::<_, spb::OutcomeClass>(
+        &[
+            OutcomeClass::Success,
+            OutcomeClass::Conflict,
+            OutcomeClass::Busy,
+            OutcomeClass::WindowExhausted,
+            OutcomeClass::Broken,
+            OutcomeClass::Unauthorized,
+            OutcomeClass::QuotaGone,
+            OutcomeClass::ClientError,
+        ],
+        known::<spb::OutcomeClass>(),
+    );
+    round_trips::<_, spb::NoneReason>(
+        &[
+            NoneReason::NoAccounts,
+            NoneReason::ModelNotAllowed,
+            NoneReason::AllBlocked,
+            NoneReason::AllExcluded,
+            NoneReason::BreakerOpen,
+        ],
+        known::<spb::NoneReason>(),
+    );
+    round_trips::<_, apb::DenyReason>(
+        &[
+            DenyReason::Concurrency,
+            DenyReason::Rpm,
+            DenyReason::UserRpm,
+            DenyReason::SessionWindow,
+            DenyReason::Cooling,
+            DenyReason::QueueFull,
+            DenyReason::BackendUnavailable,
+            DenyReason::LeaseUnknown,
+        ],
+        known::<apb::DenyReason>(),
+    );
+    round_trips::<_, apb::LostReason>(
+        &[
+            LostReason::BackendUnavailable,
+            LostReason::Released,
+            LostReason::NoRoom,
+            LostReason::Expired,
+        ],
+        known::<apb::LostReason>(),
+    );
+}
+
+#[test]
+fn unknown_and_unspecified_values_are_errors_naming_the_field() {
+    let unknown = DenyReason::decode("denied.reason", 99).unwrap_err();
+    assert_eq!(unknown.field, "denied.reason");
+    assert!(unknown.to_string().contains("denied.reason"), "{unknown}");
+    let unspecified = CredentialKind::decode("accounts.kind", 0).unwrap_err();
+    assert_eq!(unspecified.field, "accounts.kind");
+    assert!(unspecified.problem.contains("UNSPECIFIED"), "{unspecified}");
+    assert_eq!(
+        Platform::decode("platform", -1).unwrap_err().field,
+        "platform"
+    );
+    assert!(OutcomeClass::try_from(spb::OutcomeClass::Unspecified).is_err());
+    assert!(LostReason::try_from(apb::LostReason::Unspecified).is_err());
+    let status = tonic::Status::from(unknown);
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(status.message().contains("denied.reason"));
+}
+
+#[test]
+fn a_credential_kind_sent_twice_takes_the_enum_else_the_string_and_refuses_a_disagreement() {
+    let oauth = spb::CredentialKind::Oauth as i32;
+    assert_eq!(credential_kind(oauth, ""), Ok(CredentialKind::OAuth));
+    assert_eq!(credential_kind(oauth, "oauth"), Ok(CredentialKind::OAuth));
+    assert_eq!(
+        credential_kind(0, "chatgpt_oauth"),
+        Ok(CredentialKind::ChatGptOAuth)
+    );
+    assert_eq!(credential_kind(oauth, "api_key").unwrap_err().field, "kind");
+    assert_eq!(
+        credential_kind(oauth, "nonsense").unwrap_err().field,
+        "kind"
+    );
+    assert_eq!(credential_kind(0, "").unwrap_err().field, "credential_kind");
+    assert_eq!(
+        credential_kind(0, "API_KEY").unwrap_err().field,
+        "credential_kind"
+    );
+    assert_eq!(credential_kind(42, "").unwrap_err().field, "kind");
+}
+
+#[test]
+fn a_none_reason_sent_twice_takes_the_enum_else_the_string_and_refuses_a_disagreement() {
+    let blocked = spb::NoneReason::AllBlocked as i32;
+    assert_eq!(none_reason(0, ""), Ok(None));
+    assert_eq!(none_reason(blocked, ""), Ok(Some(NoneReason::AllBlocked)));
+    assert_eq!(
+        none_reason(blocked, "all_blocked"),
+        Ok(Some(NoneReason::AllBlocked))
+    );
+    assert_eq!(
+        none_reason(0, "model_not_allowed"),
+        Ok(Some(NoneReason::ModelNotAllowed))
+    );
+    assert_eq!(
+        none_reason(blocked, "no_accounts").unwrap_err().field,
+        "reason"
+    );
+    assert_eq!(
+        none_reason(0, "gone_fishing").unwrap_err().field,
+        "none_reason"
+    );
+    assert_eq!(none_reason(77, "").unwrap_err().field, "reason");
+}
+
+#[test]
+fn prices_and_denials_round_trip() {
+    let price = Price {
+        input_per_mtok: 3.0,
+        output_per_mtok: 15.0,
+        cache_write_per_mtok: 3.75,
+        cache_read_per_mtok: 0.3,
+    };
+    assert_eq!(Price::from(spb::Price::from(price)), price);
+    let denial = Denial::new(DenyReason::UserRpm, 1234);
+    assert_eq!(Denial::try_from(apb::Denied::from(denial)), Ok(denial));
+    let unknown = apb::Denied {
+        reason: 99,
+        retry_after_ms: 0,
+    };
+    assert_eq!(Denial::try_from(unknown).unwrap_err().field, "reason");
+}
+
+fn terms() -> LeaseTerms {
+    LeaseTerms {
+        account_id: 7,
+        concurrency_limit: 3,
+        rpm_limit: 60,
+        user: Some(UserLimit {
+            user_id: "alice".into(),
+            rpm_limit: 10,
+        }),
+        session_hash: Some("s1".into()),
+        session_window_limit_micros: 12_500_000,
+        session_bound: true,
+        ignore_cooldown: false,
+    }
+}
+
+#[test]
+fn lease_terms_round_trip_through_an_acquire() {
+    let acquire = apb::Acquire::from(&terms());
+    assert_eq!(acquire.wait_ms, 0);
+    assert_eq!(LeaseTerms::try_from(acquire), Ok(terms()));
+    let unlimited = LeaseTerms {
+        user: None,
+        session_hash: None,
+        session_window_limit_micros: 0,
+        ..terms()
+    };
+    assert_eq!(
+        LeaseTerms::try_from(apb::Acquire::from(&unlimited)),
+        Ok(unlimited)
+    );
+    assert_eq!(
+        wait(wait_ms(Duration::from_millis(1500))),
+        Ok(Duration::from_millis(1500))
+    );
+    assert_eq!(wait_ms(Duration::from_secs(3600)), 600_000);
+}
+
+#[test]
+fn a_bad_acquire_names_its_field() {
+    let field = |edit: fn(&mut apb::Acquire)| {
+        let mut acquire = apb::Acquire::from(&terms());
+        edit(&mut acquire);
+        LeaseTerms::try_from(acquire).map(|_| ()).unwrap_err().field
+    };
+    assert_eq!(field(|a| a.account_id = 0), "account_id");
+    assert_eq!(field(|a| a.user_id = Some(String::new())), "user_id");
+    assert_eq!(field(|a| a.user_id = None), "user_id");
+    assert_eq!(
+        field(|a| a.session_hash = Some("x".repeat(129))),
+        "session_hash"
+    );
+    assert_eq!(
+        field(|a| a.session_window_limit_usd = f64::NAN),
+        "session_window_limit_usd"
+    );
+    assert_eq!(wait(600_001).unwrap_err().field, "wait_ms");
+    assert_eq!(spend_micros("usd", -1.0).unwrap_err().field, "usd");
+}
+
+#[allow(deprecated)]
+fn plan_entry(kind: i32, legacy: &str) -> spb::PlanAccount {
+    spb::PlanAccount {
+        account_id: 3,
+        platform: spb::Platform::Anthropic as i32,
+        kind,
+        credential_kind: legacy.into(),
+        inflight: -1,
+        ..Default::default()
+    }
+}
+
+#[allow(deprecated)]
+fn select_answer(
+    accounts: Vec<spb::PlanAccount>,
+    reason: i32,
+    legacy: &str,
+) -> spb::SelectResponse {
+    spb::SelectResponse {
+        accounts,
+        reason,
+        none_reason: legacy.into(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_plan_reads_the_enums_and_an_older_selectors_strings() {
+    let oauth = spb::CredentialKind::Oauth as i32;
+    for account in [
+        plan_entry(oauth, ""),
+        plan_entry(oauth, "oauth"),
+        plan_entry(0, "oauth"),
+    ] {
+        let plan = Plan::try_from(select_answer(vec![account], 0, "")).expect("readable");
+        assert_eq!(plan.accounts[0].credential_kind, CredentialKind::OAuth);
+        assert_eq!(plan.accounts[0].inflight, None);
+        assert_eq!(plan.none_reason, None);
+    }
+    let blocked = spb::NoneReason::AllBlocked as i32;
+    for (reason, legacy) in [(blocked, ""), (blocked, "all_blocked"), (0, "all_blocked")] {
+        let plan = Plan::try_from(select_answer(vec![], reason, legacy)).expect("readable");
+        assert_eq!(plan.none_reason, Some(NoneReason::AllBlocked));
+    }
+}
+
+#[test]
+fn a_plan_entry_whose_kind_the_relay_cannot_read_fails_the_plan_instead_of_a_guess() {
+    for account in [
+        plan_entry(99, ""),
+        plan_entry(0, ""),
+        plan_entry(0, "bearer"),
+        plan_entry(spb::CredentialKind::ApiKey as i32, "oauth"),
+    ] {
+        let good = plan_entry(spb::CredentialKind::ApiKey as i32, "api_key");
+        assert!(Plan::try_from(select_answer(vec![good, account], 0, "")).is_err());
+    }
+    assert!(Plan::try_from(select_answer(vec![], 42, "")).is_err());
+    assert!(Plan::try_from(select_answer(vec![], 0, "everything_on_fire")).is_err());
+}
+
+#[allow(deprecated)]
+#[test]
+fn a_report_answer_reads_the_effect_and_an_older_selectors_string_and_never_guesses() {
+    let fresh = Secret::new("fresh-token");
+    let answer = report_answer(Effect::Refreshed, 0, Some(&fresh));
+    assert_eq!(answer.applied, "refreshed");
+    let (effect, credential) = read_report_answer(answer).expect("readable");
+    assert_eq!(effect, Effect::Refreshed);
+    assert_eq!(
+        credential.map(|c| c.expose().to_owned()),
+        Some("fresh-token".into())
+    );
+
+    let older = spb::ReportOutcomeResponse {
+        applied: "hard_block".into(),
+        block_ms: 5,
+        ..Default::default()
+    };
+    assert_eq!(
+        read_report_answer(older).expect("readable").0,
+        Effect::HardBlock
+    );
+
+    let refreshed_without_token = spb::ReportOutcomeResponse {
+        effect: spb::Effect::Refreshed as i32,
+        ..Default::default()
+    };
+    assert!(read_report_answer(refreshed_without_token).is_err());
+    let disagreeing = spb::ReportOutcomeResponse {
+        effect: spb::Effect::None as i32,
+        applied: "refreshed".into(),
+        ..Default::default()
+    };
+    assert!(read_report_answer(disagreeing).is_err());
+    let unknown = spb::ReportOutcomeResponse {
+        effect: 99,
+        ..Default::default()
+    };
+    assert!(read_report_answer(unknown).is_err());
+    assert!(read_report_answer(spb::ReportOutcomeResponse::default()).is_err());
+}
