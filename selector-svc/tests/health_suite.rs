@@ -28,7 +28,7 @@ use poolgate_testkit::{RedisServer, eventually};
 use tokio_util::sync::CancellationToken;
 
 mod support;
-use support::ProbeUpstream;
+use support::upstream;
 
 macro_rules! health_suite {
     ($($name:ident),* $(,)?) => {
@@ -808,11 +808,11 @@ async fn connect_failures_open_the_breaker_and_a_success_closes_it_through_the_e
 async fn no_answer_after_the_request_started_is_confirmed_by_the_probe_first_through_the_engine(
     store: Store,
 ) {
-    let healthy = ProbeUpstream::start(200, OK, Duration::from_millis(100)).await;
+    let healthy = upstream(200, OK, Duration::from_millis(100)).await;
     let engine = Engine::new(
         &store,
         vec![
-            account(1, "g", |a| a.base_url = healthy.url.clone()),
+            account(1, "g", |a| a.base_url = healthy.base_url.clone()),
             // Nothing listens there: the probe gets no answer either.
             account(2, "g", |_| {}),
         ],
@@ -825,7 +825,7 @@ async fn no_answer_after_the_request_started_is_confirmed_by_the_probe_first_thr
     );
     eventually(Duration::from_secs(5), || async {
         let read = store.read(1).await;
-        (healthy.calls() == 1 && read.hard_block_ms == 0).then_some(())
+        (healthy.seen_requests().len() == 1 && read.hard_block_ms == 0).then_some(())
     })
     .await
     .expect("probed; the confirming block lifted");
@@ -849,13 +849,13 @@ const AUTHENTICATION_ERROR: &str =
 async fn unauthorized_outcomes_mark_the_account_error_only_when_the_probe_is_refused_through_the_engine(
     store: Store,
 ) {
-    let refusing = ProbeUpstream::start(401, AUTHENTICATION_ERROR, Duration::ZERO).await;
-    let healthy = ProbeUpstream::start(200, OK, Duration::ZERO).await;
+    let refusing = upstream(401, AUTHENTICATION_ERROR, Duration::ZERO).await;
+    let healthy = upstream(200, OK, Duration::ZERO).await;
     let engine = Engine::new(
         &store,
         vec![
-            account(1, "g", |a| a.base_url = refusing.url.clone()),
-            account(2, "g", |a| a.base_url = healthy.url.clone()),
+            account(1, "g", |a| a.base_url = refusing.base_url.clone()),
+            account(2, "g", |a| a.base_url = healthy.base_url.clone()),
         ],
     );
     // A client-shaped 401 on account 2: its probe is answered, nothing counts.
@@ -864,7 +864,7 @@ async fn unauthorized_outcomes_mark_the_account_error_only_when_the_probe_is_ref
         "confirming"
     );
     eventually(Duration::from_secs(5), || async {
-        (healthy.calls() == 1 && store.read(2).await.hard_block_ms == 0).then_some(())
+        (healthy.seen_requests().len() == 1 && store.read(2).await.hard_block_ms == 0).then_some(())
     })
     .await
     .expect("probed; unblocked");
@@ -873,7 +873,7 @@ async fn unauthorized_outcomes_mark_the_account_error_only_when_the_probe_is_ref
         engine.report(2, OutcomeClass::Unauthorized, 401).await,
         "none"
     );
-    assert_eq!(healthy.calls(), 1);
+    assert_eq!(healthy.seen_requests().len(), 1);
     assert_eq!(
         store
             .health
@@ -892,7 +892,7 @@ async fn unauthorized_outcomes_mark_the_account_error_only_when_the_probe_is_ref
         .await;
         assert_eq!(started, Ok(()), "round {round}");
         eventually(Duration::from_secs(5), || async {
-            (refusing.calls() == round).then_some(())
+            (refusing.seen_requests().len() == round).then_some(())
         })
         .await
         .expect("probed");
@@ -1038,7 +1038,7 @@ async fn sessions_and_responses_stick_to_their_account_through_the_engine(store:
 async fn a_probe_with_no_slot_retries_with_the_account_selectable_then_applies_its_answer_through_the_engine(
     store: Store,
 ) {
-    let failing = ProbeUpstream::start(
+    let failing = upstream(
         500,
         r#"{"type":"error","error":{"type":"api_error","message":"boom"}}"#,
         Duration::ZERO,
@@ -1047,7 +1047,7 @@ async fn a_probe_with_no_slot_retries_with_the_account_selectable_then_applies_i
     let engine = Engine::new(
         &store,
         vec![account(1, "g", |a| {
-            a.base_url = failing.url.clone();
+            a.base_url = failing.base_url.clone();
             a.concurrency_limit = 1;
         })],
     );
@@ -1081,11 +1081,11 @@ async fn a_probe_with_no_slot_retries_with_the_account_selectable_then_applies_i
     .await
     .expect("the confirming block is lifted while the probe waits to retry");
     assert_eq!(ids(&engine.plan(&query("g")).await), vec![1], "selectable");
-    assert_eq!(failing.calls(), 0, "no probe without a slot");
+    assert_eq!(failing.seen_requests().len(), 0, "no probe without a slot");
     // The slot comes free: a retry sends the probe, and its 5xx applies.
     store.admission.release(&held, Some(&terms), 0).await;
     eventually(Duration::from_secs(5), || async {
-        (failing.calls() == 1 && store.read(1).await.failures == 1).then_some(())
+        (failing.seen_requests().len() == 1 && store.read(1).await.failures == 1).then_some(())
     })
     .await
     .expect("the retried probe got the 5xx: counted");

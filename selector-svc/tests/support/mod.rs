@@ -259,27 +259,6 @@ pub async fn upstream(status: u16, body: &str, delay: Duration) -> FakeUpstream 
     upstream
 }
 
-/// `upstream` under the name `health_suite.rs` still uses (`url`, `calls()`: every request
-/// received); the other tests use the fake upstream itself.
-pub struct ProbeUpstream {
-    pub url: String,
-    pub fake: FakeUpstream,
-}
-
-impl ProbeUpstream {
-    pub async fn start(status: u16, body: &str, delay: Duration) -> Self {
-        let fake = upstream(status, body, delay).await;
-        ProbeUpstream {
-            url: fake.base_url.clone(),
-            fake,
-        }
-    }
-
-    pub fn calls(&self) -> usize {
-        self.fake.seen_requests().len()
-    }
-}
-
 /// What an outcome report applied, read from the `effect` enum; the deprecated `applied` string
 /// the selector fills next to it must say the same.
 #[allow(deprecated)]

@@ -1,0 +1,217 @@
+//! The model endpoints (Anthropic Messages, OpenAI chat completions and Responses): one answer
+//! pipeline, shaped per API, that records the request, counts it in flight, and answers with the
+//! scripted answer, the account's refusal (revoked, subscription, credit, unknown model) or the
+//! normal one.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http::HeaderMap;
+use serde_json::{Value, json};
+
+use super::anthropic::claude_code_refusal;
+use super::bodies::{normal_body, normal_events};
+use super::scripted::{after_pauses, take_scripted};
+use super::stream::{cut_events, cut_short, event_stream, fail_response, oversized};
+use super::{FakeState, InFlight, Scripted, SeenRequest, credential, is_probe};
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Shape {
+    Anthropic,
+    Chat,
+    Responses,
+}
+
+pub(super) async fn messages(
+    State(state): State<Arc<FakeState>>,
+    uri: http::Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    answer(state, Shape::Anthropic, uri, headers, body).await
+}
+
+pub(super) async fn chat(
+    State(state): State<Arc<FakeState>>,
+    uri: http::Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    answer(state, Shape::Chat, uri, headers, body).await
+}
+
+pub(super) async fn responses(
+    State(state): State<Arc<FakeState>>,
+    uri: http::Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    answer(state, Shape::Responses, uri, headers, body).await
+}
+
+pub(super) async fn answer(
+    state: Arc<FakeState>,
+    shape: Shape,
+    uri: http::Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let credential = credential(&headers);
+    let guard = InFlight::enter(&state, &credential);
+    let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let model = request
+        .get("model")
+        .and_then(Value::as_str)
+        .unwrap_or("unknown")
+        .to_owned();
+    let probe = is_probe(uri.path(), &request);
+    if probe {
+        *state
+            .probes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(credential.clone())
+            .or_default() += 1;
+    }
+    state
+        .seen_models
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(model.clone());
+    {
+        let mut seen = state.seen.lock().unwrap_or_else(|p| p.into_inner());
+        if seen.len() < 1000 {
+            seen.push(SeenRequest {
+                path: uri.path().to_owned(),
+                query: uri.query().map(str::to_owned),
+                headers: headers.clone(),
+                body: request.clone(),
+                probe,
+            });
+        }
+    }
+    let stream = request
+        .get("stream")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let scripted = after_pauses(take_scripted(&state, &credential, probe)).await;
+    let delay = *state.delay.lock().unwrap_or_else(|p| p.into_inner());
+    let chunk_delay = *state.chunk_delay.lock().unwrap_or_else(|p| p.into_inner());
+    let broke = state
+        .out_of_credit
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .contains(&credential);
+    let unknown_model = state
+        .known_models
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .is_some_and(|known| !known.contains(&model));
+    let subscription = shape == Shape::Anthropic
+        && state
+            .claude_code_only
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&credential);
+    let refused_subscription = subscription
+        .then(|| claude_code_refusal(&headers, &request))
+        .flatten();
+    let revoked = state
+        .revoked
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .contains(&credential);
+    let scripted = scripted.or_else(|| {
+        let (status, body) = if revoked {
+            (
+                401,
+                json!({"type": "error", "error": {"type": "authentication_error", "message": "OAuth token has been revoked."}}),
+            )
+        } else if let Some(refusal) = refused_subscription {
+            refusal
+        } else if broke {
+            match shape {
+                Shape::Anthropic => (
+                    400,
+                    json!({"type": "error", "error": {"type": "invalid_request_error", "message": "Your credit balance is too low to access the Anthropic API. Please go to Plans & Billing to upgrade or purchase credits."}}),
+                ),
+                Shape::Chat | Shape::Responses => (
+                    429,
+                    json!({"error": {"message": "You exceeded your current quota, please check your plan and billing details.", "type": "insufficient_quota", "param": null, "code": "insufficient_quota"}}),
+                ),
+            }
+        } else if unknown_model {
+            match shape {
+                Shape::Anthropic => (
+                    404,
+                    json!({"type": "error", "error": {"type": "not_found_error", "message": format!("model: {model}")}}),
+                ),
+                Shape::Chat | Shape::Responses => (
+                    404,
+                    json!({"error": {"message": format!("The model `{model}` does not exist or you do not have access to it."), "type": "invalid_request_error", "param": null, "code": "model_not_found"}}),
+                ),
+            }
+        } else {
+            return None;
+        };
+        Some(Scripted::Fail {
+            status,
+            headers: Vec::new(),
+            body: body.to_string(),
+        })
+    });
+    match scripted {
+        Some(Scripted::Fail {
+            status,
+            headers,
+            body,
+        }) => {
+            tokio::time::sleep(delay).await;
+            drop(guard);
+            return fail_response(status, headers, body);
+        }
+        Some(Scripted::Delay(extra)) => tokio::time::sleep(delay + extra).await,
+        Some(Scripted::After(..)) | None => tokio::time::sleep(delay).await,
+        Some(Scripted::EarlyClose) => {
+            tokio::time::sleep(delay).await;
+            let id = format!("{:016x}", fastrand::u64(..));
+            return if stream {
+                let events = normal_events(shape, &id, &model, &request);
+                cut_short(
+                    events.first().map(String::as_str).unwrap_or_default(),
+                    "text/event-stream",
+                    Some(guard),
+                )
+            } else {
+                let body = normal_body(shape, &id, &model).to_string();
+                cut_short(&body, "application/json", Some(guard))
+            };
+        }
+        Some(Scripted::Oversized(bytes)) => {
+            tokio::time::sleep(delay).await;
+            let id = format!("{:016x}", fastrand::u64(..));
+            return oversized(bytes, &id, Some(guard));
+        }
+        Some(how @ (Scripted::IncompleteStream | Scripted::BrokenStream)) => {
+            tokio::time::sleep(delay).await;
+            let id = format!("{:016x}", fastrand::u64(..));
+            let events = normal_events(shape, &id, &model, &request);
+            return event_stream(cut_events(shape, events, &how), chunk_delay, Some(guard));
+        }
+    }
+    let id = format!("{:016x}", fastrand::u64(..));
+    if !stream {
+        let body = normal_body(shape, &id, &model);
+        drop(guard);
+        return axum::Json(body).into_response();
+    }
+    let events = normal_events(shape, &id, &model, &request);
+    event_stream(
+        events.into_iter().map(|e| Ok(Bytes::from(e))).collect(),
+        chunk_delay,
+        Some(guard),
+    )
+}

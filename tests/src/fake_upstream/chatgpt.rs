@@ -1,0 +1,69 @@
+//! The ChatGPT backend: its Codex endpoint's checks, and the access tokens ChatGPT's sign-in
+//! issues.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
+use serde_json::{Value, json};
+
+use super::FakeState;
+use super::answer::{Shape, answer};
+
+/// An access token as ChatGPT's sign-in issues them (unsigned here): a JWT whose
+/// `https://api.openai.com/auth` claim names the ChatGPT account.
+pub fn fake_chatgpt_token(account_id: &str) -> String {
+    use base64::Engine;
+    let encode = |value: Value| {
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(value.to_string().as_bytes())
+    };
+    format!(
+        "{}.{}.fake-signature",
+        encode(json!({"alg": "none", "typ": "JWT"})),
+        encode(
+            json!({"https://api.openai.com/auth": {"chatgpt_account_id": account_id}, "exp": 4_102_444_800u64})
+        )
+    )
+}
+
+/// The ChatGPT backend's Codex endpoint: refuses what the real one refuses (a missing or wrong
+/// `chatgpt-account-id`, no `OpenAI-Beta: responses=experimental`, no `originator` or
+/// `session_id`, `store` not false, `stream` not true), then answers as `/v1/responses`.
+pub(super) async fn chatgpt_codex(
+    State(state): State<Arc<FakeState>>,
+    uri: http::Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let token = header("authorization")
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default();
+    let claimed = poolgate_core::account::chatgpt_account_id(token);
+    let problem = if claimed.is_none() || header("chatgpt-account-id") != claimed.as_deref() {
+        Some("chatgpt-account-id does not match the token")
+    } else if header("openai-beta") != Some("responses=experimental") {
+        Some("OpenAI-Beta: responses=experimental is required")
+    } else if header("originator").is_none() {
+        Some("originator is required")
+    } else if header("session_id").is_none() {
+        Some("session_id is required")
+    } else if request.get("store") != Some(&Value::Bool(false)) {
+        Some("Store must be set to false")
+    } else if request.get("stream") != Some(&Value::Bool(true)) {
+        Some("Stream must be set to true")
+    } else {
+        None
+    };
+    if let Some(detail) = problem {
+        return (
+            StatusCode::BAD_REQUEST,
+            axum::Json(json!({"detail": detail})),
+        )
+            .into_response();
+    }
+    answer(state, Shape::Responses, uri, headers, body).await
+}

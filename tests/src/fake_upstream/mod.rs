@@ -1,0 +1,395 @@
+//! A fake upstream LLM server speaking enough of the Anthropic and OpenAI APIs for the demo
+//! (`relay-svc --standalone --demo`), the tests and the benchmarks. It counts concurrent requests
+//! per credential (and their peak), and answers from a per-credential script of queued outcomes
+//! (429, 529, 500, 401, quota, delays, connections that break, answers too large), so tests can
+//! drive every failover path.
+//!
+//! A test can also give every request one standing answer (`set_standing_answer`: an upstream
+//! that fails or refuses everything until told otherwise), and the OAuth token endpoint
+//! (`/oauth/token`) refreshes tokens as the providers' do, counting each refresh request.
+//!
+//! It tells the selector's confirmation probe (the fixed bodies of `selector-svc/src/confirm.rs`
+//! `probe_request`) from client requests, so a test can give clients hostile answers while the
+//! probe, which no client shapes, gets a healthy one (`script_clients`), or script both alike
+//! (`script`) when the upstream really is broken.
+//!
+//! `mod.rs` holds the server's state and its public API; the rest is split by job: the model
+//! endpoints (`answer`), the Anthropic-only parts (`anthropic`), the ChatGPT backend
+//! (`chatgpt`), the OAuth token endpoint (`oauth`), the probe's recognition (`probe`), the
+//! scripted answers (`scripted`) and the control API that queues them (`control`), the normal
+//! answers (`bodies`) and the response builders (`stream`).
+
+mod answer;
+mod anthropic;
+mod bodies;
+mod chatgpt;
+mod control;
+mod oauth;
+mod probe;
+mod scripted;
+mod stream;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::post;
+use http::HeaderMap;
+use serde_json::Value;
+
+pub use chatgpt::fake_chatgpt_token;
+pub use probe::is_probe;
+pub use scripted::Scripted;
+
+use answer::{chat, messages, responses};
+use anthropic::count_tokens;
+use chatgpt::chatgpt_codex;
+use control::{control_requests, control_reset, control_script, control_stats};
+use oauth::oauth_token;
+
+/// One request as the fake upstream received it (the first 1 000 are kept).
+#[derive(Debug, Clone)]
+pub struct SeenRequest {
+    pub path: String,
+    pub query: Option<String>,
+    pub headers: HeaderMap,
+    pub body: Value,
+    /// The selector's confirmation probe (one of its fixed bodies), not a client's request.
+    pub probe: bool,
+}
+
+impl SeenRequest {
+    /// The credential the request carried (`x-api-key`, else the bearer token).
+    pub fn credential(&self) -> String {
+        credential(&self.headers)
+    }
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct CredentialStats {
+    pub current: u32,
+    pub peak: u32,
+    pub total: u64,
+}
+
+#[derive(Default)]
+struct FakeState {
+    stats: Mutex<HashMap<String, CredentialStats>>,
+    scripts: Mutex<HashMap<String, VecDeque<Scripted>>>,
+    /// Answers for client requests only: the probe skips this queue.
+    client_scripts: Mutex<HashMap<String, VecDeque<Scripted>>>,
+    /// The answer every request gets when nothing is queued for it (none: the normal one).
+    standing: Mutex<Option<Scripted>>,
+    /// `count_tokens` requests received per credential (they count nowhere else).
+    count_tokens: Mutex<HashMap<String, u64>>,
+    /// `/oauth/token` answers after this long (so refusals can pile up behind one refresh).
+    token_delay: Mutex<Duration>,
+    /// Probes received per credential (all of them, not only the first 1 000 requests).
+    probes: Mutex<HashMap<String, u64>>,
+    /// Every answer waits this long before its head (simulated model latency).
+    delay: Mutex<Duration>,
+    /// Pause between stream events.
+    chunk_delay: Mutex<Duration>,
+    seen_models: Mutex<Vec<String>>,
+    seen: Mutex<Vec<SeenRequest>>,
+    /// When set, any other model gets the real APIs' 404, which echoes the model name.
+    known_models: Mutex<Option<HashSet<String>>>,
+    /// Credentials whose account has no credit left: every request gets the billing answer.
+    out_of_credit: Mutex<HashSet<String>>,
+    /// Claude subscription (OAuth) tokens: served only on requests with the OAuth beta and
+    /// Claude Code's identity as the first system block, as Anthropic's API does.
+    claude_code_only: Mutex<HashSet<String>>,
+    /// Revoked access tokens: every request with one gets a 401.
+    revoked: Mutex<HashSet<String>>,
+    /// Refresh tokens used at `/oauth/token` (each is good once, as upstream).
+    refreshed: Mutex<Vec<Value>>,
+}
+
+/// A handle on a running fake upstream.
+#[derive(Clone)]
+pub struct FakeUpstream {
+    state: Arc<FakeState>,
+    pub base_url: String,
+}
+
+impl FakeUpstream {
+    /// Starts on a free loopback port.
+    pub async fn start() -> std::io::Result<Self> {
+        Self::start_on("127.0.0.1:0".parse().map_err(std::io::Error::other)?).await
+    }
+
+    /// Starts on `addr`. Besides the two APIs it serves a control API: `POST /_mock/script`
+    /// (`{"credential": "...", "answers": [{"status": 429, "headers": {...}, "body": "..."},
+    /// {"delay_ms": 500}, {"early_close": true}, {"oversized": 100000},
+    /// {"incomplete_stream": true}, {"broken_stream": true}, {"after_ms": 900, "status": 401}]}`,
+    /// with `"clients_only": true` for answers the probe skips), `GET /_mock/stats` (per
+    /// credential: current, peak, total), `GET /_mock/requests` (what was received, `probe`
+    /// marking the selector's) and `POST /_mock/reset` (peaks back to the current count).
+    pub async fn start_on(addr: std::net::SocketAddr) -> std::io::Result<Self> {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let state = Arc::new(FakeState::default());
+        let router = Router::new()
+            .route("/v1/messages", post(messages))
+            .route("/v1/messages/count_tokens", post(count_tokens))
+            .route("/v1/chat/completions", post(chat))
+            .route("/v1/responses", post(responses))
+            .route("/codex/responses", post(chatgpt_codex))
+            .route("/oauth/token", post(oauth_token))
+            .route("/backend-api/codex/responses", post(chatgpt_codex))
+            .route("/_mock/script", post(control_script))
+            .route("/_mock/stats", axum::routing::get(control_stats))
+            .route("/_mock/reset", post(control_reset))
+            .route("/_mock/requests", axum::routing::get(control_requests))
+            // The real APIs take requests of tens of MB (axum's default cap is 2 MB).
+            .layer(axum::extract::DefaultBodyLimit::max(64 << 20))
+            .with_state(state.clone());
+        tokio::spawn(async move {
+            use axum::serve::ListenerExt;
+            let listener = listener.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
+            let _ = axum::serve(listener, router).await;
+        });
+        Ok(FakeUpstream {
+            state,
+            base_url: format!("http://{addr}"),
+        })
+    }
+
+    /// Queues answers for requests made with `credential`, the selector's probe included (an
+    /// upstream that really fails fails the probe too).
+    pub fn script(&self, credential: &str, answers: impl IntoIterator<Item = Scripted>) {
+        let mut scripts = self.state.scripts.lock().unwrap_or_else(|p| p.into_inner());
+        scripts
+            .entry(credential.to_owned())
+            .or_default()
+            .extend(answers);
+    }
+
+    /// Queues answers for client requests made with `credential`: the selector's probe skips
+    /// them (and gets the next `script` answer, or the normal one). A client request takes these
+    /// first, then `script`'s.
+    pub fn script_clients(&self, credential: &str, answers: impl IntoIterator<Item = Scripted>) {
+        let mut scripts = self
+            .state
+            .client_scripts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        scripts
+            .entry(credential.to_owned())
+            .or_default()
+            .extend(answers);
+    }
+
+    /// Every request with no queued answer (the probe's included, whatever its credential)
+    /// gets `answer`, each time, until `None` puts the normal answers back: an upstream that
+    /// fails or refuses everything for as long as a test says.
+    pub fn set_standing_answer(&self, answer: Option<Scripted>) {
+        *self
+            .state
+            .standing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = answer;
+    }
+
+    /// Drops every answer still queued by `script_clients`.
+    pub fn clear_client_scripts(&self) {
+        self.state
+            .client_scripts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+    }
+
+    /// `/oauth/token` answers after `delay` (the request is recorded at once).
+    pub fn set_token_delay(&self, delay: Duration) {
+        *self
+            .state
+            .token_delay
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = delay;
+    }
+
+    /// Only these models exist; any other gets a 404 that echoes the model name, as the real
+    /// APIs answer (`model: <name>`), so a client controls part of that error body.
+    pub fn set_known_models(&self, models: &[&str]) {
+        *self
+            .state
+            .known_models
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) =
+            Some(models.iter().map(|m| (*m).to_owned()).collect());
+    }
+
+    /// The account behind `credential` has no credit left (or has again): every request gets
+    /// the provider's billing answer (Anthropic's 400 credit-balance error, OpenAI's 429
+    /// `insufficient_quota`).
+    pub fn set_out_of_credit(&self, credential: &str, out: bool) {
+        let mut set = self
+            .state
+            .out_of_credit
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if out {
+            set.insert(credential.to_owned());
+        } else {
+            set.remove(credential);
+        }
+    }
+
+    /// `credential` is a Claude subscription token: Messages requests without the
+    /// `oauth-2025-04-20` beta get a 401, and those whose first system block is not Claude
+    /// Code's identity get Anthropic's 400 ("only authorized for use with Claude Code").
+    pub fn set_claude_code_only(&self, credential: &str) {
+        self.state
+            .claude_code_only
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(credential.to_owned());
+    }
+
+    /// The upstream no longer accepts this access token (401 `authentication_error`).
+    pub fn revoke(&self, credential: &str) {
+        self.state
+            .revoked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(credential.to_owned());
+    }
+
+    /// The refresh requests `/oauth/token` received (their JSON bodies), oldest first.
+    pub fn token_requests(&self) -> Vec<Value> {
+        self.state
+            .refreshed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub fn set_delay(&self, delay: Duration) {
+        *self.state.delay.lock().unwrap_or_else(|p| p.into_inner()) = delay;
+    }
+
+    pub fn set_chunk_delay(&self, delay: Duration) {
+        *self
+            .state
+            .chunk_delay
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = delay;
+    }
+
+    pub fn stats(&self, credential: &str) -> CredentialStats {
+        let stats = self.state.stats.lock().unwrap_or_else(|p| p.into_inner());
+        stats.get(credential).copied().unwrap_or_default()
+    }
+
+    /// Forgets peaks and totals (between test phases).
+    pub fn reset_stats(&self) {
+        let mut stats = self.state.stats.lock().unwrap_or_else(|p| p.into_inner());
+        for stat in stats.values_mut() {
+            stat.peak = stat.current;
+            stat.total = 0;
+        }
+    }
+
+    pub fn seen_models(&self) -> Vec<String> {
+        self.state
+            .seen_models
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub fn seen_headers(&self) -> Vec<HeaderMap> {
+        self.seen_requests()
+            .into_iter()
+            .map(|r| r.headers)
+            .collect()
+    }
+
+    /// Every request received (path, query, headers, body), oldest first.
+    pub fn seen_requests(&self) -> Vec<SeenRequest> {
+        self.state
+            .seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// How many `/v1/messages/count_tokens` requests came with `credential` (they are not in
+    /// `stats`, `seen_requests` or `seen_models`).
+    pub fn count_tokens_calls(&self, credential: &str) -> u64 {
+        self.state
+            .count_tokens
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(credential)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// How many of the selector's probes came with `credential`.
+    pub fn probe_count(&self, credential: &str) -> u64 {
+        self.state
+            .probes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(credential)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// The selector's probes received with `credential`, oldest first (among the first 1 000
+    /// requests).
+    pub fn probes(&self, credential: &str) -> Vec<SeenRequest> {
+        self.seen_requests()
+            .into_iter()
+            .filter(|r| r.probe && r.credential() == credential)
+            .collect()
+    }
+}
+
+fn credential(headers: &HeaderMap) -> String {
+    if let Some(key) = headers.get("x-api-key").and_then(|v| v.to_str().ok()) {
+        return key.to_owned();
+    }
+    headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("")
+        .to_owned()
+}
+
+/// Counts the request as in flight until dropped.
+struct InFlight {
+    state: Arc<FakeState>,
+    credential: String,
+}
+
+impl InFlight {
+    fn enter(state: &Arc<FakeState>, credential: &str) -> Self {
+        let mut stats = state.stats.lock().unwrap_or_else(|p| p.into_inner());
+        let stat = stats.entry(credential.to_owned()).or_default();
+        stat.current += 1;
+        stat.total += 1;
+        stat.peak = stat.peak.max(stat.current);
+        InFlight {
+            state: state.clone(),
+            credential: credential.to_owned(),
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut stats = self.state.stats.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(stat) = stats.get_mut(&self.credential) {
+            stat.current = stat.current.saturating_sub(1);
+        }
+    }
+}
