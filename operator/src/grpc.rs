@@ -113,6 +113,11 @@ pub fn account_row(view: &pb::AccountView) -> Result<AccountRow, OperatorError> 
         credential_masked: view.credential_masked.clone(),
         status: view.status.clone(),
         status_reason: view.status_reason.clone(),
+        priority: view.priority,
+        weight: view.weight,
+        concurrency_limit: view.concurrency_limit,
+        rpm_limit: view.rpm_limit,
+        session_window_limit_usd: view.session_window_limit_usd,
     })
 }
 
@@ -231,12 +236,28 @@ mod tests {
             platform: pb::Platform::Anthropic as i32,
             kind: pb::CredentialKind::Oauth as i32,
             status: "active".into(),
+            priority: 2,
+            weight: 3,
+            concurrency_limit: 4,
+            rpm_limit: 50,
+            session_window_limit_usd: 7.5,
             ..Default::default()
         };
         let row = account_row(&view).expect("readable");
         assert_eq!(
             (row.platform.as_str(), row.credential_kind.as_str()),
             ("anthropic", "oauth")
+        );
+        assert_eq!(
+            (
+                row.priority,
+                row.weight,
+                row.concurrency_limit,
+                row.rpm_limit,
+                row.session_window_limit_usd
+            ),
+            (2, 3, 4, 50, 7.5),
+            "the limits come through"
         );
         let unknown = pb::AccountView {
             platform: 99,

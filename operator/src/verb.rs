@@ -125,10 +125,13 @@ fn lines(rows: impl Iterator<Item = String>) -> String {
     rows.collect::<Vec<_>>().join("\n")
 }
 
-/// `<id>\t<name>\tgroup=…\tplatform=…\tkind=…\tstatus=…[ (reason)]\tcredential=<masked>`.
+/// `<id>\t<name>\tgroup=…\tplatform=…\tkind=…\tstatus=…[ (reason)]\tpriority=…\tweight=…\t`
+/// `concurrency=…\trpm=…\tsession_window_usd=…\tcredential=<masked>` (the limit columns named
+/// as `selector-svc admin upsert-account`'s flags; 0: no limit).
 pub fn account_line(account: &AccountRow) -> String {
     format!(
-        "{}\t{}\tgroup={}\tplatform={}\tkind={}\tstatus={}{}\tcredential={}",
+        "{}\t{}\tgroup={}\tplatform={}\tkind={}\tstatus={}{}\tpriority={}\tweight={}\t\
+         concurrency={}\trpm={}\tsession_window_usd={}\tcredential={}",
         account.id,
         account.name,
         account.group,
@@ -140,6 +143,11 @@ pub fn account_line(account: &AccountRow) -> String {
         } else {
             format!(" ({})", account.status_reason)
         },
+        account.priority,
+        account.weight,
+        account.concurrency_limit,
+        account.rpm_limit,
+        account.session_window_limit_usd,
         account.credential_masked
     )
 }
@@ -229,6 +237,11 @@ mod tests {
             credential_masked: "sk-a…wxyz".into(),
             status: "error".into(),
             status_reason: "3 unauthorized".into(),
+            priority: 1,
+            weight: 2,
+            concurrency_limit: 3,
+            rpm_limit: 60,
+            session_window_limit_usd: 12.5,
         }
     }
 
@@ -239,11 +252,43 @@ mod tests {
         });
         assert_eq!(
             accounts.render(Output::Text).expect("text"),
-            "3\ta\tgroup=g\tplatform=anthropic\tkind=api_key\tstatus=error (3 unauthorized)\tcredential=sk-a…wxyz"
+            "3\ta\tgroup=g\tplatform=anthropic\tkind=api_key\tstatus=error (3 unauthorized)\t\
+             priority=1\tweight=2\tconcurrency=3\trpm=60\tsession_window_usd=12.5\t\
+             credential=sk-a…wxyz"
+        );
+        let restored = Answer::Restored(Restored { account: account() });
+        assert_eq!(
+            restored.render(Output::Text).expect("text"),
+            accounts.render(Output::Text).expect("text"),
+            "restore prints the account as accounts does"
         );
         let json: serde_json::Value =
             serde_json::from_str(&accounts.render(Output::Json).expect("json")).expect("parses");
         assert_eq!(json["accounts"][0]["status"], "error");
+        assert_eq!(
+            (
+                &json["accounts"][0]["priority"],
+                &json["accounts"][0]["weight"],
+                &json["accounts"][0]["concurrency_limit"],
+                &json["accounts"][0]["rpm_limit"],
+                &json["accounts"][0]["session_window_limit_usd"],
+            ),
+            (
+                &serde_json::json!(1),
+                &serde_json::json!(2),
+                &serde_json::json!(3),
+                &serde_json::json!(60),
+                &serde_json::json!(12.5),
+            )
+        );
+        // An answer from an endpoint older than the limit columns still reads (limits 0).
+        let older: AccountList = serde_json::from_value(serde_json::json!({"accounts": [{
+            "id": 3, "name": "a", "group": "g", "platform": "anthropic",
+            "credential_kind": "api_key", "credential_masked": "…wxyz",
+            "status": "active", "status_reason": ""
+        }]}))
+        .expect("reads");
+        assert_eq!(older.accounts[0].weight, 0);
         let empty = Answer::Blocks(BlockList { blocks: vec![] });
         assert_eq!(empty.render(Output::Text).expect("text"), "");
         let usage = Answer::Usage(UsageReport {

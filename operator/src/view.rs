@@ -18,6 +18,21 @@ pub struct AccountRow {
     /// `active`, `disabled`, `error` or `retired`.
     pub status: String,
     pub status_reason: String,
+    /// Lower is tried first.
+    #[serde(default)]
+    pub priority: i32,
+    /// Its relative share within its priority tier.
+    #[serde(default)]
+    pub weight: i32,
+    /// Requests in flight at once; 0: no limit.
+    #[serde(default)]
+    pub concurrency_limit: i32,
+    /// Requests per minute; 0: no limit.
+    #[serde(default)]
+    pub rpm_limit: i32,
+    /// Spend per session window, USD; 0: no limit.
+    #[serde(default)]
+    pub session_window_limit_usd: f64,
 }
 
 /// One block on one account.

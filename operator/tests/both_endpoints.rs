@@ -32,6 +32,11 @@ fn accounts() -> Vec<AccountRow> {
         credential_masked: "sk-a…wxyz".into(),
         status: status.into(),
         status_reason: reason.into(),
+        priority: id as i32 - 1,
+        weight: 2,
+        concurrency_limit: 3,
+        rpm_limit: 60,
+        session_window_limit_usd: 12.5,
     };
     vec![
         row(1, "a", "g", "active", ""),
@@ -176,8 +181,11 @@ fn view(row: &AccountRow) -> pb::AccountView {
         credential_masked: row.credential_masked.clone(),
         status: row.status.clone(),
         status_reason: row.status_reason.clone(),
-        priority: 3,
-        weight: 2,
+        priority: row.priority,
+        weight: row.weight,
+        concurrency_limit: row.concurrency_limit,
+        rpm_limit: row.rpm_limit,
+        session_window_limit_usd: row.session_window_limit_usd,
         ..Default::default()
     }
 }
@@ -409,6 +417,17 @@ async fn every_verb_prints_the_same_against_a_selector_and_a_standalone_relay() 
         assert!(!printed[0].0.is_empty(), "{args:?} printed something");
     }
     // What the rows say, once (the loop above holds that both say the same).
+    let text = poolgate_operator::execute(&selector, &verb(&["accounts"]))
+        .await
+        .expect("accounts");
+    assert_eq!(
+        text,
+        "1\ta\tgroup=g\tplatform=anthropic\tkind=oauth\tstatus=active\tpriority=0\tweight=2\t\
+         concurrency=3\trpm=60\tsession_window_usd=12.5\tcredential=sk-a…wxyz\n\
+         2\tb\tgroup=h\tplatform=anthropic\tkind=oauth\tstatus=retired (credit balance too low)\t\
+         priority=1\tweight=2\tconcurrency=3\trpm=60\tsession_window_usd=12.5\t\
+         credential=sk-a…wxyz"
+    );
     let text = poolgate_operator::execute(&selector, &verb(&["blocks"]))
         .await
         .expect("blocks");

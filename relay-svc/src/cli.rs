@@ -9,8 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::parser::ValueSource;
-use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, ValueEnum};
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
 use poolgate_core::account::Secret;
+pub use poolgate_rpc::telemetry::LogFormat;
 use poolgate_runtime::secret_flags::SecretFlag;
 
 use crate::proxy::{EdgeSettings, RelaySettings};
@@ -127,23 +128,6 @@ pub struct Cli {
 pub enum Command {
     /// Operator verbs against a running standalone relay's admin endpoint.
     Admin(crate::admin_client::Args),
-}
-
-/// How log lines are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    Text,
-    Json,
-}
-
-impl LogFormat {
-    /// The name `poolgate_rpc::telemetry::init` takes.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LogFormat::Text => "text",
-            LogFormat::Json => "json",
-        }
-    }
 }
 
 /// Which secret flags were given on the command line (visible in `/proc/<pid>/cmdline`), as

@@ -101,20 +101,7 @@ pub async fn serve(
     // `/metrics` on its own port, as the other services do: clients never reach it.
     let metrics_task = metrics_listener.map(|listener| {
         let metrics = relay.metrics.clone();
-        tokio::spawn(async move {
-            let router = axum::Router::new()
-                .route(
-                    "/metrics",
-                    axum::routing::get(move || {
-                        let metrics = metrics.clone();
-                        async move { metrics.render() }
-                    }),
-                )
-                .route("/healthz", axum::routing::get(|| async { "ok" }));
-            if let Err(error) = axum::serve(listener, router).await {
-                tracing::warn!(%error, "metrics server failed");
-            }
-        })
+        poolgate_rpc::metrics_http::spawn(listener, move || metrics.render())
     });
     let result = serve_clients(relay, listener, shutdown, grace).await;
     if let Some(task) = metrics_task {

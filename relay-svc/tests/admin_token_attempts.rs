@@ -26,6 +26,11 @@ impl Operator for OneAccount {
             credential_masked: "…wxyz".into(),
             status: "active".into(),
             status_reason: String::new(),
+            priority: 0,
+            weight: 1,
+            concurrency_limit: 0,
+            rpm_limit: 0,
+            session_window_limit_usd: 0.0,
         }]
     }
     async fn blocks(&self) -> Result<Vec<BlockView>, AdminError> {

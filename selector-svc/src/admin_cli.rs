@@ -273,16 +273,10 @@ pub async fn run(args: &AdminArgs) -> ExitCode {
     }
 }
 
-/// An account as the configuration verbs print it: the shared row, then its limits.
+/// An account as the configuration verbs print it: the shared row, limits included, the line
+/// `admin accounts` prints.
 fn print_account(view: &pb::AccountView) -> Result<(), OperatorError> {
-    println!(
-        "{}\tpriority={}\tweight={}\tconcurrency={}\trpm={}",
-        account_line(&account_row(view)?),
-        view.priority,
-        view.weight,
-        view.concurrency_limit,
-        view.rpm_limit
-    );
+    println!("{}", account_line(&account_row(view)?));
     Ok(())
 }
 

@@ -34,6 +34,11 @@ fn view(account: &Account) -> AccountRow {
         credential_masked: account.credential.masked(),
         status: account.status.as_str().to_owned(),
         status_reason: account.status_reason.clone(),
+        priority: account.priority,
+        weight: account.weight,
+        concurrency_limit: account.concurrency_limit,
+        rpm_limit: account.rpm_limit,
+        session_window_limit_usd: account.session_window_limit_usd,
     }
 }
 
@@ -117,5 +122,53 @@ impl Operator for EngineOperator {
             });
         }
         Ok(usage)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use poolgate_core::account::{AccountStatus, CredentialKind, Platform, Secret};
+
+    use super::*;
+
+    #[test]
+    fn the_row_carries_the_accounts_limits_and_masks_its_credential() {
+        let account = Account {
+            id: 4,
+            name: "a".into(),
+            group: "g".into(),
+            platform: Platform::Anthropic,
+            base_url: "http://127.0.0.1".into(),
+            credential_kind: CredentialKind::ApiKey,
+            credential: Secret::new("sk-ant-0123456789abcdef"),
+            oauth: None,
+            status: AccountStatus::Active,
+            status_reason: String::new(),
+            priority: 1,
+            weight: 2,
+            concurrency_limit: 3,
+            rpm_limit: 60,
+            session_window_limit_usd: 12.5,
+            allowed_models: vec![],
+            model_mapping: HashMap::new(),
+            proxy_url: None,
+            probe_model: None,
+            stream_usage: true,
+        };
+        let row = view(&account);
+        assert_eq!(
+            (
+                row.priority,
+                row.weight,
+                row.concurrency_limit,
+                row.rpm_limit,
+                row.session_window_limit_usd
+            ),
+            (1, 2, 3, 60, 12.5)
+        );
+        assert_eq!(row.credential_masked, account.credential.masked());
+        assert!(!row.credential_masked.contains("0123456789"));
     }
 }
