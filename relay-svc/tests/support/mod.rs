@@ -15,11 +15,9 @@ use std::time::Duration;
 use poolgate_core::account::{CredentialKind, OAuthState, Platform, Secret};
 use poolgate_core::health::Breaker;
 use poolgate_core::outcome::RuntimeBlockSettings;
-use poolgate_rpc::service_auth::CallerCheck;
-use poolgate_runtime::redis::{RedisOptions, RedisTarget};
 use poolgate_select::engine::SelectorSettings;
 use poolgate_select::probe::ProbeSettings;
-use poolgate_stack::{self as stack, Backends, SERVICE_TOKEN};
+use poolgate_stack::{self as stack, Backends};
 use poolgate_testkit::fake_upstream::FakeUpstream;
 use relay_svc::admin::Operator;
 use relay_svc::metrics::Metrics;
@@ -238,37 +236,7 @@ async fn selector(
     backends: &Backends,
     options: &Options,
 ) -> Result<(selector_svc::server::Built, SocketAddr), String> {
-    let config = selector_svc::server::Config {
-        database_url: backends.postgres.url(),
-        redis_target: RedisTarget::Single(backends.redis.url()),
-        redis_options: RedisOptions::default(),
-        keyring: backends.keyring.clone(),
-        admin_token: Some("evidence-admin".into()),
-        settings: selector_settings(options),
-        lease_settings: Default::default(),
-        refresh: Default::default(),
-        reload_interval: Duration::from_secs(3600),
-        refresh_interval: Duration::from_secs(3600),
-        max_concurrent_streams: 1000,
-        tls: None,
-        callers: CallerCheck::Token(SERVICE_TOKEN.into()),
-    };
-    let built = selector_svc::server::build(&config, poolgate_select::metrics::Metrics::new())
-        .await
-        .map_err(|e| format!("selector: {e}"))?;
-    let (listener, address) = listen().await?;
-    let serving = built.serving();
-    tokio::spawn(async move {
-        let _ = selector_svc::server::serve_selector(
-            serving,
-            &config,
-            listener,
-            None,
-            std::future::pending(),
-        )
-        .await;
-    });
-    Ok((built, address))
+    stack::selector_with(backends, selector_settings(options)).await
 }
 
 impl Pool {

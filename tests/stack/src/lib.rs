@@ -89,13 +89,21 @@ async fn listen() -> HarnessResult<(tokio::net::TcpListener, SocketAddr)> {
 pub async fn selector(
     backends: &Backends,
 ) -> HarnessResult<(selector_svc::server::Built, SocketAddr)> {
+    selector_with(backends, Default::default()).await
+}
+
+/// A selector with these engine settings, served on a free port.
+pub async fn selector_with(
+    backends: &Backends,
+    settings: poolgate_select::engine::SelectorSettings,
+) -> HarnessResult<(selector_svc::server::Built, SocketAddr)> {
     let config = selector_svc::server::Config {
         database_url: backends.postgres.url(),
         redis_target: RedisTarget::Single(backends.redis.url()),
         redis_options: RedisOptions::default(),
         keyring: backends.keyring.clone(),
         admin_token: Some(ADMIN_TOKEN.into()),
-        settings: Default::default(),
+        settings,
         lease_settings: Default::default(),
         refresh: Default::default(),
         reload_interval: Duration::from_secs(3600),
