@@ -183,7 +183,7 @@ impl LeaseBackend for RedisBackend {
             )
             .await?;
         self.learn_clock(now);
-        Ok(reply::renewal(state))
+        reply::renewal(state)
     }
 
     async fn resume(&self, lease_id: &LeaseId, ttl_ms: u64) -> Result<Resumption, BackendError> {
@@ -200,7 +200,7 @@ impl LeaseBackend for RedisBackend {
             )
             .await?;
         self.learn_clock(now);
-        Ok(reply::resumption(epoch))
+        reply::resumption(epoch)
     }
 
     async fn attempt(

@@ -29,26 +29,40 @@ pub(super) fn charge_denial(charged: i64, retry_ms: u64, reason: DenyReason) -> 
     (charged == 0).then(|| Denial::new(reason, retry_ms))
 }
 
-/// The renew script's state (see `RENEW` in `scripts.rs`).
-pub(super) fn renewal(state: i64) -> Renewal {
-    match state {
+/// The renew script's state (see `scripts/renew.lua`): 1 renewed, 2 restored, 3 released
+/// (fenced), 4 no room to restore, 5 gone and not to be restored.
+pub(super) fn renewal(state: i64) -> Result<Renewal, BackendError> {
+    Ok(match state {
         1 => Renewal::Renewed,
         2 => Renewal::Restored,
         3 => Renewal::Lost(LostReason::Released),
         4 => Renewal::Lost(LostReason::NoRoom),
-        _ => Renewal::Lost(LostReason::Expired),
-    }
+        5 => Renewal::Lost(LostReason::Expired),
+        unknown => {
+            tracing::warn!(reply = unknown, "renew script answered an unknown state");
+            return Err(BackendError::Failed(format!(
+                "unknown renew reply {unknown}"
+            )));
+        }
+    })
 }
 
-/// The resume script's holder epoch: > 0 resumed, 0 unknown or expired, < 0 released.
-pub(super) fn resumption(epoch: i64) -> Resumption {
-    match epoch {
+/// The resume script's holder epoch (see `scripts/resume.lua`): > 0 resumed, 0 unknown or
+/// expired, -1 released (fenced).
+pub(super) fn resumption(epoch: i64) -> Result<Resumption, BackendError> {
+    Ok(match epoch {
         epoch if epoch > 0 => Resumption::Resumed {
-            holder_epoch: epoch as u64,
+            holder_epoch: epoch.unsigned_abs(),
         },
         0 => Resumption::Unknown,
-        _ => Resumption::Released,
-    }
+        -1 => Resumption::Released,
+        unknown => {
+            tracing::warn!(reply = unknown, "resume script answered an unknown epoch");
+            return Err(BackendError::Failed(format!(
+                "unknown resume reply {unknown}"
+            )));
+        }
+    })
 }
 
 #[cfg(test)]
@@ -82,5 +96,27 @@ mod tests {
                 other => panic!("{reply:?}: expected a backend error, got {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn renew_and_resume_replies_read_strictly() {
+        assert!(matches!(renewal(1), Ok(Renewal::Renewed)));
+        assert!(matches!(renewal(2), Ok(Renewal::Restored)));
+        assert!(matches!(
+            renewal(3),
+            Ok(Renewal::Lost(LostReason::Released))
+        ));
+        assert!(matches!(renewal(4), Ok(Renewal::Lost(LostReason::NoRoom))));
+        assert!(matches!(renewal(5), Ok(Renewal::Lost(LostReason::Expired))));
+        for unknown in [0, 6, -1] {
+            assert!(renewal(unknown).is_err(), "renew state {unknown}");
+        }
+        assert!(matches!(
+            resumption(7),
+            Ok(Resumption::Resumed { holder_epoch: 7 })
+        ));
+        assert!(matches!(resumption(0), Ok(Resumption::Unknown)));
+        assert!(matches!(resumption(-1), Ok(Resumption::Released)));
+        assert!(resumption(-2).is_err());
     }
 }
