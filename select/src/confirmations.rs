@@ -200,6 +200,19 @@ impl Confirmations {
                 account
             }
         };
+        if account.status != AccountStatus::Active {
+            // Already out of service (retired, error, disabled): nothing left to confirm. A
+            // refusal reported after an earlier confirmation retired the account (the request
+            // went out before the retirement reached every snapshot) sends no second probe.
+            tracing::info!(
+                account_id = id,
+                status = account.status.as_str(),
+                "confirmation skipped: the account is not active"
+            );
+            let _ = self.health.unblock_confirming(id, &block).await;
+            let _ = self.health.unlock_confirm(id, &owner).await;
+            return;
+        }
         let threshold = millis(self.blocks.hard_block_threshold);
         let mut probed = probe_under_lease(
             &self.admission,

@@ -67,6 +67,7 @@ health_suite!(
     unauthorized_outcomes_mark_the_account_error_only_when_the_probe_is_refused_through_the_engine,
     the_confirmation_lock_names_its_state_and_swaps_only_from_the_value_it_holds,
     a_probe_with_no_slot_retries_with_the_account_selectable_then_applies_its_answer_through_the_engine,
+    a_refusal_reported_after_the_account_was_retired_sends_no_second_probe,
     sessions_and_responses_stick_to_their_account_through_the_engine,
 );
 
@@ -1089,4 +1090,47 @@ async fn a_probe_with_no_slot_retries_with_the_account_selectable_then_applies_i
     })
     .await
     .expect("the retried probe got the 5xx: counted");
+}
+
+/// The race a CI run caught: a client request that went out before a confirmation retired the
+/// account reports its refusal after the confirmation ended, while this replica's snapshot still
+/// says `active`. The confirmation it starts reads the stored account, finds it retired, and
+/// sends no probe.
+async fn a_refusal_reported_after_the_account_was_retired_sends_no_second_probe(store: Store) {
+    let out_of_credit = upstream(
+        402,
+        r#"{"type":"error","error":{"type":"billing_error","message":"credit balance too low"}}"#,
+        Duration::ZERO,
+    )
+    .await;
+    let engine = Engine::new(
+        &store,
+        vec![account(1, "g", |a| {
+            a.base_url = out_of_credit.base_url.clone()
+        })],
+    );
+    // A stale snapshot: the retirement is stored but has not reached this replica's snapshot.
+    engine.reload.abort();
+    engine
+        .source
+        .set_status(1, AccountStatus::Retired, "quota gone: confirmed by probe")
+        .await
+        .expect("status stored");
+    assert_eq!(
+        engine.report(1, OutcomeClass::QuotaGone, 402).await,
+        "confirming"
+    );
+    // The confirmation ends (its block lifted, its lock released) without a probe.
+    eventually(Duration::from_secs(5), || async {
+        (store.read(1).await.hard_block_ms == 0
+            && store.health.confirm_state(1).await.ok().flatten().is_none())
+        .then_some(())
+    })
+    .await
+    .expect("the confirmation ended");
+    assert_eq!(
+        out_of_credit.seen_requests().len(),
+        0,
+        "no probe is sent to an account that is already retired"
+    );
 }
