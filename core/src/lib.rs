@@ -14,6 +14,7 @@ pub mod outcome;
 pub mod plan;
 pub mod select;
 pub mod upstream;
+pub mod windows;
 
 /// Upstream account ids are positive 64-bit integers.
 pub type AccountId = i64;

@@ -201,6 +201,8 @@ impl Selector {
             candidates.push(Candidate {
                 account: (*account).clone(),
                 health,
+                // The engine does not read usage windows yet: unknown, as before.
+                windows: None,
             });
         }
         candidates
