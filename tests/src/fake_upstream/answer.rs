@@ -1,7 +1,7 @@
 //! The model endpoints (Anthropic Messages, OpenAI chat completions and Responses): one answer
 //! pipeline, shaped per API, that records the request, counts it in flight, and answers with the
-//! scripted answer, the account's refusal (revoked, subscription, credit, unknown model) or the
-//! normal one.
+//! scripted answer, the account's refusal (revoked, subscription, usage window, credit, unknown
+//! model) or the normal one, with the account's usage-window headers when it has windows.
 
 use std::sync::Arc;
 
@@ -15,6 +15,7 @@ use super::anthropic::claude_code_refusal;
 use super::bodies::{normal_body, normal_events};
 use super::scripted::{after_pauses, take_scripted};
 use super::stream::{cut_events, cut_short, event_stream, fail_response, oversized};
+use super::windows::{self, Dialect};
 use super::{FakeState, InFlight, Scripted, SeenRequest, credential, is_probe};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -92,13 +93,7 @@ pub(super) async fn answer(
             });
         }
     }
-    let stream = request
-        .get("stream")
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
     let scripted = after_pauses(take_scripted(&state, &credential, probe)).await;
-    let delay = *state.delay.lock().unwrap_or_else(|p| p.into_inner());
-    let chunk_delay = *state.chunk_delay.lock().unwrap_or_else(|p| p.into_inner());
     let broke = state
         .out_of_credit
         .lock()
@@ -124,45 +119,81 @@ pub(super) async fn answer(
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .contains(&credential);
-    let scripted = scripted.or_else(|| {
-        let (status, body) = if revoked {
-            (
-                401,
-                json!({"type": "error", "error": {"type": "authentication_error", "message": "OAuth token has been revoked."}}),
-            )
-        } else if let Some(refusal) = refused_subscription {
-            refusal
-        } else if broke {
-            match shape {
-                Shape::Anthropic => (
-                    400,
-                    json!({"type": "error", "error": {"type": "invalid_request_error", "message": "Your credit balance is too low to access the Anthropic API. Please go to Plans & Billing to upgrade or purchase credits."}}),
-                ),
-                Shape::Chat | Shape::Responses => (
-                    429,
-                    json!({"error": {"message": "You exceeded your current quota, please check your plan and billing details.", "type": "insufficient_quota", "param": null, "code": "insufficient_quota"}}),
-                ),
-            }
-        } else if unknown_model {
-            match shape {
-                Shape::Anthropic => (
-                    404,
-                    json!({"type": "error", "error": {"type": "not_found_error", "message": format!("model: {model}")}}),
-                ),
-                Shape::Chat | Shape::Responses => (
-                    404,
-                    json!({"error": {"message": format!("The model `{model}` does not exist or you do not have access to it."), "type": "invalid_request_error", "param": null, "code": "model_not_found"}}),
-                ),
-            }
-        } else {
-            return None;
+    // Who the caller is comes before how much it may use; what it asked for after.
+    let refused_first = if revoked {
+        Some((
+            401,
+            json!({"type": "error", "error": {"type": "authentication_error", "message": "OAuth token has been revoked."}}),
+        ))
+    } else {
+        refused_subscription
+    };
+    let refused_later = if broke {
+        Some(match shape {
+            Shape::Anthropic => (
+                400,
+                json!({"type": "error", "error": {"type": "invalid_request_error", "message": "Your credit balance is too low to access the Anthropic API. Please go to Plans & Billing to upgrade or purchase credits."}}),
+            ),
+            Shape::Chat | Shape::Responses => (
+                429,
+                json!({"error": {"message": "You exceeded your current quota, please check your plan and billing details.", "type": "insufficient_quota", "param": null, "code": "insufficient_quota"}}),
+            ),
+        })
+    } else if unknown_model {
+        Some(match shape {
+            Shape::Anthropic => (
+                404,
+                json!({"type": "error", "error": {"type": "not_found_error", "message": format!("model: {model}")}}),
+            ),
+            Shape::Chat | Shape::Responses => (
+                404,
+                json!({"error": {"message": format!("The model `{model}` does not exist or you do not have access to it."), "type": "invalid_request_error", "param": null, "code": "model_not_found"}}),
+            ),
+        })
+    } else {
+        None
+    };
+    let serves = refused_first.is_none()
+        && refused_later.is_none()
+        && !matches!(scripted, Some(Scripted::Fail { .. }));
+    let dialect = match shape {
+        Shape::Anthropic => Dialect::Anthropic,
+        Shape::Chat | Shape::Responses => Dialect::Codex,
+    };
+    let enforce = scripted.is_none() && refused_first.is_none();
+    let (window_headers, window_refusal) =
+        match windows::admit(&state, &credential, dialect, enforce, serves) {
+            Some(verdict) => (verdict.headers, verdict.refusal),
+            None => (Vec::new(), None),
         };
+    let scripted = scripted.or_else(|| {
+        let (status, body) = refused_first.or(window_refusal).or(refused_later)?;
         Some(Scripted::Fail {
             status,
             headers: Vec::new(),
             body: body.to_string(),
         })
     });
+    let response = respond(&state, shape, scripted, &model, &request, guard).await;
+    windows::stamp(response, &window_headers)
+}
+
+/// The answer itself: the scripted (or refusal) one, else the normal one, after the simulated
+/// latency.
+async fn respond(
+    state: &FakeState,
+    shape: Shape,
+    scripted: Option<Scripted>,
+    model: &str,
+    request: &Value,
+    guard: InFlight,
+) -> Response {
+    let stream = request
+        .get("stream")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let delay = *state.delay.lock().unwrap_or_else(|p| p.into_inner());
+    let chunk_delay = *state.chunk_delay.lock().unwrap_or_else(|p| p.into_inner());
     match scripted {
         Some(Scripted::Fail {
             status,
@@ -179,14 +210,14 @@ pub(super) async fn answer(
             tokio::time::sleep(delay).await;
             let id = format!("{:016x}", fastrand::u64(..));
             return if stream {
-                let events = normal_events(shape, &id, &model, &request);
+                let events = normal_events(shape, &id, model, request);
                 cut_short(
                     events.first().map(String::as_str).unwrap_or_default(),
                     "text/event-stream",
                     Some(guard),
                 )
             } else {
-                let body = normal_body(shape, &id, &model).to_string();
+                let body = normal_body(shape, &id, model).to_string();
                 cut_short(&body, "application/json", Some(guard))
             };
         }
@@ -198,17 +229,17 @@ pub(super) async fn answer(
         Some(how @ (Scripted::IncompleteStream | Scripted::BrokenStream)) => {
             tokio::time::sleep(delay).await;
             let id = format!("{:016x}", fastrand::u64(..));
-            let events = normal_events(shape, &id, &model, &request);
+            let events = normal_events(shape, &id, model, request);
             return event_stream(cut_events(shape, events, &how), chunk_delay, Some(guard));
         }
     }
     let id = format!("{:016x}", fastrand::u64(..));
     if !stream {
-        let body = normal_body(shape, &id, &model);
+        let body = normal_body(shape, &id, model);
         drop(guard);
         return axum::Json(body).into_response();
     }
-    let events = normal_events(shape, &id, &model, &request);
+    let events = normal_events(shape, &id, model, request);
     event_stream(
         events.into_iter().map(|e| Ok(Bytes::from(e))).collect(),
         chunk_delay,

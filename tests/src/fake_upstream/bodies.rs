@@ -4,6 +4,10 @@ use serde_json::{Value, json};
 
 use super::answer::Shape;
 
+/// The usage every normal answer reports (usage windows counted in tokens charge their sum).
+pub(super) const INPUT_TOKENS: u64 = 10;
+pub(super) const OUTPUT_TOKENS: u64 = 7;
+
 /// The normal (non-streamed) answer of `shape`.
 pub(super) fn normal_body(shape: Shape, id: &str, model: &str) -> Value {
     match shape {
@@ -11,18 +15,18 @@ pub(super) fn normal_body(shape: Shape, id: &str, model: &str) -> Value {
             "id": format!("msg_{id}"), "type": "message", "role": "assistant", "model": model,
             "content": [{"type": "text", "text": "Hello from the fake upstream."}],
             "stop_reason": "end_turn", "stop_sequence": null,
-            "usage": {"input_tokens": 10, "output_tokens": 7, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+            "usage": {"input_tokens": INPUT_TOKENS, "output_tokens": OUTPUT_TOKENS, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
         }),
         Shape::Chat => json!({
             "id": format!("chatcmpl-{id}"), "object": "chat.completion", "created": 1_700_000_000, "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello from the fake upstream."}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 10, "completion_tokens": 7, "total_tokens": 17}
+            "usage": {"prompt_tokens": INPUT_TOKENS, "completion_tokens": OUTPUT_TOKENS, "total_tokens": INPUT_TOKENS + OUTPUT_TOKENS}
         }),
         Shape::Responses => json!({
             "id": format!("resp_{id}"), "object": "response", "created_at": 1_700_000_000, "model": model, "status": "completed",
             "output": [{"type": "message", "id": format!("msg_{id}"), "status": "completed", "role": "assistant",
                         "content": [{"type": "output_text", "text": "Hello from the fake upstream.", "annotations": []}]}],
-            "usage": {"input_tokens": 10, "output_tokens": 7, "total_tokens": 17}
+            "usage": {"input_tokens": INPUT_TOKENS, "output_tokens": OUTPUT_TOKENS, "total_tokens": INPUT_TOKENS + OUTPUT_TOKENS}
         }),
     }
 }
@@ -33,7 +37,7 @@ pub(super) fn normal_events(shape: Shape, id: &str, model: &str, request: &Value
         Shape::Anthropic => vec![
             format!(
                 "event: message_start\ndata: {}\n\n",
-                json!({"type": "message_start", "message": {"id": format!("msg_{id}"), "type": "message", "role": "assistant", "model": model, "content": [], "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": 10, "output_tokens": 1}}})
+                json!({"type": "message_start", "message": {"id": format!("msg_{id}"), "type": "message", "role": "assistant", "model": model, "content": [], "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": INPUT_TOKENS, "output_tokens": 1}}})
             ),
             format!(
                 "event: content_block_start\ndata: {}\n\n",
@@ -53,7 +57,7 @@ pub(super) fn normal_events(shape: Shape, id: &str, model: &str, request: &Value
             ),
             format!(
                 "event: message_delta\ndata: {}\n\n",
-                json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": 7}})
+                json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": OUTPUT_TOKENS}})
             ),
             format!(
                 "event: message_stop\ndata: {}\n\n",
@@ -87,7 +91,7 @@ pub(super) fn normal_events(shape: Shape, id: &str, model: &str, request: &Value
             if with_usage {
                 events.push(chunk(
                     json!([]),
-                    json!({"prompt_tokens": 10, "completion_tokens": 7, "total_tokens": 17}),
+                    json!({"prompt_tokens": INPUT_TOKENS, "completion_tokens": OUTPUT_TOKENS, "total_tokens": INPUT_TOKENS + OUTPUT_TOKENS}),
                 ));
             }
             events.push("data: [DONE]\n\n".to_owned());
@@ -100,7 +104,7 @@ pub(super) fn normal_events(shape: Shape, id: &str, model: &str, request: &Value
             let item = |status: &str, content: Value| json!({"id": msg, "type": "message", "status": status, "role": "assistant", "content": content});
             let part = json!({"type": "output_text", "text": text, "annotations": []});
             let response = |status: &str, output: Value, usage: Value| json!({"id": format!("resp_{id}"), "object": "response", "created_at": 1_700_000_000, "model": model, "status": status, "output": output, "usage": usage});
-            let usage = json!({"input_tokens": 10, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 7, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 17});
+            let usage = json!({"input_tokens": INPUT_TOKENS, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": OUTPUT_TOKENS, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": INPUT_TOKENS + OUTPUT_TOKENS});
             [
                 json!({"type": "response.created", "response": response("in_progress", json!([]), Value::Null)}),
                 json!({"type": "response.in_progress", "response": response("in_progress", json!([]), Value::Null)}),

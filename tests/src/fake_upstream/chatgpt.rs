@@ -9,8 +9,9 @@ use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use serde_json::{Value, json};
 
-use super::FakeState;
 use super::answer::{Shape, answer};
+use super::windows::{self, Dialect};
+use super::{FakeState, credential};
 
 /// An access token as ChatGPT's sign-in issues them (unsigned here): a JWT whose
 /// `https://api.openai.com/auth` claim names the ChatGPT account.
@@ -59,11 +60,16 @@ pub(super) async fn chatgpt_codex(
         None
     };
     if let Some(detail) = problem {
-        return (
+        let refused = (
             StatusCode::BAD_REQUEST,
             axum::Json(json!({"detail": detail})),
         )
             .into_response();
+        // Its windows' headers too (every answer carries them), counting nothing.
+        return match windows::admit(&state, &credential(&headers), Dialect::Codex, false, false) {
+            Some(verdict) => windows::stamp(refused, &verdict.headers),
+            None => refused,
+        };
     }
     answer(state, Shape::Responses, uri, headers, body).await
 }

@@ -1,5 +1,5 @@
-//! The control API (`/_mock/*`): scripts answers from their JSON form, reports the
-//! per-credential stats and the requests received, resets peaks.
+//! The control API (`/_mock/*`): scripts answers from their JSON form, sets usage windows,
+//! reports the per-credential stats and the requests received, resets peaks.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 use serde_json::{Value, json};
 
-use super::{FakeState, Scripted};
+use super::{FakeState, Scripted, windows};
 
 /// One answer of the control API's JSON form (see
 /// [`FakeUpstream::start_on`](super::FakeUpstream::start_on)).
@@ -96,6 +96,24 @@ pub(super) async fn control_script(
         .or_default()
         .extend(answers);
     axum::Json(json!({"queued": count})).into_response()
+}
+
+/// Sets (or, with no window, clears) a credential's usage windows.
+pub(super) async fn control_windows(
+    State(state): State<Arc<FakeState>>,
+    axum::Json(request): axum::Json<Value>,
+) -> Response {
+    let Some(credential) = request.get("credential").and_then(Value::as_str) else {
+        return (StatusCode::BAD_REQUEST, "credential: required").into_response();
+    };
+    match windows::parse_budgets(&request) {
+        Ok(budgets) => {
+            let set = !budgets.is_empty();
+            windows::set(&state, credential, budgets);
+            axum::Json(json!({"windows": set})).into_response()
+        }
+        Err(field) => (StatusCode::BAD_REQUEST, field).into_response(),
+    }
 }
 
 pub(super) async fn control_stats(State(state): State<Arc<FakeState>>) -> Response {

@@ -18,6 +18,11 @@
 //! (`chatgpt`), the OAuth token endpoint (`oauth`), the probe's recognition (`probe`), the
 //! scripted answers (`scripted`) and the control API that queues them (`control`), the normal
 //! answers (`bodies`) and the response builders (`stream`).
+//!
+//! A credential can also be given usage windows (`set_windows`: a 5-hour-like and a weekly-like
+//! budget, a per-minute request limit), reported in the real upstreams' rate-limit headers on
+//! every model answer and enforced with their 429s (`windows`, which states how they run).
+//! Without them nothing of this shows.
 
 mod answer;
 mod anthropic;
@@ -30,6 +35,9 @@ mod scripted;
 mod stream;
 #[cfg(test)]
 mod tests;
+mod windows;
+#[cfg(test)]
+mod windows_tests;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -43,11 +51,12 @@ use serde_json::Value;
 pub use chatgpt::fake_chatgpt_token;
 pub use probe::is_probe;
 pub use scripted::Scripted;
+pub use windows::{WARNING_AT, Window, WindowBudgets, WindowUnit};
 
 use answer::{chat, messages, responses};
 use anthropic::count_tokens;
 use chatgpt::chatgpt_codex;
-use control::{control_requests, control_reset, control_script, control_stats};
+use control::{control_requests, control_reset, control_script, control_stats, control_windows};
 use oauth::oauth_token;
 
 /// One request as the fake upstream received it (the first 1 000 are kept).
@@ -106,6 +115,8 @@ struct FakeState {
     revoked: Mutex<HashSet<String>>,
     /// Refresh tokens used at `/oauth/token` (each is good once, as upstream).
     refreshed: Mutex<Vec<Value>>,
+    /// Usage windows per credential (only those given some).
+    windows: Mutex<HashMap<String, windows::Account>>,
 }
 
 /// A handle on a running fake upstream.
@@ -127,7 +138,11 @@ impl FakeUpstream {
     /// {"incomplete_stream": true}, {"broken_stream": true}, {"after_ms": 900, "status": 401}]}`,
     /// with `"clients_only": true` for answers the probe skips), `GET /_mock/stats` (per
     /// credential: current, peak, total), `GET /_mock/requests` (what was received, `probe`
-    /// marking the selector's) and `POST /_mock/reset` (peaks back to the current count).
+    /// marking the selector's), `POST /_mock/reset` (peaks back to the current count) and
+    /// `POST /_mock/windows` (`{"credential": "...", "unit": "requests" | "tokens",
+    /// "five_hour": {"seconds": 2, "capacity": 3}, "weekly": {"seconds": 60, "capacity": 10,
+    /// "start": <epoch s, optional>}, "per_minute": {"capacity": 5, "seconds": 60}}`, any of the
+    /// three omitted; none: the credential's windows cleared).
     pub async fn start_on(addr: std::net::SocketAddr) -> std::io::Result<Self> {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
@@ -144,6 +159,7 @@ impl FakeUpstream {
             .route("/_mock/stats", axum::routing::get(control_stats))
             .route("/_mock/reset", post(control_reset))
             .route("/_mock/requests", axum::routing::get(control_requests))
+            .route("/_mock/windows", post(control_windows))
             // The real APIs take requests of tens of MB (axum's default cap is 2 MB).
             .layer(axum::extract::DefaultBodyLimit::max(64 << 20))
             .with_state(state.clone());
@@ -250,6 +266,19 @@ impl FakeUpstream {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(credential.to_owned());
+    }
+
+    /// Gives `credential` usage windows, replacing any it had (usage back to nothing): its
+    /// answers carry the upstreams' rate-limit headers and a request on an exhausted window gets
+    /// the real 429. Budgets with no window clear them (see the `windows` module for how they
+    /// run, count and refuse).
+    pub fn set_windows(&self, credential: &str, budgets: WindowBudgets) {
+        windows::set(&self.state, credential, budgets);
+    }
+
+    /// `credential` has no usage windows any more: no rate-limit headers, no refusals.
+    pub fn clear_windows(&self, credential: &str) {
+        windows::set(&self.state, credential, WindowBudgets::default());
     }
 
     /// The upstream no longer accepts this access token (401 `authentication_error`).
