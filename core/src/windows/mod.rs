@@ -13,7 +13,7 @@ const HOUR_MS: i64 = 60 * MINUTE_MS;
 const DAY_MS: i64 = 24 * HOUR_MS;
 
 /// Which limit a reading is about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum WindowKind {
     /// Anthropic's 5-hour window (`5h`, claim `five_hour`).
     FiveHour,
@@ -35,7 +35,7 @@ pub enum WindowKind {
 }
 
 /// What a per-minute API-key limit counts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum MinuteLimit {
     Requests,
     Tokens,
@@ -63,7 +63,7 @@ impl WindowKind {
 }
 
 /// Whom a window limits.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Scope {
     /// Every request the account serves.
     Account,
@@ -86,7 +86,9 @@ impl Scope {
 }
 
 /// The upstream's own verdict on a window.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub enum WindowStatus {
     /// Not stated (Codex and per-minute limits state none), or a value we do not know.
     Unknown,
@@ -108,7 +110,7 @@ impl WindowStatus {
 }
 
 /// One window as one answer reported it.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct WindowReading {
     pub kind: WindowKind,
     pub scope: Scope,
