@@ -30,6 +30,10 @@ pub struct Metrics {
     pub unpriced_usage: IntCounter,
     /// relay_usage_records_lost_total: usage records that never reached the selector.
     pub usage_lost: IntCounter,
+    /// relay_window_writes_total{outcome}: `RecordWindows` calls to the selector (distributed
+    /// mode), `sent` or `failed` (that batch of readings is dropped: the next answers refresh
+    /// them).
+    pub window_writes: IntCounterVec,
     pub upstream_seconds: HistogramVec,
     pub first_byte_seconds: HistogramVec,
 }
@@ -88,6 +92,11 @@ impl Metrics {
             usage_lost: counter(
                 "relay_usage_records_lost_total",
                 "Usage records that never reached the selector (refused, or past the bound kept through an outage).",
+            ),
+            window_writes: counter_vec(
+                "relay_window_writes_total",
+                "RecordWindows calls to the selector (usage-window readings, coalesced per account), by outcome (sent, failed: dropped).",
+                &["outcome"],
             ),
             unpriced_usage: counter(
                 "relay_unpriced_usage_total",

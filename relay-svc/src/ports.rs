@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use poolgate_core::account::{Platform, Secret};
 use poolgate_core::classify::Classified;
 use poolgate_core::lease::{Denial, LeaseTerms};
+use poolgate_core::windows::WindowReading;
 use poolgate_proto::convert::ConvertError;
 
 /// A backend that did not answer usefully. The relay degrades (or answers 503), never panics;
@@ -97,6 +98,10 @@ pub trait Selection: Send + Sync + 'static {
     async fn bind_response(&self, api_key_id: i64, response_id: &str, account_id: i64);
     /// Queues usage records; they are written in batches.
     fn record_usage(&self, record: UsageRecord);
+    /// Records where the account stands in its usage windows, as an upstream answer reported
+    /// (docs/DESIGN.md §5). Fire and forget, off the latency path: never awaited by a request,
+    /// and a reading lost on the way is reported again by the account's next answer.
+    fn record_windows(&self, account_id: i64, readings: Vec<WindowReading>);
 
     /// Models the group's accounts of `platform` name (allow-lists and mapping keys), for
     /// `/v1/models`. Empty when unknown.

@@ -1,14 +1,17 @@
 //! One behaviour suite, two modes: every case runs against a standalone relay (everything in
 //! this process, accounts from YAML) and against a distributed one (selector and admission over
 //! gRPC, Postgres and Redis), on the same fake upstream. What a client sees must not depend on
-//! how the relay is deployed: selection order, busy ≠ broken, failover, stickiness, `/v1/models`.
+//! how the relay is deployed: selection order, busy ≠ broken, failover, stickiness, `/v1/models`,
+//! usage windows read from every answer.
 
 mod common;
 
 use std::time::Duration;
 
 use poolgate_core::account::Platform;
-use poolgate_testkit::fake_upstream::{FakeUpstream, Scripted};
+use poolgate_testkit::fake_upstream::{
+    FakeUpstream, Scripted, WARNING_AT, Window, WindowBudgets, WindowUnit,
+};
 use relay_svc::proxy::RelaySettings;
 use serde_json::{Value, json};
 
@@ -288,6 +291,82 @@ async fn models_list_what_the_group_serves(pool: Pool) {
     );
 }
 
+/// The weekly window of the nearly used account, in requests: its answers say
+/// `allowed_warning` from the `WARNED`th on, and it refuses past `NEARLY_USED`.
+const NEARLY_USED: u64 = 40;
+const WARNED: u64 = 32;
+
+fn weekly(capacity: u64) -> WindowBudgets {
+    WindowBudgets {
+        unit: WindowUnit::Requests,
+        weekly: Some(Window::new(Duration::from_secs(7 * 24 * 3600), capacity)),
+        ..WindowBudgets::default()
+    }
+}
+
+/// A request in a conversation of its own (its own first turn: no binding to follow).
+fn conversation(model: &str, turn: &str) -> Value {
+    json!({"model": model, "max_tokens": 16, "messages": [{"role": "user", "content": turn}]})
+}
+
+async fn new_sessions_go_to_the_account_whose_window_has_room(pool: Pool) {
+    assert!(WARNED as f64 / NEARLY_USED as f64 >= WARNING_AT);
+    pool.upstream.set_windows("cred-first", weekly(NEARLY_USED));
+    pool.upstream.set_windows("cred-second", weekly(10_000));
+    // Only `first` serves `claude-warm` and only `second` `claude-fresh`: each account answers
+    // with its headers, whatever the selection's order.
+    for _ in 0..WARNED {
+        let (status, body) = pool.messages(&conversation("claude-warm", "warm up")).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let (status, body) = pool.messages(&conversation("claude-fresh", "fresh")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!((pool.served("first"), pool.served("second")), (WARNED, 1));
+    // The readings reach the selection off the latency path: wait, bounded, until ten new
+    // conversations in a row go to the account with room.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    for round in 0.. {
+        let before = pool.served("second");
+        for turn in 0..10 {
+            let (status, body) = pool
+                .messages(&conversation(
+                    "claude-x",
+                    &format!("conversation {round}.{turn}"),
+                ))
+                .await;
+            assert_eq!(status, 200, "{body}");
+        }
+        if pool.served("second") - before == 10 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "new sessions still reach the nearly used account ({} served)",
+            pool.served("first")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Ordered away before the upstream had to refuse, not failed over after a refusal.
+    assert!(
+        pool.served("first") < NEARLY_USED,
+        "the nearly used account ran out: {}",
+        pool.served("first")
+    );
+}
+
+fn windowed() -> Vec<Spec> {
+    vec![
+        Spec {
+            models: &["claude-x", "claude-warm"],
+            ..anthropic("first", 0)
+        },
+        Spec {
+            models: &["claude-x", "claude-fresh"],
+            ..anthropic("second", 0)
+        },
+    ]
+}
+
 fn tiered() -> Vec<Spec> {
     vec![anthropic("first", 0), anthropic("second", 1)]
 }
@@ -340,6 +419,14 @@ macro_rules! behaviour_suite {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn a_session_stays_on_one_account() {
                 super::a_session_stays_on_one_account(super::$mode(&equal()).await).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn new_sessions_go_to_the_account_whose_window_has_room() {
+                super::new_sessions_go_to_the_account_whose_window_has_room(
+                    super::$mode(&windowed()).await,
+                )
+                .await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

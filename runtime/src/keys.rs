@@ -88,6 +88,13 @@ pub fn unauthorized_events(account_id: i64) -> String {
     format!("{PREFIX}:sel:unauth:{account_id}")
 }
 
+/// Selector-only: HASH of an account's usage windows (docs/DESIGN.md §5): field = the window
+/// (kind and scope, JSON), value = its newest reading (JSON), with a PX expiry renewed on every
+/// write. In the account's hash slot, so the script merging a write touches one slot.
+pub fn usage_windows(account_id: i64) -> String {
+    format!("{PREFIX}:sel:{{a:{account_id}}}:windows")
+}
+
 /// Selector-only: sticky binding `group + session hash -> account`.
 pub fn sticky_binding(group: &str, session_hash: &str) -> String {
     format!("{PREFIX}:sel:sticky:{}:{group}:{session_hash}", group.len())
@@ -127,6 +134,14 @@ mod tests {
             assert_eq!(hash_tag(key), "a:42", "{key}");
         }
         assert_ne!(AccountKeys::new(4).leases, AccountKeys::new(42).leases);
+    }
+
+    #[test]
+    fn usage_windows_are_selector_keys_in_the_account_hash_slot() {
+        let key = usage_windows(42);
+        assert_eq!(hash_tag(&key), "a:42");
+        assert!(key.starts_with("pg:sel:"), "{key}");
+        assert_ne!(usage_windows(4), usage_windows(42));
     }
 
     #[test]

@@ -92,6 +92,21 @@ pub struct Confirmations {
     pub(crate) ended: Arc<Notify>,
 }
 
+/// Stores what a probe's answer said about the account's usage windows (docs/DESIGN.md §5),
+/// best effort: a failed write leaves the windows as they were and changes no verdict.
+pub(crate) async fn keep_probe_windows(
+    health: &Arc<dyn HealthStore>,
+    account_id: AccountId,
+    probed: &Probed,
+) {
+    if probed.windows.is_empty() {
+        return;
+    }
+    if let Err(error) = health.store_windows(account_id, &probed.windows).await {
+        tracing::debug!(account_id, %error, "the probe's usage windows were not stored");
+    }
+}
+
 impl Confirmations {
     /// Starts a confirmation under the account's lock: `false` when one is running, the account
     /// is quiet, or its token was just refreshed (here or on another replica).
@@ -254,7 +269,10 @@ impl Confirmations {
             let _ = self.health.unblock_confirming(id, &block).await;
         }
         let ending = match probed {
-            Ok(probed) => self.apply(&account, suspicion, &probed, may_refresh).await,
+            Ok(probed) => {
+                keep_probe_windows(&self.health, id, &probed).await;
+                self.apply(&account, suspicion, &probed, may_refresh).await
+            }
             Err(why) => {
                 self.metrics
                     .confirmations

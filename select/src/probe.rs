@@ -21,6 +21,7 @@ use poolgate_core::classify::{Classified, UpstreamError, classify, network_failu
 use poolgate_core::now_ms;
 use poolgate_core::outcome::OutcomeClass;
 use poolgate_core::upstream::{CLAUDE_CODE_IDENTITY, chatgpt_responses_url, upstream_url};
+use poolgate_core::windows::{WindowReading, read_windows};
 
 /// How a confirmation runs.
 #[derive(Debug, Clone)]
@@ -91,6 +92,9 @@ pub struct Probed {
     pub classified: Classified,
     /// The error's `type/code` (never its message), for the status reason.
     pub summary: String,
+    /// What the answer's headers said about the account's usage windows (none without an
+    /// answer); stored where the answer is applied.
+    pub windows: Vec<WindowReading>,
 }
 
 /// What a confirmation suspects (the selector engine and standalone mode alike).
@@ -206,15 +210,18 @@ pub async fn send_probe(
                 status: 0,
                 classified: network_failure(),
                 summary: "network".into(),
+                windows: Vec::new(),
             };
         }
     };
     let status = response.status().as_u16();
     let headers: HeaderMap = response.headers().clone();
+    let windows = read_windows(response.headers(), now_ms());
     let body = response.bytes().await.unwrap_or_default();
     let body = &body[..body.len().min(64 * 1024)];
     Probed {
         status,
+        windows,
         classified: classify(status, &headers, body, now_ms(), hard_block_threshold_ms),
         summary: UpstreamError::parse(body)
             .map(|e| e.summary())

@@ -260,6 +260,26 @@ impl pb::selector_server::Selector for SelectorGrpc {
         }))
     }
 
+    async fn record_windows(
+        &self,
+        request: Request<pb::RecordWindowsRequest>,
+    ) -> Result<Response<pb::RecordWindowsResponse>, Status> {
+        // Every account is checked before any is recorded: a bad batch records nothing.
+        let accounts = convert::read_windows_request(request.into_inner())?;
+        let accepted = accounts.len() as u32;
+        let recorded = futures_util::future::join_all(
+            accounts
+                .into_iter()
+                .map(|(account_id, readings)| self.selector.record_windows(account_id, readings)),
+        )
+        .await;
+        recorded
+            .into_iter()
+            .collect::<Result<Vec<()>, _>>()
+            .map_err(status)?;
+        Ok(Response::new(pb::RecordWindowsResponse { accepted }))
+    }
+
     async fn list_models(
         &self,
         request: Request<pb::ListModelsRequest>,

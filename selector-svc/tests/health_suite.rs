@@ -8,11 +8,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use poolgate_core::AccountId;
 use poolgate_core::account::{Account, AccountStatus, CredentialKind, Platform, Secret};
 use poolgate_core::lease::{DenyReason, LeaseTerms, Settings};
 use poolgate_core::outcome::{Outcome, OutcomeClass, RuntimeBlockSettings};
 use poolgate_core::select::NoneReason;
+use poolgate_core::windows::{Scope, WindowKind, WindowReading, WindowStatus};
+use poolgate_core::{AccountId, now_ms};
 use poolgate_lease::engine::{AcquireOutcome, LeaseEngine};
 use poolgate_runtime::redis::{RedisHandle, RedisOptions, RedisTarget};
 use poolgate_select::engine::{
@@ -69,6 +70,9 @@ health_suite!(
     a_probe_with_no_slot_retries_with_the_account_selectable_then_applies_its_answer_through_the_engine,
     a_refusal_reported_after_the_account_was_retired_sends_no_second_probe,
     sessions_and_responses_stick_to_their_account_through_the_engine,
+    usage_windows_keep_the_newest_reading_per_window_and_drop_long_past_resets,
+    a_nearly_full_week_orders_last_for_new_sessions_but_stays_in_the_plan_through_the_engine,
+    an_account_with_no_window_readings_is_neither_empty_nor_full_through_the_engine,
 );
 
 /// A health store under test, with the admission engine its hard blocks and loads belong to.
@@ -1132,5 +1136,185 @@ async fn a_refusal_reported_after_the_account_was_retired_sends_no_second_probe(
         out_of_credit.seen_requests().len(),
         0,
         "no probe is sent to an account that is already retired"
+    );
+}
+
+// --- usage windows (docs/DESIGN.md §5, "Spending what expires first") ---------------------------
+
+const DAY_MS: i64 = 24 * 3_600_000;
+
+fn reading(kind: WindowKind, scope: Scope, utilization: f64, reset_in_ms: i64) -> WindowReading {
+    let now = now_ms();
+    WindowReading {
+        kind,
+        scope,
+        utilization: Some(utilization),
+        reset_at_ms: now + reset_in_ms,
+        length_ms: None,
+        status: WindowStatus::Allowed,
+        observed_at_ms: now,
+    }
+}
+
+/// Sorted by utilization, so two stores' answers (a hash has no order) compare.
+fn by_use(mut readings: Vec<WindowReading>) -> Vec<WindowReading> {
+    readings.sort_by(|a, b| a.utilization.partial_cmp(&b.utilization).expect("finite"));
+    readings
+}
+
+async fn usage_windows_keep_the_newest_reading_per_window_and_drop_long_past_resets(store: Store) {
+    let health = &store.health;
+    let week = reading(WindowKind::SevenDay, Scope::Account, 0.3, 5 * DAY_MS);
+    let five_hours = reading(WindowKind::FiveHour, Scope::Account, 0.1, 3_600_000);
+    let opus = reading(
+        WindowKind::SevenDayModel,
+        Scope::Models("opus".into()),
+        0.6,
+        5 * DAY_MS,
+    );
+    health
+        .store_windows(1, &[week.clone(), five_hours.clone(), opus.clone()])
+        .await
+        .expect("stored");
+    assert_eq!(
+        by_use(health.read_windows(&[1]).await.expect("read").remove(0)),
+        vec![five_hours.clone(), week.clone(), opus.clone()],
+        "each window (kind and scope) is kept"
+    );
+
+    // A newer reading replaces its window's; an older one arriving late does not.
+    let newer_week = WindowReading {
+        utilization: Some(0.4),
+        observed_at_ms: week.observed_at_ms + 1_000,
+        ..week.clone()
+    };
+    health
+        .store_windows(1, std::slice::from_ref(&newer_week))
+        .await
+        .expect("stored");
+    let late_week = WindowReading {
+        utilization: Some(0.35),
+        observed_at_ms: week.observed_at_ms + 500,
+        ..week.clone()
+    };
+    health
+        .store_windows(1, std::slice::from_ref(&late_week))
+        .await
+        .expect("stored");
+    // A reading whose reset passed two days ago is dropped; one past its reset by a minute is
+    // kept (it reads as empty, which `assess` decides, not the store).
+    let long_past = WindowReading {
+        reset_at_ms: now_ms() - 2 * DAY_MS,
+        ..reading(WindowKind::CodexPrimary, Scope::Account, 0.9, 0)
+    };
+    let just_past = WindowReading {
+        reset_at_ms: now_ms() - 60_000,
+        ..reading(WindowKind::CodexSecondary, Scope::Account, 0.8, 0)
+    };
+    health
+        .store_windows(1, &[long_past, just_past.clone()])
+        .await
+        .expect("stored");
+    health.store_windows(1, &[]).await.expect("nothing stored");
+    assert_eq!(
+        by_use(health.read_windows(&[1]).await.expect("read").remove(0)),
+        vec![five_hours, newer_week, opus, just_past],
+        "the newest reading per window, without the long-past one"
+    );
+
+    // In the order asked; an account never written has none.
+    let other = reading(WindowKind::SevenDay, Scope::Account, 0.7, DAY_MS);
+    health
+        .store_windows(2, std::slice::from_ref(&other))
+        .await
+        .expect("stored");
+    let read = health.read_windows(&[2, 3, 1]).await.expect("read");
+    assert_eq!(read.len(), 3);
+    assert_eq!(read[0], vec![other]);
+    assert!(read[1].is_empty(), "never written: no readings");
+    assert_eq!(read[2].len(), 4);
+    assert!(health.read_windows(&[]).await.expect("read").is_empty());
+}
+
+/// A week `used` and resetting in six days: not expiring (less left than time), so it orders by
+/// headroom, or is shed at 0.9.
+fn week_at(used: f64, status: WindowStatus) -> Vec<WindowReading> {
+    vec![WindowReading {
+        status,
+        ..reading(WindowKind::SevenDay, Scope::Account, used, 6 * DAY_MS)
+    }]
+}
+
+async fn a_nearly_full_week_orders_last_for_new_sessions_but_stays_in_the_plan_through_the_engine(
+    store: Store,
+) {
+    let engine = Engine::new(
+        &store,
+        vec![account(1, "g", |_| {}), account(2, "g", |_| {})],
+    );
+    engine
+        .selector
+        .record_windows(1, week_at(0.95, WindowStatus::AllowedWarning))
+        .await
+        .expect("recorded");
+    engine
+        .selector
+        .record_windows(2, week_at(0.2, WindowStatus::Allowed))
+        .await
+        .expect("recorded");
+    engine
+        .selector
+        .record_windows(2, Vec::new())
+        .await
+        .expect("an empty list is no write");
+    for _ in 0..20 {
+        let plan = engine.plan(&query("g")).await;
+        assert_eq!(
+            ids(&plan),
+            vec![2, 1],
+            "the account with room first; the nearly full one last, never left out"
+        );
+    }
+}
+
+async fn an_account_with_no_window_readings_is_neither_empty_nor_full_through_the_engine(
+    store: Store,
+) {
+    // 1: known, a fifth used; 2: never read; 3: nearly full (shed for new sessions).
+    let engine = Engine::new(
+        &store,
+        vec![
+            account(1, "g", |_| {}),
+            account(2, "g", |_| {}),
+            account(3, "g", |_| {}),
+        ],
+    );
+    engine
+        .selector
+        .record_windows(1, week_at(0.2, WindowStatus::Allowed))
+        .await
+        .expect("recorded");
+    engine
+        .selector
+        .record_windows(3, week_at(0.95, WindowStatus::AllowedWarning))
+        .await
+        .expect("recorded");
+    let mut unknown_first = 0;
+    for _ in 0..60 {
+        let plan = engine.plan(&query("g")).await;
+        let order = ids(&plan);
+        assert_eq!(order.len(), 3, "every account is planned: {order:?}");
+        assert_eq!(
+            order[2], 3,
+            "the unknown account is not ordered as full: {order:?}"
+        );
+        if order[0] == 2 {
+            unknown_first += 1;
+        }
+    }
+    // Empty (headroom 1.0) would put it before the account with 0.8 left every time.
+    assert!(
+        (1..60).contains(&unknown_first),
+        "the unknown account shares the known peer's standing, first {unknown_first} of 60"
     );
 }

@@ -1,6 +1,7 @@
 //! Each load-cache mechanism (docs/DESIGN.md §5, seed 001), pinned by counting the Redis round
 //! trips the selector makes through its counting connection wrapper (a pipeline or a script is one
-//! trip).
+//! trip). A select that plans someone also reads its candidates' usage windows (docs/DESIGN.md
+//! §5), cached like the load for a period: one more trip per miss, counted here as `WINDOWS`.
 
 mod support;
 
@@ -9,6 +10,9 @@ use std::time::Duration;
 use poolgate_runtime::keys::AccountKeys;
 use poolgate_select::engine::SelectQuery;
 use support::{Backends, Replica, fast_settings};
+
+/// The usage-windows read of a select whose candidates are not cached: one pipeline.
+const WINDOWS: u64 = 1;
 
 fn query(group: &str, max_accounts: usize) -> SelectQuery {
     SelectQuery {
@@ -66,7 +70,11 @@ async fn a_cache_hit_makes_no_round_trip() {
     let selector = &replica.built.selector;
     let before = trips(&replica);
     selector.select(&query("g", 3)).await.expect("select");
-    assert_eq!(trips(&replica) - before, 1, "a miss is one pipelined read");
+    assert_eq!(
+        trips(&replica) - before,
+        1 + WINDOWS,
+        "a miss is one pipelined read"
+    );
     let before = trips(&replica);
     for _ in 0..20 {
         selector.select(&query("g", 3)).await.expect("select");
@@ -74,7 +82,7 @@ async fn a_cache_hit_makes_no_round_trip() {
     assert_eq!(
         trips(&replica) - before,
         0,
-        "hits within 200 ms read nothing"
+        "hits within 200 ms read neither load nor windows"
     );
 }
 
@@ -99,8 +107,8 @@ async fn sixteen_concurrent_misses_send_one_fetch() {
     }
     assert_eq!(
         trips(&replica) - before,
-        1,
-        "16 misses for one candidate set coalesce into one fetch"
+        1 + WINDOWS,
+        "16 misses for one candidate set coalesce into one fetch of each"
     );
 }
 
@@ -113,7 +121,11 @@ async fn a_hundred_and_twenty_five_accounts_are_read_in_three_batches() {
     let selector = &replica.built.selector;
     let before = trips(&replica);
     let plan = selector.select(&query("g", 125)).await.expect("select");
-    assert_eq!(trips(&replica) - before, 3, "50 + 50 + 25: three pipelines");
+    assert_eq!(
+        trips(&replica) - before,
+        3 + WINDOWS,
+        "50 + 50 + 25: three pipelines"
+    );
     assert_eq!(plan.accounts.len(), 125, "every account takes part");
     for (n, &id) in ids.iter().enumerate() {
         let entry = plan.accounts.iter().find(|e| e.id == id).expect("planned");
@@ -138,7 +150,7 @@ async fn a_failed_pipeline_falls_back_per_account_and_never_reports_zero_for_an_
     let plan = selector.select(&query("g", 4)).await.expect("select");
     assert_eq!(
         trips(&replica) - before,
-        1 + 4,
+        1 + 4 + WINDOWS,
         "the batch, then one read per account"
     );
     let inflight = |id| {
@@ -196,5 +208,9 @@ async fn a_cached_reading_that_filters_everyone_triggers_exactly_one_fresh_read(
     let before = trips(&replica);
     let plan = selector.select(&query("g", 3)).await.expect("select");
     assert_eq!(plan.accounts.len(), 3, "the fresh read found them");
-    assert_eq!(trips(&replica) - before, 1, "exactly one fresh read");
+    assert_eq!(
+        trips(&replica) - before,
+        1 + WINDOWS,
+        "exactly one fresh read"
+    );
 }

@@ -256,4 +256,7 @@ mod selection;
 mod tests;
 
 pub use lease::{lease_id, wait, wait_ms};
-pub use selection::{read_report_answer, report_answer};
+pub use selection::{
+    MAX_WINDOW_ACCOUNTS, MAX_WINDOW_READINGS, read_report_answer, read_windows_request,
+    report_answer, windows_request,
+};

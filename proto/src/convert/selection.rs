@@ -1,7 +1,10 @@
-//! Selection's messages: plans, outcome report answers, usage records, account views, prices.
+//! Selection's messages: plans, outcome report answers, usage records, usage-window readings,
+//! account views, prices.
 
+use poolgate_core::AccountId;
 use poolgate_core::account::{Account, Platform, Price, Secret};
 use poolgate_core::plan::{Effect, Plan, PlannedAccount, UsageRecord};
+use poolgate_core::windows::{MinuteLimit, Scope, WindowKind, WindowReading, WindowStatus};
 
 use super::{ConvertError, EnumField, credential_kind, effect, none_reason};
 use crate::selector::v1 as spb;
@@ -233,4 +236,195 @@ impl From<spb::Price> for Price {
             cache_read_per_mtok: price.cache_read_per_mtok,
         }
     }
+}
+
+enum_pair!("minute_limit", spb::MinuteLimit <=> MinuteLimit {
+    Requests <=> Requests,
+    Tokens <=> Tokens,
+    InputTokens <=> InputTokens,
+    OutputTokens <=> OutputTokens,
+});
+
+enum_pair!("status", spb::WindowStatus <=> WindowStatus {
+    Unknown <=> Unknown,
+    Allowed <=> Allowed,
+    AllowedWarning <=> AllowedWarning,
+    Rejected <=> Rejected,
+});
+
+/// Most accounts one `RecordWindows` call carries.
+pub const MAX_WINDOW_ACCOUNTS: usize = 1000;
+/// Most readings per account in one call.
+pub const MAX_WINDOW_READINGS: usize = 64;
+/// Longest model scope token, in bytes.
+const MAX_SCOPE_BYTES: usize = 64;
+
+impl From<&WindowReading> for spb::WindowReading {
+    fn from(reading: &WindowReading) -> Self {
+        let (kind, minute_limit) = match reading.kind {
+            WindowKind::FiveHour => (spb::WindowKind::FiveHour, spb::MinuteLimit::Unspecified),
+            WindowKind::SevenDay => (spb::WindowKind::SevenDay, spb::MinuteLimit::Unspecified),
+            WindowKind::SevenDayOverageIncluded => (
+                spb::WindowKind::SevenDayOverageIncluded,
+                spb::MinuteLimit::Unspecified,
+            ),
+            WindowKind::SevenDayModel => (
+                spb::WindowKind::SevenDayModel,
+                spb::MinuteLimit::Unspecified,
+            ),
+            WindowKind::Overage => (spb::WindowKind::Overage, spb::MinuteLimit::Unspecified),
+            WindowKind::CodexPrimary => {
+                (spb::WindowKind::CodexPrimary, spb::MinuteLimit::Unspecified)
+            }
+            WindowKind::CodexSecondary => (
+                spb::WindowKind::CodexSecondary,
+                spb::MinuteLimit::Unspecified,
+            ),
+            WindowKind::PerMinute(limit) => {
+                (spb::WindowKind::PerMinute, spb::MinuteLimit::from(limit))
+            }
+        };
+        spb::WindowReading {
+            kind: kind as i32,
+            minute_limit: minute_limit as i32,
+            scope_models: match &reading.scope {
+                Scope::Account => String::new(),
+                Scope::Models(token) => token.clone(),
+            },
+            utilization: reading.utilization,
+            reset_at_ms: reading.reset_at_ms,
+            length_ms: reading.length_ms,
+            status: spb::WindowStatus::from(reading.status) as i32,
+            observed_at_ms: reading.observed_at_ms,
+        }
+    }
+}
+
+/// A reading read strictly: the kind (with its minute limit for a per-minute window, and only
+/// then), the status, a finite utilization in 0..=1, a positive length.
+impl TryFrom<spb::WindowReading> for WindowReading {
+    type Error = ConvertError;
+
+    fn try_from(reading: spb::WindowReading) -> Result<Self, ConvertError> {
+        let kind = spb::WindowKind::try_from(reading.kind).map_err(|_| {
+            ConvertError::new("kind", format!("unknown WindowKind value {}", reading.kind))
+        })?;
+        let plain = |kind: WindowKind| {
+            if reading.minute_limit == spb::MinuteLimit::Unspecified as i32 {
+                Ok(kind)
+            } else {
+                Err(ConvertError::new(
+                    "minute_limit",
+                    "is only for WINDOW_KIND_PER_MINUTE",
+                ))
+            }
+        };
+        let kind = match kind {
+            spb::WindowKind::Unspecified => {
+                return Err(ConvertError::new(
+                    "kind",
+                    "must be set, got WINDOW_KIND_UNSPECIFIED",
+                ));
+            }
+            spb::WindowKind::FiveHour => plain(WindowKind::FiveHour)?,
+            spb::WindowKind::SevenDay => plain(WindowKind::SevenDay)?,
+            spb::WindowKind::SevenDayOverageIncluded => plain(WindowKind::SevenDayOverageIncluded)?,
+            spb::WindowKind::SevenDayModel => plain(WindowKind::SevenDayModel)?,
+            spb::WindowKind::Overage => plain(WindowKind::Overage)?,
+            spb::WindowKind::CodexPrimary => plain(WindowKind::CodexPrimary)?,
+            spb::WindowKind::CodexSecondary => plain(WindowKind::CodexSecondary)?,
+            spb::WindowKind::PerMinute => {
+                WindowKind::PerMinute(MinuteLimit::decode("minute_limit", reading.minute_limit)?)
+            }
+        };
+        if reading.scope_models.len() > MAX_SCOPE_BYTES {
+            return Err(ConvertError::new(
+                "scope_models",
+                format!("must be at most {MAX_SCOPE_BYTES} bytes"),
+            ));
+        }
+        let scope = if reading.scope_models.is_empty() {
+            Scope::Account
+        } else {
+            Scope::Models(reading.scope_models)
+        };
+        if let Some(used) = reading.utilization
+            && !(used.is_finite() && (0.0..=1.0).contains(&used))
+        {
+            return Err(ConvertError::new(
+                "utilization",
+                format!("must be a finite share in [0, 1], got {used}"),
+            ));
+        }
+        if let Some(length) = reading.length_ms
+            && length <= 0
+        {
+            return Err(ConvertError::new(
+                "length_ms",
+                format!("must be positive when set, got {length}"),
+            ));
+        }
+        Ok(WindowReading {
+            kind,
+            scope,
+            utilization: reading.utilization,
+            reset_at_ms: reading.reset_at_ms,
+            length_ms: reading.length_ms,
+            status: WindowStatus::decode("status", reading.status)?,
+            observed_at_ms: reading.observed_at_ms,
+        })
+    }
+}
+
+/// A `RecordWindows` request for these accounts' readings (the caller keeps within
+/// [`MAX_WINDOW_ACCOUNTS`] and [`MAX_WINDOW_READINGS`]).
+pub fn windows_request(
+    accounts: impl IntoIterator<Item = (AccountId, Vec<WindowReading>)>,
+) -> spb::RecordWindowsRequest {
+    spb::RecordWindowsRequest {
+        accounts: accounts
+            .into_iter()
+            .map(|(account_id, readings)| spb::AccountWindows {
+                account_id,
+                readings: readings.iter().map(spb::WindowReading::from).collect(),
+            })
+            .collect(),
+    }
+}
+
+/// A `RecordWindows` request read strictly: at most [`MAX_WINDOW_ACCOUNTS`] accounts, each with
+/// a positive id and at most [`MAX_WINDOW_READINGS`] readings, every reading readable. The
+/// error names the field with its path (`accounts.readings.utilization`).
+pub fn read_windows_request(
+    request: spb::RecordWindowsRequest,
+) -> Result<Vec<(AccountId, Vec<WindowReading>)>, ConvertError> {
+    if request.accounts.len() > MAX_WINDOW_ACCOUNTS {
+        return Err(ConvertError::new(
+            "accounts",
+            format!("at most {MAX_WINDOW_ACCOUNTS} accounts per call"),
+        ));
+    }
+    request
+        .accounts
+        .into_iter()
+        .map(|account| {
+            let account_id = super::account_id("account_id", account.account_id)
+                .map_err(|error| error.within("accounts"))?;
+            if account.readings.len() > MAX_WINDOW_READINGS {
+                return Err(ConvertError::new(
+                    "accounts.readings",
+                    format!("at most {MAX_WINDOW_READINGS} readings per account"),
+                ));
+            }
+            let readings = account
+                .readings
+                .into_iter()
+                .map(|reading| {
+                    WindowReading::try_from(reading)
+                        .map_err(|error| error.within("accounts.readings"))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok((account_id, readings))
+        })
+        .collect()
 }

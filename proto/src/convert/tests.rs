@@ -341,3 +341,181 @@ fn a_report_answer_reads_the_effect_and_an_older_selectors_string_and_never_gues
     assert!(read_report_answer(unknown).is_err());
     assert!(read_report_answer(spb::ReportOutcomeResponse::default()).is_err());
 }
+
+mod windows {
+    use super::*;
+    use poolgate_core::windows::{MinuteLimit, Scope, WindowKind, WindowReading, WindowStatus};
+
+    fn reading(kind: WindowKind) -> WindowReading {
+        WindowReading {
+            kind,
+            scope: Scope::Account,
+            utilization: Some(0.42),
+            reset_at_ms: 1_900_000_000_000,
+            length_ms: Some(3_600_000),
+            status: WindowStatus::AllowedWarning,
+            observed_at_ms: 1_800_000_000_000,
+        }
+    }
+
+    fn decode(wire: spb::WindowReading) -> Result<WindowReading, ConvertError> {
+        WindowReading::try_from(wire)
+    }
+
+    #[test]
+    fn the_window_enums_round_trip() {
+        round_trips::<_, spb::MinuteLimit>(
+            &[
+                MinuteLimit::Requests,
+                MinuteLimit::Tokens,
+                MinuteLimit::InputTokens,
+                MinuteLimit::OutputTokens,
+            ],
+            known::<spb::MinuteLimit>(),
+        );
+        round_trips::<_, spb::WindowStatus>(
+            &[
+                WindowStatus::Unknown,
+                WindowStatus::Allowed,
+                WindowStatus::AllowedWarning,
+                WindowStatus::Rejected,
+            ],
+            known::<spb::WindowStatus>(),
+        );
+    }
+
+    #[test]
+    fn every_window_kind_and_scope_round_trips() {
+        let kinds = [
+            WindowKind::FiveHour,
+            WindowKind::SevenDay,
+            WindowKind::SevenDayOverageIncluded,
+            WindowKind::SevenDayModel,
+            WindowKind::Overage,
+            WindowKind::CodexPrimary,
+            WindowKind::CodexSecondary,
+            WindowKind::PerMinute(MinuteLimit::Requests),
+            WindowKind::PerMinute(MinuteLimit::OutputTokens),
+        ];
+        for kind in kinds {
+            let original = reading(kind);
+            assert_eq!(decode(spb::WindowReading::from(&original)), Ok(original));
+        }
+        // Every named kind but UNSPECIFIED has a domain kind.
+        let named = known::<spb::WindowKind>().filter(|&v| v != 0).count();
+        assert_eq!(named, kinds.len() - 1, "a proto kind has no domain kind");
+
+        let scoped = WindowReading {
+            scope: Scope::Models("opus".into()),
+            utilization: None,
+            length_ms: None,
+            ..reading(WindowKind::SevenDayModel)
+        };
+        let wire = spb::WindowReading::from(&scoped);
+        assert_eq!(wire.scope_models, "opus");
+        assert_eq!(
+            wire.utilization, None,
+            "an unknown utilization stays unknown"
+        );
+        assert_eq!(decode(wire), Ok(scoped));
+        assert_eq!(
+            spb::WindowReading::from(&reading(WindowKind::FiveHour)).scope_models,
+            "",
+            "account-wide is an empty scope"
+        );
+    }
+
+    #[test]
+    fn an_unreadable_reading_is_an_error_naming_its_field() {
+        let good = spb::WindowReading::from(&reading(WindowKind::FiveHour));
+        let field = |wire: spb::WindowReading| decode(wire).map(|_| ()).unwrap_err().field;
+        assert_eq!(
+            field(spb::WindowReading {
+                kind: 0,
+                ..good.clone()
+            }),
+            "kind"
+        );
+        assert_eq!(
+            field(spb::WindowReading {
+                kind: 99,
+                ..good.clone()
+            }),
+            "kind"
+        );
+        assert_eq!(
+            field(spb::WindowReading {
+                status: 0,
+                ..good.clone()
+            }),
+            "status"
+        );
+        assert_eq!(
+            field(spb::WindowReading {
+                status: 99,
+                ..good.clone()
+            }),
+            "status"
+        );
+        // A per-minute window says what it counts; no other kind does.
+        let per_minute = spb::WindowReading {
+            kind: spb::WindowKind::PerMinute as i32,
+            ..good.clone()
+        };
+        assert_eq!(field(per_minute), "minute_limit");
+        let with_limit = spb::WindowReading {
+            minute_limit: spb::MinuteLimit::Tokens as i32,
+            ..good.clone()
+        };
+        assert_eq!(field(with_limit), "minute_limit");
+        for used in [f64::NAN, f64::INFINITY, -0.1, 1.01] {
+            let bad = spb::WindowReading {
+                utilization: Some(used),
+                ..good.clone()
+            };
+            assert_eq!(field(bad), "utilization", "{used}");
+        }
+        let bad = spb::WindowReading {
+            length_ms: Some(0),
+            ..good.clone()
+        };
+        assert_eq!(field(bad), "length_ms");
+        let bad = spb::WindowReading {
+            scope_models: "x".repeat(65),
+            ..good
+        };
+        assert_eq!(field(bad), "scope_models");
+    }
+
+    #[test]
+    fn a_windows_request_is_bounded_and_names_the_field_with_its_path() {
+        let readings = vec![reading(WindowKind::FiveHour), reading(WindowKind::SevenDay)];
+        let request = windows_request([(7, readings.clone()), (9, Vec::new())]);
+        assert_eq!(
+            read_windows_request(request.clone()),
+            Ok(vec![(7, readings), (9, Vec::new())])
+        );
+
+        let field = |request: spb::RecordWindowsRequest| {
+            read_windows_request(request).map(|_| ()).unwrap_err().field
+        };
+        let mut bad = request.clone();
+        bad.accounts[1].account_id = 0;
+        assert_eq!(field(bad), "accounts.account_id");
+        let mut bad = request.clone();
+        bad.accounts[0].readings[1].utilization = Some(f64::NAN);
+        assert_eq!(field(bad), "accounts.readings.utilization");
+        let mut bad = request.clone();
+        bad.accounts[0].readings =
+            vec![bad.accounts[0].readings[0].clone(); MAX_WINDOW_READINGS + 1];
+        assert_eq!(field(bad), "accounts.readings");
+        let at_most = windows_request((1..=MAX_WINDOW_ACCOUNTS as i64).map(|id| (id, Vec::new())));
+        assert!(read_windows_request(at_most.clone()).is_ok());
+        let mut over = at_most;
+        over.accounts.push(spb::AccountWindows {
+            account_id: 5,
+            readings: Vec::new(),
+        });
+        assert_eq!(field(over), "accounts");
+    }
+}

@@ -15,6 +15,7 @@ use poolgate_core::classify::{
 };
 use poolgate_core::now_ms;
 use poolgate_core::outcome::OutcomeClass;
+use poolgate_core::windows::read_windows;
 use serde_json::Value;
 use tokio::sync::watch;
 
@@ -174,6 +175,13 @@ impl Relay {
         };
         let status = response.status();
         let headers = response.headers().clone();
+        // Every answer head (success or error, stream or not) says where the account stands in
+        // its usage windows; selection orders by it (docs/DESIGN.md §5). Sent off the latency
+        // path: the port queues it, nothing here waits for the selector.
+        let readings = read_windows(&headers, now_ms());
+        if !readings.is_empty() {
+            self.selection.record_windows(account.id, readings);
+        }
         if !status.is_success() {
             let body = read_bounded(response, self.settings.max_body_bytes).await;
             let classified = classify(

@@ -67,6 +67,7 @@ pub fn remote_backends(
         ),
         &grpc_metrics,
         metrics.usage_lost.clone(),
+        metrics.window_writes.clone(),
     );
     let leases = RemoteLeases::new(
         WithToken::new(

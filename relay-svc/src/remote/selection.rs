@@ -1,6 +1,6 @@
 //! [`Selection`] over the selector's gRPC API: plans decoded strictly (an entry the relay cannot
-//! read is a backend error, never a guess), success reports coalesced per account, other outcomes
-//! sent at once, usage records through the batching sink.
+//! read is a backend error, never a guess), success reports and usage-window readings coalesced
+//! per account, other outcomes sent at once, usage records through the batching sink.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -12,6 +12,7 @@ use poolgate_core::classify::Classified;
 use poolgate_core::outcome::OutcomeClass;
 use poolgate_core::select::NoneReason;
 use poolgate_core::short_hash;
+use poolgate_core::windows::WindowReading;
 use poolgate_proto::convert;
 use poolgate_proto::selector::v1 as spb;
 use poolgate_proto::selector::v1::selector_client::SelectorClient;
@@ -34,7 +35,13 @@ pub struct RemoteSelection {
     /// every `SUCCESS_FLUSH`, instead of a call per request. Any other outcome of an account
     /// sends that account's pending success first, so the selector sees them in order.
     successes: Arc<Mutex<HashMap<i64, u16>>>,
+    /// Usage-window readings waiting to be recorded, per account: the latest answer's replace
+    /// the ones before (they describe the same windows, later). Sent with the success reports,
+    /// in one `RecordWindows` call per flush.
+    windows: Arc<Mutex<PendingWindows>>,
 }
+
+type PendingWindows = HashMap<i64, Vec<WindowReading>>;
 
 /// How often coalesced success reports are sent (a breaker probe's success closes the breaker
 /// this much later at most).
@@ -45,6 +52,7 @@ impl RemoteSelection {
         channel: WithToken<Channel>,
         grpc_metrics: &poolgate_rpc::grpc_metrics::GrpcMetrics,
         usage_lost: prometheus::IntCounter,
+        window_writes: prometheus::IntCounterVec,
     ) -> Self {
         let client = SelectorClient::new(traced(channel, grpc_metrics));
         let usage = UsageSink::start(
@@ -53,17 +61,24 @@ impl RemoteSelection {
             SinkSettings::default(),
         );
         let successes = Arc::new(Mutex::new(HashMap::new()));
+        let windows = Arc::new(Mutex::new(HashMap::new()));
         let report_failures = Arc::new(Throttle::new(Duration::from_secs(5)));
         tokio::spawn(flush_successes(
             client.clone(),
             Arc::downgrade(&successes),
             report_failures.clone(),
+            WindowFlush {
+                pending: Arc::downgrade(&windows),
+                writes: window_writes,
+                failures: Throttle::new(Duration::from_secs(5)),
+            },
         ));
         RemoteSelection {
             client,
             usage,
             report_failures,
             successes,
+            windows,
         }
     }
 }
@@ -81,11 +96,59 @@ fn success_report(account_id: i64, status: u16) -> spb::ReportOutcomeRequest {
     }
 }
 
-/// Sends the coalesced success reports every `SUCCESS_FLUSH` (ends with the selection).
+/// The usage-window half of the flush: what is pending, and how the calls went.
+struct WindowFlush {
+    pending: Weak<Mutex<PendingWindows>>,
+    /// relay_window_writes_total{outcome}
+    writes: prometheus::IntCounterVec,
+    failures: Throttle,
+}
+
+impl WindowFlush {
+    /// Sends every account's pending readings: one call (more only past the per-call bound of
+    /// accounts). A failed call drops its batch: the readings are stale by the time a retry
+    /// could land, and the accounts' next answers report them again.
+    async fn send(&self, client: &SelectorClient<Traced>) {
+        let Some(pending) = self.pending.upgrade() else {
+            return;
+        };
+        let taken = std::mem::take(&mut *pending.lock().unwrap_or_else(|p| p.into_inner()));
+        drop(pending);
+        let mut accounts: Vec<(i64, Vec<WindowReading>)> = taken
+            .into_iter()
+            .map(|(account_id, mut readings)| {
+                readings.truncate(convert::MAX_WINDOW_READINGS);
+                (account_id, readings)
+            })
+            .collect();
+        while !accounts.is_empty() {
+            let rest = accounts.split_off(accounts.len().min(convert::MAX_WINDOW_ACCOUNTS));
+            let batch = std::mem::replace(&mut accounts, rest);
+            let count = batch.len();
+            match client
+                .clone()
+                .record_windows(convert::windows_request(batch))
+                .await
+            {
+                Ok(_) => self.writes.with_label_values(&["sent"]).inc(),
+                Err(status) => {
+                    self.writes.with_label_values(&["failed"]).inc();
+                    if let Some(held_back) = self.failures.allow() {
+                        tracing::warn!(accounts = count, code = ?status.code(), held_back, "usage windows not recorded; dropped until the next answers (held_back: failures not logged since the last line)");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Sends the coalesced success reports and usage-window readings every `SUCCESS_FLUSH` (ends
+/// with the selection).
 async fn flush_successes(
     client: SelectorClient<Traced>,
     successes: Weak<Mutex<HashMap<i64, u16>>>,
     failures: Arc<Throttle>,
+    windows: WindowFlush,
 ) {
     loop {
         tokio::time::sleep(SUCCESS_FLUSH).await;
@@ -107,6 +170,7 @@ async fn flush_successes(
                 tracing::warn!(account_id, code = ?status.code(), held_back, "outcome report failed (held_back: failures not logged since the last line)");
             }
         }
+        windows.send(&client).await;
     }
 }
 
@@ -315,6 +379,13 @@ impl Selection for RemoteSelection {
 
     fn record_usage(&self, record: UsageRecord) {
         self.usage.record(record);
+    }
+
+    fn record_windows(&self, account_id: i64, readings: Vec<WindowReading>) {
+        self.windows
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(account_id, readings);
     }
 
     async fn models(&self, group: &str, platform: Platform) -> Vec<String> {

@@ -9,6 +9,7 @@ use poolgate_core::classify::Classified;
 use poolgate_core::outcome::Outcome;
 use poolgate_core::select::NoneReason;
 use poolgate_core::short_hash;
+use poolgate_core::windows::WindowReading;
 use poolgate_select::engine::{Reported, SelectQuery, Selector, SelectorError};
 
 use crate::ports::{BackendError, Caller, Plan, PlanRequest, Selection, UsageRecord};
@@ -148,6 +149,16 @@ impl Selection for InProcessSelection {
 
     fn record_usage(&self, record: UsageRecord) {
         self.usage.record(record);
+    }
+
+    fn record_windows(&self, account_id: i64, readings: Vec<WindowReading>) {
+        let selector = self.selector.clone();
+        // On its own task: the request that read them never waits for the store.
+        tokio::spawn(async move {
+            if let Err(error) = selector.record_windows(account_id, readings).await {
+                tracing::debug!(account_id, %error, "usage windows not recorded");
+            }
+        });
     }
 
     async fn models(&self, group: &str, platform: Platform) -> Vec<String> {

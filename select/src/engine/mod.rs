@@ -6,12 +6,15 @@
 //! This file builds the engine from its parts and holds its error; the rest is by job:
 //! `select.rs` (plans: candidates, load reads, ordering, half-open checks), `report.rs`
 //! (outcomes, and the bounded wait of an OAuth refusal), `bindings.rs` (sticky sessions and
-//! response bindings), `admin.rs` (client-key checks and the operator's reads and actions).
+//! response bindings), `admin.rs` (client-key checks and the operator's reads and actions),
+//! `windows.rs` (the usage windows' intake).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use poolgate_core::AccountId;
+use poolgate_core::windows::WindowReading;
 use poolgate_runtime::ports::ProbeLeases;
 
 use crate::confirmations::Confirmations;
@@ -22,18 +25,21 @@ use crate::probe::ProbeSettings;
 use crate::snapshot::SnapshotCell;
 use crate::source::{AccountSource, StoreError};
 use poolgate_core::outcome::RuntimeBlockSettings;
+use poolgate_core::windows::Thresholds;
 
 mod admin;
 mod bindings;
 mod report;
 mod select;
 mod usage;
+mod windows;
 
 pub use poolgate_core::plan::{Plan, PlannedAccount};
 pub(crate) use report::apply_broken;
 pub use report::{Applied, Reported};
 pub use select::SelectQuery;
 pub use usage::{MAX_MODEL_BYTES, MAX_USAGE_RECORDS};
+pub use windows::MAX_WINDOW_READINGS;
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum SelectorError {
@@ -78,6 +84,8 @@ pub struct SelectorSettings {
     pub response_ttl: Duration,
     /// The confirmation probe (billing-class answers, half-open breakers).
     pub probe: ProbeSettings,
+    /// Where an account's usage windows shed it (docs/DESIGN.md §5).
+    pub windows: Thresholds,
 }
 
 impl Default for SelectorSettings {
@@ -89,6 +97,7 @@ impl Default for SelectorSettings {
             sticky_ttl: Duration::from_secs(3600),
             response_ttl: Duration::from_secs(3600),
             probe: ProbeSettings::default(),
+            windows: Thresholds::default(),
         }
     }
 }
@@ -114,6 +123,10 @@ pub struct Selector {
     load_cache: LoadCache,
     settings: SelectorSettings,
     sticky_cache: Mutex<HashMap<(String, String), bindings::StickyEntry>>,
+    /// Usage-window readings per account, read at most once per load-cache period.
+    windows_cache: Mutex<HashMap<AccountId, (tokio::time::Instant, Vec<WindowReading>)>>,
+    /// Held across a windows read, so concurrent misses share one.
+    windows_fetch: tokio::sync::Mutex<()>,
     metrics: Metrics,
     /// The confirmation probe holds a lease from it like any request.
     admission: Arc<dyn ProbeLeases>,
@@ -159,6 +172,8 @@ impl Selector {
             health,
             settings,
             sticky_cache: Mutex::new(HashMap::new()),
+            windows_cache: Mutex::new(HashMap::new()),
+            windows_fetch: tokio::sync::Mutex::new(()),
             metrics,
         }
     }

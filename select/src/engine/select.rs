@@ -3,16 +3,22 @@
 //! `poolgate_core::select::order` with the request's binding first; and the half-open breaker
 //! checks a plan starts instead of letting a client request through.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::confirmations::running_owner;
+use crate::confirmations::{keep_probe_windows, running_owner};
 use crate::health::{BackendError, Breaker, BreakerChange};
 use crate::load_cache::Reading;
 use crate::probe::{breaker_closes, probe_under_lease};
 use poolgate_core::account::{Account, AccountStatus, Platform, group_models};
 use poolgate_core::plan::{Plan, PlannedAccount};
 use poolgate_core::select::{Candidate, NoneReason, order};
-use poolgate_core::{AccountId, millis};
+use poolgate_core::windows::{WindowReading, assess};
+use tokio::time::Instant;
+
+/// Past this many cached window readings, expired ones are dropped on the next read.
+const WINDOWS_CACHE_PRUNE_AT: usize = 4096;
+use poolgate_core::{AccountId, millis, now_ms};
 
 use super::{Selector, SelectorError};
 
@@ -133,6 +139,7 @@ impl Selector {
                 if earliest == u64::MAX { 0 } else { earliest },
             ));
         }
+        self.assess_windows(&mut candidates).await;
         let (ordered, is_sticky) = order(candidates, sticky, &mut fastrand::Rng::new());
         let limit = if query.max_accounts == 0 {
             self.settings.plan_size
@@ -201,11 +208,77 @@ impl Selector {
             candidates.push(Candidate {
                 account: (*account).clone(),
                 health,
-                // The engine does not read usage windows yet: unknown, as before.
+                // Read for every candidate at once, after the health filter (`assess_windows`).
                 windows: None,
             });
         }
         candidates
+    }
+
+    /// Where each candidate stands in its usage windows (docs/DESIGN.md §5), from one read of
+    /// the health store. A read that fails leaves every candidate unknown: ordered as before
+    /// windows were read, never a failed select.
+    async fn assess_windows(&self, candidates: &mut [Candidate]) {
+        let ids: Vec<AccountId> = candidates.iter().map(|c| c.account.id).collect();
+        let mut known = self.cached_windows(&ids);
+        if known.len() < ids.len() {
+            // One read at a time per replica, the cache checked again under it: concurrent
+            // misses for the same accounts share one read (as the load cache's fetches do).
+            let _fetch = self.windows_fetch.lock().await;
+            known = self.cached_windows(&ids);
+            let missing: Vec<AccountId> = ids
+                .iter()
+                .copied()
+                .filter(|id| !known.contains_key(id))
+                .collect();
+            if !missing.is_empty() {
+                match self.health.read_windows(&missing).await {
+                    Ok(readings) if readings.len() == missing.len() => {
+                        let mut cache =
+                            self.windows_cache.lock().unwrap_or_else(|p| p.into_inner());
+                        let ttl = self.settings.load_cache.cache_ttl;
+                        if cache.len() > WINDOWS_CACHE_PRUNE_AT {
+                            cache.retain(|_, (at, _)| at.elapsed() < ttl);
+                        }
+                        let now = Instant::now();
+                        for (id, readings) in missing.into_iter().zip(readings) {
+                            cache.insert(id, (now, readings.clone()));
+                            known.insert(id, readings);
+                        }
+                    }
+                    Ok(_) => {
+                        tracing::warn!(
+                            "usage windows read answered for other accounts; ordered as unknown"
+                        );
+                        return;
+                    }
+                    Err(error) => {
+                        tracing::debug!(%error, "usage windows not read; ordered as unknown");
+                        return;
+                    }
+                }
+            }
+        }
+        let now = now_ms();
+        for candidate in candidates.iter_mut() {
+            if let Some(readings) = known.get(&candidate.account.id) {
+                candidate.windows = Some(assess(readings, now, self.settings.windows));
+            }
+        }
+    }
+
+    /// The cached readings of `ids` younger than a load-cache period.
+    fn cached_windows(&self, ids: &[AccountId]) -> HashMap<AccountId, Vec<WindowReading>> {
+        let ttl = self.settings.load_cache.cache_ttl;
+        let cache = self.windows_cache.lock().unwrap_or_else(|p| p.into_inner());
+        ids.iter()
+            .filter_map(|id| {
+                cache
+                    .get(id)
+                    .filter(|(at, _)| at.elapsed() < ttl)
+                    .map(|(_, readings)| (*id, readings.clone()))
+            })
+            .collect()
     }
 
     /// Checks a half-open breaker with the probe, in the background, under the account's
@@ -231,7 +304,11 @@ impl Selector {
         let linger = millis(self.settings.load_cache.cache_ttl * 3).max(1000);
         tokio::spawn(async move {
             let threshold = millis(blocks.hard_block_threshold);
-            match probe_under_lease(&admission, &http, &account, &probe, threshold).await {
+            let probed = probe_under_lease(&admission, &http, &account, &probe, threshold).await;
+            if let Ok(probed) = &probed {
+                keep_probe_windows(&health, account.id, probed).await;
+            }
+            match probed {
                 Ok(probed) if breaker_closes(&probed) => {
                     if health.breaker_success(account.id).await.is_ok() {
                         metrics.breaker_changes.with_label_values(&["closed"]).inc();

@@ -1,7 +1,7 @@
-//! Account health as the engine sees it, behind three small traits by kind of state: `Health`
-//! (blocks, breakers, unauthorized counts, the reads selection makes), `Bindings` (sticky
-//! sessions, response ids) and `Locks` (the confirmation lock, the token-refresh lock), joined
-//! as `HealthStore`. Two stores implement all three: Redis (`redis/`, shared by every selector
+//! Account health as the engine sees it, behind four small traits by kind of state: `Health`
+//! (blocks, breakers, unauthorized counts, the reads selection makes), `Windows` (the usage
+//! windows the upstreams report, docs/DESIGN.md §5), `Bindings` (sticky sessions, response ids)
+//! and `Locks` (the confirmation lock, the token-refresh lock), joined as `HealthStore`. Two stores implement all three: Redis (`redis/`, shared by every selector
 //! replica) and memory (`memory/`, one process: the relay's standalone mode). Both keep the same
 //! semantics and run the same test suite (`selector-svc/tests/health_suite.rs`).
 //!
@@ -11,6 +11,7 @@
 use async_trait::async_trait;
 
 use poolgate_core::AccountId;
+use poolgate_core::windows::WindowReading;
 
 pub use poolgate_core::health::{AccountHealth, Breaker};
 pub use poolgate_runtime::error::BackendError;
@@ -202,11 +203,66 @@ pub trait Locks: Send + Sync + 'static {
     async fn unlock_refresh(&self, id: AccountId, owner: &str) -> Result<(), BackendError>;
 }
 
-/// The three kinds of state from one store: what the engine and its confirmations use (the load
-/// cache needs only `Health`, the token refresher only `Locks`).
-pub trait HealthStore: Health + Bindings + Locks {}
+/// An account's usage windows are kept this long after their last write: past the longest
+/// window (a week), so a reading is never lost while it can still say something.
+pub const WINDOWS_TTL_MS: u64 = 8 * 24 * 3_600_000;
 
-impl<T: Health + Bindings + Locks> HealthStore for T {}
+/// A reading whose reset passed more than this long ago is dropped when its account is next
+/// written: it reads as empty anyway (docs/DESIGN.md §5), so it is kept only long enough for an
+/// operator to see what the last window ended at.
+pub const WINDOWS_KEPT_PAST_RESET_MS: i64 = 24 * 3_600_000;
+
+/// The usage windows each account's answers reported (docs/DESIGN.md §5, "Spending what expires
+/// first"): the newest reading per window (kind and scope), shared by every replica.
+#[async_trait]
+pub trait Windows: Send + Sync + 'static {
+    /// Merges `readings` into the account's: per window (kind and scope) the reading observed
+    /// last wins (a tie goes to the one written last); readings whose reset passed more than
+    /// [`WINDOWS_KEPT_PAST_RESET_MS`] ago are dropped. The account's readings lapse
+    /// [`WINDOWS_TTL_MS`] after the last write.
+    async fn store_windows(
+        &self,
+        id: AccountId,
+        readings: &[WindowReading],
+    ) -> Result<(), BackendError>;
+
+    /// The stored readings of `ids`, in the order asked (one round trip on Redis); an account
+    /// never written has none.
+    async fn read_windows(
+        &self,
+        ids: &[AccountId],
+    ) -> Result<Vec<Vec<WindowReading>>, BackendError>;
+}
+
+/// The four kinds of state from one store: what the engine and its confirmations use (the load
+/// cache needs only `Health`, the token refresher only `Locks`).
+pub trait HealthStore: Health + Windows + Bindings + Locks {}
+
+impl<T: Health + Windows + Bindings + Locks> HealthStore for T {}
+
+/// Whether a reading is still worth keeping at `now_ms`.
+fn window_kept(reading: &WindowReading, now_ms: i64) -> bool {
+    reading
+        .reset_at_ms
+        .saturating_add(WINDOWS_KEPT_PAST_RESET_MS)
+        > now_ms
+}
+
+/// `stored` with `incoming` merged in, as [`Windows::store_windows`] says (the memory store;
+/// the Redis store's script does the same).
+fn merge_windows(stored: &mut Vec<WindowReading>, incoming: &[WindowReading], now_ms: i64) {
+    for reading in incoming {
+        match stored
+            .iter_mut()
+            .find(|kept| kept.kind == reading.kind && kept.scope == reading.scope)
+        {
+            Some(kept) if kept.observed_at_ms > reading.observed_at_ms => {}
+            Some(kept) => *kept = reading.clone(),
+            None => stored.push(reading.clone()),
+        }
+    }
+    stored.retain(|reading| window_kept(reading, now_ms));
+}
 
 /// How a block is recorded (the value of the cooldown / soft-block key): class, status, and
 /// the reason cut to 200 characters.

@@ -10,7 +10,7 @@
 //! memory backend, so tests may pause and advance it and both agree on when a block ends.
 //!
 //! This file holds the store, its per-account state and the clock; `blocks.rs` implements
-//! `Health`, `bindings.rs` `Bindings`, `locks.rs` `Locks`.
+//! `Health`, `windows.rs` `Windows`, `bindings.rs` `Bindings`, `locks.rs` `Locks`.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -20,11 +20,13 @@ use tokio::time::Instant;
 
 use super::{AccountHealth, Breaker};
 use bindings::BindingMap;
+use poolgate_core::windows::WindowReading;
 use poolgate_core::{AccountId, now_ms};
 
 mod bindings;
 mod blocks;
 mod locks;
+mod windows;
 
 /// A value with a deadline (a Redis key with a TTL).
 #[derive(Debug, Clone)]
@@ -70,6 +72,8 @@ struct AccountState {
     unauthorized_until: i64,
     confirm_lock: Option<Expiring<String>>,
     refresh_lock: Option<Expiring<String>>,
+    /// The usage windows' newest readings (`Windows`).
+    windows: Option<Expiring<Vec<WindowReading>>>,
 }
 
 impl AccountState {

@@ -5,7 +5,7 @@
 //!
 //! Key names come from `poolgate_runtime::keys`; time inside decisions is Redis `TIME`. This
 //! file holds the store, its scripts and the writes they share; `blocks.rs` implements
-//! `Health`, `bindings.rs` `Bindings`, `locks.rs` `Locks`.
+//! `Health`, `windows.rs` `Windows`, `bindings.rs` `Bindings`, `locks.rs` `Locks`.
 
 use std::sync::Arc;
 
@@ -18,6 +18,7 @@ use super::BackendError;
 mod bindings;
 mod blocks;
 mod locks;
+mod windows;
 
 /// KEYS: block key. ARGV: ttl ms, value. Keeps the later deadline. Returns {applied ttl, now}.
 const BLOCK: &str = r#"
@@ -88,6 +89,41 @@ end
 return {0, now}
 "#;
 
+/// KEYS: the account's windows hash. ARGV: ttl ms, kept past reset ms, then pairs of (window,
+/// reading JSON). Per window the reading observed last wins (a tie: this write's); readings
+/// whose reset passed longer ago than kept are dropped; the hash lives ttl ms from this write.
+/// A stored value that does not decode is replaced or dropped, never a script error.
+const STORE_WINDOWS: &str = r#"
+local function number_in(json, name)
+  local ok, decoded = pcall(cjson.decode, json)
+  if ok and type(decoded) == 'table' and type(decoded[name]) == 'number' then
+    return decoded[name]
+  end
+  return nil
+end
+local kept = tonumber(ARGV[2])
+for i = 3, #ARGV - 1, 2 do
+  local field, value = ARGV[i], ARGV[i + 1]
+  local observed = number_in(value, 'observed_at_ms') or 0
+  local old = redis.call('HGET', KEYS[1], field)
+  local old_observed = old and number_in(old, 'observed_at_ms')
+  if not old_observed or old_observed <= observed then
+    redis.call('HSET', KEYS[1], field, value)
+  end
+end
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all - 1, 2 do
+  local reset = number_in(all[i + 1], 'reset_at_ms')
+  if not reset or reset + kept <= now then
+    redis.call('HDEL', KEYS[1], all[i])
+  end
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('PEXPIRE', KEYS[1], ARGV[1])
+end
+return {0, now}
+"#;
+
 struct Scripts {
     block: Script,
     breaker_failure: Script,
@@ -95,6 +131,7 @@ struct Scripts {
     unlock: Script,
     linger: Script,
     swap: Script,
+    store_windows: Script,
 }
 
 /// Health in Redis.
@@ -117,6 +154,7 @@ impl RedisHealth {
                 unlock: script(UNLOCK),
                 linger: script(LINGER),
                 swap: script(SWAP),
+                store_windows: script(STORE_WINDOWS),
             }),
             clock: RedisClock::default(),
         }
