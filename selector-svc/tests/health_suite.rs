@@ -69,6 +69,7 @@ health_suite!(
     the_confirmation_lock_names_its_state_and_swaps_only_from_the_value_it_holds,
     a_probe_with_no_slot_retries_with_the_account_selectable_then_applies_its_answer_through_the_engine,
     a_refusal_reported_after_the_account_was_retired_sends_no_second_probe,
+    a_model_scoped_limit_that_ran_out_keeps_the_account_from_those_models_only,
     sessions_and_responses_stick_to_their_account_through_the_engine,
     usage_windows_keep_the_newest_reading_per_window_and_drop_long_past_resets,
     a_nearly_full_week_orders_last_for_new_sessions_but_stays_in_the_plan_through_the_engine,
@@ -1316,5 +1317,70 @@ async fn an_account_with_no_window_readings_is_neither_empty_nor_full_through_th
     assert!(
         (1..60).contains(&unknown_first),
         "the unknown account shares the known peer's standing, first {unknown_first} of 60"
+    );
+}
+
+/// A model-scoped weekly limit (the Opus one) that ran out keeps account 1 from Opus requests
+/// until its reset, and only from them: Sonnet requests still plan both accounts.
+async fn a_model_scoped_limit_that_ran_out_keeps_the_account_from_those_models_only(store: Store) {
+    let engine = Engine::new(
+        &store,
+        vec![account(1, "g", |_| {}), account(2, "g", |_| {})],
+    );
+    let mut opus_week = reading(
+        WindowKind::SevenDayModel,
+        Scope::Models("opus".into()),
+        1.0,
+        2 * DAY_MS,
+    );
+    opus_week.status = WindowStatus::Rejected;
+    engine
+        .selector
+        .record_windows(1, vec![opus_week])
+        .await
+        .expect("recorded");
+    let opus = SelectQuery {
+        model: "claude-opus-4".into(),
+        ..query("g")
+    };
+    for _ in 0..10 {
+        assert_eq!(
+            ids(&engine.plan(&opus).await),
+            vec![2],
+            "the Opus limit keeps account 1 from Opus requests"
+        );
+    }
+    let mut both = ids(&engine.plan(&query("g")).await);
+    both.sort_unstable();
+    assert_eq!(
+        both,
+        vec![1, 2],
+        "the Opus limit does not apply to other models"
+    );
+    // With account 2 gone too, the plan says when the block ends.
+    engine
+        .selector
+        .record_windows(
+            2,
+            vec![{
+                let mut full = reading(
+                    WindowKind::SevenDayModel,
+                    Scope::Models("opus".into()),
+                    1.0,
+                    DAY_MS,
+                );
+                full.status = WindowStatus::Rejected;
+                full
+            }],
+        )
+        .await
+        .expect("recorded");
+    let plan = engine.plan(&opus).await;
+    assert!(plan.accounts.is_empty());
+    assert_eq!(plan.none_reason, Some(NoneReason::AllBlocked));
+    assert!(
+        plan.retry_after_ms > DAY_MS as u64 - 60_000 && plan.retry_after_ms <= DAY_MS as u64,
+        "the earliest block ends in a day: {}",
+        plan.retry_after_ms
     );
 }

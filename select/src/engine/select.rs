@@ -140,6 +140,30 @@ impl Selector {
             ));
         }
         self.assess_windows(&mut candidates).await;
+        // A model-scoped weekly limit that ran out keeps the account from the models it covers
+        // until its reset; the account still serves every other model (docs/DESIGN.md §5).
+        let now = now_ms();
+        let mut model_blocked_until: Option<i64> = None;
+        candidates.retain(|candidate| {
+            let mapped = candidate.account.mapped_model(&query.model);
+            match candidate
+                .windows
+                .as_ref()
+                .and_then(|windows| windows.blocked_for_model(&mapped))
+            {
+                Some(until) if until > now => {
+                    model_blocked_until =
+                        Some(model_blocked_until.map_or(until, |earliest| earliest.min(until)));
+                    false
+                }
+                _ => true,
+            }
+        });
+        if candidates.is_empty() {
+            let retry_after_ms =
+                model_blocked_until.map_or(0, |until| u64::try_from(until - now).unwrap_or(0));
+            return Ok(no_plan(NoneReason::AllBlocked, retry_after_ms));
+        }
         let (ordered, is_sticky) = order(candidates, sticky, &mut fastrand::Rng::new());
         let limit = if query.max_accounts == 0 {
             self.settings.plan_size
