@@ -70,6 +70,7 @@ health_suite!(
     a_probe_with_no_slot_retries_with_the_account_selectable_then_applies_its_answer_through_the_engine,
     a_refusal_reported_after_the_account_was_retired_sends_no_second_probe,
     a_model_scoped_limit_that_ran_out_keeps_the_account_from_those_models_only,
+    a_relay_clock_ahead_or_a_far_reset_cannot_pin_a_window_reading,
     sessions_and_responses_stick_to_their_account_through_the_engine,
     usage_windows_keep_the_newest_reading_per_window_and_drop_long_past_resets,
     a_nearly_full_week_orders_last_for_new_sessions_but_stays_in_the_plan_through_the_engine,
@@ -1382,5 +1383,50 @@ async fn a_model_scoped_limit_that_ran_out_keeps_the_account_from_those_models_o
         plan.retry_after_ms > DAY_MS as u64 - 60_000 && plan.retry_after_ms <= DAY_MS as u64,
         "the earliest block ends in a day: {}",
         plan.retry_after_ms
+    );
+}
+
+/// Readings come from relays, whose clocks the selector does not own: a reading stamped in the
+/// future (a relay clock ahead) must not outrank the readings that follow it, and a reset further
+/// out than any upstream window (a week) is refused rather than kept as a block for months.
+async fn a_relay_clock_ahead_or_a_far_reset_cannot_pin_a_window_reading(store: Store) {
+    let engine = Engine::new(&store, vec![account(1, "g", |_| {})]);
+    let ahead = WindowReading {
+        observed_at_ms: now_ms() + 3_600_000,
+        ..reading(WindowKind::SevenDay, Scope::Account, 0.9, 3 * DAY_MS)
+    };
+    engine
+        .selector
+        .record_windows(1, vec![ahead])
+        .await
+        .expect("recorded");
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let now = reading(WindowKind::SevenDay, Scope::Account, 0.1, 3 * DAY_MS);
+    engine
+        .selector
+        .record_windows(1, vec![now])
+        .await
+        .expect("recorded");
+    let stored = store
+        .health
+        .read_windows(&[1])
+        .await
+        .expect("read")
+        .remove(0);
+    assert_eq!(stored.len(), 1);
+    assert_eq!(
+        stored[0].utilization,
+        Some(0.1),
+        "the later answer wins over one stamped by a clock an hour ahead"
+    );
+    let far = reading(
+        WindowKind::SevenDayModel,
+        Scope::Models("opus".into()),
+        1.0,
+        90 * DAY_MS,
+    );
+    assert!(
+        engine.selector.record_windows(1, vec![far]).await.is_err(),
+        "a reset three months out is no upstream window's"
     );
 }

@@ -2,14 +2,17 @@
 //! upstream answer said about an account's windows, stored for every replica's selection. One
 //! entry for both transports (the relay's reports, the gRPC service) and the selector's probes.
 
-use poolgate_core::AccountId;
 use poolgate_core::windows::WindowReading;
+use poolgate_core::{AccountId, now_ms};
 
 use super::{Selector, SelectorError};
 
 /// Most readings one answer can carry (the known families are about twenty); more is not an
 /// upstream's answer.
 pub const MAX_WINDOW_READINGS: usize = 64;
+
+/// The furthest a window's reset may lie ahead: a week, and a day of slack.
+const MAX_RESET_AHEAD_MS: i64 = 8 * 24 * 3_600_000;
 
 impl Selector {
     /// Stores the readings of one answer of `account_id`'s (the newest per window wins); an
@@ -37,6 +40,27 @@ impl Selector {
                 "a share between 0 and 1",
             ));
         }
+        // The newest reading per window wins, by when it was observed, and relays stamp that with
+        // their own clocks: one ahead would pin its reading over every later answer. A stamp past
+        // this selector's now counts as now. A reset further out than the longest upstream
+        // window (a week) is no upstream's answer: refused, not kept as a block for months.
+        let now = now_ms();
+        if readings
+            .iter()
+            .any(|r| r.reset_at_ms > now + MAX_RESET_AHEAD_MS)
+        {
+            return Err(SelectorError::invalid(
+                "readings.reset_at_ms",
+                "at most eight days ahead",
+            ));
+        }
+        let readings: Vec<WindowReading> = readings
+            .into_iter()
+            .map(|reading| WindowReading {
+                observed_at_ms: reading.observed_at_ms.min(now),
+                ..reading
+            })
+            .collect();
         self.health
             .store_windows(account_id, &readings)
             .await
