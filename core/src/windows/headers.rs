@@ -54,6 +54,17 @@ fn fraction(value: f64) -> Option<f64> {
 /// Every reading the headers of one answer carry, observed at `now_ms`.
 pub fn read_windows(headers: &HeaderMap, now_ms: i64) -> Vec<WindowReading> {
     let mut readings = Vec::new();
+    // Runs on every upstream answer: one pass over the names, and nothing built for an answer
+    // that carries no rate-limit family at all (the family readers format their names).
+    let carries_limits = headers.keys().any(|name| {
+        let name = name.as_str();
+        name.starts_with("anthropic-ratelimit-")
+            || name.starts_with("x-codex-")
+            || name.starts_with("x-ratelimit-")
+    });
+    if !carries_limits {
+        return readings;
+    }
     read_unified(headers, now_ms, &mut readings);
     read_codex(headers, now_ms, &mut readings);
     read_per_minute(headers, now_ms, &mut readings);
