@@ -266,6 +266,11 @@ pub struct GroupSettings {
     /// `x-codex-*`). They describe the account, which every client of a shared pool shares: only
     /// a pool with one user (its own subscription behind the relay) should pass them on.
     pub usage_headers_to_clients: bool,
+    /// The group's own usage-window shed threshold (docs/DESIGN.md §5); `None`: the
+    /// deployment's.
+    pub window_shed_at: Option<f64>,
+    /// The group's own threshold above which sticky sessions move; `None`: the deployment's.
+    pub window_move_at: Option<f64>,
 }
 
 /// A client API key, as authentication needs it.

@@ -80,7 +80,8 @@ impl Candidate {
         }
     }
 
-    fn shed(&self) -> Shed {
+    /// How far its usage windows shed it (none when unknown).
+    pub fn shed(&self) -> Shed {
         self.windows.as_ref().map_or(Shed::None, |w| w.shed)
     }
 

@@ -5,8 +5,8 @@
 
 use prometheus::core::Collector;
 use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry,
+    GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry,
 };
 
 fn register<M: Collector + Clone + 'static>(registry: &Registry, metric: M) -> M {
@@ -37,6 +37,14 @@ pub fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -
     register(
         registry,
         built(name, IntGaugeVec::new(Opts::new(name, help), labels)),
+    )
+}
+
+/// A gauge vector of fractional values (shares, sums of shares).
+pub fn float_gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+    register(
+        registry,
+        built(name, GaugeVec::new(Opts::new(name, help), labels)),
     )
 }
 

@@ -1,7 +1,7 @@
 //! Prometheus metrics of one selector replica. Labels are bounded enums; account ids never.
 
-use poolgate_runtime::metrics::{counter, counter_vec, gauge_vec};
-use prometheus::{IntCounter, IntCounterVec, IntGaugeVec, Registry};
+use poolgate_runtime::metrics::{counter, counter_vec, float_gauge_vec, gauge_vec};
+use prometheus::{GaugeVec, IntCounter, IntCounterVec, IntGaugeVec, Registry};
 
 #[derive(Clone)]
 pub struct Metrics {
@@ -26,6 +26,15 @@ pub struct Metrics {
     pub active_blocks: IntGaugeVec,
     /// selector_redis_round_trips_total: commands, scripts and pipelines sent to Redis.
     pub redis_round_trips: IntCounter,
+    /// selector_window_shed_accounts{group}: accounts past the group's usage-window shed
+    /// threshold among its latest select's candidates.
+    pub window_shed_accounts: IntGaugeVec,
+    /// selector_window_headroom{group, window}: the share left in each window kind, summed over
+    /// the group's accounts that reported it (2.5: two and a half accounts' worth).
+    pub window_headroom: GaugeVec,
+    /// selector_window_sessions_moved_total{group}: sticky sessions moved off an account past
+    /// the move threshold.
+    pub window_sessions_moved: IntCounterVec,
 }
 
 impl Default for Metrics {
@@ -102,6 +111,24 @@ impl Metrics {
                 &registry,
                 "selector_redis_round_trips_total",
                 "Redis round trips (a command, a script or a pipeline is one).",
+            ),
+            window_shed_accounts: gauge_vec(
+                &registry,
+                "selector_window_shed_accounts",
+                "Accounts past the group's usage-window shed threshold among its latest select's candidates.",
+                &["group"],
+            ),
+            window_headroom: float_gauge_vec(
+                &registry,
+                "selector_window_headroom",
+                "Share left in each usage-window kind, summed over the group's accounts that reported it.",
+                &["group", "window"],
+            ),
+            window_sessions_moved: counter_vec(
+                &registry,
+                "selector_window_sessions_moved_total",
+                "Sticky sessions moved off an account past the group's usage-window move threshold.",
+                &["group"],
             ),
             registry,
         }

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+use poolgate_core::windows::Thresholds;
 use poolgate_rpc::service_auth::CallerCheck;
 use poolgate_rpc::telemetry::LogFormat;
 use poolgate_runtime::redis::{RedisOptions, RedisTarget};
@@ -129,6 +130,13 @@ pub struct ServeArgs {
         default_value = "gpt-4o-mini"
     )]
     pub probe_model_openai: String,
+    /// Usage windows (docs/DESIGN.md §5): above this share of any plan window an account orders
+    /// last for new sessions. A group's `window_shed_at` column wins.
+    #[arg(long, env = "SELECTOR_WINDOW_SHED_AT", default_value_t = 0.9)]
+    pub window_shed_at: f64,
+    /// Above this share its sticky sessions move too. A group's `window_move_at` column wins.
+    #[arg(long, env = "SELECTOR_WINDOW_MOVE_AT", default_value_t = 0.97)]
+    pub window_move_at: f64,
     /// The service token every caller sends in the `x-poolgate-service-token` metadata key
     /// (health checks excepted). Required unless --tls-client-ca or --insecure-dev. On the
     /// command line it is visible to every local user: prefer --service-token-file.
@@ -223,6 +231,8 @@ impl ServeArgs {
                     openai_model: self.probe_model_openai.clone(),
                     ..ProbeSettings::default()
                 },
+                windows: Thresholds::new(self.window_shed_at, self.window_move_at)
+                    .map_err(|problem| format!("--window-shed-at / --window-move-at: {problem}"))?,
                 ..SelectorSettings::default()
             },
             lease_settings: poolgate_core::lease::Settings {

@@ -146,19 +146,24 @@ impl PostgresSource {
 
     /// Loads every group, account (credentials decrypted), active API key and price.
     pub async fn load_snapshot(&self) -> Result<Snapshot, StoreError> {
-        let group_rows = sqlx::query("SELECT name, usage_headers_to_clients FROM groups")
-            .fetch_all(&self.pool)
-            .await
-            .map_err(convert)?;
+        let group_rows = sqlx::query(
+            "SELECT name, usage_headers_to_clients, window_shed_at, window_move_at FROM groups",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(convert)?;
         let mut groups = Vec::with_capacity(group_rows.len());
         let mut settings = HashMap::new();
         for row in group_rows {
             let name: String = row.try_get("name").map_err(convert)?;
-            let passes: bool = row.try_get("usage_headers_to_clients").map_err(convert)?;
-            if passes {
-                let set = GroupSettings {
-                    usage_headers_to_clients: true,
-                };
+            let set = GroupSettings {
+                usage_headers_to_clients: row
+                    .try_get("usage_headers_to_clients")
+                    .map_err(convert)?,
+                window_shed_at: row.try_get("window_shed_at").map_err(convert)?,
+                window_move_at: row.try_get("window_move_at").map_err(convert)?,
+            };
+            if set != GroupSettings::default() {
                 settings.insert(name.clone(), set);
             }
             groups.push(name);

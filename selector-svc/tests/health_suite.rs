@@ -8,7 +8,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use poolgate_core::account::{Account, AccountStatus, CredentialKind, Platform, Secret};
+use poolgate_core::account::{
+    Account, AccountStatus, CredentialKind, GroupSettings, Platform, Secret,
+};
 use poolgate_core::lease::{DenyReason, LeaseTerms, Settings};
 use poolgate_core::outcome::{Outcome, OutcomeClass, RuntimeBlockSettings};
 use poolgate_core::select::NoneReason;
@@ -75,6 +77,7 @@ health_suite!(
     usage_windows_keep_the_newest_reading_per_window_and_drop_long_past_resets,
     a_nearly_full_week_orders_last_for_new_sessions_but_stays_in_the_plan_through_the_engine,
     an_account_with_no_window_readings_is_neither_empty_nor_full_through_the_engine,
+    a_groups_own_window_thresholds_move_its_sessions_sooner_and_show_in_its_gauges,
 );
 
 /// A health store under test, with the admission engine its hard blocks and loads belong to.
@@ -611,7 +614,16 @@ struct Engine {
 
 impl Engine {
     fn new(store: &Store, accounts: Vec<Account>) -> Self {
-        let snapshot = Snapshot::new(vec![], accounts, HashMap::new(), HashMap::new());
+        Self::with_groups(store, accounts, HashMap::new())
+    }
+
+    fn with_groups(
+        store: &Store,
+        accounts: Vec<Account>,
+        groups: HashMap<String, GroupSettings>,
+    ) -> Self {
+        let snapshot = Snapshot::new(vec![], accounts, HashMap::new(), HashMap::new())
+            .with_group_settings(groups);
         let source = Arc::new(MemorySource::new(snapshot, None).expect("source"));
         let cell = Arc::new(SnapshotCell::new(source.snapshot()));
         let reload = tokio::spawn(source.clone().reload_on_change(cell.clone()));
@@ -1429,4 +1441,84 @@ async fn a_relay_clock_ahead_or_a_far_reset_cannot_pin_a_window_reading(store: S
         engine.selector.record_windows(1, vec![far]).await.is_err(),
         "a reset three months out is no upstream window's"
     );
+}
+
+/// Group `strict` moves sessions at 0.9 (and sheds at 0.8); group `g` keeps the deployment's
+/// 0.9 / 0.97. The same reading (a week 93 % used) keeps a session on its account in `g` and
+/// moves it in `strict`, counted in the group's moved-sessions counter; the gauges count the shed
+/// accounts and sum what is left per window kind, per group.
+async fn a_groups_own_window_thresholds_move_its_sessions_sooner_and_show_in_its_gauges(
+    store: Store,
+) {
+    let strict = GroupSettings {
+        window_shed_at: Some(0.8),
+        window_move_at: Some(0.9),
+        ..GroupSettings::default()
+    };
+    let engine = Engine::with_groups(
+        &store,
+        vec![
+            account(1, "g", |_| {}),
+            account(2, "g", |_| {}),
+            account(3, "strict", |_| {}),
+            account(4, "strict", |_| {}),
+        ],
+        HashMap::from([("strict".to_owned(), strict)]),
+    );
+    for (id, used) in [(1, 0.93), (2, 0.2), (3, 0.93), (4, 0.2)] {
+        engine
+            .selector
+            .record_windows(id, week_at(used, WindowStatus::Allowed))
+            .await
+            .expect("recorded");
+    }
+    for (group, hash, bound) in [("g", "s-g", 1), ("strict", "s-strict", 3)] {
+        engine
+            .selector
+            .bind_session(group, hash, bound)
+            .await
+            .expect("bound");
+    }
+    let session = |group: &str, hash: &str| SelectQuery {
+        session_hash: Some(hash.into()),
+        ..query(group)
+    };
+    let kept = engine.plan(&session("g", "s-g")).await;
+    assert_eq!(
+        (ids(&kept), kept.sticky),
+        (vec![1, 2], true),
+        "below the deployment's move threshold the session stays"
+    );
+    let moved = engine.plan(&session("strict", "s-strict")).await;
+    assert_eq!(
+        (ids(&moved), moved.sticky),
+        (vec![4, 3], false),
+        "past the group's own move threshold the session moves, and the account still serves"
+    );
+    let metrics = engine.selector.metrics();
+    let moved_count = |group: &str| {
+        metrics
+            .window_sessions_moved
+            .with_label_values(&[group])
+            .get()
+    };
+    assert_eq!((moved_count("g"), moved_count("strict")), (0, 1));
+    for group in ["g", "strict"] {
+        assert_eq!(
+            metrics
+                .window_shed_accounts
+                .with_label_values(&[group])
+                .get(),
+            1,
+            "one account of {group} is past its shed threshold"
+        );
+        let left = metrics
+            .window_headroom
+            .with_label_values(&[group, "seven_day"])
+            .get();
+        assert!(
+            (left - 0.87).abs() < 1e-9,
+            "{group}: 0.07 + 0.8 of a week left, got {left}"
+        );
+    }
 }

@@ -489,3 +489,52 @@ async fn concurrent_upserts_of_a_new_name_make_one_row_whose_blobs_fit_it() {
         .expect("count");
     assert_eq!(rows, 4);
 }
+
+/// Migration 0005: a group's own usage-window thresholds load into its settings, NULL keeps the
+/// deployment's, and the database refuses a share out of range or a shed threshold above the move
+/// one (so no selector ever reads one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_groups_window_thresholds_load_and_the_schema_refuses_bad_ones() {
+    let postgres = poolgate_testkit::PostgresServer::start()
+        .await
+        .expect("postgres");
+    let keyring = Arc::new(
+        Keyring::parse(&format!("k1:{}", Keyring::generate_key()), None).expect("keyring"),
+    );
+    let store = PostgresSource::connect(&postgres.url(), keyring)
+        .await
+        .expect("connect");
+    store.migrate().await.expect("migrate");
+    store
+        .upsert_account(&api_account("a", "team"))
+        .await
+        .expect("account");
+    store
+        .upsert_account(&api_account("b", "other"))
+        .await
+        .expect("account");
+    sqlx::query(
+        "UPDATE groups SET window_shed_at = 0.8, window_move_at = 0.95 WHERE name = 'team'",
+    )
+    .execute(store.pool())
+    .await
+    .expect("thresholds set");
+    let snapshot = store.load_snapshot().await.expect("snapshot");
+    let team = snapshot.group_settings("team");
+    assert_eq!(
+        (team.window_shed_at, team.window_move_at),
+        (Some(0.8), Some(0.95))
+    );
+    let other = snapshot.group_settings("other");
+    assert_eq!((other.window_shed_at, other.window_move_at), (None, None));
+    for bad in [
+        "UPDATE groups SET window_shed_at = 1.5 WHERE name = 'other'",
+        "UPDATE groups SET window_move_at = 0 WHERE name = 'other'",
+        "UPDATE groups SET window_shed_at = 0.99, window_move_at = 0.9 WHERE name = 'other'",
+    ] {
+        assert!(
+            sqlx::query(bad).execute(store.pool()).await.is_err(),
+            "refused: {bad}"
+        );
+    }
+}

@@ -49,6 +49,23 @@ impl WindowKind {
         !matches!(self, WindowKind::Overage | WindowKind::PerMinute(_))
     }
 
+    /// A stable snake_case name (metric labels, the operator's views).
+    pub fn label(self) -> &'static str {
+        match self {
+            WindowKind::FiveHour => "five_hour",
+            WindowKind::SevenDay => "seven_day",
+            WindowKind::SevenDayOverageIncluded => "seven_day_oi",
+            WindowKind::SevenDayModel => "seven_day_model",
+            WindowKind::Overage => "overage",
+            WindowKind::CodexPrimary => "codex_primary",
+            WindowKind::CodexSecondary => "codex_secondary",
+            WindowKind::PerMinute(MinuteLimit::Requests) => "per_minute_requests",
+            WindowKind::PerMinute(MinuteLimit::Tokens) => "per_minute_tokens",
+            WindowKind::PerMinute(MinuteLimit::InputTokens) => "per_minute_input_tokens",
+            WindowKind::PerMinute(MinuteLimit::OutputTokens) => "per_minute_output_tokens",
+        }
+    }
+
     /// The window's length when the upstream does not say it.
     fn default_length_ms(self) -> Option<i64> {
         match self {
@@ -160,6 +177,37 @@ impl Default for Thresholds {
     }
 }
 
+impl Thresholds {
+    /// Checked thresholds: each a share in (0, 1], the shed threshold at most the move one. The
+    /// error says which is wrong.
+    pub fn new(shed: f64, move_sessions: f64) -> Result<Thresholds, &'static str> {
+        let share = |value: f64| value.is_finite() && value > 0.0 && value <= 1.0;
+        if !share(shed) {
+            return Err("the shed threshold must be a share in (0, 1]");
+        }
+        if !share(move_sessions) {
+            return Err("the move threshold must be a share in (0, 1]");
+        }
+        if shed > move_sessions {
+            return Err("the shed threshold must not exceed the move threshold");
+        }
+        Ok(Thresholds {
+            shed,
+            move_sessions,
+        })
+    }
+
+    /// These thresholds with a group's own values where it sets them. A group that raises only
+    /// its shed threshold past the deployment's move threshold moves sessions at its shed one.
+    pub fn overridden(self, shed: Option<f64>, move_sessions: Option<f64>) -> Thresholds {
+        let shed = shed.unwrap_or(self.shed);
+        Thresholds {
+            shed,
+            move_sessions: move_sessions.unwrap_or(self.move_sessions).max(shed),
+        }
+    }
+}
+
 /// How far shedding goes for an account.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Shed {
@@ -239,6 +287,20 @@ fn newest(readings: &[WindowReading]) -> Vec<&WindowReading> {
         }
     }
     by_window.into_values().collect()
+}
+
+/// The share left in each account-wide window of one account's readings at `now_ms`: the
+/// newest reading per window, only those read since their last reset and stating a utilization
+/// (what the selector's headroom gauges sum per group).
+pub fn left_by_window(readings: &[WindowReading], now_ms: i64) -> Vec<(WindowKind, f64)> {
+    newest(readings)
+        .into_iter()
+        .filter(|r| r.fresh(now_ms) && r.scope == Scope::Account)
+        .filter_map(|r| {
+            r.utilization
+                .map(|used| (r.kind, (1.0 - used).clamp(0.0, 1.0)))
+        })
+        .collect()
 }
 
 /// An account's readings at `now_ms`. A window whose reset has passed reads as empty; readings
@@ -420,6 +482,37 @@ mod tests {
             t,
         );
         assert_eq!((minute.expiring, minute.headroom), (0.0, Some(0.9)));
+    }
+
+    #[test]
+    fn thresholds_are_checked_and_a_group_overrides_them() {
+        assert!(Thresholds::new(0.8, 0.95).is_ok());
+        assert!(Thresholds::new(0.0, 0.95).is_err());
+        assert!(Thresholds::new(0.8, 1.5).is_err());
+        assert!(Thresholds::new(f64::NAN, 0.95).is_err());
+        assert!(Thresholds::new(0.96, 0.95).is_err());
+        let group = Thresholds::default().overridden(Some(0.8), None);
+        assert_eq!((group.shed, group.move_sessions), (0.8, 0.97));
+        // Raising only the shed threshold past the deployment's move one moves at it.
+        let raised = Thresholds::default().overridden(Some(0.99), None);
+        assert_eq!((raised.shed, raised.move_sessions), (0.99, 0.99));
+        // The same reading sheds under the lower group threshold only.
+        let r = reading(WindowKind::SevenDay, 0.85, 3 * DAY_MS);
+        assert_eq!(
+            assess(std::slice::from_ref(&r), NOW, Thresholds::default()).shed,
+            Shed::None
+        );
+        assert_eq!(assess(&[r], NOW, group).shed, Shed::NewSessions);
+    }
+
+    #[test]
+    fn left_by_window_counts_fresh_account_windows_only() {
+        let week = reading(WindowKind::SevenDay, 0.25, 3 * DAY_MS);
+        let past = reading(WindowKind::FiveHour, 0.9, -HOUR_MS);
+        let mut opus = reading(WindowKind::SevenDayModel, 0.5, 3 * DAY_MS);
+        opus.scope = Scope::Models("opus".into());
+        let left = left_by_window(&[week, past, opus], NOW);
+        assert_eq!(left, vec![(WindowKind::SevenDay, 0.75)]);
     }
 
     #[test]

@@ -7,6 +7,7 @@ use poolgate_core::account::{
     Account, AccountStatus, ApiKeyRecord, CredentialKind, GroupSettings, OAuthState, Platform,
     Price, Secret, default_oauth_token_url,
 };
+use poolgate_core::windows::Thresholds;
 use poolgate_select::crypto::{api_key_hash, api_key_prefix};
 use poolgate_select::snapshot::Snapshot;
 use serde::Deserialize;
@@ -35,6 +36,13 @@ pub struct GroupEntry {
     /// Pass the accounts' usage-window headers on to clients: only for a pool with one user.
     #[serde(default)]
     pub usage_headers_to_clients: bool,
+    /// Above this share of any plan usage window an account orders last for new sessions
+    /// (default 0.9; docs/DESIGN.md §5).
+    #[serde(default)]
+    pub window_shed_at: Option<f64>,
+    /// Above this share its sticky sessions move too (default 0.97).
+    #[serde(default)]
+    pub window_move_at: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -272,16 +280,23 @@ impl StandaloneFile {
             }
         }
         let groups = self.api_keys.iter().map(|k| k.group.clone()).collect();
-        let settings = self
-            .groups
-            .iter()
-            .map(|(name, entry)| {
-                let settings = GroupSettings {
-                    usage_headers_to_clients: entry.usage_headers_to_clients,
-                };
-                (name.clone(), settings)
-            })
-            .collect();
+        let mut settings = HashMap::new();
+        for (name, entry) in &self.groups {
+            let defaults = Thresholds::default();
+            Thresholds::new(
+                entry.window_shed_at.unwrap_or(defaults.shed),
+                entry.window_move_at.unwrap_or(defaults.move_sessions),
+            )
+            .map_err(|problem| {
+                format!("config: groups.{name}: window_shed_at / window_move_at: {problem}")
+            })?;
+            let group = GroupSettings {
+                usage_headers_to_clients: entry.usage_headers_to_clients,
+                window_shed_at: entry.window_shed_at,
+                window_move_at: entry.window_move_at,
+            };
+            settings.insert(name.clone(), group);
+        }
         Ok(
             Snapshot::new(groups, self.accounts()?, keys, self.prices()?)
                 .with_group_settings(settings),
@@ -379,5 +394,35 @@ mod tests {
         );
         let blank = file(&account(" ")).expect_err("a blank name");
         assert!(blank.contains("name must be non-empty"), "{blank}");
+    }
+
+    #[test]
+    fn a_groups_window_thresholds_are_read_and_checked() {
+        let with_groups = |groups: &str| {
+            StandaloneFile::parse(&format!(
+                "api_keys:\n  - {{key: k1}}\naccounts:\n  - {{name: a, platform: anthropic, base_url: \"http://127.0.0.1:9\", api_key: sk-x}}\ngroups:\n{groups}"
+            ))?
+            .snapshot()
+        };
+        let snapshot = with_groups("  team: {window_shed_at: 0.8, window_move_at: 0.95}\n")
+            .expect("valid thresholds");
+        let team = snapshot.group_settings("team");
+        assert_eq!(
+            (team.window_shed_at, team.window_move_at),
+            (Some(0.8), Some(0.95))
+        );
+        assert_eq!(snapshot.group_settings("other").window_shed_at, None);
+        for (groups, problem) in [
+            ("  team: {window_shed_at: 1.5}\n", "shed threshold"),
+            ("  team: {window_move_at: 0}\n", "move threshold"),
+            ("  team: {window_shed_at: 0.99}\n", "must not exceed"),
+        ] {
+            let error = with_groups(groups).expect_err(groups);
+            assert!(
+                error.contains("groups.team: window_shed_at / window_move_at")
+                    && error.contains(problem),
+                "{error}"
+            );
+        }
     }
 }

@@ -127,6 +127,8 @@ pub struct Selector {
     windows_cache: Mutex<HashMap<AccountId, (tokio::time::Instant, Vec<WindowReading>)>>,
     /// Held across a windows read, so concurrent misses share one.
     windows_fetch: tokio::sync::Mutex<()>,
+    /// When each group's window gauges were last set.
+    window_gauges_at: Mutex<HashMap<String, tokio::time::Instant>>,
     metrics: Metrics,
     /// The confirmation probe holds a lease from it like any request.
     admission: Arc<dyn ProbeLeases>,
@@ -174,6 +176,7 @@ impl Selector {
             sticky_cache: Mutex::new(HashMap::new()),
             windows_cache: Mutex::new(HashMap::new()),
             windows_fetch: tokio::sync::Mutex::new(()),
+            window_gauges_at: Mutex::new(HashMap::new()),
             metrics,
         }
     }

@@ -13,11 +13,15 @@ use crate::probe::{breaker_closes, probe_under_lease};
 use poolgate_core::account::{Account, AccountStatus, Platform, group_models};
 use poolgate_core::plan::{Plan, PlannedAccount};
 use poolgate_core::select::{Candidate, NoneReason, order};
-use poolgate_core::windows::{WindowReading, assess};
+use poolgate_core::windows::{Shed, Thresholds, WindowKind, WindowReading, assess, left_by_window};
 use tokio::time::Instant;
 
 /// Past this many cached window readings, expired ones are dropped on the next read.
 const WINDOWS_CACHE_PRUNE_AT: usize = 4096;
+/// How often a group's window gauges are recomputed, at most.
+const WINDOW_GAUGE_PERIOD: std::time::Duration = std::time::Duration::from_secs(1);
+/// Groups whose gauge times are remembered before the map starts over.
+const WINDOW_GAUGE_GROUPS: usize = 1024;
 use poolgate_core::{AccountId, millis, now_ms};
 
 use super::{Selector, SelectorError};
@@ -139,7 +143,14 @@ impl Selector {
                 if earliest == u64::MAX { 0 } else { earliest },
             ));
         }
-        self.assess_windows(&mut candidates).await;
+        let thresholds = {
+            let group = snapshot.group_settings(&query.group);
+            self.settings
+                .windows
+                .overridden(group.window_shed_at, group.window_move_at)
+        };
+        self.assess_windows(&query.group, thresholds, &mut candidates)
+            .await;
         // A model-scoped weekly limit that ran out keeps the account from the models it covers
         // until its reset; the account still serves every other model (docs/DESIGN.md §5).
         let now = now_ms();
@@ -163,6 +174,18 @@ impl Selector {
             let retry_after_ms =
                 model_blocked_until.map_or(0, |until| u64::try_from(until - now).unwrap_or(0));
             return Ok(no_plan(NoneReason::AllBlocked, retry_after_ms));
+        }
+        if let Some(bound) = sticky
+            && candidates.iter().any(|candidate| {
+                candidate.account.id == bound && candidate.shed() == Shed::AllSessions
+            })
+        {
+            // The session's account is past the move threshold: it moves (its prompt cache
+            // with it), and operators see how often shedding costs a session that.
+            self.metrics
+                .window_sessions_moved
+                .with_label_values(&[&query.group])
+                .inc();
         }
         let (ordered, is_sticky) = order(candidates, sticky, &mut fastrand::Rng::new());
         let limit = if query.max_accounts == 0 {
@@ -242,7 +265,12 @@ impl Selector {
     /// Where each candidate stands in its usage windows (docs/DESIGN.md §5), from one read of
     /// the health store. A read that fails leaves every candidate unknown: ordered as before
     /// windows were read, never a failed select.
-    async fn assess_windows(&self, candidates: &mut [Candidate]) {
+    async fn assess_windows(
+        &self,
+        group: &str,
+        thresholds: Thresholds,
+        candidates: &mut [Candidate],
+    ) {
         let ids: Vec<AccountId> = candidates.iter().map(|c| c.account.id).collect();
         let mut known = self.cached_windows(&ids);
         if known.len() < ids.len() {
@@ -286,8 +314,58 @@ impl Selector {
         let now = now_ms();
         for candidate in candidates.iter_mut() {
             if let Some(readings) = known.get(&candidate.account.id) {
-                candidate.windows = Some(assess(readings, now, self.settings.windows));
+                candidate.windows = Some(assess(readings, now, thresholds));
             }
+        }
+        self.update_window_gauges(group, candidates, &known, now);
+    }
+
+    /// The group's window gauges from this select's candidates, at most once per gauge period
+    /// per group (a select over a thousand accounts does not sum their readings every time).
+    fn update_window_gauges(
+        &self,
+        group: &str,
+        candidates: &[Candidate],
+        known: &HashMap<AccountId, Vec<WindowReading>>,
+        now: i64,
+    ) {
+        {
+            let mut updated = self
+                .window_gauges_at
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let due = updated
+                .get(group)
+                .is_none_or(|at| at.elapsed() >= WINDOW_GAUGE_PERIOD);
+            if !due {
+                return;
+            }
+            if updated.len() > WINDOW_GAUGE_GROUPS {
+                updated.clear();
+            }
+            updated.insert(group.to_owned(), Instant::now());
+        }
+        let shed = candidates
+            .iter()
+            .filter(|candidate| candidate.shed() > Shed::None)
+            .count();
+        self.metrics
+            .window_shed_accounts
+            .with_label_values(&[group])
+            .set(i64::try_from(shed).unwrap_or(i64::MAX));
+        let mut left: HashMap<WindowKind, f64> = HashMap::new();
+        for candidate in candidates {
+            if let Some(readings) = known.get(&candidate.account.id) {
+                for (kind, share) in left_by_window(readings, now) {
+                    *left.entry(kind).or_default() += share;
+                }
+            }
+        }
+        for (kind, share) in left {
+            self.metrics
+                .window_headroom
+                .with_label_values(&[group, kind.label()])
+                .set(share);
         }
     }
 
