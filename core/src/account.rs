@@ -283,6 +283,8 @@ pub struct ApiKeyRecord {
     pub group: String,
     pub user_rpm_limit: i32,
     pub active: bool,
+    /// Its expiry, disable and model/endpoint lists (`keys::KeyAccess`; empty: no limits).
+    pub access: crate::keys::KeyAccess,
 }
 
 /// USD per million tokens.

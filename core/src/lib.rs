@@ -8,6 +8,7 @@ use std::time::Duration;
 pub mod account;
 pub mod classify;
 pub mod health;
+pub mod keys;
 pub mod lease;
 pub mod money;
 pub mod outcome;

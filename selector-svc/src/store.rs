@@ -750,5 +750,6 @@ fn api_key_from_row(row: &PgRow) -> Result<ApiKeyRecord, StoreError> {
         group: row.try_get("group_name").map_err(convert)?,
         user_rpm_limit: row.try_get("user_rpm_limit").map_err(convert)?,
         active: status == "active",
+        access: Default::default(),
     })
 }

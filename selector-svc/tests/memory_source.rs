@@ -75,6 +75,7 @@ fn config(accounts: Vec<Account>) -> Snapshot {
             group: "g".into(),
             user_rpm_limit: 0,
             active: true,
+            access: Default::default(),
         },
     );
     Snapshot::new(vec!["g".into()], accounts, keys, HashMap::new())
@@ -419,6 +420,7 @@ fn two_keys(accounts: Vec<Account>, a: i64, b: i64) -> Snapshot {
         group: "g".into(),
         user_rpm_limit: 0,
         active: true,
+        access: Default::default(),
     };
     let keys = HashMap::from([
         (api_key_hash("client-key-a"), record(a)),

@@ -272,6 +272,7 @@ impl StandaloneFile {
                 group: entry.group.clone(),
                 user_rpm_limit: entry.rpm_limit,
                 active: true,
+                access: Default::default(),
             };
             if keys.insert(api_key_hash(&entry.key), record).is_some() {
                 return Err(format!(

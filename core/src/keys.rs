@@ -1,0 +1,310 @@
+//! What a client key may reach (docs/DESIGN.md §6, "What a client key reaches"): its expiry, a
+//! disable that an operator can lift, and the models and endpoints it is allowed. Pure: the
+//! selector answers with a key's `KeyAccess`, and the relay checks every request against it with
+//! its own clock (so an expiry takes effect between two authentications too).
+
+use std::fmt;
+
+/// The relay's client endpoints a key can be limited to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Endpoint {
+    /// `POST /v1/messages` (Anthropic).
+    Messages,
+    /// `POST /v1/messages/count_tokens` (Anthropic).
+    CountTokens,
+    /// `POST /v1/chat/completions` (OpenAI).
+    ChatCompletions,
+    /// `POST /v1/responses` (OpenAI).
+    Responses,
+    /// `GET /v1/models` (both).
+    Models,
+}
+
+impl Endpoint {
+    pub const ALL: [Endpoint; 5] = [
+        Endpoint::Messages,
+        Endpoint::CountTokens,
+        Endpoint::ChatCompletions,
+        Endpoint::Responses,
+        Endpoint::Models,
+    ];
+
+    /// The name operators write in a key's endpoint list.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Endpoint::Messages => "messages",
+            Endpoint::CountTokens => "count_tokens",
+            Endpoint::ChatCompletions => "chat_completions",
+            Endpoint::Responses => "responses",
+            Endpoint::Models => "models",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Endpoint> {
+        Endpoint::ALL.into_iter().find(|e| e.as_str() == name)
+    }
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Most entries in a key's model or endpoint list, and the longest model pattern.
+pub const MAX_KEY_LIST_ENTRIES: usize = 256;
+pub const MAX_MODEL_PATTERN_BYTES: usize = 128;
+
+/// What a key may reach. Empty lists allow everything (a key created before lists existed keeps
+/// today's behaviour).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyAccess {
+    /// When the key stops working, ms since the epoch; `None`: never.
+    pub expires_at_ms: Option<i64>,
+    /// Disabled by an operator (and re-enabled without a new key); a revoked key is gone.
+    pub disabled: bool,
+    /// Glob patterns (`*` matches any run of characters) on the model the client asks for.
+    pub allowed_models: Vec<String>,
+    pub allowed_endpoints: Vec<Endpoint>,
+}
+
+/// Why a key's request is refused before any account is asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyRefusal {
+    Disabled,
+    Expired { at_ms: i64 },
+    EndpointNotAllowed(Endpoint),
+    ModelNotAllowed(String),
+}
+
+impl KeyRefusal {
+    /// The message a client reads (it names the reason, never the key).
+    pub fn message(&self) -> String {
+        match self {
+            KeyRefusal::Disabled => "this API key is disabled".to_owned(),
+            KeyRefusal::Expired { at_ms } => {
+                format!("this API key expired at {}", rfc3339_utc(*at_ms))
+            }
+            KeyRefusal::EndpointNotAllowed(endpoint) => {
+                format!("this API key may not use the {endpoint} endpoint")
+            }
+            KeyRefusal::ModelNotAllowed(model) => {
+                format!("this API key may not use the model {model:?}")
+            }
+        }
+    }
+}
+
+impl KeyAccess {
+    /// Whether the key itself may be used at `now_ms` (disabled first: it says more).
+    pub fn check_key(&self, now_ms: i64) -> Result<(), KeyRefusal> {
+        if self.disabled {
+            return Err(KeyRefusal::Disabled);
+        }
+        match self.expires_at_ms {
+            Some(at_ms) if at_ms <= now_ms => Err(KeyRefusal::Expired { at_ms }),
+            _ => Ok(()),
+        }
+    }
+
+    pub fn allows_endpoint(&self, endpoint: Endpoint) -> bool {
+        self.allowed_endpoints.is_empty() || self.allowed_endpoints.contains(&endpoint)
+    }
+
+    pub fn allows_model(&self, model: &str) -> bool {
+        self.allowed_models.is_empty()
+            || self
+                .allowed_models
+                .iter()
+                .any(|pattern| glob_match(pattern, model))
+    }
+
+    /// Everything a request must pass: the key, the endpoint, then the model (when the endpoint
+    /// names one).
+    pub fn check(
+        &self,
+        now_ms: i64,
+        endpoint: Endpoint,
+        model: Option<&str>,
+    ) -> Result<(), KeyRefusal> {
+        self.check_key(now_ms)?;
+        if !self.allows_endpoint(endpoint) {
+            return Err(KeyRefusal::EndpointNotAllowed(endpoint));
+        }
+        match model {
+            Some(model) if !self.allows_model(model) => {
+                Err(KeyRefusal::ModelNotAllowed(model.to_owned()))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Checks a model list as an operator wrote it: at most [`MAX_KEY_LIST_ENTRIES`] non-empty
+/// patterns of at most [`MAX_MODEL_PATTERN_BYTES`], printable ASCII. The error says what is wrong.
+pub fn check_model_patterns(patterns: &[String]) -> Result<(), String> {
+    if patterns.len() > MAX_KEY_LIST_ENTRIES {
+        return Err(format!("at most {MAX_KEY_LIST_ENTRIES} patterns"));
+    }
+    for pattern in patterns {
+        if pattern.is_empty() || pattern.len() > MAX_MODEL_PATTERN_BYTES {
+            return Err(format!("a pattern is 1 to {MAX_MODEL_PATTERN_BYTES} bytes"));
+        }
+        if !pattern.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err("a pattern is printable ASCII without spaces".to_owned());
+        }
+    }
+    Ok(())
+}
+
+/// Parses an endpoint list as an operator wrote it; the error names the unknown entry.
+pub fn parse_endpoints(names: &[String]) -> Result<Vec<Endpoint>, String> {
+    let mut endpoints = Vec::with_capacity(names.len());
+    for name in names {
+        let endpoint = Endpoint::parse(name).ok_or_else(|| {
+            let known: Vec<&str> = Endpoint::ALL.iter().map(|e| e.as_str()).collect();
+            format!("unknown endpoint {name:?} (known: {})", known.join(", "))
+        })?;
+        if !endpoints.contains(&endpoint) {
+            endpoints.push(endpoint);
+        }
+    }
+    Ok(endpoints)
+}
+
+/// `*` matches any run of characters (none included); every other character matches itself.
+/// Linear in practice: the classic two-pointer match with one backtrack point.
+pub fn glob_match(pattern: &str, text: &str) -> bool {
+    let (p, t) = (pattern.as_bytes(), text.as_bytes());
+    let (mut pi, mut ti) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while ti < t.len() {
+        if pi < p.len() && p[pi] == b'*' {
+            star = Some((pi, ti));
+            pi += 1;
+        } else if pi < p.len() && p[pi] == t[ti] {
+            pi += 1;
+            ti += 1;
+        } else if let Some((star_pi, star_ti)) = star {
+            pi = star_pi + 1;
+            ti = star_ti + 1;
+            star = Some((star_pi, star_ti + 1));
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|&b| b == b'*')
+}
+
+/// `2026-12-02T16:09:05Z` for ms since the epoch (civil-from-days, proleptic Gregorian).
+pub fn rfc3339_utc(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs_match_runs_of_any_characters() {
+        for (pattern, text, expected) in [
+            ("*", "anything", true),
+            ("*", "", true),
+            ("claude-*", "claude-sonnet-4-5", true),
+            ("claude-*", "gpt-4o", false),
+            ("*sonnet*", "claude-sonnet-4-5", true),
+            ("*-mini", "gpt-4o-mini", true),
+            ("*-mini", "gpt-4o-mini-2", false),
+            ("gpt-4o", "gpt-4o", true),
+            ("gpt-4o", "gpt-4o-mini", false),
+            ("a*b*c", "aXbYc", true),
+            ("a*b*c", "aXbY", false),
+            ("a**", "a", true),
+            ("", "", true),
+            ("", "x", false),
+        ] {
+            assert_eq!(glob_match(pattern, text), expected, "{pattern} on {text}");
+        }
+    }
+
+    #[test]
+    fn a_key_is_refused_disabled_first_then_expired_then_endpoint_then_model() {
+        let now = 1_800_000_000_000;
+        let access = KeyAccess {
+            expires_at_ms: Some(now + 1),
+            disabled: false,
+            allowed_models: vec!["claude-*".into()],
+            allowed_endpoints: vec![Endpoint::Messages, Endpoint::Models],
+        };
+        assert_eq!(
+            access.check(now, Endpoint::Messages, Some("claude-haiku")),
+            Ok(())
+        );
+        assert_eq!(
+            access.check(now, Endpoint::Messages, Some("gpt-4o")),
+            Err(KeyRefusal::ModelNotAllowed("gpt-4o".into()))
+        );
+        assert_eq!(
+            access.check(now, Endpoint::ChatCompletions, Some("claude-haiku")),
+            Err(KeyRefusal::EndpointNotAllowed(Endpoint::ChatCompletions))
+        );
+        assert_eq!(
+            access.check(now + 1, Endpoint::Messages, None),
+            Err(KeyRefusal::Expired { at_ms: now + 1 })
+        );
+        let disabled = KeyAccess {
+            disabled: true,
+            ..access
+        };
+        assert_eq!(
+            disabled.check(now + 5, Endpoint::Messages, None),
+            Err(KeyRefusal::Disabled)
+        );
+        assert_eq!(
+            KeyAccess::default().check(now, Endpoint::Responses, Some("x")),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn lists_as_operators_write_them_are_checked() {
+        assert!(check_model_patterns(&["claude-*".into(), "gpt-4o".into()]).is_ok());
+        assert!(check_model_patterns(&[String::new()]).is_err());
+        assert!(check_model_patterns(&["has space".into()]).is_err());
+        assert!(check_model_patterns(&vec!["m".to_owned(); MAX_KEY_LIST_ENTRIES + 1]).is_err());
+        assert_eq!(
+            parse_endpoints(&["messages".into(), "models".into(), "messages".into()]),
+            Ok(vec![Endpoint::Messages, Endpoint::Models])
+        );
+        let unknown = parse_endpoints(&["embeddings".into()]).expect_err("unknown");
+        assert!(unknown.contains("\"embeddings\"") && unknown.contains("count_tokens"));
+    }
+
+    #[test]
+    fn expiry_messages_name_the_instant_in_utc() {
+        assert_eq!(rfc3339_utc(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339_utc(1_796_227_745_000), "2026-12-02T16:09:05Z");
+        assert_eq!(rfc3339_utc(951_782_400_000), "2000-02-29T00:00:00Z");
+        assert!(
+            KeyRefusal::Expired { at_ms: 0 }
+                .message()
+                .contains("1970-01-01T00:00:00Z")
+        );
+    }
+}
