@@ -172,6 +172,68 @@ pub fn parse_endpoints(names: &[String]) -> Result<Vec<Endpoint>, String> {
     Ok(endpoints)
 }
 
+/// A stretch of time a key's usage is summed over (calendar periods in UTC, weeks from Monday).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UsagePeriod {
+    Day,
+    Week,
+    Month,
+    /// Since the key was created.
+    Total,
+}
+
+impl UsagePeriod {
+    pub const ALL: [UsagePeriod; 4] = [
+        UsagePeriod::Day,
+        UsagePeriod::Week,
+        UsagePeriod::Month,
+        UsagePeriod::Total,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UsagePeriod::Day => "day",
+            UsagePeriod::Week => "week",
+            UsagePeriod::Month => "month",
+            UsagePeriod::Total => "total",
+        }
+    }
+
+    /// When the period that holds `now_ms` began, ms since the epoch (UTC; `Total`: 0).
+    pub fn start_ms(self, now_ms: i64) -> i64 {
+        const DAY_MS: i64 = 86_400_000;
+        let day = now_ms.div_euclid(DAY_MS);
+        match self {
+            UsagePeriod::Day => day * DAY_MS,
+            // 1970-01-01 was a Thursday: Monday is three days later in the cycle.
+            UsagePeriod::Week => (day - (day + 3).rem_euclid(7)) * DAY_MS,
+            UsagePeriod::Month => {
+                let (year, month, _) = civil_from_days(day);
+                days_from_civil(year, month, 1) * DAY_MS
+            }
+            UsagePeriod::Total => 0,
+        }
+    }
+}
+
+/// One key's usage over one period, from the usage ledger.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct PeriodUsage {
+    pub requests: i64,
+    pub input_tokens: i64,
+    pub output_tokens: i64,
+    pub cost_usd: f64,
+}
+
+/// A key as its holder may see it (the self-service view): its own record and usage, nothing
+/// about any other key.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyDescription {
+    pub record: crate::account::ApiKeyRecord,
+    /// Each of `UsagePeriod::ALL` with when it began.
+    pub usage: Vec<(UsagePeriod, i64, PeriodUsage)>,
+}
+
 /// `*` matches any run of characters (none included); every other character matches itself.
 /// Linear in practice: the classic two-pointer match with one backtrack point.
 pub fn glob_match(pattern: &str, text: &str) -> bool {
@@ -196,10 +258,22 @@ pub fn glob_match(pattern: &str, text: &str) -> bool {
     p[pi..].iter().all(|&b| b == b'*')
 }
 
-/// `2026-12-02T16:09:05Z` for ms since the epoch (civil-from-days, proleptic Gregorian).
+/// `2026-12-02T16:09:05Z` for ms since the epoch.
 pub fn rfc3339_utc(ms: i64) -> String {
     let secs = ms.div_euclid(1000);
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let (year, month, day) = civil_from_days(days);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// (year, month, day) of a day count since 1970-01-01, proleptic Gregorian (H. Hinnant's
+/// civil_from_days).
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z.rem_euclid(146_097);
@@ -208,13 +282,18 @@ pub fn rfc3339_utc(ms: i64) -> String {
     let mp = (5 * doy + 2) / 153;
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    (yoe + era * 400 + i64::from(month <= 2), month, day)
+}
+
+/// The day count since 1970-01-01 of a civil date (the inverse of `civil_from_days`).
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let year = if month <= 2 { year - 1 } else { year };
+    let era = year.div_euclid(400);
+    let yoe = year.rem_euclid(400);
+    let mp = if month > 2 { month - 3 } else { month + 9 };
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
 }
 
 #[cfg(test)]
@@ -294,6 +373,37 @@ mod tests {
         );
         let unknown = parse_endpoints(&["embeddings".into()]).expect_err("unknown");
         assert!(unknown.contains("\"embeddings\"") && unknown.contains("count_tokens"));
+    }
+
+    #[test]
+    fn usage_periods_start_at_utc_midnight_monday_and_the_first_of_the_month() {
+        // Wednesday 2026-12-02T16:09:05Z.
+        let now = 1_796_227_745_000;
+        assert_eq!(
+            rfc3339_utc(UsagePeriod::Day.start_ms(now)),
+            "2026-12-02T00:00:00Z"
+        );
+        assert_eq!(
+            rfc3339_utc(UsagePeriod::Week.start_ms(now)),
+            "2026-11-30T00:00:00Z"
+        );
+        assert_eq!(
+            rfc3339_utc(UsagePeriod::Month.start_ms(now)),
+            "2026-12-01T00:00:00Z"
+        );
+        assert_eq!(UsagePeriod::Total.start_ms(now), 0);
+        // A Monday is its own week's start; 1 March follows 29 February in a leap year.
+        let monday = UsagePeriod::Week.start_ms(now);
+        assert_eq!(UsagePeriod::Week.start_ms(monday), monday);
+        let leap_day = 951_782_400_000 + 3_600_000;
+        assert_eq!(
+            rfc3339_utc(UsagePeriod::Month.start_ms(leap_day)),
+            "2000-02-01T00:00:00Z"
+        );
+        for days in [-800_000, -1, 0, 59, 11_000, 20_789, 800_000] {
+            let (y, m, d) = civil_from_days(days);
+            assert_eq!(days_from_civil(y, m, d), days);
+        }
     }
 
     #[test]
