@@ -17,8 +17,8 @@ use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
-use crate::view::UsageReport;
-use crate::{AccountRow, AdminEndpoint, BlockRow, OperatorError, UsageRow};
+use crate::view::{UsageReport, window_rows};
+use crate::{AccountRow, AdminEndpoint, BlockRow, OperatorError, UsageRow, WindowRow};
 
 /// The admin client with both tokens on every call.
 pub type AdminClient = SelectorAdminClient<InterceptedService<WithToken<Channel>, Bearer>>;
@@ -156,6 +156,28 @@ impl AdminEndpoint for SelectorAdmin {
             .into_iter()
             .map(block_row)
             .collect()
+    }
+
+    async fn windows(
+        &self,
+        account_id: Option<i64>,
+        group: Option<&str>,
+    ) -> Result<Vec<WindowRow>, OperatorError> {
+        let answer = self
+            .client()
+            .list_windows(convert::windows_query(account_id, group))
+            .await?;
+        let read = convert::read_windows_answer(answer.into_inner()).map_err(unreadable)?;
+        Ok(window_rows(
+            read.now_ms,
+            read.accounts.iter().map(|account| {
+                (
+                    account.account_id,
+                    account.account_name.as_str(),
+                    account.readings.as_slice(),
+                )
+            }),
+        ))
     }
 
     async fn restore(&self, account_id: i64) -> Result<AccountRow, OperatorError> {

@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use reqwest::{Method, Url};
 use serde::de::DeserializeOwned;
 
-use crate::view::{AccountList, BlockList, ErrorBody, Restored, UsageReport};
-use crate::{AccountRow, AdminEndpoint, BlockRow, OperatorError};
+use crate::view::{AccountList, BlockList, ErrorBody, Restored, UsageReport, WindowList};
+use crate::{AccountRow, AdminEndpoint, BlockRow, OperatorError, WindowRow};
 
 /// A client of one relay's admin endpoint. Not `Debug`: it holds the admin token.
 pub struct HttpAdmin {
@@ -109,6 +109,23 @@ impl AdminEndpoint for HttpAdmin {
         let url = self.url(&["admin", "blocks"], &[])?;
         let list: BlockList = self.call(Method::GET, url).await?;
         Ok(list.blocks)
+    }
+
+    async fn windows(
+        &self,
+        account_id: Option<i64>,
+        group: Option<&str>,
+    ) -> Result<Vec<WindowRow>, OperatorError> {
+        let mut query = Vec::new();
+        if let Some(id) = account_id {
+            query.push(("account_id", id.to_string()));
+        }
+        if let Some(group) = group {
+            query.push(("group", group.to_owned()));
+        }
+        let url = self.url(&["admin", "windows"], &query)?;
+        let list: WindowList = self.call(Method::GET, url).await?;
+        Ok(list.windows)
     }
 
     async fn restore(&self, account_id: i64) -> Result<AccountRow, OperatorError> {

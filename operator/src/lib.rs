@@ -1,11 +1,11 @@
 //! poolgate-operator: one operator CLI for both modes. The read and repair verbs (`accounts`,
-//! `blocks`, `restore ID`, `clear-block ID`, `usage`) are one clap subcommand enum ([`Verb`]),
-//! run by one [`execute`] against an [`AdminEndpoint`], and print the same output whichever
-//! endpoint answered: the selector's admin gRPC API ([`grpc::SelectorAdmin`], distributed) or the
-//! standalone relay's admin HTTP endpoint ([`http::HttpAdmin`]). The rows and the JSON envelopes
-//! are [`view`]'s, which the relay's endpoint serves as they are. Configuration verbs stay where
-//! configuration lives: the selector's admin RPCs (`selector-svc admin upsert-account …`), the
-//! standalone relay's YAML file.
+//! `blocks`, `windows`, `restore ID`, `clear-block ID`, `usage`) are one clap subcommand enum
+//! ([`Verb`]), run by one [`execute`] against an [`AdminEndpoint`], and print the same output
+//! whichever endpoint answered: the selector's admin gRPC API ([`grpc::SelectorAdmin`],
+//! distributed) or the standalone relay's admin HTTP endpoint ([`http::HttpAdmin`]). The rows and
+//! the JSON envelopes are [`view`]'s, which the relay's endpoint serves as they are. Configuration
+//! verbs stay where configuration lives: the selector's admin RPCs (`selector-svc admin
+//! upsert-account …`), the standalone relay's YAML file.
 
 pub mod grpc;
 pub mod http;
@@ -17,7 +17,7 @@ use std::process::ExitCode;
 use async_trait::async_trait;
 
 pub use verb::{Format, Output, Verb};
-pub use view::{AccountRow, BlockRow, UsageReport, UsageRow};
+pub use view::{AccountRow, BlockRow, UsageReport, UsageRow, WindowRow};
 
 /// An admin endpoint the read and repair verbs run against.
 #[async_trait]
@@ -26,6 +26,13 @@ pub trait AdminEndpoint: Send + Sync {
     async fn accounts(&self, group: Option<&str>) -> Result<Vec<AccountRow>, OperatorError>;
     /// Every block on every account.
     async fn blocks(&self) -> Result<Vec<BlockRow>, OperatorError>;
+    /// The usage windows the selector keeps, as [`view::window_rows`] orders them: only
+    /// `account_id`'s, only `group`'s accounts, when given (an unknown account is not found).
+    async fn windows(
+        &self,
+        account_id: Option<i64>,
+        group: Option<&str>,
+    ) -> Result<Vec<WindowRow>, OperatorError>;
     /// Back to `active` (from retired, error or disabled), blocks cleared; the account after.
     async fn restore(&self, account_id: i64) -> Result<AccountRow, OperatorError>;
     /// Clears the account's blocks and breaker.
@@ -69,6 +76,11 @@ pub async fn execute(endpoint: &dyn AdminEndpoint, verb: &Verb) -> Result<String
         }),
         Verb::Blocks { .. } => verb::Answer::Blocks(view::BlockList {
             blocks: endpoint.blocks().await?,
+        }),
+        Verb::Windows {
+            account_id, group, ..
+        } => verb::Answer::Windows(view::WindowList {
+            windows: endpoint.windows(*account_id, group.as_deref()).await?,
         }),
         Verb::Restore { account_id, .. } => verb::Answer::Restored(view::Restored {
             account: endpoint.restore(*account_id).await?,

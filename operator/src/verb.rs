@@ -3,7 +3,10 @@
 //! the admin endpoint's JSON envelope (`json`).
 
 use crate::OperatorError;
-use crate::view::{AccountList, AccountRow, BlockList, BlockRow, Cleared, Restored, UsageReport};
+use crate::view::{
+    AccountList, AccountRow, BlockList, BlockRow, Cleared, Restored, UsageReport, WindowList,
+    WindowRow,
+};
 
 /// The read and repair verbs, the same against a selector and against a standalone relay.
 #[derive(Debug, Clone, PartialEq, clap::Subcommand)]
@@ -18,6 +21,18 @@ pub enum Verb {
     },
     /// Blocked accounts: kind (hard, soft, breaker), class, upstream status, reason, time left.
     Blocks {
+        #[command(flatten)]
+        format: Format,
+    },
+    /// Usage windows per account, as the upstreams last reported them: kind, scope, share used,
+    /// status, time to reset (`passed`: reads as empty), how long ago it was reported.
+    Windows {
+        /// Only this account's windows.
+        #[arg(long = "account", value_parser = clap::value_parser!(i64).range(1..))]
+        account_id: Option<i64>,
+        /// Only this group's accounts.
+        #[arg(long)]
+        group: Option<String>,
         #[command(flatten)]
         format: Format,
     },
@@ -55,6 +70,7 @@ impl Verb {
         match self {
             Verb::Accounts { format, .. }
             | Verb::Blocks { format }
+            | Verb::Windows { format, .. }
             | Verb::Restore { format, .. }
             | Verb::ClearBlock { format, .. }
             | Verb::Usage { format, .. } => format.output,
@@ -82,6 +98,7 @@ pub enum Output {
 pub(crate) enum Answer {
     Accounts(AccountList),
     Blocks(BlockList),
+    Windows(WindowList),
     Restored(Restored),
     Cleared(Cleared),
     Usage(UsageReport),
@@ -94,6 +111,7 @@ impl Answer {
                 let json = match self {
                     Answer::Accounts(list) => serde_json::to_string_pretty(list),
                     Answer::Blocks(list) => serde_json::to_string_pretty(list),
+                    Answer::Windows(list) => serde_json::to_string_pretty(list),
                     Answer::Restored(restored) => serde_json::to_string_pretty(restored),
                     Answer::Cleared(cleared) => serde_json::to_string_pretty(cleared),
                     Answer::Usage(report) => serde_json::to_string_pretty(report),
@@ -103,6 +121,7 @@ impl Answer {
             Output::Text => Ok(match self {
                 Answer::Accounts(list) => lines(list.accounts.iter().map(account_line)),
                 Answer::Blocks(list) => lines(list.blocks.iter().map(block_line)),
+                Answer::Windows(list) => lines(list.windows.iter().map(window_line)),
                 Answer::Restored(restored) => account_line(&restored.account),
                 Answer::Cleared(cleared) => format!("cleared {}", cleared.cleared),
                 Answer::Usage(report) => lines(report.keys.iter().map(|key| {
@@ -166,6 +185,44 @@ pub fn block_line(block: &BlockRow) -> String {
     )
 }
 
+/// `<account id>\t<name>\t<kind>\tscope=…\tused=<percent>|-\tstatus=…\t`
+/// `reset=<time left>|passed\tobserved=<age> ago` (`-`: the upstream stated only a status).
+pub fn window_line(window: &WindowRow) -> String {
+    format!(
+        "{}\t{}\t{}\tscope={}\tused={}\tstatus={}\treset={}\tobserved={} ago",
+        window.account_id,
+        window.account_name,
+        window.kind,
+        window.scope,
+        window
+            .utilization
+            .map(|used| format!("{:.1}%", used * 100.0))
+            .unwrap_or_else(|| "-".into()),
+        window.status,
+        if window.remaining_ms == 0 {
+            "passed".to_owned()
+        } else {
+            // Rounded up: a window that has not reset never shows 0s.
+            span(window.remaining_ms.div_ceil(1000))
+        },
+        span(window.age_ms / 1000)
+    )
+}
+
+/// A span of seconds in its two largest units: `2d3h`, `3h12m`, `5m10s`, `42s`.
+fn span(seconds: u64) -> String {
+    let (days, hours, minutes) = (seconds / 86_400, seconds / 3_600 % 24, seconds / 60 % 60);
+    if days > 0 {
+        format!("{days}d{hours}h")
+    } else if hours > 0 {
+        format!("{hours}h{minutes}m")
+    } else if minutes > 0 {
+        format!("{minutes}m{}s", seconds % 60)
+    } else {
+        format!("{seconds}s")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use clap::{Parser, Subcommand};
@@ -195,6 +252,14 @@ mod tests {
             }
         );
         assert_eq!(
+            parse(&["windows", "--account", "3", "--group", "g"]).expect("parses"),
+            Verb::Windows {
+                account_id: Some(3),
+                group: Some("g".into()),
+                format: Format::default()
+            }
+        );
+        assert_eq!(
             parse(&["usage"]).expect("parses"),
             Verb::Usage {
                 api_key_id: None,
@@ -213,6 +278,8 @@ mod tests {
             &["clear-block", "x"],
             &["usage", "--hours", "0"],
             &["accounts", "--output", "yaml"],
+            &["windows", "--account", "0"],
+            &["windows", "3"],
         ] {
             assert!(parse(refused).is_err(), "{refused:?} is refused");
         }
@@ -223,7 +290,14 @@ mod tests {
             .collect();
         assert_eq!(
             names,
-            ["accounts", "blocks", "restore", "clear-block", "usage"]
+            [
+                "accounts",
+                "blocks",
+                "windows",
+                "restore",
+                "clear-block",
+                "usage"
+            ]
         );
     }
 
@@ -307,5 +381,41 @@ mod tests {
             usage.render(Output::Text).expect("text"),
             "1\tu\trequests=2\tinput_tokens=3\toutput_tokens=4\tcost_usd=0.500000"
         );
+    }
+
+    fn window(remaining_ms: u64, age_ms: u64, utilization: Option<f64>) -> WindowRow {
+        WindowRow {
+            account_id: 3,
+            account_name: "a".into(),
+            kind: "7d".into(),
+            scope: "account".into(),
+            utilization,
+            status: "allowed_warning".into(),
+            reset_at_ms: 0,
+            remaining_ms,
+            length_ms: None,
+            observed_at_ms: 0,
+            age_ms,
+        }
+    }
+
+    #[test]
+    fn a_window_shows_its_share_in_percent_its_reset_as_time_left_and_its_age() {
+        let line = |remaining_ms, age_ms, utilization| {
+            window_line(&window(remaining_ms, age_ms, utilization))
+        };
+        assert_eq!(
+            line(((2 * 24 + 3) * 60 + 5) * 60_000, 42_999, Some(0.905)),
+            "3\ta\t7d\tscope=account\tused=90.5%\tstatus=allowed_warning\treset=2d3h\t\
+             observed=42s ago"
+        );
+        assert!(line((3 * 60 + 12) * 60_000 + 59_000, 0, None).contains("\tused=-\t"));
+        assert!(line((3 * 60 + 12) * 60_000 + 59_000, 0, None).contains("\treset=3h12m\t"));
+        assert!(line(310_000, 3_600_000, Some(0.0)).ends_with("\treset=5m10s\tobserved=1h0m ago"));
+        // Not reset yet, however little is left: never `0s`, never `passed`.
+        assert!(
+            line(1, 0, Some(1.0)).contains("\tused=100.0%\tstatus=allowed_warning\treset=1s\t")
+        );
+        assert!(line(0, 0, Some(1.0)).contains("\treset=passed\t"));
     }
 }

@@ -2,6 +2,7 @@
 //! JSON envelopes the standalone relay's admin endpoint answers with (the CLI's `--output json`
 //! prints the same envelopes, whichever endpoint answered).
 
+use poolgate_core::windows::{MinuteLimit, Scope, WindowKind, WindowReading, WindowStatus};
 use serde::{Deserialize, Serialize};
 
 /// An account as operators see it: the credential masked, never whole.
@@ -50,6 +51,109 @@ pub struct BlockRow {
     pub remaining_ms: u64,
 }
 
+/// One usage window of one account, as its upstream last reported it (docs/DESIGN.md §5).
+/// Times are measured against the answering side's clock when it read the readings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WindowRow {
+    pub account_id: i64,
+    pub account_name: String,
+    /// Which limit ([`window_kind_name`]): `5h`, `7d`, `7d_oi`, `7d_model`, `overage`,
+    /// `codex_primary`, `codex_secondary`, `per_minute_requests`, `per_minute_tokens`,
+    /// `per_minute_input_tokens` or `per_minute_output_tokens`.
+    pub kind: String,
+    /// Whom it limits: `account` (every request), or the token of the upstream models it covers
+    /// (`opus`, `sonnet`, a Codex limit's name).
+    pub scope: String,
+    /// Share used, 0..=1; `null` when the upstream stated only a status.
+    pub utilization: Option<f64>,
+    /// The upstream's verdict: `allowed`, `allowed_warning`, `rejected` or `unknown` (not stated).
+    pub status: String,
+    /// When the window resets, ms since the epoch.
+    pub reset_at_ms: i64,
+    /// Time to the reset; 0: it has passed, and the window reads as empty in selection.
+    pub remaining_ms: u64,
+    /// The window's length when stated or known, ms.
+    pub length_ms: Option<i64>,
+    /// When the answer that reported it arrived, ms since the epoch.
+    pub observed_at_ms: i64,
+    /// How long ago that was.
+    pub age_ms: u64,
+}
+
+/// The rank `windows` lists a kind at: plan windows shortest first, then overage, Codex's, the
+/// per-minute limits. Its name is `WindowKind::label`.
+fn window_kind(kind: WindowKind) -> (u8, &'static str) {
+    let rank = match kind {
+        WindowKind::FiveHour => 0,
+        WindowKind::SevenDay => 1,
+        WindowKind::SevenDayOverageIncluded => 2,
+        WindowKind::SevenDayModel => 3,
+        WindowKind::Overage => 4,
+        WindowKind::CodexPrimary => 5,
+        WindowKind::CodexSecondary => 6,
+        WindowKind::PerMinute(MinuteLimit::Requests) => 7,
+        WindowKind::PerMinute(MinuteLimit::Tokens) => 8,
+        WindowKind::PerMinute(MinuteLimit::InputTokens) => 9,
+        WindowKind::PerMinute(MinuteLimit::OutputTokens) => 10,
+    };
+    (rank, kind.label())
+}
+
+/// The name `windows` shows for a kind (see [`WindowRow::kind`]).
+pub fn window_kind_name(kind: WindowKind) -> &'static str {
+    window_kind(kind).1
+}
+
+/// The name `windows` shows for a status.
+pub fn window_status_name(status: WindowStatus) -> &'static str {
+    match status {
+        WindowStatus::Unknown => "unknown",
+        WindowStatus::Allowed => "allowed",
+        WindowStatus::AllowedWarning => "allowed_warning",
+        WindowStatus::Rejected => "rejected",
+    }
+}
+
+/// The rows of accounts' stored readings, read at `now_ms`: the one place both endpoints build
+/// them (the selector's answer in the CLI, the engine's readings in the standalone relay), so
+/// both show the same. Ordered by account, then kind (as [`window_kind`] ranks them), then
+/// scope (the account-wide one first).
+pub fn window_rows<'a>(
+    now_ms: i64,
+    accounts: impl IntoIterator<Item = (i64, &'a str, &'a [WindowReading])>,
+) -> Vec<WindowRow> {
+    // Each row with what it sorts by: account, kind rank, model token (none: account-wide).
+    type Ranked<'a> = ((i64, u8, Option<&'a str>), WindowRow);
+    let mut ranked: Vec<Ranked<'a>> = accounts
+        .into_iter()
+        .flat_map(|(account_id, account_name, readings)| {
+            readings.iter().map(move |reading| {
+                let (rank, kind) = window_kind(reading.kind);
+                let token = match &reading.scope {
+                    Scope::Account => None,
+                    Scope::Models(token) => Some(token.as_str()),
+                };
+                let row = WindowRow {
+                    account_id,
+                    account_name: account_name.to_owned(),
+                    kind: kind.to_owned(),
+                    scope: token.unwrap_or("account").to_owned(),
+                    utilization: reading.utilization,
+                    status: window_status_name(reading.status).to_owned(),
+                    reset_at_ms: reading.reset_at_ms,
+                    remaining_ms: reading.reset_at_ms.saturating_sub(now_ms).max(0) as u64,
+                    length_ms: reading.length_ms,
+                    observed_at_ms: reading.observed_at_ms,
+                    age_ms: now_ms.saturating_sub(reading.observed_at_ms).max(0) as u64,
+                };
+                ((account_id, rank, token), row)
+            })
+        })
+        .collect();
+    ranked.sort_by(|a, b| a.0.cmp(&b.0));
+    ranked.into_iter().map(|(_, row)| row).collect()
+}
+
 /// One client key's usage over a window.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct UsageRow {
@@ -71,6 +175,12 @@ pub struct AccountList {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BlockList {
     pub blocks: Vec<BlockRow>,
+}
+
+/// `windows`: `{"windows": [...]}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WindowList {
+    pub windows: Vec<WindowRow>,
 }
 
 /// `restore`: the account as it is now, `{"account": {...}}`.

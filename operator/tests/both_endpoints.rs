@@ -1,4 +1,4 @@
-//! One CLI for both modes: the same accounts, blocks and usage behind a selector's admin gRPC API
+//! One CLI for both modes: the same accounts, blocks, usage windows and usage behind a selector's admin gRPC API
 //! and behind a standalone relay's admin HTTP endpoint print the same, verb by verb, in text and
 //! in JSON; a refusal and an unknown account are the same error on both.
 
@@ -12,10 +12,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use clap::Parser;
 use pb::selector_admin_server::{SelectorAdmin as AdminService, SelectorAdminServer};
+use poolgate_core::windows::{MinuteLimit, Scope, WindowKind, WindowReading, WindowStatus};
 use poolgate_operator::grpc::SelectorAdmin;
 use poolgate_operator::http::HttpAdmin;
-use poolgate_operator::view::{AccountList, BlockList, Cleared, ErrorBody, Restored, UsageReport};
+use poolgate_operator::view::{
+    AccountList, BlockList, Cleared, ErrorBody, Restored, UsageReport, WindowList, window_rows,
+};
 use poolgate_operator::{AccountRow, AdminEndpoint, BlockRow, OperatorError, UsageRow, Verb};
+use poolgate_proto::convert;
 use poolgate_proto::selector::v1 as pb;
 use tonic::{Request, Status};
 
@@ -54,6 +58,80 @@ fn blocks() -> Vec<BlockRow> {
         reason: "invalid x-api-key".into(),
         remaining_ms: 61_500,
     }]
+}
+
+/// The clock both fakes read the usage windows at, so both answers are the same to the byte.
+const NOW_MS: i64 = 1_700_000_000_000;
+
+/// Each account's stored readings, out of order (the rows are ordered by account, kind, scope).
+fn windows() -> Vec<(i64, Vec<WindowReading>)> {
+    let reading = |kind, scope, utilization, reset_in_ms: i64, status, age_ms: i64| WindowReading {
+        kind,
+        scope,
+        utilization,
+        reset_at_ms: NOW_MS + reset_in_ms,
+        length_ms: None,
+        status,
+        observed_at_ms: NOW_MS - age_ms,
+    };
+    vec![
+        (
+            2,
+            vec![reading(
+                WindowKind::PerMinute(MinuteLimit::Requests),
+                Scope::Account,
+                Some(0.5),
+                30_000,
+                WindowStatus::Unknown,
+                1_000,
+            )],
+        ),
+        (
+            1,
+            vec![
+                // Its reset passed an hour ago: it reads as empty, and shows as `passed`.
+                reading(
+                    WindowKind::SevenDayModel,
+                    Scope::Models("opus".into()),
+                    None,
+                    -3_600_000,
+                    WindowStatus::Rejected,
+                    2 * 3_600_000,
+                ),
+                reading(
+                    WindowKind::FiveHour,
+                    Scope::Account,
+                    Some(0.42),
+                    (3 * 60 + 12) * 60_000,
+                    WindowStatus::Allowed,
+                    42_000,
+                ),
+            ],
+        ),
+    ]
+}
+
+/// The fixture's readings of the accounts a `windows` call asks for (`None`: an unknown account).
+fn windows_of(
+    account_id: Option<i64>,
+    group: Option<&str>,
+) -> Option<Vec<(AccountRow, Vec<WindowReading>)>> {
+    if let Some(id) = account_id
+        && !accounts().iter().any(|a| a.id == id)
+    {
+        return None;
+    }
+    Some(
+        windows()
+            .into_iter()
+            .filter_map(|(id, readings)| {
+                let account = accounts().into_iter().find(|a| a.id == id)?;
+                let asked = account_id.is_none_or(|asked| asked == id)
+                    && group.is_none_or(|group| group == account.group);
+                asked.then_some((account, readings))
+            })
+            .collect(),
+    )
 }
 
 fn usage() -> Vec<UsageRow> {
@@ -114,6 +192,24 @@ async fn http_endpoint() -> SocketAddr {
         .route(
             "/admin/blocks",
             get(|| async move { axum::Json(BlockList { blocks: blocks() }).into_response() }),
+        )
+        .route(
+            "/admin/windows",
+            get(
+                |Query(q): Query<std::collections::HashMap<String, String>>| async move {
+                    let asked = q.get("account_id").map(|id| id.parse().unwrap_or(-1));
+                    let Some(listed) = windows_of(asked, q.get("group").map(String::as_str)) else {
+                        return Err(not_found(asked.unwrap_or_default()));
+                    };
+                    let windows = window_rows(
+                        NOW_MS,
+                        listed
+                            .iter()
+                            .map(|(a, readings)| (a.id, a.name.as_str(), readings.as_slice())),
+                    );
+                    Ok(axum::Json(WindowList { windows }).into_response())
+                },
+            ),
         )
         .route(
             "/admin/accounts/{id}/restore",
@@ -296,6 +392,29 @@ impl AdminService for FakeSelector {
             .collect();
         Ok(tonic::Response::new(pb::ListBlocksResponse { blocks }))
     }
+    async fn list_windows(
+        &self,
+        request: Request<pb::ListWindowsRequest>,
+    ) -> Result<tonic::Response<pb::ListWindowsResponse>, Status> {
+        check(&request)?;
+        let (account_id, group) = convert::read_windows_query(request.into_inner())?;
+        let Some(listed) = windows_of(account_id, group.as_deref()) else {
+            return Err(Status::not_found("no account"));
+        };
+        Ok(tonic::Response::new(convert::windows_answer(
+            convert::WindowsAnswer {
+                now_ms: NOW_MS,
+                accounts: listed
+                    .into_iter()
+                    .map(|(account, readings)| convert::AccountReadings {
+                        account_id: account.id,
+                        account_name: account.name,
+                        readings,
+                    })
+                    .collect(),
+            },
+        )))
+    }
     async fn clear_block(
         &self,
         request: Request<pb::ClearBlockRequest>,
@@ -396,6 +515,9 @@ async fn every_verb_prints_the_same_against_a_selector_and_a_standalone_relay() 
         &["accounts"][..],
         &["accounts", "--group", "h"],
         &["blocks"],
+        &["windows"],
+        &["windows", "--account", "2"],
+        &["windows", "--group", "g"],
         &["restore", "2"],
         &["clear-block", "1"],
         &["usage"],
@@ -435,6 +557,37 @@ async fn every_verb_prints_the_same_against_a_selector_and_a_standalone_relay() 
         text,
         "1\ta\thard\tclass=unauthorized\tstatus=401\tleft=61s\tinvalid x-api-key"
     );
+    let text = poolgate_operator::execute(&selector, &verb(&["windows"]))
+        .await
+        .expect("windows");
+    assert_eq!(
+        text,
+        "1\ta\t5h\tscope=account\tused=42.0%\tstatus=allowed\treset=3h12m\tobserved=42s ago\n\
+         1\ta\t7d_model\tscope=opus\tused=-\tstatus=rejected\treset=passed\tobserved=2h0m ago\n\
+         2\tb\tper_minute_requests\tscope=account\tused=50.0%\tstatus=unknown\treset=30s\t\
+         observed=1s ago"
+    );
+    let json = poolgate_operator::execute(&relay, &verb(&["windows", "-o", "json"]))
+        .await
+        .expect("windows");
+    let json: serde_json::Value = serde_json::from_str(&json).expect("json");
+    assert_eq!(
+        json["windows"][0],
+        serde_json::json!({
+            "account_id": 1, "account_name": "a", "kind": "5h", "scope": "account",
+            "utilization": 0.42, "status": "allowed",
+            "reset_at_ms": NOW_MS + (3 * 60 + 12) * 60_000, "remaining_ms": (3 * 60 + 12) * 60_000,
+            "length_ms": null, "observed_at_ms": NOW_MS - 42_000, "age_ms": 42_000
+        })
+    );
+    assert_eq!(
+        (
+            &json["windows"][1]["utilization"],
+            &json["windows"][1]["remaining_ms"]
+        ),
+        (&serde_json::Value::Null, &serde_json::json!(0)),
+        "a status-only reading past its reset: no share, nothing left"
+    );
     let text = poolgate_operator::execute(&selector, &verb(&["usage"]))
         .await
         .expect("usage");
@@ -448,6 +601,7 @@ async fn every_verb_prints_the_same_against_a_selector_and_a_standalone_relay() 
         for args in [
             &["restore", "99"][..],
             &["clear-block", "99"],
+            &["windows", "--account", "99"],
             &["usage", "9"],
         ] {
             let error = poolgate_operator::execute(endpoint, &verb(args))

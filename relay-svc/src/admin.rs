@@ -1,11 +1,11 @@
-//! The operator endpoint of a relay that runs the selector in process (standalone): the read
-//! and repair verbs of `poolgate-operator` (accounts, blocks, restore, clear-block, usage), the
-//! ones the selector's gRPC admin API offers in distributed mode, answered in the operator
+//! The operator endpoint of a relay that runs the selector in process (standalone): the read and
+//! repair verbs of `poolgate-operator` (accounts, blocks, windows, restore, clear-block, usage),
+//! the ones the selector's gRPC admin API offers in distributed mode, answered in the operator
 //! crate's JSON envelopes (`poolgate_operator::view`), so one CLI prints the same for both. It
-//! listens on its own address (`--admin-listen`), never the client port, and answers only with
-//! the admin token (`Authorization: Bearer …`, compared in constant time). A wrong token is
-//! refused after a fixed delay, with a cap on refusals delayed at once
-//! (`poolgate_runtime::failed_auth`; never a lockout). Without a token it does not run at all.
+//! listens on its own address (`--admin-listen`), never the client port, and answers only with the
+//! admin token (`Authorization: Bearer …`, compared in constant time). A wrong token is refused
+//! after a fixed delay, with a cap on refusals delayed at once (`poolgate_runtime::failed_auth`;
+//! never a lockout). Without a token it does not run at all.
 
 use std::sync::Arc;
 
@@ -16,7 +16,9 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use http::StatusCode;
-use poolgate_operator::view::{AccountList, BlockList, Cleared, ErrorBody, Restored, UsageReport};
+use poolgate_operator::view::{
+    AccountList, BlockList, Cleared, ErrorBody, Restored, UsageReport, WindowList,
+};
 use poolgate_rpc::service_auth::constant_time_eq;
 use poolgate_runtime::failed_auth::FailedAttempts;
 use serde::Deserialize;
@@ -25,7 +27,7 @@ use serde::Deserialize;
 pub use poolgate_operator::Verb;
 /// The rows the endpoint answers with, under the names the engine side has always used.
 pub use poolgate_operator::view::{
-    AccountRow as AccountView, BlockRow as BlockView, UsageRow as KeyUsage,
+    AccountRow as AccountView, BlockRow as BlockView, UsageRow as KeyUsage, WindowRow,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +51,13 @@ pub trait Operator: Send + Sync + 'static {
     /// Every account, sorted by id.
     async fn accounts(&self) -> Vec<AccountView>;
     async fn blocks(&self) -> Result<Vec<BlockView>, AdminError>;
+    /// The usage windows the engine keeps, as `poolgate_operator::view::window_rows` builds
+    /// them: only `account_id`'s, only `group`'s accounts, when given.
+    async fn windows(
+        &self,
+        account_id: Option<i64>,
+        group: Option<&str>,
+    ) -> Result<Vec<WindowRow>, AdminError>;
     /// Back to `active` (from retired, error or disabled), blocks cleared.
     async fn restore(&self, account_id: i64) -> Result<AccountView, AdminError>;
     async fn clear_block(&self, account_id: i64) -> Result<(), AdminError>;
@@ -73,6 +82,7 @@ pub fn router(operator: Arc<dyn Operator>, token: &str) -> Router {
     Router::new()
         .route("/admin/accounts", get(accounts))
         .route("/admin/blocks", get(blocks))
+        .route("/admin/windows", get(windows))
         .route("/admin/accounts/{id}/restore", post(restore))
         .route("/admin/accounts/{id}/clear-block", post(clear_block))
         .route("/admin/usage", get(usage))
@@ -144,6 +154,22 @@ async fn accounts(State(admin): State<Admin>, Query(only): Query<Group>) -> Resp
 async fn blocks(State(admin): State<Admin>) -> Result<Response, AdminError> {
     let blocks = admin.operator.blocks().await?;
     Ok(axum::Json(BlockList { blocks }).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+struct WindowsQuery {
+    account_id: Option<String>,
+    group: Option<String>,
+}
+
+async fn windows(
+    State(admin): State<Admin>,
+    Query(only): Query<WindowsQuery>,
+) -> Result<Response, AdminError> {
+    let account = only.account_id.as_deref().map(account_id).transpose()?;
+    let group = only.group.as_deref().filter(|group| !group.is_empty());
+    let windows = admin.operator.windows(account, group).await?;
+    Ok(axum::Json(WindowList { windows }).into_response())
 }
 
 async fn restore(

@@ -39,8 +39,8 @@ pub struct Cli {
     /// writable).
     #[arg(long, env = "RELAY_STATE_FILE")]
     pub state_file: Option<PathBuf>,
-    /// --standalone: the admin endpoint's address (accounts, blocks, restore, clear-block,
-    /// usage); it runs only with --admin-token.
+    /// --standalone: the admin endpoint's address (accounts, blocks, windows, restore,
+    /// clear-block, usage); it runs only with --admin-token.
     #[arg(long, env = "RELAY_ADMIN_LISTEN", default_value = "127.0.0.1:9464")]
     pub admin_listen: SocketAddr,
     /// --standalone: the token the admin endpoint requires (`Authorization: Bearer …`). On the

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use poolgate_runtime::failed_auth::{MAX_DELAYED_REFUSALS, REFUSAL_DELAY};
-use relay_svc::admin::{AccountView, AdminError, BlockView, KeyUsage, Operator};
+use relay_svc::admin::{AccountView, AdminError, BlockView, KeyUsage, Operator, WindowRow};
 
 const TOKEN: &str = "the-admin-token";
 
@@ -34,6 +34,13 @@ impl Operator for OneAccount {
         }]
     }
     async fn blocks(&self) -> Result<Vec<BlockView>, AdminError> {
+        Ok(vec![])
+    }
+    async fn windows(
+        &self,
+        _account_id: Option<i64>,
+        _group: Option<&str>,
+    ) -> Result<Vec<WindowRow>, AdminError> {
         Ok(vec![])
     }
     async fn restore(&self, account_id: i64) -> Result<AccountView, AdminError> {

@@ -1,6 +1,7 @@
 //! A standalone relay as operators run it, a process: what must survive a restart does (a
 //! refreshed OAuth token: refresh tokens are single-use), and the admin verbs work against it
-//! with the admin token and refuse without it.
+//! with the admin token and refuse without it (`windows` among them: what the upstream's answers
+//! said about the accounts' usage windows).
 
 mod common;
 
@@ -9,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::processes::{Process, binary};
-use poolgate_testkit::fake_upstream::FakeUpstream;
+use poolgate_testkit::fake_upstream::{FakeUpstream, Window, WindowBudgets};
 use poolgate_testkit::{eventually, free_port};
 use serde_json::{Value, json};
 
@@ -97,6 +98,16 @@ impl Relay {
 
     /// One `relay-svc admin` verb, its answer read as the admin endpoint's JSON.
     fn admin(&self, token: &str, verb: &[&str]) -> (bool, Value, String) {
+        let (ok, stdout, stderr) = self.admin_text(token, &[verb, &["--output", "json"]].concat());
+        (
+            ok,
+            serde_json::from_str(&stdout).unwrap_or(Value::Null),
+            stderr,
+        )
+    }
+
+    /// One `relay-svc admin` verb as it prints by default: success, stdout, stderr.
+    fn admin_text(&self, token: &str, verb: &[&str]) -> (bool, String, String) {
         let output = Command::new(binary("relay-svc"))
             .args([
                 "admin",
@@ -106,15 +117,13 @@ impl Relay {
                 token,
             ])
             .args(verb)
-            .args(["--output", "json"])
             .env_remove("RELAY_ADMIN_TOKEN")
             .env_remove("RELAY_ADMIN_URL")
             .output()
             .expect("admin runs");
-        let stdout = String::from_utf8_lossy(&output.stdout);
         (
             output.status.success(),
-            serde_json::from_str(&stdout).unwrap_or(Value::Null),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
             String::from_utf8_lossy(&output.stderr).into_owned(),
         )
     }
@@ -275,6 +284,107 @@ async fn the_admin_verbs_work_against_a_running_relay_and_refuse_without_the_tok
     })
     .await
     .expect("usage counted");
+    relay.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_windows_verb_shows_the_usage_windows_the_upstreams_answers_reported() {
+    const HOUR: Duration = Duration::from_secs(3_600);
+    let upstream = FakeUpstream::start().await.expect("upstream");
+    let dir = scratch("windows");
+    let config = dir.join("relay.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "api_keys:\n  - {{key: {KEY}, group: default, user: u}}\naccounts:\n  - {{id: 1, name: a, platform: anthropic, base_url: \"{base}\", api_key: cred-a, priority: 0}}\n  - {{id: 2, name: b, platform: anthropic, base_url: \"{base}\", api_key: cred-b, priority: 1}}\n",
+            base = upstream.base_url
+        ),
+    )
+    .expect("config");
+    // `a` answers with a 5-hour window of 4 requests and a weekly one of 10: one request uses a
+    // quarter of the first and a tenth of the second.
+    upstream.set_windows(
+        "cred-a",
+        WindowBudgets {
+            five_hour: Some(Window::new(5 * HOUR, 4)),
+            weekly: Some(Window::new(7 * 24 * HOUR, 10)),
+            ..WindowBudgets::default()
+        },
+    );
+    let relay = start(&config, &dir.join("state.json")).await;
+    let (ok, nothing, stderr) = relay.admin(ADMIN_TOKEN, &["windows"]);
+    assert!(ok, "{stderr}");
+    assert_eq!(nothing, json!({"windows": []}), "nothing reported yet");
+
+    let (status, body) = relay.message().await;
+    assert_eq!(status, 200, "served by a: {body}");
+    // The relay hands the readings over off the request's path: give it a moment.
+    let windows = eventually(Duration::from_secs(10), || async {
+        let (_, windows, _) = relay.admin(ADMIN_TOKEN, &["windows"]);
+        windows["windows"]
+            .as_array()
+            .filter(|rows| rows.len() == 2)
+            .cloned()
+    })
+    .await
+    .expect("both windows of a listed");
+    let now = poolgate_core::now_ms();
+    for (row, kind, utilization, length) in [
+        (&windows[0], "5h", 0.25, 5 * HOUR),
+        (&windows[1], "7d", 0.1, 7 * 24 * HOUR),
+    ] {
+        assert_eq!(
+            (
+                &row["account_id"],
+                &row["account_name"],
+                &row["kind"],
+                &row["scope"],
+                &row["status"],
+                &row["utilization"],
+            ),
+            (
+                &json!(1),
+                &json!("a"),
+                &json!(kind),
+                &json!("account"),
+                &json!("allowed"),
+                &json!(utilization),
+            ),
+            "{row}"
+        );
+        let remaining = row["remaining_ms"].as_i64().expect("remaining");
+        let length = length.as_millis() as i64;
+        assert!(
+            remaining > length - 60_000 && remaining <= length + 1_000,
+            "the reset is a window ahead: {row}"
+        );
+        let reset = row["reset_at_ms"].as_i64().expect("reset");
+        assert!(reset > now, "{row}");
+    }
+    // The same as the operator reads it, narrowed to `a`; `b` has none, an unknown account is
+    // not found.
+    let (ok, text, stderr) = relay.admin_text(ADMIN_TOKEN, &["windows", "--account", "1"]);
+    assert!(ok, "{stderr}");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(
+        lines[0].starts_with("1\ta\t5h\tscope=account\tused=25.0%\tstatus=allowed\treset=4h59m\t")
+            || lines[0]
+                .starts_with("1\ta\t5h\tscope=account\tused=25.0%\tstatus=allowed\treset=5h0m\t"),
+        "{text}"
+    );
+    assert!(
+        lines[0].ends_with(" ago") && lines[1].contains("\t7d\t"),
+        "{text}"
+    );
+    let (ok, text, stderr) = relay.admin_text(ADMIN_TOKEN, &["windows", "--account", "2"]);
+    assert!(
+        ok && text.trim().is_empty(),
+        "b reported nothing: {text} {stderr}"
+    );
+    let (ok, _, stderr) = relay.admin_text(ADMIN_TOKEN, &["windows", "--account", "99"]);
+    assert!(!ok && stderr.contains("404"), "{stderr}");
     relay.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }

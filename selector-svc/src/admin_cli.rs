@@ -1,8 +1,8 @@
 //! `selector-svc admin …`: the operator CLI against a running selector's admin gRPC API. The read
-//! and repair verbs (accounts, blocks, restore, clear-block, usage) are `poolgate-operator`'s,
-//! the same verbs and output as `relay-svc admin`; the configuration verbs (accounts and client
-//! keys, statuses, bindings, load) are the selector's own, since its configuration lives behind
-//! these RPCs (a standalone relay's lives in its YAML file).
+//! and repair verbs (accounts, blocks, windows, restore, clear-block, usage) are
+//! `poolgate-operator`'s, the same verbs and output as `relay-svc admin`; the configuration verbs
+//! (accounts and client keys, statuses, bindings, load) are the selector's own, since its
+//! configuration lives behind these RPCs (a standalone relay's lives in its YAML file).
 
 use std::path::PathBuf;
 use std::process::ExitCode;

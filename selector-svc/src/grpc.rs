@@ -648,6 +648,33 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
         }))
     }
 
+    async fn list_windows(
+        &self,
+        request: Request<pb::ListWindowsRequest>,
+    ) -> Result<Response<pb::ListWindowsResponse>, Status> {
+        let (account, group) = convert::read_windows_query(request.into_inner())?;
+        let accounts = self
+            .selector
+            .windows(account, group.as_deref())
+            .await
+            .map_err(status)?;
+        // Taken after the read: a reading stored just now is never ahead of it.
+        let now_ms = now_ms();
+        Ok(Response::new(convert::windows_answer(
+            convert::WindowsAnswer {
+                now_ms,
+                accounts: accounts
+                    .into_iter()
+                    .map(|(account, readings)| convert::AccountReadings {
+                        account_id: account.id,
+                        account_name: account.name.clone(),
+                        readings,
+                    })
+                    .collect(),
+            },
+        )))
+    }
+
     async fn clear_block(
         &self,
         request: Request<pb::ClearBlockRequest>,

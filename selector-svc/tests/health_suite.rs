@@ -1514,7 +1514,7 @@ async fn a_groups_own_window_thresholds_move_its_sessions_sooner_and_show_in_its
         );
         let left = metrics
             .window_headroom
-            .with_label_values(&[group, "seven_day"])
+            .with_label_values(&[group, "7d"])
             .get();
         assert!(
             (left - 0.87).abs() < 1e-9,

@@ -49,13 +49,14 @@ impl WindowKind {
         !matches!(self, WindowKind::Overage | WindowKind::PerMinute(_))
     }
 
-    /// A stable snake_case name (metric labels, the operator's views).
+    /// A stable name after the upstreams' own (`anthropic-ratelimit-unified-5h-*`, `7d_oi`):
+    /// metric labels and the operator's `windows` view; scripts match them.
     pub fn label(self) -> &'static str {
         match self {
-            WindowKind::FiveHour => "five_hour",
-            WindowKind::SevenDay => "seven_day",
-            WindowKind::SevenDayOverageIncluded => "seven_day_oi",
-            WindowKind::SevenDayModel => "seven_day_model",
+            WindowKind::FiveHour => "5h",
+            WindowKind::SevenDay => "7d",
+            WindowKind::SevenDayOverageIncluded => "7d_oi",
+            WindowKind::SevenDayModel => "7d_model",
             WindowKind::Overage => "overage",
             WindowKind::CodexPrimary => "codex_primary",
             WindowKind::CodexSecondary => "codex_secondary",

@@ -254,9 +254,14 @@ mod lease;
 mod selection;
 #[cfg(test)]
 mod tests;
+mod windows;
 
 pub use lease::{lease_id, wait, wait_ms};
 pub use selection::{
     MAX_WINDOW_ACCOUNTS, MAX_WINDOW_READINGS, read_report_answer, read_windows_request,
     report_answer, windows_request,
+};
+pub use windows::{
+    AccountReadings, WindowsAnswer, read_windows_answer, read_windows_query, windows_answer,
+    windows_query,
 };

@@ -2,8 +2,8 @@
 //! engine and the admission engine run here, each on its memory store, wired as the services
 //! wire them: the same selection, outcomes, confirmation probe, breaker, bindings and token
 //! refresh as a distributed deployment. Accounts and client keys come from a YAML file; what
-//! must survive a restart (refreshed OAuth tokens, retirements, the usage ledger) goes to a
-//! state file.
+//! must survive a restart (refreshed OAuth tokens, retirements, the usage ledger, the usage
+//! windows' readings) goes to a state file.
 
 mod config;
 mod leases;
@@ -59,8 +59,12 @@ pub fn build(
             .map_err(|e| e.to_string())?,
     );
     let snapshot = Arc::new(SnapshotCell::new(source.snapshot()));
-    let health: Arc<dyn poolgate_select::health::HealthStore> =
-        Arc::new(InProcessHealth::new(admission.clone()));
+    let in_process = Arc::new(InProcessHealth::new(admission.clone()));
+    // The readings saved before a restart are back before the first select; new ones reach the
+    // file every few seconds and at shutdown, never on a request's path.
+    source.keep_windows(in_process.clone());
+    tokio::spawn(source.clone().write_periodically());
+    let health: Arc<dyn poolgate_select::health::HealthStore> = in_process;
     let selector_metrics =
         poolgate_select::metrics::Metrics::registered_in(metrics.registry.clone());
     let selector = Arc::new(Selector::new(SelectorParts {

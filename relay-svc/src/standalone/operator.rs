@@ -9,7 +9,7 @@ use poolgate_core::account::Account;
 use poolgate_select::engine::{Selector, SelectorError};
 use poolgate_select::source::{AccountSource, MemorySource};
 
-use poolgate_operator::view::{AccountRow, BlockRow, UsageRow};
+use poolgate_operator::view::{AccountRow, BlockRow, UsageRow, WindowRow, window_rows};
 
 use crate::admin::{AdminError, Operator};
 
@@ -80,6 +80,27 @@ impl Operator for EngineOperator {
                 remaining_ms: block.remaining_ms,
             })
             .collect())
+    }
+
+    async fn windows(
+        &self,
+        account_id: Option<i64>,
+        group: Option<&str>,
+    ) -> Result<Vec<WindowRow>, AdminError> {
+        // Only an account asked for can be unknown: `NotFound` names it.
+        let accounts = self
+            .selector
+            .windows(account_id, group)
+            .await
+            .map_err(|e| admin_error(account_id.unwrap_or_default(), e))?;
+        // The clock the selector's gRPC answer carries, taken after the read as it is there.
+        let now = poolgate_core::now_ms();
+        Ok(window_rows(
+            now,
+            accounts.iter().map(|(account, readings)| {
+                (account.id, account.name.as_str(), readings.as_slice())
+            }),
+        ))
     }
 
     async fn restore(&self, account_id: i64) -> Result<AccountRow, AdminError> {

@@ -1,5 +1,5 @@
 //! Outside selection: client keys checked against the snapshot, and the operator's reads and
-//! actions (blocks, restore, reload, live load).
+//! actions (blocks, usage windows, restore, reload, live load).
 
 use std::sync::Arc;
 
@@ -7,6 +7,7 @@ use crate::crypto::api_key_hash;
 use crate::health::BlockInfo;
 use poolgate_core::AccountId;
 use poolgate_core::account::{Account, AccountStatus, ApiKeyRecord};
+use poolgate_core::windows::WindowReading;
 
 use super::{Selector, SelectorError};
 
@@ -64,6 +65,47 @@ impl Selector {
             .list_blocks(&ids)
             .await
             .map_err(|e| SelectorError::Unavailable(e.to_string()))
+    }
+
+    /// The usage-window readings the health store keeps for the configured accounts (only
+    /// `account`'s, only `group`'s accounts, when given), read fresh (not through selection's
+    /// cache), ascending by account; accounts without a reading are left out. The readings are
+    /// as stored: one whose reset has passed reads as empty in selection (docs/DESIGN.md §5) and
+    /// is kept a day longer, for operators. An account not configured is `NotFound`.
+    pub async fn windows(
+        &self,
+        account: Option<AccountId>,
+        group: Option<&str>,
+    ) -> Result<Vec<(Arc<Account>, Vec<WindowReading>)>, SelectorError> {
+        let snapshot = self.snapshot.get();
+        if let Some(id) = account
+            && snapshot.account(id).is_none()
+        {
+            return Err(SelectorError::NotFound(format!("no account {id}")));
+        }
+        let mut accounts: Vec<Arc<Account>> = snapshot
+            .accounts()
+            .filter(|a| account.is_none_or(|id| a.id == id))
+            .filter(|a| group.is_none_or(|group| a.group == group))
+            .cloned()
+            .collect();
+        accounts.sort_unstable_by_key(|a| a.id);
+        let ids: Vec<AccountId> = accounts.iter().map(|a| a.id).collect();
+        let readings = self
+            .health
+            .read_windows(&ids)
+            .await
+            .map_err(|e| SelectorError::Unavailable(e.to_string()))?;
+        if readings.len() != ids.len() {
+            return Err(SelectorError::Unavailable(
+                "usage windows read answered for other accounts".into(),
+            ));
+        }
+        Ok(accounts
+            .into_iter()
+            .zip(readings)
+            .filter(|(_, readings)| !readings.is_empty())
+            .collect())
     }
 
     /// Live lease counts of accounts (`None`: unknown), fresh.

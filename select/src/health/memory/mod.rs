@@ -110,6 +110,9 @@ struct State {
     accounts: HashMap<AccountId, AccountState>,
     sticky: BindingMap<(String, String)>,
     responses: BindingMap<String>,
+    /// Bumped on every window reading stored, so the state file's writer can tell whether there
+    /// is anything new to keep (`windows.rs`).
+    windows_version: u64,
 }
 
 /// Health in memory, coupled to the in-process admission engine.
@@ -134,6 +137,7 @@ impl InProcessHealth {
                 accounts: HashMap::new(),
                 sticky: BindingMap::new(),
                 responses: BindingMap::new(),
+                windows_version: 0,
             }),
             cooldown_writes: tokio::sync::Mutex::new(()),
             started: Instant::now(),

@@ -4,17 +4,21 @@
 //!
 //! What must survive a restart goes to an optional state file, loaded over the config at
 //! start: refreshed OAuth tokens (refresh tokens are single-use: a relay that refreshed and then
-//! restarted with the config's old token has lost the account), status changes, and the usage
-//! ledger. The file is JSON, mode 0600 (it holds credentials in clear, as the config does),
-//! written atomically (a fresh temporary file created exclusively in the same directory, fsync,
-//! rename, fsync of the directory), so a crash leaves the old state or the new one, never half
-//! of one.
+//! restarted with the config's old token has lost the account), status changes, the usage
+//! ledger, and the usage windows' readings of the in-process health store (with
+//! [`MemorySource::keep_windows`]: a restart does not forget which account's week is nearly
+//! used). Tokens and statuses are written at once; usage and readings, which change with every
+//! request, at most every [`WRITE_EVERY`] (by [`MemorySource::write_periodically`]) and at
+//! shutdown ([`MemorySource::flush`]), never on a request's path. The file is JSON, mode 0600
+//! (it holds credentials in clear, as the config does), written atomically (a fresh temporary
+//! file created exclusively in the same directory, fsync, rename, fsync of the directory), so a
+//! crash leaves the old state or the new one, never half of one.
 //!
 //! This file is the source and its ledger; `state_file.rs` is the file: its format and its
 //! atomic write.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -23,8 +27,10 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::{AccountSource, StoreError, UsageInput, UsageTotals};
+use crate::health::InProcessHealth;
 use crate::snapshot::{Snapshot, SnapshotCell};
 use poolgate_core::account::{Account, AccountStatus, OAuthState, Secret};
+use poolgate_core::windows::WindowReading;
 use poolgate_core::{AccountId, now_ms};
 use state_file::{FORMAT, Persisted, StoredStatus, StoredTokens, UsageBucket};
 
@@ -32,9 +38,9 @@ mod state_file;
 
 pub use state_file::StateFile;
 
-/// Usage is written at most this often (tokens and status changes at once): a crash loses at
-/// most this much of the ledger, and a busy relay does not fsync per request.
-const USAGE_WRITE_EVERY: Duration = Duration::from_secs(5);
+/// Usage and window readings are written at most this often (tokens and status changes at
+/// once): a crash loses at most this much of them, and a busy relay does not fsync per request.
+const WRITE_EVERY: Duration = Duration::from_secs(5);
 
 /// The ledger keeps totals per client key and hour; a range counts the hours that start in it.
 const USAGE_BUCKET_MS: i64 = 3_600_000;
@@ -60,11 +66,17 @@ struct Current {
     /// Buckets of keys the config no longer lists: kept in the file, counted for no one.
     retained_usage: Vec<UsageBucket>,
     usage_dirty: bool,
+    /// The file's window readings of configured accounts, until [`MemorySource::keep_windows`]
+    /// hands them to the health store.
+    restored_windows: Vec<(AccountId, Vec<WindowReading>)>,
+    /// The health store's windows version the file holds.
+    windows_written: u64,
 }
 
 impl Current {
-    fn to_persisted(&self) -> Persisted {
-        Persisted {
+    /// What the file holds now; `windows`: the health store's readings, when it keeps them.
+    fn to_persisted(&self, windows: Option<Vec<(AccountId, Vec<WindowReading>)>>) -> Persisted {
+        let mut persisted = Persisted {
             format: FORMAT,
             usage: self
                 .usage
@@ -85,7 +97,26 @@ impl Current {
                 .chain(self.retained_usage.iter().cloned())
                 .collect(),
             ..self.persisted.clone()
+        };
+        if let Some(stored) = windows {
+            // The store holds the configured accounts' readings (the file's among them, restored
+            // at start); the file keeps other accounts' as it found them.
+            persisted
+                .windows
+                .retain(|name, _| !self.names.contains_key(name));
+            for (id, readings) in stored {
+                if let Some(configured) = self.configured.get(&id) {
+                    persisted.windows.insert(configured.name.clone(), readings);
+                }
+            }
         }
+        // A window whose reset passed reads as empty (docs/DESIGN.md §5): nothing to keep.
+        let now = now_ms();
+        for readings in persisted.windows.values_mut() {
+            readings.retain(|reading| reading.reset_at_ms > now);
+        }
+        persisted.windows.retain(|_, readings| !readings.is_empty());
+        persisted
     }
 
     /// The account a state file entry is for: by name (format 1) or by id (format 0).
@@ -138,6 +169,8 @@ pub struct MemorySource {
     writes: tokio::sync::Mutex<Instant>,
     /// Bumped on every change the snapshot shows (see [`MemorySource::reload_on_change`]).
     changes: watch::Sender<u64>,
+    /// The health store whose window readings the file keeps ([`MemorySource::keep_windows`]).
+    windows: OnceLock<Arc<InProcessHealth>>,
 }
 
 impl MemorySource {
@@ -196,6 +229,8 @@ impl MemorySource {
             usage: BTreeMap::new(),
             retained_usage: Vec::new(),
             usage_dirty: false,
+            restored_windows: Vec::new(),
+            windows_written: 0,
             persisted: Persisted {
                 format: FORMAT,
                 ..Persisted::default()
@@ -207,6 +242,7 @@ impl MemorySource {
             state_file,
             writes: tokio::sync::Mutex::new(Instant::now()),
             changes: watch::channel(0).0,
+            windows: OnceLock::new(),
         })
     }
 
@@ -241,9 +277,39 @@ impl MemorySource {
         }
     }
 
-    /// Writes the state file now if usage is waiting to be written (at shutdown).
+    /// Keeps `health`'s usage-window readings in the state file from now on: the file's readings
+    /// go into it first (once; a second store is ignored). Call before serving, then run
+    /// [`MemorySource::write_periodically`].
+    pub fn keep_windows(&self, health: Arc<InProcessHealth>) {
+        let saved = self.with_current(|current| std::mem::take(&mut current.restored_windows));
+        health.restore_windows(saved);
+        if self.windows.set(health).is_err() {
+            tracing::warn!("the state file keeps the window readings of one health store only");
+        }
+    }
+
+    /// Writes the state file every [`WRITE_EVERY`] when usage or window readings wait to be
+    /// written (so a crash loses at most that much of them). Runs until its task is dropped.
+    pub async fn write_periodically(self: Arc<Self>) {
+        if self.state_file.is_none() {
+            return;
+        }
+        let mut every = tokio::time::interval_at(Instant::now() + WRITE_EVERY, WRITE_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            // A failed write is logged, and what it carried is written again next time.
+            let _ = self.flush().await;
+        }
+    }
+
+    /// Writes the state file now if usage or window readings are waiting to be written (at
+    /// shutdown, and periodically).
     pub async fn flush(&self) -> Result<(), StoreError> {
-        if self.with_current(|current| current.usage_dirty) {
+        let windows_waiting = self.windows.get().is_some_and(|health| {
+            health.windows_version() != self.with_current(|current| current.windows_written)
+        });
+        if windows_waiting || self.with_current(|current| current.usage_dirty) {
             self.persist().await?;
         }
         Ok(())
@@ -255,9 +321,11 @@ impl MemorySource {
             return Ok(());
         };
         let mut last_write = self.writes.lock().await;
+        let windows = self.windows.get().map(|health| health.all_windows());
+        let version = windows.as_ref().map(|(version, _)| *version);
         let state = self.with_current(|current| {
             current.usage_dirty = false;
-            current.to_persisted()
+            current.to_persisted(windows.map(|(_, readings)| readings))
         });
         let file = file.clone();
         let written = tokio::task::spawn_blocking(move || file.write(&state))
@@ -265,7 +333,12 @@ impl MemorySource {
             .map_err(|e| StoreError::StateFile(format!("the write did not finish: {e}")))
             .and_then(|result| result);
         match &written {
-            Ok(()) => *last_write = Instant::now(),
+            Ok(()) => {
+                *last_write = Instant::now();
+                if let Some(version) = version {
+                    self.with_current(|current| current.windows_written = version);
+                }
+            }
             Err(error) => {
                 // The change is served from memory; the next write carries it again.
                 self.with_current(|current| current.usage_dirty = true);
@@ -349,6 +422,16 @@ impl Current {
             totals.input_tokens += bucket.input_tokens;
             totals.output_tokens += bucket.output_tokens;
             totals.cost_usd += bucket.cost_usd;
+        }
+        for (key, readings) in persisted.windows {
+            // Readings of an account the config does not name stay in the file, as its tokens do.
+            if let Some(id) = self.resolve(&key, format) {
+                self.restored_windows.push((id, readings.clone()));
+                let name = self.configured[&id].name.clone();
+                self.persisted.windows.insert(name, readings);
+            } else {
+                self.persisted.windows.insert(key, readings);
+            }
         }
     }
 }
@@ -451,7 +534,7 @@ impl AccountSource for MemorySource {
             }
             current.usage_dirty = true;
         });
-        let due = self.writes.lock().await.elapsed() >= USAGE_WRITE_EVERY;
+        let due = self.writes.lock().await.elapsed() >= WRITE_EVERY;
         if due {
             self.persist().await?;
         }

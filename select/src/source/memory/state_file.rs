@@ -1,5 +1,6 @@
 //! The standalone relay's state file: what must survive a restart (refreshed tokens, status
-//! changes, the usage ledger), its format (1, and 0 read for upgrades) and its atomic write.
+//! changes, the usage ledger, the usage windows' readings), its format (1, and 0 read for
+//! upgrades) and its atomic write.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
@@ -10,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::source::StoreError;
 use poolgate_core::account::Secret;
+use poolgate_core::windows::WindowReading;
 
 /// Where the standalone relay keeps what must survive a restart.
 #[derive(Debug, Clone)]
@@ -84,6 +86,39 @@ pub(super) struct Persisted {
     pub(super) statuses: BTreeMap<String, StoredStatus>,
     #[serde(default)]
     pub(super) usage: Vec<UsageBucket>,
+    /// The usage windows' readings (docs/DESIGN.md §5) by account name, only those whose reset
+    /// is ahead. Added within format 1: a file without them reads as none, and a build without
+    /// them ignores them.
+    #[serde(
+        default,
+        skip_serializing_if = "BTreeMap::is_empty",
+        deserialize_with = "readable_windows"
+    )]
+    pub(super) windows: BTreeMap<String, Vec<WindowReading>>,
+}
+
+/// The readings this build can read, the others skipped: a reading is worth an answer or two
+/// from the upstream, not a relay that refuses its state file (a later build may know more
+/// windows than this one).
+fn readable_windows<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<BTreeMap<String, Vec<WindowReading>>, D::Error> {
+    let serde_json::Value::Object(accounts) = serde_json::Value::deserialize(deserializer)? else {
+        return Ok(BTreeMap::new());
+    };
+    Ok(accounts
+        .into_iter()
+        .map(|(account, readings)| {
+            let readings = match readings {
+                serde_json::Value::Array(readings) => readings
+                    .into_iter()
+                    .filter_map(|reading| serde_json::from_value(reading).ok())
+                    .collect(),
+                _ => Vec::new(),
+            };
+            (account, readings)
+        })
+        .collect())
 }
 
 impl StateFile {
