@@ -79,7 +79,10 @@ impl pb::admission_server::Admission for AdmissionGrpc {
         let lease_id =
             convert::lease_id("lease_id", &request.lease_id).map_err(|e| status(invalid(e)))?;
         let spend_micros = spend("spend_usd", request.spend_usd).map_err(status)?;
-        let released = self.admission.release(&lease_id, None, spend_micros).await;
+        let released = self
+            .admission
+            .release_with(&lease_id, None, spend_micros, request.tokens)
+            .await;
         Ok(Response::new(pb::ReleaseResponse { released }))
     }
 

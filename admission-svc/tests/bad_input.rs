@@ -104,7 +104,10 @@ async fn lease_stream_rejects_bad_acquires_and_keeps_serving() {
     for first in [
         pb::lease_request::Kind::Heartbeat(pb::Heartbeat {}),
         pb::lease_request::Kind::Attempt(pb::Attempt {}),
-        pb::lease_request::Kind::Release(pb::Release { spend_usd: 0.0 }),
+        pb::lease_request::Kind::Release(pb::Release {
+            spend_usd: 0.0,
+            tokens: 0,
+        }),
     ] {
         let (_, answer) = LeaseStream::open(client, first).await;
         invalid_naming(&answer, "kind");
@@ -140,6 +143,7 @@ async fn bad_messages_on_a_held_lease_end_the_stream_and_leave_the_slot_to_the_g
     stream
         .send(pb::lease_request::Kind::Release(pb::Release {
             spend_usd: -1.0,
+            tokens: 0,
         }))
         .await;
     match stream.next_event().await {
@@ -193,6 +197,7 @@ async fn unary_rpcs_reject_bad_input_naming_the_field() {
             .release(pb::ReleaseRequest {
                 lease_id: "1.abc.1".into(),
                 spend_usd,
+                tokens: 0,
             })
             .await
             .expect_err("bad spend");

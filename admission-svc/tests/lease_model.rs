@@ -10,7 +10,14 @@
 //! - live leases ≤ the concurrency limit on every account (no grant at or over the limit);
 //! - a lease released while the store kept its data is never renewed or resumed again;
 //! - nothing phantom: the store never counts more live leases than the model allows (granted,
-//!   not released, renewed less than a ttl ago), and never resumes a lease that surely expired.
+//!   not released, renewed less than a ttl ago, not orphaned longer than the grace ago), and
+//!   never resumes a lease that surely expired.
+//!
+//! Some acquires carry a client key with a concurrency limit (docs/DESIGN.md §4; a few keys
+//! shared across the accounts), and the same holds for every key's slot: its live leases never
+//! exceed the key's limit, never exceed what the model allows (a released lease gave its key
+//! slot back at once, an orphaned one after the grace, a fenced one is not restored), and a
+//! `KEY_CONCURRENCY` refusal is only answered when the key's limit may really be taken.
 //!
 //! Every run prints its seed; a failure prints the seed and the operation sequence. Replay with
 //! `POOLGATE_MODEL_SEED=<seed>`; bound the wall time per backend with `POOLGATE_MODEL_SECS`
@@ -44,9 +51,13 @@ use tokio::sync::oneshot;
 const REPLICAS: usize = 3;
 /// Concurrency limit of each account of a run.
 const LIMITS: [i32; 2] = [1, 2];
+/// Concurrency limit of each client key of a run (each key used on every account).
+const KEY_LIMITS: [i32; 2] = [1, 2];
 const OPS_PER_RUN: usize = 40;
 /// Clock granularity between the model's `Instant` and the store's millisecond clock.
 const SLACK: Duration = Duration::from_millis(25);
+/// Bound on how long a replica takes to notice a dropped stream and cut its lease.
+const ORPHAN_SLACK: Duration = Duration::from_millis(300);
 
 fn model_settings() -> Settings {
     Settings {
@@ -207,6 +218,8 @@ pub enum Op {
         replica: usize,
         account: usize,
         wait_ms: u32,
+        /// The client key (index into `KEY_LIMITS`) the request carries, if any.
+        key: Option<usize>,
     },
     Heartbeat {
         lease: usize,
@@ -282,6 +295,10 @@ impl Op {
                 replica,
                 account: rng.usize(0..LIMITS.len()),
                 wait_ms: if rng.u32(0..4) == 0 { 300 } else { 0 },
+                key: match rng.usize(0..KEY_LIMITS.len() + 1) {
+                    0 => None,
+                    n => Some(n - 1),
+                },
             },
             22..=43 => Op::Heartbeat { lease, stream },
             44..=51 => Op::StreamRelease { lease, stream },
@@ -317,18 +334,27 @@ macro_rules! violation {
 struct Holder {
     replica: usize,
     stream: LeaseStream,
+    /// Unique in the run: names the stream that holds the lease now (`ModelLease::current`).
+    serial: u64,
 }
 
 /// What the model knows of one granted lease.
 struct ModelLease {
     id: String,
     account: usize,
+    key: Option<usize>,
     holders: Vec<Holder>,
     /// Released (by a stream or unary release) in this data generation: never live again.
     released_in: Option<u64>,
     /// The last moment the store may have set its expiry (a grant, renewal or resume answered
     /// then): it is surely expired a ttl later.
     renewed_at: Instant,
+    /// When its current holder went away without `Release`: the store cuts it to the orphan
+    /// grace. Cleared by anything that may renew it.
+    orphaned_at: Option<Instant>,
+    /// The holder whose end cuts the lease (the acquiring stream, then the last resume); `None`
+    /// when the model cannot tell (a resume without a clear answer).
+    current: Option<u64>,
 }
 
 /// The reference model and the system under test for one run.
@@ -337,7 +363,10 @@ pub struct Run<'a> {
     replicas: &'a mut Vec<Replica>,
     settings: &'a Settings,
     accounts: [i64; LIMITS.len()],
+    keys: [i64; KEY_LIMITS.len()],
     leases: Vec<ModelLease>,
+    /// The next `Holder::serial`.
+    next_serial: u64,
     /// Bumped on every flush: releases of older generations are no longer fenced.
     generation: u64,
     /// Redis restarted in this run: under the `open` policy the replicas admitted on their own
@@ -359,18 +388,31 @@ fn terms(account_id: i64, limit: i32, wait_ms: u32) -> pb::Acquire {
     }
 }
 
+/// `terms` with a client key and its concurrency limit.
+fn keyed_terms(account_id: i64, limit: i32, wait_ms: u32, key: Option<(i64, i32)>) -> pb::Acquire {
+    let (api_key_id, key_concurrency_limit) = key.unwrap_or((0, 0));
+    pb::Acquire {
+        api_key_id,
+        key_concurrency_limit,
+        ..terms(account_id, limit, wait_ms)
+    }
+}
+
 impl<'a> Run<'a> {
     fn new(
         store: &'a mut Store,
         replicas: &'a mut Vec<Replica>,
         settings: &'a Settings,
         first_account: i64,
+        first_key: i64,
     ) -> Self {
         Run {
             store,
             replicas,
             settings,
             accounts: [first_account, first_account + 1],
+            keys: [first_key, first_key + 1],
+            next_serial: 0,
             leases: Vec::new(),
             generation: 0,
             outage: false,
@@ -384,6 +426,43 @@ impl<'a> Run<'a> {
 
     fn fenced(&self, lease: usize) -> bool {
         !self.outage && self.leases[lease].released_in == Some(self.generation)
+    }
+
+    fn serial(&mut self) -> u64 {
+        self.next_serial += 1;
+        self.next_serial
+    }
+
+    fn grace(&self) -> Duration {
+        self.settings.orphan_grace
+    }
+
+    /// The terms of an acquire on `account` with `key` (also what a resume of it sends).
+    fn lease_terms(&self, account: usize, key: Option<usize>, wait_ms: u32) -> pb::Acquire {
+        keyed_terms(
+            self.accounts[account],
+            LIMITS[account],
+            wait_ms,
+            key.map(|key| (self.keys[key], KEY_LIMITS[key])),
+        )
+    }
+
+    /// Whether the store may still count lease `index` live at `at`: not fenced, renewed less
+    /// than a ttl before, not orphaned longer than the grace before.
+    fn may_live(&self, index: usize, at: Instant) -> bool {
+        let lease = &self.leases[index];
+        !self.fenced(index)
+            && lease.renewed_at + self.ttl() + SLACK >= at
+            && lease
+                .orphaned_at
+                .is_none_or(|orphaned| orphaned + self.grace() + ORPHAN_SLACK >= at)
+    }
+
+    /// Leases of key `key` the store may count live at `at`.
+    fn key_may_live(&self, key: usize, at: Instant) -> usize {
+        (0..self.leases.len())
+            .filter(|&index| self.leases[index].key == Some(key) && self.may_live(index, at))
+            .count()
     }
 
     fn pick_holder(&mut self, lease: usize, stream: usize) -> Option<(usize, usize)> {
@@ -401,21 +480,50 @@ impl<'a> Run<'a> {
                 replica,
                 account,
                 wait_ms,
+                key,
             } => {
                 let client = self.replicas[replica].client.clone();
-                let acquire = terms(self.accounts[account], LIMITS[account], wait_ms);
+                let acquire = self.lease_terms(account, key, wait_ms);
+                let sent_at = Instant::now();
                 let Ok((stream, answer)) =
                     LeaseStream::try_open(&client, pb::lease_request::Kind::Acquire(acquire)).await
                 else {
                     return Ok(false);
                 };
+                if let Some(key) = key
+                    && !self.outage
+                    && answer.denied_reason() == Some(pb::DenyReason::KeyConcurrency)
+                {
+                    // Refused for the key: its limit must have been taken when the acquire was
+                    // sent (live leases only go away while it runs; the model renews nothing).
+                    let may_live = self.key_may_live(key, sent_at);
+                    if may_live < KEY_LIMITS[key] as usize {
+                        violation!(
+                            "key {} refused key_concurrency with at most {may_live} live leases \
+                             on a limit of {}",
+                            self.keys[key],
+                            KEY_LIMITS[key]
+                        );
+                    }
+                }
                 if let Answer::Granted(id) = answer {
+                    if key.is_some() != id.contains(".k") {
+                        violation!("lease {id} granted for key {key:?}: the id does not say so");
+                    }
+                    let serial = self.serial();
                     self.leases.push(ModelLease {
                         id,
                         account,
-                        holders: vec![Holder { replica, stream }],
+                        key,
+                        holders: vec![Holder {
+                            replica,
+                            stream,
+                            serial,
+                        }],
                         released_in: None,
                         renewed_at: Instant::now(),
+                        orphaned_at: None,
+                        current: Some(serial),
                     });
                 }
             }
@@ -434,6 +542,7 @@ impl<'a> Run<'a> {
                         }
                         self.leases[lease].released_in = None;
                         self.leases[lease].renewed_at = Instant::now();
+                        self.leases[lease].orphaned_at = None;
                     }
                     // The backend did not answer (not with `open` on Redis, which falls back).
                     Ok(Some(pb::lease_event::Kind::NotRenewed(_))) => {}
@@ -445,6 +554,7 @@ impl<'a> Run<'a> {
                     Ok(None) | Err(_) => {
                         self.leases[lease].holders.remove(stream);
                         self.leases[lease].renewed_at = Instant::now();
+                        self.leases[lease].orphaned_at = None;
                     }
                     Ok(Some(other)) => violation!("heartbeat answered {other:?}"),
                 }
@@ -458,6 +568,7 @@ impl<'a> Run<'a> {
                     .stream
                     .send(pb::lease_request::Kind::Release(pb::Release {
                         spend_usd: 0.0,
+                        tokens: 0,
                     }))
                     .await;
                 if let Ok(Some(pb::lease_event::Kind::Released(_))) =
@@ -486,26 +597,36 @@ impl<'a> Run<'a> {
                 let Some((lease, stream)) = self.pick_holder(lease, stream) else {
                     return Ok(false);
                 };
-                self.leases[lease].holders.remove(stream).stream.abandon();
+                let holder = self.leases[lease].holders.remove(stream);
+                let current = self.leases[lease].current == Some(holder.serial);
+                holder.stream.abandon();
+                // Only the current holder's end cuts the lease (holder epochs); an older
+                // stream's end leaves it as it is.
+                if current && self.leases[lease].orphaned_at.is_none() {
+                    self.leases[lease].orphaned_at = Some(Instant::now());
+                }
             }
             Op::Resume { lease, replica } => {
                 let Some(found) = self.leases.get(lease) else {
                     return Ok(false);
                 };
-                let account = found.account;
                 let resume = pb::lease_request::Kind::Resume(pb::Resume {
                     lease_id: found.id.clone(),
-                    terms: Some(terms(self.accounts[account], LIMITS[account], 0)),
+                    terms: Some(self.lease_terms(found.account, found.key, 0)),
                 });
                 let sent_at = Instant::now();
                 let client = self.replicas[replica].client.clone();
                 let Ok((stream, answer)) = LeaseStream::try_open(&client, resume).await else {
                     // The resume may have been applied before the call failed.
                     self.leases[lease].renewed_at = Instant::now();
+                    self.leases[lease].orphaned_at = None;
+                    self.leases[lease].current = None;
                     return Ok(false);
                 };
                 if let Answer::Error(..) = answer {
                     self.leases[lease].renewed_at = Instant::now();
+                    self.leases[lease].orphaned_at = None;
+                    self.leases[lease].current = None;
                 }
                 if answer.is_granted() {
                     if self.fenced(lease) {
@@ -516,7 +637,14 @@ impl<'a> Run<'a> {
                         violation!("expired lease {} resumed", self.leases[lease].id);
                     }
                     self.leases[lease].renewed_at = Instant::now();
-                    self.leases[lease].holders.push(Holder { replica, stream });
+                    let serial = self.serial();
+                    self.leases[lease].orphaned_at = None;
+                    self.leases[lease].current = Some(serial);
+                    self.leases[lease].holders.push(Holder {
+                        replica,
+                        stream,
+                        serial,
+                    });
                 }
             }
             Op::Attempt { lease, stream } => {
@@ -579,20 +707,38 @@ impl<'a> Run<'a> {
                     self.accounts[account]
                 );
             }
-            let may_live = self
-                .leases
-                .iter()
-                .enumerate()
-                .filter(|(index, lease)| {
-                    lease.account == account
-                        && !self.fenced(*index)
-                        && lease.renewed_at + self.ttl() + SLACK >= asked_at
+            let may_live = (0..self.leases.len())
+                .filter(|&index| {
+                    self.leases[index].account == account && self.may_live(index, asked_at)
                 })
                 .count();
             if count as usize > may_live {
                 violation!(
                     "account {} holds {count} live leases, the model allows {may_live} (phantom)",
                     self.accounts[account]
+                );
+            }
+        }
+        // The keys' slots: within each key's limit, and nothing the model does not allow (a
+        // released keyed lease gave its key slot back, an orphaned one after the grace).
+        let counts = self.replicas[0]
+            .admission
+            .key_inflight(&self.keys)
+            .await
+            .map_err(|error| Violation(format!("key inflight failed: {error}")))?;
+        for (key, &count) in counts.iter().enumerate() {
+            let limit = KEY_LIMITS[key];
+            if count as i32 > limit {
+                violation!(
+                    "key {} holds {count} live leases on a limit of {limit}",
+                    self.keys[key]
+                );
+            }
+            let may_live = self.key_may_live(key, asked_at);
+            if count as usize > may_live {
+                violation!(
+                    "key {} holds {count} live leases, the model allows {may_live} (phantom)",
+                    self.keys[key]
                 );
             }
         }
@@ -642,6 +788,7 @@ pub struct Harness {
     pub replicas: Vec<Replica>,
     pub settings: Settings,
     next_account: i64,
+    next_key: i64,
     /// Operations applied over every run, by kind.
     applied: HashMap<&'static str, usize>,
 }
@@ -661,6 +808,7 @@ impl Harness {
             replicas,
             settings,
             next_account: 1_000,
+            next_key: 1_000,
             applied: HashMap::new(),
         }
     }
@@ -669,11 +817,14 @@ impl Harness {
     pub async fn run(&mut self, ops: &[Op]) -> Result<(), Failure> {
         let first_account = self.next_account;
         self.next_account += LIMITS.len() as i64;
+        let first_key = self.next_key;
+        self.next_key += KEY_LIMITS.len() as i64;
         let mut run = Run::new(
             &mut self.store,
             &mut self.replicas,
             &self.settings,
             first_account,
+            first_key,
         );
         let result = run.apply(ops).await;
         let outage = run.outage;
@@ -814,6 +965,7 @@ fn unary_release_then_old_heartbeat() -> Vec<Op> {
             replica: 2,
             account: 0,
             wait_ms: 0,
+            key: None,
         },
         Op::UnaryRelease {
             lease: 0,
@@ -823,6 +975,7 @@ fn unary_release_then_old_heartbeat() -> Vec<Op> {
             replica: 1,
             account: 0,
             wait_ms: 0,
+            key: None,
         },
         Op::Heartbeat {
             lease: 0,
@@ -839,6 +992,7 @@ fn release_on_a_resumed_stream_then_old_heartbeat() -> Vec<Op> {
             replica: 1,
             account: 1,
             wait_ms: 0,
+            key: None,
         },
         Op::Resume {
             lease: 0,

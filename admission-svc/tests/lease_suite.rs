@@ -62,7 +62,37 @@ backend_suite!(
     a_refused_acquire_is_one_round_trip_and_writes_nothing,
     a_unary_release_keeps_the_spend,
     attempts_after_a_resume_are_charged_as_new_events,
+    a_key_at_its_limit_is_refused_key_concurrency_across_accounts_until_a_release,
 );
+
+async fn a_key_at_its_limit_is_refused_key_concurrency_across_accounts_until_a_release(
+    store: Store,
+) {
+    let server = TestServer::on(&store).await;
+    let keyed = |account| pb::Acquire {
+        api_key_id: 9,
+        key_concurrency_limit: 2,
+        ..acquire(account, 5)
+    };
+    let (first, answer) = LeaseStream::acquire(&server.client, keyed(1001)).await;
+    assert!(answer.is_granted(), "{answer:?}");
+    let (_second, answer) = LeaseStream::acquire(&server.client, keyed(1002)).await;
+    assert!(answer.is_granted(), "{answer:?}");
+    let (_, refused) = LeaseStream::acquire(&server.client, keyed(1003)).await;
+    assert_eq!(
+        refused.denied_reason(),
+        Some(pb::DenyReason::KeyConcurrency)
+    );
+    let metrics = server.admission.metrics().render();
+    assert!(
+        metrics.contains("reason=\"key_concurrency\""),
+        "refusals counted by limit kind"
+    );
+    assert!(!metrics.contains("\"9\""), "never by key id");
+    first.release(0.0).await;
+    let (_, again) = LeaseStream::acquire(&server.client, keyed(1003)).await;
+    assert!(again.is_granted(), "{again:?}");
+}
 
 async fn concurrency_gate_grants_up_to_the_limit_then_denies(store: Store) {
     let server = TestServer::on(&store).await;
@@ -872,6 +902,7 @@ async fn a_unary_release_keeps_the_spend(store: Store) {
         .release(pb::ReleaseRequest {
             lease_id,
             spend_usd: 2.5,
+            tokens: 0,
         })
         .await
         .expect("release")

@@ -63,6 +63,7 @@ fn terms(account_id: i64) -> LeaseTerms {
         session_window_limit_micros: 0,
         session_bound: false,
         ignore_cooldown: false,
+        key: None,
     }
 }
 
@@ -163,6 +164,7 @@ async fn one_lease(
     sender
         .send(message(pb::lease_request::Kind::Release(pb::Release {
             spend_usd: 0.0,
+            tokens: 0,
         })))
         .await
         .ok()?;

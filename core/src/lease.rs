@@ -16,8 +16,37 @@ pub struct UserLimit {
     pub rpm_limit: i32,
 }
 
+/// A client key's own limits (docs/DESIGN.md §4), checked and charged with the account's. Every
+/// limit <= 0: none.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyLimits {
+    pub api_key_id: i64,
+    /// Requests of the key in flight at once: a lease slot like an account's.
+    pub concurrency_limit: i32,
+    /// Input + output tokens (cache reads and writes count as input) over a rolling minute.
+    pub tpm_limit: i64,
+    /// Spend budgets in micro-USD: in total and per calendar day, week and month (the
+    /// deployment's time zone and week start).
+    pub budget_total_micros: i64,
+    pub budget_day_micros: i64,
+    pub budget_week_micros: i64,
+    pub budget_month_micros: i64,
+}
+
+impl KeyLimits {
+    /// Whether any limit is set (a key without any is never counted).
+    pub fn any(&self) -> bool {
+        self.concurrency_limit > 0
+            || self.tpm_limit > 0
+            || self.budget_total_micros > 0
+            || self.budget_day_micros > 0
+            || self.budget_week_micros > 0
+            || self.budget_month_micros > 0
+    }
+}
+
 /// The terms of one lease: the account's limits as the selector configured them, and what the
-/// request brings (user, session).
+/// request brings (user, session, its client key's limits).
 #[derive(Debug, Clone, PartialEq)]
 pub struct LeaseTerms {
     pub account_id: AccountId,
@@ -36,6 +65,8 @@ pub struct LeaseTerms {
     /// that keeps client traffic away while the probe runs) does not refuse it; every other gate
     /// does. Only in-process callers set it; the gRPC API has no such field.
     pub ignore_cooldown: bool,
+    /// Present only when the request's client key has a limit (`KeyLimits::any`).
+    pub key: Option<KeyLimits>,
 }
 
 impl LeaseTerms {
@@ -58,12 +89,14 @@ impl LeaseTerms {
     }
 }
 
-/// A lease id: `<account>.<instance>.<sequence>`. The account lets any replica find the lease's
-/// keys from the id alone (unary `Release`, `Resume`); the random per-process instance id and the
-/// sequence keep ids unique across replicas and restarts.
+/// A lease id: `<account>.<instance>.<sequence>`, and `.k<api_key_id>` when the lease also
+/// holds a slot of its client key (the key has a limit, `KeyLimits::any`). The account (and the
+/// key) let any replica find the lease's keys from the id alone (unary `Release`, `Resume`); the
+/// random per-process instance id and the sequence keep ids unique across replicas and restarts.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct LeaseId {
     account_id: AccountId,
+    api_key_id: Option<i64>,
     text: String,
 }
 
@@ -71,7 +104,17 @@ impl LeaseId {
     pub fn new(account_id: AccountId, instance: &str, sequence: u64) -> Self {
         LeaseId {
             account_id,
+            api_key_id: None,
             text: format!("{account_id}.{instance}.{sequence}"),
+        }
+    }
+
+    /// A lease that also counts against client key `api_key_id` (> 0).
+    pub fn keyed(account_id: AccountId, api_key_id: i64, instance: &str, sequence: u64) -> Self {
+        LeaseId {
+            account_id,
+            api_key_id: Some(api_key_id),
+            text: format!("{account_id}.{instance}.{sequence}.k{api_key_id}"),
         }
     }
 
@@ -83,6 +126,16 @@ impl LeaseId {
         let account_id: AccountId = parts.next()?.parse().ok()?;
         let instance = parts.next()?;
         let sequence = parts.next()?;
+        let api_key_id = match parts.next() {
+            None => None,
+            Some(key) => {
+                let digits = key.strip_prefix('k')?;
+                if !digits.bytes().all(|b| b.is_ascii_digit()) {
+                    return None;
+                }
+                Some(digits.parse::<i64>().ok().filter(|id| *id > 0)?)
+            }
+        };
         let valid = account_id > 0
             && !instance.is_empty()
             && instance.bytes().all(|b| b.is_ascii_alphanumeric())
@@ -90,12 +143,18 @@ impl LeaseId {
             && parts.next().is_none();
         valid.then(|| LeaseId {
             account_id,
+            api_key_id,
             text: text.to_owned(),
         })
     }
 
     pub fn account_id(&self) -> AccountId {
         self.account_id
+    }
+
+    /// The client key whose slot this lease also holds, if any.
+    pub fn api_key_id(&self) -> Option<i64> {
+        self.api_key_id
     }
 
     pub fn as_str(&self) -> &str {
@@ -120,6 +179,14 @@ pub enum DenyReason {
     QueueFull,
     BackendUnavailable,
     LeaseUnknown,
+    /// The client key holds as many leases as its concurrency limit (waitable).
+    KeyConcurrency,
+    /// The client key's tokens of the rolling minute reached its TPM limit (waitable: the
+    /// retry-after is when enough of them age out).
+    KeyTpm,
+    /// A spend budget of the client key is used up; the retry-after is the period's reset (0 for
+    /// the total budget, which never resets). Not waitable.
+    KeyBudget,
 }
 
 impl DenyReason {
@@ -134,12 +201,21 @@ impl DenyReason {
             DenyReason::QueueFull => "queue_full",
             DenyReason::BackendUnavailable => "backend_unavailable",
             DenyReason::LeaseUnknown => "lease_unknown",
+            DenyReason::KeyConcurrency => "key_concurrency",
+            DenyReason::KeyTpm => "key_tpm",
+            DenyReason::KeyBudget => "key_budget",
         }
     }
 
     /// Whether waiting may turn this refusal into a grant (a slot or an RPM event frees up).
     pub fn is_waitable(self) -> bool {
-        matches!(self, DenyReason::Concurrency | DenyReason::Rpm)
+        matches!(
+            self,
+            DenyReason::Concurrency
+                | DenyReason::Rpm
+                | DenyReason::KeyConcurrency
+                | DenyReason::KeyTpm
+        )
     }
 }
 
@@ -229,6 +305,31 @@ pub struct Settings {
     /// First poll delay of a waiter (100 ms), doubled up to `wait_poll_max` (1 s).
     pub wait_poll_initial: Duration,
     pub wait_poll_max: Duration,
+    /// The time zone client keys' calendar budgets (day, week, month) follow: an IANA name
+    /// (default `UTC`). The lease engine checks it at start.
+    pub budget_time_zone: String,
+    /// The first day of a budget week (default Monday).
+    pub budget_week_start: Weekday,
+}
+
+/// A day of the week (the budget week's start).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Weekday {
+    #[default]
+    Monday,
+    Tuesday,
+    Wednesday,
+    Thursday,
+    Friday,
+    Saturday,
+    Sunday,
+}
+
+impl Weekday {
+    /// Days after Monday (Monday 0, Sunday 6).
+    pub fn days_from_monday(self) -> u8 {
+        self as u8
+    }
 }
 
 impl Default for Settings {
@@ -242,6 +343,8 @@ impl Default for Settings {
             max_waiting: 100,
             wait_poll_initial: Duration::from_millis(100),
             wait_poll_max: Duration::from_secs(1),
+            budget_time_zone: "UTC".to_owned(),
+            budget_week_start: Weekday::Monday,
         }
     }
 }
@@ -261,6 +364,9 @@ pub enum ClientMessage {
     Attempt,
     Release {
         spend_micros: i64,
+        /// Input + output tokens the upstream reported (cache reads and writes as input), charged
+        /// to the client key's TPM.
+        tokens: u64,
     },
 }
 
@@ -310,6 +416,28 @@ mod tests {
     }
 
     #[test]
+    fn keyed_lease_ids_name_their_key_and_round_trip() {
+        let id = LeaseId::keyed(7, 42, "ab12", 3);
+        assert_eq!(id.as_str(), "7.ab12.3.k42");
+        assert_eq!(id.api_key_id(), Some(42));
+        assert_eq!(LeaseId::parse("7.ab12.3.k42"), Some(id));
+        assert_eq!(
+            LeaseId::parse("7.ab12.3").and_then(|id| id.api_key_id()),
+            None
+        );
+        for bad in [
+            "7.ab.1.42",
+            "7.ab.1.k",
+            "7.ab.1.k0",
+            "7.ab.1.k-3",
+            "7.ab.1.k+3",
+            "7.ab.1.kx",
+        ] {
+            assert_eq!(LeaseId::parse(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
     fn bound_sessions_get_the_sticky_reserve() {
         let mut terms = LeaseTerms {
             account_id: 1,
@@ -320,6 +448,7 @@ mod tests {
             session_window_limit_micros: 10_000_000,
             session_bound: false,
             ignore_cooldown: false,
+            key: None,
         };
         assert_eq!(terms.effective_window_limit_micros(0.1), 10_000_000);
         terms.session_bound = true;

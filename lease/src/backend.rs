@@ -35,32 +35,55 @@ pub trait LeaseBackend: Send + Sync + 'static {
         true
     }
 
-    /// Checks the user RPM (when `terms.user` is set), cooldown, concurrency, account RPM and the
-    /// session window, and only if all pass adds the lease and the RPM events (account and
-    /// user, both with the lease id as event id). `None` = granted. A refusal writes nothing.
-    /// Never called for unlimited accounts, and with `terms.user` only when
-    /// [`Self::joins_user_gate`].
+    /// Checks the user RPM (when `terms.user` is set), the client key's gates (`key`: budgets,
+    /// TPM, concurrency), cooldown, concurrency, account RPM and the session window, and only if
+    /// all pass adds the lease (to the account's and, for a keyed lease id, the key's slots) and
+    /// the RPM events (account and user, both with the lease id as event id). `None` = granted.
+    /// A refusal writes nothing (on a Redis Cluster the key's slot is charged first and refunded
+    /// when the account refuses). Never called for untracked terms, and with `terms.user` only
+    /// when [`Self::joins_user_gate`].
+    async fn acquire_keyed(
+        &self,
+        terms: &LeaseTerms,
+        lease_id: &LeaseId,
+        limits: AcquireLimits,
+        key: Option<&KeyGate>,
+    ) -> Result<Option<Denial>, BackendError>;
+
+    /// `acquire_keyed` without key gates (a lease id without a key).
     async fn acquire(
         &self,
         terms: &LeaseTerms,
         lease_id: &LeaseId,
         limits: AcquireLimits,
-    ) -> Result<Option<Denial>, BackendError>;
+    ) -> Result<Option<Denial>, BackendError> {
+        self.acquire_keyed(terms, lease_id, limits, None).await
+    }
 
     /// Sets a live lease's expiry to now + ttl. A lease the backend no longer has is `Lost`
     /// (released while its release fence is up), or re-added when `restore_within` is
-    /// `Some(limit)` and the account has room (fewer than `limit` live leases; <= 0: unlimited),
-    /// or `Lost` (no room; expired when `restore_within` is `None`).
+    /// `Some(limit)` and the account has room (fewer than `limit` live leases; <= 0: unlimited)
+    /// and so has its key (fewer than `key_limit` live leases of the key, for a keyed lease id),
+    /// or `Lost` (no room; expired when `restore_within` is `None`). The key's slot follows the
+    /// account's.
     async fn renew(
         &self,
         lease_id: &LeaseId,
         ttl_ms: u64,
         restore_within: Option<i32>,
+        key_limit: i32,
     ) -> Result<Renewal, BackendError>;
 
     /// Like `renew`, but only for a lease that is still live, and the caller becomes its holder
     /// (a new holder epoch, also when the lease already was resumed: the last `Resume` holds it).
-    async fn resume(&self, lease_id: &LeaseId, ttl_ms: u64) -> Result<Resumption, BackendError>;
+    /// A keyed lease's key slot is renewed with it (`key_limit` matters only where the key's slot
+    /// lost the lease on its own: another Cluster node).
+    async fn resume(
+        &self,
+        lease_id: &LeaseId,
+        ttl_ms: u64,
+        key_limit: i32,
+    ) -> Result<Resumption, BackendError>;
 
     /// Charges account RPM again for a same-account retry on a held lease. `None` = charged.
     async fn attempt(
@@ -73,14 +96,46 @@ pub trait LeaseBackend: Send + Sync + 'static {
 
     /// Removes the lease and adds `spend_micros` (if > 0) to the session window, in one step,
     /// and raises the lease's release fence for `fence_ms`: until it falls no renewal or resume
-    /// brings the lease back. Returns whether a live lease was removed.
+    /// brings the lease back. For a keyed lease id the same happens on the key's slot, and `key`
+    /// charges the key's TPM and budgets once per lease (a retried or repeated release charges
+    /// nothing more). Returns whether a live lease was removed.
+    async fn release_charged(
+        &self,
+        lease_id: &LeaseId,
+        spend_micros: i64,
+        session_window_ms: u64,
+        fence_ms: u64,
+        key: Option<&KeyCharge>,
+    ) -> Result<bool, BackendError>;
+
+    /// `release_charged` without a key charge.
     async fn release(
         &self,
         lease_id: &LeaseId,
         spend_micros: i64,
         session_window_ms: u64,
         fence_ms: u64,
+    ) -> Result<bool, BackendError> {
+        self.release_charged(lease_id, spend_micros, session_window_ms, fence_ms, None)
+            .await
+    }
+
+    /// Sets a client key's budget counter for `period_id` to `micros` only if the backend does
+    /// not have it (lost in a flush or a restart): the hook through which the usage ledger
+    /// rebuilds budgets. `expires_in_ms` 0: never (the total). Returns whether it was set.
+    async fn seed_budget(
+        &self,
+        api_key_id: i64,
+        period_id: &str,
+        micros: i64,
+        expires_in_ms: u64,
     ) -> Result<bool, BackendError>;
+
+    /// The time budgets' calendar periods are computed from: Redis time where the backend is
+    /// Redis (from the offset learned from script replies), the local clock otherwise.
+    async fn wall_now_ms(&self) -> Result<i64, BackendError> {
+        Ok(poolgate_runtime::clock::local_ms())
+    }
 
     /// Cuts a lease's expiry to now + grace (never lengthens it), only if `holder_epoch` is still
     /// the lease's holder (0: the stream that acquired it; a resume makes a new holder). So a
@@ -97,6 +152,10 @@ pub trait LeaseBackend: Send + Sync + 'static {
 
     /// Live lease counts, in the order asked.
     async fn inflight(&self, account_ids: &[AccountId]) -> Result<Vec<u32>, BackendError>;
+
+    /// Live lease counts of client keys' slots (their keyed leases across every account), in
+    /// the order asked.
+    async fn key_inflight(&self, api_key_ids: &[i64]) -> Result<Vec<u32>, BackendError>;
 
     /// Adds spend to the session window; returns the window's spend afterwards (micro-USD).
     async fn record_spend(
@@ -128,6 +187,41 @@ pub trait LeaseBackend: Send + Sync + 'static {
         account_id: AccountId,
         waiter_id: &str,
     ) -> Result<(), BackendError>;
+}
+
+/// A client key's gates for one acquire, built by the engine from `LeaseTerms::key` and the
+/// budget calendar (docs/DESIGN.md §4).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyGate {
+    pub api_key_id: i64,
+    /// <= 0: unlimited.
+    pub concurrency_limit: i32,
+    /// <= 0: unlimited.
+    pub tpm_limit: i64,
+    pub tpm_window_ms: u64,
+    /// Total, day, week and month, in that order.
+    pub budgets: [Budget; 4],
+}
+
+/// One spend budget of a key: the period's counter, its limit, and when it resets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Budget {
+    pub period_id: String,
+    /// <= 0: unlimited.
+    pub limit_micros: i64,
+    /// Until the period ends (the refusal's retry-after); 0 for the total, which never resets.
+    pub resets_in_ms: u64,
+}
+
+/// What a finished request charges its key: tokens to the TPM, spend to every budget period.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyCharge {
+    pub tokens: u64,
+    pub spend_micros: i64,
+    pub tpm_window_ms: u64,
+    /// Total, day, week and month: (period id, counter ttl in ms; 0 = never expires). The ttl
+    /// lasts past the period's end.
+    pub periods: [(String, u64); 4],
 }
 
 /// The per-acquire numbers derived from terms and settings.

@@ -11,11 +11,12 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{AcquireLimits, LeaseBackend};
+use crate::backend::{AcquireLimits, Budget, KeyCharge, KeyGate, LeaseBackend};
+use crate::calendar::{Calendar, TOTAL_PERIOD};
 use crate::metrics::Metrics;
 use crate::policy::PolicyBackend;
 use poolgate_core::lease::{
-    Denial, DenyReason, LeaseId, LeaseTerms, Renewal, Resumption, Settings,
+    Denial, DenyReason, KeyLimits, LeaseId, LeaseTerms, Renewal, Resumption, Settings,
 };
 use poolgate_core::{AccountId, millis};
 use poolgate_runtime::error::BackendError;
@@ -33,7 +34,15 @@ pub enum AcquireOutcome {
 struct PendingRelease {
     lease_id: LeaseId,
     spend_micros: i64,
+    key: Option<KeyCharge>,
 }
+
+/// How long a key's budget counter outlives its period (so a late reader still sees the last
+/// period, and a clock a little behind Redis' never writes into a counter that expired).
+const BUDGET_COUNTER_MARGIN_MS: u64 = 7 * 24 * 3_600_000;
+
+/// A wall clock in ms since the epoch (tests inject one to cross a day or a DST change).
+pub type WallClock = Arc<dyn Fn() -> i64 + Send + Sync>;
 
 pub struct LeaseEngine {
     backend: Arc<dyn LeaseBackend>,
@@ -49,6 +58,13 @@ pub struct LeaseEngine {
     metrics: Metrics,
     /// The Redis failure policy layer, when the backend is Redis.
     policy: Option<Arc<PolicyBackend>>,
+    /// Waiters on this replica per client key (a key at its concurrency limit), woken by a
+    /// release of one of the key's leases here.
+    key_wakeups: Mutex<HashMap<i64, Arc<Notify>>>,
+    /// The budgets' calendar (time zone, week start).
+    calendar: Calendar,
+    /// Replaces the backend's time for budget periods (tests).
+    wall_clock: Mutex<Option<WallClock>>,
 }
 
 /// A random per-process instance id: 12 lowercase hex digits.
@@ -76,7 +92,17 @@ impl LeaseEngine {
         settings: Settings,
         metrics: Metrics,
     ) -> Arc<Self> {
+        let calendar = Calendar::new(&settings.budget_time_zone, settings.budget_week_start)
+            .unwrap_or_else(|error| {
+                // The services check the zone at start (`Calendar::new`); an embedder that did
+                // not gets UTC, said loudly.
+                tracing::error!(%error, "budget time zone unusable; budgets follow UTC");
+                Calendar::default()
+            });
         Arc::new(LeaseEngine {
+            key_wakeups: Mutex::new(HashMap::new()),
+            calendar,
+            wall_clock: Mutex::new(None),
             policy,
             backend,
             settings,
@@ -116,6 +142,111 @@ impl LeaseEngine {
     fn next_lease_id(&self, account_id: AccountId) -> LeaseId {
         let sequence = self.sequence.fetch_add(1, Ordering::Relaxed);
         LeaseId::new(account_id, &self.instance, sequence)
+    }
+
+    /// A lease id for `terms`: keyed when the client key has a limit, so every later operation
+    /// (also a unary `Release` with the id alone) finds the key's slot.
+    fn lease_id_for(&self, terms: &LeaseTerms) -> LeaseId {
+        match key_of(terms) {
+            Some(key) => {
+                let sequence = self.sequence.fetch_add(1, Ordering::Relaxed);
+                LeaseId::keyed(terms.account_id, key.api_key_id, &self.instance, sequence)
+            }
+            None => self.next_lease_id(terms.account_id),
+        }
+    }
+
+    /// Replaces the time budget periods are computed from (tests cross a day or a DST change
+    /// with it). The backend's time (Redis time on Redis) otherwise.
+    pub fn set_wall_clock(&self, clock: WallClock) {
+        *self.wall_clock.lock().unwrap_or_else(|p| p.into_inner()) = Some(clock);
+    }
+
+    async fn wall_now_ms(&self) -> Result<i64, BackendError> {
+        let injected = self
+            .wall_clock
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        match injected {
+            Some(clock) => Ok(clock()),
+            None => self.backend.wall_now_ms().await,
+        }
+    }
+
+    /// The key's gates for an acquire now: its limits and the budget periods of this instant.
+    async fn key_gate(&self, key: &KeyLimits) -> Result<KeyGate, BackendError> {
+        let now = self.wall_now_ms().await?;
+        let periods = self.calendar.periods(now);
+        let resets = |ends_ms: i64| u64::try_from(ends_ms - now).unwrap_or(0).max(1);
+        Ok(KeyGate {
+            api_key_id: key.api_key_id,
+            concurrency_limit: key.concurrency_limit,
+            tpm_limit: key.tpm_limit,
+            tpm_window_ms: millis(self.settings.rpm_window),
+            budgets: [
+                Budget {
+                    period_id: TOTAL_PERIOD.to_owned(),
+                    limit_micros: key.budget_total_micros,
+                    resets_in_ms: 0,
+                },
+                Budget {
+                    period_id: periods.day.id,
+                    limit_micros: key.budget_day_micros,
+                    resets_in_ms: resets(periods.day.ends_ms),
+                },
+                Budget {
+                    period_id: periods.week.id,
+                    limit_micros: key.budget_week_micros,
+                    resets_in_ms: resets(periods.week.ends_ms),
+                },
+                Budget {
+                    period_id: periods.month.id,
+                    limit_micros: key.budget_month_micros,
+                    resets_in_ms: resets(periods.month.ends_ms),
+                },
+            ],
+        })
+    }
+
+    /// What a keyed lease's release charges its key: the tokens, and the spend to the periods
+    /// of this instant (each counter kept past its period's end).
+    async fn key_charge(&self, spend_micros: i64, tokens: u64) -> KeyCharge {
+        // A clock that cannot be read (Redis away) costs the periods' precision, not the charge.
+        let now = self
+            .wall_now_ms()
+            .await
+            .unwrap_or_else(|_| poolgate_runtime::clock::local_ms());
+        let periods = self.calendar.periods(now);
+        let ttl =
+            |ends_ms: i64| u64::try_from(ends_ms - now).unwrap_or(0) + BUDGET_COUNTER_MARGIN_MS;
+        KeyCharge {
+            tokens,
+            spend_micros: spend_micros.max(0),
+            tpm_window_ms: millis(self.settings.rpm_window),
+            periods: [
+                (TOTAL_PERIOD.to_owned(), 0),
+                (periods.day.id, ttl(periods.day.ends_ms)),
+                (periods.week.id, ttl(periods.week.ends_ms)),
+                (periods.month.id, ttl(periods.month.ends_ms)),
+            ],
+        }
+    }
+
+    fn key_wakeup(&self, api_key_id: i64) -> Arc<Notify> {
+        let mut wakeups = self.key_wakeups.lock().unwrap_or_else(|p| p.into_inner());
+        wakeups.entry(api_key_id).or_default().clone()
+    }
+
+    /// A slot of the lease's account, and of its key, freed up here.
+    fn wake_for(&self, lease_id: &LeaseId) {
+        self.wake_one(lease_id.account_id());
+        if let Some(api_key_id) = lease_id.api_key_id() {
+            let wakeups = self.key_wakeups.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(notify) = wakeups.get(&api_key_id) {
+                notify.notify_one();
+            }
+        }
     }
 
     fn ttl_ms(&self) -> u64 {
@@ -159,13 +290,17 @@ impl LeaseEngine {
     /// is one step that writes nothing when refused; otherwise `terms` carries no user here (the
     /// user was charged once for the whole acquire, see `acquire`).
     async fn try_acquire(&self, terms: &LeaseTerms) -> Result<AcquireOutcome, BackendError> {
-        let lease_id = self.next_lease_id(terms.account_id);
-        if terms.account_unlimited() {
+        let lease_id = self.lease_id_for(terms);
+        if untracked(terms) {
             return Ok(AcquireOutcome::Granted(lease_id));
         }
+        let gate = match key_of(terms) {
+            Some(key) => Some(self.key_gate(key).await?),
+            None => None,
+        };
         let denial = self
             .backend
-            .acquire(terms, &lease_id, self.limits(terms))
+            .acquire_keyed(terms, &lease_id, self.limits(terms), gate.as_ref())
             .await?;
         Ok(match denial {
             None => AcquireOutcome::Granted(lease_id),
@@ -194,7 +329,7 @@ impl LeaseEngine {
             .user
             .as_ref()
             .filter(|user| user.rpm_limit > 0)
-            .filter(|_| terms.account_unlimited() || !self.backend.joins_user_gate());
+            .filter(|_| untracked(terms) || !self.backend.joins_user_gate());
         let Some(user) = separate_user else {
             return self.wait_for_grant(terms, wait, cancel, on_queued).await;
         };
@@ -257,8 +392,8 @@ impl LeaseEngine {
         // them instead of taking a slot one of them is about to get (under overload, new
         // requests probing with no wait would otherwise win every freed slot and starve the
         // queue). It nudges a waiter instead, so a slot freed elsewhere is not left idle.
-        let mut queue_first =
-            !terms.account_unlimited() && self.has_local_waiters(terms.account_id);
+        let mut queue_first = !untracked(terms) && self.has_local_waiters(terms.account_id);
+        let key_wakeup = key_of(terms).map(|key| self.key_wakeup(key.api_key_id));
         loop {
             let outcome = if std::mem::take(&mut queue_first) {
                 self.wake_one(terms.account_id);
@@ -328,8 +463,15 @@ impl LeaseEngine {
                 .max(Duration::from_millis(denial.retry_after_ms))
                 .min(remaining);
             let wakeup = self.wakeup(terms.account_id);
+            let key_freed = async {
+                match &key_wakeup {
+                    Some(notify) => notify.notified().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = wakeup.notified() => {}
+                _ = key_freed => {}
                 _ = tokio::time::sleep(pause) => {}
                 _ = cancel.cancelled() => {
                     let outcome = Ok(AcquireOutcome::Cancelled);
@@ -362,10 +504,12 @@ impl LeaseEngine {
         lease_id: &LeaseId,
         terms: &LeaseTerms,
     ) -> Result<Resumption, BackendError> {
-        if terms.account_unlimited() {
+        if untracked(terms) {
             return Ok(Resumption::Resumed { holder_epoch: 0 });
         }
-        self.backend.resume(lease_id, self.ttl_ms()).await
+        self.backend
+            .resume(lease_id, self.ttl_ms(), key_limit(terms))
+            .await
     }
 
     /// A renewal by a holder that renews every ttl/3 (the standalone relay's lease): see
@@ -389,14 +533,14 @@ impl LeaseEngine {
         terms: &LeaseTerms,
         since_renewal: Duration,
     ) -> Result<Renewal, BackendError> {
-        if terms.account_unlimited() {
+        if untracked(terms) {
             return Ok(Renewal::Renewed);
         }
         let restore_within =
             (since_renewal < self.settings.lease_ttl).then_some(terms.concurrency_limit);
         let renewal = self
             .backend
-            .renew(lease_id, self.ttl_ms(), restore_within)
+            .renew(lease_id, self.ttl_ms(), restore_within, key_limit(terms))
             .await?;
         match renewal {
             Renewal::Renewed => {}
@@ -449,9 +593,26 @@ impl LeaseEngine {
         terms: Option<&LeaseTerms>,
         spend_micros: i64,
     ) -> bool {
-        if terms.is_some_and(LeaseTerms::account_unlimited) {
+        self.release_with(lease_id, terms, spend_micros, 0).await
+    }
+
+    /// `release`, with the request's tokens (input + output as the upstream reported them,
+    /// cache reads and writes as input): a keyed lease charges its key's TPM with them, and its
+    /// budgets with the spend, once per lease.
+    pub async fn release_with(
+        &self,
+        lease_id: &LeaseId,
+        terms: Option<&LeaseTerms>,
+        spend_micros: i64,
+        tokens: u64,
+    ) -> bool {
+        if terms.is_some_and(untracked) {
             return true;
         }
+        let key = match lease_id.api_key_id() {
+            Some(_) => Some(self.key_charge(spend_micros, tokens).await),
+            None => None,
+        };
         let spend_micros = match terms {
             Some(terms) if terms.session_window_limit_micros <= 0 => 0,
             _ => spend_micros.max(0),
@@ -459,11 +620,17 @@ impl LeaseEngine {
         let session_window_ms = millis(self.settings.session_window);
         match self
             .backend
-            .release(lease_id, spend_micros, session_window_ms, self.fence_ms())
+            .release_charged(
+                lease_id,
+                spend_micros,
+                session_window_ms,
+                self.fence_ms(),
+                key.as_ref(),
+            )
             .await
         {
             Ok(removed) => {
-                self.wake_one(lease_id.account_id());
+                self.wake_for(lease_id);
                 removed
             }
             Err(error) => {
@@ -476,6 +643,7 @@ impl LeaseEngine {
                 pending.push(PendingRelease {
                     lease_id: lease_id.clone(),
                     spend_micros,
+                    key,
                 });
                 false
             }
@@ -496,15 +664,16 @@ impl LeaseEngine {
         for release in batch {
             match self
                 .backend
-                .release(
+                .release_charged(
                     &release.lease_id,
                     release.spend_micros,
                     session_window_ms,
                     self.fence_ms(),
+                    release.key.as_ref(),
                 )
                 .await
             {
-                Ok(_) => self.wake_one(release.lease_id.account_id()),
+                Ok(_) => self.wake_for(&release.lease_id),
                 Err(_) => failed.push(release),
             }
         }
@@ -519,7 +688,7 @@ impl LeaseEngine {
     /// The stream that held the lease ended without `Release`: leave the lease resumable for
     /// the orphan grace, then Redis reaps it.
     pub async fn orphan(&self, lease_id: &LeaseId, terms: &LeaseTerms, holder_epoch: u64) {
-        if terms.account_unlimited() {
+        if untracked(terms) {
             return;
         }
         self.metrics.orphaned.inc();
@@ -549,6 +718,12 @@ impl LeaseEngine {
         self.backend.inflight(account_ids).await
     }
 
+    /// Live leases of client keys' slots (keyed leases across every account), in the order
+    /// asked: what a key's concurrency limit counts.
+    pub async fn key_inflight(&self, api_key_ids: &[i64]) -> Result<Vec<u32>, BackendError> {
+        self.backend.key_inflight(api_key_ids).await
+    }
+
     pub async fn record_spend(
         &self,
         account_id: AccountId,
@@ -562,6 +737,38 @@ impl LeaseEngine {
                 millis(self.settings.session_window),
             )
             .await
+    }
+
+    /// Sets a client key's budget counter for `period_id` (`t`, `d:2026-12-02`, `w:…`, `m:…`)
+    /// only where the backend lost it (a flush, a restart): the hook through which the usage
+    /// ledger rebuilds budgets. The counter lives past its period's end like a charged one.
+    /// Returns whether it was set.
+    pub async fn seed_budget(
+        &self,
+        api_key_id: i64,
+        period_id: &str,
+        micros: i64,
+    ) -> Result<bool, BackendError> {
+        let expires_in_ms = match period_id {
+            TOTAL_PERIOD => 0,
+            _ => {
+                let now = self.wall_now_ms().await?;
+                let periods = self.calendar.periods(now);
+                let ends_ms = [periods.day, periods.week, periods.month]
+                    .into_iter()
+                    .find(|period| period.id == period_id)
+                    .map_or(now, |period| period.ends_ms);
+                u64::try_from(ends_ms - now).unwrap_or(0) + BUDGET_COUNTER_MARGIN_MS
+            }
+        };
+        self.backend
+            .seed_budget(api_key_id, period_id, micros, expires_in_ms)
+            .await
+    }
+
+    /// The budget periods of this instant (day, week, month), as the engine names them.
+    pub async fn budget_periods(&self) -> Result<crate::calendar::Periods, BackendError> {
+        Ok(self.calendar.periods(self.wall_now_ms().await?))
     }
 
     /// Hard-blocks an account (the selector's cooldown key; exposed for the in-process selector
@@ -581,6 +788,25 @@ impl LeaseEngine {
     pub async fn clear_cooldown(&self, account_id: AccountId) -> Result<(), BackendError> {
         self.backend.clear_cooldown(account_id).await
     }
+}
+
+/// The client key's limits, when it has any.
+fn key_of(terms: &LeaseTerms) -> Option<&KeyLimits> {
+    terms
+        .key
+        .as_ref()
+        .filter(|key| key.any() && key.api_key_id > 0)
+}
+
+/// The key's concurrency limit (0: none), for a restore or a resume.
+fn key_limit(terms: &LeaseTerms) -> i32 {
+    key_of(terms).map_or(0, |key| key.concurrency_limit)
+}
+
+/// Terms that never touch the backend: an account without limits and no key limit either
+/// (docs/DESIGN.md §4).
+fn untracked(terms: &LeaseTerms) -> bool {
+    terms.account_unlimited() && key_of(terms).is_none()
 }
 
 /// A user RPM charge made apart from the account gates (a Cluster): refunded unless the

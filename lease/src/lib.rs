@@ -8,6 +8,7 @@
 //! `policy`). `start` is the one constructor.
 
 pub mod backend;
+pub mod calendar;
 pub mod engine;
 pub mod error;
 pub mod memory;

@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use crate::backend::{AcquireLimits, LeaseBackend};
+use crate::backend::{AcquireLimits, KeyCharge, KeyGate, LeaseBackend};
 use poolgate_core::AccountId;
 use poolgate_core::lease::{
     Denial, DenyReason, LeaseId, LeaseTerms, LostReason, Renewal, Resumption,
@@ -102,6 +102,113 @@ impl AccountState {
     }
 }
 
+/// A client key's slot and counters: its leases (mirroring the account's for keyed leases), their
+/// release fences, the tokens of the rolling minute and the budget counters.
+#[derive(Default)]
+struct KeyState {
+    /// lease id -> expiry (ms)
+    leases: HashMap<String, u64>,
+    /// lease id -> release fence expiry (ms)
+    released: HashMap<String, u64>,
+    /// (time ms, tokens), oldest first.
+    tokens: VecDeque<(u64, u64)>,
+    /// period id -> (micro-USD, expiry ms; 0 = never)
+    spend: HashMap<String, (i64, u64)>,
+    /// lease id -> until (ms): leases whose release charged the key already.
+    billed: HashMap<String, u64>,
+}
+
+impl KeyState {
+    fn live_leases(&mut self, now: u64) -> usize {
+        self.leases.retain(|_, expiry| *expiry >= now);
+        self.leases.len()
+    }
+
+    fn is_fenced(&mut self, lease_id: &str, now: u64) -> bool {
+        self.released.retain(|_, until| *until >= now);
+        self.released.contains_key(lease_id)
+    }
+
+    fn fence(&mut self, lease_id: &str, until: u64) {
+        let fence = self.released.entry(lease_id.to_owned()).or_default();
+        *fence = (*fence).max(until);
+    }
+
+    fn spent(&mut self, period_id: &str, now: u64) -> i64 {
+        self.spend
+            .retain(|_, (_, expiry)| *expiry == 0 || *expiry >= now);
+        self.spend.get(period_id).map_or(0, |(micros, _)| *micros)
+    }
+
+    /// The key's gates, in the order the Redis script checks them: budgets, TPM, concurrency.
+    fn check(&mut self, gate: &KeyGate, now: u64) -> Option<Denial> {
+        for budget in &gate.budgets {
+            if budget.limit_micros > 0 && self.spent(&budget.period_id, now) >= budget.limit_micros
+            {
+                return Some(Denial::new(DenyReason::KeyBudget, budget.resets_in_ms));
+            }
+        }
+        if gate.tpm_limit > 0
+            && let Some(retry) = tpm_full(&mut self.tokens, now, gate.tpm_limit, gate.tpm_window_ms)
+        {
+            return Some(Denial::new(DenyReason::KeyTpm, retry));
+        }
+        let held = self.live_leases(now);
+        if gate.concurrency_limit > 0 && held >= gate.concurrency_limit as usize {
+            return Some(Denial::new(DenyReason::KeyConcurrency, 0));
+        }
+        None
+    }
+
+    /// Charges a finished lease's tokens and spend, once per lease.
+    fn charge(&mut self, lease_id: &str, charge: &KeyCharge, now: u64, billed_ms: u64) {
+        self.billed.retain(|_, until| *until >= now);
+        if self.billed.contains_key(lease_id) {
+            return;
+        }
+        self.billed.insert(lease_id.to_owned(), now + billed_ms);
+        if charge.tokens > 0 {
+            self.tokens.push_back((now, charge.tokens));
+        }
+        if charge.spend_micros > 0 {
+            for (period_id, ttl_ms) in &charge.periods {
+                self.spent(period_id, now);
+                let expiry = if *ttl_ms == 0 { 0 } else { now + ttl_ms };
+                let counter = self.spend.entry(period_id.clone()).or_insert((0, expiry));
+                counter.0 += charge.spend_micros;
+                if counter.1 != 0 {
+                    counter.1 = counter.1.max(expiry);
+                }
+            }
+        }
+    }
+}
+
+/// The rolling window's tokens: `None` below the limit, else how long until enough of them age
+/// out to go below it.
+fn tpm_full(
+    tokens: &mut VecDeque<(u64, u64)>,
+    now: u64,
+    limit: i64,
+    window_ms: u64,
+) -> Option<u64> {
+    let since = now.saturating_sub(window_ms);
+    while tokens.front().is_some_and(|(at, _)| *at < since) {
+        tokens.pop_front();
+    }
+    let mut sum: i64 = tokens.iter().map(|(_, n)| *n as i64).sum();
+    if sum < limit {
+        return None;
+    }
+    for (at, n) in tokens.iter() {
+        sum -= *n as i64;
+        if sum < limit {
+            return Some((at + window_ms).saturating_sub(now).max(1));
+        }
+    }
+    Some(window_ms.max(1))
+}
+
 /// Rolling-minute event log shared by account RPM and user RPM.
 fn rpm_check(
     events: &mut VecDeque<(u64, String)>,
@@ -133,6 +240,7 @@ pub struct MemoryBackend {
 struct State {
     accounts: HashMap<AccountId, AccountState>,
     users: HashMap<String, VecDeque<(u64, String)>>,
+    keys: HashMap<i64, KeyState>,
 }
 
 impl Default for MemoryBackend {
@@ -192,6 +300,17 @@ impl MemoryBackend {
                     });
                 }
             }
+            for (&api_key_id, key) in state.keys.iter_mut() {
+                key.live_leases(now);
+                let leases: Vec<(String, u64)> = key
+                    .leases
+                    .iter()
+                    .map(|(id, expiry)| (id.clone(), expiry - now))
+                    .collect();
+                if !leases.is_empty() {
+                    snapshot.keys.push((api_key_id, leases));
+                }
+            }
             for (user, events) in &state.users {
                 let events: Vec<(String, u64)> = events
                     .iter()
@@ -224,6 +343,13 @@ impl MemoryBackend {
                     events.retain(|(_, id)| !written.iter().any(|(w, _)| w == id));
                 }
             }
+            for (api_key_id, written) in &snapshot.keys {
+                if let Some(key) = state.keys.get_mut(api_key_id) {
+                    for (id, _) in written {
+                        key.leases.remove(id);
+                    }
+                }
+            }
         })
     }
 }
@@ -234,11 +360,13 @@ pub struct FallbackSnapshot {
     pub accounts: Vec<AccountSnapshot>,
     /// user -> (event id, age ms)
     pub users: Vec<(String, Vec<(String, u64)>)>,
+    /// client key -> (lease id, remaining ttl ms): the key slots of keyed leases.
+    pub keys: Vec<(i64, Vec<(String, u64)>)>,
 }
 
 impl FallbackSnapshot {
     pub fn is_empty(&self) -> bool {
-        self.accounts.is_empty() && self.users.is_empty()
+        self.accounts.is_empty() && self.users.is_empty() && self.keys.is_empty()
     }
 }
 
@@ -285,14 +413,19 @@ impl LeaseBackend for MemoryBackend {
         Ok(())
     }
 
-    async fn acquire(
+    async fn acquire_keyed(
         &self,
         terms: &LeaseTerms,
         lease_id: &LeaseId,
         limits: AcquireLimits,
+        key: Option<&KeyGate>,
     ) -> Result<Option<Denial>, BackendError> {
         Ok(self.with_state(|state, now| {
-            let State { accounts, users } = state;
+            let State {
+                accounts,
+                users,
+                keys,
+            } = state;
             // The user gate first (its refusal wins, as on Redis), checked only: it is charged
             // below, with the lease, when every gate passed.
             let user = terms.user.as_ref().filter(|user| user.rpm_limit > 0);
@@ -301,6 +434,13 @@ impl LeaseBackend for MemoryBackend {
                 && let Some(denial) = rpm_check(events, now, user.rpm_limit, limits.rpm_window_ms)
             {
                 return Some(Denial::new(DenyReason::UserRpm, denial.retry_after_ms));
+            }
+            // Then the key's gates, checked only: the key slot is taken with the lease.
+            let key_slot = lease_id.api_key_id();
+            if let Some(gate) = key
+                && let Some(denial) = keys.entry(gate.api_key_id).or_default().check(gate, now)
+            {
+                return Some(denial);
             }
             let account = accounts.entry(terms.account_id).or_default();
             if !terms.ignore_cooldown && account.cooldown_until > now {
@@ -331,6 +471,12 @@ impl LeaseBackend for MemoryBackend {
             account
                 .leases
                 .insert(lease_id.as_str().to_owned(), now + limits.ttl_ms);
+            if let Some(api_key_id) = key_slot {
+                keys.entry(api_key_id)
+                    .or_default()
+                    .leases
+                    .insert(lease_id.as_str().to_owned(), now + limits.ttl_ms);
+            }
             if terms.rpm_limit > 0 {
                 account
                     .rpm_events
@@ -351,16 +497,25 @@ impl LeaseBackend for MemoryBackend {
         lease_id: &LeaseId,
         ttl_ms: u64,
         restore_within: Option<i32>,
+        key_limit: i32,
     ) -> Result<Renewal, BackendError> {
         Ok(self.with_state(|state, now| {
-            let account = state.accounts.entry(lease_id.account_id()).or_default();
+            let State { accounts, keys, .. } = state;
+            let account = accounts.entry(lease_id.account_id()).or_default();
             let id = lease_id.as_str();
+            let mut key = lease_id
+                .api_key_id()
+                .map(|api_key_id| keys.entry(api_key_id).or_default());
             if account.is_live(id, now) {
                 account.leases.insert(id.to_owned(), now + ttl_ms);
                 account.released.remove(id);
+                if let Some(key) = key.as_mut() {
+                    key.leases.insert(id.to_owned(), now + ttl_ms);
+                    key.released.remove(id);
+                }
                 return Renewal::Renewed;
             }
-            if account.is_fenced(id, now) {
+            if account.is_fenced(id, now) || key.as_mut().is_some_and(|k| k.is_fenced(id, now)) {
                 return Renewal::Lost(LostReason::Released);
             }
             let Some(limit) = restore_within else {
@@ -370,13 +525,38 @@ impl LeaseBackend for MemoryBackend {
             if limit > 0 && held >= limit as usize {
                 return Renewal::Lost(LostReason::NoRoom);
             }
+            if let Some(key) = key.as_mut() {
+                let live = key.leases.get(id).is_some_and(|expiry| *expiry >= now);
+                let held = key.live_leases(now);
+                if !live && key_limit > 0 && held >= key_limit as usize {
+                    return Renewal::Lost(LostReason::NoRoom);
+                }
+                key.leases.insert(id.to_owned(), now + ttl_ms);
+            }
             account.leases.insert(id.to_owned(), now + ttl_ms);
             Renewal::Restored
         }))
     }
 
-    async fn resume(&self, lease_id: &LeaseId, ttl_ms: u64) -> Result<Resumption, BackendError> {
+    async fn resume(
+        &self,
+        lease_id: &LeaseId,
+        ttl_ms: u64,
+        _key_limit: i32,
+    ) -> Result<Resumption, BackendError> {
         Ok(self.with_state(|state, now| {
+            // One process: the key slot holds exactly the account's keyed leases, so it follows.
+            if let Some(api_key_id) = lease_id.api_key_id()
+                && state
+                    .accounts
+                    .get(&lease_id.account_id())
+                    .is_some_and(|account| account.is_live(lease_id.as_str(), now))
+            {
+                let key = state.keys.entry(api_key_id).or_default();
+                key.leases
+                    .insert(lease_id.as_str().to_owned(), now + ttl_ms);
+                key.released.remove(lease_id.as_str());
+            }
             let Some(account) = state.accounts.get_mut(&lease_id.account_id()) else {
                 return Resumption::Unknown;
             };
@@ -417,14 +597,24 @@ impl LeaseBackend for MemoryBackend {
         }))
     }
 
-    async fn release(
+    async fn release_charged(
         &self,
         lease_id: &LeaseId,
         spend_micros: i64,
         session_window_ms: u64,
         fence_ms: u64,
+        key: Option<&KeyCharge>,
     ) -> Result<bool, BackendError> {
         Ok(self.with_state(|state, now| {
+            if let Some(api_key_id) = lease_id.api_key_id() {
+                let state_of_key = state.keys.entry(api_key_id).or_default();
+                state_of_key.leases.remove(lease_id.as_str());
+                state_of_key.is_fenced(lease_id.as_str(), now);
+                state_of_key.fence(lease_id.as_str(), now + fence_ms);
+                if let Some(charge) = key {
+                    state_of_key.charge(lease_id.as_str(), charge, now, fence_ms);
+                }
+            }
             let account_id = lease_id.account_id();
             let account = state.accounts.entry(account_id).or_default();
             let removed = account
@@ -462,6 +652,13 @@ impl LeaseBackend for MemoryBackend {
                 *expiry = (*expiry).min(now + grace_ms);
                 let ends = *expiry;
                 account.fence(id, ends + fence_ms);
+                if let Some(api_key_id) = lease_id.api_key_id() {
+                    let key = state.keys.entry(api_key_id).or_default();
+                    if let Some(key_expiry) = key.leases.get_mut(id) {
+                        *key_expiry = (*key_expiry).min(ends);
+                    }
+                    key.fence(id, ends + fence_ms);
+                }
             }
         });
         Ok(())
@@ -484,6 +681,19 @@ impl LeaseBackend for MemoryBackend {
         }))
     }
 
+    async fn key_inflight(&self, api_key_ids: &[i64]) -> Result<Vec<u32>, BackendError> {
+        Ok(self.with_state(|state, now| {
+            api_key_ids
+                .iter()
+                .map(|id| {
+                    state.keys.get(id).map_or(0, |key| {
+                        key.leases.values().filter(|expiry| **expiry >= now).count() as u32
+                    })
+                })
+                .collect()
+        }))
+    }
+
     async fn record_spend(
         &self,
         account_id: AccountId,
@@ -496,6 +706,29 @@ impl LeaseBackend for MemoryBackend {
                 spend_micros,
                 session_window_ms,
             )
+        }))
+    }
+
+    async fn seed_budget(
+        &self,
+        api_key_id: i64,
+        period_id: &str,
+        micros: i64,
+        expires_in_ms: u64,
+    ) -> Result<bool, BackendError> {
+        Ok(self.with_state(|state, now| {
+            let key = state.keys.entry(api_key_id).or_default();
+            key.spent(period_id, now);
+            if key.spend.contains_key(period_id) {
+                return false;
+            }
+            let expiry = if expires_in_ms == 0 {
+                0
+            } else {
+                now + expires_in_ms
+            };
+            key.spend.insert(period_id.to_owned(), (micros, expiry));
+            true
         }))
     }
 

@@ -266,8 +266,13 @@ async fn hold(
                     }
                 }
             }
-            Some(Inbound::Message(ClientMessage::Release { spend_micros })) => {
-                admission.release(lease_id, Some(terms), spend_micros).await;
+            Some(Inbound::Message(ClientMessage::Release {
+                spend_micros,
+                tokens,
+            })) => {
+                admission
+                    .release_with(lease_id, Some(terms), spend_micros, tokens)
+                    .await;
                 let _ = out.send(Ok(LeaseEvent::Released)).await;
                 return HoldEnd::Released;
             }

@@ -17,8 +17,8 @@ use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
-use crate::view::{UsageReport, window_rows};
-use crate::{AccountRow, AdminEndpoint, BlockRow, OperatorError, UsageRow, WindowRow};
+use crate::view::{UsageReport, key_row, window_rows};
+use crate::{AccountRow, AdminEndpoint, BlockRow, KeyRow, OperatorError, UsageRow, WindowRow};
 
 /// The admin client with both tokens on every call.
 pub type AdminClient = SelectorAdminClient<InterceptedService<WithToken<Channel>, Bearer>>;
@@ -119,6 +119,13 @@ pub fn account_row(view: &pb::AccountView) -> Result<AccountRow, OperatorError> 
         rpm_limit: view.rpm_limit,
         session_window_limit_usd: view.session_window_limit_usd,
     })
+}
+
+/// A key of the selector's list as the CLI shows it; one it cannot read is unreadable, never a
+/// key without limits.
+pub fn api_key_row(view: pb::ApiKeyView) -> Result<KeyRow, OperatorError> {
+    let record = poolgate_core::account::ApiKeyRecord::try_from(view).map_err(unreadable)?;
+    Ok(key_row(&record))
 }
 
 fn block_row(view: pb::BlockView) -> Result<BlockRow, OperatorError> {
@@ -244,6 +251,37 @@ impl AdminEndpoint for SelectorAdmin {
             to_ms,
             keys: rows,
         })
+    }
+
+    async fn keys(&self) -> Result<Vec<KeyRow>, OperatorError> {
+        let answer = self
+            .client()
+            .list_api_keys(pb::ListApiKeysRequest {})
+            .await?;
+        let mut rows = answer
+            .into_inner()
+            .keys
+            .into_iter()
+            .map(api_key_row)
+            .collect::<Result<Vec<_>, _>>()?;
+        rows.sort_by_key(|row| row.id);
+        Ok(rows)
+    }
+
+    async fn set_key_disabled(
+        &self,
+        api_key_id: i64,
+        disabled: bool,
+    ) -> Result<KeyRow, OperatorError> {
+        let answer = self
+            .client()
+            .update_api_key(pb::UpdateApiKeyRequest {
+                id: api_key_id,
+                disabled: Some(disabled),
+                ..Default::default()
+            })
+            .await?;
+        api_key_row(answer.into_inner())
     }
 }
 

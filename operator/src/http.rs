@@ -8,8 +8,10 @@ use async_trait::async_trait;
 use reqwest::{Method, Url};
 use serde::de::DeserializeOwned;
 
-use crate::view::{AccountList, BlockList, ErrorBody, Restored, UsageReport, WindowList};
-use crate::{AccountRow, AdminEndpoint, BlockRow, OperatorError, WindowRow};
+use crate::view::{
+    AccountList, BlockList, ErrorBody, KeyChanged, KeyList, Restored, UsageReport, WindowList,
+};
+use crate::{AccountRow, AdminEndpoint, BlockRow, KeyRow, OperatorError, WindowRow};
 
 /// A client of one relay's admin endpoint. Not `Debug`: it holds the admin token.
 pub struct HttpAdmin {
@@ -157,6 +159,24 @@ impl AdminEndpoint for HttpAdmin {
         }
         let url = self.url(&["admin", "usage"], &query)?;
         self.call(Method::GET, url).await
+    }
+
+    async fn keys(&self) -> Result<Vec<KeyRow>, OperatorError> {
+        let url = self.url(&["admin", "keys"], &[])?;
+        let list: KeyList = self.call(Method::GET, url).await?;
+        Ok(list.keys)
+    }
+
+    async fn set_key_disabled(
+        &self,
+        api_key_id: i64,
+        disabled: bool,
+    ) -> Result<KeyRow, OperatorError> {
+        let id = api_key_id.to_string();
+        let action = if disabled { "disable" } else { "enable" };
+        let url = self.url(&["admin", "keys", &id, action], &[])?;
+        let changed: KeyChanged = self.call(Method::POST, url).await?;
+        Ok(changed.key)
     }
 }
 

@@ -1,14 +1,17 @@
 //! poolgate-operator: one operator CLI for both modes. The read and repair verbs (`accounts`,
-//! `blocks`, `windows`, `restore ID`, `clear-block ID`, `usage`) are one clap subcommand enum
+//! `blocks`, `windows`, `restore ID`, `clear-block ID`, `usage`, `keys`, `disable-key ID`,
+//! `enable-key ID`) are one clap subcommand enum
 //! ([`Verb`]), run by one [`execute`] against an [`AdminEndpoint`], and print the same output
 //! whichever endpoint answered: the selector's admin gRPC API ([`grpc::SelectorAdmin`],
 //! distributed) or the standalone relay's admin HTTP endpoint ([`http::HttpAdmin`]). The rows and
 //! the JSON envelopes are [`view`]'s, which the relay's endpoint serves as they are. Configuration
 //! verbs stay where configuration lives: the selector's admin RPCs (`selector-svc admin
-//! upsert-account …`), the standalone relay's YAML file.
+//! upsert-account …`), the standalone relay's YAML file; [`instant`] reads the instants both
+//! write (a key's expiry).
 
 pub mod grpc;
 pub mod http;
+pub mod instant;
 pub mod verb;
 pub mod view;
 
@@ -17,7 +20,7 @@ use std::process::ExitCode;
 use async_trait::async_trait;
 
 pub use verb::{Format, Output, Verb};
-pub use view::{AccountRow, BlockRow, UsageReport, UsageRow, WindowRow};
+pub use view::{AccountRow, BlockRow, KeyRow, UsageReport, UsageRow, WindowRow};
 
 /// An admin endpoint the read and repair verbs run against.
 #[async_trait]
@@ -45,6 +48,15 @@ pub trait AdminEndpoint: Send + Sync {
         to_ms: i64,
         api_key_id: Option<i64>,
     ) -> Result<UsageReport, OperatorError>;
+    /// Client keys ascending by id (the selector's revoked ones too).
+    async fn keys(&self) -> Result<Vec<KeyRow>, OperatorError>;
+    /// Disables (`true`) or enables a client key; the key after. A revoked or unknown key is not
+    /// found.
+    async fn set_key_disabled(
+        &self,
+        api_key_id: i64,
+        disabled: bool,
+    ) -> Result<KeyRow, OperatorError>;
 }
 
 /// Why a verb did not run. The detail keeps the transport's own code (`401 Unauthorized`,
@@ -98,6 +110,15 @@ pub async fn execute(endpoint: &dyn AdminEndpoint, verb: &Verb) -> Result<String
             let from_ms = to_ms - i64::from(*hours) * 3_600_000;
             verb::Answer::Usage(endpoint.usage(from_ms, to_ms, *api_key_id).await?)
         }
+        Verb::Keys { .. } => verb::Answer::Keys(view::KeyList {
+            keys: endpoint.keys().await?,
+        }),
+        Verb::DisableKey { api_key_id, .. } => verb::Answer::Key(view::KeyChanged {
+            key: endpoint.set_key_disabled(*api_key_id, true).await?,
+        }),
+        Verb::EnableKey { api_key_id, .. } => verb::Answer::Key(view::KeyChanged {
+            key: endpoint.set_key_disabled(*api_key_id, false).await?,
+        }),
     };
     answer.render(verb.output())
 }

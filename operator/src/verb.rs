@@ -2,10 +2,12 @@
 //! tab-separated line per row (`text`, the default; `key=value` columns so scripts can grep), or
 //! the admin endpoint's JSON envelope (`json`).
 
+use poolgate_core::keys::rfc3339_utc;
+
 use crate::OperatorError;
 use crate::view::{
-    AccountList, AccountRow, BlockList, BlockRow, Cleared, Restored, UsageReport, WindowList,
-    WindowRow,
+    AccountList, AccountRow, BlockList, BlockRow, Cleared, KeyChanged, KeyList, KeyRow, Restored,
+    UsageReport, WindowList, WindowRow,
 };
 
 /// The read and repair verbs, the same against a selector and against a standalone relay.
@@ -62,6 +64,26 @@ pub enum Verb {
         #[command(flatten)]
         format: Format,
     },
+    /// Client keys: status, expiry, allowed models and endpoints (`*`: every one).
+    Keys {
+        #[command(flatten)]
+        format: Format,
+    },
+    /// Disables a client key: refused until enabled again (a revoked key is gone for good).
+    /// Takes effect within a second; a standalone relay keeps it across restarts.
+    DisableKey {
+        #[arg(value_parser = clap::value_parser!(i64).range(1..))]
+        api_key_id: i64,
+        #[command(flatten)]
+        format: Format,
+    },
+    /// Enables a disabled client key again.
+    EnableKey {
+        #[arg(value_parser = clap::value_parser!(i64).range(1..))]
+        api_key_id: i64,
+        #[command(flatten)]
+        format: Format,
+    },
 }
 
 impl Verb {
@@ -73,7 +95,10 @@ impl Verb {
             | Verb::Windows { format, .. }
             | Verb::Restore { format, .. }
             | Verb::ClearBlock { format, .. }
-            | Verb::Usage { format, .. } => format.output,
+            | Verb::Usage { format, .. }
+            | Verb::Keys { format }
+            | Verb::DisableKey { format, .. }
+            | Verb::EnableKey { format, .. } => format.output,
         }
     }
 }
@@ -102,6 +127,8 @@ pub(crate) enum Answer {
     Restored(Restored),
     Cleared(Cleared),
     Usage(UsageReport),
+    Keys(KeyList),
+    Key(KeyChanged),
 }
 
 impl Answer {
@@ -115,6 +142,8 @@ impl Answer {
                     Answer::Restored(restored) => serde_json::to_string_pretty(restored),
                     Answer::Cleared(cleared) => serde_json::to_string_pretty(cleared),
                     Answer::Usage(report) => serde_json::to_string_pretty(report),
+                    Answer::Keys(list) => serde_json::to_string_pretty(list),
+                    Answer::Key(changed) => serde_json::to_string_pretty(changed),
                 };
                 json.map_err(|error| OperatorError::Failed(format!("cannot encode: {error}")))
             }
@@ -135,6 +164,11 @@ impl Answer {
                         key.cost_usd
                     )
                 })),
+                Answer::Keys(list) => {
+                    let now = poolgate_core::now_ms();
+                    lines(list.keys.iter().map(|key| key_line(key, now)))
+                }
+                Answer::Key(changed) => key_line(&changed.key, poolgate_core::now_ms()),
             }),
         }
     }
@@ -168,6 +202,38 @@ pub fn account_line(account: &AccountRow) -> String {
         account.rpm_limit,
         account.session_window_limit_usd,
         account.credential_masked
+    )
+}
+
+/// `<id>\t<prefix>…\tname=…\tuser=…\tgroup=…\tuser_rpm=…\tstatus=…\texpires=<RFC 3339>|never`
+/// `[ (passed)]\tmodels=<a,b>|*\tendpoints=<a,b>|*` (`*`: every one; `(passed)`: expired at
+/// `now_ms`).
+pub fn key_line(key: &KeyRow, now_ms: i64) -> String {
+    let list = |entries: &[String]| {
+        if entries.is_empty() {
+            "*".to_owned()
+        } else {
+            entries.join(",")
+        }
+    };
+    let expires = match key.expires_at_ms {
+        None => "never".to_owned(),
+        Some(at) if at <= now_ms => format!("{} (passed)", rfc3339_utc(at)),
+        Some(at) => rfc3339_utc(at),
+    };
+    format!(
+        "{}\t{}…\tname={}\tuser={}\tgroup={}\tuser_rpm={}\tstatus={}\texpires={}\tmodels={}\t\
+         endpoints={}",
+        key.id,
+        key.prefix,
+        key.name,
+        key.user,
+        key.group,
+        key.user_rpm_limit,
+        key.status,
+        expires,
+        list(&key.allowed_models),
+        list(&key.allowed_endpoints)
     )
 }
 
@@ -280,6 +346,8 @@ mod tests {
             &["accounts", "--output", "yaml"],
             &["windows", "--account", "0"],
             &["windows", "3"],
+            &["disable-key", "0"],
+            &["enable-key"],
         ] {
             assert!(parse(refused).is_err(), "{refused:?} is refused");
         }
@@ -296,8 +364,18 @@ mod tests {
                 "windows",
                 "restore",
                 "clear-block",
-                "usage"
+                "usage",
+                "keys",
+                "disable-key",
+                "enable-key"
             ]
+        );
+        assert_eq!(
+            parse(&["disable-key", "4"]).expect("parses"),
+            Verb::DisableKey {
+                api_key_id: 4,
+                format: Format::default()
+            }
         );
     }
 
@@ -417,5 +495,43 @@ mod tests {
             line(1, 0, Some(1.0)).contains("\tused=100.0%\tstatus=allowed_warning\treset=1s\t")
         );
         assert!(line(0, 0, Some(1.0)).contains("\treset=passed\t"));
+    }
+
+    #[test]
+    fn a_key_shows_its_status_expiry_and_lists_with_a_star_for_no_limit() {
+        let key = KeyRow {
+            id: 4,
+            name: "ci".into(),
+            prefix: "pg-abc".into(),
+            user: "alice".into(),
+            group: "team".into(),
+            user_rpm_limit: 30,
+            status: "disabled".into(),
+            expires_at_ms: Some(1_796_227_745_000),
+            allowed_models: vec!["claude-*".into(), "gpt-4o".into()],
+            allowed_endpoints: vec![],
+        };
+        assert_eq!(
+            key_line(&key, 0),
+            "4\tpg-abc…\tname=ci\tuser=alice\tgroup=team\tuser_rpm=30\tstatus=disabled\t\
+             expires=2026-12-02T16:09:05Z\tmodels=claude-*,gpt-4o\tendpoints=*"
+        );
+        assert!(
+            key_line(&key, 1_796_227_745_000).contains("\texpires=2026-12-02T16:09:05Z (passed)\t")
+        );
+        let never = KeyRow {
+            expires_at_ms: None,
+            allowed_models: vec![],
+            allowed_endpoints: vec!["messages".into(), "models".into()],
+            ..key.clone()
+        };
+        assert!(
+            key_line(&never, 0).ends_with("\texpires=never\tmodels=*\tendpoints=messages,models")
+        );
+        let changed = Answer::Key(KeyChanged { key: key.clone() });
+        let json: serde_json::Value =
+            serde_json::from_str(&changed.render(Output::Json).expect("json")).expect("parses");
+        assert_eq!(json["key"]["status"], "disabled");
+        assert_eq!(json["key"]["expires_at_ms"], 1_796_227_745_000_i64);
     }
 }

@@ -2,7 +2,9 @@
 //! JSON envelopes the standalone relay's admin endpoint answers with (the CLI's `--output json`
 //! prints the same envelopes, whichever endpoint answered).
 
+use poolgate_core::account::ApiKeyRecord;
 use poolgate_core::windows::{MinuteLimit, Scope, WindowKind, WindowReading, WindowStatus};
+use poolgate_proto::convert::keys::{endpoint_names, key_status};
 use serde::{Deserialize, Serialize};
 
 /// An account as operators see it: the credential masked, never whole.
@@ -163,6 +165,56 @@ pub struct UsageRow {
     pub input_tokens: u64,
     pub output_tokens: u64,
     pub cost_usd: f64,
+}
+
+/// A client key as operators see it (its hash never; the first characters of the key only).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KeyRow {
+    pub id: i64,
+    pub name: String,
+    pub prefix: String,
+    pub user: String,
+    pub group: String,
+    /// Per-user requests per minute; 0: no limit.
+    pub user_rpm_limit: i32,
+    /// `active`, `disabled` or `revoked`, as stored (an expired key keeps its status: see
+    /// `expires_at_ms`).
+    pub status: String,
+    /// When the key stops working, ms since the epoch; `null`: never.
+    pub expires_at_ms: Option<i64>,
+    /// Glob patterns on the model a client asks for; empty: every model.
+    pub allowed_models: Vec<String>,
+    /// Endpoint names; empty: every endpoint.
+    pub allowed_endpoints: Vec<String>,
+}
+
+/// The row of a key, the one place both endpoints build it (the selector's answer read back
+/// into a record in the CLI, the engine's record in the standalone relay).
+pub fn key_row(record: &ApiKeyRecord) -> KeyRow {
+    KeyRow {
+        id: record.id,
+        name: record.name.clone(),
+        prefix: record.prefix.clone(),
+        user: record.user.clone(),
+        group: record.group.clone(),
+        user_rpm_limit: record.user_rpm_limit,
+        status: key_status(record).to_owned(),
+        expires_at_ms: record.access.expires_at_ms,
+        allowed_models: record.access.allowed_models.clone(),
+        allowed_endpoints: endpoint_names(&record.access.allowed_endpoints),
+    }
+}
+
+/// `keys`: `{"keys": [...]}`, ascending by id.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KeyList {
+    pub keys: Vec<KeyRow>,
+}
+
+/// `disable-key`, `enable-key`: the key as it is now, `{"key": {...}}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KeyChanged {
+    pub key: KeyRow,
 }
 
 /// `accounts`: `{"accounts": [...]}`.

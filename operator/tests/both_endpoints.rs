@@ -12,11 +12,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use clap::Parser;
 use pb::selector_admin_server::{SelectorAdmin as AdminService, SelectorAdminServer};
+use poolgate_core::account::ApiKeyRecord;
+use poolgate_core::keys::{Endpoint, KeyAccess};
 use poolgate_core::windows::{MinuteLimit, Scope, WindowKind, WindowReading, WindowStatus};
 use poolgate_operator::grpc::SelectorAdmin;
 use poolgate_operator::http::HttpAdmin;
 use poolgate_operator::view::{
-    AccountList, BlockList, Cleared, ErrorBody, Restored, UsageReport, WindowList, window_rows,
+    AccountList, BlockList, Cleared, ErrorBody, KeyChanged, KeyList, Restored, UsageReport,
+    WindowList, key_row, window_rows,
 };
 use poolgate_operator::{AccountRow, AdminEndpoint, BlockRow, OperatorError, UsageRow, Verb};
 use poolgate_proto::convert;
@@ -155,6 +158,48 @@ fn usage() -> Vec<UsageRow> {
     ]
 }
 
+/// The client keys behind both fakes: one with every limit, one disabled without limits (the
+/// same ids and users as the usage rows).
+fn keys() -> Vec<ApiKeyRecord> {
+    vec![
+        ApiKeyRecord {
+            id: 1,
+            name: "ci".into(),
+            prefix: "pg-aaaa".into(),
+            user: "alice".into(),
+            group: "g".into(),
+            user_rpm_limit: 30,
+            active: true,
+            access: KeyAccess {
+                expires_at_ms: Some(4_102_444_800_000),
+                disabled: false,
+                allowed_models: vec!["claude-*".into()],
+                allowed_endpoints: vec![Endpoint::Messages, Endpoint::Models],
+            },
+        },
+        ApiKeyRecord {
+            id: 2,
+            name: String::new(),
+            prefix: "pg-bbbb".into(),
+            user: "bob".into(),
+            group: "h".into(),
+            user_rpm_limit: 0,
+            active: true,
+            access: KeyAccess {
+                disabled: true,
+                ..KeyAccess::default()
+            },
+        },
+    ]
+}
+
+/// A fixture key with its disable set, as both fakes answer a disable or an enable.
+fn key_disabled(id: i64, disabled: bool) -> Option<ApiKeyRecord> {
+    let mut key = keys().into_iter().find(|k| k.id == id)?;
+    key.access.disabled = disabled;
+    Some(key)
+}
+
 /// The relay's side: the admin endpoint's routes over the fixture, in the shared envelopes.
 async fn http_endpoint() -> SocketAddr {
     async fn authorized(request: axum::extract::Request, next: Next) -> Response {
@@ -252,6 +297,22 @@ async fn http_endpoint() -> SocketAddr {
                     )
                 },
             ),
+        )
+        .route(
+            "/admin/keys",
+            get(|| async move {
+                let keys = keys().iter().map(key_row).collect();
+                axum::Json(KeyList { keys }).into_response()
+            }),
+        )
+        .route(
+            "/admin/keys/{id}/{action}",
+            post(|Path((id, action)): Path<(i64, String)>| async move {
+                let Some(key) = key_disabled(id, action == "disable") else {
+                    return Err(not_found(id));
+                };
+                Ok(axum::Json(KeyChanged { key: key_row(&key) }).into_response())
+            }),
         )
         .layer(axum::middleware::from_fn(authorized));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -355,17 +416,22 @@ impl AdminService for FakeSelector {
     ) -> Result<tonic::Response<pb::ListApiKeysResponse>, Status> {
         check(&request)?;
         // Listed out of order: the CLI sorts.
-        let keys = usage()
-            .iter()
-            .rev()
-            .map(|k| pb::ApiKeyView {
-                id: k.api_key_id,
-                user: k.user.clone(),
-                status: "active".into(),
-                ..Default::default()
-            })
-            .collect();
+        let keys = keys().iter().rev().map(pb::ApiKeyView::from).collect();
         Ok(tonic::Response::new(pb::ListApiKeysResponse { keys }))
+    }
+    async fn update_api_key(
+        &self,
+        request: Request<pb::UpdateApiKeyRequest>,
+    ) -> Result<tonic::Response<pb::ApiKeyView>, Status> {
+        check(&request)?;
+        let request = request.into_inner();
+        let Some(disabled) = request.disabled else {
+            return Err(Status::invalid_argument("the shared verbs only disable"));
+        };
+        let Some(key) = key_disabled(request.id, disabled) else {
+            return Err(Status::not_found(format!("api key {}", request.id)));
+        };
+        Ok(tonic::Response::new(pb::ApiKeyView::from(&key)))
     }
     async fn revoke_api_key(
         &self,
@@ -522,6 +588,9 @@ async fn every_verb_prints_the_same_against_a_selector_and_a_standalone_relay() 
         &["clear-block", "1"],
         &["usage"],
         &["usage", "1", "--hours", "2"],
+        &["keys"],
+        &["disable-key", "1"],
+        &["enable-key", "2"],
     ] {
         let mut printed = Vec::new();
         for endpoint in endpoints {
@@ -596,6 +665,24 @@ async fn every_verb_prints_the_same_against_a_selector_and_a_standalone_relay() 
         "{text}"
     );
 
+    let text = poolgate_operator::execute(&relay, &verb(&["keys"]))
+        .await
+        .expect("keys");
+    assert_eq!(
+        text,
+        "1\tpg-aaaa…\tname=ci\tuser=alice\tgroup=g\tuser_rpm=30\tstatus=active\t\
+         expires=2100-01-01T00:00:00Z\tmodels=claude-*\tendpoints=messages,models\n\
+         2\tpg-bbbb…\tname=\tuser=bob\tgroup=h\tuser_rpm=0\tstatus=disabled\texpires=never\t\
+         models=*\tendpoints=*"
+    );
+    let text = poolgate_operator::execute(&selector, &verb(&["disable-key", "1"]))
+        .await
+        .expect("disable");
+    assert!(
+        text.starts_with("1\tpg-aaaa…\t") && text.contains("\tstatus=disabled\t"),
+        "{text}"
+    );
+
     // An unknown account is "not found" on both; an unknown key too.
     for endpoint in endpoints {
         for args in [
@@ -603,6 +690,8 @@ async fn every_verb_prints_the_same_against_a_selector_and_a_standalone_relay() 
             &["clear-block", "99"],
             &["windows", "--account", "99"],
             &["usage", "9"],
+            &["disable-key", "9"],
+            &["enable-key", "9"],
         ] {
             let error = poolgate_operator::execute(endpoint, &verb(args))
                 .await

@@ -1,5 +1,6 @@
 //! The operator endpoint of a relay that runs the selector in process (standalone): the read and
-//! repair verbs of `poolgate-operator` (accounts, blocks, windows, restore, clear-block, usage),
+//! repair verbs of `poolgate-operator` (accounts, blocks, windows, restore, clear-block, usage,
+//! keys, disable-key, enable-key),
 //! the ones the selector's gRPC admin API offers in distributed mode, answered in the operator
 //! crate's JSON envelopes (`poolgate_operator::view`), so one CLI prints the same for both. It
 //! listens on its own address (`--admin-listen`), never the client port, and answers only with the
@@ -17,7 +18,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use http::StatusCode;
 use poolgate_operator::view::{
-    AccountList, BlockList, Cleared, ErrorBody, Restored, UsageReport, WindowList,
+    AccountList, BlockList, Cleared, ErrorBody, KeyChanged, KeyList, KeyRow, Restored, UsageReport,
+    WindowList,
 };
 use poolgate_rpc::service_auth::constant_time_eq;
 use poolgate_runtime::failed_auth::FailedAttempts;
@@ -63,6 +65,24 @@ pub trait Operator: Send + Sync + 'static {
     async fn clear_block(&self, account_id: i64) -> Result<(), AdminError>;
     /// Usage per client key between two instants (ms since the epoch).
     async fn usage(&self, from_ms: i64, to_ms: i64) -> Result<Vec<KeyUsage>, AdminError>;
+    /// Client keys ascending by id. (Default: an engine that serves none says so.)
+    async fn keys(&self) -> Result<Vec<KeyRow>, AdminError> {
+        Err(AdminError::Unavailable(
+            "client keys are not served here".into(),
+        ))
+    }
+    /// Disables (`true`) or enables a client key, kept across restarts; the key after. An
+    /// unknown key is `UnknownKey`.
+    async fn set_key_disabled(
+        &self,
+        api_key_id: i64,
+        disabled: bool,
+    ) -> Result<KeyRow, AdminError> {
+        let _ = (api_key_id, disabled);
+        Err(AdminError::Unavailable(
+            "client keys are not served here".into(),
+        ))
+    }
 }
 
 #[derive(Clone)]
@@ -86,6 +106,9 @@ pub fn router(operator: Arc<dyn Operator>, token: &str) -> Router {
         .route("/admin/accounts/{id}/restore", post(restore))
         .route("/admin/accounts/{id}/clear-block", post(clear_block))
         .route("/admin/usage", get(usage))
+        .route("/admin/keys", get(keys))
+        .route("/admin/keys/{id}/disable", post(disable_key))
+        .route("/admin/keys/{id}/enable", post(enable_key))
         .layer(axum::middleware::from_fn_with_state(
             admin.clone(),
             authorize,
@@ -134,6 +157,16 @@ fn account_id(text: &str) -> Result<i64, AdminError> {
         .filter(|id| *id > 0)
         .ok_or(AdminError::Invalid {
             field: "account_id",
+            message: "must be a positive integer".into(),
+        })
+}
+
+fn api_key_id(text: &str) -> Result<i64, AdminError> {
+    text.parse::<i64>()
+        .ok()
+        .filter(|id| *id > 0)
+        .ok_or(AdminError::Invalid {
+            field: "api_key_id",
             message: "must be a positive integer".into(),
         })
 }
@@ -187,6 +220,33 @@ async fn clear_block(
     let id = account_id(&id)?;
     admin.operator.clear_block(id).await?;
     Ok(axum::Json(Cleared { cleared: id }).into_response())
+}
+
+async fn keys(State(admin): State<Admin>) -> Result<Response, AdminError> {
+    let keys = admin.operator.keys().await?;
+    Ok(axum::Json(KeyList { keys }).into_response())
+}
+
+async fn set_key_disabled(admin: &Admin, id: &str, disabled: bool) -> Result<Response, AdminError> {
+    let key = admin
+        .operator
+        .set_key_disabled(api_key_id(id)?, disabled)
+        .await?;
+    Ok(axum::Json(KeyChanged { key }).into_response())
+}
+
+async fn disable_key(
+    State(admin): State<Admin>,
+    Path(id): Path<String>,
+) -> Result<Response, AdminError> {
+    set_key_disabled(&admin, &id, true).await
+}
+
+async fn enable_key(
+    State(admin): State<Admin>,
+    Path(id): Path<String>,
+) -> Result<Response, AdminError> {
+    set_key_disabled(&admin, &id, false).await
 }
 
 #[derive(Debug, Deserialize)]

@@ -5,6 +5,8 @@ use bytes::Bytes;
 use http::{HeaderValue, StatusCode};
 use poolgate_core::account::Platform;
 
+use crate::ports::{KeyRefused, RefusedFor};
+
 /// Which API the client speaks (the endpoint decides; it also decides the account platform).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Api {
@@ -26,6 +28,8 @@ impl Api {
 pub enum ErrorKind {
     InvalidRequest,
     Authentication,
+    /// The key may not do this (disabled, or outside its endpoint or model list): 403.
+    PermissionDenied,
     NotFound,
     /// The client's own limit (user RPM): 429.
     RateLimited,
@@ -40,6 +44,7 @@ impl ErrorKind {
         match self {
             ErrorKind::InvalidRequest => StatusCode::BAD_REQUEST,
             ErrorKind::Authentication => StatusCode::UNAUTHORIZED,
+            ErrorKind::PermissionDenied => StatusCode::FORBIDDEN,
             ErrorKind::NotFound => StatusCode::NOT_FOUND,
             ErrorKind::RateLimited => StatusCode::TOO_MANY_REQUESTS,
             ErrorKind::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
@@ -51,6 +56,7 @@ impl ErrorKind {
         match self {
             ErrorKind::InvalidRequest => "invalid_request_error",
             ErrorKind::Authentication => "authentication_error",
+            ErrorKind::PermissionDenied => "permission_error",
             ErrorKind::NotFound => "not_found_error",
             ErrorKind::RateLimited => "rate_limit_error",
             ErrorKind::Overloaded => "overloaded_error",
@@ -62,6 +68,7 @@ impl ErrorKind {
         match self {
             ErrorKind::InvalidRequest => ("invalid_request_error", "invalid_request"),
             ErrorKind::Authentication => ("authentication_error", "invalid_api_key"),
+            ErrorKind::PermissionDenied => ("permission_error", "permission_denied"),
             ErrorKind::NotFound => ("invalid_request_error", "not_found"),
             ErrorKind::RateLimited => ("rate_limit_error", "rate_limit_exceeded"),
             ErrorKind::Overloaded => ("server_error", "pool_overloaded"),
@@ -77,6 +84,10 @@ pub struct RelayError {
     pub kind: ErrorKind,
     pub message: String,
     pub retry_after_secs: Option<u64>,
+    /// OpenAI's `code` and `param` when more precise than the kind's (Anthropic's format has
+    /// neither).
+    pub openai_code: Option<&'static str>,
+    pub openai_param: Option<&'static str>,
 }
 
 impl RelayError {
@@ -86,6 +97,39 @@ impl RelayError {
             kind,
             message: message.into(),
             retry_after_secs: None,
+            openai_code: None,
+            openai_param: None,
+        }
+    }
+
+    /// A key's request refused (docs/DESIGN.md §6, "What a client key reaches"): disabled, or
+    /// outside its endpoint list, 403 `permission_error`; expired, 401 `authentication_error`;
+    /// a model outside its list, 403 `permission_error` (Anthropic) or what OpenAI answers for
+    /// a model the key cannot reach (404 `model_not_found`).
+    pub fn key_refused(api: Api, refused: &KeyRefused) -> Self {
+        let message = refused.message.clone();
+        let (kind, code) = match &refused.reason {
+            RefusedFor::Disabled => (ErrorKind::PermissionDenied, "api_key_disabled"),
+            RefusedFor::Expired => (ErrorKind::Authentication, "api_key_expired"),
+            RefusedFor::Endpoint => (ErrorKind::PermissionDenied, "endpoint_not_allowed"),
+            RefusedFor::Model(model) if api == Api::OpenAi => {
+                return RelayError {
+                    openai_code: Some("model_not_found"),
+                    openai_param: Some("model"),
+                    ..RelayError::new(
+                        api,
+                        ErrorKind::NotFound,
+                        format!(
+                            "The model `{model}` does not exist or you do not have access to it."
+                        ),
+                    )
+                };
+            }
+            RefusedFor::Model(_) => (ErrorKind::PermissionDenied, "model_not_allowed"),
+        };
+        RelayError {
+            openai_code: Some(code),
+            ..RelayError::new(api, kind, message)
         }
     }
 
@@ -102,8 +146,9 @@ impl RelayError {
             }),
             Api::OpenAi => {
                 let (kind, code) = self.kind.openai_type();
+                let code = self.openai_code.unwrap_or(code);
                 serde_json::json!({
-                    "error": {"message": self.message, "type": kind, "param": null, "code": code},
+                    "error": {"message": self.message, "type": kind, "param": self.openai_param, "code": code},
                 })
             }
         }
@@ -129,5 +174,65 @@ impl IntoResponse for RelayError {
                 .insert(http::header::RETRY_AFTER, value);
         }
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use poolgate_core::keys::KeyRefusal;
+
+    use super::*;
+
+    fn refused(api: Api, refusal: KeyRefusal) -> (StatusCode, serde_json::Value) {
+        let error = RelayError::key_refused(api, &refusal.into());
+        (error.kind.status(), error.body())
+    }
+
+    #[test]
+    fn key_refusals_answer_in_each_clients_format_naming_the_reason() {
+        let (status, body) = refused(Api::Anthropic, KeyRefusal::Disabled);
+        assert_eq!(status, StatusCode::FORBIDDEN);
+        assert_eq!(body["error"]["type"], "permission_error", "{body}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("disabled")
+        );
+        let (status, body) = refused(Api::OpenAi, KeyRefusal::Disabled);
+        assert_eq!(status, StatusCode::FORBIDDEN);
+        assert_eq!(body["error"]["type"], "permission_error", "{body}");
+        assert_eq!(body["error"]["code"], "api_key_disabled");
+
+        let (status, body) = refused(Api::Anthropic, KeyRefusal::Expired { at_ms: 0 });
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        assert_eq!(body["error"]["type"], "authentication_error", "{body}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("expired")
+        );
+
+        let endpoint = KeyRefusal::EndpointNotAllowed(poolgate_core::keys::Endpoint::Responses);
+        let (status, body) = refused(Api::OpenAi, endpoint);
+        assert_eq!(status, StatusCode::FORBIDDEN);
+        assert_eq!(body["error"]["code"], "endpoint_not_allowed", "{body}");
+
+        let model = || KeyRefusal::ModelNotAllowed("gpt-4o".into());
+        let (status, body) = refused(Api::Anthropic, model());
+        assert_eq!(status, StatusCode::FORBIDDEN);
+        assert_eq!(body["error"]["type"], "permission_error", "{body}");
+        let (status, body) = refused(Api::OpenAi, model());
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert_eq!(
+            body,
+            serde_json::json!({"error": {
+                "message": "The model `gpt-4o` does not exist or you do not have access to it.",
+                "type": "invalid_request_error",
+                "param": "model",
+                "code": "model_not_found",
+            }})
+        );
     }
 }

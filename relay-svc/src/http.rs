@@ -13,11 +13,14 @@ use axum::routing::{get, post};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use http::{HeaderMap, HeaderValue, StatusCode, Uri};
+use poolgate_core::keys::Endpoint;
 use tokio::sync::mpsc;
 
 use crate::client_api::{Api, ErrorKind, RelayError};
 use crate::edge::{BodyError, BufferBudget, read_body};
-use crate::proxy::{Answer, Body, BodyJsonError, Inbound, Relay, TopLevel, request_id_header};
+use crate::proxy::{
+    Answer, Body, BodyJsonError, Inbound, Relay, TopLevel, key_view, request_id_header,
+};
 use crate::session::session_hash;
 
 /// Shared state of the HTTP front.
@@ -95,6 +98,7 @@ pub fn router(front: Front) -> Router {
         )
         .route("/v1/responses", post(responses).fallback(wrong_method))
         .route("/v1/models", get(models))
+        .route("/v1/poolgate/key", get(own_key))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .fallback(not_found)
@@ -107,7 +111,7 @@ async fn messages(
     headers: HeaderMap,
     body: AxumBody,
 ) -> Response {
-    let route = Route::new(Api::Anthropic, "/v1/messages", &uri);
+    let route = Route::new(Api::Anthropic, "/v1/messages", Endpoint::Messages, &uri);
     handle(front, route, headers, body).await
 }
 
@@ -119,7 +123,12 @@ async fn count_tokens(
 ) -> Response {
     let route = Route {
         ungoverned: true,
-        ..Route::new(Api::Anthropic, "/v1/messages/count_tokens", &uri)
+        ..Route::new(
+            Api::Anthropic,
+            "/v1/messages/count_tokens",
+            Endpoint::CountTokens,
+            &uri,
+        )
     };
     handle(front, route, headers, body).await
 }
@@ -130,7 +139,12 @@ async fn chat_completions(
     headers: HeaderMap,
     body: AxumBody,
 ) -> Response {
-    let route = Route::new(Api::OpenAi, "/v1/chat/completions", &uri);
+    let route = Route::new(
+        Api::OpenAi,
+        "/v1/chat/completions",
+        Endpoint::ChatCompletions,
+        &uri,
+    );
     handle(front, route, headers, body).await
 }
 
@@ -140,7 +154,7 @@ async fn responses(
     headers: HeaderMap,
     body: AxumBody,
 ) -> Response {
-    let route = Route::new(Api::OpenAi, "/v1/responses", &uri);
+    let route = Route::new(Api::OpenAi, "/v1/responses", Endpoint::Responses, &uri);
     handle(front, route, headers, body).await
 }
 
@@ -149,16 +163,19 @@ async fn responses(
 struct Route {
     api: Api,
     path: &'static str,
+    /// What a key's endpoint list names it.
+    endpoint: Endpoint,
     query: Option<String>,
     /// Requests that cost nothing and take no lease (count_tokens).
     ungoverned: bool,
 }
 
 impl Route {
-    fn new(api: Api, path: &'static str, uri: &Uri) -> Self {
+    fn new(api: Api, path: &'static str, endpoint: Endpoint, uri: &Uri) -> Self {
         Route {
             api,
             path,
+            endpoint,
             query: uri.query().filter(|q| !q.is_empty()).map(str::to_owned),
             ungoverned: false,
         }
@@ -168,25 +185,37 @@ impl Route {
 /// Longest query string passed upstream.
 const MAX_QUERY_BYTES: usize = 2048;
 
-async fn models(State(front): State<Front>, headers: HeaderMap) -> Response {
-    let api = if headers.contains_key("anthropic-version") || headers.contains_key("x-api-key") {
+/// Which API family a `GET` speaks: Anthropic's clients send `anthropic-version` or `x-api-key`.
+fn get_api(headers: &HeaderMap) -> Api {
+    if headers.contains_key("anthropic-version") || headers.contains_key("x-api-key") {
         Api::Anthropic
     } else {
         Api::OpenAi
-    };
+    }
+}
+
+/// The group's models of the client's API family, only those the key's model list allows.
+async fn models(State(front): State<Front>, headers: HeaderMap) -> Response {
+    let api = get_api(&headers);
     let caller = match front
         .relay
         .authenticate(api, client_key(&headers).as_deref())
         .await
-    {
+        .and_then(|caller| {
+            front
+                .relay
+                .check_access(api, &caller, Endpoint::Models, None)
+                .map(|()| caller)
+        }) {
         Ok(caller) => caller,
         Err(error) => return with_request_id(error.into_response()),
     };
-    let models = front
+    let mut models = front
         .relay
         .selection
         .models(&caller.group, api.platform())
         .await;
+    models.retain(|model| caller.access.allows_model(model));
     let body = match api {
         Api::Anthropic => {
             let data: Vec<serde_json::Value> = models
@@ -204,6 +233,23 @@ async fn models(State(front): State<Front>, headers: HeaderMap) -> Response {
         }
     };
     with_request_id(axum::Json(body).into_response())
+}
+
+/// The caller's own key and usage (`GET /v1/poolgate/key`, docs/DESIGN.md §6): answered to a
+/// disabled or expired key too, so its holder learns why it is refused; never another key's.
+async fn own_key(State(front): State<Front>, headers: HeaderMap) -> Response {
+    let api = get_api(&headers);
+    let response = match front
+        .relay
+        .describe_key(api, client_key(&headers).as_deref())
+        .await
+    {
+        Ok(description) => {
+            axum::Json(key_view(&description, poolgate_core::now_ms())).into_response()
+        }
+        Err(error) => error.into_response(),
+    };
+    with_request_id(response)
 }
 
 async fn readyz(State(front): State<Front>) -> Response {
@@ -279,17 +325,22 @@ async fn handle_inner(front: Front, route: Route, headers: HeaderMap, body: Axum
     let Route {
         api,
         path,
+        endpoint,
         query,
         ungoverned,
     } = route;
     let relay = front.relay.clone();
     relay.metrics.requests.with_label_values(&[path]).inc();
-    // The key first, from the headers alone: a request without a good one is answered and its
-    // connection closed before a byte of its body is read.
+    // The key first, from the headers alone: a request without a good one, or whose key may not
+    // use this endpoint, is answered and its connection closed before a byte of its body is read.
     let caller = match relay
         .authenticate(api, client_key(&headers).as_deref())
         .await
-    {
+        .and_then(|caller| {
+            relay
+                .check_access(api, &caller, endpoint, None)
+                .map(|()| caller)
+        }) {
         Ok(caller) => caller,
         Err(error) => return closing(error.into_response()),
     };
@@ -357,6 +408,10 @@ async fn handle_inner(front: Front, route: Route, headers: HeaderMap, body: Axum
                 .into_response();
         }
     };
+    // The model the client asked for (before any account's mapping) against the key's list.
+    if let Err(error) = relay.check_access(api, &caller, endpoint, Some(&model)) {
+        return error.into_response();
+    }
     let stream = top.bool("stream").unwrap_or(false);
     let previous_response_id = top
         .str("previous_response_id")

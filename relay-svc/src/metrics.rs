@@ -34,6 +34,9 @@ pub struct Metrics {
     /// mode), `sent` or `failed` (that batch of readings is dropped: the next answers refresh
     /// them).
     pub window_writes: IntCounterVec,
+    /// relay_key_refusals_total{reason}: requests refused for what their key may reach
+    /// (`disabled`, `expired`, `endpoint`, `model`; never the key), before any account is asked.
+    pub key_refusals: IntCounterVec,
     pub upstream_seconds: HistogramVec,
     pub first_byte_seconds: HistogramVec,
 }
@@ -98,6 +101,11 @@ impl Metrics {
                 "RecordWindows calls to the selector (usage-window readings, coalesced per account), by outcome (sent, failed: dropped).",
                 &["outcome"],
             ),
+            key_refusals: counter_vec(
+                "relay_key_refusals_total",
+                "Requests refused for what their client key may reach, by reason (disabled, expired, endpoint, model), before any account is asked.",
+                &["reason"],
+            ),
             unpriced_usage: counter(
                 "relay_unpriced_usage_total",
                 "Answers with token usage whose model has no price (recorded at $0; each model is also logged once).",
@@ -116,6 +124,12 @@ impl Metrics {
 
     pub fn failover(&self, reason: &str, outcome: &str) {
         self.failovers.with_label_values(&[reason, outcome]).inc();
+    }
+
+    pub fn key_refused(&self, reason: &crate::ports::RefusedFor) {
+        self.key_refusals
+            .with_label_values(&[reason.as_str()])
+            .inc();
     }
 
     pub fn upstream_latency(&self, platform: &str, elapsed: Duration) {

@@ -8,6 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use poolgate_core::account::{Platform, Secret};
 use poolgate_core::classify::Classified;
+use poolgate_core::keys::{KeyAccess, KeyDescription, KeyRefusal};
 use poolgate_core::lease::{Denial, LeaseTerms};
 use poolgate_core::windows::WindowReading;
 use poolgate_proto::convert::ConvertError;
@@ -51,6 +52,73 @@ pub struct Caller {
     pub user: String,
     pub group: String,
     pub user_rpm_limit: i32,
+    /// What the key may reach (docs/DESIGN.md §6, "What a client key reaches"): every request
+    /// is checked against it with the relay's clock before any account is asked.
+    pub access: KeyAccess,
+}
+
+/// The selector's answer for a client key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyCheck {
+    /// A key that may be used (its model and endpoint lists are checked per request).
+    Known(Caller),
+    /// A key that exists but is refused as a whole: disabled, or expired.
+    Refused(KeyRefused),
+    /// Unknown or revoked.
+    Unknown,
+}
+
+impl KeyCheck {
+    /// The caller of a key that may be used.
+    pub fn caller(self) -> Option<Caller> {
+        match self {
+            KeyCheck::Known(caller) => Some(caller),
+            KeyCheck::Refused(_) | KeyCheck::Unknown => None,
+        }
+    }
+}
+
+/// A key's request refused before any account is asked: why (which decides the status, the
+/// error type and the metric label) and the words the client reads, which name the reason and
+/// never the key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyRefused {
+    pub reason: RefusedFor,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RefusedFor {
+    Disabled,
+    Expired,
+    Endpoint,
+    /// The model the client asked for.
+    Model(String),
+}
+
+impl RefusedFor {
+    /// The label of `relay_key_refusals_total` (bounded: never the model or the key).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            RefusedFor::Disabled => "disabled",
+            RefusedFor::Expired => "expired",
+            RefusedFor::Endpoint => "endpoint",
+            RefusedFor::Model(_) => "model",
+        }
+    }
+}
+
+impl From<KeyRefusal> for KeyRefused {
+    fn from(refusal: KeyRefusal) -> Self {
+        let message = refusal.message();
+        let reason = match refusal {
+            KeyRefusal::Disabled => RefusedFor::Disabled,
+            KeyRefusal::Expired { .. } => RefusedFor::Expired,
+            KeyRefusal::EndpointNotAllowed(_) => RefusedFor::Endpoint,
+            KeyRefusal::ModelNotAllowed(model) => RefusedFor::Model(model),
+        };
+        KeyRefused { reason, message }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -70,8 +138,17 @@ pub use poolgate_core::plan::{Plan, PlannedAccount, UsageRecord};
 
 #[async_trait]
 pub trait Selection: Send + Sync + 'static {
-    /// `Ok(None)`: the key is unknown or revoked.
-    async fn authenticate(&self, api_key: &str) -> Result<Option<Caller>, BackendError>;
+    /// Checks a client key: a caller, a key refused as a whole (disabled, expired: the
+    /// selector's clock in distributed mode, the relay's in standalone), or unknown.
+    async fn check_key(&self, api_key: &str) -> Result<KeyCheck, BackendError>;
+    /// The caller of a key that may be used; `Ok(None)`: the key is unknown, revoked or refused.
+    async fn authenticate(&self, api_key: &str) -> Result<Option<Caller>, BackendError> {
+        Ok(self.check_key(api_key).await?.caller())
+    }
+    /// The key as its holder may see it (the self-service view): its record and its usage per
+    /// period. A disabled or expired key is described too (its holder learns why it is
+    /// refused); `Ok(None)`: unknown or revoked.
+    async fn describe_key(&self, api_key: &str) -> Result<Option<KeyDescription>, BackendError>;
     async fn select(&self, request: &PlanRequest) -> Result<Plan, BackendError>;
     /// Reports a real upstream outcome (never a local refusal). Best effort.
     async fn report(&self, account_id: i64, outcome: Classified, status: u16, reason: &str);

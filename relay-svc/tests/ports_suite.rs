@@ -252,6 +252,7 @@ fn terms(account_id: i64, concurrency_limit: i32) -> LeaseTerms {
         session_window_limit_micros: 0,
         session_bound: false,
         ignore_cooldown: false,
+        key: None,
     }
 }
 

@@ -2,8 +2,9 @@
 //! and reads cooldowns) and the selector (which reads leases and writes cooldowns).
 //!
 //! Every key of one account carries the hash tag `{a:<account_id>}` so a single Lua script may
-//! touch all of them on a Redis Cluster; every key of one user carries `{u:<user>}`. Selector-only
-//! state lives under `pg:sel:`. No other module spells a key name.
+//! touch all of them on a Redis Cluster; every key of one user carries `{u:<user>}`, every key of
+//! one client key (its limits, docs/DESIGN.md §4) `{k:<api_key_id>}`. Selector-only state lives
+//! under `pg:sel:`. No other module spells a key name.
 
 /// Prefix of every poolgate key, so a shared Redis can be scanned or cleaned by prefix.
 pub const PREFIX: &str = "pg";
@@ -55,6 +56,52 @@ impl AccountKeys {
             &self.window,
         ]
     }
+}
+
+/// The keys of one client key's limits (docs/DESIGN.md §4), all in the hash slot of
+/// `{k:<api_key_id>}`: on one node the account's scripts take them too, on a Cluster they are
+/// another hash slot (charged first, refunded on refusal).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientKeyKeys {
+    /// ZSET: member = lease id, score = expiry (ms): the key's leases, as the account's.
+    pub leases: String,
+    /// ZSET: member = lease id, score = release fence expiry (ms).
+    pub released: String,
+    /// HASH: field = second (Redis time / 1000), value = tokens finished in it.
+    pub tpm: String,
+    /// ZSET: member = lease id, score = until (ms): leases whose release charged the key.
+    pub billed: String,
+    /// STRING counters (micro-USD), one per budget period id (`t`, `d:…`, `w:…`, `m:…`): total,
+    /// day, week, month, in that order.
+    pub spend: [String; 4],
+}
+
+impl ClientKeyKeys {
+    /// The keys of `api_key_id` with the budget counters of `periods` (total, day, week, month).
+    pub fn new(api_key_id: i64, periods: [&str; 4]) -> Self {
+        let tag = client_key_tag(api_key_id);
+        ClientKeyKeys {
+            leases: format!("{tag}:leases"),
+            released: format!("{tag}:released"),
+            tpm: format!("{tag}:tpm"),
+            billed: format!("{tag}:billed"),
+            spend: periods.map(|period| client_key_spend(api_key_id, period)),
+        }
+    }
+
+    /// The key's leases and fences (renew, resume, orphan); the budget counters are the total's.
+    pub fn slot_only(api_key_id: i64) -> Self {
+        Self::new(api_key_id, ["t"; 4])
+    }
+}
+
+fn client_key_tag(api_key_id: i64) -> String {
+    format!("{PREFIX}:{{k:{api_key_id}}}")
+}
+
+/// STRING: a client key's budget counter (micro-USD) for one period id.
+pub fn client_key_spend(api_key_id: i64, period_id: &str) -> String {
+    format!("{}:spend:{period_id}", client_key_tag(api_key_id))
 }
 
 /// ZSET of one user's requests in the rolling minute (member = event id, score = ms).
@@ -142,6 +189,23 @@ mod tests {
         assert_eq!(hash_tag(&key), "a:42");
         assert!(key.starts_with("pg:sel:"), "{key}");
         assert_ne!(usage_windows(4), usage_windows(42));
+    }
+
+    #[test]
+    fn every_client_key_key_shares_the_key_hash_tag() {
+        let keys = ClientKeyKeys::new(7, ["t", "d:2026-12-02", "w:2026-11-30", "m:2026-12"]);
+        let all = [&keys.leases, &keys.released, &keys.tpm, &keys.billed]
+            .into_iter()
+            .chain(&keys.spend);
+        for key in all {
+            assert_eq!(hash_tag(key), "k:7", "{key}");
+        }
+        assert_eq!(keys.spend[1], client_key_spend(7, "d:2026-12-02"));
+        assert_eq!(keys.leases, "pg:{k:7}:leases");
+        assert_ne!(
+            ClientKeyKeys::slot_only(7).leases,
+            ClientKeyKeys::slot_only(71).leases
+        );
     }
 
     #[test]

@@ -247,6 +247,7 @@ pub async fn probe_under_lease(
         session_window_limit_micros: 0,
         session_bound: false,
         ignore_cooldown: true,
+        key: None,
     };
     let lease = match leases.acquire_probe(&terms, settings.lease_wait).await {
         Ok(Some(lease_id)) => lease_id,

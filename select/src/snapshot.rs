@@ -74,6 +74,22 @@ impl Snapshot {
         }
     }
 
+    /// Replaces a client key's record by id, keeping its hash (the in-memory source's key
+    /// disable). `false` when there is no such key.
+    pub(crate) fn replace_api_key(&mut self, record: ApiKeyRecord) -> bool {
+        match self
+            .api_keys
+            .values_mut()
+            .find(|current| current.id == record.id)
+        {
+            Some(current) => {
+                *current = record;
+                true
+            }
+            None => false,
+        }
+    }
+
     pub fn has_group(&self, group: &str) -> bool {
         self.groups.contains(group)
     }

@@ -1,17 +1,21 @@
 //! `selector-svc admin …`: the operator CLI against a running selector's admin gRPC API. The read
-//! and repair verbs (accounts, blocks, windows, restore, clear-block, usage) are
-//! `poolgate-operator`'s, the same verbs and output as `relay-svc admin`; the configuration verbs
-//! (accounts and client keys, statuses, bindings, load) are the selector's own, since its
-//! configuration lives behind these RPCs (a standalone relay's lives in its YAML file).
+//! and repair verbs (accounts, blocks, windows, restore, clear-block, usage, keys, disable-key,
+//! enable-key) are `poolgate-operator`'s, the same verbs and output as `relay-svc admin`; the
+//! configuration verbs (accounts and client keys, statuses, bindings, load) are the selector's
+//! own, since its configuration lives behind these RPCs (a standalone relay's lives in its YAML
+//! file).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{ArgMatches, Args, Subcommand, ValueEnum};
 use poolgate_core::account::{CredentialKind, Platform, default_oauth_token_url};
-use poolgate_operator::grpc::{AdminClient, SelectorAdmin, account_row};
-use poolgate_operator::verb::account_line;
+use poolgate_core::keys::{Endpoint, parse_endpoints};
+use poolgate_operator::grpc::{AdminClient, SelectorAdmin, account_row, api_key_row};
+use poolgate_operator::instant::parse_instant;
+use poolgate_operator::verb::{account_line, key_line};
 use poolgate_operator::{OperatorError, Verb};
+use poolgate_proto::convert::keys::{KeyUpdate, endpoint_names};
 use poolgate_proto::selector::v1 as pb;
 use poolgate_runtime::secret_flags::SecretFlag;
 
@@ -83,16 +87,98 @@ enum ConfigVerb {
         user_rpm: i32,
         #[arg(long, default_value = "")]
         name: String,
+        /// When the key stops working: RFC 3339 (2026-12-31T23:59:59Z), a date (midnight UTC)
+        /// or seconds since the epoch. None: never.
+        #[arg(long, value_parser = parse_instant)]
+        expires_at: Option<i64>,
+        /// The models the key may ask for, comma-separated glob patterns (`claude-*,gpt-4o`).
+        /// None: every model.
+        #[arg(long, value_delimiter = ',')]
+        models: Vec<String>,
+        /// The endpoints the key may call, comma-separated (messages, count_tokens,
+        /// chat_completions, responses, models). None: every endpoint.
+        #[arg(long, value_delimiter = ',', value_parser = endpoint)]
+        endpoints: Vec<Endpoint>,
     },
-    /// List client API keys.
-    Keys,
-    /// Revoke a client API key.
+    /// Change a client key's disable, expiry or lists (only what is given).
+    UpdateKey(UpdateKey),
+    /// Revoke a client API key (for good; `disable-key` can be undone).
     RevokeKey { id: i64 },
     /// Drop a sticky binding. Bindings are scoped to the client key: the session is
     /// `k<api key id>:<session hash>` (as `admin keys` lists keys).
     DropBinding { group: String, session_hash: String },
     /// Live leases per account.
     Load,
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("change").required(true).multiple(true)))]
+struct UpdateKey {
+    #[arg(value_parser = clap::value_parser!(i64).range(1..))]
+    id: i64,
+    /// Refuse the key until `--enable` (or `enable-key`).
+    #[arg(long, group = "change", conflicts_with = "enable")]
+    disable: bool,
+    #[arg(long, group = "change")]
+    enable: bool,
+    /// The new expiry: RFC 3339, a date (midnight UTC) or seconds since the epoch.
+    #[arg(long, group = "change", value_parser = parse_instant, conflicts_with = "no_expiry")]
+    expires_at: Option<i64>,
+    /// Clear the expiry.
+    #[arg(long, group = "change")]
+    no_expiry: bool,
+    /// The new model list, comma-separated glob patterns (replaces the old one).
+    #[arg(
+        long,
+        group = "change",
+        value_delimiter = ',',
+        conflicts_with = "any_model"
+    )]
+    models: Option<Vec<String>>,
+    /// Clear the model list: every model.
+    #[arg(long, group = "change")]
+    any_model: bool,
+    /// The new endpoint list, comma-separated (replaces the old one).
+    #[arg(
+        long,
+        group = "change",
+        value_delimiter = ',',
+        value_parser = endpoint,
+        conflicts_with = "any_endpoint"
+    )]
+    endpoints: Option<Vec<Endpoint>>,
+    /// Clear the endpoint list: every endpoint.
+    #[arg(long, group = "change")]
+    any_endpoint: bool,
+}
+
+impl UpdateKey {
+    fn update(&self) -> KeyUpdate {
+        KeyUpdate {
+            disabled: match (self.disable, self.enable) {
+                (true, _) => Some(true),
+                (_, true) => Some(false),
+                _ => None,
+            },
+            expires_at_ms: match (self.expires_at, self.no_expiry) {
+                (Some(at), _) => Some(Some(at)),
+                (None, true) => Some(None),
+                (None, false) => None,
+            },
+            allowed_models: replacement(&self.models, self.any_model),
+            allowed_endpoints: replacement(&self.endpoints, self.any_endpoint),
+        }
+    }
+}
+
+/// A list's replacement: the one given, or an empty one (no limit) when `clear`.
+fn replacement<T: Clone>(given: &Option<Vec<T>>, clear: bool) -> Option<Vec<T>> {
+    given.clone().or_else(|| clear.then(Vec::new))
+}
+
+/// An endpoint name, the error listing the known ones.
+fn endpoint(name: &str) -> Result<Endpoint, String> {
+    parse_endpoints(&[name.to_owned()]).map(|endpoints| endpoints[0])
 }
 
 #[derive(Debug, Args)]
@@ -342,6 +428,9 @@ async fn configure(mut client: AdminClient, verb: &ConfigVerb) -> Result<(), Ope
             group,
             user_rpm,
             name,
+            expires_at,
+            models,
+            endpoints,
         } => {
             let answer = client
                 .create_api_key(pb::CreateApiKeyRequest {
@@ -349,6 +438,9 @@ async fn configure(mut client: AdminClient, verb: &ConfigVerb) -> Result<(), Ope
                     group: group.clone(),
                     user_rpm_limit: *user_rpm,
                     name: name.clone(),
+                    expires_at_ms: *expires_at,
+                    allowed_models: models.clone(),
+                    allowed_endpoints: endpoint_names(endpoints),
                 })
                 .await?;
             // The one time the key is shown: printing it is the point of the command.
@@ -358,14 +450,11 @@ async fn configure(mut client: AdminClient, verb: &ConfigVerb) -> Result<(), Ope
                 answer.get_ref().api_key
             );
         }
-        ConfigVerb::Keys => {
-            let answer = client.list_api_keys(pb::ListApiKeysRequest {}).await?;
-            for k in &answer.get_ref().keys {
-                println!(
-                    "{}\t{}…\tuser={}\tgroup={}\tuser_rpm={}\t{}",
-                    k.id, k.prefix, k.user, k.group, k.user_rpm_limit, k.status
-                );
-            }
+        ConfigVerb::UpdateKey(update) => {
+            let request = pb::UpdateApiKeyRequest::from((update.id, &update.update()));
+            let answer = client.update_api_key(request).await?;
+            let row = api_key_row(answer.into_inner())?;
+            println!("{}", key_line(&row, poolgate_core::now_ms()));
         }
         ConfigVerb::RevokeKey { id } => {
             client
@@ -400,4 +489,125 @@ async fn configure(mut client: AdminClient, verb: &ConfigVerb) -> Result<(), Ope
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        verb: ConfigVerb,
+    }
+
+    fn parse(args: &[&str]) -> Result<ConfigVerb, clap::Error> {
+        Cli::try_parse_from(std::iter::once("admin").chain(args.iter().copied())).map(|c| c.verb)
+    }
+
+    fn update(args: &[&str]) -> KeyUpdate {
+        match parse(&[&["update-key", "3"], args].concat()) {
+            Ok(ConfigVerb::UpdateKey(update)) => update.update(),
+            other => panic!("{args:?}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn update_key_changes_only_what_its_flags_name() {
+        assert_eq!(
+            update(&["--disable"]),
+            KeyUpdate {
+                disabled: Some(true),
+                ..Default::default()
+            }
+        );
+        assert_eq!(
+            update(&[
+                "--enable",
+                "--no-expiry",
+                "--models",
+                "claude-*,gpt-4o",
+                "--any-endpoint"
+            ]),
+            KeyUpdate {
+                disabled: Some(false),
+                expires_at_ms: Some(None),
+                allowed_models: Some(vec!["claude-*".into(), "gpt-4o".into()]),
+                allowed_endpoints: Some(vec![]),
+            }
+        );
+        assert_eq!(
+            update(&[
+                "--expires-at",
+                "2026-12-02T16:09:05Z",
+                "--endpoints",
+                "messages,models"
+            ]),
+            KeyUpdate {
+                expires_at_ms: Some(Some(1_796_227_745_000)),
+                allowed_endpoints: Some(vec![Endpoint::Messages, Endpoint::Models]),
+                ..Default::default()
+            }
+        );
+        assert_eq!(update(&["--any-model"]).allowed_models, Some(vec![]));
+        for refused in [
+            &["update-key", "3"][..],
+            &["update-key", "0", "--disable"],
+            &["update-key", "3", "--disable", "--enable"],
+            &["update-key", "3", "--expires-at", "1", "--no-expiry"],
+            &["update-key", "3", "--models", "a", "--any-model"],
+            &["update-key", "3", "--endpoints", "embeddings"],
+            &["update-key", "3", "--expires-at", "2026-02-30"],
+            &[
+                "create-key",
+                "--user",
+                "u",
+                "--group",
+                "g",
+                "--endpoints",
+                "embeddings",
+            ],
+            &[
+                "create-key",
+                "--user",
+                "u",
+                "--group",
+                "g",
+                "--expires-at",
+                "soon",
+            ],
+        ] {
+            assert!(parse(refused).is_err(), "{refused:?} is refused");
+        }
+        match parse(&[
+            "create-key",
+            "--user",
+            "u",
+            "--group",
+            "g",
+            "--expires-at",
+            "1796227745",
+            "--models",
+            "claude-*",
+            "--endpoints",
+            "responses",
+        ]) {
+            Ok(ConfigVerb::CreateKey {
+                expires_at,
+                models,
+                endpoints,
+                ..
+            }) => assert_eq!(
+                (expires_at, models, endpoints),
+                (
+                    Some(1_796_227_745_000),
+                    vec!["claude-*".to_owned()],
+                    vec![Endpoint::Responses]
+                )
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
 }

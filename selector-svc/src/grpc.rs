@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures_util::future::BoxFuture;
+use poolgate_proto::convert::keys::KeyUpdate;
 use poolgate_proto::convert::{self, EnumField};
 use poolgate_proto::selector::v1 as pb;
 use poolgate_runtime::failed_auth::FailedAttempts;
@@ -13,7 +14,7 @@ use tonic::codegen::Service;
 use tonic::server::NamedService;
 use tonic::{Request, Response, Status};
 
-use crate::error::status;
+use crate::error::{key_refused, status};
 use crate::store::{AccountInput, PostgresSource};
 use poolgate_core::account::{AccountStatus, CredentialKind, OAuthState, Platform, Secret};
 use poolgate_core::outcome::{Outcome, OutcomeClass};
@@ -62,6 +63,14 @@ fn account_id(field: &str, id: i64) -> Result<AccountId, Status> {
         ));
     }
     Ok(id)
+}
+
+/// A client's poolgate key as a relay forwards it: 1..=256 bytes.
+fn client_key(key: String) -> Result<String, Status> {
+    if key.is_empty() || key.len() > 256 {
+        return Err(invalid("api_key", "must be 1..=256 bytes"));
+    }
+    Ok(key)
 }
 
 /// A client key id a relay sends with a select or a response binding: 0 for none (an older
@@ -226,17 +235,24 @@ impl pb::selector_server::Selector for SelectorGrpc {
         &self,
         request: Request<pb::AuthenticateRequest>,
     ) -> Result<Response<pb::AuthenticateResponse>, Status> {
-        let key = request.into_inner().api_key;
-        if key.is_empty() || key.len() > 256 {
-            return Err(invalid("api_key", "must be 1..=256 bytes"));
-        }
+        let key = client_key(request.into_inner().api_key)?;
         let record = self.selector.authenticate(&key).map_err(status)?;
-        Ok(Response::new(pb::AuthenticateResponse {
-            api_key_id: record.id,
-            user: record.user,
-            group: record.group,
-            user_rpm_limit: record.user_rpm_limit,
-        }))
+        // The engine answers a disabled or expired key's record (the standalone relay checks it
+        // the same way); here it becomes the refusal the relay reads (docs/DESIGN.md §6).
+        record
+            .access
+            .check_key(now_ms())
+            .map_err(|refusal| key_refused(&refusal))?;
+        Ok(Response::new(pb::AuthenticateResponse::from(&record)))
+    }
+
+    async fn describe_key(
+        &self,
+        request: Request<pb::DescribeKeyRequest>,
+    ) -> Result<Response<pb::DescribeKeyResponse>, Status> {
+        let key = client_key(request.into_inner().api_key)?;
+        let description = self.selector.describe_key(&key).await.map_err(status)?;
+        Ok(Response::new(pb::DescribeKeyResponse::from(&description)))
     }
 
     async fn record_usage(
@@ -570,9 +586,10 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
         if r.name.len() > MAX_NAME_BYTES {
             return Err(invalid("name", format!("at most {MAX_NAME_BYTES} bytes")));
         }
+        let access = convert::keys::new_key_access(&r)?;
         let (id, key) = self
             .store
-            .create_api_key(&r.name, &r.user, &r.group, r.user_rpm_limit)
+            .create_api_key_with_access(&r.name, &r.user, &r.group, r.user_rpm_limit, &access)
             .await
             .map_err(|e| status(e.into()))?;
         self.reload().await?;
@@ -592,19 +609,22 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
             .await
             .map_err(|e| status(e.into()))?;
         Ok(Response::new(pb::ListApiKeysResponse {
-            keys: keys
-                .into_iter()
-                .map(|k| pb::ApiKeyView {
-                    id: k.id,
-                    name: k.name,
-                    user: k.user,
-                    group: k.group,
-                    user_rpm_limit: k.user_rpm_limit,
-                    status: if k.active { "active" } else { "revoked" }.to_owned(),
-                    prefix: k.prefix,
-                })
-                .collect(),
+            keys: keys.iter().map(pb::ApiKeyView::from).collect(),
         }))
+    }
+
+    async fn update_api_key(
+        &self,
+        request: Request<pb::UpdateApiKeyRequest>,
+    ) -> Result<Response<pb::ApiKeyView>, Status> {
+        let (id, update) = <(i64, KeyUpdate)>::try_from(request.into_inner())?;
+        let record = self
+            .store
+            .update_api_key(id, &update)
+            .await
+            .map_err(|e| status(e.into()))?;
+        self.reload().await?;
+        Ok(Response::new(pb::ApiKeyView::from(&record)))
     }
 
     async fn revoke_api_key(

@@ -15,6 +15,8 @@ use poolgate_core::account::{
     Account, AccountStatus, ApiKeyRecord, CredentialKind, GroupSettings, OAuthState, Platform,
     Price, Secret, default_oauth_token_url,
 };
+use poolgate_core::keys::{KeyAccess, parse_endpoints};
+use poolgate_proto::convert::keys::{KeyUpdate, endpoint_names, parse_key_status};
 use poolgate_select::crypto::{BlobPlace, Keyring, api_key_hash, api_key_prefix, new_api_key};
 use poolgate_select::snapshot::Snapshot;
 use poolgate_select::source::AccountSource;
@@ -38,6 +40,21 @@ macro_rules! account_select {
 }
 
 const ACCOUNT_SELECT: &str = account_select!();
+
+/// The client key columns every read uses: the record, its status and what it may reach
+/// (migration 0006), with its group's name.
+macro_rules! api_key_select {
+    ($from:literal) => {
+        concat!(
+            "SELECT k.id, k.name, k.key_hash, k.key_prefix, k.user_name, g.name AS group_name, \
+             k.user_rpm_limit, k.status, \
+             (extract(epoch FROM k.expires_at) * 1000)::bigint AS expires_at_ms, \
+             k.allowed_models, k.allowed_endpoints FROM ",
+            $from,
+            " k JOIN groups g ON g.id = k.group_id"
+        )
+    };
+}
 
 /// The migrations in `migrations/`, embedded at build time.
 pub static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
@@ -144,7 +161,8 @@ impl PostgresSource {
         }
     }
 
-    /// Loads every group, account (credentials decrypted), active API key and price.
+    /// Loads every group, account (credentials decrypted), client key that is not revoked
+    /// (disabled ones too, so their holders hear why they are refused) and price.
     pub async fn load_snapshot(&self) -> Result<Snapshot, StoreError> {
         let group_rows = sqlx::query(
             "SELECT name, usage_headers_to_clients, window_shed_at, window_move_at FROM groups",
@@ -182,10 +200,10 @@ impl PostgresSource {
                 }
             }
         }
-        let key_rows = sqlx::query(
-            "SELECT k.id, k.name, k.key_hash, k.key_prefix, k.user_name, g.name AS group_name, \
-             k.user_rpm_limit, k.status FROM api_keys k JOIN groups g ON g.id = k.group_id",
-        )
+        let key_rows = sqlx::query(concat!(
+            api_key_select!("api_keys"),
+            " WHERE k.status <> 'revoked'"
+        ))
         .fetch_all(&self.pool)
         .await
         .map_err(convert)?;
@@ -574,7 +592,7 @@ impl PostgresSource {
         self.account_from_row(&row)
     }
 
-    /// Creates a client API key; returns (id, the key — shown once).
+    /// Creates a client API key without limits; returns (id, the key — shown once).
     pub async fn create_api_key(
         &self,
         name: &str,
@@ -582,11 +600,27 @@ impl PostgresSource {
         group: &str,
         user_rpm_limit: i32,
     ) -> Result<(i64, Secret), StoreError> {
+        self.create_api_key_with_access(name, user, group, user_rpm_limit, &KeyAccess::default())
+            .await
+    }
+
+    /// Creates a client API key that may reach what `access` allows (its `disabled` is ignored:
+    /// a key is born active); returns (id, the key — shown once).
+    pub async fn create_api_key_with_access(
+        &self,
+        name: &str,
+        user: &str,
+        group: &str,
+        user_rpm_limit: i32,
+        access: &KeyAccess,
+    ) -> Result<(i64, Secret), StoreError> {
         let group_id = self.group_id(group).await?;
         let key = new_api_key();
         let id = sqlx::query_scalar(
-            "INSERT INTO api_keys (name, key_hash, key_prefix, user_name, group_id, user_rpm_limit) \
-             VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
+            "INSERT INTO api_keys (name, key_hash, key_prefix, user_name, group_id, user_rpm_limit, \
+             expires_at, allowed_models, allowed_endpoints) \
+             VALUES ($1, $2, $3, $4, $5, $6, to_timestamp($7::double precision / 1000), $8, $9) \
+             RETURNING id",
         )
         .bind(name)
         .bind(api_key_hash(key.expose()))
@@ -594,21 +628,54 @@ impl PostgresSource {
         .bind(user)
         .bind(group_id)
         .bind(user_rpm_limit)
+        .bind(access.expires_at_ms.map(|ms| ms as f64))
+        .bind(&access.allowed_models)
+        .bind(endpoint_names(&access.allowed_endpoints))
         .fetch_one(&self.pool)
         .await
         .map_err(convert)?;
         Ok((id, key))
     }
 
+    /// Every client key, revoked ones included (`active: false`), ascending by id.
     pub async fn list_api_keys(&self) -> Result<Vec<ApiKeyRecord>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT k.id, k.name, k.key_hash, k.key_prefix, k.user_name, g.name AS group_name, \
-             k.user_rpm_limit, k.status FROM api_keys k JOIN groups g ON g.id = k.group_id ORDER BY k.id",
-        )
-        .fetch_all(&self.pool)
-        .await
-        .map_err(convert)?;
+        let rows = sqlx::query(concat!(api_key_select!("api_keys"), " ORDER BY k.id"))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(convert)?;
         rows.iter().map(api_key_from_row).collect()
+    }
+
+    /// Changes what a key may reach, only what `update` gives, in one statement; the key after.
+    /// A revoked key is gone: `NotFound`, as an unknown one. The `api_keys` trigger notifies
+    /// every selector, which reloads within a second.
+    pub async fn update_api_key(
+        &self,
+        id: i64,
+        update: &KeyUpdate,
+    ) -> Result<ApiKeyRecord, StoreError> {
+        let row = sqlx::query(concat!(
+            "WITH updated AS (UPDATE api_keys SET \
+             status = CASE WHEN $2::boolean IS NULL THEN status \
+                           WHEN $2 THEN 'disabled' ELSE 'active' END, \
+             expires_at = CASE WHEN $3 THEN to_timestamp($4::double precision / 1000) \
+                               ELSE expires_at END, \
+             allowed_models = COALESCE($5::text[], allowed_models), \
+             allowed_endpoints = COALESCE($6::text[], allowed_endpoints) \
+             WHERE id = $1 AND status <> 'revoked' RETURNING *) ",
+            api_key_select!("updated")
+        ))
+        .bind(id)
+        .bind(update.disabled)
+        .bind(update.expires_at_ms.is_some())
+        .bind(update.expires_at_ms.flatten().map(|ms| ms as f64))
+        .bind(update.allowed_models.as_ref())
+        .bind(update.allowed_endpoints.as_deref().map(endpoint_names))
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(convert)?
+        .ok_or_else(|| StoreError::NotFound(format!("api key {id}")))?;
+        api_key_from_row(&row)
     }
 
     pub async fn revoke_api_key(&self, id: i64) -> Result<(), StoreError> {
@@ -741,15 +808,27 @@ impl AccountSource for PostgresSource {
 }
 
 fn api_key_from_row(row: &PgRow) -> Result<ApiKeyRecord, StoreError> {
+    let id: i64 = row.try_get("id").map_err(convert)?;
     let status: String = row.try_get("status").map_err(convert)?;
+    // The schema's check allows no other; a newer schema's status is not guessed at.
+    let (active, disabled) = parse_key_status(&status)
+        .ok_or_else(|| StoreError::Conflict(format!("api key {id}: status {status}")))?;
+    let endpoints: Vec<String> = row.try_get("allowed_endpoints").map_err(convert)?;
+    let access = KeyAccess {
+        expires_at_ms: row.try_get("expires_at_ms").map_err(convert)?,
+        disabled,
+        allowed_models: row.try_get("allowed_models").map_err(convert)?,
+        allowed_endpoints: parse_endpoints(&endpoints)
+            .map_err(|problem| StoreError::Conflict(format!("api key {id}: {problem}")))?,
+    };
     Ok(ApiKeyRecord {
-        id: row.try_get("id").map_err(convert)?,
+        id,
         name: row.try_get("name").map_err(convert)?,
         prefix: row.try_get("key_prefix").map_err(convert)?,
         user: row.try_get("user_name").map_err(convert)?,
         group: row.try_get("group_name").map_err(convert)?,
         user_rpm_limit: row.try_get("user_rpm_limit").map_err(convert)?,
-        active: status == "active",
-        access: Default::default(),
+        active,
+        access,
     })
 }

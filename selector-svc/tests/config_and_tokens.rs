@@ -353,6 +353,7 @@ async fn api_keys_authenticate_and_a_revoked_key_is_refused_within_a_second() {
             group: "g".into(),
             user_rpm_limit: 30,
             name: "laptop".into(),
+            ..Default::default()
         }))
         .await
         .expect("create")

@@ -132,6 +132,7 @@ impl Store {
             session_window_limit_micros: 0,
             session_bound: false,
             ignore_cooldown: false,
+            key: None,
         };
         let outcome = self
             .admission
@@ -519,6 +520,7 @@ async fn the_load_is_admissions_live_lease_count_in_the_order_asked(store: Store
         session_window_limit_micros: 0,
         session_bound: false,
         ignore_cooldown: false,
+        key: None,
     };
     let mut held = Vec::new();
     for (id, count) in [(1, 2), (2, 3)] {
@@ -1080,6 +1082,7 @@ async fn a_probe_with_no_slot_retries_with_the_account_selectable_then_applies_i
         session_window_limit_micros: 0,
         session_bound: false,
         ignore_cooldown: false,
+        key: None,
     };
     let AcquireOutcome::Granted(held) = store
         .admission

@@ -682,3 +682,105 @@ async fn a_relay_that_refreshed_and_restarted_refreshes_again_with_the_rotated_t
         "each refresh token once"
     );
 }
+
+#[tokio::test]
+async fn a_key_disable_survives_a_restart_by_the_keys_hash_and_an_enable_hands_back_to_the_config()
+{
+    let scratch = Scratch::new("memory-source").expect("scratch");
+    let file = state_in(&scratch);
+    let disabled = |source: &MemorySource, key: &str| {
+        source
+            .snapshot()
+            .api_key(&api_key_hash(key))
+            .expect("configured")
+            .access
+            .disabled
+    };
+    // Key b is disabled in the config itself.
+    let with_b_disabled = |a: i64, b: i64| {
+        let snapshot = two_keys(vec![account(1, |_| {})], a, b);
+        let mut keys = HashMap::new();
+        for (hash, record) in snapshot.api_key_hashes() {
+            let mut record = record.clone();
+            record.access.disabled = hash == api_key_hash("client-key-b").as_slice();
+            keys.insert(hash.to_vec(), record);
+        }
+        Snapshot::new(
+            vec!["g".into()],
+            vec![account(1, |_| {})],
+            keys,
+            HashMap::new(),
+        )
+    };
+    let source = MemorySource::new(with_b_disabled(1, 2), Some(file.clone())).expect("source");
+    let changes = source.changes();
+    let record = source.set_key_disabled(1, true).await.expect("disabled");
+    assert!(record.access.disabled && record.id == 1);
+    assert!(disabled(&source, "client-key-a"), "served at once");
+    assert!(
+        changes.has_changed().expect("open"),
+        "the engine reloads on it"
+    );
+    source.set_key_disabled(2, false).await.expect("enabled");
+    assert!(!disabled(&source, "client-key-b"));
+    assert!(matches!(
+        source.set_key_disabled(9, true).await,
+        Err(StoreError::NotFound(_))
+    ));
+    // Written at once (no flush): a crash right after keeps it.
+    let saved = std::fs::read_to_string(file.path()).expect("written");
+    let saved: serde_json::Value = serde_json::from_str(&saved).expect("json");
+    assert_eq!(
+        saved["keys"][hex(&api_key_hash("client-key-a"))]["disabled"],
+        true
+    );
+    drop(source);
+
+    // Restarted with every key moved by one: each change follows its key.
+    let moved = MemorySource::new(with_b_disabled(2, 3), Some(file.clone())).expect("source");
+    assert!(disabled(&moved, "client-key-a"), "a stays disabled");
+    assert!(
+        !disabled(&moved, "client-key-b"),
+        "b stays enabled over the config"
+    );
+    // Back to what the config says: the file keeps nothing for them any more.
+    moved.set_key_disabled(2, false).await.expect("enabled");
+    moved.set_key_disabled(3, true).await.expect("disabled");
+    let saved: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(file.path()).expect("written"))
+            .expect("json");
+    assert!(saved.get("keys").is_none(), "{saved}");
+    drop(moved);
+    let again = MemorySource::new(with_b_disabled(1, 2), Some(file)).expect("source");
+    assert!(!disabled(&again, "client-key-a"));
+    assert!(
+        disabled(&again, "client-key-b"),
+        "the config's disable again"
+    );
+}
+
+#[tokio::test]
+async fn a_key_disable_of_a_key_the_config_no_longer_lists_is_kept_for_when_it_returns() {
+    let scratch = Scratch::new("memory-source").expect("scratch");
+    let file = state_in(&scratch);
+    let source = MemorySource::new(two_keys(vec![account(1, |_| {})], 1, 2), Some(file.clone()))
+        .expect("source");
+    source.set_key_disabled(2, true).await.expect("disabled");
+    drop(source);
+    // Key b left the config for a while; a status write rewrites the file meanwhile.
+    let without_b =
+        MemorySource::new(config(vec![account(1, |_| {})]), Some(file.clone())).expect("source");
+    without_b
+        .set_status(1, AccountStatus::Disabled, "x")
+        .await
+        .expect("status");
+    drop(without_b);
+    let back =
+        MemorySource::new(two_keys(vec![account(1, |_| {})], 1, 2), Some(file)).expect("source");
+    let record = back
+        .snapshot()
+        .api_key(&api_key_hash("client-key-b"))
+        .cloned()
+        .expect("configured");
+    assert!(record.access.disabled, "b is disabled again");
+}

@@ -43,6 +43,7 @@ async fn a_probe_release_that_failed_during_a_redis_restart_lands_within_the_ret
         session_window_limit_micros: 0,
         session_bound: false,
         ignore_cooldown: true,
+        key: None,
     };
     let lease = leases
         .acquire_probe(&terms, Duration::from_secs(1))

@@ -299,8 +299,11 @@ impl LeaseStream {
 
     /// Releases and waits for `Released`.
     pub async fn release(mut self, spend_usd: f64) {
-        self.send(pb::lease_request::Kind::Release(pb::Release { spend_usd }))
-            .await;
+        self.send(pb::lease_request::Kind::Release(pb::Release {
+            spend_usd,
+            tokens: 0,
+        }))
+        .await;
         match self.next_event().await {
             Ok(Some(pb::lease_event::Kind::Released(_))) => {}
             other => panic!("expected Released, got {other:?}"),
@@ -311,6 +314,7 @@ impl LeaseStream {
     pub async fn try_release(mut self) -> bool {
         self.send(pb::lease_request::Kind::Release(pb::Release {
             spend_usd: 0.0,
+            tokens: 0,
         }))
         .await;
         matches!(
@@ -347,6 +351,7 @@ pub async fn acquire_then_withdraw(
     sender
         .send(request(pb::lease_request::Kind::Release(pb::Release {
             spend_usd: 0.0,
+            tokens: 0,
         })))
         .await
         .expect("queue release");

@@ -7,6 +7,7 @@ use tokio::sync::MutexGuard;
 use super::PolicyBackend;
 use super::registry::RegistryView;
 use super::settings::FailurePolicy;
+use crate::backend::{Budget, KeyGate};
 
 /// See `PolicyBackend::transition`.
 #[derive(Debug, Clone, Copy)]
@@ -68,6 +69,49 @@ impl PolicyBackend {
         })
     }
 
+    /// A key's gates under `divided`: its concurrency, TPM and every budget cut to this
+    /// replica's share (so the shares add up to the key's limits), or the denial when a share
+    /// is 0. The fallback counts only this replica's spend and tokens.
+    pub(super) fn divided_key(&self, gate: &KeyGate) -> Result<KeyGate, Denial> {
+        let concurrency = self.share(gate.concurrency_limit);
+        if gate.concurrency_limit > 0 && concurrency == 0 {
+            return Err(Denial::new(DenyReason::KeyConcurrency, 0));
+        }
+        let share64 = |limit: i64| -> i64 {
+            if limit <= 0 {
+                return limit;
+            }
+            let view = *self.registry.lock().unwrap_or_else(|p| p.into_inner());
+            let replicas = i64::from(view.replicas.max(1));
+            let extra = match view.rank {
+                Some(rank) if i64::from(rank) < limit % replicas => 1,
+                _ => 0,
+            };
+            limit / replicas + extra
+        };
+        let tpm = share64(gate.tpm_limit);
+        if gate.tpm_limit > 0 && tpm == 0 {
+            return Err(Denial::new(DenyReason::KeyTpm, 1000));
+        }
+        let budgets = gate.budgets.clone().map(|budget| Budget {
+            limit_micros: share64(budget.limit_micros),
+            ..budget
+        });
+        if let Some(out) = budgets
+            .iter()
+            .zip(&gate.budgets)
+            .find(|(shared, whole)| whole.limit_micros > 0 && shared.limit_micros == 0)
+        {
+            return Err(Denial::new(DenyReason::KeyBudget, out.0.resets_in_ms));
+        }
+        Ok(KeyGate {
+            concurrency_limit: concurrency,
+            tpm_limit: tpm,
+            budgets,
+            ..gate.clone()
+        })
+    }
+
     /// Starts the `divided` transition after a recovery (see `transition`), remembering the
     /// registry as it was during the outage. Nothing under the other policies.
     pub(super) fn start_transition(&self, outage_view: RegistryView) {
@@ -84,17 +128,28 @@ impl PolicyBackend {
     /// so an acquire also keeps to this replica's outage share, counted over the leases its
     /// streams hold. Returns the guard that serializes those acquires (count, then grant: hold
     /// it until the grant is recorded), or the denial; `None` outside the transition.
+    /// A keyed acquire (`key`) keeps to its key's outage share the same way.
     pub(super) async fn enter_transition(
         &self,
         terms: &LeaseTerms,
+        key: Option<&KeyGate>,
     ) -> Result<Option<MutexGuard<'_, ()>>, Denial> {
+        let key_limit = key.map_or(0, |gate| gate.concurrency_limit);
         match self.transition_view() {
-            Some(view) if terms.concurrency_limit > 0 && !self.is_degraded() => {
+            Some(view) if (terms.concurrency_limit > 0 || key_limit > 0) && !self.is_degraded() => {
                 let serial = self.transition_gate.lock().await;
-                if self.held_on(terms.account_id)
-                    >= Self::share_of(view, terms.concurrency_limit).max(0) as usize
+                if terms.concurrency_limit > 0
+                    && self.held_on(terms.account_id)
+                        >= Self::share_of(view, terms.concurrency_limit).max(0) as usize
                 {
                     return Err(Denial::new(DenyReason::Concurrency, 0));
+                }
+                if let Some(gate) = key
+                    && key_limit > 0
+                    && self.held_on_key(gate.api_key_id)
+                        >= Self::share_of(view, key_limit).max(0) as usize
+                {
+                    return Err(Denial::new(DenyReason::KeyConcurrency, 0));
                 }
                 Ok(Some(serial))
             }

@@ -21,7 +21,7 @@ impl PolicyBackend {
             // The memory backend cannot fail; a lease released meanwhile is removed again by
             // its release, which now runs on the fallback. Adopted whatever the limit: these
             // requests are already running.
-            let _ = self.fallback.renew(lease, *ttl_ms, Some(0)).await;
+            let _ = self.fallback.renew(lease, *ttl_ms, Some(0), 0).await;
         }
         if !held.is_empty() {
             tracing::info!(
@@ -40,7 +40,7 @@ impl PolicyBackend {
             .unwrap_or_else(|p| p.into_inner())
             .insert(lease_id.clone(), ttl_ms);
         if self.is_degraded() {
-            let _ = self.fallback.renew(lease_id, ttl_ms, Some(0)).await;
+            let _ = self.fallback.renew(lease_id, ttl_ms, Some(0), 0).await;
         }
     }
 
@@ -68,6 +68,18 @@ impl PolicyBackend {
             .unwrap_or_else(|p| p.into_inner())
             .keys()
             .filter(|lease| lease.account_id() == account_id)
+            .count()
+    }
+}
+
+impl PolicyBackend {
+    /// Leases of client key `api_key_id` this replica's streams hold.
+    pub(super) fn held_on_key(&self, api_key_id: i64) -> usize {
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .filter(|lease| lease.api_key_id() == Some(api_key_id))
             .count()
     }
 }

@@ -51,7 +51,7 @@ use poolgate_core::lease::{
 use poolgate_core::{AccountId, millis};
 use poolgate_runtime::error::BackendError;
 
-use crate::backend::{AcquireLimits, LeaseBackend};
+use crate::backend::{AcquireLimits, KeyCharge, KeyGate, LeaseBackend};
 use crate::memory::MemoryBackend;
 use crate::metrics::Metrics;
 use crate::redis_backend::RedisBackend;
@@ -180,32 +180,50 @@ impl LeaseBackend for PolicyBackend {
         .await
     }
 
-    async fn acquire(
+    async fn acquire_keyed(
         &self,
         terms: &LeaseTerms,
         lease_id: &LeaseId,
         limits: AcquireLimits,
+        key: Option<&KeyGate>,
     ) -> Result<Option<Denial>, BackendError> {
+        // A key gets its share like an account: `open` the local limit, `divided` this
+        // replica's share of its concurrency, TPM and budgets.
         let fallback = async {
             match self.settings.policy {
                 FailurePolicy::Closed => Ok(Some(Self::unavailable())),
-                FailurePolicy::Open => self.fallback.acquire(terms, lease_id, limits).await,
-                FailurePolicy::Divided => match self.divided_terms(terms) {
-                    Ok(shared) => self.fallback.acquire(&shared, lease_id, limits).await,
-                    Err(denial) => Ok(Some(denial)),
-                },
+                FailurePolicy::Open => {
+                    self.fallback
+                        .acquire_keyed(terms, lease_id, limits, key)
+                        .await
+                }
+                FailurePolicy::Divided => {
+                    match self.divided_terms(terms).and_then(|shared| {
+                        Ok((shared, key.map(|gate| self.divided_key(gate)).transpose()?))
+                    }) {
+                        Ok((shared, shared_key)) => {
+                            self.fallback
+                                .acquire_keyed(&shared, lease_id, limits, shared_key.as_ref())
+                                .await
+                        }
+                        Err(denial) => Ok(Some(denial)),
+                    }
+                }
             }
         };
         // The `divided` transition after a recovery: Redis may not hold the other replicas'
         // fallback leases yet, so this replica keeps to its outage share too (see `transition`).
-        let transition = match self.enter_transition(terms).await {
+        let transition = match self
+            .enter_transition(terms, lease_id.api_key_id().and(key))
+            .await
+        {
             Ok(serial) => serial,
             Err(denial) => return Ok(Some(denial)),
         };
         let answer = self
             .guarded_or(
                 "acquire",
-                self.redis.acquire(terms, lease_id, limits),
+                self.redis.acquire_keyed(terms, lease_id, limits, key),
                 fallback,
                 Some(Some(Self::unavailable())),
             )
@@ -222,6 +240,7 @@ impl LeaseBackend for PolicyBackend {
         lease_id: &LeaseId,
         ttl_ms: u64,
         restore_within: Option<i32>,
+        key_limit: i32,
     ) -> Result<Renewal, BackendError> {
         // A lease Redis granted before the outage moves into the fallback on its first renewal,
         // whatever the limit (the request is already running), so it is counted locally and
@@ -233,15 +252,18 @@ impl LeaseBackend for PolicyBackend {
                 ));
             }
             let adopt = restore_within.map(|_| 0);
-            Ok(match self.fallback.renew(lease_id, ttl_ms, adopt).await? {
-                Renewal::Lost(reason) => Renewal::Lost(reason),
-                Renewal::Renewed | Renewal::Restored => Renewal::Renewed,
-            })
+            Ok(
+                match self.fallback.renew(lease_id, ttl_ms, adopt, 0).await? {
+                    Renewal::Lost(reason) => Renewal::Lost(reason),
+                    Renewal::Renewed | Renewal::Restored => Renewal::Renewed,
+                },
+            )
         };
         let renewal = self
             .guarded(
                 "renew",
-                self.redis.renew(lease_id, ttl_ms, restore_within),
+                self.redis
+                    .renew(lease_id, ttl_ms, restore_within, key_limit),
                 fallback,
             )
             .await;
@@ -252,7 +274,12 @@ impl LeaseBackend for PolicyBackend {
         renewal
     }
 
-    async fn resume(&self, lease_id: &LeaseId, ttl_ms: u64) -> Result<Resumption, BackendError> {
+    async fn resume(
+        &self,
+        lease_id: &LeaseId,
+        ttl_ms: u64,
+        key_limit: i32,
+    ) -> Result<Resumption, BackendError> {
         let fallback = async {
             if self.settings.policy == FailurePolicy::Closed {
                 return Err(BackendError::Failed(
@@ -262,11 +289,11 @@ impl LeaseBackend for PolicyBackend {
             // Redis cannot be asked whether the lease is live; the holder says it is running.
             // Only a release made during the outage (fenced in the fallback) refuses it.
             if let Renewal::Lost(LostReason::Released) =
-                self.fallback.renew(lease_id, ttl_ms, Some(0)).await?
+                self.fallback.renew(lease_id, ttl_ms, Some(0), 0).await?
             {
                 return Ok(Resumption::Released);
             }
-            Ok(match self.fallback.resume(lease_id, ttl_ms).await? {
+            Ok(match self.fallback.resume(lease_id, ttl_ms, 0).await? {
                 Resumption::Resumed { holder_epoch } => Resumption::Resumed { holder_epoch },
                 Resumption::Unknown | Resumption::Released => {
                     Resumption::Resumed { holder_epoch: 1 }
@@ -274,7 +301,11 @@ impl LeaseBackend for PolicyBackend {
             })
         };
         let resumed = self
-            .guarded("resume", self.redis.resume(lease_id, ttl_ms), fallback)
+            .guarded(
+                "resume",
+                self.redis.resume(lease_id, ttl_ms, key_limit),
+                fallback,
+            )
             .await;
         if let Ok(Resumption::Resumed { .. }) = resumed {
             self.hold(lease_id, ttl_ms).await;
@@ -309,18 +340,21 @@ impl LeaseBackend for PolicyBackend {
         .await
     }
 
-    async fn release(
+    async fn release_charged(
         &self,
         lease_id: &LeaseId,
         spend_micros: i64,
         session_window_ms: u64,
         fence_ms: u64,
+        key: Option<&KeyCharge>,
     ) -> Result<bool, BackendError> {
         self.unhold(lease_id);
         let fallback = async {
+            // The fallback counts the key's tokens and spend for the rest of the outage; Redis
+            // gets them with the replayed release (charged there once per lease).
             let removed = self
                 .fallback
-                .release(lease_id, 0, session_window_ms, fence_ms)
+                .release_charged(lease_id, 0, session_window_ms, fence_ms, key)
                 .await?;
             // Redis may still hold the lease (granted before the outage) and must get the spend.
             self.push_outage(OutageRecord::Release {
@@ -328,16 +362,44 @@ impl LeaseBackend for PolicyBackend {
                 spend_micros,
                 session_window_ms,
                 fence_ms,
+                key: key.cloned(),
             });
             Ok(removed)
         };
         self.guarded(
             "release",
             self.redis
-                .release(lease_id, spend_micros, session_window_ms, fence_ms),
+                .release_charged(lease_id, spend_micros, session_window_ms, fence_ms, key),
             fallback,
         )
         .await
+    }
+
+    async fn seed_budget(
+        &self,
+        api_key_id: i64,
+        period_id: &str,
+        micros: i64,
+        expires_in_ms: u64,
+    ) -> Result<bool, BackendError> {
+        self.guarded(
+            "seed_budget",
+            self.redis
+                .seed_budget(api_key_id, period_id, micros, expires_in_ms),
+            self.fallback
+                .seed_budget(api_key_id, period_id, micros, expires_in_ms),
+        )
+        .await
+    }
+
+    async fn wall_now_ms(&self) -> Result<i64, BackendError> {
+        if self.is_degraded() {
+            return self.fallback.wall_now_ms().await;
+        }
+        match self.redis.wall_now_ms().await {
+            Ok(now) => Ok(now),
+            Err(_) => self.fallback.wall_now_ms().await,
+        }
     }
 
     async fn orphan(
@@ -365,6 +427,15 @@ impl LeaseBackend for PolicyBackend {
             "inflight",
             self.redis.inflight(account_ids),
             self.fallback.inflight(account_ids),
+        )
+        .await
+    }
+
+    async fn key_inflight(&self, api_key_ids: &[i64]) -> Result<Vec<u32>, BackendError> {
+        self.guarded(
+            "key_inflight",
+            self.redis.key_inflight(api_key_ids),
+            self.fallback.key_inflight(api_key_ids),
         )
         .await
     }

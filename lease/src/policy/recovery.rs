@@ -7,7 +7,7 @@ use poolgate_core::AccountId;
 use poolgate_core::lease::LeaseId;
 
 use super::PolicyBackend;
-use crate::backend::LeaseBackend;
+use crate::backend::{KeyCharge, LeaseBackend};
 
 /// Work done on the fallback during an outage that Redis must see when it returns.
 pub(super) enum OutageRecord {
@@ -16,6 +16,7 @@ pub(super) enum OutageRecord {
         spend_micros: i64,
         session_window_ms: u64,
         fence_ms: u64,
+        key: Option<KeyCharge>,
     },
     Spend {
         account_id: AccountId,
@@ -62,9 +63,16 @@ impl PolicyBackend {
                     spend_micros,
                     session_window_ms,
                     fence_ms,
+                    key,
                 } => self
                     .redis
-                    .release(lease_id, *spend_micros, *session_window_ms, *fence_ms)
+                    .release_charged(
+                        lease_id,
+                        *spend_micros,
+                        *session_window_ms,
+                        *fence_ms,
+                        key.as_ref(),
+                    )
                     .await
                     .map(|_| ()),
                 OutageRecord::Spend {

@@ -6,6 +6,7 @@
 //!
 //! Only this module and `poolgate_runtime::keys` know Redis key names.
 
+mod key_slot;
 mod registry;
 mod reply;
 mod restore;
@@ -16,13 +17,15 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use poolgate_core::AccountId;
-use poolgate_core::lease::{Denial, DenyReason, LeaseId, LeaseTerms, Renewal, Resumption};
+use poolgate_core::lease::{
+    Denial, DenyReason, LeaseId, LeaseTerms, LostReason, Renewal, Resumption,
+};
 use poolgate_runtime::clock::RedisClock;
 use poolgate_runtime::error::BackendError;
-use poolgate_runtime::keys::{self, AccountKeys};
+use poolgate_runtime::keys::{self, AccountKeys, ClientKeyKeys};
 use poolgate_runtime::redis::RedisHandle;
 
-use crate::backend::{AcquireLimits, LeaseBackend};
+use crate::backend::{AcquireLimits, KeyCharge, KeyGate, LeaseBackend};
 use scripts::Scripts;
 
 /// LeaseEngine state in Redis.
@@ -64,6 +67,125 @@ impl RedisBackend {
     ) -> Result<T, BackendError> {
         let mut conn = self.redis.conn().await?;
         self.redis.bounded(invocation.invoke_async(&mut conn)).await
+    }
+}
+
+impl RedisBackend {
+    /// Cluster: takes the lease's slot of its key (another hash slot) before the account's
+    /// script runs; `Some` when the key refuses (nothing written).
+    async fn charge_key(
+        &self,
+        gate: &KeyGate,
+        key_keys: &ClientKeyKeys,
+        lease_id: &LeaseId,
+        limits: AcquireLimits,
+    ) -> Result<Option<Denial>, BackendError> {
+        let mut invocation = self.scripts.key_acquire.prepare_invoke();
+        key_slot::push(key_keys, &mut invocation);
+        invocation.arg(lease_id.as_str()).arg(limits.ttl_ms);
+        key_slot::gate_args(&mut invocation, gate);
+        let mut conn = self.redis.conn().await?;
+        let reply = tokio::time::timeout(
+            self.redis.timeout(),
+            invocation.invoke_async::<(String, u64, i64)>(&mut conn),
+        )
+        .await;
+        match reply {
+            Ok(Ok((reason, retry, now))) => {
+                self.learn_clock(now);
+                reply::acquire_denial(&reason, retry)
+            }
+            Ok(Err(error)) => Err(BackendError::from(error)),
+            Err(_) => {
+                uncertain::remove_uncertain_key_slot(key_keys.leases.clone(), lease_id, conn);
+                Err(BackendError::Timeout)
+            }
+        }
+    }
+
+    /// Cluster: gives back a key slot charged for an acquire the account refused.
+    async fn refund_key(&self, key_keys: &ClientKeyKeys, lease_id: &LeaseId) {
+        let mut invocation = self.scripts.key_release.prepare_invoke();
+        key_slot::push(key_keys, &mut invocation);
+        invocation.arg(lease_id.as_str()).arg("refund").arg(1);
+        key_slot::charge_args(&mut invocation, None);
+        if let Err(error) = self.script::<(i64, i64)>(&invocation).await {
+            tracing::warn!(%error, lease_id = %lease_id, "key slot refund failed; it expires at the lease ttl");
+        }
+    }
+
+    /// Cluster: renews (or, with the key's room, restores) a lease's key slot; the key's own
+    /// answer (`Renewed`, `Restored`, `Lost{released}` under the key's fence, `Lost{no_room}`).
+    async fn renew_key_slot(
+        &self,
+        key_keys: &ClientKeyKeys,
+        lease_id: &LeaseId,
+        ttl_ms: u64,
+        key_limit: i32,
+    ) -> Result<Renewal, BackendError> {
+        let (state, now): (i64, i64) = self
+            .script(
+                self.scripts
+                    .renew
+                    .key(&key_keys.leases)
+                    .key(&key_keys.released)
+                    .arg(lease_id.as_str())
+                    .arg(ttl_ms)
+                    .arg(1)
+                    .arg(key_limit)
+                    .arg(0),
+            )
+            .await?;
+        self.learn_clock(now);
+        reply::renewal(state)
+    }
+
+    /// Cluster: takes back the account's part of a lease its key's node refused (the key's
+    /// release fence is up, or a restore found no room on the key), so the lease is not left
+    /// running on the account alone.
+    async fn drop_account_part(&self, lease_id: &LeaseId) -> Result<(), BackendError> {
+        let mut conn = self.redis.conn().await?;
+        self.redis
+            .bounded(
+                redis::cmd("ZREM")
+                    .arg(AccountKeys::new(lease_id.account_id()).leases)
+                    .arg(lease_id.as_str())
+                    .query_async::<i64>(&mut conn),
+            )
+            .await?;
+        Ok(())
+    }
+}
+
+impl RedisBackend {
+    /// Live members (`ZCOUNT now +inf`) of lease ZSETs, in the order given.
+    async fn live_counts(&self, leases: &[String]) -> Result<Vec<u32>, BackendError> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let now = self.redis_now().await?;
+        let count_cmd = |key: &str| {
+            let mut cmd = redis::cmd("ZCOUNT");
+            cmd.arg(key).arg(now).arg("+inf");
+            cmd
+        };
+        if self.redis.is_cluster() {
+            // A cluster pipeline must stay on one slot; the reads go out concurrently instead,
+            // multiplexed over the cluster connection.
+            let reads = leases.iter().map(|key| async move {
+                let mut conn = self.redis.conn().await?;
+                self.redis
+                    .bounded(count_cmd(key).query_async::<u32>(&mut conn))
+                    .await
+            });
+            return futures_util::future::try_join_all(reads).await;
+        }
+        let mut pipeline = redis::pipe();
+        for key in leases {
+            pipeline.add_command(count_cmd(key));
+        }
+        let mut conn = self.redis.conn().await?;
+        self.redis.bounded(pipeline.query_async(&mut conn)).await
     }
 }
 
@@ -116,25 +238,42 @@ impl LeaseBackend for RedisBackend {
         Ok(())
     }
 
-    async fn acquire(
+    async fn acquire_keyed(
         &self,
         terms: &LeaseTerms,
         lease_id: &LeaseId,
         limits: AcquireLimits,
+        key: Option<&KeyGate>,
     ) -> Result<Option<Denial>, BackendError> {
         let keys = AccountKeys::new(terms.account_id);
+        let cluster = self.redis.is_cluster();
         // On a Cluster the engine charges the user separately (see `joins_user_gate`).
         let user = terms
             .user
             .as_ref()
-            .filter(|user| user.rpm_limit > 0 && !self.redis.is_cluster());
+            .filter(|user| user.rpm_limit > 0 && !cluster);
         let user_rpm = user.map(|user| keys::user_rpm(&user.user_id));
+        // The key's slot: joined to this script on one node; on a Cluster (another hash slot)
+        // charged first by its own script and refunded below when the account refuses.
+        let key_slot = lease_id.api_key_id().zip(key).map(|(_, gate)| gate);
+        let key_keys = key_slot.map(key_slot::for_gate);
+        if cluster
+            && let (Some(gate), Some(key_keys)) = (key_slot, &key_keys)
+            && let Some(denial) = self.charge_key(gate, key_keys, lease_id, limits).await?
+        {
+            return Ok(Some(denial));
+        }
+        let joined = !cluster && key_keys.is_some();
         let mut invocation = self.scripts.acquire.key(&keys.leases);
         invocation
             .key(&keys.rpm)
             .key(&keys.cooldown)
             .key(&keys.window)
-            .key(user_rpm.as_deref().unwrap_or(&keys.rpm))
+            .key(user_rpm.as_deref().unwrap_or(&keys.rpm));
+        if joined && let Some(key_keys) = &key_keys {
+            key_slot::push(key_keys, &mut invocation);
+        }
+        invocation
             .arg(lease_id.as_str())
             .arg(limits.ttl_ms)
             .arg(terms.concurrency_limit)
@@ -143,24 +282,41 @@ impl LeaseBackend for RedisBackend {
             .arg(limits.rpm_window_ms)
             .arg(limits.session_window_ms)
             .arg(u8::from(terms.ignore_cooldown))
-            .arg(user.map_or(0, |user| user.rpm_limit));
+            .arg(user.map_or(0, |user| user.rpm_limit))
+            .arg(u8::from(joined));
+        if joined && let Some(gate) = key_slot {
+            key_slot::gate_args(&mut invocation, gate);
+        }
         let mut conn = self.redis.conn().await?;
         let reply = tokio::time::timeout(
             self.redis.timeout(),
             invocation.invoke_async::<(String, u64, i64)>(&mut conn),
         )
         .await;
-        match reply {
+        let answer = match reply {
             Ok(Ok((reason, retry, now))) => {
                 self.learn_clock(now);
                 reply::acquire_denial(&reason, retry)
             }
             Ok(Err(error)) => Err(BackendError::from(error)),
             Err(_) => {
-                uncertain::remove_uncertain_lease(lease_id, user_rpm, conn);
+                let key_leases = joined
+                    .then(|| key_keys.as_ref().map(|keys| keys.leases.clone()))
+                    .flatten();
+                uncertain::remove_uncertain_lease(lease_id, user_rpm, key_leases, conn);
                 Err(BackendError::Timeout)
             }
+        };
+        if cluster
+            && !matches!(answer, Ok(None))
+            && let Some(key_keys) = &key_keys
+        {
+            // No lease came of the key's charge: give the slot back (after a timeout the
+            // account's lease may exist and is cleaned up by itself; the key's slot is freed
+            // here, so at worst the key is under-counted, never over).
+            self.refund_key(key_keys, lease_id).await;
         }
+        answer
     }
 
     async fn renew(
@@ -168,39 +324,94 @@ impl LeaseBackend for RedisBackend {
         lease_id: &LeaseId,
         ttl_ms: u64,
         restore_within: Option<i32>,
+        key_limit: i32,
     ) -> Result<Renewal, BackendError> {
         let keys = AccountKeys::new(lease_id.account_id());
-        let (state, now): (i64, i64) = self
-            .script(
-                self.scripts
-                    .renew
-                    .key(&keys.leases)
-                    .key(&keys.released)
-                    .arg(lease_id.as_str())
-                    .arg(ttl_ms)
-                    .arg(u8::from(restore_within.is_some()))
-                    .arg(restore_within.unwrap_or(0)),
-            )
-            .await?;
+        let key_keys = lease_id.api_key_id().map(ClientKeyKeys::slot_only);
+        let cluster = self.redis.is_cluster();
+        let mut invocation = self.scripts.renew.key(&keys.leases);
+        invocation.key(&keys.released);
+        if !cluster && let Some(key_keys) = &key_keys {
+            invocation.key(&key_keys.leases).key(&key_keys.released);
+        }
+        invocation
+            .arg(lease_id.as_str())
+            .arg(ttl_ms)
+            .arg(u8::from(restore_within.is_some()))
+            .arg(restore_within.unwrap_or(0))
+            .arg(key_limit);
+        let (state, now): (i64, i64) = self.script(&invocation).await?;
         self.learn_clock(now);
-        reply::renewal(state)
+        let renewal = reply::renewal(state)?;
+        if cluster
+            && let Some(key_keys) = &key_keys
+            && matches!(renewal, Renewal::Renewed | Renewal::Restored)
+        {
+            // The key's slot follows on its own node (the same script, the key's keys standing
+            // in for an account's). The key's release fence applies there too (the account's
+            // node may have lost its own), and a restore needs the key's room as well as the
+            // account's: either refusal takes the account's part back. A lease still live on
+            // the account whose key node alone lost it, without room there, keeps running
+            // uncounted on the key (at most one lease over, until it ends).
+            match self
+                .renew_key_slot(key_keys, lease_id, ttl_ms, key_limit)
+                .await?
+            {
+                Renewal::Lost(LostReason::Released) => {
+                    self.drop_account_part(lease_id).await?;
+                    return Ok(Renewal::Lost(LostReason::Released));
+                }
+                Renewal::Lost(LostReason::NoRoom) if renewal == Renewal::Restored => {
+                    self.drop_account_part(lease_id).await?;
+                    return Ok(Renewal::Lost(LostReason::NoRoom));
+                }
+                Renewal::Lost(LostReason::NoRoom) => {
+                    tracing::warn!(lease_id = %lease_id, "the key's node lost this lease and the key has no room; it runs uncounted there");
+                }
+                _ => {}
+            }
+        }
+        Ok(renewal)
     }
 
-    async fn resume(&self, lease_id: &LeaseId, ttl_ms: u64) -> Result<Resumption, BackendError> {
+    async fn resume(
+        &self,
+        lease_id: &LeaseId,
+        ttl_ms: u64,
+        key_limit: i32,
+    ) -> Result<Resumption, BackendError> {
         let keys = AccountKeys::new(lease_id.account_id());
-        let (epoch, now): (i64, i64) = self
-            .script(
-                self.scripts
-                    .resume
-                    .key(&keys.leases)
-                    .key(&keys.holders)
-                    .key(&keys.released)
-                    .arg(lease_id.as_str())
-                    .arg(ttl_ms),
-            )
-            .await?;
+        let key_keys = lease_id.api_key_id().map(ClientKeyKeys::slot_only);
+        let cluster = self.redis.is_cluster();
+        let mut invocation = self.scripts.resume.key(&keys.leases);
+        invocation.key(&keys.holders).key(&keys.released);
+        if !cluster && let Some(key_keys) = &key_keys {
+            invocation.key(&key_keys.leases).key(&key_keys.released);
+        }
+        invocation.arg(lease_id.as_str()).arg(ttl_ms);
+        let (epoch, now): (i64, i64) = self.script(&invocation).await?;
         self.learn_clock(now);
-        reply::resumption(epoch)
+        let resumption = reply::resumption(epoch)?;
+        if cluster
+            && let Some(key_keys) = &key_keys
+            && matches!(resumption, Resumption::Resumed { .. })
+        {
+            match self
+                .renew_key_slot(key_keys, lease_id, ttl_ms, key_limit)
+                .await?
+            {
+                // Released on the key's node (its fence is up): released for the holder too.
+                Renewal::Lost(LostReason::Released) => {
+                    self.drop_account_part(lease_id).await?;
+                    return Ok(Resumption::Released);
+                }
+                Renewal::Lost(LostReason::NoRoom) => {
+                    tracing::warn!(lease_id = %lease_id, "the key's node lost this lease and the key has no room; it runs uncounted there");
+                }
+                _ => {}
+            }
+        }
+        Ok(resumption)
     }
 
     async fn attempt(
@@ -228,26 +439,76 @@ impl LeaseBackend for RedisBackend {
         Ok(reply::charge_denial(charged, retry, DenyReason::Rpm))
     }
 
-    async fn release(
+    async fn release_charged(
         &self,
         lease_id: &LeaseId,
         spend_micros: i64,
         session_window_ms: u64,
         fence_ms: u64,
+        key: Option<&KeyCharge>,
     ) -> Result<bool, BackendError> {
         let keys = AccountKeys::new(lease_id.account_id());
+        let key_keys = lease_id
+            .api_key_id()
+            .map(|api_key_id| key_slot::for_charge(api_key_id, key));
+        let cluster = self.redis.is_cluster();
+        if cluster && let Some(key_keys) = &key_keys {
+            // The key's slot first, on its own node: its charge is once per lease, so the retry
+            // of a release whose account part failed charges nothing twice.
+            let mut invocation = self.scripts.key_release.prepare_invoke();
+            key_slot::push(key_keys, &mut invocation);
+            invocation
+                .arg(lease_id.as_str())
+                .arg("release")
+                .arg(fence_ms.max(1));
+            key_slot::charge_args(&mut invocation, key);
+            let (_, now): (i64, i64) = self.script(&invocation).await?;
+            self.learn_clock(now);
+        }
         let mut invocation = self.scripts.release.key(&keys.leases);
         invocation
             .key(&keys.window)
             .key(&keys.holders)
-            .key(&keys.released)
+            .key(&keys.released);
+        if !cluster && let Some(key_keys) = &key_keys {
+            key_slot::push(key_keys, &mut invocation);
+        }
+        invocation
             .arg(lease_id.as_str())
             .arg(spend_micros.max(0))
             .arg(session_window_ms)
             .arg(fence_ms.max(1));
+        if !cluster && key_keys.is_some() {
+            key_slot::charge_args(&mut invocation, key);
+        }
         let (removed, now): (i64, i64) = self.script(&invocation).await?;
         self.learn_clock(now);
         Ok(removed == 1)
+    }
+
+    async fn seed_budget(
+        &self,
+        api_key_id: i64,
+        period_id: &str,
+        micros: i64,
+        expires_in_ms: u64,
+    ) -> Result<bool, BackendError> {
+        let key = keys::client_key_spend(api_key_id, period_id);
+        let (set, now): (i64, i64) = self
+            .script(
+                self.scripts
+                    .seed_budget
+                    .key(&key)
+                    .arg(micros)
+                    .arg(expires_in_ms),
+            )
+            .await?;
+        self.learn_clock(now);
+        Ok(set == 1)
+    }
+
+    async fn wall_now_ms(&self) -> Result<i64, BackendError> {
+        self.redis_now().await
     }
 
     async fn orphan(
@@ -258,50 +519,56 @@ impl LeaseBackend for RedisBackend {
         fence_ms: u64,
     ) -> Result<(), BackendError> {
         let keys = AccountKeys::new(lease_id.account_id());
-        let (_, now): (i64, i64) = self
-            .script(
-                self.scripts
-                    .orphan
-                    .key(&keys.leases)
-                    .key(&keys.holders)
-                    .key(&keys.released)
-                    .arg(lease_id.as_str())
-                    .arg(grace_ms)
-                    .arg(holder_epoch)
-                    .arg(fence_ms.max(1)),
-            )
-            .await?;
+        let key_keys = lease_id.api_key_id().map(ClientKeyKeys::slot_only);
+        let cluster = self.redis.is_cluster();
+        let mut invocation = self.scripts.orphan.key(&keys.leases);
+        invocation.key(&keys.holders).key(&keys.released);
+        if !cluster && let Some(key_keys) = &key_keys {
+            invocation.key(&key_keys.leases).key(&key_keys.released);
+        }
+        invocation
+            .arg(lease_id.as_str())
+            .arg(grace_ms)
+            .arg(holder_epoch)
+            .arg(fence_ms.max(1));
+        let (cut, now): (i64, i64) = self.script(&invocation).await?;
         self.learn_clock(now);
+        if cluster
+            && cut == 1
+            && let Some(key_keys) = &key_keys
+        {
+            // Only the holder's cut follows on the key's node (the holder epoch lives with the
+            // account), so a stale stream's end cuts neither.
+            let (_, now): (i64, i64) = self
+                .script(
+                    self.scripts
+                        .key_orphan
+                        .key(&key_keys.leases)
+                        .key(&key_keys.released)
+                        .arg(lease_id.as_str())
+                        .arg(grace_ms)
+                        .arg(fence_ms.max(1)),
+                )
+                .await?;
+            self.learn_clock(now);
+        }
         Ok(())
     }
 
     async fn inflight(&self, account_ids: &[AccountId]) -> Result<Vec<u32>, BackendError> {
-        if account_ids.is_empty() {
-            return Ok(Vec::new());
-        }
-        let now = self.redis_now().await?;
-        let count_cmd = |id: AccountId| {
-            let mut cmd = redis::cmd("ZCOUNT");
-            cmd.arg(AccountKeys::new(id).leases).arg(now).arg("+inf");
-            cmd
-        };
-        if self.redis.is_cluster() {
-            // A cluster pipeline must stay on one slot; the reads go out concurrently instead,
-            // multiplexed over the cluster connection.
-            let reads = account_ids.iter().map(|&id| async move {
-                let mut conn = self.redis.conn().await?;
-                self.redis
-                    .bounded(count_cmd(id).query_async::<u32>(&mut conn))
-                    .await
-            });
-            return futures_util::future::try_join_all(reads).await;
-        }
-        let mut pipeline = redis::pipe();
-        for &id in account_ids {
-            pipeline.add_command(count_cmd(id));
-        }
-        let mut conn = self.redis.conn().await?;
-        self.redis.bounded(pipeline.query_async(&mut conn)).await
+        let leases: Vec<String> = account_ids
+            .iter()
+            .map(|&id| AccountKeys::new(id).leases)
+            .collect();
+        self.live_counts(&leases).await
+    }
+
+    async fn key_inflight(&self, api_key_ids: &[i64]) -> Result<Vec<u32>, BackendError> {
+        let leases: Vec<String> = api_key_ids
+            .iter()
+            .map(|&id| ClientKeyKeys::slot_only(id).leases)
+            .collect();
+        self.live_counts(&leases).await
     }
 
     async fn record_spend(

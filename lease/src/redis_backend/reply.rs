@@ -13,6 +13,9 @@ pub(super) fn acquire_denial(reason: &str, retry_ms: u64) -> Result<Option<Denia
         "rpm" => DenyReason::Rpm,
         "session_window" => DenyReason::SessionWindow,
         "user_rpm" => DenyReason::UserRpm,
+        "key_concurrency" => DenyReason::KeyConcurrency,
+        "key_tpm" => DenyReason::KeyTpm,
+        "key_budget" => DenyReason::KeyBudget,
         unknown => {
             tracing::warn!(reply = unknown, "acquire script answered an unknown reply");
             return Err(BackendError::Failed(format!(
@@ -78,6 +81,9 @@ mod tests {
             ("rpm", DenyReason::Rpm),
             ("session_window", DenyReason::SessionWindow),
             ("user_rpm", DenyReason::UserRpm),
+            ("key_concurrency", DenyReason::KeyConcurrency),
+            ("key_tpm", DenyReason::KeyTpm),
+            ("key_budget", DenyReason::KeyBudget),
         ] {
             match acquire_denial(reply, 1500) {
                 Ok(Some(denial)) => assert_eq!(denial, Denial::new(reason, 1500), "{reply}"),

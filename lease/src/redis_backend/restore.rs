@@ -24,6 +24,18 @@ impl RedisBackend {
             let (_, now): (i64, i64) = self.script(&invocation).await?;
             self.learn_clock(now);
         }
+        for (api_key_id, leases) in &snapshot.keys {
+            // The key's slot of the fallback's keyed leases: the restore script with the key's
+            // leases as both keys and no RPM events.
+            let key_leases = poolgate_runtime::keys::ClientKeyKeys::slot_only(*api_key_id).leases;
+            let mut invocation = self.scripts.restore.key(&key_leases);
+            invocation.key(&key_leases).arg(leases.len());
+            for (id, ttl) in leases {
+                invocation.arg(id).arg(*ttl);
+            }
+            let (_, now): (i64, i64) = self.script(&invocation).await?;
+            self.learn_clock(now);
+        }
         for (user, events) in &snapshot.users {
             let now = self.redis_now().await?;
             let mut cmd = redis::cmd("ZADD");

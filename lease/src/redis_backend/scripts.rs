@@ -16,13 +16,25 @@ const PRELUDE: &str = include_str!("scripts/prelude.lua");
 /// release path, so no heartbeat or resume brings a released lease back.
 const LEASE_PRELUDE: &str = include_str!("scripts/lease_prelude.lua");
 
+/// Shared by the scripts that gate and charge a client key (`ClientKeyKeys`, 8 KEYS from index k:
+/// leases, released, tpm, billed, spend total, day, week, month). `key_check(k, a)` reads ARGV
+/// from a: key concurrency limit, TPM limit, TPM window ms, then per budget (total, day, week,
+/// month) its limit (micro-USD, 0 = none) and the ms until it resets; it refuses with
+/// `key_budget`, `key_tpm` or `key_concurrency`. `key_charge(k, id, a, billed_ms)` reads ARGV from
+/// a: tokens, spend micro-USD, TPM window ms, the four counters' ttls (0 = none); it charges once
+/// per lease id (the `billed` set), so a retried release charges nothing more. The TPM is a hash
+/// of per-second buckets (field = second, value = tokens).
+const KEY_PRELUDE: &str = include_str!("scripts/key_prelude.lua");
+
 /// KEYS: leases, rpm, cooldown, window, user rpm (on a Cluster, where the user's key is in
-/// another slot, the account rpm key again with a user limit of 0).
+/// another slot, the account rpm key again with a user limit of 0), then on one node the 8 key
+/// slot keys (see `KEY_PRELUDE`).
 /// ARGV: lease id, ttl ms, concurrency limit, rpm limit, window limit (micro-USD, 0 = none),
-/// rpm window ms, session window ms, ignore cooldown (1/0), user rpm limit (0 = none).
-/// Returns {reason, retry_ms, now}; reason 'granted' when the lease and the RPM events (account
-/// and user, member = lease id) were added. A refusal at any gate writes nothing, so a refused
-/// acquire is this one round trip.
+/// rpm window ms, session window ms, ignore cooldown (1/0), user rpm limit (0 = none), keyed
+/// (1/0: the key slot joins this script), then the key's gate ARGV (see `KEY_PRELUDE`).
+/// Returns {reason, retry_ms, now}; reason 'granted' when the lease (in the account's and the
+/// key's slot) and the RPM events (account and user, member = lease id) were added. A refusal at
+/// any gate writes nothing, so a refused acquire is this one round trip.
 const ACQUIRE: &str = include_str!("scripts/acquire.lua");
 
 /// KEYS: an RPM ZSET (account or user). ARGV: event id, limit, window ms.
@@ -30,28 +42,52 @@ const ACQUIRE: &str = include_str!("scripts/acquire.lua");
 /// answers charged and counts once.
 const CHARGE_RPM: &str = include_str!("scripts/charge_rpm.lua");
 
-/// KEYS: leases, released. ARGV: lease id, ttl ms, restore ('1': a missing lease may be re-added
-/// with room, '0': never), concurrency limit (<= 0: unlimited).
+/// KEYS: leases, released, and on one node for a keyed lease the key's leases and released.
+/// ARGV: lease id, ttl ms, restore ('1': a missing lease may be re-added
+/// with room, '0': never), concurrency limit (<= 0: unlimited), key concurrency limit. On a
+/// Cluster the key's slot is renewed by the same script with the key's two keys as if they were
+/// an account's.
 /// Returns {state, now}: 1 = renewed, 2 = restored (was missing or expired, and the account had
 /// room), 3 = lost: released (fence up), 4 = lost: no room, 5 = lost: expired (no restore). A
 /// lost lease writes nothing.
 const RENEW: &str = include_str!("scripts/renew.lua");
 
-/// KEYS: leases, holders, released. ARGV: lease id, ttl ms.
+/// KEYS: leases, holders, released (and on one node for a keyed lease, the key's leases and
+/// released). ARGV: lease id, ttl ms.
 /// Returns {holder epoch, now}; 0 = the lease is unknown or expired, -1 = it was released (fence
 /// up). The caller becomes the lease's holder, so the stream it replaces can no longer orphan
 /// it; a resume within the orphan grace lowers the fence the orphaning raised.
 const RESUME: &str = include_str!("scripts/resume.lua");
 
-/// KEYS: leases, window, holders, released. ARGV: lease id, spend micro-USD, session window ms,
-/// fence ms. Returns {removed (1/0), now}. Raises the release fence whether or not the lease was
+/// KEYS: leases, window, holders, released (and on one node for a keyed lease, the 8 key slot
+/// keys). ARGV: lease id, spend micro-USD, session window ms, fence ms, charge the key (1/0),
+/// then the key's charge ARGV (see `KEY_PRELUDE`). Returns {removed (1/0), now}. Raises the release fence whether or not the lease was
 /// still there: a lease released after it expired must not come back either.
 const RELEASE: &str = include_str!("scripts/release.lua");
 
-/// KEYS: leases, holders, released. ARGV: lease id, grace ms, holder epoch, fence ms. Cuts the
-/// expiry to now + grace (never lengthens it) if the caller is still the lease's holder, and
-/// raises the release fence from that expiry.
+/// KEYS: leases, holders, released (and on one node for a keyed lease, the key's leases and
+/// released). ARGV: lease id, grace ms, holder epoch, fence ms. Cuts the expiry to now + grace
+/// (never lengthens it) if the caller is still the lease's holder, and raises the release fence
+/// from that expiry, on the key's slot too. Returns {cut (1/0), now}.
 const ORPHAN: &str = include_str!("scripts/orphan.lua");
+
+/// Cluster only, on the key's slot. KEYS: the 8 key slot keys. ARGV: lease id, ttl ms, then the
+/// key's gate ARGV. Returns {reason, retry_ms, now}; 'granted' added the lease to the key's slot
+/// (the engine's backend refunds it with `KEY_RELEASE` when the account refuses).
+const KEY_ACQUIRE: &str = include_str!("scripts/key_acquire.lua");
+
+/// Cluster only, on the key's slot. KEYS: the 8 key slot keys. ARGV: lease id, 'release' or
+/// 'refund' (removes the lease only: an acquire the account refused), fence ms, charge (1/0),
+/// then the key's charge ARGV. Returns {removed, now}.
+const KEY_RELEASE: &str = include_str!("scripts/key_release.lua");
+
+/// Cluster only, on the key's slot. KEYS: key leases, key released. ARGV: lease id, grace ms,
+/// fence ms. Follows the account's orphan cut (made first, by the holder).
+const KEY_ORPHAN: &str = include_str!("scripts/key_orphan.lua");
+
+/// KEYS: a key's budget counter. ARGV: micro-USD, ttl ms (0 = none). Sets it only when absent.
+/// Returns {set (1/0), now}.
+const SEED_BUDGET: &str = include_str!("scripts/seed_budget.lua");
 
 /// KEYS: window. ARGV: spend micro-USD, session window ms. Returns {spend in window, now}.
 const RECORD_SPEND: &str = include_str!("scripts/record_spend.lua");
@@ -64,7 +100,7 @@ const SET_COOLDOWN: &str = include_str!("scripts/set_cooldown.lua");
 /// of waiters never registers more than the bound.
 const REGISTER_WAITER: &str = include_str!("scripts/register_waiter.lua");
 
-/// KEYS: leases, rpm. ARGV: n leases, then (id, ttl ms) pairs, then (id, age ms) RPM pairs.
+/// KEYS: leases, rpm (the account's, or a key's leases twice with no RPM pairs). ARGV: n leases, then (id, ttl ms) pairs, then (id, age ms) RPM pairs.
 /// Writes back what a replica admitted on its own while Redis was away.
 const RESTORE: &str = include_str!("scripts/restore.lua");
 
@@ -84,6 +120,10 @@ pub(super) struct Scripts {
     pub(super) register_waiter: Script,
     pub(super) restore: Script,
     pub(super) registry_heartbeat: Script,
+    pub(super) key_acquire: Script,
+    pub(super) key_release: Script,
+    pub(super) key_orphan: Script,
+    pub(super) seed_budget: Script,
 }
 
 impl Scripts {
@@ -96,18 +136,27 @@ impl Scripts {
                 "{TIME_PRELUDE}\n{PRELUDE}\n{LEASE_PRELUDE}\n{body}"
             ))
         };
+        let keyed_script = |body: &str| {
+            Script::new(&format!(
+                "{TIME_PRELUDE}\n{PRELUDE}\n{LEASE_PRELUDE}\n{KEY_PRELUDE}\n{body}"
+            ))
+        };
         Scripts {
-            acquire: script(ACQUIRE),
+            acquire: keyed_script(ACQUIRE),
             charge_rpm: script(CHARGE_RPM),
             renew: lease_script(RENEW),
             resume: lease_script(RESUME),
-            release: lease_script(RELEASE),
+            release: keyed_script(RELEASE),
             orphan: lease_script(ORPHAN),
             record_spend: script(RECORD_SPEND),
             set_cooldown: script(SET_COOLDOWN),
             register_waiter: script(REGISTER_WAITER),
             restore: script(RESTORE),
             registry_heartbeat: script(REGISTRY_HEARTBEAT),
+            key_acquire: keyed_script(KEY_ACQUIRE),
+            key_release: keyed_script(KEY_RELEASE),
+            key_orphan: lease_script(KEY_ORPHAN),
+            seed_budget: script(SEED_BUDGET),
         }
     }
 }

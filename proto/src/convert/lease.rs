@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use poolgate_core::lease::{
-    ClientMessage, Denial, DenyReason, LeaseEvent, LeaseId, LeaseTerms, MAX_WAIT, UserLimit,
+    ClientMessage, Denial, DenyReason, KeyLimits, LeaseEvent, LeaseId, LeaseTerms, MAX_WAIT,
+    UserLimit,
 };
 use poolgate_core::money::micros_to_usd;
 use poolgate_core::{MAX_NAME_BYTES, millis};
@@ -64,6 +65,7 @@ impl TryFrom<apb::LeaseRequest> for ClientMessage {
             Some(Kind::Attempt(_)) => Ok(ClientMessage::Attempt),
             Some(Kind::Release(release)) => Ok(ClientMessage::Release {
                 spend_micros: spend_micros("release.spend_usd", release.spend_usd)?,
+                tokens: release.tokens,
             }),
         }
     }
@@ -125,6 +127,8 @@ impl TryFrom<apb::Denied> for Denial {
 /// `ignore_cooldown` has no field: only in-process callers (the selector's probe) set it.
 impl From<&LeaseTerms> for apb::Acquire {
     fn from(terms: &LeaseTerms) -> Self {
+        let key = terms.key.as_ref().filter(|key| key.any());
+        let usd = |micros: i64| micros_to_usd(micros.max(0));
         apb::Acquire {
             account_id: terms.account_id,
             concurrency_limit: terms.concurrency_limit,
@@ -135,6 +139,13 @@ impl From<&LeaseTerms> for apb::Acquire {
             session_window_limit_usd: micros_to_usd(terms.session_window_limit_micros),
             session_bound: terms.session_bound,
             wait_ms: 0,
+            api_key_id: key.map_or(0, |key| key.api_key_id),
+            key_concurrency_limit: key.map_or(0, |key| key.concurrency_limit.max(0)),
+            key_tpm_limit: key.map_or(0, |key| key.tpm_limit.max(0)),
+            key_budget_total_usd: key.map_or(0.0, |key| usd(key.budget_total_micros)),
+            key_budget_day_usd: key.map_or(0.0, |key| usd(key.budget_day_micros)),
+            key_budget_week_usd: key.map_or(0.0, |key| usd(key.budget_week_micros)),
+            key_budget_month_usd: key.map_or(0.0, |key| usd(key.budget_month_micros)),
         }
     }
 }
@@ -184,6 +195,7 @@ impl TryFrom<apb::Acquire> for LeaseTerms {
 
     fn try_from(acquire: apb::Acquire) -> Result<Self, ConvertError> {
         let account_id = account_id("account_id", acquire.account_id)?;
+        let key = key_limits(&acquire)?;
         let user_id = optional_name("user_id", acquire.user_id)?;
         let session_hash = optional_name("session_hash", acquire.session_hash)?;
         let window_limit = acquire.session_window_limit_usd;
@@ -214,6 +226,64 @@ impl TryFrom<apb::Acquire> for LeaseTerms {
             session_window_limit_micros,
             session_bound: acquire.session_bound,
             ignore_cooldown: false,
+            key,
         })
     }
+}
+
+/// Most USD a key budget may name (a typo guard, far above any real budget).
+const MAX_BUDGET_USD: f64 = 1e9;
+
+/// A key budget in USD as micro-USD: 0 none; negative, not finite or above `MAX_BUDGET_USD`
+/// refused.
+fn budget_micros(field: &'static str, usd: f64) -> Result<i64, ConvertError> {
+    if !usd.is_finite() || !(0.0..=MAX_BUDGET_USD).contains(&usd) {
+        return Err(ConvertError::new(
+            field,
+            format!("must be a finite amount in [0, {MAX_BUDGET_USD}] USD, got {usd}"),
+        ));
+    }
+    Ok((usd * 1e6).round() as i64)
+}
+
+/// The `key_*` fields: `None` when no key limit is set; a limit without `api_key_id` or a
+/// negative one is refused, naming the field.
+fn key_limits(acquire: &apb::Acquire) -> Result<Option<KeyLimits>, ConvertError> {
+    if acquire.key_concurrency_limit < 0 {
+        return Err(ConvertError::new(
+            "key_concurrency_limit",
+            format!("must be >= 0, got {}", acquire.key_concurrency_limit),
+        ));
+    }
+    if acquire.key_tpm_limit < 0 {
+        return Err(ConvertError::new(
+            "key_tpm_limit",
+            format!("must be >= 0, got {}", acquire.key_tpm_limit),
+        ));
+    }
+    if acquire.api_key_id < 0 {
+        return Err(ConvertError::new(
+            "api_key_id",
+            format!("must be a positive key id, got {}", acquire.api_key_id),
+        ));
+    }
+    let limits = KeyLimits {
+        api_key_id: acquire.api_key_id,
+        concurrency_limit: acquire.key_concurrency_limit,
+        tpm_limit: acquire.key_tpm_limit,
+        budget_total_micros: budget_micros("key_budget_total_usd", acquire.key_budget_total_usd)?,
+        budget_day_micros: budget_micros("key_budget_day_usd", acquire.key_budget_day_usd)?,
+        budget_week_micros: budget_micros("key_budget_week_usd", acquire.key_budget_week_usd)?,
+        budget_month_micros: budget_micros("key_budget_month_usd", acquire.key_budget_month_usd)?,
+    };
+    if !limits.any() {
+        return Ok(None);
+    }
+    if limits.api_key_id == 0 {
+        return Err(ConvertError::new(
+            "api_key_id",
+            "is required when a key limit is set",
+        ));
+    }
+    Ok(Some(limits))
 }

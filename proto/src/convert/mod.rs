@@ -149,6 +149,9 @@ enum_pair!("reason", apb::DenyReason <=> DenyReason {
     QueueFull <=> QueueFull,
     BackendUnavailable <=> BackendUnavailable,
     LeaseUnknown <=> LeaseUnknown,
+    KeyConcurrency <=> KeyConcurrency,
+    KeyTpm <=> KeyTpm,
+    KeyBudget <=> KeyBudget,
 });
 
 enum_pair!("lost_reason", apb::LostReason <=> LostReason {
@@ -250,6 +253,7 @@ pub fn account_id(field: &'static str, id: i64) -> Result<i64, ConvertError> {
     Ok(id)
 }
 
+pub mod keys;
 mod lease;
 mod selection;
 #[cfg(test)]

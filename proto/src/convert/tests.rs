@@ -82,6 +82,9 @@ fn every_enum_round_trips() {
             DenyReason::QueueFull,
             DenyReason::BackendUnavailable,
             DenyReason::LeaseUnknown,
+            DenyReason::KeyConcurrency,
+            DenyReason::KeyTpm,
+            DenyReason::KeyBudget,
         ],
         known::<apb::DenyReason>(),
     );
@@ -192,6 +195,7 @@ fn terms() -> LeaseTerms {
         session_window_limit_micros: 12_500_000,
         session_bound: true,
         ignore_cooldown: false,
+        key: None,
     }
 }
 
@@ -517,5 +521,316 @@ mod windows {
             readings: Vec::new(),
         });
         assert_eq!(field(over), "accounts");
+    }
+}
+
+mod keys {
+    use super::super::keys::*;
+    use crate::selector::v1 as spb;
+    use poolgate_core::account::ApiKeyRecord;
+    use poolgate_core::keys::{
+        Endpoint, KeyAccess, KeyDescription, KeyRefusal, PeriodUsage, UsagePeriod,
+    };
+
+    fn record(access: KeyAccess) -> ApiKeyRecord {
+        ApiKeyRecord {
+            id: 7,
+            name: "ci".into(),
+            prefix: "pg-abc".into(),
+            user: "alice".into(),
+            group: "team".into(),
+            user_rpm_limit: 30,
+            active: true,
+            access,
+        }
+    }
+
+    fn limited() -> KeyAccess {
+        KeyAccess {
+            expires_at_ms: Some(1_900_000_000_000),
+            disabled: false,
+            allowed_models: vec!["claude-*".into()],
+            allowed_endpoints: vec![Endpoint::Messages, Endpoint::Models],
+        }
+    }
+
+    #[test]
+    fn an_authenticated_keys_access_goes_to_the_wire_and_back() {
+        let answer = spb::AuthenticateResponse::from(&record(limited()));
+        assert_eq!(answer.expires_at_ms, 1_900_000_000_000);
+        assert_eq!(answer.allowed_endpoints, vec!["messages", "models"]);
+        assert_eq!(authenticated_access(&answer), Ok(limited()));
+        let unlimited = spb::AuthenticateResponse::from(&record(KeyAccess::default()));
+        assert_eq!(unlimited.expires_at_ms, 0);
+        assert_eq!(authenticated_access(&unlimited), Ok(KeyAccess::default()));
+    }
+
+    #[test]
+    fn an_access_list_the_relay_cannot_read_is_an_error_naming_the_field_not_no_limit() {
+        let good = spb::AuthenticateResponse::from(&record(limited()));
+        let mut unknown = good.clone();
+        unknown.allowed_endpoints.push("embeddings".into());
+        assert_eq!(
+            authenticated_access(&unknown).map_err(|e| e.field),
+            Err("allowed_endpoints".into())
+        );
+        let mut blank = good.clone();
+        blank.allowed_models.push(String::new());
+        assert_eq!(
+            authenticated_access(&blank).map_err(|e| e.field),
+            Err("allowed_models".into())
+        );
+        let mut negative = good;
+        negative.expires_at_ms = -1;
+        assert_eq!(
+            authenticated_access(&negative).map_err(|e| e.field),
+            Err("expires_at_ms".into())
+        );
+    }
+
+    #[test]
+    fn a_key_refused_as_a_whole_is_permission_denied_naming_why_in_metadata() {
+        for (refusal, name) in [
+            (KeyRefusal::Disabled, "disabled"),
+            (KeyRefusal::Expired { at_ms: 0 }, "expired"),
+        ] {
+            let status = key_refusal_status(&refusal).expect("a refusal of the key");
+            assert_eq!(status.code(), tonic::Code::PermissionDenied);
+            assert_eq!(status.message(), refusal.message());
+            assert_eq!(
+                status
+                    .metadata()
+                    .get(KEY_REFUSAL_METADATA)
+                    .and_then(|v| v.to_str().ok()),
+                Some(name)
+            );
+        }
+        assert!(key_refusal_status(&KeyRefusal::EndpointNotAllowed(Endpoint::Models)).is_none());
+    }
+
+    #[test]
+    fn a_description_goes_to_the_wire_and_back_and_an_unknown_period_is_refused() {
+        let description = KeyDescription {
+            record: record(KeyAccess {
+                disabled: true,
+                ..limited()
+            }),
+            usage: UsagePeriod::ALL
+                .into_iter()
+                .map(|period| {
+                    (
+                        period,
+                        period.start_ms(1_800_000_000_000),
+                        PeriodUsage {
+                            requests: 3,
+                            input_tokens: 10,
+                            output_tokens: 20,
+                            cost_usd: 0.5,
+                        },
+                    )
+                })
+                .collect(),
+        };
+        let wire = spb::DescribeKeyResponse::from(&description);
+        assert!(wire.disabled);
+        assert_eq!(wire.key_prefix, "pg-abc");
+        assert_eq!(KeyDescription::try_from(wire.clone()), Ok(description));
+        let mut unknown = wire;
+        unknown.usage[0].period = "year".into();
+        assert_eq!(
+            KeyDescription::try_from(unknown).map_err(|e| e.field),
+            Err("usage.period".into())
+        );
+    }
+
+    #[test]
+    fn the_operators_view_names_the_stored_status() {
+        let mut key = record(limited());
+        assert_eq!(spb::ApiKeyView::from(&key).status, "active");
+        key.access.disabled = true;
+        assert_eq!(spb::ApiKeyView::from(&key).status, "disabled");
+        key.active = false;
+        assert_eq!(spb::ApiKeyView::from(&key).status, "revoked");
+        for status in ["active", "disabled", "revoked"] {
+            key.active = status != "revoked";
+            key.access.disabled = status == "disabled";
+            let view = spb::ApiKeyView::from(&key);
+            assert_eq!(view.status, status);
+            assert_eq!(ApiKeyRecord::try_from(view), Ok(key.clone()));
+        }
+        let mut unknown = spb::ApiKeyView::from(&key);
+        unknown.status = "paused".into();
+        assert_eq!(
+            ApiKeyRecord::try_from(unknown).map_err(|e| e.field),
+            Err("status".into())
+        );
+    }
+
+    #[test]
+    fn a_partial_update_is_read_strictly_and_says_what_changes() {
+        let read = |request: spb::UpdateApiKeyRequest| <(i64, KeyUpdate)>::try_from(request);
+        let (id, update) = read(spb::UpdateApiKeyRequest {
+            id: 4,
+            disabled: Some(true),
+            expires_at_ms: Some(0),
+            ..Default::default()
+        })
+        .expect("a disable that clears the expiry");
+        assert_eq!(id, 4);
+        assert_eq!(
+            update,
+            KeyUpdate {
+                disabled: Some(true),
+                expires_at_ms: Some(None),
+                ..Default::default()
+            }
+        );
+        let applied = update.apply(&limited());
+        assert!(applied.disabled && applied.expires_at_ms.is_none());
+        assert_eq!(applied.allowed_models, limited().allowed_models);
+        let (_, cleared) = read(spb::UpdateApiKeyRequest {
+            id: 4,
+            replace_allowed_endpoints: true,
+            ..Default::default()
+        })
+        .expect("an empty list replaces");
+        assert_eq!(cleared.allowed_endpoints, Some(vec![]));
+        assert_eq!(
+            spb::UpdateApiKeyRequest::from((4, &cleared)),
+            spb::UpdateApiKeyRequest {
+                id: 4,
+                replace_allowed_endpoints: true,
+                ..Default::default()
+            }
+        );
+        for (request, field) in [
+            (
+                spb::UpdateApiKeyRequest {
+                    id: 0,
+                    disabled: Some(true),
+                    ..Default::default()
+                },
+                "id",
+            ),
+            (
+                spb::UpdateApiKeyRequest {
+                    id: 1,
+                    ..Default::default()
+                },
+                "id",
+            ),
+            (
+                spb::UpdateApiKeyRequest {
+                    id: 1,
+                    expires_at_ms: Some(-5),
+                    ..Default::default()
+                },
+                "expires_at_ms",
+            ),
+            (
+                spb::UpdateApiKeyRequest {
+                    id: 1,
+                    allowed_models: vec!["gpt-*".into()],
+                    ..Default::default()
+                },
+                "allowed_models",
+            ),
+            (
+                spb::UpdateApiKeyRequest {
+                    id: 1,
+                    allowed_endpoints: vec!["embeddings".into()],
+                    replace_allowed_endpoints: true,
+                    ..Default::default()
+                },
+                "allowed_endpoints",
+            ),
+        ] {
+            assert_eq!(read(request).map_err(|e| e.field), Err(field.into()));
+        }
+    }
+}
+
+#[test]
+fn key_limits_round_trip_and_bad_ones_name_their_field() {
+    use poolgate_core::lease::{KeyLimits, LeaseTerms};
+    let acquire = apb::Acquire {
+        account_id: 3,
+        api_key_id: 42,
+        key_concurrency_limit: 2,
+        key_tpm_limit: 10_000,
+        key_budget_total_usd: 100.0,
+        key_budget_day_usd: 1.5,
+        key_budget_week_usd: 5.0,
+        key_budget_month_usd: 20.0,
+        ..Default::default()
+    };
+    let terms = LeaseTerms::try_from(acquire.clone()).expect("valid key limits");
+    assert_eq!(
+        terms.key,
+        Some(KeyLimits {
+            api_key_id: 42,
+            concurrency_limit: 2,
+            tpm_limit: 10_000,
+            budget_total_micros: 100_000_000,
+            budget_day_micros: 1_500_000,
+            budget_week_micros: 5_000_000,
+            budget_month_micros: 20_000_000,
+        })
+    );
+    assert_eq!(apb::Acquire::from(&terms), acquire);
+    let unkeyed = LeaseTerms::try_from(apb::Acquire {
+        account_id: 3,
+        api_key_id: 42,
+        ..Default::default()
+    })
+    .expect("a key without limits");
+    assert_eq!(unkeyed.key, None, "a key without limits is not counted");
+    let bad = [
+        (
+            apb::Acquire {
+                key_concurrency_limit: -1,
+                ..acquire.clone()
+            },
+            "key_concurrency_limit",
+        ),
+        (
+            apb::Acquire {
+                key_tpm_limit: -5,
+                ..acquire.clone()
+            },
+            "key_tpm_limit",
+        ),
+        (
+            apb::Acquire {
+                key_budget_day_usd: f64::NAN,
+                ..acquire.clone()
+            },
+            "key_budget_day_usd",
+        ),
+        (
+            apb::Acquire {
+                key_budget_month_usd: -1.0,
+                ..acquire.clone()
+            },
+            "key_budget_month_usd",
+        ),
+        (
+            apb::Acquire {
+                key_budget_total_usd: f64::INFINITY,
+                ..acquire.clone()
+            },
+            "key_budget_total_usd",
+        ),
+        (
+            apb::Acquire {
+                api_key_id: 0,
+                ..acquire.clone()
+            },
+            "api_key_id",
+        ),
+    ];
+    for (acquire, field) in bad {
+        let error = LeaseTerms::try_from(acquire).expect_err(field);
+        assert_eq!(error.field, field);
     }
 }

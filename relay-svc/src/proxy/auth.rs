@@ -1,7 +1,8 @@
 //! Client authentication: the selector's answer for a key, reused for `auth_cache_ttl` so a
-//! revoked key is refused within a second and a key in steady use costs one call per ttl, not
-//! one per request. And what a key may reach once known: its own response ids only, and
-//! `count_tokens` at its own rates (docs/DESIGN.md §6, "What a client key reaches").
+//! revoked or disabled key is refused within a second and a key in steady use costs one call
+//! per ttl, not one per request. And what a key may reach once known: its own response ids
+//! only, and `count_tokens` at its own rates (docs/DESIGN.md §6, "What a client key reaches";
+//! its expiry, disable and lists are `keys.rs`).
 
 use std::time::{Duration, Instant};
 
@@ -12,7 +13,7 @@ use poolgate_core::short_hash;
 
 use super::{Answer, Body, Inbound, Relay};
 use crate::client_api::{Api, ErrorKind, RelayError};
-use crate::ports::{Acquired, Caller, PlannedAccount};
+use crate::ports::{Acquired, Caller, KeyCheck, PlannedAccount};
 
 /// `count_tokens` requests one account takes a minute, from all clients together: Claude Code
 /// calls it alongside its messages, and it must not hammer an upstream that limits it apart.
@@ -67,49 +68,44 @@ pub(super) fn previous_response_refusal(api: Api, response_id: &str) -> Answer {
 }
 
 impl Relay {
-    /// Authenticates a client key, reusing answers for `auth_cache_ttl` (so a revoked key is
-    /// refused within a second of the change).
+    /// Authenticates a client key, reusing the selector's answers for `auth_cache_ttl` (so a
+    /// revoked or disabled key is refused within a second of the change). A key refused as a
+    /// whole (disabled, expired) gets that refusal, counted; a known key's expiry is checked
+    /// again with the relay's clock, so it takes effect between two lookups too.
     pub async fn authenticate(&self, api: Api, key: Option<&str>) -> Result<Caller, RelayError> {
-        let Some(key) = key.filter(|k| !k.is_empty() && k.len() <= 256) else {
-            return Err(RelayError::new(
-                api,
-                ErrorKind::Authentication,
-                "missing or malformed API key (x-api-key or Authorization: Bearer)",
-            ));
-        };
+        match self.check_key(api, key).await? {
+            KeyCheck::Known(caller) => match caller.access.check_key(poolgate_core::now_ms()) {
+                Ok(()) => Ok(caller),
+                Err(refusal) => Err(self.key_refused(api, refusal.into())),
+            },
+            KeyCheck::Refused(refused) => Err(self.key_refused(api, refused)),
+            KeyCheck::Unknown => Err(invalid_key(api)),
+        }
+    }
+
+    /// The selector's answer for a client key, cached for `auth_cache_ttl` (a refusal and an
+    /// unknown key too: a flood of one bad key costs one lookup per ttl).
+    pub(super) async fn check_key(
+        &self,
+        api: Api,
+        key: Option<&str>,
+    ) -> Result<KeyCheck, RelayError> {
+        let key = valid_key(api, key)?;
         {
             let cache = self.auth_cache.lock().unwrap_or_else(|p| p.into_inner());
             if let Some((answer, at)) = cache.get(key)
                 && at.elapsed() < self.settings.auth_cache_ttl
             {
-                return answer.clone().ok_or_else(|| {
-                    RelayError::new(api, ErrorKind::Authentication, "invalid API key")
-                });
+                return Ok(answer.clone());
             }
         }
-        // A key not seen within the cache TTL costs a selector call: at most `MAX_KEY_LOOKUPS`
-        // at once, each waiting at most `KEY_LOOKUP_WAIT` for its turn.
-        let busy = || {
-            RelayError::new(
-                api,
-                ErrorKind::Overloaded,
-                "too many API key checks at once; try again",
-            )
-            .retry_after_ms(1000)
+        let answer = {
+            let _permit = self.key_lookup_permit(api).await?;
+            self.selection.check_key(key).await.map_err(|error| {
+                tracing::debug!(%error, "client key check unavailable");
+                unavailable(api, "authentication is unavailable; try again")
+            })?
         };
-        let _permit = match tokio::time::timeout(KEY_LOOKUP_WAIT, self.auth_lookups.acquire()).await
-        {
-            Ok(Ok(permit)) => permit,
-            _ => return Err(busy()),
-        };
-        let answer = self.selection.authenticate(key).await.map_err(|_| {
-            RelayError::new(
-                api,
-                ErrorKind::Overloaded,
-                "authentication is unavailable; try again",
-            )
-            .retry_after_ms(1000)
-        })?;
         {
             let mut cache = self.auth_cache.lock().unwrap_or_else(|p| p.into_inner());
             if cache.len() > 100_000 {
@@ -118,8 +114,45 @@ impl Relay {
             }
             cache.insert(key.to_owned(), (answer.clone(), Instant::now()));
         }
-        answer.ok_or_else(|| RelayError::new(api, ErrorKind::Authentication, "invalid API key"))
+        Ok(answer)
     }
+
+    /// A turn to ask the selector about a key not seen within the cache TTL: at most
+    /// `MAX_KEY_LOOKUPS` at once, each waiting at most `KEY_LOOKUP_WAIT` for its turn.
+    pub(super) async fn key_lookup_permit(
+        &self,
+        api: Api,
+    ) -> Result<tokio::sync::SemaphorePermit<'_>, RelayError> {
+        match tokio::time::timeout(KEY_LOOKUP_WAIT, self.auth_lookups.acquire()).await {
+            Ok(Ok(permit)) => Ok(permit),
+            _ => Err(unavailable(
+                api,
+                "too many API key checks at once; try again",
+            )),
+        }
+    }
+}
+
+/// The key as sent, when it may be one (non-empty, at most 256 bytes).
+pub(super) fn valid_key(api: Api, key: Option<&str>) -> Result<&str, RelayError> {
+    key.filter(|k| !k.is_empty() && k.len() <= 256)
+        .ok_or_else(|| {
+            RelayError::new(
+                api,
+                ErrorKind::Authentication,
+                "missing or malformed API key (x-api-key or Authorization: Bearer)",
+            )
+        })
+}
+
+/// 401 for a key the selector does not know (or knows as revoked: the same words).
+pub(super) fn invalid_key(api: Api) -> RelayError {
+    RelayError::new(api, ErrorKind::Authentication, "invalid API key")
+}
+
+/// 503, try again in a second.
+pub(super) fn unavailable(api: Api, message: &str) -> RelayError {
+    RelayError::new(api, ErrorKind::Overloaded, message).retry_after_ms(1000)
 }
 
 impl Relay {
@@ -150,6 +183,7 @@ impl Relay {
             session_window_limit_micros: 0,
             session_bound: false,
             ignore_cooldown: false,
+            key: None,
         };
         match self.leases.acquire(terms, Duration::ZERO).await {
             Ok(Acquired::Granted(lease)) => {

@@ -3,14 +3,16 @@
 //! fail over within the budget → report → bind on success → spend on release, usage batched.
 //! Bookkeeping runs after the last byte, off the client's latency path.
 //!
-//! This module is the plan → lease → call loop; `auth` checks client keys, `request` builds the
-//! upstream request (the header rules), `call` makes one upstream call and serves a whole
-//! answer, `stream` pumps a streamed one, `finish` does the bookkeeping after the last byte.
+//! This module is the plan → lease → call loop; `auth` checks client keys, `keys` what a key
+//! may reach and its holder's view of it, `request` builds the upstream request (the header
+//! rules), `call` makes one upstream call and serves a whole answer, `stream` pumps a streamed
+//! one, `finish` does the bookkeeping after the last byte.
 
 mod auth;
 mod body;
 mod call;
 mod finish;
+mod keys;
 mod request;
 mod stream;
 
@@ -30,9 +32,12 @@ use tokio::sync::mpsc;
 
 use crate::client_api::{Api, ErrorKind, RelayError};
 use crate::metrics::Metrics;
-use crate::ports::{Acquired, Caller, Lease, Leases, Plan, PlanRequest, PlannedAccount, Selection};
+use crate::ports::{
+    Acquired, Caller, KeyCheck, Lease, Leases, Plan, PlanRequest, PlannedAccount, Selection,
+};
 
 pub use body::{BodyJsonError, MAX_DEPTH as MAX_JSON_DEPTH, TopLevel};
+pub use keys::key_view;
 pub use request::{HttpClientError, merged_betas, passes_upstream, request_id_header};
 
 #[derive(Debug, Clone)]
@@ -164,7 +169,7 @@ pub struct Relay {
     pub metrics: Metrics,
     http: reqwest::Client,
     proxied: Mutex<HashMap<String, reqwest::Client>>,
-    auth_cache: Mutex<HashMap<String, (Option<Caller>, Instant)>>,
+    auth_cache: Mutex<HashMap<String, (KeyCheck, Instant)>>,
     /// Key lookups in flight at the selector: a flood of random keys (each a cache miss) waits
     /// for a permit instead of multiplying selector calls (`auth.rs`).
     auth_lookups: tokio::sync::Semaphore,
@@ -478,6 +483,7 @@ impl Relay {
             },
             session_bound: bound,
             ignore_cooldown: false,
+            key: None,
         }
     }
 

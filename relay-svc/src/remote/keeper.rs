@@ -85,6 +85,8 @@ impl Keeper {
                             .release(apb::ReleaseRequest {
                                 lease_id: self.lease_id.clone(),
                                 spend_usd: spend_usd(spend),
+                                // set by the key-limit plumbing
+                                tokens: 0,
                             })
                             .await;
                         let _ = reply.send(());
@@ -114,11 +116,12 @@ impl Keeper {
                     let (kind, reply) = match command {
                         Some(Command::Attempt(reply)) => (apb::lease_request::Kind::Attempt(apb::Attempt {}), Reply::Attempt(reply)),
                         Some(Command::Release(spend, reply)) => (
-                            apb::lease_request::Kind::Release(apb::Release { spend_usd: spend_usd(spend) }),
+                            // tokens: set by the key-limit plumbing
+                            apb::lease_request::Kind::Release(apb::Release { spend_usd: spend_usd(spend), tokens: 0 }),
                             Reply::Release(reply, spend_usd(spend)),
                         ),
                         // The holder dropped the lease without releasing: release it now.
-                        None => (apb::lease_request::Kind::Release(apb::Release { spend_usd: 0.0 }), Reply::Dropped),
+                        None => (apb::lease_request::Kind::Release(apb::Release { spend_usd: 0.0, tokens: 0 }), Reply::Dropped),
                     };
                     let sent = sender.send(message(kind)).await.is_ok();
                     let answer = if sent { self.await_answer(events).await } else { None };
@@ -137,14 +140,15 @@ impl Keeper {
                                 // the stream's `Lost` overtook, did not: the unary one carries it.
                                 let landed_maybe = sent && answer.is_none();
                                 let spend_usd = if landed_maybe { 0.0 } else { spend };
-                                let _ = self.client.clone().release(apb::ReleaseRequest { lease_id: self.lease_id.clone(), spend_usd }).await;
+                                // tokens: set by the key-limit plumbing
+                                let _ = self.client.clone().release(apb::ReleaseRequest { lease_id: self.lease_id.clone(), spend_usd, tokens: 0 }).await;
                             }
                             let _ = reply.send(());
                             return;
                         }
                         Reply::Dropped => {
                             if !matches!(answer, Some(Answer::Accepted)) {
-                                let _ = self.client.clone().release(apb::ReleaseRequest { lease_id: self.lease_id.clone(), spend_usd: 0.0 }).await;
+                                let _ = self.client.clone().release(apb::ReleaseRequest { lease_id: self.lease_id.clone(), spend_usd: 0.0, tokens: 0 }).await;
                             }
                             return;
                         }

@@ -226,7 +226,10 @@ async fn acquire_task(
 /// Withdraws an unanswered acquire (`Release` before the answer): admission cancels the wait or
 /// releases what it granted meanwhile, and answers `Released`.
 async fn withdraw(sender: &mpsc::Sender<apb::LeaseRequest>, events: &mut Events) {
-    let release = apb::lease_request::Kind::Release(apb::Release { spend_usd: 0.0 });
+    let release = apb::lease_request::Kind::Release(apb::Release {
+        spend_usd: 0.0,
+        tokens: 0,
+    });
     if sender.send(message(release)).await.is_err() {
         return;
     }

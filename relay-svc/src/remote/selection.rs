@@ -9,11 +9,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use poolgate_core::account::{Platform, Secret};
 use poolgate_core::classify::Classified;
+use poolgate_core::keys::KeyDescription;
 use poolgate_core::outcome::OutcomeClass;
 use poolgate_core::select::NoneReason;
 use poolgate_core::short_hash;
 use poolgate_core::windows::WindowReading;
 use poolgate_proto::convert;
+use poolgate_proto::convert::keys::KEY_REFUSAL_METADATA;
 use poolgate_proto::selector::v1 as spb;
 use poolgate_proto::selector::v1::selector_client::SelectorClient;
 use poolgate_rpc::service_auth::WithToken;
@@ -21,7 +23,10 @@ use tonic::transport::Channel;
 
 use super::throttle::Throttle;
 use super::{Traced, traced};
-use crate::ports::{BackendError, Caller, Plan, PlanRequest, Selection, UsageRecord};
+use crate::ports::{
+    BackendError, Caller, KeyCheck, KeyRefused, Plan, PlanRequest, RefusedFor, Selection,
+    UsageRecord,
+};
 use crate::session::binding_key;
 use crate::usage_sink::{SinkSettings, UsageSink, UsageWriter, WriteError};
 
@@ -244,13 +249,36 @@ impl UsageWriter for SelectorUsage {
     }
 }
 
+/// A key the selector refuses as a whole: `PERMISSION_DENIED` whose `poolgate-key-refusal`
+/// entry names why (`disabled`, `expired`); the status message, the selector's words for it, is
+/// what the client reads. A refusal without a reason this relay knows is the selector's error,
+/// never a guess.
+fn key_refusal(status: &tonic::Status) -> Result<KeyRefused, BackendError> {
+    let reason = status
+        .metadata()
+        .get(KEY_REFUSAL_METADATA)
+        .and_then(|value| value.to_str().ok());
+    let reason = match reason {
+        Some("disabled") => RefusedFor::Disabled,
+        Some("expired") => RefusedFor::Expired,
+        other => {
+            tracing::warn!(reason = ?other, "the selector refused a key for a reason this relay cannot read; treated as a selector error");
+            return Err(BackendError::from(status.clone()));
+        }
+    };
+    Ok(KeyRefused {
+        reason,
+        message: status.message().to_owned(),
+    })
+}
+
 fn platform_pb(platform: Platform) -> i32 {
     spb::Platform::from(platform) as i32
 }
 
 #[async_trait]
 impl Selection for RemoteSelection {
-    async fn authenticate(&self, api_key: &str) -> Result<Option<Caller>, BackendError> {
+    async fn check_key(&self, api_key: &str) -> Result<KeyCheck, BackendError> {
         match self
             .client
             .clone()
@@ -261,13 +289,50 @@ impl Selection for RemoteSelection {
         {
             Ok(answer) => {
                 let answer = answer.into_inner();
-                Ok(Some(Caller {
+                // A list this relay cannot read is the selector's error, never a key without
+                // limits.
+                let access = convert::keys::authenticated_access(&answer).map_err(|error| {
+                    tracing::warn!(%error, "the selector's key answer is unreadable; treated as a selector error");
+                    BackendError::from(error)
+                })?;
+                Ok(KeyCheck::Known(Caller {
                     api_key_id: answer.api_key_id,
                     user: answer.user,
                     group: answer.group,
                     user_rpm_limit: answer.user_rpm_limit,
+                    access,
                 }))
             }
+            Err(status) if status.code() == tonic::Code::PermissionDenied => {
+                key_refusal(&status).map(KeyCheck::Refused)
+            }
+            Err(status)
+                if matches!(
+                    status.code(),
+                    tonic::Code::Unauthenticated | tonic::Code::InvalidArgument
+                ) =>
+            {
+                Ok(KeyCheck::Unknown)
+            }
+            Err(status) => Err(status.into()),
+        }
+    }
+
+    async fn describe_key(&self, api_key: &str) -> Result<Option<KeyDescription>, BackendError> {
+        let answer = self
+            .client
+            .clone()
+            .describe_key(spb::DescribeKeyRequest {
+                api_key: api_key.to_owned(),
+            })
+            .await;
+        match answer {
+            Ok(answer) => KeyDescription::try_from(answer.into_inner())
+                .map(Some)
+                .map_err(|error| {
+                    tracing::warn!(%error, "the selector's key description is unreadable; treated as a selector error");
+                    BackendError::from(error)
+                }),
             Err(status)
                 if matches!(
                     status.code(),
@@ -403,6 +468,52 @@ impl Selection for RemoteSelection {
                 tracing::warn!(code = ?status.code(), "model list unavailable");
                 Vec::new()
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn denied(reason: Option<&'static str>) -> tonic::Status {
+        let mut status = tonic::Status::permission_denied("this API key is disabled");
+        if let Some(reason) = reason {
+            status.metadata_mut().insert(
+                KEY_REFUSAL_METADATA,
+                tonic::metadata::MetadataValue::from_static(reason),
+            );
+        }
+        status
+    }
+
+    #[test]
+    fn a_refused_key_reads_its_reason_from_the_metadata_and_its_words_from_the_message() {
+        assert_eq!(
+            key_refusal(&denied(Some("disabled"))).expect("readable"),
+            KeyRefused {
+                reason: RefusedFor::Disabled,
+                message: "this API key is disabled".into(),
+            }
+        );
+        assert_eq!(
+            key_refusal(&denied(Some("expired")))
+                .expect("readable")
+                .reason,
+            RefusedFor::Expired
+        );
+        for unreadable in [None, Some("suspended")] {
+            let error = key_refusal(&denied(unreadable)).expect_err("not a guess");
+            assert!(
+                matches!(
+                    error,
+                    BackendError::Status {
+                        code: tonic::Code::PermissionDenied,
+                        ..
+                    }
+                ),
+                "{error:?}"
+            );
         }
     }
 }

@@ -7,7 +7,9 @@ use poolgate_core::account::{
     Account, AccountStatus, ApiKeyRecord, CredentialKind, GroupSettings, OAuthState, Platform,
     Price, Secret, default_oauth_token_url,
 };
+use poolgate_core::keys::{KeyAccess, check_model_patterns, parse_endpoints};
 use poolgate_core::windows::Thresholds;
+use poolgate_operator::instant::parse_instant;
 use poolgate_select::crypto::{api_key_hash, api_key_prefix};
 use poolgate_select::snapshot::Snapshot;
 use serde::Deserialize;
@@ -55,6 +57,52 @@ pub struct KeyEntry {
     /// Per-user requests per minute; <= 0: unlimited.
     #[serde(default, alias = "user_rpm", alias = "user_rpm_limit")]
     pub rpm_limit: i32,
+    /// When the key stops working: RFC 3339 (`2026-12-31T23:59:59Z`), a date (its midnight UTC)
+    /// or seconds since the epoch. None: never.
+    #[serde(default)]
+    pub expires_at: Option<serde_yaml_ng::Value>,
+    /// Refused until enabled (`relay-svc admin enable-key`, which the state file keeps).
+    #[serde(default)]
+    pub disabled: bool,
+    /// Glob patterns (`*`: any run of characters) on the model the client asks for; empty: any.
+    #[serde(default, alias = "allowed_models")]
+    pub models: Vec<String>,
+    /// `messages`, `count_tokens`, `chat_completions`, `responses`, `models`; empty: any.
+    #[serde(default, alias = "allowed_endpoints")]
+    pub endpoints: Vec<String>,
+}
+
+impl KeyEntry {
+    /// What the key may reach, checked; the error names the field (`expires_at: …`).
+    fn access(&self) -> Result<KeyAccess, String> {
+        let expires_at_ms = match &self.expires_at {
+            None | Some(serde_yaml_ng::Value::Null) => None,
+            Some(serde_yaml_ng::Value::String(text)) => {
+                Some(parse_instant(text).map_err(|problem| format!("expires_at: {problem}"))?)
+            }
+            Some(serde_yaml_ng::Value::Number(number)) => Some(
+                number
+                    .as_u64()
+                    .and_then(|seconds| i64::try_from(seconds).ok())
+                    .and_then(|seconds| seconds.checked_mul(1000))
+                    .ok_or("expires_at: seconds since the epoch must be a whole number >= 0")?,
+            ),
+            Some(_) => {
+                return Err(
+                    "expires_at: write an RFC 3339 time, a date or seconds since the epoch".into(),
+                );
+            }
+        };
+        check_model_patterns(&self.models).map_err(|problem| format!("models: {problem}"))?;
+        let endpoints =
+            parse_endpoints(&self.endpoints).map_err(|problem| format!("endpoints: {problem}"))?;
+        Ok(KeyAccess {
+            expires_at_ms,
+            disabled: self.disabled,
+            allowed_models: self.models.clone(),
+            allowed_endpoints: endpoints,
+        })
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -264,6 +312,9 @@ impl StandaloneFile {
             if entry.key.is_empty() {
                 return Err(format!("config: api_keys[{index}]: the key is empty"));
             }
+            let access = entry
+                .access()
+                .map_err(|problem| format!("config: api_keys[{index}].{problem}"))?;
             let record = ApiKeyRecord {
                 id: index as i64 + 1,
                 name: format!("api_keys[{index}]"),
@@ -272,7 +323,7 @@ impl StandaloneFile {
                 group: entry.group.clone(),
                 user_rpm_limit: entry.rpm_limit,
                 active: true,
-                access: Default::default(),
+                access,
             };
             if keys.insert(api_key_hash(&entry.key), record).is_some() {
                 return Err(format!(
@@ -395,6 +446,88 @@ mod tests {
         );
         let blank = file(&account(" ")).expect_err("a blank name");
         assert!(blank.contains("name must be non-empty"), "{blank}");
+    }
+
+    fn keys(entries: &str) -> Result<Snapshot, String> {
+        StandaloneFile::parse(&format!(
+            "api_keys:\n{entries}accounts:\n  - {{name: a, platform: anthropic, base_url: \"http://127.0.0.1:9\", api_key: sk-x}}\n"
+        ))?
+        .snapshot()
+    }
+
+    fn access_of(snapshot: &Snapshot, key: &str) -> KeyAccess {
+        snapshot
+            .api_key(&api_key_hash(key))
+            .expect("the key is listed")
+            .access
+            .clone()
+    }
+
+    #[test]
+    fn a_keys_expiry_disable_and_lists_are_read_from_the_yaml() {
+        use poolgate_core::keys::Endpoint;
+        let snapshot = keys(
+            "  - key: k1\n    expires_at: 2026-12-02T16:09:05Z\n    disabled: true\n    \
+             models: [\"claude-*\", gpt-4o]\n    endpoints: [messages, models]\n\
+             \x20 - {key: k2, expires_at: 2026-12-02}\n\
+             \x20 - {key: k3, expires_at: 1796227745, allowed_models: [\"*-mini\"]}\n\
+             \x20 - {key: k4}\n",
+        )
+        .expect("valid keys");
+        assert_eq!(
+            access_of(&snapshot, "k1"),
+            KeyAccess {
+                expires_at_ms: Some(1_796_227_745_000),
+                disabled: true,
+                allowed_models: vec!["claude-*".into(), "gpt-4o".into()],
+                allowed_endpoints: vec![Endpoint::Messages, Endpoint::Models],
+            }
+        );
+        assert_eq!(
+            access_of(&snapshot, "k2").expires_at_ms,
+            Some(1_796_169_600_000)
+        );
+        let k3 = access_of(&snapshot, "k3");
+        assert_eq!(k3.expires_at_ms, Some(1_796_227_745_000));
+        assert_eq!(k3.allowed_models, vec!["*-mini".to_owned()]);
+        assert_eq!(access_of(&snapshot, "k4"), KeyAccess::default());
+    }
+
+    #[test]
+    fn a_bad_key_field_is_refused_at_start_naming_the_entry_and_the_field() {
+        for (entry, field) in [
+            (
+                "  - {key: k0}\n  - {key: k1, expires_at: \"next week\"}\n",
+                "api_keys[1].expires_at",
+            ),
+            (
+                "  - {key: k1, expires_at: \"2026-02-30\"}\n",
+                "api_keys[0].expires_at",
+            ),
+            ("  - {key: k1, expires_at: -5}\n", "api_keys[0].expires_at"),
+            ("  - {key: k1, expires_at: [1]}\n", "api_keys[0].expires_at"),
+            ("  - {key: k1, models: [\"\"]}\n", "api_keys[0].models"),
+            (
+                "  - {key: k1, models: [\"has space\"]}\n",
+                "api_keys[0].models",
+            ),
+            (
+                "  - {key: k1, endpoints: [embeddings]}\n",
+                "api_keys[0].endpoints",
+            ),
+        ] {
+            let error = keys(entry).expect_err(entry);
+            assert!(
+                error.starts_with(&format!("config: {field}: ")),
+                "{entry}: {error}"
+            );
+        }
+        let unknown =
+            keys("  - {key: k1, endpoints: [messages, embeddings]}\n").expect_err("unknown");
+        assert!(
+            unknown.contains("\"embeddings\""),
+            "names the entry: {unknown}"
+        );
     }
 
     #[test]

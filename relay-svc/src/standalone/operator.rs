@@ -9,7 +9,10 @@ use poolgate_core::account::Account;
 use poolgate_select::engine::{Selector, SelectorError};
 use poolgate_select::source::{AccountSource, MemorySource};
 
-use poolgate_operator::view::{AccountRow, BlockRow, UsageRow, WindowRow, window_rows};
+use poolgate_operator::view::{
+    AccountRow, BlockRow, KeyRow, UsageRow, WindowRow, key_row, window_rows,
+};
+use poolgate_select::source::StoreError;
 
 use crate::admin::{AdminError, Operator};
 
@@ -144,11 +147,49 @@ impl Operator for EngineOperator {
         }
         Ok(usage)
     }
+
+    async fn keys(&self) -> Result<Vec<KeyRow>, AdminError> {
+        let snapshot = self.selector.snapshot().get();
+        let mut keys: Vec<KeyRow> = snapshot.api_keys().map(key_row).collect();
+        keys.sort_by_key(|k| k.id);
+        Ok(keys)
+    }
+
+    async fn set_key_disabled(
+        &self,
+        api_key_id: i64,
+        disabled: bool,
+    ) -> Result<KeyRow, AdminError> {
+        let record = self
+            .source
+            .set_key_disabled(api_key_id, disabled)
+            .await
+            .map_err(|error| match error {
+                StoreError::NotFound(_) => AdminError::UnknownKey(api_key_id),
+                other => AdminError::Unavailable(other.to_string()),
+            })?;
+        // Served from now on: the next request with the key is refused (or served) already.
+        self.selector
+            .reload()
+            .await
+            .map_err(|e| AdminError::Unavailable(e.to_string()))?;
+        Ok(key_row(&record))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
+    use std::path::Path;
+
+    use axum::body::Body;
+    use http::{Request, StatusCode};
+    use poolgate_select::crypto::api_key_hash;
+    use poolgate_select::engine::SelectorSettings;
+    use tower::ServiceExt;
+
+    use crate::ports::Selection;
+    use crate::standalone::{Standalone, StandaloneFile};
 
     use poolgate_core::account::{AccountStatus, CredentialKind, Platform, Secret};
 
@@ -191,5 +232,127 @@ mod tests {
         );
         assert_eq!(row.credential_masked, account.credential.masked());
         assert!(!row.credential_masked.contains("0123456789"));
+    }
+
+    const TOKEN: &str = "operator-test-token";
+
+    /// A relay's engines over `yaml` and the state file at `state`.
+    fn engines(yaml: &str, state: &Path) -> Standalone {
+        let file = StandaloneFile::parse(yaml).expect("the file parses");
+        crate::standalone::build(
+            &file,
+            Some(state),
+            SelectorSettings::default(),
+            Default::default(),
+            &crate::metrics::Metrics::new(),
+        )
+        .expect("the engines start")
+    }
+
+    /// One admin call: status and JSON answer.
+    async fn call(
+        engines: &Standalone,
+        method: &str,
+        path: &str,
+        token: &str,
+    ) -> (StatusCode, serde_json::Value) {
+        let request = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("authorization", format!("Bearer {token}"))
+            .body(Body::empty())
+            .expect("request");
+        let response = crate::admin::router(engines.operator.clone(), TOKEN)
+            .oneshot(request)
+            .await
+            .expect("answered");
+        let status = response.status();
+        let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .expect("body");
+        (status, serde_json::from_slice(&body).unwrap_or_default())
+    }
+
+    fn disabled(engines: &Standalone, key: &str) -> bool {
+        engines
+            .source
+            .snapshot()
+            .api_key(&api_key_hash(key))
+            .expect("the key is configured")
+            .access
+            .disabled
+    }
+
+    #[tokio::test]
+    async fn a_disable_through_the_admin_endpoint_is_served_at_once_and_survives_a_restart() {
+        let scratch = poolgate_testkit::Scratch::new("key-disable").expect("scratch");
+        let state = scratch.path().join("state.json");
+        let yaml = |first: &str| {
+            format!(
+                "api_keys:\n{first}  - {{key: key-a, user: alice}}\n  - {{key: key-b, user: bob, disabled: true}}\n\
+                 accounts:\n  - {{name: a, platform: anthropic, base_url: \"http://127.0.0.1:9\", api_key: sk-x}}\n"
+            )
+        };
+        let relay = engines(&yaml(""), &state);
+        let (status, _) = call(&relay, "POST", "/admin/keys/1/disable", "wrong").await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        assert!(
+            !disabled(&relay, "key-a"),
+            "nothing changes without the token"
+        );
+        let (status, answer) = call(&relay, "POST", "/admin/keys/1/disable", TOKEN).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        assert_eq!(answer["key"]["status"], "disabled");
+        assert_eq!(answer["key"]["user"], "alice");
+        assert!(disabled(&relay, "key-a"), "served disabled at once");
+        let caller = |key: &'static str| {
+            let selection = relay.selection.clone();
+            async move { selection.authenticate(key).await.expect("answers") }
+        };
+        assert!(
+            caller("key-a").await.is_none(),
+            "the engine refuses it at once"
+        );
+        assert!(caller("key-b").await.is_none(), "the YAML disables key-b");
+        // The YAML's disable is lifted by an enable, which the file keeps too.
+        let (status, answer) = call(&relay, "POST", "/admin/keys/2/enable", TOKEN).await;
+        assert_eq!(
+            (status, &answer["key"]["status"]),
+            (StatusCode::OK, &"active".into())
+        );
+        assert!(caller("key-b").await.is_some(), "key-b is served again");
+        let (status, _) = call(&relay, "POST", "/admin/keys/9/disable", TOKEN).await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        let (status, _) = call(&relay, "POST", "/admin/keys/x/disable", TOKEN).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        let (_, listed) = call(&relay, "GET", "/admin/keys", TOKEN).await;
+        let statuses: Vec<_> = listed["keys"]
+            .as_array()
+            .expect("keys")
+            .iter()
+            .map(|k| (k["id"].as_i64(), k["status"].as_str()))
+            .collect();
+        assert_eq!(
+            statuses,
+            [(Some(1), Some("disabled")), (Some(2), Some("active"))]
+        );
+        drop(relay);
+
+        // Restarted from the same YAML: the operator's changes hold over it.
+        let restarted = engines(&yaml(""), &state);
+        assert!(disabled(&restarted, "key-a"), "key-a stays disabled");
+        assert!(!disabled(&restarted, "key-b"), "key-b stays enabled");
+        drop(restarted);
+        // By the key, not its place: a new key first moves every id, and the disable follows key-a.
+        let moved = engines(&yaml("  - {key: key-new}\n"), &state);
+        assert!(disabled(&moved, "key-a"));
+        assert!(!disabled(&moved, "key-new"));
+        assert!(!disabled(&moved, "key-b"));
+        // Enabled again: back to what the YAML says, and that holds after a restart too.
+        let (status, _) = call(&moved, "POST", "/admin/keys/2/enable", TOKEN).await;
+        assert_eq!(status, StatusCode::OK);
+        drop(moved);
+        let again = engines(&yaml(""), &state);
+        assert!(!disabled(&again, "key-a"));
     }
 }

@@ -6,13 +6,14 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use poolgate_core::account::{Platform, Secret};
 use poolgate_core::classify::Classified;
+use poolgate_core::keys::KeyDescription;
 use poolgate_core::outcome::Outcome;
 use poolgate_core::select::NoneReason;
 use poolgate_core::short_hash;
 use poolgate_core::windows::WindowReading;
 use poolgate_select::engine::{Reported, SelectQuery, Selector, SelectorError};
 
-use crate::ports::{BackendError, Caller, Plan, PlanRequest, Selection, UsageRecord};
+use crate::ports::{BackendError, Caller, KeyCheck, Plan, PlanRequest, Selection, UsageRecord};
 use crate::session::binding_key;
 use crate::usage_sink::UsageSink;
 
@@ -62,14 +63,27 @@ fn unavailable(error: SelectorError) -> BackendError {
 
 #[async_trait]
 impl Selection for InProcessSelection {
-    async fn authenticate(&self, api_key: &str) -> Result<Option<Caller>, BackendError> {
+    async fn check_key(&self, api_key: &str) -> Result<KeyCheck, BackendError> {
         match self.selector.authenticate(api_key) {
-            Ok(record) => Ok(Some(Caller {
-                api_key_id: record.id,
-                user: record.user,
-                group: record.group,
-                user_rpm_limit: record.user_rpm_limit,
-            })),
+            // One process, one clock: the key's expiry is judged here as the relay judges it.
+            Ok(record) => Ok(match record.access.check_key(poolgate_core::now_ms()) {
+                Ok(()) => KeyCheck::Known(Caller {
+                    api_key_id: record.id,
+                    user: record.user,
+                    group: record.group,
+                    user_rpm_limit: record.user_rpm_limit,
+                    access: record.access,
+                }),
+                Err(refusal) => KeyCheck::Refused(refusal.into()),
+            }),
+            Err(SelectorError::Unauthenticated(_)) => Ok(KeyCheck::Unknown),
+            Err(error) => Err(unavailable(error)),
+        }
+    }
+
+    async fn describe_key(&self, api_key: &str) -> Result<Option<KeyDescription>, BackendError> {
+        match self.selector.describe_key(api_key).await {
+            Ok(description) => Ok(Some(description)),
             Err(SelectorError::Unauthenticated(_)) => Ok(None),
             Err(error) => Err(unavailable(error)),
         }

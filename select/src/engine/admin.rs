@@ -13,7 +13,10 @@ use super::{Selector, SelectorError};
 
 impl Selector {
     /// Checks a client key against the snapshot (a revoked key is refused once the snapshot has
-    /// reloaded, within a second of the change).
+    /// reloaded, within a second of the change). A disabled or expired key is answered with its
+    /// record: the caller checks `record.access.check_key(now)` and refuses it with the reason
+    /// (docs/DESIGN.md §6, "What a client key reaches": the selector's `Authenticate` answers
+    /// `PERMISSION_DENIED`, the standalone relay refuses it itself), so both modes decide alike.
     pub fn authenticate(&self, api_key: &str) -> Result<ApiKeyRecord, SelectorError> {
         let snapshot = self.snapshot.get();
         match snapshot.api_key(&api_key_hash(api_key)) {

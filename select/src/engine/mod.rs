@@ -29,6 +29,7 @@ use poolgate_core::windows::Thresholds;
 
 mod admin;
 mod bindings;
+mod keys;
 mod report;
 mod select;
 mod usage;

@@ -3,6 +3,11 @@ if user_limit > 0 then
   local user_retry = rpm_full(KEYS[5], user_limit, tonumber(ARGV[6]))
   if user_retry then return {'user_rpm', user_retry, now} end
 end
+local keyed = ARGV[10] == '1'
+if keyed then
+  local refused = key_check(6, 11)
+  if refused then return {refused[1], refused[2], now} end
+end
 if ARGV[8] ~= '1' then
   local cool = redis.call('PTTL', KEYS[3])
   if cool ~= -2 then return {'cooling', math.max(cool, 0), now} end
@@ -28,6 +33,10 @@ if window_limit > 0 then
 end
 redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
 extend(KEYS[1], ttl)
+if keyed then
+  redis.call('ZADD', KEYS[6], now + ttl, ARGV[1])
+  extend(KEYS[6], ttl)
+end
 if rpm > 0 then
   redis.call('ZADD', KEYS[2], now, ARGV[1])
   extend(KEYS[2], rpm_window)

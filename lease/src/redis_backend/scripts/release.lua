@@ -8,4 +8,9 @@ end
 raise_fence(KEYS[4], ARGV[1], now + tonumber(ARGV[4]))
 local spend = tonumber(ARGV[2])
 if spend > 0 then add_spend(KEYS[2], spend, tonumber(ARGV[3])) end
+if #KEYS > 4 then
+  redis.call('ZREM', KEYS[5], ARGV[1])
+  raise_fence(KEYS[6], ARGV[1], now + tonumber(ARGV[4]))
+  if ARGV[5] == '1' then key_charge(5, ARGV[1], 6, tonumber(ARGV[4])) end
+end
 return {removed, now}

@@ -4,10 +4,11 @@
 //!
 //! What must survive a restart goes to an optional state file, loaded over the config at
 //! start: refreshed OAuth tokens (refresh tokens are single-use: a relay that refreshed and then
-//! restarted with the config's old token has lost the account), status changes, the usage
-//! ledger, and the usage windows' readings of the in-process health store (with
+//! restarted with the config's old token has lost the account), status changes, an operator's
+//! disable or enable of a client key ([`MemorySource::set_key_disabled`]), the usage ledger, and
+//! the usage windows' readings of the in-process health store (with
 //! [`MemorySource::keep_windows`]: a restart does not forget which account's week is nearly
-//! used). Tokens and statuses are written at once; usage and readings, which change with every
+//! used). Tokens, statuses and key disables are written at once; usage and readings, which change with every
 //! request, at most every [`WRITE_EVERY`] (by [`MemorySource::write_periodically`]) and at
 //! shutdown ([`MemorySource::flush`]), never on a request's path. The file is JSON, mode 0600
 //! (it holds credentials in clear, as the config does), written atomically (a fresh temporary
@@ -29,10 +30,10 @@ use tokio::time::Instant;
 use super::{AccountSource, StoreError, UsageInput, UsageTotals};
 use crate::health::InProcessHealth;
 use crate::snapshot::{Snapshot, SnapshotCell};
-use poolgate_core::account::{Account, AccountStatus, OAuthState, Secret};
+use poolgate_core::account::{Account, AccountStatus, ApiKeyRecord, OAuthState, Secret};
 use poolgate_core::windows::WindowReading;
 use poolgate_core::{AccountId, now_ms};
-use state_file::{FORMAT, Persisted, StoredStatus, StoredTokens, UsageBucket};
+use state_file::{FORMAT, Persisted, StoredKey, StoredStatus, StoredTokens, UsageBucket};
 
 mod state_file;
 
@@ -61,6 +62,8 @@ struct Current {
     /// Client key id <-> the key's hash (hex).
     key_hashes: HashMap<i64, String>,
     key_ids: HashMap<String, i64>,
+    /// Client key id -> whether the config disables it, to tell an operator's change from it.
+    configured_key_disabled: HashMap<i64, bool>,
     persisted: Persisted,
     usage: BTreeMap<(i64, i64), UsageTotals>,
     /// Buckets of keys the config no longer lists: kept in the file, counted for no one.
@@ -144,6 +147,22 @@ impl Current {
             .map(|account| Account::clone(account))
             .ok_or_else(|| StoreError::NotFound(format!("account {id}")))
     }
+
+    fn api_key(&self, id: i64) -> Result<ApiKeyRecord, StoreError> {
+        self.snapshot
+            .api_keys()
+            .find(|record| record.id == id)
+            .cloned()
+            .ok_or_else(|| StoreError::NotFound(format!("api key {id}")))
+    }
+
+    /// Serves client key `id` disabled or not; the record after.
+    fn set_key_disabled(&mut self, id: i64, disabled: bool) -> Result<ApiKeyRecord, StoreError> {
+        let mut record = self.api_key(id)?;
+        record.access.disabled = disabled;
+        self.snapshot.replace_api_key(record.clone());
+        Ok(record)
+    }
 }
 
 fn with_tokens(mut account: Account, tokens: &StoredTokens) -> Account {
@@ -206,6 +225,10 @@ impl MemorySource {
             .iter()
             .map(|(&id, hash)| (hash.clone(), id))
             .collect();
+        let configured_key_disabled = snapshot
+            .api_keys()
+            .map(|record| (record.id, record.access.disabled))
+            .collect();
         let persisted = match &state_file {
             Some(file) => file.read()?.unwrap_or_default(),
             None => Persisted::default(),
@@ -226,6 +249,7 @@ impl MemorySource {
             names,
             key_hashes,
             key_ids,
+            configured_key_disabled,
             usage: BTreeMap::new(),
             retained_usage: Vec::new(),
             usage_dirty: false,
@@ -351,6 +375,35 @@ impl MemorySource {
     fn changed(&self) {
         self.changes.send_modify(|version| *version += 1);
     }
+
+    /// Disables (`true`) or enables client key `api_key_id` (the standalone operator's
+    /// `disable-key`/`enable-key`); the record after. Written to the state file at once, by the
+    /// key's hash, when it differs from the config: a restart keeps it over the YAML, and a
+    /// change back to what the YAML says leaves the YAML in charge again. An unknown key is
+    /// `NotFound`.
+    pub async fn set_key_disabled(
+        &self,
+        api_key_id: i64,
+        disabled: bool,
+    ) -> Result<ApiKeyRecord, StoreError> {
+        let record = self.with_current(|current| {
+            let record = current.set_key_disabled(api_key_id, disabled)?;
+            let hash = current
+                .key_hashes
+                .get(&api_key_id)
+                .cloned()
+                .ok_or_else(|| StoreError::NotFound(format!("api key {api_key_id}")))?;
+            if current.configured_key_disabled.get(&api_key_id) == Some(&disabled) {
+                current.persisted.keys.remove(&hash);
+            } else {
+                current.persisted.keys.insert(hash, StoredKey { disabled });
+            }
+            Ok::<_, StoreError>(record)
+        })?;
+        self.changed();
+        self.persist().await?;
+        Ok(record)
+    }
 }
 
 impl Current {
@@ -403,6 +456,21 @@ impl Current {
                 account.status_reason = stored.reason;
                 self.snapshot.replace_account(account);
             }
+        }
+        for (hash, stored) in persisted.keys {
+            match self.key_ids.get(&hash).copied() {
+                // A key the config does not list keeps its entry, for when it is listed again.
+                None => {}
+                // The config says the same now: nothing left to keep.
+                Some(id) if self.configured_key_disabled.get(&id) == Some(&stored.disabled) => {
+                    continue;
+                }
+                Some(id) => {
+                    // Cannot fail: the id is one of the config's keys.
+                    let _ = self.set_key_disabled(id, stored.disabled);
+                }
+            }
+            self.persisted.keys.insert(hash, stored);
         }
         for bucket in persisted.usage {
             let api_key_id = if bucket.key.is_empty() {

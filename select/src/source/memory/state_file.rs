@@ -1,6 +1,6 @@
 //! The standalone relay's state file: what must survive a restart (refreshed tokens, status
-//! changes, the usage ledger, the usage windows' readings), its format (1, and 0 read for
-//! upgrades) and its atomic write.
+//! changes, client key disables, the usage ledger, the usage windows' readings), its format (1,
+//! and 0 read for upgrades) and its atomic write.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
@@ -53,6 +53,13 @@ pub(super) struct StoredStatus {
     pub(super) reason: String,
 }
 
+/// An operator's change to a client key that differs from the config (`disabled` the opposite
+/// of the key's `disabled` in the YAML).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct StoredKey {
+    pub(super) disabled: bool,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(super) struct UsageBucket {
     /// The client key's hash (hex), which names the key whatever its place in the config; empty
@@ -86,6 +93,11 @@ pub(super) struct Persisted {
     pub(super) statuses: BTreeMap<String, StoredStatus>,
     #[serde(default)]
     pub(super) usage: Vec<UsageBucket>,
+    /// Client keys an operator disabled or enabled against the config, by the key's hash (hex),
+    /// so a reordered config applies nothing to another key. Added within format 1: a file
+    /// without them reads as none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub(super) keys: BTreeMap<String, StoredKey>,
     /// The usage windows' readings (docs/DESIGN.md §5) by account name, only those whose reset
     /// is ahead. Added within format 1: a file without them reads as none, and a build without
     /// them ignores them.

@@ -1,0 +1,186 @@
+//! What a client key may reach, checked on every request before any account is asked, and the
+//! key as its holder may see it (`GET /v1/poolgate/key`). docs/DESIGN.md §6, "What a client key
+//! reaches".
+
+use poolgate_core::keys::{Endpoint, KeyDescription, KeyRefusal, rfc3339_utc};
+use serde_json::{Value, json};
+
+use super::Relay;
+use super::auth::{invalid_key, unavailable, valid_key};
+use crate::client_api::{Api, RelayError};
+use crate::ports::{Caller, KeyCheck, KeyRefused};
+
+impl Relay {
+    /// Checks a request of `caller` on `endpoint` for `model` (the model the client asked for,
+    /// before any mapping; `None` before the body is read, or on an endpoint that names none)
+    /// with the relay's clock: the key (disabled, expired), the endpoint, the model. A refusal
+    /// is the client's answer, and nothing reaches an account.
+    pub fn check_access(
+        &self,
+        api: Api,
+        caller: &Caller,
+        endpoint: Endpoint,
+        model: Option<&str>,
+    ) -> Result<(), RelayError> {
+        caller
+            .access
+            .check(poolgate_core::now_ms(), endpoint, model)
+            .map_err(|refusal| self.key_refused(api, refusal.into()))
+    }
+
+    /// The answer to a refused key's request, counted by reason (never by key).
+    pub(super) fn key_refused(&self, api: Api, refused: KeyRefused) -> RelayError {
+        self.metrics.key_refused(&refused.reason);
+        tracing::debug!(reason = refused.reason.as_str(), "client key refused");
+        RelayError::key_refused(api, &refused)
+    }
+
+    /// The key `key` as its holder may see it: its record and usage, nothing of another key.
+    /// A disabled or expired key is described too (so its holder learns why it is refused);
+    /// an unknown or revoked one is 401, as on every other route. A key the cache already
+    /// knows as unknown costs no selector call.
+    pub async fn describe_key(
+        &self,
+        api: Api,
+        key: Option<&str>,
+    ) -> Result<KeyDescription, RelayError> {
+        let key = valid_key(api, key)?;
+        if self.check_key(api, Some(key)).await? == KeyCheck::Unknown {
+            return Err(invalid_key(api));
+        }
+        let _permit = self.key_lookup_permit(api).await?;
+        match self.selection.describe_key(key).await {
+            Ok(Some(description)) => Ok(description),
+            Ok(None) => Err(invalid_key(api)),
+            Err(error) => {
+                tracing::warn!(%error, "client key description unavailable");
+                Err(unavailable(
+                    api,
+                    "the key's description is unavailable; try again",
+                ))
+            }
+        }
+    }
+}
+
+/// The self-service view of a key at `now_ms` (the relay's clock decides whether it has
+/// expired): `{"key": {...}, "usage": {"day": ..., "week": ..., "month": ..., "total": ...}}`.
+/// Empty model and endpoint lists allow everything.
+pub fn key_view(description: &KeyDescription, now_ms: i64) -> Value {
+    let record = &description.record;
+    let access = &record.access;
+    let status = match access.check_key(now_ms) {
+        Ok(()) => "active",
+        Err(KeyRefusal::Disabled) => "disabled",
+        Err(_) => "expired",
+    };
+    let endpoints: Vec<&str> = access
+        .allowed_endpoints
+        .iter()
+        .map(|endpoint| endpoint.as_str())
+        .collect();
+    let mut usage = serde_json::Map::new();
+    for (period, from_ms, totals) in &description.usage {
+        usage.insert(
+            period.as_str().to_owned(),
+            json!({
+                "from": rfc3339_utc(*from_ms),
+                "requests": totals.requests,
+                "input_tokens": totals.input_tokens,
+                "output_tokens": totals.output_tokens,
+                "cost_usd": totals.cost_usd,
+            }),
+        );
+    }
+    json!({
+        "key": {
+            "id": record.id,
+            "name": record.name,
+            "prefix": record.prefix,
+            "user": record.user,
+            "group": record.group,
+            "status": status,
+            "expires_at": access.expires_at_ms.map(rfc3339_utc),
+            "allowed_models": access.allowed_models,
+            "allowed_endpoints": endpoints,
+            "limits": {
+                "user_rpm": (record.user_rpm_limit > 0).then_some(record.user_rpm_limit),
+            },
+        },
+        "usage": usage,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use poolgate_core::account::ApiKeyRecord;
+    use poolgate_core::keys::{KeyAccess, PeriodUsage, UsagePeriod};
+
+    use super::*;
+
+    fn description(access: KeyAccess) -> KeyDescription {
+        let now = 1_796_227_745_000;
+        KeyDescription {
+            record: ApiKeyRecord {
+                id: 7,
+                name: "ci".into(),
+                prefix: "pgk-abcd".into(),
+                user: "alice".into(),
+                group: "default".into(),
+                user_rpm_limit: 0,
+                active: true,
+                access,
+            },
+            usage: UsagePeriod::ALL
+                .into_iter()
+                .map(|period| {
+                    let usage = PeriodUsage {
+                        requests: 2,
+                        input_tokens: 30,
+                        output_tokens: 40,
+                        cost_usd: 0.5,
+                    };
+                    (period, period.start_ms(now), usage)
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn the_view_names_the_keys_status_expiry_lists_and_usage_per_period() {
+        let now = 1_796_227_745_000;
+        let access = KeyAccess {
+            expires_at_ms: Some(now + 1000),
+            disabled: false,
+            allowed_models: vec!["claude-*".into()],
+            allowed_endpoints: vec![Endpoint::Messages, Endpoint::Models],
+        };
+        let view = key_view(&description(access.clone()), now);
+        let key = &view["key"];
+        assert_eq!(key["status"], "active", "{view}");
+        assert_eq!(key["expires_at"], "2026-12-02T16:09:06Z");
+        assert_eq!(key["allowed_models"], json!(["claude-*"]));
+        assert_eq!(key["allowed_endpoints"], json!(["messages", "models"]));
+        assert_eq!(key["limits"]["user_rpm"], Value::Null);
+        assert_eq!(
+            (key["id"].as_i64(), &key["prefix"]),
+            (Some(7), &json!("pgk-abcd"))
+        );
+        assert_eq!(view["usage"]["week"]["from"], "2026-11-30T00:00:00Z");
+        assert_eq!(view["usage"]["total"]["from"], "1970-01-01T00:00:00Z");
+        assert_eq!(view["usage"]["day"]["requests"], 2);
+        assert_eq!(view["usage"]["month"]["cost_usd"], 0.5);
+
+        let expired = key_view(&description(access.clone()), now + 1000);
+        assert_eq!(expired["key"]["status"], "expired");
+        let disabled = KeyAccess {
+            disabled: true,
+            ..access
+        };
+        let view = key_view(&description(disabled), now + 1000);
+        assert_eq!(view["key"]["status"], "disabled", "disabled says more");
+        let open = key_view(&description(KeyAccess::default()), now);
+        assert_eq!(open["key"]["expires_at"], Value::Null);
+        assert_eq!(open["key"]["allowed_models"], json!([]));
+    }
+}
