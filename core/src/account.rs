@@ -285,6 +285,9 @@ pub struct ApiKeyRecord {
     pub active: bool,
     /// Its expiry, disable and model/endpoint lists (`keys::KeyAccess`; empty: no limits).
     pub access: crate::keys::KeyAccess,
+    /// Its concurrency, TPM and budgets, counted by admission (`lease::KeyLimits`; every limit
+    /// 0: none). `limits.api_key_id` is this key's id.
+    pub limits: crate::lease::KeyLimits,
 }
 
 /// USD per million tokens.

@@ -169,6 +169,7 @@ fn keys() -> Vec<ApiKeyRecord> {
             user: "alice".into(),
             group: "g".into(),
             user_rpm_limit: 30,
+            limits: Default::default(),
             active: true,
             access: KeyAccess {
                 expires_at_ms: Some(4_102_444_800_000),
@@ -184,6 +185,7 @@ fn keys() -> Vec<ApiKeyRecord> {
             user: "bob".into(),
             group: "h".into(),
             user_rpm_limit: 0,
+            limits: Default::default(),
             active: true,
             access: KeyAccess {
                 disabled: true,

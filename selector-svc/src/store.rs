@@ -828,6 +828,7 @@ fn api_key_from_row(row: &PgRow) -> Result<ApiKeyRecord, StoreError> {
         user: row.try_get("user_name").map_err(convert)?,
         group: row.try_get("group_name").map_err(convert)?,
         user_rpm_limit: row.try_get("user_rpm_limit").map_err(convert)?,
+        limits: Default::default(),
         active,
         access,
     })

@@ -74,6 +74,7 @@ fn config(accounts: Vec<Account>) -> Snapshot {
             user: "alice".into(),
             group: "g".into(),
             user_rpm_limit: 0,
+            limits: Default::default(),
             active: true,
             access: Default::default(),
         },
@@ -419,6 +420,7 @@ fn two_keys(accounts: Vec<Account>, a: i64, b: i64) -> Snapshot {
         user: "alice".into(),
         group: "g".into(),
         user_rpm_limit: 0,
+        limits: Default::default(),
         active: true,
         access: Default::default(),
     };

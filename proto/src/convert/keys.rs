@@ -208,6 +208,7 @@ impl TryFrom<spb::DescribeKeyResponse> for KeyDescription {
                 user: answer.user,
                 group: answer.group,
                 user_rpm_limit: answer.user_rpm_limit,
+                limits: Default::default(),
                 active: true,
                 access,
             },
@@ -276,6 +277,7 @@ impl TryFrom<spb::ApiKeyView> for ApiKeyRecord {
             user: view.user,
             group: view.group,
             user_rpm_limit: view.user_rpm_limit,
+            limits: Default::default(),
             active,
             access: access(
                 view.expires_at_ms,

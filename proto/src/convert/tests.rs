@@ -540,6 +540,7 @@ mod keys {
             user: "alice".into(),
             group: "team".into(),
             user_rpm_limit: 30,
+            limits: Default::default(),
             active: true,
             access,
         }

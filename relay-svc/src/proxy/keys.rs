@@ -128,6 +128,7 @@ mod tests {
                 user: "alice".into(),
                 group: "default".into(),
                 user_rpm_limit: 0,
+                limits: Default::default(),
                 active: true,
                 access,
             },

@@ -322,6 +322,7 @@ impl StandaloneFile {
                 user: entry.user.clone(),
                 group: entry.group.clone(),
                 user_rpm_limit: entry.rpm_limit,
+                limits: Default::default(),
                 active: true,
                 access,
             };
