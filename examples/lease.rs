@@ -52,6 +52,7 @@ async fn main() -> ExitCode {
         message(pb::lease_request::Kind::Attempt(pb::Attempt {})),
         message(pb::lease_request::Kind::Release(pb::Release {
             spend_usd: 0.01,
+            tokens: 0,
         })),
     ];
     let mut events = match client.lease(ReceiverStream::new(receiver)).await {

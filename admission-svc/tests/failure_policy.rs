@@ -154,6 +154,82 @@ async fn divided_policy_lets_three_replicas_admit_exactly_the_limit_in_total_whi
     }
 }
 
+/// Keyed acquires (a fresh account each, with room to spare) on every replica until each
+/// refuses; the refusal must be the key's. Returns the grants per replica (streams held).
+async fn fill_key(
+    servers: &[TestServer],
+    first_account: i64,
+    api_key_id: i64,
+    key_limit: i32,
+) -> (Vec<usize>, Vec<LeaseStream>) {
+    let mut held = Vec::new();
+    let mut grants = Vec::new();
+    let mut account = first_account;
+    for server in servers {
+        let mut granted = 0;
+        for _ in 0..50 {
+            account += 1;
+            let terms = pb::Acquire {
+                api_key_id,
+                key_concurrency_limit: key_limit,
+                ..acquire(account, 10)
+            };
+            let (stream, answer) = LeaseStream::acquire(&server.client, terms).await;
+            if !answer.is_granted() {
+                assert_eq!(
+                    answer.denied_reason(),
+                    Some(pb::DenyReason::KeyConcurrency),
+                    "{answer:?}"
+                );
+                break;
+            }
+            granted += 1;
+            held.push(stream);
+        }
+        grants.push(granted);
+    }
+    (grants, held)
+}
+
+/// A client key gets its share like an account (docs/DESIGN.md §4): under `open` each replica
+/// holds the key to its whole limit on its own, across accounts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_policy_gives_a_key_its_whole_limit_on_each_replica_while_redis_is_down() {
+    let mut redis = RedisServer::start().await.expect("redis");
+    let servers = replicas(&redis, FailurePolicy::Open, 3).await;
+    redis.kill();
+    let (grants, _held) = fill_key(&servers, 5_000, 41, 2).await;
+    assert_eq!(grants, vec![2, 2, 2], "the key's full limit per replica");
+    for server in &servers {
+        assert!(server.admission.is_degraded());
+    }
+}
+
+/// Under `divided` each replica holds the key to its share of the key's concurrency, so the
+/// shares add up to the key's limit across replicas and accounts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn divided_policy_gives_each_replica_its_share_of_a_key_while_redis_is_down() {
+    let mut redis = RedisServer::start().await.expect("redis");
+    let servers = replicas(&redis, FailurePolicy::Divided, 3).await;
+    redis.kill();
+    for (n, key_limit) in [5, 7, 2, 3].into_iter().enumerate() {
+        let first_account = 6_000 + 100 * n as i64;
+        let (grants, held) = fill_key(&servers, first_account, 50 + n as i64, key_limit).await;
+        assert_eq!(
+            grants.iter().sum::<usize>(),
+            key_limit as usize,
+            "key limit {key_limit}: shares {grants:?}"
+        );
+        let mut sorted = grants.clone();
+        sorted.sort();
+        assert!(
+            sorted[2] - sorted[0] <= 1,
+            "shares differ by at most one: {grants:?}"
+        );
+        drop(held);
+    }
+}
+
 /// Invariant 4: `divided` holds the limit in total through the recovery too. The replicas tick
 /// by hand here, so replica 0 is back while the two others have not written their fallback
 /// leases into Redis yet: it used to grant from a Redis holding only its own 2 (limit 6: 2+2+2

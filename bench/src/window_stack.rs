@@ -224,14 +224,19 @@ impl Setup {
     }
 }
 
+/// The upstream's word on account `index` as it stood at `at_ms`: the answer to the request it
+/// admitted last by then (an answer's headers say where the account stood when the fake
+/// admitted the request, which answers arriving out of order do not tell).
+fn state_at(log: &[Attempt], index: usize, at_ms: i64) -> Option<&Attempt> {
+    log.iter()
+        .filter(|a| a.account == Some(index) && a.has_reading() && a.sent_ms <= at_ms)
+        .max_by_key(|a| a.sent_ms)
+}
+
 /// What the upstream's last word says is left of account `index` at `at_ms`, in requests:
 /// a window past its reset is empty; an account never answered has its starting budget.
 fn left(log: &[Attempt], index: usize, at_ms: i64) -> u64 {
-    let last = log
-        .iter()
-        .rev()
-        .filter(|a| a.at_ms <= at_ms)
-        .find(|a| a.account == Some(index) && a.has_reading());
+    let last = state_at(log, index, at_ms);
     let Some(last) = last else {
         return FIVE_HOUR_CAPACITY.min(WEEK_CAPACITY);
     };
@@ -247,11 +252,7 @@ fn left(log: &[Attempt], index: usize, at_ms: i64) -> u64 {
 fn room_again_in(log: &[Attempt], at_ms: i64) -> i64 {
     (0..NAMES.len())
         .map(|index| {
-            let last = log
-                .iter()
-                .rev()
-                .filter(|a| a.at_ms <= at_ms)
-                .find(|a| a.account == Some(index) && a.has_reading());
+            let last = state_at(log, index, at_ms);
             last.map_or(0, |a| {
                 [a.five, a.week]
                     .into_iter()
@@ -269,11 +270,7 @@ fn room_again_in(log: &[Attempt], at_ms: i64) -> i64 {
 /// The highest utilization of account `index`'s windows at `at_ms` (a window past its reset:
 /// 0), from the upstream's last word.
 fn used(log: &[Attempt], index: usize, at_ms: i64) -> (f64, f64) {
-    let last = log
-        .iter()
-        .rev()
-        .filter(|a| a.at_ms <= at_ms)
-        .find(|a| a.account == Some(index) && a.has_reading());
+    let last = state_at(log, index, at_ms);
     let of = |reading: Option<Reading>| match reading {
         Some(r) if r.reset_ms > at_ms => r.used,
         _ => 0.0,
@@ -884,9 +881,9 @@ fn report(
         };
         let before = log
             .iter()
-            .rev()
             .filter(|a| a.at_ms <= attempt.sent_ms && a.account == Some(index))
-            .find(|a| a.has_reading());
+            .filter(|a| a.has_reading())
+            .max_by_key(|a| a.sent_ms);
         if let Some(before) = before
             && [before.five, before.week]
                 .into_iter()
@@ -919,32 +916,60 @@ fn report(
         per_request.values().max().copied().unwrap_or(0)
     );
 
-    // Each upstream 429, next to what the upstream had said of that account before it.
-    let refusals: Vec<(usize, &&Attempt)> = run
-        .iter()
-        .enumerate()
-        .filter(|(_, a)| a.status == 429)
-        .collect();
-    if !refusals.is_empty() {
-        println!("  upstream 429s (and the account's previous answer):");
+    // Readings that arrive out of order: an answer admitted earlier (and so reporting less
+    // used) arriving after a later one of the same window period. Kept by arrival, as the
+    // relay keeps "the newest reading", it would roll that window back.
+    let (mut rolled_back, mut from_used_up) = (0, 0);
+    for index in 0..NAMES.len() {
+        let mut newest: [Option<Reading>; 2] = [None, None];
+        for attempt in run.iter().filter(|a| a.account == Some(index)) {
+            for (slot, reading) in newest.iter_mut().zip([attempt.five, attempt.week]) {
+                let Some(reading) = reading else {
+                    continue;
+                };
+                if let Some(kept) = slot
+                    && kept.reset_ms == reading.reset_ms
+                    && reading.used < kept.used
+                {
+                    rolled_back += 1;
+                    if kept.used >= 1.0 {
+                        from_used_up += 1;
+                    }
+                }
+                *slot = Some(reading);
+            }
+        }
     }
-    for (position, attempt) in refusals.iter().take(20) {
+    println!(
+        "  window readings arriving after a fresher one of the same period (lower utilization): {rolled_back}, {from_used_up} of them after one that said used up"
+    );
+
+    // Each upstream 429, next to the freshest answer of that account the relay had when it sent
+    // the request.
+    let refusals: Vec<&&Attempt> = run.iter().filter(|a| a.status == 429).collect();
+    if !refusals.is_empty() {
+        println!(
+            "  upstream 429s (and the freshest answer of that account back before the request left):"
+        );
+    }
+    for attempt in refusals.iter().take(20) {
         let Some(index) = attempt.account else {
             continue;
         };
-        let before = run[..*position]
+        let before = log
             .iter()
-            .rev()
-            .find(|a| a.account == Some(index) && a.has_reading());
+            .filter(|a| a.at_ms <= attempt.sent_ms && a.account == Some(index))
+            .filter(|a| a.has_reading())
+            .max_by_key(|a| a.sent_ms);
         let window = |r: Option<Reading>| r.map_or("–".to_owned(), |r| format!("{:.3}", r.used));
         println!(
             "    t={:.2} s: {} refused request {}{}",
-            seconds(attempt.at_ms),
+            seconds(attempt.sent_ms),
             NAMES[index],
             attempt.seq.map_or("?".to_owned(), |s| s.to_string()),
             before.map_or(String::new(), |b| format!(
-                "; {:.0} ms earlier it had answered {} with 5h {} / 7d {}",
-                attempt.at_ms - b.at_ms,
+                "; answered {:.0} ms before: {} with 5h {} / 7d {}",
+                attempt.sent_ms - b.at_ms,
                 b.status,
                 window(b.five),
                 window(b.week)

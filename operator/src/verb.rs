@@ -206,8 +206,9 @@ pub fn account_line(account: &AccountRow) -> String {
 }
 
 /// `<id>\t<prefix>…\tname=…\tuser=…\tgroup=…\tuser_rpm=…\tstatus=…\texpires=<RFC 3339>|never`
-/// `[ (passed)]\tmodels=<a,b>|*\tendpoints=<a,b>|*` (`*`: every one; `(passed)`: expired at
-/// `now_ms`).
+/// `[ (passed)]\tmodels=<a,b>|*\tendpoints=<a,b>|*\tconcurrency=<n>|*\ttpm=<n>|*`
+/// `\tbudgets_usd=<total:…,day:…,week:…,month:…>|*` (`*`: every one, no limit; `(passed)`:
+/// expired at `now_ms`; only the budgets set are listed).
 pub fn key_line(key: &KeyRow, now_ms: i64) -> String {
     let list = |entries: &[String]| {
         if entries.is_empty() {
@@ -221,9 +222,20 @@ pub fn key_line(key: &KeyRow, now_ms: i64) -> String {
         Some(at) if at <= now_ms => format!("{} (passed)", rfc3339_utc(at)),
         Some(at) => rfc3339_utc(at),
     };
+    let limit = |n: i64| if n > 0 { n.to_string() } else { "*".to_owned() };
+    let budgets: Vec<String> = [
+        ("total", key.budget_total_usd),
+        ("day", key.budget_day_usd),
+        ("week", key.budget_week_usd),
+        ("month", key.budget_month_usd),
+    ]
+    .into_iter()
+    .filter(|(_, usd)| *usd > 0.0)
+    .map(|(period, usd)| format!("{period}:{usd}"))
+    .collect();
     format!(
         "{}\t{}…\tname={}\tuser={}\tgroup={}\tuser_rpm={}\tstatus={}\texpires={}\tmodels={}\t\
-         endpoints={}",
+         endpoints={}\tconcurrency={}\ttpm={}\tbudgets_usd={}",
         key.id,
         key.prefix,
         key.name,
@@ -233,7 +245,10 @@ pub fn key_line(key: &KeyRow, now_ms: i64) -> String {
         key.status,
         expires,
         list(&key.allowed_models),
-        list(&key.allowed_endpoints)
+        list(&key.allowed_endpoints),
+        limit(i64::from(key.concurrency_limit)),
+        limit(key.tpm_limit),
+        list(&budgets)
     )
 }
 
@@ -510,11 +525,31 @@ mod tests {
             expires_at_ms: Some(1_796_227_745_000),
             allowed_models: vec!["claude-*".into(), "gpt-4o".into()],
             allowed_endpoints: vec![],
+            concurrency_limit: 0,
+            tpm_limit: 0,
+            budget_total_usd: 0.0,
+            budget_day_usd: 0.0,
+            budget_week_usd: 0.0,
+            budget_month_usd: 0.0,
         };
         assert_eq!(
             key_line(&key, 0),
             "4\tpg-abc…\tname=ci\tuser=alice\tgroup=team\tuser_rpm=30\tstatus=disabled\t\
-             expires=2026-12-02T16:09:05Z\tmodels=claude-*,gpt-4o\tendpoints=*"
+             expires=2026-12-02T16:09:05Z\tmodels=claude-*,gpt-4o\tendpoints=*\tconcurrency=*\t\
+             tpm=*\tbudgets_usd=*"
+        );
+        let limited = KeyRow {
+            concurrency_limit: 2,
+            tpm_limit: 50_000,
+            budget_day_usd: 1.5,
+            budget_month_usd: 20.0,
+            ..key.clone()
+        };
+        assert!(
+            key_line(&limited, 0)
+                .ends_with("\tconcurrency=2\ttpm=50000\tbudgets_usd=day:1.5,month:20"),
+            "{}",
+            key_line(&limited, 0)
         );
         assert!(
             key_line(&key, 1_796_227_745_000).contains("\texpires=2026-12-02T16:09:05Z (passed)\t")
@@ -526,7 +561,7 @@ mod tests {
             ..key.clone()
         };
         assert!(
-            key_line(&never, 0).ends_with("\texpires=never\tmodels=*\tendpoints=messages,models")
+            key_line(&never, 0).contains("\texpires=never\tmodels=*\tendpoints=messages,models\t")
         );
         let changed = Answer::Key(KeyChanged { key: key.clone() });
         let json: serde_json::Value =

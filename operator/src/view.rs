@@ -3,6 +3,7 @@
 //! prints the same envelopes, whichever endpoint answered).
 
 use poolgate_core::account::ApiKeyRecord;
+use poolgate_core::money::micros_to_usd;
 use poolgate_core::windows::{MinuteLimit, Scope, WindowKind, WindowReading, WindowStatus};
 use poolgate_proto::convert::keys::{endpoint_names, key_status};
 use serde::{Deserialize, Serialize};
@@ -186,6 +187,22 @@ pub struct KeyRow {
     pub allowed_models: Vec<String>,
     /// Endpoint names; empty: every endpoint.
     pub allowed_endpoints: Vec<String>,
+    /// The key's own limits, counted by admission (0: none; absent from an older relay's
+    /// answer: none).
+    #[serde(default)]
+    pub concurrency_limit: i32,
+    /// Tokens per rolling minute.
+    #[serde(default)]
+    pub tpm_limit: i64,
+    /// Spend budgets in USD: in total and per calendar day, week and month.
+    #[serde(default)]
+    pub budget_total_usd: f64,
+    #[serde(default)]
+    pub budget_day_usd: f64,
+    #[serde(default)]
+    pub budget_week_usd: f64,
+    #[serde(default)]
+    pub budget_month_usd: f64,
 }
 
 /// The row of a key, the one place both endpoints build it (the selector's answer read back
@@ -202,6 +219,12 @@ pub fn key_row(record: &ApiKeyRecord) -> KeyRow {
         expires_at_ms: record.access.expires_at_ms,
         allowed_models: record.access.allowed_models.clone(),
         allowed_endpoints: endpoint_names(&record.access.allowed_endpoints),
+        concurrency_limit: record.limits.concurrency_limit.max(0),
+        tpm_limit: record.limits.tpm_limit.max(0),
+        budget_total_usd: micros_to_usd(record.limits.budget_total_micros.max(0)),
+        budget_day_usd: micros_to_usd(record.limits.budget_day_micros.max(0)),
+        budget_week_usd: micros_to_usd(record.limits.budget_week_micros.max(0)),
+        budget_month_usd: micros_to_usd(record.limits.budget_month_micros.max(0)),
     }
 }
 

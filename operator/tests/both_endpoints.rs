@@ -14,6 +14,7 @@ use clap::Parser;
 use pb::selector_admin_server::{SelectorAdmin as AdminService, SelectorAdminServer};
 use poolgate_core::account::ApiKeyRecord;
 use poolgate_core::keys::{Endpoint, KeyAccess};
+use poolgate_core::lease::KeyLimits;
 use poolgate_core::windows::{MinuteLimit, Scope, WindowKind, WindowReading, WindowStatus};
 use poolgate_operator::grpc::SelectorAdmin;
 use poolgate_operator::http::HttpAdmin;
@@ -169,7 +170,15 @@ fn keys() -> Vec<ApiKeyRecord> {
             user: "alice".into(),
             group: "g".into(),
             user_rpm_limit: 30,
-            limits: Default::default(),
+            limits: KeyLimits {
+                api_key_id: 1,
+                concurrency_limit: 2,
+                tpm_limit: 50_000,
+                budget_total_micros: 100_000_000,
+                budget_day_micros: 0,
+                budget_week_micros: 0,
+                budget_month_micros: 20_500_000,
+            },
             active: true,
             access: KeyAccess {
                 expires_at_ms: Some(4_102_444_800_000),
@@ -185,7 +194,10 @@ fn keys() -> Vec<ApiKeyRecord> {
             user: "bob".into(),
             group: "h".into(),
             user_rpm_limit: 0,
-            limits: Default::default(),
+            limits: KeyLimits {
+                api_key_id: 2,
+                ..KeyLimits::default()
+            },
             active: true,
             access: KeyAccess {
                 disabled: true,
@@ -673,9 +685,10 @@ async fn every_verb_prints_the_same_against_a_selector_and_a_standalone_relay() 
     assert_eq!(
         text,
         "1\tpg-aaaa…\tname=ci\tuser=alice\tgroup=g\tuser_rpm=30\tstatus=active\t\
-         expires=2100-01-01T00:00:00Z\tmodels=claude-*\tendpoints=messages,models\n\
+         expires=2100-01-01T00:00:00Z\tmodels=claude-*\tendpoints=messages,models\t\
+         concurrency=2\ttpm=50000\tbudgets_usd=total:100,month:20.5\n\
          2\tpg-bbbb…\tname=\tuser=bob\tgroup=h\tuser_rpm=0\tstatus=disabled\texpires=never\t\
-         models=*\tendpoints=*"
+         models=*\tendpoints=*\tconcurrency=*\ttpm=*\tbudgets_usd=*"
     );
     let text = poolgate_operator::execute(&selector, &verb(&["disable-key", "1"]))
         .await

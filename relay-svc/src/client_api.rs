@@ -5,7 +5,7 @@ use bytes::Bytes;
 use http::{HeaderValue, StatusCode};
 use poolgate_core::account::Platform;
 
-use crate::ports::{KeyRefused, RefusedFor};
+use crate::ports::{KeyLimit, KeyRefused, RefusedFor};
 
 /// Which API the client speaks (the endpoint decides; it also decides the account platform).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,8 +31,11 @@ pub enum ErrorKind {
     /// The key may not do this (disabled, or outside its endpoint or model list): 403.
     PermissionDenied,
     NotFound,
-    /// The client's own limit (user RPM): 429.
+    /// The client's own limit (user RPM; the key's concurrency and TPM): 429.
     RateLimited,
+    /// A spend budget of the client key is used up: 402, a status the official SDKs do not
+    /// retry (they retry 408, 409, 429 and >= 500), with `x-should-retry: false` besides.
+    BudgetExhausted,
     /// The pool had no capacity in time: 503.
     Overloaded,
     /// Something broke on our side or upstream without an answer to pass on: 502.
@@ -47,6 +50,7 @@ impl ErrorKind {
             ErrorKind::PermissionDenied => StatusCode::FORBIDDEN,
             ErrorKind::NotFound => StatusCode::NOT_FOUND,
             ErrorKind::RateLimited => StatusCode::TOO_MANY_REQUESTS,
+            ErrorKind::BudgetExhausted => StatusCode::PAYMENT_REQUIRED,
             ErrorKind::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             ErrorKind::Upstream => StatusCode::BAD_GATEWAY,
         }
@@ -59,6 +63,8 @@ impl ErrorKind {
             ErrorKind::PermissionDenied => "permission_error",
             ErrorKind::NotFound => "not_found_error",
             ErrorKind::RateLimited => "rate_limit_error",
+            // Anthropic's type for "out of credits or spend limit reached".
+            ErrorKind::BudgetExhausted => "billing_error",
             ErrorKind::Overloaded => "overloaded_error",
             ErrorKind::Upstream => "api_error",
         }
@@ -71,6 +77,9 @@ impl ErrorKind {
             ErrorKind::PermissionDenied => ("permission_error", "permission_denied"),
             ErrorKind::NotFound => ("invalid_request_error", "not_found"),
             ErrorKind::RateLimited => ("rate_limit_error", "rate_limit_exceeded"),
+            // OpenAI's words for a quota used up (which OpenAI sends as a 429: here a 402, so
+            // that no client retries it).
+            ErrorKind::BudgetExhausted => ("insufficient_quota", "insufficient_quota"),
             ErrorKind::Overloaded => ("server_error", "pool_overloaded"),
             ErrorKind::Upstream => ("server_error", "upstream_error"),
         }
@@ -88,6 +97,11 @@ pub struct RelayError {
     /// neither).
     pub openai_code: Option<&'static str>,
     pub openai_param: Option<&'static str>,
+    /// `x-should-retry` (which the Stainless-generated SDKs obey before any status rule):
+    /// `Some(false)` on an answer retrying cannot change.
+    pub should_retry: Option<bool>,
+    /// When a used-up spend budget resets (`x-poolgate-budget-resets-at`, RFC 3339 UTC).
+    pub budget_resets_at_ms: Option<i64>,
 }
 
 impl RelayError {
@@ -99,6 +113,68 @@ impl RelayError {
             retry_after_secs: None,
             openai_code: None,
             openai_param: None,
+            should_retry: None,
+            budget_resets_at_ms: None,
+        }
+    }
+
+    /// A key's own admission limit met (docs/DESIGN.md §4): concurrency (after the request
+    /// waited like for an account) and TPM answer 429 `rate_limit_error` with `retry-after`; a
+    /// used-up spend budget answers 402 (Anthropic `billing_error`, OpenAI
+    /// `insufficient_quota`) with `x-should-retry: false` and the time the budget resets, in
+    /// the message and in `retry-after` and `x-poolgate-budget-resets-at` (a total budget never
+    /// resets: neither header). `retry_after_ms` is admission's (for a budget, the time to
+    /// the period's reset; 0 for the total); `now_ms` the relay's clock.
+    pub fn key_limit(api: Api, limit: KeyLimit, retry_after_ms: u64, now_ms: i64) -> Self {
+        match limit {
+            KeyLimit::Budget if retry_after_ms == 0 => RelayError {
+                openai_code: Some("insufficient_quota"),
+                should_retry: Some(false),
+                ..RelayError::new(
+                    api,
+                    ErrorKind::BudgetExhausted,
+                    "this API key's total spend budget is used up; it does not reset (ask the operator for more)",
+                )
+            },
+            KeyLimit::Budget => {
+                // To the nearest whole second: a period ends on one, and the relay's clock and
+                // admission's (Redis time) differ by a little either way.
+                let resets_at_ms = now_ms
+                    .saturating_add(i64::try_from(retry_after_ms).unwrap_or(i64::MAX / 2))
+                    .saturating_add(500)
+                    .div_euclid(1000)
+                    .saturating_mul(1000);
+                let at = poolgate_core::keys::rfc3339_utc(resets_at_ms);
+                RelayError {
+                    openai_code: Some("insufficient_quota"),
+                    should_retry: Some(false),
+                    budget_resets_at_ms: Some(resets_at_ms),
+                    ..RelayError::new(
+                        api,
+                        ErrorKind::BudgetExhausted,
+                        format!("this API key's spend budget is used up; it resets at {at}"),
+                    )
+                }
+                .retry_after_ms(retry_after_ms)
+            }
+            KeyLimit::Tpm => RelayError {
+                openai_code: Some("key_tpm_limit_exceeded"),
+                ..RelayError::new(
+                    api,
+                    ErrorKind::RateLimited,
+                    "this API key used its tokens-per-minute limit; try again shortly",
+                )
+            }
+            .retry_after_ms(retry_after_ms.max(1000)),
+            KeyLimit::Concurrency => RelayError {
+                openai_code: Some("key_concurrency_limit_exceeded"),
+                ..RelayError::new(
+                    api,
+                    ErrorKind::RateLimited,
+                    "this API key has as many requests in flight as its concurrency limit allows; try again when one finishes",
+                )
+            }
+            .retry_after_ms(retry_after_ms.max(1000)),
         }
     }
 
@@ -173,6 +249,19 @@ impl IntoResponse for RelayError {
                 .headers_mut()
                 .insert(http::header::RETRY_AFTER, value);
         }
+        if let Some(should_retry) = self.should_retry {
+            response.headers_mut().insert(
+                "x-should-retry",
+                HeaderValue::from_static(if should_retry { "true" } else { "false" }),
+            );
+        }
+        if let Some(at_ms) = self.budget_resets_at_ms
+            && let Ok(value) = HeaderValue::from_str(&poolgate_core::keys::rfc3339_utc(at_ms))
+        {
+            response
+                .headers_mut()
+                .insert("x-poolgate-budget-resets-at", value);
+        }
         response
     }
 }
@@ -233,6 +322,92 @@ mod tests {
                 "param": "model",
                 "code": "model_not_found",
             }})
+        );
+    }
+    #[test]
+    fn key_limits_answer_429_with_retry_after_and_a_budget_402_that_says_do_not_retry() {
+        let now = 1_796_227_745_000; // 2026-12-02T16:09:05Z
+        let headers = |error: RelayError| {
+            let response = error.into_response();
+            let get = |name: &str| {
+                response
+                    .headers()
+                    .get(name)
+                    .map(|v| v.to_str().unwrap().to_owned())
+            };
+            (
+                response.status(),
+                get("retry-after"),
+                get("x-should-retry"),
+                get("x-poolgate-budget-resets-at"),
+            )
+        };
+        for limit in [KeyLimit::Concurrency, KeyLimit::Tpm] {
+            let error = RelayError::key_limit(Api::Anthropic, limit, 2500, now);
+            assert_eq!(error.body()["error"]["type"], "rate_limit_error");
+            assert_eq!(
+                headers(error),
+                (StatusCode::TOO_MANY_REQUESTS, Some("3".into()), None, None)
+            );
+        }
+        let tpm = RelayError::key_limit(Api::OpenAi, KeyLimit::Tpm, 0, now);
+        assert_eq!(tpm.body()["error"]["code"], "key_tpm_limit_exceeded");
+        assert!(tpm.message.contains("tokens-per-minute"), "names the limit");
+
+        // The day's budget, 7 h 50 min 55 s before midnight UTC.
+        let day = RelayError::key_limit(Api::Anthropic, KeyLimit::Budget, 28_255_000, now);
+        assert_eq!(
+            day.body()["error"]["type"],
+            "billing_error",
+            "{}",
+            day.body()
+        );
+        assert!(
+            day.message.contains("budget") && day.message.contains("2026-12-03T00:00:00Z"),
+            "{}",
+            day.message
+        );
+        assert_eq!(
+            headers(day),
+            (
+                StatusCode::PAYMENT_REQUIRED,
+                Some("28255".into()),
+                Some("false".into()),
+                Some("2026-12-03T00:00:00Z".into())
+            )
+        );
+        // The relay's clock a little ahead of admission's, or behind it: the same reset.
+        for skew in [-300, 300] {
+            let retry = u64::try_from(28_255_000 - skew).unwrap();
+            let skewed = RelayError::key_limit(Api::Anthropic, KeyLimit::Budget, retry, now + skew);
+            assert_eq!(
+                skewed.budget_resets_at_ms,
+                Some(1_796_256_000_000),
+                "{skew}"
+            );
+        }
+        let total = RelayError::key_limit(Api::OpenAi, KeyLimit::Budget, 0, now);
+        let body = total.body();
+        assert_eq!(
+            (&body["error"]["type"], &body["error"]["code"]),
+            (
+                &serde_json::json!("insufficient_quota"),
+                &serde_json::json!("insufficient_quota")
+            )
+        );
+        assert!(
+            total.message.contains("does not reset"),
+            "{}",
+            total.message
+        );
+        assert_eq!(
+            headers(total),
+            (
+                StatusCode::PAYMENT_REQUIRED,
+                None,
+                Some("false".into()),
+                None
+            )
         );
     }
 }

@@ -35,7 +35,8 @@ pub struct Metrics {
     /// them).
     pub window_writes: IntCounterVec,
     /// relay_key_refusals_total{reason}: requests refused for what their key may reach
-    /// (`disabled`, `expired`, `endpoint`, `model`; never the key), before any account is asked.
+    /// (`disabled`, `expired`, `endpoint`, `model`), before any account is asked, or by the
+    /// key's own admission limits (`concurrency`, `tpm`, `budget`); never the key.
     pub key_refusals: IntCounterVec,
     pub upstream_seconds: HistogramVec,
     pub first_byte_seconds: HistogramVec,
@@ -103,7 +104,7 @@ impl Metrics {
             ),
             key_refusals: counter_vec(
                 "relay_key_refusals_total",
-                "Requests refused for what their client key may reach, by reason (disabled, expired, endpoint, model), before any account is asked.",
+                "Requests refused for what their client key may reach (disabled, expired, endpoint, model) or by its own limits (concurrency, tpm, budget), by reason; no upstream is called.",
                 &["reason"],
             ),
             unpriced_usage: counter(
@@ -130,6 +131,10 @@ impl Metrics {
         self.key_refusals
             .with_label_values(&[reason.as_str()])
             .inc();
+    }
+
+    pub fn key_limited(&self, limit: crate::ports::KeyLimit) {
+        self.key_refusals.with_label_values(&[limit.as_str()]).inc();
     }
 
     pub fn upstream_latency(&self, platform: &str, elapsed: Duration) {

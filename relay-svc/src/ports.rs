@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use poolgate_core::account::{Platform, Secret};
 use poolgate_core::classify::Classified;
 use poolgate_core::keys::{KeyAccess, KeyDescription, KeyRefusal};
-use poolgate_core::lease::{Denial, LeaseTerms};
+use poolgate_core::lease::{Denial, DenyReason, KeyLimits, LeaseTerms};
 use poolgate_core::windows::WindowReading;
 use poolgate_proto::convert::ConvertError;
 
@@ -55,6 +55,20 @@ pub struct Caller {
     /// What the key may reach (docs/DESIGN.md §6, "What a client key reaches"): every request
     /// is checked against it with the relay's clock before any account is asked.
     pub access: KeyAccess,
+    /// What admission counts for the key (docs/DESIGN.md §4, "Client key limits"): its leases
+    /// carry them when any is set (`KeyLimits::any`). `api_key_id` is the key's.
+    pub limits: KeyLimits,
+}
+
+impl Caller {
+    /// The key's limits for a lease's terms: `None` when the key has none (its leases are the
+    /// ones they were before key limits existed).
+    pub fn key_limits(&self) -> Option<KeyLimits> {
+        self.limits.any().then(|| KeyLimits {
+            api_key_id: self.api_key_id,
+            ..self.limits.clone()
+        })
+    }
 }
 
 /// The selector's answer for a client key.
@@ -104,6 +118,47 @@ impl RefusedFor {
             RefusedFor::Expired => "expired",
             RefusedFor::Endpoint => "endpoint",
             RefusedFor::Model(_) => "model",
+        }
+    }
+}
+
+/// A key's own admission limit that refused its request (docs/DESIGN.md §4, "Client key
+/// limits"): about the key, not the account, so the request neither fails over nor blocks
+/// anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyLimit {
+    /// Requests in flight at once (after waiting like for an account).
+    Concurrency,
+    /// Tokens over the rolling minute.
+    Tpm,
+    /// A spend budget (total, day, week, month) used up.
+    Budget,
+}
+
+impl KeyLimit {
+    /// The label of `relay_key_refusals_total`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeyLimit::Concurrency => "concurrency",
+            KeyLimit::Tpm => "tpm",
+            KeyLimit::Budget => "budget",
+        }
+    }
+
+    /// The key limit an admission denial names; `None` for the account's own gates.
+    pub fn of(reason: DenyReason) -> Option<KeyLimit> {
+        match reason {
+            DenyReason::KeyConcurrency => Some(KeyLimit::Concurrency),
+            DenyReason::KeyTpm => Some(KeyLimit::Tpm),
+            DenyReason::KeyBudget => Some(KeyLimit::Budget),
+            DenyReason::Concurrency
+            | DenyReason::Rpm
+            | DenyReason::UserRpm
+            | DenyReason::SessionWindow
+            | DenyReason::Cooling
+            | DenyReason::QueueFull
+            | DenyReason::BackendUnavailable
+            | DenyReason::LeaseUnknown => None,
         }
     }
 }
@@ -207,8 +262,10 @@ pub trait Leases: Send + Sync + 'static {
 pub trait Lease: Send + Sync {
     /// Charges account RPM for a same-account retry; `false` when refused (the lease is kept).
     async fn attempt(&mut self) -> bool;
-    /// Frees the slot, recording the request's spend.
-    async fn release(self: Box<Self>, spend_usd: f64);
+    /// Frees the slot, recording the request's spend and its tokens (input + output as the
+    /// upstream reported them, cache reads and writes as input): a keyed lease charges its key's
+    /// budgets and TPM with them (docs/DESIGN.md §4).
+    async fn release(self: Box<Self>, spend_usd: f64, tokens: u64);
     /// Turns `true` when admission said the lease is gone for good (released by someone else,
     /// no room to restore it, expired): a request that has not sent its first byte fails over.
     /// `None`: this lease cannot be lost that way.
@@ -259,9 +316,9 @@ impl Lease for LingeringLease {
         }
     }
 
-    async fn release(mut self: Box<Self>, spend_usd: f64) {
+    async fn release(mut self: Box<Self>, spend_usd: f64, tokens: u64) {
         if let Some(lease) = self.inner.take() {
-            lease.release(spend_usd).await;
+            lease.release(spend_usd, tokens).await;
         }
     }
 
@@ -280,7 +337,7 @@ impl Drop for LingeringLease {
             Ok(runtime) => {
                 runtime.spawn(async move {
                     tokio::time::sleep(linger).await;
-                    lease.release(0.0).await;
+                    lease.release(0.0, 0).await;
                 });
             }
             // No runtime (the process is ending): the inner lease's own drop releases it.

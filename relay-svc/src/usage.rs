@@ -58,6 +58,15 @@ impl Usage {
         }
     }
 
+    /// The tokens a client key's TPM counts (docs/DESIGN.md §4): input + output, cache reads
+    /// and writes counted as input (`input` holds neither: see `absorb`).
+    pub fn tokens(&self) -> u64 {
+        self.input
+            .saturating_add(self.output)
+            .saturating_add(self.cache_write)
+            .saturating_add(self.cache_read)
+    }
+
     pub fn cost_usd(&self, price: &Price) -> f64 {
         (self.input as f64 * price.input_per_mtok
             + self.output as f64 * price.output_per_mtok
@@ -382,6 +391,20 @@ mod tests {
                 cache_read: 0
             }
         );
+    }
+
+    #[test]
+    fn a_keys_tokens_count_cache_reads_and_writes_as_input_once_in_every_shape() {
+        let mut anthropic = Usage::default();
+        anthropic.absorb_message(&json!({"usage": {"input_tokens": 12, "cache_creation_input_tokens": 3, "cache_read_input_tokens": 100, "output_tokens": 42}}));
+        assert_eq!(anthropic.tokens(), 12 + 3 + 100 + 42);
+        // OpenAI counts cached tokens inside the prompt tokens: counted once, not twice.
+        let mut chat = Usage::default();
+        chat.absorb_message(&json!({"usage": {"prompt_tokens": 50, "completion_tokens": 7, "prompt_tokens_details": {"cached_tokens": 20}}}));
+        assert_eq!(chat.tokens(), 57);
+        let mut responses = Usage::default();
+        responses.absorb_message(&json!({"response": {"usage": {"input_tokens": 9, "output_tokens": 4, "input_tokens_details": {"cached_tokens": 5}}}}));
+        assert_eq!(responses.tokens(), 13);
     }
 
     #[test]

@@ -497,7 +497,7 @@ async fn leases_stop_at_the_limit_and_a_waiter_is_granted_after_a_release(ports:
     );
     // ...and is granted once a slot frees, not before.
     let releasing = Instant::now();
-    held.pop().expect("a held lease").release(0.0).await;
+    held.pop().expect("a held lease").release(0.0, 0).await;
     let (answer, answered) = waiter.await.expect("the waiter's task");
     let waited = granted(
         answer.expect("admission answers"),
@@ -514,7 +514,7 @@ async fn leases_stop_at_the_limit_and_a_waiter_is_granted_after_a_release(ports:
         Acquired::Granted(_) => panic!("the waiter's lease is a slot too"),
     }
     for lease in held.into_iter().chain([waited, elsewhere]) {
-        lease.release(0.0).await;
+        lease.release(0.0, 0).await;
     }
 }
 
@@ -534,7 +534,7 @@ async fn a_dropped_lease_frees_its_slot(ports: Ports) {
         .await
         .expect("admission answers");
     granted(answer, "the slot a dropped lease held")
-        .release(0.0)
+        .release(0.0, 0)
         .await;
 }
 

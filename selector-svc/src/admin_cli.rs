@@ -11,11 +11,12 @@ use std::process::ExitCode;
 use clap::{ArgMatches, Args, Subcommand, ValueEnum};
 use poolgate_core::account::{CredentialKind, Platform, default_oauth_token_url};
 use poolgate_core::keys::{Endpoint, parse_endpoints};
+use poolgate_core::lease::KeyLimits;
 use poolgate_operator::grpc::{AdminClient, SelectorAdmin, account_row, api_key_row};
 use poolgate_operator::instant::parse_instant;
 use poolgate_operator::verb::{account_line, key_line};
 use poolgate_operator::{OperatorError, Verb};
-use poolgate_proto::convert::keys::{KeyUpdate, endpoint_names};
+use poolgate_proto::convert::keys::{KeyUpdate, budget_micros, endpoint_names, set_new_key_limits};
 use poolgate_proto::selector::v1 as pb;
 use poolgate_runtime::secret_flags::SecretFlag;
 
@@ -99,8 +100,10 @@ enum ConfigVerb {
         /// chat_completions, responses, models). None: every endpoint.
         #[arg(long, value_delimiter = ',', value_parser = endpoint)]
         endpoints: Vec<Endpoint>,
+        #[command(flatten)]
+        limits: NewKeyLimits,
     },
-    /// Change a client key's disable, expiry or lists (only what is given).
+    /// Change a client key's disable, expiry, lists or limits (only what is given).
     UpdateKey(UpdateKey),
     /// Revoke a client API key (for good; `disable-key` can be undone).
     RevokeKey { id: i64 },
@@ -109,6 +112,51 @@ enum ConfigVerb {
     DropBinding { group: String, session_hash: String },
     /// Live leases per account.
     Load,
+}
+
+/// A new key's own limits, counted by admission (docs/DESIGN.md §4); 0: none.
+#[derive(Debug, Args)]
+struct NewKeyLimits {
+    /// Requests of the key in flight at once.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i32).range(0..))]
+    concurrency: i32,
+    /// Input + output tokens over a rolling minute.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i64).range(0..))]
+    tpm: i64,
+    /// Spend budget in USD, in total.
+    #[arg(long, value_name = "USD", default_value = "0", value_parser = budget)]
+    budget_total: i64,
+    /// Spend budget in USD per calendar day (the deployment's time zone).
+    #[arg(long, value_name = "USD", default_value = "0", value_parser = budget)]
+    budget_day: i64,
+    /// Spend budget in USD per calendar week (the deployment's week start).
+    #[arg(long, value_name = "USD", default_value = "0", value_parser = budget)]
+    budget_week: i64,
+    /// Spend budget in USD per calendar month.
+    #[arg(long, value_name = "USD", default_value = "0", value_parser = budget)]
+    budget_month: i64,
+}
+
+impl NewKeyLimits {
+    fn limits(&self) -> KeyLimits {
+        KeyLimits {
+            api_key_id: 0,
+            concurrency_limit: self.concurrency,
+            tpm_limit: self.tpm,
+            budget_total_micros: self.budget_total,
+            budget_day_micros: self.budget_day,
+            budget_week_micros: self.budget_week,
+            budget_month_micros: self.budget_month,
+        }
+    }
+}
+
+/// A budget in USD as micro-USD: a finite amount in [0, 1e6] (0: none).
+fn budget(usd: &str) -> Result<i64, String> {
+    let usd: f64 = usd
+        .parse()
+        .map_err(|_| format!("{usd:?} is not an amount in USD"))?;
+    budget_micros("budget", usd).map_err(|e| e.problem)
 }
 
 #[derive(Debug, Args)]
@@ -150,6 +198,24 @@ struct UpdateKey {
     /// Clear the endpoint list: every endpoint.
     #[arg(long, group = "change")]
     any_endpoint: bool,
+    /// Requests of the key in flight at once (0: no limit).
+    #[arg(long, group = "change", value_parser = clap::value_parser!(i32).range(0..))]
+    concurrency: Option<i32>,
+    /// Input + output tokens over a rolling minute (0: no limit).
+    #[arg(long, group = "change", value_parser = clap::value_parser!(i64).range(0..))]
+    tpm: Option<i64>,
+    /// Spend budget in USD, in total (0: none).
+    #[arg(long, group = "change", value_name = "USD", value_parser = budget)]
+    budget_total: Option<i64>,
+    /// Spend budget in USD per calendar day (0: none).
+    #[arg(long, group = "change", value_name = "USD", value_parser = budget)]
+    budget_day: Option<i64>,
+    /// Spend budget in USD per calendar week (0: none).
+    #[arg(long, group = "change", value_name = "USD", value_parser = budget)]
+    budget_week: Option<i64>,
+    /// Spend budget in USD per calendar month (0: none).
+    #[arg(long, group = "change", value_name = "USD", value_parser = budget)]
+    budget_month: Option<i64>,
 }
 
 impl UpdateKey {
@@ -167,6 +233,12 @@ impl UpdateKey {
             },
             allowed_models: replacement(&self.models, self.any_model),
             allowed_endpoints: replacement(&self.endpoints, self.any_endpoint),
+            concurrency_limit: self.concurrency,
+            tpm_limit: self.tpm,
+            budget_total_micros: self.budget_total,
+            budget_day_micros: self.budget_day,
+            budget_week_micros: self.budget_week,
+            budget_month_micros: self.budget_month,
         }
     }
 }
@@ -431,18 +503,20 @@ async fn configure(mut client: AdminClient, verb: &ConfigVerb) -> Result<(), Ope
             expires_at,
             models,
             endpoints,
+            limits,
         } => {
-            let answer = client
-                .create_api_key(pb::CreateApiKeyRequest {
-                    user: user.clone(),
-                    group: group.clone(),
-                    user_rpm_limit: *user_rpm,
-                    name: name.clone(),
-                    expires_at_ms: *expires_at,
-                    allowed_models: models.clone(),
-                    allowed_endpoints: endpoint_names(endpoints),
-                })
-                .await?;
+            let mut request = pb::CreateApiKeyRequest {
+                user: user.clone(),
+                group: group.clone(),
+                user_rpm_limit: *user_rpm,
+                name: name.clone(),
+                expires_at_ms: *expires_at,
+                allowed_models: models.clone(),
+                allowed_endpoints: endpoint_names(endpoints),
+                ..Default::default()
+            };
+            set_new_key_limits(&mut request, &limits.limits());
+            let answer = client.create_api_key(request).await?;
             // The one time the key is shown: printing it is the point of the command.
             println!(
                 "id={}\napi_key={}\n(shown once: store it now)",
@@ -536,6 +610,7 @@ mod tests {
                 expires_at_ms: Some(None),
                 allowed_models: Some(vec!["claude-*".into(), "gpt-4o".into()]),
                 allowed_endpoints: Some(vec![]),
+                ..Default::default()
             }
         );
         assert_eq!(
@@ -608,6 +683,82 @@ mod tests {
                 )
             ),
             other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn key_limit_flags_set_limits_zero_clears_and_bad_amounts_are_refused() {
+        assert_eq!(
+            update(&[
+                "--concurrency",
+                "0",
+                "--tpm",
+                "50000",
+                "--budget-day",
+                "2.5"
+            ]),
+            KeyUpdate {
+                concurrency_limit: Some(0),
+                tpm_limit: Some(50_000),
+                budget_day_micros: Some(2_500_000),
+                ..Default::default()
+            }
+        );
+        assert_eq!(
+            update(&[
+                "--budget-total",
+                "100",
+                "--budget-week",
+                "0",
+                "--budget-month",
+                "20.25"
+            ]),
+            KeyUpdate {
+                budget_total_micros: Some(100_000_000),
+                budget_week_micros: Some(0),
+                budget_month_micros: Some(20_250_000),
+                ..Default::default()
+            }
+        );
+        match parse(&[
+            "create-key",
+            "--user",
+            "u",
+            "--group",
+            "g",
+            "--concurrency",
+            "2",
+            "--budget-month",
+            "50",
+        ]) {
+            Ok(ConfigVerb::CreateKey { limits, .. }) => assert_eq!(
+                limits.limits(),
+                KeyLimits {
+                    concurrency_limit: 2,
+                    budget_month_micros: 50_000_000,
+                    ..KeyLimits::default()
+                }
+            ),
+            other => panic!("{other:?}"),
+        }
+        for refused in [
+            &["update-key", "3", "--concurrency", "-1"][..],
+            &["update-key", "3", "--tpm", "-5"],
+            &["update-key", "3", "--budget-day", "-1"],
+            &["update-key", "3", "--budget-day", "NaN"],
+            &["update-key", "3", "--budget-total", "ten"],
+            &["update-key", "3", "--budget-month", "1e12"],
+            &[
+                "create-key",
+                "--user",
+                "u",
+                "--group",
+                "g",
+                "--budget-week",
+                "inf",
+            ],
+        ] {
+            assert!(parse(refused).is_err(), "{refused:?}");
         }
     }
 }

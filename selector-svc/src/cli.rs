@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+use poolgate_core::lease::Weekday;
 use poolgate_core::windows::Thresholds;
+use poolgate_lease::calendar::Calendar;
 use poolgate_rpc::service_auth::CallerCheck;
 use poolgate_rpc::telemetry::LogFormat;
 use poolgate_runtime::redis::{RedisOptions, RedisTarget};
@@ -105,6 +107,14 @@ pub struct ServeArgs {
     /// The admission replicas' orphan grace, ms.
     #[arg(long, env = "ADMISSION_ORPHAN_GRACE_MS", default_value_t = 5_000)]
     pub orphan_grace_ms: u64,
+    /// The time zone of client keys' calendar budgets, an IANA name: the selector rebuilds lost
+    /// budget counters from the usage ledger over the periods admission counts, so set it as
+    /// admission's is set (the same variable).
+    #[arg(long, env = "ADMISSION_BUDGET_TIME_ZONE", default_value = "UTC")]
+    pub budget_time_zone: String,
+    /// The first day of a budget week (`monday` … `sunday`), as admission's.
+    #[arg(long, env = "ADMISSION_BUDGET_WEEK_START", default_value = "monday", value_parser = week_start)]
+    pub budget_week_start: Weekday,
     /// PEM certificate (chain) to serve gRPC over TLS (with --tls-key).
     #[arg(long, env = "SELECTOR_TLS_CERT", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
@@ -213,6 +223,8 @@ impl ServeArgs {
             file: self.service_token_file.as_deref(),
         }
         .resolve()?;
+        Calendar::new(&self.budget_time_zone, self.budget_week_start)
+            .map_err(|e| format!("--budget-time-zone: {e}"))?;
         Ok(Config {
             database_url: self.database.database_url()?,
             redis_target,
@@ -238,8 +250,11 @@ impl ServeArgs {
             lease_settings: poolgate_core::lease::Settings {
                 lease_ttl: Duration::from_millis(self.lease_ttl_ms),
                 orphan_grace: Duration::from_millis(self.orphan_grace_ms),
+                budget_time_zone: self.budget_time_zone.clone(),
+                budget_week_start: self.budget_week_start,
                 ..Default::default()
             },
+
             refresh: Default::default(),
             reload_interval: Duration::from_millis(self.reload_interval_ms.max(100)),
             refresh_interval: Duration::from_secs(30),
@@ -285,6 +300,20 @@ impl DatabaseArgs {
         };
         Keyring::parse(&spec, self.credential_key_id.as_deref()).map_err(|e| e.to_string())
     }
+}
+
+/// `--budget-week-start`: a weekday's English name, any case (as admission reads it).
+fn week_start(text: &str) -> Result<Weekday, String> {
+    Ok(match text.to_ascii_lowercase().as_str() {
+        "monday" => Weekday::Monday,
+        "tuesday" => Weekday::Tuesday,
+        "wednesday" => Weekday::Wednesday,
+        "thursday" => Weekday::Thursday,
+        "friday" => Weekday::Friday,
+        "saturday" => Weekday::Saturday,
+        "sunday" => Weekday::Sunday,
+        _ => return Err("must be a weekday: monday … sunday".into()),
+    })
 }
 
 fn required(value: &Option<String>, flag: &str, env: &str) -> Result<String, String> {

@@ -587,9 +587,17 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
             return Err(invalid("name", format!("at most {MAX_NAME_BYTES} bytes")));
         }
         let access = convert::keys::new_key_access(&r)?;
+        let limits = convert::keys::new_key_limits(&r)?;
         let (id, key) = self
             .store
-            .create_api_key_with_access(&r.name, &r.user, &r.group, r.user_rpm_limit, &access)
+            .create_api_key_with_limits(
+                &r.name,
+                &r.user,
+                &r.group,
+                r.user_rpm_limit,
+                &access,
+                &limits,
+            )
             .await
             .map_err(|e| status(e.into()))?;
         self.reload().await?;

@@ -3,8 +3,10 @@
 //!
 //! `grpc` (transport, validation, admin token, the conversions of `poolgate-proto`) → the
 //! engine; `error` is the one map from the engine's errors to gRPC codes; `store` is the only
-//! SQL (the Postgres `AccountSource`); `server` the wiring.
+//! SQL (the Postgres `AccountSource`); `server` the wiring; `budgets` rebuilds the budget
+//! counters Redis lost from the usage ledger.
 
+pub mod budgets;
 pub mod error;
 pub mod grpc;
 pub mod server;

@@ -1,5 +1,6 @@
 //! Wiring: Postgres (schema check, snapshot, NOTIFY reloads), Redis (health), the token
-//! refresher, and the gRPC services (selector, admin behind its token, health, reflection).
+//! refresher, the budget rebuild, and the gRPC services (selector, admin behind its token,
+//! health, reflection).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -13,6 +14,7 @@ use tonic::transport::server::TcpIncoming;
 
 use poolgate_lease::{LeaseEngine, LeaseStore};
 
+use crate::budgets::{LeaseBudgets, REBUILD_EVERY};
 use crate::grpc::{AdminAuth, AdminGrpc, SelectorGrpc};
 use crate::store::{PostgresSource, StoreError};
 use poolgate_select::crypto::Keyring;
@@ -70,6 +72,9 @@ pub struct Built {
     pub health: RedisHealth,
     /// The lease engine the confirmation probe takes its leases from.
     pub probe_leases: Arc<LeaseEngine>,
+    /// Admission's budget counters (over `probe_leases`), which the budget rebuild seeds from
+    /// the usage ledger; `selector.rebuild_budgets(&*built.budgets)` runs it at once.
+    pub budgets: Arc<LeaseBudgets>,
     background: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -138,6 +143,10 @@ pub async fn build(config: &Config, metrics: Metrics) -> Result<Built, ServeErro
     )
     .map_err(ServeError::Other)?;
     selector.set_refresher(refresher.clone());
+    let budgets = Arc::new(
+        LeaseBudgets::new(probe_leases.clone(), &config.lease_settings)
+            .map_err(|e| ServeError::Other(format!("budget calendar: {e}")))?,
+    );
     let background = vec![
         tokio::spawn(reload_loop(
             store.clone(),
@@ -150,6 +159,11 @@ pub async fn build(config: &Config, metrics: Metrics) -> Result<Built, ServeErro
             Arc::downgrade(&selector),
             config.refresh_interval,
         )),
+        tokio::spawn(Selector::rebuild_budgets_every(
+            Arc::downgrade(&selector),
+            budgets.clone(),
+            REBUILD_EVERY,
+        )),
     ];
     Ok(Built {
         selector,
@@ -157,6 +171,7 @@ pub async fn build(config: &Config, metrics: Metrics) -> Result<Built, ServeErro
         store,
         health,
         probe_leases,
+        budgets,
         background,
     })
 }

@@ -16,6 +16,8 @@ use poolgate_core::account::{
     Price, Secret, default_oauth_token_url,
 };
 use poolgate_core::keys::{KeyAccess, parse_endpoints};
+use poolgate_core::lease::KeyLimits;
+use poolgate_core::money::{micros_to_usd, usd_to_micros};
 use poolgate_proto::convert::keys::{KeyUpdate, endpoint_names, parse_key_status};
 use poolgate_select::crypto::{BlobPlace, Keyring, api_key_hash, api_key_prefix, new_api_key};
 use poolgate_select::snapshot::Snapshot;
@@ -41,15 +43,16 @@ macro_rules! account_select {
 
 const ACCOUNT_SELECT: &str = account_select!();
 
-/// The client key columns every read uses: the record, its status and what it may reach
-/// (migration 0006), with its group's name.
+/// The client key columns every read uses: the record, its status, what it may reach (migration
+/// 0006) and its limits (migration 0007), with its group's name.
 macro_rules! api_key_select {
     ($from:literal) => {
         concat!(
             "SELECT k.id, k.name, k.key_hash, k.key_prefix, k.user_name, g.name AS group_name, \
              k.user_rpm_limit, k.status, \
              (extract(epoch FROM k.expires_at) * 1000)::bigint AS expires_at_ms, \
-             k.allowed_models, k.allowed_endpoints FROM ",
+             k.allowed_models, k.allowed_endpoints, k.concurrency_limit, k.tpm_limit, \
+             k.budget_total_usd, k.budget_day_usd, k.budget_week_usd, k.budget_month_usd FROM ",
             $from,
             " k JOIN groups g ON g.id = k.group_id"
         )
@@ -605,7 +608,7 @@ impl PostgresSource {
     }
 
     /// Creates a client API key that may reach what `access` allows (its `disabled` is ignored:
-    /// a key is born active); returns (id, the key — shown once).
+    /// a key is born active), without limits; returns (id, the key — shown once).
     pub async fn create_api_key_with_access(
         &self,
         name: &str,
@@ -614,12 +617,36 @@ impl PostgresSource {
         user_rpm_limit: i32,
         access: &KeyAccess,
     ) -> Result<(i64, Secret), StoreError> {
+        self.create_api_key_with_limits(
+            name,
+            user,
+            group,
+            user_rpm_limit,
+            access,
+            &KeyLimits::default(),
+        )
+        .await
+    }
+
+    /// Creates a client API key with what it may reach and its own limits (`limits.api_key_id`
+    /// is ignored: the new row's id is the key's); returns (id, the key — shown once).
+    pub async fn create_api_key_with_limits(
+        &self,
+        name: &str,
+        user: &str,
+        group: &str,
+        user_rpm_limit: i32,
+        access: &KeyAccess,
+        limits: &KeyLimits,
+    ) -> Result<(i64, Secret), StoreError> {
         let group_id = self.group_id(group).await?;
         let key = new_api_key();
         let id = sqlx::query_scalar(
             "INSERT INTO api_keys (name, key_hash, key_prefix, user_name, group_id, user_rpm_limit, \
-             expires_at, allowed_models, allowed_endpoints) \
-             VALUES ($1, $2, $3, $4, $5, $6, to_timestamp($7::double precision / 1000), $8, $9) \
+             expires_at, allowed_models, allowed_endpoints, concurrency_limit, tpm_limit, \
+             budget_total_usd, budget_day_usd, budget_week_usd, budget_month_usd) \
+             VALUES ($1, $2, $3, $4, $5, $6, to_timestamp($7::double precision / 1000), $8, $9, \
+             $10, $11, $12, $13, $14, $15) \
              RETURNING id",
         )
         .bind(name)
@@ -631,6 +658,12 @@ impl PostgresSource {
         .bind(access.expires_at_ms.map(|ms| ms as f64))
         .bind(&access.allowed_models)
         .bind(endpoint_names(&access.allowed_endpoints))
+        .bind(limits.concurrency_limit.max(0))
+        .bind(limits.tpm_limit.max(0))
+        .bind(micros_to_usd(limits.budget_total_micros.max(0)))
+        .bind(micros_to_usd(limits.budget_day_micros.max(0)))
+        .bind(micros_to_usd(limits.budget_week_micros.max(0)))
+        .bind(micros_to_usd(limits.budget_month_micros.max(0)))
         .fetch_one(&self.pool)
         .await
         .map_err(convert)?;
@@ -646,7 +679,8 @@ impl PostgresSource {
         rows.iter().map(api_key_from_row).collect()
     }
 
-    /// Changes what a key may reach, only what `update` gives, in one statement; the key after.
+    /// Changes what a key may reach and its limits, only what `update` gives, in one statement;
+    /// the key after.
     /// A revoked key is gone: `NotFound`, as an unknown one. The `api_keys` trigger notifies
     /// every selector, which reloads within a second.
     pub async fn update_api_key(
@@ -661,7 +695,13 @@ impl PostgresSource {
              expires_at = CASE WHEN $3 THEN to_timestamp($4::double precision / 1000) \
                                ELSE expires_at END, \
              allowed_models = COALESCE($5::text[], allowed_models), \
-             allowed_endpoints = COALESCE($6::text[], allowed_endpoints) \
+             allowed_endpoints = COALESCE($6::text[], allowed_endpoints), \
+             concurrency_limit = COALESCE($7::integer, concurrency_limit), \
+             tpm_limit = COALESCE($8::bigint, tpm_limit), \
+             budget_total_usd = COALESCE($9::double precision, budget_total_usd), \
+             budget_day_usd = COALESCE($10::double precision, budget_day_usd), \
+             budget_week_usd = COALESCE($11::double precision, budget_week_usd), \
+             budget_month_usd = COALESCE($12::double precision, budget_month_usd) \
              WHERE id = $1 AND status <> 'revoked' RETURNING *) ",
             api_key_select!("updated")
         ))
@@ -671,6 +711,12 @@ impl PostgresSource {
         .bind(update.expires_at_ms.flatten().map(|ms| ms as f64))
         .bind(update.allowed_models.as_ref())
         .bind(update.allowed_endpoints.as_deref().map(endpoint_names))
+        .bind(update.concurrency_limit)
+        .bind(update.tpm_limit)
+        .bind(update.budget_total_micros.map(micros_to_usd))
+        .bind(update.budget_day_micros.map(micros_to_usd))
+        .bind(update.budget_week_micros.map(micros_to_usd))
+        .bind(update.budget_month_micros.map(micros_to_usd))
         .fetch_optional(&self.pool)
         .await
         .map_err(convert)?
@@ -763,6 +809,54 @@ impl PostgresSource {
     }
 }
 
+impl PostgresSource {
+    /// The spend (USD) of each key in `api_key_ids` in `[since, to_ms)` for each of `since_ms`
+    /// (in that order), summed in one query over the `(api_key_id, at)` index: the usage
+    /// ledger's side of the budget rebuild (docs/DESIGN.md §4). A key without usage has zeros.
+    pub async fn spend_since(
+        &self,
+        api_key_ids: &[i64],
+        since_ms: &[i64],
+        to_ms: i64,
+    ) -> Result<HashMap<i64, Vec<f64>>, StoreError> {
+        let mut spend: HashMap<i64, Vec<f64>> = api_key_ids
+            .iter()
+            .map(|&id| (id, vec![0.0; since_ms.len()]))
+            .collect();
+        if api_key_ids.is_empty() || since_ms.is_empty() {
+            return Ok(spend);
+        }
+        let since: Vec<f64> = since_ms.iter().map(|&ms| ms as f64).collect();
+        let rows = sqlx::query(
+            "SELECT k.id AS api_key_id, s.n, COALESCE(sum(u.cost_usd), 0) AS cost_usd \
+             FROM unnest($1::bigint[]) AS k(id) \
+             CROSS JOIN unnest($2::double precision[]) WITH ORDINALITY AS s(since, n) \
+             JOIN usage_records u ON u.api_key_id = k.id \
+                 AND u.at >= to_timestamp(s.since / 1000) \
+                 AND u.at < to_timestamp($3::double precision / 1000) \
+             GROUP BY k.id, s.n",
+        )
+        .bind(api_key_ids)
+        .bind(&since)
+        .bind(to_ms as f64)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(convert)?;
+        for row in rows {
+            let id: i64 = row.try_get("api_key_id").map_err(convert)?;
+            let n: i64 = row.try_get("n").map_err(convert)?;
+            let cost: f64 = row.try_get("cost_usd").map_err(convert)?;
+            let slot = usize::try_from(n - 1)
+                .ok()
+                .and_then(|index| spend.get_mut(&id)?.get_mut(index));
+            if let Some(slot) = slot {
+                *slot = cost;
+            }
+        }
+        Ok(spend)
+    }
+}
+
 /// The engine's view of the store: the methods above, by name.
 #[async_trait::async_trait]
 impl AccountSource for PostgresSource {
@@ -805,6 +899,15 @@ impl AccountSource for PostgresSource {
     ) -> Result<UsageTotals, StoreError> {
         PostgresSource::read_usage(self, api_key_id, from_ms, to_ms).await
     }
+
+    async fn spend_since(
+        &self,
+        api_key_ids: &[i64],
+        since_ms: &[i64],
+        to_ms: i64,
+    ) -> Result<HashMap<i64, Vec<f64>>, StoreError> {
+        PostgresSource::spend_since(self, api_key_ids, since_ms, to_ms).await
+    }
 }
 
 fn api_key_from_row(row: &PgRow) -> Result<ApiKeyRecord, StoreError> {
@@ -828,8 +931,28 @@ fn api_key_from_row(row: &PgRow) -> Result<ApiKeyRecord, StoreError> {
         user: row.try_get("user_name").map_err(convert)?,
         group: row.try_get("group_name").map_err(convert)?,
         user_rpm_limit: row.try_get("user_rpm_limit").map_err(convert)?,
-        limits: Default::default(),
+        limits: key_limits_from_row(id, row)?,
         active,
         access,
+    })
+}
+
+/// A key's limits (migration 0007): the budgets are stored in USD and counted in micro-USD. A
+/// stored value the schema's checks should have refused is a conflict, never a key without
+/// limits.
+fn key_limits_from_row(id: i64, row: &PgRow) -> Result<KeyLimits, StoreError> {
+    let budget = |column: &str| -> Result<i64, StoreError> {
+        let usd: f64 = row.try_get(column).map_err(convert)?;
+        usd_to_micros(usd)
+            .ok_or_else(|| StoreError::Conflict(format!("api key {id}: {column} {usd}")))
+    };
+    Ok(KeyLimits {
+        api_key_id: id,
+        concurrency_limit: row.try_get("concurrency_limit").map_err(convert)?,
+        tpm_limit: row.try_get("tpm_limit").map_err(convert)?,
+        budget_total_micros: budget("budget_total_usd")?,
+        budget_day_micros: budget("budget_day_usd")?,
+        budget_week_micros: budget("budget_week_usd")?,
+        budget_month_micros: budget("budget_month_usd")?,
     })
 }

@@ -232,6 +232,7 @@ async fn authenticate_refuses_a_disabled_or_expired_key_naming_why_and_carries_a
             expires_at_ms: Some(LATER_MS),
             allowed_models: vec!["claude-*".into(), "gpt-4o".into()],
             allowed_endpoints: vec!["messages".into(), "models".into()],
+            ..Default::default()
         }))
         .await
         .expect("created")

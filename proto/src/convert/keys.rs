@@ -1,14 +1,18 @@
 //! Client keys on the wire (docs/DESIGN.md §6, "What a client key reaches"): what `Authenticate`
 //! answers (a key's access, or the refusal of a disabled or expired key with the metadata entry
 //! that names why), the self-service `DescribeKey`, and the operator's key view, new keys' limits
-//! and partial updates. Read strictly: an unknown endpoint name, a bad pattern, a negative expiry
-//! or an unknown period is an error naming the field, never dropped or guessed.
+//! and partial updates; with each, the key's own limits (concurrency, TPM, budgets: docs/DESIGN.md
+//! §4, "Client key limits"). Read strictly: an unknown endpoint name, a bad pattern, a negative
+//! expiry or limit, a budget that is not a finite amount, or an unknown period is an error naming
+//! the field, never dropped or guessed.
 
 use poolgate_core::account::ApiKeyRecord;
 use poolgate_core::keys::{
     Endpoint, KeyAccess, KeyDescription, KeyRefusal, PeriodUsage, UsagePeriod,
     check_model_patterns, parse_endpoints,
 };
+use poolgate_core::lease::KeyLimits;
+use poolgate_core::money::{MAX_SPEND_USD, micros_to_usd, usd_to_micros};
 
 use super::ConvertError;
 use crate::selector::v1 as spb;
@@ -91,10 +95,85 @@ fn access(
     })
 }
 
+/// A key's concurrency limit from the wire: 0 none, negative refused.
+pub fn concurrency_limit(field: &'static str, limit: i32) -> Result<i32, ConvertError> {
+    if limit < 0 {
+        return Err(ConvertError::new(
+            field,
+            format!("must be >= 0 (0: none), got {limit}"),
+        ));
+    }
+    Ok(limit)
+}
+
+/// A key's TPM limit from the wire: 0 none, negative refused.
+pub fn tpm_limit(field: &'static str, limit: i64) -> Result<i64, ConvertError> {
+    if limit < 0 {
+        return Err(ConvertError::new(
+            field,
+            format!("must be >= 0 (0: none), got {limit}"),
+        ));
+    }
+    Ok(limit)
+}
+
+/// A key's budget in USD as micro-USD (0: none); negative, not finite or above
+/// [`MAX_SPEND_USD`] refused.
+pub fn budget_micros(field: &'static str, usd: f64) -> Result<i64, ConvertError> {
+    usd_to_micros(usd).ok_or_else(|| {
+        ConvertError::new(
+            field,
+            format!("must be a finite amount in [0, {MAX_SPEND_USD}] USD (0: none), got {usd}"),
+        )
+    })
+}
+
+/// A budget on the wire: USD, 0 for none.
+pub fn budget_usd(micros: i64) -> f64 {
+    micros_to_usd(micros.max(0))
+}
+
+/// The six limit fields every key message spells alike (`key_concurrency_limit`,
+/// `key_tpm_limit`, `key_budget_{total,day,week,month}_usd`), in that order.
+struct WireLimits {
+    concurrency: i32,
+    tpm: i64,
+    total_usd: f64,
+    day_usd: f64,
+    week_usd: f64,
+    month_usd: f64,
+}
+
+impl WireLimits {
+    fn of(limits: &KeyLimits) -> Self {
+        WireLimits {
+            concurrency: limits.concurrency_limit.max(0),
+            tpm: limits.tpm_limit.max(0),
+            total_usd: budget_usd(limits.budget_total_micros),
+            day_usd: budget_usd(limits.budget_day_micros),
+            week_usd: budget_usd(limits.budget_week_micros),
+            month_usd: budget_usd(limits.budget_month_micros),
+        }
+    }
+
+    fn read(self, api_key_id: i64) -> Result<KeyLimits, ConvertError> {
+        Ok(KeyLimits {
+            api_key_id,
+            concurrency_limit: concurrency_limit("key_concurrency_limit", self.concurrency)?,
+            tpm_limit: tpm_limit("key_tpm_limit", self.tpm)?,
+            budget_total_micros: budget_micros("key_budget_total_usd", self.total_usd)?,
+            budget_day_micros: budget_micros("key_budget_day_usd", self.day_usd)?,
+            budget_week_micros: budget_micros("key_budget_week_usd", self.week_usd)?,
+            budget_month_micros: budget_micros("key_budget_month_usd", self.month_usd)?,
+        })
+    }
+}
+
 /// `Authenticate`'s answer for a key that may be used (a refused one is
 /// [`key_refusal_status`]).
 impl From<&ApiKeyRecord> for spb::AuthenticateResponse {
     fn from(record: &ApiKeyRecord) -> Self {
+        let limits = WireLimits::of(&record.limits);
         spb::AuthenticateResponse {
             api_key_id: record.id,
             user: record.user.clone(),
@@ -103,6 +182,12 @@ impl From<&ApiKeyRecord> for spb::AuthenticateResponse {
             expires_at_ms: expiry_to_wire(record.access.expires_at_ms),
             allowed_models: record.access.allowed_models.clone(),
             allowed_endpoints: endpoint_names(&record.access.allowed_endpoints),
+            key_concurrency_limit: limits.concurrency,
+            key_tpm_limit: limits.tpm,
+            key_budget_total_usd: limits.total_usd,
+            key_budget_day_usd: limits.day_usd,
+            key_budget_week_usd: limits.week_usd,
+            key_budget_month_usd: limits.month_usd,
         }
     }
 }
@@ -118,10 +203,26 @@ pub fn authenticated_access(answer: &spb::AuthenticateResponse) -> Result<KeyAcc
     )
 }
 
+/// The limits admission counts for a key that `Authenticate` accepted (`api_key_id` from the
+/// answer; every limit 0: none). A negative or non-finite limit is an error naming the field,
+/// never a key without limits.
+pub fn authenticated_limits(answer: &spb::AuthenticateResponse) -> Result<KeyLimits, ConvertError> {
+    WireLimits {
+        concurrency: answer.key_concurrency_limit,
+        tpm: answer.key_tpm_limit,
+        total_usd: answer.key_budget_total_usd,
+        day_usd: answer.key_budget_day_usd,
+        week_usd: answer.key_budget_week_usd,
+        month_usd: answer.key_budget_month_usd,
+    }
+    .read(answer.api_key_id)
+}
+
 /// A key as its holder sees it, on the wire.
 impl From<&KeyDescription> for spb::DescribeKeyResponse {
     fn from(description: &KeyDescription) -> Self {
         let record = &description.record;
+        let limits = WireLimits::of(&record.limits);
         spb::DescribeKeyResponse {
             api_key_id: record.id,
             name: record.name.clone(),
@@ -145,6 +246,12 @@ impl From<&KeyDescription> for spb::DescribeKeyResponse {
                 })
                 .collect(),
             key_prefix: record.prefix.clone(),
+            key_concurrency_limit: limits.concurrency,
+            key_tpm_limit: limits.tpm,
+            key_budget_total_usd: limits.total_usd,
+            key_budget_day_usd: limits.day_usd,
+            key_budget_week_usd: limits.week_usd,
+            key_budget_month_usd: limits.month_usd,
         }
     }
 }
@@ -180,6 +287,15 @@ impl TryFrom<spb::DescribeKeyResponse> for KeyDescription {
             answer.allowed_models,
             &answer.allowed_endpoints,
         )?;
+        let limits = WireLimits {
+            concurrency: answer.key_concurrency_limit,
+            tpm: answer.key_tpm_limit,
+            total_usd: answer.key_budget_total_usd,
+            day_usd: answer.key_budget_day_usd,
+            week_usd: answer.key_budget_week_usd,
+            month_usd: answer.key_budget_month_usd,
+        }
+        .read(answer.api_key_id)?;
         let usage = answer
             .usage
             .into_iter()
@@ -208,7 +324,7 @@ impl TryFrom<spb::DescribeKeyResponse> for KeyDescription {
                 user: answer.user,
                 group: answer.group,
                 user_rpm_limit: answer.user_rpm_limit,
-                limits: Default::default(),
+                limits,
                 active: true,
                 access,
             },
@@ -243,6 +359,7 @@ pub fn parse_key_status(status: &str) -> Option<(bool, bool)> {
 /// A key as the operator's list shows it (its hash never).
 impl From<&ApiKeyRecord> for spb::ApiKeyView {
     fn from(record: &ApiKeyRecord) -> Self {
+        let limits = WireLimits::of(&record.limits);
         spb::ApiKeyView {
             id: record.id,
             name: record.name.clone(),
@@ -254,6 +371,12 @@ impl From<&ApiKeyRecord> for spb::ApiKeyView {
             expires_at_ms: expiry_to_wire(record.access.expires_at_ms),
             allowed_models: record.access.allowed_models.clone(),
             allowed_endpoints: endpoint_names(&record.access.allowed_endpoints),
+            key_concurrency_limit: limits.concurrency,
+            key_tpm_limit: limits.tpm,
+            key_budget_total_usd: limits.total_usd,
+            key_budget_day_usd: limits.day_usd,
+            key_budget_week_usd: limits.week_usd,
+            key_budget_month_usd: limits.month_usd,
         }
     }
 }
@@ -277,7 +400,15 @@ impl TryFrom<spb::ApiKeyView> for ApiKeyRecord {
             user: view.user,
             group: view.group,
             user_rpm_limit: view.user_rpm_limit,
-            limits: Default::default(),
+            limits: WireLimits {
+                concurrency: view.key_concurrency_limit,
+                tpm: view.key_tpm_limit,
+                total_usd: view.key_budget_total_usd,
+                day_usd: view.key_budget_day_usd,
+                week_usd: view.key_budget_week_usd,
+                month_usd: view.key_budget_month_usd,
+            }
+            .read(view.id)?,
             active,
             access: access(
                 view.expires_at_ms,
@@ -299,6 +430,30 @@ pub fn new_key_access(request: &spb::CreateApiKeyRequest) -> Result<KeyAccess, C
     )
 }
 
+/// The limits a `CreateApiKey` request gives its new key (`api_key_id` 0: not yet known).
+pub fn new_key_limits(request: &spb::CreateApiKeyRequest) -> Result<KeyLimits, ConvertError> {
+    WireLimits {
+        concurrency: request.key_concurrency_limit,
+        tpm: request.key_tpm_limit,
+        total_usd: request.key_budget_total_usd,
+        day_usd: request.key_budget_day_usd,
+        week_usd: request.key_budget_week_usd,
+        month_usd: request.key_budget_month_usd,
+    }
+    .read(0)
+}
+
+/// The `CreateApiKeyRequest` limit fields of `limits` (the operator CLI's).
+pub fn set_new_key_limits(request: &mut spb::CreateApiKeyRequest, limits: &KeyLimits) {
+    let wire = WireLimits::of(limits);
+    request.key_concurrency_limit = wire.concurrency;
+    request.key_tpm_limit = wire.tpm;
+    request.key_budget_total_usd = wire.total_usd;
+    request.key_budget_day_usd = wire.day_usd;
+    request.key_budget_week_usd = wire.week_usd;
+    request.key_budget_month_usd = wire.month_usd;
+}
+
 /// An operator's change to a key: only what is `Some` changes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct KeyUpdate {
@@ -310,6 +465,13 @@ pub struct KeyUpdate {
     pub allowed_models: Option<Vec<String>>,
     /// The new endpoint list (empty: every endpoint).
     pub allowed_endpoints: Option<Vec<Endpoint>>,
+    /// The key's limits (`lease::KeyLimits`): each given one replaces the stored one; 0 clears.
+    pub concurrency_limit: Option<i32>,
+    pub tpm_limit: Option<i64>,
+    pub budget_total_micros: Option<i64>,
+    pub budget_day_micros: Option<i64>,
+    pub budget_week_micros: Option<i64>,
+    pub budget_month_micros: Option<i64>,
 }
 
 impl KeyUpdate {
@@ -331,6 +493,23 @@ impl KeyUpdate {
                 .allowed_endpoints
                 .clone()
                 .unwrap_or_else(|| access.allowed_endpoints.clone()),
+        }
+    }
+
+    /// `limits` with this change made.
+    pub fn apply_limits(&self, limits: &KeyLimits) -> KeyLimits {
+        KeyLimits {
+            api_key_id: limits.api_key_id,
+            concurrency_limit: self.concurrency_limit.unwrap_or(limits.concurrency_limit),
+            tpm_limit: self.tpm_limit.unwrap_or(limits.tpm_limit),
+            budget_total_micros: self
+                .budget_total_micros
+                .unwrap_or(limits.budget_total_micros),
+            budget_day_micros: self.budget_day_micros.unwrap_or(limits.budget_day_micros),
+            budget_week_micros: self.budget_week_micros.unwrap_or(limits.budget_week_micros),
+            budget_month_micros: self
+                .budget_month_micros
+                .unwrap_or(limits.budget_month_micros),
         }
     }
 }
@@ -381,11 +560,36 @@ impl TryFrom<spb::UpdateApiKeyRequest> for (i64, KeyUpdate) {
             allowed_endpoints: endpoint_list
                 .then(|| endpoints("allowed_endpoints", &request.allowed_endpoints))
                 .transpose()?,
+            concurrency_limit: request
+                .key_concurrency_limit
+                .map(|limit| concurrency_limit("key_concurrency_limit", limit))
+                .transpose()?,
+            tpm_limit: request
+                .key_tpm_limit
+                .map(|limit| tpm_limit("key_tpm_limit", limit))
+                .transpose()?,
+            budget_total_micros: request
+                .key_budget_total_usd
+                .map(|usd| budget_micros("key_budget_total_usd", usd))
+                .transpose()?,
+            budget_day_micros: request
+                .key_budget_day_usd
+                .map(|usd| budget_micros("key_budget_day_usd", usd))
+                .transpose()?,
+            budget_week_micros: request
+                .key_budget_week_usd
+                .map(|usd| budget_micros("key_budget_week_usd", usd))
+                .transpose()?,
+            budget_month_micros: request
+                .key_budget_month_usd
+                .map(|usd| budget_micros("key_budget_month_usd", usd))
+                .transpose()?,
         };
         if update.is_empty() {
             return Err(ConvertError::new(
                 "id",
-                "the update changes nothing: give disabled, expires_at_ms or a replace_* list",
+                "the update changes nothing: give disabled, expires_at_ms, a replace_* list or a \
+                 key_* limit",
             ));
         }
         Ok((request.id, update))
@@ -407,6 +611,12 @@ impl From<(i64, &KeyUpdate)> for spb::UpdateApiKeyRequest {
                 .map(endpoint_names)
                 .unwrap_or_default(),
             replace_allowed_endpoints: update.allowed_endpoints.is_some(),
+            key_concurrency_limit: update.concurrency_limit,
+            key_tpm_limit: update.tpm_limit,
+            key_budget_total_usd: update.budget_total_micros.map(budget_usd),
+            key_budget_day_usd: update.budget_day_micros.map(budget_usd),
+            key_budget_week_usd: update.budget_week_micros.map(budget_usd),
+            key_budget_month_usd: update.budget_month_micros.map(budget_usd),
         }
     }
 }

@@ -528,6 +528,7 @@ mod keys {
     use super::super::keys::*;
     use crate::selector::v1 as spb;
     use poolgate_core::account::ApiKeyRecord;
+    use poolgate_core::lease::KeyLimits;
     use poolgate_core::keys::{
         Endpoint, KeyAccess, KeyDescription, KeyRefusal, PeriodUsage, UsagePeriod,
     };
@@ -540,9 +541,167 @@ mod keys {
             user: "alice".into(),
             group: "team".into(),
             user_rpm_limit: 30,
-            limits: Default::default(),
+            limits: KeyLimits {
+                api_key_id: 7,
+                ..Default::default()
+            },
             active: true,
             access,
+        }
+    }
+
+    fn with_limits() -> ApiKeyRecord {
+        ApiKeyRecord {
+            limits: KeyLimits {
+                api_key_id: 7,
+                concurrency_limit: 2,
+                tpm_limit: 50_000,
+                budget_total_micros: 100_000_000,
+                budget_day_micros: 1_500_000,
+                budget_week_micros: 5_000_000,
+                budget_month_micros: 20_250_000,
+            },
+            ..record(limited())
+        }
+    }
+
+    #[test]
+    fn a_keys_limits_go_to_the_wire_and_back_in_every_key_message() {
+        let key = with_limits();
+        let answer = spb::AuthenticateResponse::from(&key);
+        assert_eq!(answer.key_concurrency_limit, 2);
+        assert_eq!(answer.key_tpm_limit, 50_000);
+        assert_eq!(answer.key_budget_total_usd, 100.0);
+        assert_eq!(answer.key_budget_day_usd, 1.5);
+        assert_eq!(answer.key_budget_week_usd, 5.0);
+        assert_eq!(answer.key_budget_month_usd, 20.25);
+        assert_eq!(authenticated_limits(&answer), Ok(key.limits.clone()));
+        let none = spb::AuthenticateResponse::from(&record(limited()));
+        let read = authenticated_limits(&none).expect("no limits");
+        assert_eq!(read.api_key_id, 7, "the id comes from the answer");
+        assert!(!read.any(), "zero on the wire is no limit");
+        let description = KeyDescription {
+            record: key.clone(),
+            usage: vec![],
+        };
+        let wire = spb::DescribeKeyResponse::from(&description);
+        assert_eq!(wire.key_budget_month_usd, 20.25);
+        assert_eq!(KeyDescription::try_from(wire), Ok(description));
+        let view = spb::ApiKeyView::from(&key);
+        assert_eq!(view.key_concurrency_limit, 2);
+        assert_eq!(ApiKeyRecord::try_from(view), Ok(key.clone()));
+        let mut create = spb::CreateApiKeyRequest::default();
+        set_new_key_limits(&mut create, &key.limits);
+        assert_eq!(
+            new_key_limits(&create),
+            Ok(KeyLimits {
+                api_key_id: 0,
+                ..key.limits
+            })
+        );
+    }
+
+    #[test]
+    fn a_limit_that_cannot_be_read_is_an_error_naming_the_field_not_no_limit() {
+        let good = spb::AuthenticateResponse::from(&with_limits());
+        let cases: [(&str, fn(&mut spb::AuthenticateResponse)); 7] = [
+            ("key_concurrency_limit", |a| a.key_concurrency_limit = -1),
+            ("key_tpm_limit", |a| a.key_tpm_limit = -1),
+            ("key_budget_total_usd", |a| a.key_budget_total_usd = f64::NAN),
+            ("key_budget_day_usd", |a| a.key_budget_day_usd = -0.5),
+            ("key_budget_week_usd", |a| {
+                a.key_budget_week_usd = f64::INFINITY
+            }),
+            ("key_budget_month_usd", |a| a.key_budget_month_usd = -1.0),
+            ("key_budget_month_usd", |a| a.key_budget_month_usd = 1e12),
+        ];
+        for (field, spoil) in cases {
+            let mut answer = good.clone();
+            spoil(&mut answer);
+            assert_eq!(
+                authenticated_limits(&answer).map_err(|e| e.field),
+                Err(field.into())
+            );
+            let mut description = spb::DescribeKeyResponse::from(&KeyDescription {
+                record: with_limits(),
+                usage: vec![],
+            });
+            description.key_concurrency_limit = answer.key_concurrency_limit;
+            description.key_tpm_limit = answer.key_tpm_limit;
+            description.key_budget_total_usd = answer.key_budget_total_usd;
+            description.key_budget_day_usd = answer.key_budget_day_usd;
+            description.key_budget_week_usd = answer.key_budget_week_usd;
+            description.key_budget_month_usd = answer.key_budget_month_usd;
+            assert_eq!(
+                KeyDescription::try_from(description).map_err(|e| e.field),
+                Err(field.into())
+            );
+        }
+    }
+
+    #[test]
+    fn a_partial_update_of_limits_changes_only_those_given_and_zero_clears() {
+        let read = |request: spb::UpdateApiKeyRequest| <(i64, KeyUpdate)>::try_from(request);
+        let (_, update) = read(spb::UpdateApiKeyRequest {
+            id: 7,
+            key_concurrency_limit: Some(0),
+            key_budget_day_usd: Some(2.5),
+            ..Default::default()
+        })
+        .expect("a limit alone is a change");
+        assert_eq!(
+            update,
+            KeyUpdate {
+                concurrency_limit: Some(0),
+                budget_day_micros: Some(2_500_000),
+                ..Default::default()
+            }
+        );
+        let before = with_limits().limits;
+        assert_eq!(
+            update.apply_limits(&before),
+            KeyLimits {
+                concurrency_limit: 0,
+                budget_day_micros: 2_500_000,
+                ..before
+            }
+        );
+        assert_eq!(
+            spb::UpdateApiKeyRequest::from((7, &update)),
+            spb::UpdateApiKeyRequest {
+                id: 7,
+                key_concurrency_limit: Some(0),
+                key_budget_day_usd: Some(2.5),
+                ..Default::default()
+            }
+        );
+        for (request, field) in [
+            (
+                spb::UpdateApiKeyRequest {
+                    id: 7,
+                    key_tpm_limit: Some(-1),
+                    ..Default::default()
+                },
+                "key_tpm_limit",
+            ),
+            (
+                spb::UpdateApiKeyRequest {
+                    id: 7,
+                    key_budget_total_usd: Some(f64::NAN),
+                    ..Default::default()
+                },
+                "key_budget_total_usd",
+            ),
+            (
+                spb::UpdateApiKeyRequest {
+                    id: 7,
+                    key_concurrency_limit: Some(-2),
+                    ..Default::default()
+                },
+                "key_concurrency_limit",
+            ),
+        ] {
+            assert_eq!(read(request).map_err(|e| e.field), Err(field.into()));
         }
     }
 

@@ -8,12 +8,12 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
-use poolgate_core::lease::{DenyReason, LeaseTerms, UserLimit};
+use poolgate_core::lease::{DenyReason, KeyLimits, LeaseTerms, UserLimit};
 use poolgate_core::short_hash;
 
 use super::{Answer, Body, Inbound, Relay};
 use crate::client_api::{Api, ErrorKind, RelayError};
-use crate::ports::{Acquired, Caller, KeyCheck, PlannedAccount};
+use crate::ports::{Acquired, Caller, KeyCheck, KeyLimit, PlannedAccount};
 
 /// `count_tokens` requests one account takes a minute, from all clients together: Claude Code
 /// calls it alongside its messages, and it must not hammer an upstream that limits it apart.
@@ -157,37 +157,47 @@ pub(super) fn unavailable(api: Api, message: &str) -> RelayError {
 
 impl Relay {
     /// Charges a `count_tokens` request to its user's own rate (default: the user's RPM), once
-    /// per request, before any account's cap is asked: `Some(429)` past it. Nothing when the
-    /// user has no limit; an admission that does not answer leaves the decision to the
-    /// account leases that follow (they ask the same admission).
+    /// per request, before any account's cap is asked: `Some(429)` past it. The key's budget and
+    /// TPM are asked with it (a key whose budget is used up is refused everything; count_tokens
+    /// holds none of the key's concurrency slots and charges it nothing: docs/DESIGN.md §6).
+    /// Nothing when neither applies; an admission that does not answer leaves the decision to
+    /// the account leases that follow (they ask the same admission).
     pub(super) async fn charge_count_tokens(
         &self,
         inbound: &Inbound,
         account: &PlannedAccount,
     ) -> Option<Answer> {
         let caller = &inbound.caller;
-        if caller.user_rpm_limit <= 0 {
+        let user = (caller.user_rpm_limit > 0).then(|| UserLimit {
+            user_id: count_tokens_user_bucket(&caller.user),
+            rpm_limit: caller.user_rpm_limit,
+        });
+        let key = caller
+            .key_limits()
+            .map(|limits| KeyLimits {
+                concurrency_limit: 0,
+                ..limits
+            })
+            .filter(KeyLimits::any);
+        if user.is_none() && key.is_none() {
             return None;
         }
-        // A lease of no account limits: admission charges the user bucket and grants at once;
-        // releasing it keeps the charge.
+        // A lease of no account limits: admission charges the user bucket, asks the key's
+        // gates and grants at once; releasing it keeps the user's charge.
         let terms = LeaseTerms {
             account_id: account.id,
             concurrency_limit: 0,
             rpm_limit: 0,
-            user: Some(UserLimit {
-                user_id: count_tokens_user_bucket(&caller.user),
-                rpm_limit: caller.user_rpm_limit,
-            }),
+            user,
             session_hash: None,
             session_window_limit_micros: 0,
             session_bound: false,
             ignore_cooldown: false,
-            key: None,
+            key,
         };
         match self.leases.acquire(terms, Duration::ZERO).await {
             Ok(Acquired::Granted(lease)) => {
-                lease.release(0.0).await;
+                lease.release(0.0, 0).await;
                 None
             }
             Ok(Acquired::Denied(denial)) if denial.reason == DenyReason::UserRpm => {
@@ -199,6 +209,9 @@ impl Relay {
                     )
                     .retry_after_ms(denial.retry_after_ms.max(1000)),
                 ))
+            }
+            Ok(Acquired::Denied(denial)) if KeyLimit::of(denial.reason).is_some() => {
+                Some(self.key_limited(inbound.api, denial))
             }
             Ok(Acquired::Denied(_)) => None,
             Err(error) => {

@@ -1,5 +1,5 @@
 //! Bookkeeping after the answer's last byte, off the client's latency path: the lease released
-//! with the request's spend, the success reported, the session and response bound, the usage
+//! with the request's spend and tokens, the success reported, the session and response bound, the usage
 //! record queued.
 
 use std::sync::Arc;
@@ -98,8 +98,9 @@ impl Finish {
         if usage != Usage::default() && self.account.price == Price::default() {
             self.relay.note_unpriced(&self.account.mapped_model);
         }
-        // Spend travels with the release, in the same script.
-        lease.release(cost).await;
+        // Spend and tokens travel with the release, in the same script: the account's session
+        // window and the client key's budgets and TPM are charged from them.
+        lease.release(cost, usage.tokens()).await;
         let selection = &self.relay.selection;
         if succeeded && self.governed {
             let success = Classified {

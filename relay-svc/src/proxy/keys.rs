@@ -2,7 +2,8 @@
 //! key as its holder may see it (`GET /v1/poolgate/key`). docs/DESIGN.md §6, "What a client key
 //! reaches".
 
-use poolgate_core::keys::{Endpoint, KeyDescription, KeyRefusal, rfc3339_utc};
+use poolgate_core::keys::{Endpoint, KeyDescription, KeyRefusal, UsagePeriod, rfc3339_utc};
+use poolgate_core::money::micros_to_usd;
 use serde_json::{Value, json};
 
 use super::Relay;
@@ -65,10 +66,26 @@ impl Relay {
 
 /// The self-service view of a key at `now_ms` (the relay's clock decides whether it has
 /// expired): `{"key": {...}, "usage": {"day": ..., "week": ..., "month": ..., "total": ...}}`.
-/// Empty model and endpoint lists allow everything.
+/// Empty model and endpoint lists allow everything; a limit that is not set is `null`. Each
+/// usage period with a budget carries `budget_usd` and `remaining_usd` (the budget less the
+/// period's cost, never below 0). The usage periods are UTC calendar periods (a week from
+/// Monday); admission counts budgets in the deployment's time zone and week start
+/// (`--budget-time-zone`, `--budget-week-start`; UTC and Monday by default), so where those
+/// differ, `remaining_usd` is an estimate: `usage_calendar` says which calendar it used.
 pub fn key_view(description: &KeyDescription, now_ms: i64) -> Value {
     let record = &description.record;
     let access = &record.access;
+    let limits = &record.limits;
+    let budget_micros = |period: UsagePeriod| match period {
+        UsagePeriod::Day => limits.budget_day_micros,
+        UsagePeriod::Week => limits.budget_week_micros,
+        UsagePeriod::Month => limits.budget_month_micros,
+        UsagePeriod::Total => limits.budget_total_micros,
+    };
+    let budget_usd = |period: UsagePeriod| {
+        let micros = budget_micros(period);
+        (micros > 0).then(|| micros_to_usd(micros))
+    };
     let status = match access.check_key(now_ms) {
         Ok(()) => "active",
         Err(KeyRefusal::Disabled) => "disabled",
@@ -81,16 +98,18 @@ pub fn key_view(description: &KeyDescription, now_ms: i64) -> Value {
         .collect();
     let mut usage = serde_json::Map::new();
     for (period, from_ms, totals) in &description.usage {
-        usage.insert(
-            period.as_str().to_owned(),
-            json!({
-                "from": rfc3339_utc(*from_ms),
-                "requests": totals.requests,
-                "input_tokens": totals.input_tokens,
-                "output_tokens": totals.output_tokens,
-                "cost_usd": totals.cost_usd,
-            }),
-        );
+        let mut entry = json!({
+            "from": rfc3339_utc(*from_ms),
+            "requests": totals.requests,
+            "input_tokens": totals.input_tokens,
+            "output_tokens": totals.output_tokens,
+            "cost_usd": totals.cost_usd,
+        });
+        if let Some(budget) = budget_usd(*period) {
+            entry["budget_usd"] = json!(budget);
+            entry["remaining_usd"] = json!((budget - totals.cost_usd).max(0.0));
+        }
+        usage.insert(period.as_str().to_owned(), entry);
     }
     json!({
         "key": {
@@ -105,8 +124,17 @@ pub fn key_view(description: &KeyDescription, now_ms: i64) -> Value {
             "allowed_endpoints": endpoints,
             "limits": {
                 "user_rpm": (record.user_rpm_limit > 0).then_some(record.user_rpm_limit),
+                "concurrency": (limits.concurrency_limit > 0).then_some(limits.concurrency_limit),
+                "tpm": (limits.tpm_limit > 0).then_some(limits.tpm_limit),
+                "budget_usd": {
+                    "total": budget_usd(UsagePeriod::Total),
+                    "day": budget_usd(UsagePeriod::Day),
+                    "week": budget_usd(UsagePeriod::Week),
+                    "month": budget_usd(UsagePeriod::Month),
+                },
             },
         },
+        "usage_calendar": "UTC",
         "usage": usage,
     })
 }
@@ -114,7 +142,8 @@ pub fn key_view(description: &KeyDescription, now_ms: i64) -> Value {
 #[cfg(test)]
 mod tests {
     use poolgate_core::account::ApiKeyRecord;
-    use poolgate_core::keys::{KeyAccess, PeriodUsage, UsagePeriod};
+    use poolgate_core::keys::{KeyAccess, PeriodUsage};
+    use poolgate_core::lease::KeyLimits;
 
     use super::*;
 
@@ -183,5 +212,37 @@ mod tests {
         let open = key_view(&description(KeyAccess::default()), now);
         assert_eq!(open["key"]["expires_at"], Value::Null);
         assert_eq!(open["key"]["allowed_models"], json!([]));
+        assert_eq!(open["key"]["limits"]["concurrency"], Value::Null);
+        assert_eq!(open["key"]["limits"]["budget_usd"]["day"], Value::Null);
+        assert_eq!(open["usage"]["day"].get("remaining_usd"), None);
+    }
+
+    #[test]
+    fn the_view_shows_the_keys_limits_and_what_is_left_of_each_budget() {
+        let now = 1_796_227_745_000;
+        let mut limited = description(KeyAccess::default());
+        limited.record.limits = KeyLimits {
+            api_key_id: 7,
+            concurrency_limit: 2,
+            tpm_limit: 10_000,
+            budget_total_micros: 10_000_000,
+            budget_day_micros: 400_000,
+            budget_week_micros: 0,
+            budget_month_micros: 3_000_000,
+        };
+        let view = key_view(&limited, now);
+        let limits = &view["key"]["limits"];
+        assert_eq!(limits["concurrency"], 2, "{view}");
+        assert_eq!(limits["tpm"], 10_000);
+        assert_eq!(
+            limits["budget_usd"],
+            json!({"total": 10.0, "day": 0.4, "week": null, "month": 3.0})
+        );
+        // Each period spent $0.50: the day's $0.40 is gone (never below 0).
+        assert_eq!(view["usage"]["day"]["remaining_usd"], 0.0);
+        assert_eq!(view["usage"]["month"]["remaining_usd"], 2.5);
+        assert_eq!(view["usage"]["total"]["remaining_usd"], 9.5);
+        assert_eq!(view["usage"]["week"].get("remaining_usd"), None);
+        assert_eq!(view["usage_calendar"], "UTC");
     }
 }

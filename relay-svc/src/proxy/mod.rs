@@ -33,7 +33,8 @@ use tokio::sync::mpsc;
 use crate::client_api::{Api, ErrorKind, RelayError};
 use crate::metrics::Metrics;
 use crate::ports::{
-    Acquired, Caller, KeyCheck, Lease, Leases, Plan, PlanRequest, PlannedAccount, Selection,
+    Acquired, Caller, KeyCheck, KeyLimit, Lease, Leases, Plan, PlanRequest, PlannedAccount,
+    Selection,
 };
 
 pub use body::{BodyJsonError, MAX_DEPTH as MAX_JSON_DEPTH, TopLevel};
@@ -283,6 +284,9 @@ impl Relay {
             let sticky = plan.sticky;
             let mut leased = None;
             let mut refused_all = true;
+            // The key at its concurrency limit: no other account has room for it either, so
+            // the request waits (below) instead of failing over.
+            let mut key_full = false;
             // count_tokens: the user's own rate once, before any account's cap is asked.
             if inbound.ungoverned && !user_charged {
                 if let Some(refusal) = self.charge_count_tokens(&inbound, &plan.accounts[0]).await {
@@ -308,6 +312,15 @@ impl Relay {
                     {
                         return user_rpm_refusal(api, denial);
                     }
+                    // The key's own limit: about the key, not the account, so no failover.
+                    // Concurrency waits like for an account; TPM and budget answer at once.
+                    Ok(Acquired::Denied(denial)) if KeyLimit::of(denial.reason).is_some() => {
+                        if denial.reason != DenyReason::KeyConcurrency {
+                            return self.key_limited(api, denial);
+                        }
+                        key_full = true;
+                        break;
+                    }
                     Ok(Acquired::Denied(denial)) => {
                         self.metrics.failover(denial.reason.as_str(), "local");
                     }
@@ -332,8 +345,17 @@ impl Relay {
                         {
                             return user_rpm_refusal(api, denial);
                         }
-                        Ok(Acquired::Denied(_)) | Err(_) => {}
+                        Ok(Acquired::Denied(denial)) if KeyLimit::of(denial.reason).is_some() => {
+                            return self.key_limited(api, denial);
+                        }
+                        // The key had room at the last try: what refused is the account's.
+                        Ok(Acquired::Denied(_)) => key_full = false,
+                        Err(_) => {}
                     }
+                }
+                if leased.is_none() && key_full {
+                    // No time left to wait: the key's limit is the answer, not the pool's.
+                    return self.key_limited(api, Denial::new(DenyReason::KeyConcurrency, 0));
                 }
                 if leased.is_none() {
                     return last_error_or(last_failure, || {
@@ -356,7 +378,7 @@ impl Relay {
                 Called::Served(answer) => return answer,
                 Called::LeaseLost(lease) => {
                     // Neither the account's fault nor the upstream's: no report, no budget.
-                    lease.release(0.0).await;
+                    lease.release(0.0, 0).await;
                     exclude.push(account.id);
                     self.metrics.failover("lease_lost", "failover");
                 }
@@ -367,7 +389,8 @@ impl Relay {
                     body,
                     lease,
                 } => {
-                    lease.release(0.0).await;
+                    // Spent nothing: the failed answer is not charged (no usage record either).
+                    lease.release(0.0, 0).await;
                     if classified.class == OutcomeClass::ClientError {
                         // Not the account's fault, and nothing reported: a client's request
                         // never changes an account's health. The client gets the answer as it
@@ -483,8 +506,30 @@ impl Relay {
             },
             session_bound: bound,
             ignore_cooldown: false,
-            key: None,
+            // count_tokens holds no slot of the key and charges it nothing: its budget and TPM
+            // were asked once, with the user's rate (`charge_count_tokens`).
+            key: if inbound.ungoverned {
+                None
+            } else {
+                caller.key_limits()
+            },
         }
+    }
+
+    /// The answer to a request its key's own limit refused (docs/DESIGN.md §4): nothing was
+    /// leased, reported or recorded, and no upstream was called. Counted by limit, never by key.
+    fn key_limited(&self, api: Api, denial: Denial) -> Answer {
+        let Some(limit) = KeyLimit::of(denial.reason) else {
+            return overloaded(api, "every account is busy; try again shortly");
+        };
+        self.metrics.key_limited(limit);
+        tracing::debug!(limit = limit.as_str(), "client key limit reached");
+        Answer::Error(RelayError::key_limit(
+            api,
+            limit,
+            denial.retry_after_ms,
+            poolgate_core::now_ms(),
+        ))
     }
 
     /// Calls one account, retrying the same account on conflicts (keeping the lease).

@@ -46,7 +46,8 @@ pub(super) fn spawn(
 
 enum Command {
     Attempt(oneshot::Sender<bool>),
-    Release(f64, oneshot::Sender<()>),
+    /// The spend and the tokens (see `Lease::release`).
+    Release(f64, u64, oneshot::Sender<()>),
 }
 
 /// Owns one lease stream: heartbeats, attempts, release, and resume when it breaks.
@@ -77,7 +78,7 @@ impl Keeper {
                     Some(Command::Attempt(reply)) => {
                         let _ = reply.send(true);
                     }
-                    Some(Command::Release(spend, reply)) => {
+                    Some(Command::Release(spend, tokens, reply)) => {
                         // No stream carried this release: the unary one keeps the spend.
                         let _ = self
                             .client
@@ -85,8 +86,7 @@ impl Keeper {
                             .release(apb::ReleaseRequest {
                                 lease_id: self.lease_id.clone(),
                                 spend_usd: spend_usd(spend),
-                                // set by the key-limit plumbing
-                                tokens: 0,
+                                tokens,
                             })
                             .await;
                         let _ = reply.send(());
@@ -115,10 +115,9 @@ impl Keeper {
                 command = commands.recv() => {
                     let (kind, reply) = match command {
                         Some(Command::Attempt(reply)) => (apb::lease_request::Kind::Attempt(apb::Attempt {}), Reply::Attempt(reply)),
-                        Some(Command::Release(spend, reply)) => (
-                            // tokens: set by the key-limit plumbing
-                            apb::lease_request::Kind::Release(apb::Release { spend_usd: spend_usd(spend), tokens: 0 }),
-                            Reply::Release(reply, spend_usd(spend)),
+                        Some(Command::Release(spend, tokens, reply)) => (
+                            apb::lease_request::Kind::Release(apb::Release { spend_usd: spend_usd(spend), tokens }),
+                            Reply::Release(reply, spend_usd(spend), tokens),
                         ),
                         // The holder dropped the lease without releasing: release it now.
                         None => (apb::lease_request::Kind::Release(apb::Release { spend_usd: 0.0, tokens: 0 }), Reply::Dropped),
@@ -133,15 +132,14 @@ impl Keeper {
                                 stream = self.lost(reason).await;
                             }
                         }
-                        Reply::Release(reply, spend) => {
+                        Reply::Release(reply, spend, tokens) => {
                             if !matches!(answer, Some(Answer::Accepted)) {
                                 // A release that went out on the stream without an answer may
                                 // have landed with its spend; one that never went out, or that
                                 // the stream's `Lost` overtook, did not: the unary one carries it.
                                 let landed_maybe = sent && answer.is_none();
-                                let spend_usd = if landed_maybe { 0.0 } else { spend };
-                                // tokens: set by the key-limit plumbing
-                                let _ = self.client.clone().release(apb::ReleaseRequest { lease_id: self.lease_id.clone(), spend_usd, tokens: 0 }).await;
+                                let (spend_usd, tokens) = if landed_maybe { (0.0, 0) } else { (spend, tokens) };
+                                let _ = self.client.clone().release(apb::ReleaseRequest { lease_id: self.lease_id.clone(), spend_usd, tokens }).await;
                             }
                             let _ = reply.send(());
                             return;
@@ -248,8 +246,8 @@ impl Keeper {
 
 enum Reply {
     Attempt(oneshot::Sender<bool>),
-    /// With the spend, for a unary release if the stream one got no answer.
-    Release(oneshot::Sender<()>, f64),
+    /// With the spend and tokens, for a unary release if the stream one got no answer.
+    Release(oneshot::Sender<()>, f64, u64),
     Dropped,
 }
 
@@ -293,11 +291,11 @@ impl Lease for RemoteLease {
         Some(self.lost.clone())
     }
 
-    async fn release(mut self: Box<Self>, spend_usd: f64) {
+    async fn release(mut self: Box<Self>, spend_usd: f64, tokens: u64) {
         if let Some(commands) = self.commands.take() {
             let (reply, done) = oneshot::channel();
             if commands
-                .send(Command::Release(spend_usd, reply))
+                .send(Command::Release(spend_usd, tokens, reply))
                 .await
                 .is_ok()
             {

@@ -14,8 +14,8 @@ use poolgate_core::outcome::OutcomeClass;
 use poolgate_core::select::NoneReason;
 use poolgate_core::short_hash;
 use poolgate_core::windows::WindowReading;
-use poolgate_proto::convert;
 use poolgate_proto::convert::keys::KEY_REFUSAL_METADATA;
+use poolgate_proto::convert::{self, ConvertError};
 use poolgate_proto::selector::v1 as spb;
 use poolgate_proto::selector::v1::selector_client::SelectorClient;
 use poolgate_rpc::service_auth::WithToken;
@@ -272,6 +272,25 @@ fn key_refusal(status: &tonic::Status) -> Result<KeyRefused, BackendError> {
     })
 }
 
+/// The caller of a key `Authenticate` accepted. Lists or limits this relay cannot read are the
+/// selector's error (with a log line), never a key without them: that would lift them.
+fn known_caller(answer: spb::AuthenticateResponse) -> Result<Caller, BackendError> {
+    let unreadable = |error: ConvertError| {
+        tracing::warn!(%error, "the selector's key answer is unreadable; treated as a selector error");
+        BackendError::from(error)
+    };
+    let access = convert::keys::authenticated_access(&answer).map_err(unreadable)?;
+    let limits = convert::keys::authenticated_limits(&answer).map_err(unreadable)?;
+    Ok(Caller {
+        api_key_id: answer.api_key_id,
+        user: answer.user,
+        group: answer.group,
+        user_rpm_limit: answer.user_rpm_limit,
+        access,
+        limits,
+    })
+}
+
 fn platform_pb(platform: Platform) -> i32 {
     spb::Platform::from(platform) as i32
 }
@@ -287,22 +306,7 @@ impl Selection for RemoteSelection {
             })
             .await
         {
-            Ok(answer) => {
-                let answer = answer.into_inner();
-                // A list this relay cannot read is the selector's error, never a key without
-                // limits.
-                let access = convert::keys::authenticated_access(&answer).map_err(|error| {
-                    tracing::warn!(%error, "the selector's key answer is unreadable; treated as a selector error");
-                    BackendError::from(error)
-                })?;
-                Ok(KeyCheck::Known(Caller {
-                    api_key_id: answer.api_key_id,
-                    user: answer.user,
-                    group: answer.group,
-                    user_rpm_limit: answer.user_rpm_limit,
-                    access,
-                }))
-            }
+            Ok(answer) => known_caller(answer.into_inner()).map(KeyCheck::Known),
             Err(status) if status.code() == tonic::Code::PermissionDenied => {
                 key_refusal(&status).map(KeyCheck::Refused)
             }
@@ -514,6 +518,47 @@ mod tests {
                 ),
                 "{error:?}"
             );
+        }
+    }
+    #[test]
+    fn a_keys_limits_are_read_strictly_and_an_unreadable_one_is_a_selector_error() {
+        let answer = spb::AuthenticateResponse {
+            api_key_id: 7,
+            user: "alice".into(),
+            group: "default".into(),
+            key_concurrency_limit: 2,
+            key_tpm_limit: 1000,
+            key_budget_day_usd: 1.5,
+            ..spb::AuthenticateResponse::default()
+        };
+        let caller = known_caller(answer.clone()).expect("readable");
+        assert_eq!(caller.limits.concurrency_limit, 2);
+        assert_eq!(caller.limits.tpm_limit, 1000);
+        assert_eq!(caller.limits.budget_day_micros, 1_500_000);
+        let terms = caller.key_limits().expect("a key with limits");
+        assert_eq!(terms.api_key_id, 7, "the key's own id goes with its limits");
+        let none = known_caller(spb::AuthenticateResponse {
+            api_key_id: 8,
+            ..spb::AuthenticateResponse::default()
+        })
+        .expect("readable");
+        assert_eq!(
+            none.key_limits(),
+            None,
+            "a key without limits leases as before"
+        );
+        for unreadable in [
+            spb::AuthenticateResponse {
+                key_tpm_limit: -1,
+                ..answer.clone()
+            },
+            spb::AuthenticateResponse {
+                key_budget_month_usd: f64::NAN,
+                ..answer.clone()
+            },
+        ] {
+            let error = known_caller(unreadable).expect_err("not a key without limits");
+            assert!(matches!(error, BackendError::Convert(_)), "{error:?}");
         }
     }
 }

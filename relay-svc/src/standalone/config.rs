@@ -8,6 +8,8 @@ use poolgate_core::account::{
     Price, Secret, default_oauth_token_url,
 };
 use poolgate_core::keys::{KeyAccess, check_model_patterns, parse_endpoints};
+use poolgate_core::lease::KeyLimits;
+use poolgate_core::money::{MAX_SPEND_USD, usd_to_micros};
 use poolgate_core::windows::Thresholds;
 use poolgate_operator::instant::parse_instant;
 use poolgate_select::crypto::{api_key_hash, api_key_prefix};
@@ -70,6 +72,28 @@ pub struct KeyEntry {
     /// `messages`, `count_tokens`, `chat_completions`, `responses`, `models`; empty: any.
     #[serde(default, alias = "allowed_endpoints")]
     pub endpoints: Vec<String>,
+    /// Requests of the key in flight at once (docs/DESIGN.md §4, "Client key limits"); 0: none.
+    #[serde(default, alias = "concurrency_limit")]
+    pub concurrency: i64,
+    /// Input + output tokens over a rolling minute; 0: none.
+    #[serde(default, alias = "tpm_limit")]
+    pub tpm: i64,
+    /// Spend budgets in USD (the relay's `--budget-time-zone` and `--budget-week-start` calendar).
+    #[serde(default)]
+    pub budget_usd: BudgetEntry,
+}
+
+/// A key's spend budgets in USD; absent or 0: none.
+#[derive(Debug, Default, Deserialize)]
+pub struct BudgetEntry {
+    #[serde(default)]
+    pub total: f64,
+    #[serde(default)]
+    pub day: f64,
+    #[serde(default)]
+    pub week: f64,
+    #[serde(default)]
+    pub month: f64,
 }
 
 impl KeyEntry {
@@ -101,6 +125,43 @@ impl KeyEntry {
             disabled: self.disabled,
             allowed_models: self.models.clone(),
             allowed_endpoints: endpoints,
+        })
+    }
+
+    /// The key's limits (`api_key_id` is the key's id), checked; the error names the field
+    /// (`concurrency: …`, `budget_usd.day: …`).
+    fn limits(&self, api_key_id: i64) -> Result<KeyLimits, String> {
+        let concurrency_limit = i32::try_from(self.concurrency)
+            .ok()
+            .filter(|limit| *limit >= 0)
+            .ok_or_else(|| {
+                format!(
+                    "concurrency: must be a whole number >= 0 (0: none), got {}",
+                    self.concurrency
+                )
+            })?;
+        if self.tpm < 0 {
+            return Err(format!(
+                "tpm: must be a whole number >= 0 (0: none), got {}",
+                self.tpm
+            ));
+        }
+        let budget = |period: &str, usd: f64| {
+            usd_to_micros(usd).ok_or_else(|| {
+                format!(
+                    "budget_usd.{period}: must be an amount in [0, {MAX_SPEND_USD}] USD \
+                     (0: none), got {usd}"
+                )
+            })
+        };
+        Ok(KeyLimits {
+            api_key_id,
+            concurrency_limit,
+            tpm_limit: self.tpm,
+            budget_total_micros: budget("total", self.budget_usd.total)?,
+            budget_day_micros: budget("day", self.budget_usd.day)?,
+            budget_week_micros: budget("week", self.budget_usd.week)?,
+            budget_month_micros: budget("month", self.budget_usd.month)?,
         })
     }
 }
@@ -312,17 +373,19 @@ impl StandaloneFile {
             if entry.key.is_empty() {
                 return Err(format!("config: api_keys[{index}]: the key is empty"));
             }
-            let access = entry
+            let id = index as i64 + 1;
+            let (access, limits) = entry
                 .access()
+                .and_then(|access| Ok((access, entry.limits(id)?)))
                 .map_err(|problem| format!("config: api_keys[{index}].{problem}"))?;
             let record = ApiKeyRecord {
-                id: index as i64 + 1,
+                id,
                 name: format!("api_keys[{index}]"),
                 prefix: api_key_prefix(&entry.key),
                 user: entry.user.clone(),
                 group: entry.group.clone(),
                 user_rpm_limit: entry.rpm_limit,
-                limits: Default::default(),
+                limits,
                 active: true,
                 access,
             };
@@ -495,6 +558,47 @@ mod tests {
     }
 
     #[test]
+    fn a_keys_limits_are_read_from_the_yaml_and_a_key_without_them_has_none() {
+        let snapshot = keys(
+            "  - key: k1\n    concurrency: 2\n    tpm: 50000\n    \
+             budget_usd: {total: 100, day: 1.5, week: 5, month: 20.25}\n\
+             \x20 - {key: k2, budget_usd: {month: 50}}\n\
+             \x20 - {key: k3}\n",
+        )
+        .expect("valid limits");
+        let limits_of = |key: &str| {
+            snapshot
+                .api_key(&api_key_hash(key))
+                .expect("listed")
+                .limits
+                .clone()
+        };
+        assert_eq!(
+            limits_of("k1"),
+            KeyLimits {
+                api_key_id: 1,
+                concurrency_limit: 2,
+                tpm_limit: 50_000,
+                budget_total_micros: 100_000_000,
+                budget_day_micros: 1_500_000,
+                budget_week_micros: 5_000_000,
+                budget_month_micros: 20_250_000,
+            }
+        );
+        assert_eq!(
+            limits_of("k2"),
+            KeyLimits {
+                api_key_id: 2,
+                budget_month_micros: 50_000_000,
+                ..KeyLimits::default()
+            }
+        );
+        let none = limits_of("k3");
+        assert_eq!(none.api_key_id, 3);
+        assert!(!none.any(), "no limit given: none");
+    }
+
+    #[test]
     fn a_bad_key_field_is_refused_at_start_naming_the_entry_and_the_field() {
         for (entry, field) in [
             (
@@ -515,6 +619,31 @@ mod tests {
             (
                 "  - {key: k1, endpoints: [embeddings]}\n",
                 "api_keys[0].endpoints",
+            ),
+            (
+                "  - {key: k0}\n  - {key: k1, concurrency: -1}\n",
+                "api_keys[1].concurrency",
+            ),
+            (
+                "  - {key: k1, concurrency: 3000000000}\n",
+                "api_keys[0].concurrency",
+            ),
+            ("  - {key: k1, tpm: -5}\n", "api_keys[0].tpm"),
+            (
+                "  - {key: k1, budget_usd: {total: -1}}\n",
+                "api_keys[0].budget_usd.total",
+            ),
+            (
+                "  - {key: k1, budget_usd: {day: .nan}}\n",
+                "api_keys[0].budget_usd.day",
+            ),
+            (
+                "  - {key: k1, budget_usd: {week: .inf}}\n",
+                "api_keys[0].budget_usd.week",
+            ),
+            (
+                "  - {key: k1, budget_usd: {month: 2000000}}\n",
+                "api_keys[0].budget_usd.month",
             ),
         ] {
             let error = keys(entry).expect_err(entry);

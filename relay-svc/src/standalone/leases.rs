@@ -91,12 +91,13 @@ impl Lease for LocalLease {
         )
     }
 
-    async fn release(mut self: Box<Self>, spend_usd: f64) {
+    async fn release(mut self: Box<Self>, spend_usd: f64, tokens: u64) {
         self.released = true;
         self.renewer.abort();
         let micros = usd_to_micros(spend_usd).unwrap_or(0);
+        // A keyed lease charges its key's budgets and TPM here, once (docs/DESIGN.md §4).
         self.admission
-            .release(&self.lease_id, Some(&self.terms), micros)
+            .release_with(&self.lease_id, Some(&self.terms), micros, tokens)
             .await;
     }
 }

@@ -3,7 +3,9 @@
 //! wire them: the same selection, outcomes, confirmation probe, breaker, bindings and token
 //! refresh as a distributed deployment. Accounts and client keys come from a YAML file; what
 //! must survive a restart (refreshed OAuth tokens, retirements, the usage ledger, the usage
-//! windows' readings) goes to a state file.
+//! windows' readings) goes to a state file. Client keys' budget counters live in the memory
+//! admission engine and are rebuilt from the state file's usage ledger at start (docs/DESIGN.md
+//! §4, "Client key limits"), so a restart does not reset a budget.
 
 mod config;
 mod leases;
@@ -17,10 +19,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use poolgate_core::lease::Settings;
 use poolgate_lease::LeaseEngine;
+use poolgate_lease::calendar::{Calendar, Period, Periods, TOTAL_PERIOD};
+use poolgate_runtime::error::BackendError;
 use poolgate_select::engine::{Selector, SelectorError, SelectorParts, SelectorSettings};
 use poolgate_select::health::InProcessHealth;
 use poolgate_select::refresh::{RefreshSettings, TokenRefresher, refresh_loop};
 use poolgate_select::snapshot::SnapshotCell;
+use poolgate_select::source::budgets::{BudgetCounters, BudgetPeriod, BudgetPeriods, period_start};
 use poolgate_select::source::{MemorySource, StateFile};
 
 pub use config::{AccountEntry, KeyEntry, OAuthEntry, PriceEntry, Prices, StandaloneFile};
@@ -53,6 +58,8 @@ pub fn build(
     admission: Settings,
     metrics: &Metrics,
 ) -> Result<Standalone, String> {
+    let budgets = Calendar::new(&admission.budget_time_zone, admission.budget_week_start)
+        .map_err(|e| format!("budget calendar: {e}"))?;
     let admission = LocalLeases::engine(admission, &metrics.registry);
     let source = Arc::new(
         MemorySource::new(file.snapshot()?, state_file.map(StateFile::new))
@@ -88,6 +95,20 @@ pub fn build(
         Arc::downgrade(&selector),
         REFRESH_EVERY,
     ));
+    // The memory engine starts with no budget counter: each is set from the ledger before any
+    // request can have finished (a request is charged when it ends), and never again (memory is
+    // not flushed under a running relay).
+    let counters = LeaseBudgets {
+        engine: admission.clone(),
+        calendar: budgets,
+    };
+    let rebuilding = selector.clone();
+    tokio::spawn(async move {
+        match rebuilding.rebuild_budgets(&counters).await {
+            Ok(seeded) => tracing::debug!(seeded, "budget counters set from the usage ledger"),
+            Err(error) => tracing::warn!(%error, "budget counters not rebuilt from the ledger"),
+        }
+    });
     let usage = UsageSink::start(
         EngineUsage(selector.clone()),
         metrics.usage_lost.clone(),
@@ -100,6 +121,43 @@ pub fn build(
         source,
         admission,
     })
+}
+
+/// The memory admission engine's budget counters with the calendar it counts by (built from
+/// the same settings), for the rebuild from the ledger.
+struct LeaseBudgets {
+    engine: Arc<LeaseEngine>,
+    calendar: Calendar,
+}
+
+#[async_trait]
+impl BudgetCounters for LeaseBudgets {
+    async fn budget_periods(&self) -> Result<BudgetPeriods, BackendError> {
+        let now = self.engine.budget_periods().await?;
+        let period = |current: Period, pick: fn(Periods) -> Period| BudgetPeriod {
+            start_ms: period_start(current.ends_ms, |instant| {
+                let at = pick(self.calendar.periods(instant));
+                (at.id, at.ends_ms)
+            }),
+            id: current.id,
+            ends_ms: current.ends_ms,
+        };
+        Ok(BudgetPeriods {
+            total_id: TOTAL_PERIOD.to_owned(),
+            day: period(now.day, |p| p.day),
+            week: period(now.week, |p| p.week),
+            month: period(now.month, |p| p.month),
+        })
+    }
+
+    async fn seed_budget(
+        &self,
+        api_key_id: i64,
+        period_id: &str,
+        micros: i64,
+    ) -> Result<bool, BackendError> {
+        self.engine.seed_budget(api_key_id, period_id, micros).await
+    }
 }
 
 /// Where the state file goes when `--state-file` is not given: beside the config
@@ -145,5 +203,108 @@ impl UsageWriter for EngineUsage {
                 Ok(())
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use poolgate_core::lease::{DenyReason, KeyLimits, LeaseTerms};
+    use poolgate_lease::AcquireOutcome;
+    use poolgate_select::source::{AccountSource, UsageInput};
+    use poolgate_testkit::{Scratch, eventually};
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+
+    const FILE: &str = "api_keys:\n  - {key: k1, budget_usd: {day: 1}}\naccounts:\n  - {name: a, \
+                        platform: anthropic, base_url: \"http://127.0.0.1:9\", api_key: sk-x}\n";
+
+    fn terms() -> LeaseTerms {
+        LeaseTerms {
+            account_id: 1,
+            concurrency_limit: 5,
+            rpm_limit: 0,
+            user: None,
+            session_hash: None,
+            session_window_limit_micros: 0,
+            session_bound: false,
+            ignore_cooldown: false,
+            key: Some(KeyLimits {
+                api_key_id: 1,
+                budget_day_micros: 1_000_000,
+                ..KeyLimits::default()
+            }),
+        }
+    }
+
+    async fn acquire(standalone: &Standalone) -> AcquireOutcome {
+        standalone
+            .admission
+            .acquire(&terms(), Duration::ZERO, &CancellationToken::new(), |_| {})
+            .await
+            .expect("memory answers")
+    }
+
+    #[tokio::test]
+    async fn a_budget_spent_before_a_restart_is_still_spent_after_it() {
+        let scratch = Scratch::new("budget-restart").expect("scratch");
+        let state = scratch.path().join("state.json");
+        let file = StandaloneFile::parse(FILE).expect("file");
+        let start = || {
+            build(
+                &file,
+                Some(&state),
+                SelectorSettings::default(),
+                Settings::default(),
+                &Metrics::new(),
+            )
+            .expect("built")
+        };
+        let first = start();
+        let AcquireOutcome::Granted(lease) = acquire(&first).await else {
+            panic!("nothing spent yet: granted");
+        };
+        first.admission.release(&lease, Some(&terms()), 0).await;
+        // The ledger holds 1.5 USD of today's spend (the budget is 1 USD a day), in the file.
+        first
+            .source
+            .insert_usage(&[UsageInput {
+                api_key_id: Some(1),
+                user: "default".into(),
+                account_id: Some(1),
+                model: "claude-sonnet-4-5".into(),
+                input_tokens: 1,
+                output_tokens: 1,
+                cache_write_tokens: 0,
+                cache_read_tokens: 0,
+                cost_usd: 1.5,
+                status: 200,
+                latency_ms: 1,
+                at_ms: Some(poolgate_core::now_ms()),
+            }])
+            .await
+            .expect("recorded");
+        first.source.flush().await.expect("written");
+        drop(first);
+
+        // A new process: a fresh memory engine, the same state file.
+        let second = start();
+        eventually(Duration::from_secs(5), || async {
+            match acquire(&second).await {
+                AcquireOutcome::Denied(denial) if denial.reason == DenyReason::KeyBudget => {
+                    Some(())
+                }
+                // Freed at no cost, so only the ledger's spend can refuse the key.
+                AcquireOutcome::Granted(lease) => {
+                    second.admission.release(&lease, Some(&terms()), 0).await;
+                    None
+                }
+                _ => None,
+            }
+        })
+        .await
+        .expect("the day's budget is still spent after the restart");
     }
 }

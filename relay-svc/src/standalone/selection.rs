@@ -73,6 +73,7 @@ impl Selection for InProcessSelection {
                     group: record.group,
                     user_rpm_limit: record.user_rpm_limit,
                     access: record.access,
+                    limits: record.limits,
                 }),
                 Err(refusal) => KeyCheck::Refused(refusal.into()),
             }),

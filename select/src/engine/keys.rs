@@ -1,9 +1,16 @@
 //! A client key as its holder sees it (the self-service view, docs/DESIGN.md §6 "What a client
-//! key reaches"): its own record and its usage per period, never another key's.
+//! key reaches"): its own record and its usage per period, never another key's. And the
+//! rebuild of its budget counters from the usage ledger (docs/DESIGN.md §4, "Client key
+//! limits").
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use poolgate_core::keys::{KeyDescription, PeriodUsage, UsagePeriod};
+use poolgate_core::lease::KeyLimits;
 
 use crate::crypto::api_key_hash;
+use crate::source::budgets::{BudgetCounters, spend_micros};
 
 use super::{Selector, SelectorError};
 
@@ -37,4 +44,108 @@ impl Selector {
         }
         Ok(KeyDescription { record, usage })
     }
+}
+
+impl Selector {
+    /// Rebuilds admission's budget counters from the usage ledger (docs/DESIGN.md §4, "Client
+    /// key limits"): for every key with a budget (a disabled one too: its holder may be enabled
+    /// again within the period), the ledger's spend in each budgeted period of `counters`'
+    /// calendar, set where the counter is absent (a flush, a restart). A counter admission still
+    /// has is never touched, so a run counts nothing twice. Returns how many counters were set.
+    pub async fn rebuild_budgets(
+        &self,
+        counters: &dyn BudgetCounters,
+    ) -> Result<usize, SelectorError> {
+        let keys: Vec<KeyLimits> = self
+            .snapshot
+            .get()
+            .api_keys()
+            .filter(|key| key.active)
+            .map(|key| KeyLimits {
+                api_key_id: key.id,
+                ..key.limits.clone()
+            })
+            .filter(|limits| budgets(limits).any(|(_, micros)| micros > 0))
+            .collect();
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let periods = counters
+            .budget_periods()
+            .await
+            .map_err(|error| SelectorError::Unavailable(error.to_string()))?;
+        let ids: Vec<i64> = keys.iter().map(|key| key.api_key_id).collect();
+        // Everything recorded up to now: no record is later than the day's end.
+        let to_ms = periods.day.ends_ms;
+        let since = [
+            0,
+            periods.day.start_ms,
+            periods.week.start_ms,
+            periods.month.start_ms,
+        ];
+        let spend = self.source.spend_since(&ids, &since, to_ms).await?;
+        let period_ids = [
+            periods.total_id.as_str(),
+            periods.day.id.as_str(),
+            periods.week.id.as_str(),
+            periods.month.id.as_str(),
+        ];
+        let mut seeded = 0;
+        for key in &keys {
+            let Some(spent) = spend.get(&key.api_key_id) else {
+                continue;
+            };
+            for (index, (_, budget)) in budgets(key).enumerate() {
+                if budget <= 0 {
+                    continue;
+                }
+                let micros = spend_micros(spent.get(index).copied().unwrap_or(0.0));
+                let set = counters
+                    .seed_budget(key.api_key_id, period_ids[index], micros)
+                    .await
+                    .map_err(|error| SelectorError::Unavailable(error.to_string()))?;
+                if set {
+                    seeded += 1;
+                    tracing::info!(
+                        api_key_id = key.api_key_id,
+                        period = period_ids[index],
+                        micros,
+                        "budget counter rebuilt from the usage ledger"
+                    );
+                }
+            }
+        }
+        Ok(seeded)
+    }
+
+    /// Runs [`Selector::rebuild_budgets`] at once and then every `interval`, until the engine is
+    /// gone. A failed run is logged and retried at the next tick.
+    pub async fn rebuild_budgets_every(
+        selector: Weak<Selector>,
+        counters: Arc<dyn BudgetCounters>,
+        interval: Duration,
+    ) {
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(selector) = selector.upgrade() else {
+                return;
+            };
+            if let Err(error) = selector.rebuild_budgets(counters.as_ref()).await {
+                tracing::warn!(%error, "budget rebuild from the usage ledger failed; retrying");
+            }
+        }
+    }
+}
+
+/// A key's budgets in the rebuild's order: total, day, week, month.
+fn budgets(limits: &KeyLimits) -> impl Iterator<Item = (&'static str, i64)> {
+    [
+        ("total", limits.budget_total_micros),
+        ("day", limits.budget_day_micros),
+        ("week", limits.budget_week_micros),
+        ("month", limits.budget_month_micros),
+    ]
+    .into_iter()
 }

@@ -3,6 +3,8 @@
 //! feature: every selector replica) and memory (`memory.rs`: the relay's standalone mode, its
 //! config file plus an optional state file for what must survive a restart).
 
+use std::collections::HashMap;
+
 use async_trait::async_trait;
 
 use crate::crypto::CryptoError;
@@ -10,6 +12,7 @@ use crate::snapshot::Snapshot;
 use poolgate_core::AccountId;
 use poolgate_core::account::{Account, AccountStatus, Secret};
 
+pub mod budgets;
 mod memory;
 
 pub use memory::{MemorySource, StateFile};
@@ -98,4 +101,25 @@ pub trait AccountSource: Send + Sync + 'static {
         from_ms: i64,
         to_ms: i64,
     ) -> Result<UsageTotals, StoreError>;
+
+    /// The spend (USD) of each key in `api_key_ids` in `[since, to_ms)` for each of `since_ms`,
+    /// in that order: what the budget rebuild seeds admission's counters with (docs/DESIGN.md
+    /// §4). A key with no usage has zeros. By default one `read_usage` per key and period; a
+    /// store that can sum them in one query does.
+    async fn spend_since(
+        &self,
+        api_key_ids: &[i64],
+        since_ms: &[i64],
+        to_ms: i64,
+    ) -> Result<HashMap<i64, Vec<f64>>, StoreError> {
+        let mut spend = HashMap::with_capacity(api_key_ids.len());
+        for &api_key_id in api_key_ids {
+            let mut periods = Vec::with_capacity(since_ms.len());
+            for &since in since_ms {
+                periods.push(self.read_usage(api_key_id, since, to_ms).await?.cost_usd);
+            }
+            spend.insert(api_key_id, periods);
+        }
+        Ok(spend)
+    }
 }

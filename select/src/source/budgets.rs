@@ -1,0 +1,130 @@
+//! The usage ledger as the ground truth of client keys' spend budgets (docs/DESIGN.md §4,
+//! "Client key limits"): admission counts each budget in a counter of its own (Redis, or the
+//! memory store), and a counter lost to a flush or a restart is rebuilt from the ledger, so
+//! neither resets a budget. This module holds what the rebuild needs of the lease engine (the
+//! [`BudgetCounters`] port each composition root wires to its `poolgate-lease` engine) and the
+//! calendar arithmetic it shares; `Selector::rebuild_budgets` runs it.
+
+use async_trait::async_trait;
+use poolgate_runtime::error::BackendError;
+
+/// One calendar period of the deployment's budget calendar: the counter's id (as the lease
+/// engine names it: `d:2026-12-02`) and the instants it spans, `[start_ms, ends_ms)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BudgetPeriod {
+    pub id: String,
+    pub start_ms: i64,
+    pub ends_ms: i64,
+}
+
+/// The periods containing the lease engine's now, and the id of the total's counter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BudgetPeriods {
+    pub total_id: String,
+    pub day: BudgetPeriod,
+    pub week: BudgetPeriod,
+    pub month: BudgetPeriod,
+}
+
+/// What the rebuild needs of admission's budget counters.
+#[async_trait]
+pub trait BudgetCounters: Send + Sync {
+    /// The current periods, from the lease engine's clock and calendar (its time zone and week
+    /// start), so the ledger is summed over exactly the periods admission counts.
+    async fn budget_periods(&self) -> Result<BudgetPeriods, BackendError>;
+
+    /// Sets a key's counter for `period_id` to `micros` only where it is absent (never adding
+    /// to a counter admission is charging); whether it was set.
+    async fn seed_budget(
+        &self,
+        api_key_id: i64,
+        period_id: &str,
+        micros: i64,
+    ) -> Result<bool, BackendError>;
+}
+
+/// An hour: shorter than any calendar period, so a step back of one from a period's first
+/// instant lands in the period before it.
+const STEP_MS: i64 = 3_600_000;
+
+/// More hours than the longest month (31 days and a DST hour).
+const MAX_STEPS: i64 = 32 * 24;
+
+/// When the period that ends at `ends_ms` began: the end of the period before it, found by
+/// stepping back an hour at a time. `period_at(instant)` is the calendar's period containing
+/// `instant`, as (id, ends_ms). Calendars name a period only by its end, and the end of one
+/// is the start of the next (a day across a DST change lasts 23 or 25 hours, so a start is not
+/// an end minus a fixed length). Should no earlier period turn up within a month, the earliest
+/// instant looked at is returned: a longer range counts more spend, never less.
+pub fn period_start(ends_ms: i64, period_at: impl Fn(i64) -> (String, i64)) -> i64 {
+    let (id, _) = period_at(ends_ms - 1);
+    let mut instant = ends_ms - 1;
+    for _ in 0..MAX_STEPS {
+        instant -= STEP_MS;
+        let (other, other_ends_ms) = period_at(instant);
+        if other != id {
+            return other_ends_ms;
+        }
+    }
+    instant
+}
+
+/// A spend in USD as a counter's micro-USD (never negative; a sum past what `i64` holds
+/// saturates rather than wrapping to a small one).
+pub fn spend_micros(usd: f64) -> i64 {
+    if usd.is_nan() || usd <= 0.0 {
+        return 0;
+    }
+    (usd * poolgate_core::money::MICROS_PER_USD).round() as i64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A toy calendar of days of `day_ms`, the `n`th named `d:n`, with one 23-hour day (day
+    /// 10) to show a start is not an end minus a fixed length.
+    fn days(instant: i64) -> (String, i64) {
+        const H: i64 = STEP_MS;
+        let ends = |n: i64| {
+            if n < 10 {
+                (n + 1) * 24 * H
+            } else {
+                (n + 1) * 24 * H - H
+            }
+        };
+        let mut n = 0;
+        while ends(n) <= instant {
+            n += 1;
+        }
+        (format!("d:{n}"), ends(n))
+    }
+
+    #[test]
+    fn a_periods_start_is_the_end_of_the_one_before_it() {
+        const H: i64 = STEP_MS;
+        // Day 3 spans [72h, 96h).
+        assert_eq!(period_start(96 * H, days), 72 * H);
+        // Day 11 follows the 23-hour day 10, which ended at 263h.
+        assert_eq!(days(264 * H), ("d:11".to_owned(), 287 * H));
+        assert_eq!(period_start(287 * H, days), 263 * H);
+        assert_eq!(period_start(263 * H, days), 240 * H);
+    }
+
+    #[test]
+    fn a_period_without_a_start_in_reach_counts_from_the_earliest_instant_looked_at() {
+        let forever = |_: i64| ("t".to_owned(), i64::MAX);
+        assert_eq!(
+            period_start(1_000 * STEP_MS, forever),
+            1_000 * STEP_MS - 1 - MAX_STEPS * STEP_MS
+        );
+    }
+
+    #[test]
+    fn spend_is_counted_in_micros_never_negative() {
+        assert_eq!(spend_micros(1.25), 1_250_000);
+        assert_eq!(spend_micros(-1.0), 0);
+        assert_eq!(spend_micros(f64::NAN), 0);
+        assert_eq!(spend_micros(f64::INFINITY), i64::MAX);
+    }
+}
