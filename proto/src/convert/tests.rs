@@ -528,10 +528,10 @@ mod keys {
     use super::super::keys::*;
     use crate::selector::v1 as spb;
     use poolgate_core::account::ApiKeyRecord;
-    use poolgate_core::lease::KeyLimits;
     use poolgate_core::keys::{
         Endpoint, KeyAccess, KeyDescription, KeyRefusal, PeriodUsage, UsagePeriod,
     };
+    use poolgate_core::lease::KeyLimits;
 
     fn record(access: KeyAccess) -> ApiKeyRecord {
         ApiKeyRecord {
@@ -604,10 +604,13 @@ mod keys {
     #[test]
     fn a_limit_that_cannot_be_read_is_an_error_naming_the_field_not_no_limit() {
         let good = spb::AuthenticateResponse::from(&with_limits());
-        let cases: [(&str, fn(&mut spb::AuthenticateResponse)); 7] = [
+        type Spoil = fn(&mut spb::AuthenticateResponse);
+        let cases: [(&str, Spoil); 7] = [
             ("key_concurrency_limit", |a| a.key_concurrency_limit = -1),
             ("key_tpm_limit", |a| a.key_tpm_limit = -1),
-            ("key_budget_total_usd", |a| a.key_budget_total_usd = f64::NAN),
+            ("key_budget_total_usd", |a| {
+                a.key_budget_total_usd = f64::NAN
+            }),
             ("key_budget_day_usd", |a| a.key_budget_day_usd = -0.5),
             ("key_budget_week_usd", |a| {
                 a.key_budget_week_usd = f64::INFINITY

@@ -1,6 +1,6 @@
 //! Bookkeeping after the answer's last byte, off the client's latency path: the lease released
-//! with the request's spend and tokens, the success reported, the session and response bound, the usage
-//! record queued.
+//! with the request's spend and tokens, the success reported, the session and response bound,
+//! the usage record queued.
 
 use std::sync::Arc;
 use std::time::Instant;
