@@ -182,14 +182,5 @@ impl Cli {
 
 /// `--budget-week-start`: a weekday's English name, any case.
 fn week_start(text: &str) -> Result<Weekday, String> {
-    Ok(match text.to_ascii_lowercase().as_str() {
-        "monday" => Weekday::Monday,
-        "tuesday" => Weekday::Tuesday,
-        "wednesday" => Weekday::Wednesday,
-        "thursday" => Weekday::Thursday,
-        "friday" => Weekday::Friday,
-        "saturday" => Weekday::Saturday,
-        "sunday" => Weekday::Sunday,
-        _ => return Err("must be a weekday: monday … sunday".into()),
-    })
+    Weekday::parse(text)
 }

@@ -330,6 +330,20 @@ impl Weekday {
     pub fn days_from_monday(self) -> u8 {
         self as u8
     }
+
+    /// A weekday's English name, any case (`--budget-week-start`).
+    pub fn parse(text: &str) -> Result<Weekday, String> {
+        Ok(match text.to_ascii_lowercase().as_str() {
+            "monday" => Weekday::Monday,
+            "tuesday" => Weekday::Tuesday,
+            "wednesday" => Weekday::Wednesday,
+            "thursday" => Weekday::Thursday,
+            "friday" => Weekday::Friday,
+            "saturday" => Weekday::Saturday,
+            "sunday" => Weekday::Sunday,
+            _ => return Err("must be a weekday: monday … sunday".into()),
+        })
+    }
 }
 
 impl Default for Settings {

@@ -739,10 +739,12 @@ impl LeaseEngine {
             .await
     }
 
-    /// Sets a client key's budget counter for `period_id` (`t`, `d:2026-12-02`, `w:…`, `m:…`)
-    /// only where the backend lost it (a flush, a restart): the hook through which the usage
-    /// ledger rebuilds budgets. The counter lives past its period's end like a charged one.
-    /// Returns whether it was set.
+    /// Raises a client key's budget counter for `period_id` (`t`, `d:2026-12-02`, `w:…`, `m:…`)
+    /// to `micros` where it holds less — absent after a flush or a restart, or recreated by the
+    /// charges since — and never lowers it: the hook through which the usage ledger rebuilds
+    /// budgets. The ledger and the counter both count only spend that happened, so the larger
+    /// never counts a request twice. A new counter lives past its period's end like a charged
+    /// one. Returns whether it was raised.
     pub async fn seed_budget(
         &self,
         api_key_id: i64,

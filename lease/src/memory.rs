@@ -719,8 +719,12 @@ impl LeaseBackend for MemoryBackend {
         Ok(self.with_state(|state, now| {
             let key = state.keys.entry(api_key_id).or_default();
             key.spent(period_id, now);
-            if key.spend.contains_key(period_id) {
-                return false;
+            if let Some((spent, _)) = key.spend.get_mut(period_id) {
+                if *spent >= micros {
+                    return false;
+                }
+                *spent = micros;
+                return true;
             }
             let expiry = if expires_in_ms == 0 {
                 0

@@ -136,6 +136,7 @@ store_suite!(
     a_day_budget_resets_at_local_midnight_across_a_dst_change,
     the_total_budget_never_resets_and_week_and_month_budgets_follow_the_calendar,
     a_seeded_budget_counts_only_where_the_counter_was_lost,
+    a_seed_raises_a_counter_recreated_after_a_flush,
     a_keyed_release_charges_the_key_once,
 );
 
@@ -515,7 +516,41 @@ async fn a_seeded_budget_counts_only_where_the_counter_was_lost(store: Store) {
             .seed_budget(87, &periods.day.id, 0)
             .await
             .expect("seed"),
-        "a counter that exists is never overwritten"
+        "a counter is never lowered"
+    );
+}
+
+/// A counter a flush lost and charges recreated since holds only the charges after the flush:
+/// the ledger's larger sum raises it (the spend before the flush counts again), and a smaller
+/// one leaves it.
+async fn a_seed_raises_a_counter_recreated_after_a_flush(store: Store) {
+    let engine = store.engine(settings()).await;
+    clock_at(&engine, "2026-12-02T11:00:00Z");
+    let request = terms(
+        183,
+        0,
+        KeyLimits {
+            budget_day_micros: 1_000_000,
+            ..key(89, 0)
+        },
+    );
+    let lease = granted(&engine, &request).await;
+    engine
+        .release_with(&lease, Some(&request), 300_000, 0)
+        .await;
+    let day = engine.budget_periods().await.expect("periods").day.id;
+    assert!(
+        !engine.seed_budget(89, &day, 200_000).await.expect("seed"),
+        "a ledger behind the counter leaves it"
+    );
+    granted(&engine, &request).await;
+    assert!(
+        engine.seed_budget(89, &day, 1_000_000).await.expect("seed"),
+        "the ledger's larger sum raises the counter"
+    );
+    assert_eq!(
+        denied(acquire(&engine, &request, Duration::ZERO).await).0,
+        DenyReason::KeyBudget
     );
 }
 

@@ -18,6 +18,7 @@ use crate::proxy::{EdgeSettings, RelaySettings};
 use crate::run::{self, Addresses};
 use crate::server::{self, Mode};
 use crate::standalone::StandaloneFile;
+use poolgate_core::lease::Weekday;
 
 /// poolgate relay: an Anthropic- and OpenAI-compatible endpoint over pooled upstream accounts.
 #[derive(Debug, Parser)]
@@ -50,6 +51,13 @@ pub struct Cli {
     /// A file holding the admin token (a trailing newline is ignored).
     #[arg(long, env = "RELAY_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,
+    /// --standalone: the time zone of client keys' calendar budgets (day, week, month), an IANA
+    /// name (distributed: admission's and the selector's flag of the same name).
+    #[arg(long, env = "ADMISSION_BUDGET_TIME_ZONE", default_value = "UTC")]
+    pub budget_time_zone: String,
+    /// --standalone: the first day of a budget week (`monday` … `sunday`).
+    #[arg(long, env = "ADMISSION_BUDGET_WEEK_START", default_value = "monday", value_parser = Weekday::parse)]
+    pub budget_week_start: Weekday,
     /// Largest request body accepted, bytes.
     #[arg(long, env = "RELAY_MAX_BODY_BYTES", default_value_t = 32 << 20)]
     pub max_body_bytes: usize,
@@ -203,7 +211,11 @@ pub fn config(cli: &Cli) -> Result<run::Config, String> {
             mode,
             relay: relay_settings(cli),
             blocks: Default::default(),
-            admission: Default::default(),
+            admission: poolgate_core::lease::Settings {
+                budget_time_zone: cli.budget_time_zone.clone(),
+                budget_week_start: cli.budget_week_start,
+                ..Default::default()
+            },
             shutdown_grace: Duration::from_millis(cli.shutdown_grace_ms),
         },
         admin_token,
@@ -238,6 +250,8 @@ fn standalone_mode(cli: &Cli) -> Result<Mode, String> {
                 .into(),
         );
     };
+    poolgate_lease::calendar::Calendar::new(&cli.budget_time_zone, cli.budget_week_start)
+        .map_err(|e| format!("--budget-time-zone: {e}"))?;
     let text =
         std::fs::read_to_string(path).map_err(|e| format!("--config {}: {e}", path.display()))?;
     let state_file = cli

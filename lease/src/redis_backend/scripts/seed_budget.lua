@@ -1,9 +1,12 @@
+local seed = tonumber(ARGV[1])
 local ttl = tonumber(ARGV[2])
-local set
-if ttl > 0 then
-  set = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ttl)
+local current = redis.call('GET', KEYS[1])
+if current and tonumber(current) >= seed then return {0, now} end
+if current then
+  redis.call('SET', KEYS[1], ARGV[1], 'KEEPTTL')
+elseif ttl > 0 then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ttl)
 else
-  set = redis.call('SET', KEYS[1], ARGV[1], 'NX')
+  redis.call('SET', KEYS[1], ARGV[1])
 end
-if set then return {1, now} end
-return {0, now}
+return {1, now}
