@@ -78,6 +78,7 @@ health_suite!(
     a_nearly_full_week_orders_last_for_new_sessions_but_stays_in_the_plan_through_the_engine,
     an_account_with_no_window_readings_is_neither_empty_nor_full_through_the_engine,
     a_groups_own_window_thresholds_move_its_sessions_sooner_and_show_in_its_gauges,
+    an_account_whose_plan_window_is_used_up_is_left_out_until_its_reset,
 );
 
 /// A health store under test, with the admission engine its hard blocks and loads belong to.
@@ -1218,6 +1219,17 @@ async fn usage_windows_keep_the_newest_reading_per_window_and_drop_long_past_res
         .store_windows(1, std::slice::from_ref(&late_week))
         .await
         .expect("stored");
+    // A later answer to an earlier request (observed last, less used, the same period) never
+    // rolls the window back.
+    let rolled_back = WindowReading {
+        utilization: Some(0.32),
+        observed_at_ms: week.observed_at_ms + 2_000,
+        ..week.clone()
+    };
+    health
+        .store_windows(1, std::slice::from_ref(&rolled_back))
+        .await
+        .expect("stored");
     // A reading whose reset passed two days ago is dropped; one past its reset by a minute is
     // kept (it reads as empty, which `assess` decides, not the store).
     let long_past = WindowReading {
@@ -1235,7 +1247,7 @@ async fn usage_windows_keep_the_newest_reading_per_window_and_drop_long_past_res
     health.store_windows(1, &[]).await.expect("nothing stored");
     assert_eq!(
         by_use(health.read_windows(&[1]).await.expect("read").remove(0)),
-        vec![five_hours, newer_week, opus, just_past],
+        vec![five_hours, newer_week.clone(), opus, just_past],
         "the newest reading per window, without the long-past one"
     );
 
@@ -1251,6 +1263,22 @@ async fn usage_windows_keep_the_newest_reading_per_window_and_drop_long_past_res
     assert!(read[1].is_empty(), "never written: no readings");
     assert_eq!(read[2].len(), 4);
     assert!(health.read_windows(&[]).await.expect("read").is_empty());
+
+    // The next period replaces the last, though less used; the last never comes back.
+    let next_week = reading(WindowKind::SevenDay, Scope::Account, 0.02, 7 * DAY_MS);
+    let old_period = WindowReading {
+        utilization: Some(0.9),
+        observed_at_ms: next_week.observed_at_ms + 1_000,
+        ..newer_week.clone()
+    };
+    health
+        .store_windows(2, &[next_week.clone(), old_period])
+        .await
+        .expect("stored");
+    assert_eq!(
+        health.read_windows(&[2]).await.expect("read").remove(0),
+        vec![next_week]
+    );
 }
 
 /// A week `used` and resetting in six days: not expiring (less left than time), so it orders by
@@ -1415,11 +1443,22 @@ async fn a_relay_clock_ahead_or_a_far_reset_cannot_pin_a_window_reading(store: S
         .record_windows(1, vec![ahead])
         .await
         .expect("recorded");
+    let stored = store
+        .health
+        .read_windows(&[1])
+        .await
+        .expect("read")
+        .remove(0);
+    assert!(
+        stored[0].observed_at_ms <= now_ms(),
+        "a stamp ahead of the selector's clock is kept as the selector's now"
+    );
     tokio::time::sleep(Duration::from_millis(5)).await;
-    let now = reading(WindowKind::SevenDay, Scope::Account, 0.1, 3 * DAY_MS);
+    // The next period's first answer (less used, a later reset) replaces it.
+    let next = reading(WindowKind::SevenDay, Scope::Account, 0.1, 7 * DAY_MS);
     engine
         .selector
-        .record_windows(1, vec![now])
+        .record_windows(1, vec![next])
         .await
         .expect("recorded");
     let stored = store
@@ -1432,7 +1471,7 @@ async fn a_relay_clock_ahead_or_a_far_reset_cannot_pin_a_window_reading(store: S
     assert_eq!(
         stored[0].utilization,
         Some(0.1),
-        "the later answer wins over one stamped by a clock an hour ahead"
+        "the next period's answer wins over one stamped by a clock an hour ahead"
     );
     let far = reading(
         WindowKind::SevenDayModel,
@@ -1524,4 +1563,44 @@ async fn a_groups_own_window_thresholds_move_its_sessions_sooner_and_show_in_its
             "{group}: 0.07 + 0.8 of a week left, got {left}"
         );
     }
+}
+
+/// A week the upstream reported used up (`rejected`, no overage paying for more) cannot serve:
+/// the account is left out of plans until the week's reset, instead of earning a 429 per
+/// request; when every account is out, the plan says so with the earliest reset.
+async fn an_account_whose_plan_window_is_used_up_is_left_out_until_its_reset(store: Store) {
+    let engine = Engine::new(
+        &store,
+        vec![account(1, "g", |_| {}), account(2, "g", |_| {})],
+    );
+    let used_up = |reset_in_ms: i64| {
+        vec![WindowReading {
+            status: WindowStatus::Rejected,
+            ..reading(WindowKind::SevenDay, Scope::Account, 1.0, reset_in_ms)
+        }]
+    };
+    engine
+        .selector
+        .record_windows(1, used_up(2 * DAY_MS))
+        .await
+        .expect("recorded");
+    engine
+        .selector
+        .record_windows(2, week_at(0.5, WindowStatus::Allowed))
+        .await
+        .expect("recorded");
+    assert_eq!(ids(&engine.plan(&query("g")).await), vec![2]);
+    engine
+        .selector
+        .record_windows(2, used_up(6 * DAY_MS))
+        .await
+        .expect("recorded");
+    let plan = engine.plan(&query("g")).await;
+    assert_eq!(plan.none_reason, Some(NoneReason::AllBlocked));
+    let two_days = 2 * DAY_MS as u64;
+    assert!(
+        (two_days - 60_000..=two_days).contains(&plan.retry_after_ms),
+        "the earliest reset: {}",
+        plan.retry_after_ms
+    );
 }

@@ -276,14 +276,62 @@ impl Assessment {
     }
 }
 
-/// The newest reading per window: a store may hold older ones next to newer.
+/// Whether `reading` should replace `kept`, a reading of the same window (kind and scope).
+///
+/// Answers arrive out of order: a long generation's 200 lands after later requests' answers, and
+/// its headers describe the window as it stood when the upstream counted it. Within one period a
+/// plan window's use only grows, so for plan windows and overage the reading of the later period
+/// wins (its reset later by more than a tolerance: a tenth of the window, at most a minute, for
+/// resets computed from `reset-after` seconds), and within the same period the one further along
+/// (status, then utilization), whichever arrived last. A per-minute API-key limit refills
+/// continuously: its reading observed last wins.
+pub fn supersedes(reading: &WindowReading, kept: &WindowReading) -> bool {
+    let observed_later = reading.observed_at_ms >= kept.observed_at_ms;
+    if matches!(reading.kind, WindowKind::PerMinute(_)) {
+        return observed_later;
+    }
+    let tolerance = reading
+        .length_ms
+        .or(reading.kind.default_length_ms())
+        .map_or(MINUTE_MS, |length| (length / 10).clamp(0, MINUTE_MS));
+    if reading.reset_at_ms > kept.reset_at_ms + tolerance {
+        return true;
+    }
+    if reading.reset_at_ms + tolerance < kept.reset_at_ms {
+        return false;
+    }
+    let progress = |r: &WindowReading| (r.status, r.utilization.unwrap_or(-1.0));
+    let (new, old) = (progress(reading), progress(kept));
+    match new.0.cmp(&old.0) {
+        std::cmp::Ordering::Greater => true,
+        std::cmp::Ordering::Less => false,
+        std::cmp::Ordering::Equal if new.1 != old.1 => new.1 > old.1,
+        std::cmp::Ordering::Equal => observed_later,
+    }
+}
+
+/// Merges one answer's readings into those kept for an account: per window, [`supersedes`].
+pub fn merge_readings(kept: &mut Vec<WindowReading>, incoming: &[WindowReading]) {
+    for reading in incoming {
+        match kept
+            .iter_mut()
+            .find(|k| k.kind == reading.kind && k.scope == reading.scope)
+        {
+            Some(slot) if supersedes(reading, slot) => *slot = reading.clone(),
+            Some(_) => {}
+            None => kept.push(reading.clone()),
+        }
+    }
+}
+
+/// The reading that stands per window (`supersedes`): a store may hold older ones next to newer.
 fn newest(readings: &[WindowReading]) -> Vec<&WindowReading> {
     let mut by_window: HashMap<(WindowKind, &Scope), &WindowReading> = HashMap::new();
     for reading in readings {
         let slot = by_window
             .entry((reading.kind, &reading.scope))
             .or_insert(reading);
-        if reading.observed_at_ms > slot.observed_at_ms {
+        if supersedes(reading, slot) {
             *slot = reading;
         }
     }
@@ -507,6 +555,55 @@ mod tests {
     }
 
     #[test]
+    fn a_late_answer_never_rolls_a_window_back_and_a_new_period_replaces_the_old() {
+        let kept = reading(WindowKind::SevenDay, 0.6, 3 * DAY_MS);
+        // An earlier request's answer arriving later: less used, same reset.
+        let late = WindowReading {
+            utilization: Some(0.5),
+            observed_at_ms: kept.observed_at_ms + 500,
+            ..kept.clone()
+        };
+        assert!(!supersedes(&late, &kept));
+        // Further along in the same period, its reset a few seconds off (computed from
+        // reset-after seconds): replaces, whenever it was observed.
+        let further = WindowReading {
+            utilization: Some(0.7),
+            reset_at_ms: kept.reset_at_ms - 3_000,
+            observed_at_ms: kept.observed_at_ms - 100,
+            ..kept.clone()
+        };
+        assert!(supersedes(&further, &kept));
+        // Rejected is further along than any allowed figure.
+        let rejected = WindowReading {
+            status: WindowStatus::Rejected,
+            utilization: None,
+            ..kept.clone()
+        };
+        assert!(supersedes(&rejected, &kept));
+        // The next period: replaces, though it is less used; the previous period never returns.
+        let next = reading(WindowKind::SevenDay, 0.05, 10 * DAY_MS);
+        assert!(supersedes(&next, &kept));
+        assert!(!supersedes(&kept, &next));
+        // The same figures: the one observed last.
+        let again = WindowReading {
+            observed_at_ms: kept.observed_at_ms + 1,
+            ..kept.clone()
+        };
+        assert!(supersedes(&again, &kept));
+        // A per-minute limit refills: the last observed wins even when less used.
+        let minute = reading(WindowKind::PerMinute(MinuteLimit::Tokens), 0.8, 30_000);
+        let refilled = WindowReading {
+            utilization: Some(0.2),
+            observed_at_ms: minute.observed_at_ms + 1_000,
+            ..minute.clone()
+        };
+        assert!(supersedes(&refilled, &minute));
+        let mut stored = vec![kept.clone()];
+        merge_readings(&mut stored, &[late, further.clone(), minute.clone()]);
+        assert_eq!(stored, vec![further, minute]);
+    }
+
+    #[test]
     fn left_by_window_counts_fresh_account_windows_only() {
         let week = reading(WindowKind::SevenDay, 0.25, 3 * DAY_MS);
         let past = reading(WindowKind::FiveHour, 0.9, -HOUR_MS);
@@ -592,11 +689,16 @@ mod tests {
     }
 
     #[test]
-    fn the_newest_reading_of_a_window_wins() {
+    fn the_reading_that_stands_is_the_later_period_or_further_along() {
         let old = reading(WindowKind::SevenDay, 0.95, DAY_MS);
-        let mut new = reading(WindowKind::SevenDay, 0.2, DAY_MS);
-        new.observed_at_ms = NOW - 10;
-        let assessment = assess(&[new, old], NOW, Thresholds::default());
+        // Observed later, the same period, less used: a late answer, not a refill.
+        let mut late = reading(WindowKind::SevenDay, 0.2, DAY_MS);
+        late.observed_at_ms = NOW - 10;
+        let assessment = assess(&[late, old.clone()], NOW, Thresholds::default());
+        assert!((assessment.headroom.unwrap_or(1.0) - 0.05).abs() < 1e-9);
+        // The next period stands over the last.
+        let next = reading(WindowKind::SevenDay, 0.2, 8 * DAY_MS);
+        let assessment = assess(&[old, next], NOW, Thresholds::default());
         assert_eq!(assessment.headroom, Some(0.8));
     }
 }

@@ -451,10 +451,10 @@ impl Selection for RemoteSelection {
     }
 
     fn record_windows(&self, account_id: i64, readings: Vec<WindowReading>) {
-        self.windows
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(account_id, readings);
+        // Answers of one flush period merge as the store merges them: a late answer's older
+        // figures never replace a later one's.
+        let mut pending = self.windows.lock().unwrap_or_else(|p| p.into_inner());
+        poolgate_core::windows::merge_readings(pending.entry(account_id).or_default(), &readings);
     }
 
     async fn models(&self, group: &str, platform: Platform) -> Vec<String> {

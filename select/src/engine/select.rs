@@ -152,16 +152,18 @@ impl Selector {
         self.assess_windows(&query.group, thresholds, &mut candidates)
             .await;
         // A model-scoped weekly limit that ran out keeps the account from the models it covers
-        // until its reset; the account still serves every other model (docs/DESIGN.md §5).
+        // until its reset; the account still serves every other model. A plan window the
+        // upstream reported used up, with no overage paying for more, keeps it from every model
+        // until that reset: it cannot serve, so asking it only earns a 429 (docs/DESIGN.md §5).
         let now = now_ms();
         let mut model_blocked_until: Option<i64> = None;
         candidates.retain(|candidate| {
             let mapped = candidate.account.mapped_model(&query.model);
-            match candidate
-                .windows
-                .as_ref()
-                .and_then(|windows| windows.blocked_for_model(&mapped))
-            {
+            match candidate.windows.as_ref().and_then(|windows| {
+                let exhausted = windows.exhausted_until_ms.filter(|until| *until > now);
+                let for_model = windows.blocked_for_model(&mapped);
+                exhausted.max(for_model)
+            }) {
                 Some(until) if until > now => {
                     model_blocked_until =
                         Some(model_blocked_until.map_or(until, |earliest| earliest.min(until)));

@@ -213,11 +213,13 @@ pub const WINDOWS_TTL_MS: u64 = 8 * 24 * 3_600_000;
 pub const WINDOWS_KEPT_PAST_RESET_MS: i64 = 24 * 3_600_000;
 
 /// The usage windows each account's answers reported (docs/DESIGN.md §5, "Spending what expires
-/// first"): the newest reading per window (kind and scope), shared by every replica.
+/// first"): the latest standing per window (kind and scope), shared by every replica.
 #[async_trait]
 pub trait Windows: Send + Sync + 'static {
-    /// Merges `readings` into the account's: per window (kind and scope) the reading observed
-    /// last wins (a tie goes to the one written last); readings whose reset passed more than
+    /// Merges `readings` into the account's: per window (kind and scope) a reading replaces the
+    /// kept one as `poolgate_core::windows::supersedes` says (a later period, or further along
+    /// in the same one, so a late answer never rolls a window back; a per-minute limit: observed
+    /// last, a tie to the one written last); readings whose reset passed more than
     /// [`WINDOWS_KEPT_PAST_RESET_MS`] ago are dropped. The account's readings lapse
     /// [`WINDOWS_TTL_MS`] after the last write.
     async fn store_windows(
@@ -251,16 +253,7 @@ fn window_kept(reading: &WindowReading, now_ms: i64) -> bool {
 /// `stored` with `incoming` merged in, as [`Windows::store_windows`] says (the memory store;
 /// the Redis store's script does the same).
 fn merge_windows(stored: &mut Vec<WindowReading>, incoming: &[WindowReading], now_ms: i64) {
-    for reading in incoming {
-        match stored
-            .iter_mut()
-            .find(|kept| kept.kind == reading.kind && kept.scope == reading.scope)
-        {
-            Some(kept) if kept.observed_at_ms > reading.observed_at_ms => {}
-            Some(kept) => *kept = reading.clone(),
-            None => stored.push(reading.clone()),
-        }
-    }
+    poolgate_core::windows::merge_readings(stored, incoming);
     stored.retain(|reading| window_kept(reading, now_ms));
 }
 

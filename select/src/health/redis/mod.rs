@@ -90,30 +90,50 @@ return {0, now}
 "#;
 
 /// KEYS: the account's windows hash. ARGV: ttl ms, kept past reset ms, then pairs of (window,
-/// reading JSON). Per window the reading observed last wins (a tie: this write's); readings
-/// whose reset passed longer ago than kept are dropped; the hash lives ttl ms from this write.
-/// A stored value that does not decode is replaced or dropped, never a script error.
+/// reading JSON). Per window a reading replaces the stored one as `windows::supersedes` says
+/// (a later period, or further along in the same one; a per-minute limit: observed last);
+/// readings whose reset passed longer ago than kept are dropped; the hash lives ttl ms from this
+/// write. A stored value that does not decode is replaced or dropped, never a script error.
 const STORE_WINDOWS: &str = r#"
-local function number_in(json, name)
-  local ok, decoded = pcall(cjson.decode, json)
-  if ok and type(decoded) == 'table' and type(decoded[name]) == 'number' then
-    return decoded[name]
-  end
+local function decoded(json)
+  local ok, value = pcall(cjson.decode, json)
+  if ok and type(value) == 'table' then return value end
   return nil
+end
+local function number(value)
+  if type(value) == 'number' then return value end
+  return nil
+end
+local rank = {Unknown = 0, Allowed = 1, AllowedWarning = 2, Rejected = 3}
+local function supersedes(new, old)
+  local observed_later = (number(new.observed_at_ms) or 0) >= (number(old.observed_at_ms) or 0)
+  if type(new.kind) ~= 'string' then return observed_later end
+  local tolerance = 60000
+  local length = number(new.length_ms)
+  if length then tolerance = math.max(0, math.min(60000, math.floor(length / 10))) end
+  local reset, old_reset = number(new.reset_at_ms) or 0, number(old.reset_at_ms) or 0
+  if reset > old_reset + tolerance then return true end
+  if reset + tolerance < old_reset then return false end
+  local status, old_status = rank[new.status] or 0, rank[old.status] or 0
+  if status ~= old_status then return status > old_status end
+  local used, old_used = number(new.utilization) or -1, number(old.utilization) or -1
+  if used ~= old_used then return used > old_used end
+  return observed_later
 end
 local kept = tonumber(ARGV[2])
 for i = 3, #ARGV - 1, 2 do
   local field, value = ARGV[i], ARGV[i + 1]
-  local observed = number_in(value, 'observed_at_ms') or 0
   local old = redis.call('HGET', KEYS[1], field)
-  local old_observed = old and number_in(old, 'observed_at_ms')
-  if not old_observed or old_observed <= observed then
+  local old_reading = old and decoded(old)
+  local new_reading = decoded(value)
+  if (not old_reading) or (new_reading and supersedes(new_reading, old_reading)) then
     redis.call('HSET', KEYS[1], field, value)
   end
 end
 local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all - 1, 2 do
-  local reset = number_in(all[i + 1], 'reset_at_ms')
+  local reading = decoded(all[i + 1])
+  local reset = reading and number(reading.reset_at_ms)
   if not reset or reset + kept <= now then
     redis.call('HDEL', KEYS[1], all[i])
   end
