@@ -8,7 +8,13 @@
 //! Postgres and Redis) serves sessions of Anthropic Messages requests (`metadata.user_id` per
 //! session) through it. A transparent tap between relay and upstream records every upstream
 //! answer: which credential served which request, its status, and the window headers, i.e. the
-//! upstream's own account of each credential's budget after each answer.
+//! upstream's own account of each credential's budget as of the request it answers. "Room"
+//! below is what those headers said (a window past its announced reset counts as empty).
+//!
+//! Anthropic's headers do not state a window's length, so the relay takes the real ones (5 hours,
+//! 7 days): at this scale every week with something left counts as expiring, ranked by share
+//! left over time to reset (the same order as with the real length), and weeks shed nothing
+//! until used up; the 5-hour window sheds as usual (the fake says `allowed_warning` from 80 %).
 //!
 //! ```text
 //! cargo run --release -p poolgate-bench --bin window-stack -- [--quick] [--distributed] [--seed N] [--rate R]
@@ -87,7 +93,7 @@ struct Attempt {
     at_ms: i64,
     account: Option<usize>,
     status: u16,
-    /// The client request it served (the bench's sequence number), none for the prefill.
+    /// The client request it served (the bench's sequence number; the prefill's are 0).
     seq: Option<u64>,
     probe: bool,
     five: Option<Reading>,
@@ -289,9 +295,9 @@ struct Sent {
     error: String,
 }
 
+/// A session: when it starts, and its requests, each with the pause after it.
 struct Session {
     start: Duration,
-    requests: u32,
     gaps: Vec<Duration>,
 }
 
@@ -312,7 +318,6 @@ fn sessions(setup: &Setup, seed: u64) -> Vec<Session> {
             .collect();
         out.push(Session {
             start: setup.duration(at),
-            requests,
             gaps,
         });
     }
@@ -540,11 +545,11 @@ async fn run(args: Args) -> Result<(), String> {
     for (number, session) in plan.iter().enumerate() {
         let (client, url, key) = (http.clone(), stack.url.clone(), stack.key.clone());
         let (sent, next_seq) = (sent.clone(), next_seq.clone());
-        let (start, requests, gaps) = (session.start, session.requests, session.gaps.clone());
+        let (start, gaps) = (session.start, session.gaps.clone());
         let id = format!("{}-{number}", args.seed);
         tasks.push(tokio::spawn(async move {
             tokio::time::sleep(start).await;
-            for k in 0..requests as usize {
+            for gap in gaps {
                 if now_ms() >= run_end_ms {
                     break;
                 }
@@ -559,7 +564,7 @@ async fn run(args: Args) -> Result<(), String> {
                     status,
                     error,
                 });
-                tokio::time::sleep(gaps[k]).await;
+                tokio::time::sleep(gap).await;
             }
         }));
     }
