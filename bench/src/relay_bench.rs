@@ -29,6 +29,10 @@ struct Args {
     /// Skip the distributed phases (they start a private Redis and Postgres).
     #[arg(long)]
     no_distributed: bool,
+    /// Distributed: the client key has every limit set (a user RPM, concurrency, TPM and all four
+    /// budgets, each far above what the run uses), so every request is governed by all of them.
+    #[arg(long)]
+    key_limits: bool,
 }
 
 fn body(stream: bool) -> Vec<u8> {
@@ -221,11 +225,38 @@ async fn distributed(
             .await
             .map_err(|e| e.to_string())?;
     }
-    let (_, key) = backends
-        .store
-        .create_api_key("bench", "bench", "default", 0)
-        .await
-        .map_err(|e| e.to_string())?;
+    let (_, key) = if args.key_limits {
+        let usd = |amount: f64| (amount * 1_000_000.0) as i64;
+        let limits = poolgate_core::lease::KeyLimits {
+            api_key_id: 0,
+            concurrency_limit: 10_000,
+            tpm_limit: 1_000_000_000_000,
+            budget_total_micros: usd(900_000.0),
+            budget_day_micros: usd(900_000.0),
+            budget_week_micros: usd(900_000.0),
+            budget_month_micros: usd(900_000.0),
+        };
+        backends
+            .store
+            .create_api_key_with_limits(
+                "bench",
+                "bench",
+                "default",
+                10_000_000,
+                &Default::default(),
+                &limits,
+            )
+            .await
+    } else {
+        backends
+            .store
+            .create_api_key("bench", "bench", "default", 0)
+            .await
+    }
+    .map_err(|e| e.to_string())?;
+    if args.key_limits {
+        println!("client key: user RPM, concurrency, TPM and four budgets set");
+    }
     let (selector, selector_addr) = stack::selector(&backends).await?;
     let (admission, admission_addr) =
         stack::admission(&backends.redis.url(), Default::default()).await?;

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use poolgate_core::account::Platform;
+use poolgate_proto::convert::keys::usage_from_wire;
 use poolgate_proto::convert::{self, EnumField};
 use poolgate_proto::selector::v1 as pb;
 use poolgate_proto::selector::v1::selector_admin_client::SelectorAdminClient;
@@ -123,9 +124,10 @@ pub fn account_row(view: &pb::AccountView) -> Result<AccountRow, OperatorError> 
 
 /// A key of the selector's list as the CLI shows it; one it cannot read is unreadable, never a
 /// key without limits.
-pub fn api_key_row(view: pb::ApiKeyView) -> Result<KeyRow, OperatorError> {
+pub fn api_key_row(mut view: pb::ApiKeyView) -> Result<KeyRow, OperatorError> {
+    let usage = usage_from_wire(std::mem::take(&mut view.usage)).map_err(unreadable)?;
     let record = poolgate_core::account::ApiKeyRecord::try_from(view).map_err(unreadable)?;
-    Ok(key_row(&record))
+    Ok(key_row(&record, &usage))
 }
 
 fn block_row(view: pb::BlockView) -> Result<BlockRow, OperatorError> {

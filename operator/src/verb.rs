@@ -208,7 +208,9 @@ pub fn account_line(account: &AccountRow) -> String {
 /// `<id>\t<prefix>…\tname=…\tuser=…\tgroup=…\tuser_rpm=…\tstatus=…\texpires=<RFC 3339>|never`
 /// `[ (passed)]\tmodels=<a,b>|*\tendpoints=<a,b>|*\tconcurrency=<n>|*\ttpm=<n>|*`
 /// `\tbudgets_usd=<total:…,day:…,week:…,month:…>|*` (`*`: every one, no limit; `(passed)`:
-/// expired at `now_ms`; only the budgets set are listed).
+/// expired at `now_ms`; only the budgets set are listed, each as `<spent>/<budget>`: the
+/// period's spend so far in the deployment's budget calendar, `?` when the endpoint did not
+/// report it).
 pub fn key_line(key: &KeyRow, now_ms: i64) -> String {
     let list = |entries: &[String]| {
         if entries.is_empty() {
@@ -223,16 +225,18 @@ pub fn key_line(key: &KeyRow, now_ms: i64) -> String {
         Some(at) => rfc3339_utc(at),
     };
     let limit = |n: i64| if n > 0 { n.to_string() } else { "*".to_owned() };
-    let budgets: Vec<String> = [
-        ("total", key.budget_total_usd),
-        ("day", key.budget_day_usd),
-        ("week", key.budget_week_usd),
-        ("month", key.budget_month_usd),
-    ]
-    .into_iter()
-    .filter(|(_, usd)| *usd > 0.0)
-    .map(|(period, usd)| format!("{period}:{usd}"))
-    .collect();
+    let budgets: Vec<String> = ["total", "day", "week", "month"]
+        .into_iter()
+        .map(|period| (period, key.budget_usd(period)))
+        .filter(|(_, usd)| *usd > 0.0)
+        .map(|(period, usd)| {
+            let spent = key
+                .usage_in(period)
+                .map(|usage| format!("{:.2}", usage.cost_usd))
+                .unwrap_or_else(|| "?".to_owned());
+            format!("{period}:{spent}/{usd}")
+        })
+        .collect();
     format!(
         "{}\t{}…\tname={}\tuser={}\tgroup={}\tuser_rpm={}\tstatus={}\texpires={}\tmodels={}\t\
          endpoints={}\tconcurrency={}\ttpm={}\tbudgets_usd={}",
@@ -531,6 +535,7 @@ mod tests {
             budget_day_usd: 0.0,
             budget_week_usd: 0.0,
             budget_month_usd: 0.0,
+            usage: vec![],
         };
         assert_eq!(
             key_line(&key, 0),
@@ -543,11 +548,21 @@ mod tests {
             tpm_limit: 50_000,
             budget_day_usd: 1.5,
             budget_month_usd: 20.0,
+            // The month's spend not reported: `?`.
+            usage: vec![crate::view::KeyUsageRow {
+                period: "day".into(),
+                from_ms: 0,
+                requests: 3,
+                input_tokens: 10,
+                output_tokens: 5,
+                cost_usd: 1.204,
+                remaining_usd: Some(0.296),
+            }],
             ..key.clone()
         };
         assert!(
             key_line(&limited, 0)
-                .ends_with("\tconcurrency=2\ttpm=50000\tbudgets_usd=day:1.5,month:20"),
+                .ends_with("\tconcurrency=2\ttpm=50000\tbudgets_usd=day:1.20/1.5,month:?/20"),
             "{}",
             key_line(&limited, 0)
         );

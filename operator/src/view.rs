@@ -3,6 +3,7 @@
 //! prints the same envelopes, whichever endpoint answered).
 
 use poolgate_core::account::ApiKeyRecord;
+use poolgate_core::keys::{PeriodUsage, UsagePeriod};
 use poolgate_core::money::micros_to_usd;
 use poolgate_core::windows::{MinuteLimit, Scope, WindowKind, WindowReading, WindowStatus};
 use poolgate_proto::convert::keys::{endpoint_names, key_status};
@@ -203,12 +204,53 @@ pub struct KeyRow {
     pub budget_week_usd: f64,
     #[serde(default)]
     pub budget_month_usd: f64,
+    /// The key's usage per period (`day`, `week`, `month`, `total`) of the deployment's budget
+    /// calendar, the periods admission counts its budgets in; empty when the endpoint did not
+    /// report it (an older one).
+    #[serde(default)]
+    pub usage: Vec<KeyUsageRow>,
 }
 
-/// The row of a key, the one place both endpoints build it (the selector's answer read back
+/// One key's usage over one budget period, against the period's budget.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KeyUsageRow {
+    /// `day`, `week`, `month` or `total`.
+    pub period: String,
+    /// When the period began (local midnight in the deployment's time zone), ms since the
+    /// epoch; `total`: 0.
+    pub from_ms: i64,
+    pub requests: i64,
+    pub input_tokens: i64,
+    pub output_tokens: i64,
+    /// The period's spend, USD: what its budget has counted.
+    pub cost_usd: f64,
+    /// The budget less the spend, at least 0; `null`: no budget for the period.
+    pub remaining_usd: Option<f64>,
+}
+
+impl KeyRow {
+    /// The key's budget for `period` (`day`, `week`, `month`, `total`), USD; 0: none.
+    pub fn budget_usd(&self, period: &str) -> f64 {
+        match period {
+            "total" => self.budget_total_usd,
+            "day" => self.budget_day_usd,
+            "week" => self.budget_week_usd,
+            "month" => self.budget_month_usd,
+            _ => 0.0,
+        }
+    }
+
+    /// The key's usage over `period`, when the endpoint reported it.
+    pub fn usage_in(&self, period: &str) -> Option<&KeyUsageRow> {
+        self.usage.iter().find(|usage| usage.period == period)
+    }
+}
+
+/// The row of a key with its usage per period (`usage`, as `Selector::key_usage` answers it;
+/// empty: not known), the one place both endpoints build it (the selector's answer read back
 /// into a record in the CLI, the engine's record in the standalone relay).
-pub fn key_row(record: &ApiKeyRecord) -> KeyRow {
-    KeyRow {
+pub fn key_row(record: &ApiKeyRecord, usage: &[(UsagePeriod, i64, PeriodUsage)]) -> KeyRow {
+    let mut row = KeyRow {
         id: record.id,
         name: record.name.clone(),
         prefix: record.prefix.clone(),
@@ -225,7 +267,24 @@ pub fn key_row(record: &ApiKeyRecord) -> KeyRow {
         budget_day_usd: micros_to_usd(record.limits.budget_day_micros.max(0)),
         budget_week_usd: micros_to_usd(record.limits.budget_week_micros.max(0)),
         budget_month_usd: micros_to_usd(record.limits.budget_month_micros.max(0)),
-    }
+        usage: Vec::new(),
+    };
+    row.usage = usage
+        .iter()
+        .map(|(period, from_ms, usage)| {
+            let budget = row.budget_usd(period.as_str());
+            KeyUsageRow {
+                period: period.as_str().to_owned(),
+                from_ms: *from_ms,
+                requests: usage.requests,
+                input_tokens: usage.input_tokens,
+                output_tokens: usage.output_tokens,
+                cost_usd: usage.cost_usd,
+                remaining_usd: (budget > 0.0).then(|| (budget - usage.cost_usd).max(0.0)),
+            }
+        })
+        .collect();
+    row
 }
 
 /// `keys`: `{"keys": [...]}`, ascending by id.

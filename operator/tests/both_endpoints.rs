@@ -13,7 +13,7 @@ use axum::routing::{get, post};
 use clap::Parser;
 use pb::selector_admin_server::{SelectorAdmin as AdminService, SelectorAdminServer};
 use poolgate_core::account::ApiKeyRecord;
-use poolgate_core::keys::{Endpoint, KeyAccess};
+use poolgate_core::keys::{Endpoint, KeyAccess, PeriodUsage, UsagePeriod};
 use poolgate_core::lease::KeyLimits;
 use poolgate_core::windows::{MinuteLimit, Scope, WindowKind, WindowReading, WindowStatus};
 use poolgate_operator::grpc::SelectorAdmin;
@@ -24,6 +24,7 @@ use poolgate_operator::view::{
 };
 use poolgate_operator::{AccountRow, AdminEndpoint, BlockRow, OperatorError, UsageRow, Verb};
 use poolgate_proto::convert;
+use poolgate_proto::convert::keys::api_key_view;
 use poolgate_proto::selector::v1 as pb;
 use tonic::{Request, Status};
 
@@ -208,6 +209,33 @@ fn keys() -> Vec<ApiKeyRecord> {
 }
 
 /// A fixture key with its disable set, as both fakes answer a disable or an enable.
+/// Each key's usage per budget period (as `Selector::key_usage` answers it): key 1 has spent
+/// 14.50 of its month's 20.5 and 40.25 of its total 100; key 2 has no budget.
+fn key_usage(id: i64) -> Vec<(UsagePeriod, i64, PeriodUsage)> {
+    let cost = |cost_usd: f64| PeriodUsage {
+        requests: 7,
+        input_tokens: 700,
+        output_tokens: 70,
+        cost_usd,
+    };
+    let spent = match id {
+        1 => [1.2, 3.5, 14.5, 40.25],
+        _ => [0.0, 0.0, 0.0, 0.5],
+    };
+    let from = [
+        NOW_MS - 3_600_000,
+        NOW_MS - 86_400_000,
+        NOW_MS - 864_000_000,
+        0,
+    ];
+    UsagePeriod::ALL
+        .into_iter()
+        .zip(from)
+        .zip(spent)
+        .map(|((period, from_ms), usd)| (period, from_ms, cost(usd)))
+        .collect()
+}
+
 fn key_disabled(id: i64, disabled: bool) -> Option<ApiKeyRecord> {
     let mut key = keys().into_iter().find(|k| k.id == id)?;
     key.access.disabled = disabled;
@@ -315,7 +343,10 @@ async fn http_endpoint() -> SocketAddr {
         .route(
             "/admin/keys",
             get(|| async move {
-                let keys = keys().iter().map(key_row).collect();
+                let keys = keys()
+                    .iter()
+                    .map(|k| key_row(k, &key_usage(k.id)))
+                    .collect();
                 axum::Json(KeyList { keys }).into_response()
             }),
         )
@@ -325,7 +356,8 @@ async fn http_endpoint() -> SocketAddr {
                 let Some(key) = key_disabled(id, action == "disable") else {
                     return Err(not_found(id));
                 };
-                Ok(axum::Json(KeyChanged { key: key_row(&key) }).into_response())
+                let key = key_row(&key, &key_usage(key.id));
+                Ok(axum::Json(KeyChanged { key }).into_response())
             }),
         )
         .layer(axum::middleware::from_fn(authorized));
@@ -430,7 +462,11 @@ impl AdminService for FakeSelector {
     ) -> Result<tonic::Response<pb::ListApiKeysResponse>, Status> {
         check(&request)?;
         // Listed out of order: the CLI sorts.
-        let keys = keys().iter().rev().map(pb::ApiKeyView::from).collect();
+        let keys = keys()
+            .iter()
+            .rev()
+            .map(|k| api_key_view(k, &key_usage(k.id)))
+            .collect();
         Ok(tonic::Response::new(pb::ListApiKeysResponse { keys }))
     }
     async fn update_api_key(
@@ -445,7 +481,7 @@ impl AdminService for FakeSelector {
         let Some(key) = key_disabled(request.id, disabled) else {
             return Err(Status::not_found(format!("api key {}", request.id)));
         };
-        Ok(tonic::Response::new(pb::ApiKeyView::from(&key)))
+        Ok(tonic::Response::new(api_key_view(&key, &key_usage(key.id))))
     }
     async fn revoke_api_key(
         &self,
@@ -686,15 +722,35 @@ async fn every_verb_prints_the_same_against_a_selector_and_a_standalone_relay() 
         text,
         "1\tpg-aaaa…\tname=ci\tuser=alice\tgroup=g\tuser_rpm=30\tstatus=active\t\
          expires=2100-01-01T00:00:00Z\tmodels=claude-*\tendpoints=messages,models\t\
-         concurrency=2\ttpm=50000\tbudgets_usd=total:100,month:20.5\n\
+         concurrency=2\ttpm=50000\tbudgets_usd=total:40.25/100,month:14.50/20.5\n\
          2\tpg-bbbb…\tname=\tuser=bob\tgroup=h\tuser_rpm=0\tstatus=disabled\texpires=never\t\
          models=*\tendpoints=*\tconcurrency=*\ttpm=*\tbudgets_usd=*"
+    );
+    // The JSON envelope has the numbers: each period's spend, and what is left of its budget.
+    let json = poolgate_operator::execute(&selector, &verb(&["keys", "-o", "json"]))
+        .await
+        .expect("keys");
+    let json: serde_json::Value = serde_json::from_str(&json).expect("json");
+    assert_eq!(
+        json["keys"][0]["usage"],
+        serde_json::json!([
+            {"period": "day", "from_ms": NOW_MS - 3_600_000, "requests": 7, "input_tokens": 700,
+             "output_tokens": 70, "cost_usd": 1.2, "remaining_usd": null},
+            {"period": "week", "from_ms": NOW_MS - 86_400_000, "requests": 7, "input_tokens": 700,
+             "output_tokens": 70, "cost_usd": 3.5, "remaining_usd": null},
+            {"period": "month", "from_ms": NOW_MS - 864_000_000, "requests": 7,
+             "input_tokens": 700, "output_tokens": 70, "cost_usd": 14.5, "remaining_usd": 6.0},
+            {"period": "total", "from_ms": 0, "requests": 7, "input_tokens": 700,
+             "output_tokens": 70, "cost_usd": 40.25, "remaining_usd": 59.75},
+        ])
     );
     let text = poolgate_operator::execute(&selector, &verb(&["disable-key", "1"]))
         .await
         .expect("disable");
     assert!(
-        text.starts_with("1\tpg-aaaa…\t") && text.contains("\tstatus=disabled\t"),
+        text.starts_with("1\tpg-aaaa…\t")
+            && text.contains("\tstatus=disabled\t")
+            && text.ends_with("\tbudgets_usd=total:40.25/100,month:14.50/20.5"),
         "{text}"
     );
 

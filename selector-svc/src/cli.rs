@@ -108,8 +108,9 @@ pub struct ServeArgs {
     #[arg(long, env = "ADMISSION_ORPHAN_GRACE_MS", default_value_t = 5_000)]
     pub orphan_grace_ms: u64,
     /// The time zone of client keys' calendar budgets, an IANA name: the selector rebuilds lost
-    /// budget counters from the usage ledger over the periods admission counts, so set it as
-    /// admission's is set (the same variable).
+    /// budget counters from the usage ledger over the periods admission counts, and sums keys'
+    /// usage per day, week and month in it (the self-service view, the operator's `keys`), so
+    /// set it as admission's is set (the same variable).
     #[arg(long, env = "ADMISSION_BUDGET_TIME_ZONE", default_value = "UTC")]
     pub budget_time_zone: String,
     /// The first day of a budget week (`monday` … `sunday`), as admission's.

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures_util::future::BoxFuture;
-use poolgate_proto::convert::keys::KeyUpdate;
+use poolgate_proto::convert::keys::{KeyUpdate, api_key_view};
 use poolgate_proto::convert::{self, EnumField};
 use poolgate_proto::selector::v1 as pb;
 use poolgate_runtime::failed_auth::FailedAttempts;
@@ -616,9 +616,14 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
             .list_api_keys()
             .await
             .map_err(|e| status(e.into()))?;
-        Ok(Response::new(pb::ListApiKeysResponse {
-            keys: keys.iter().map(pb::ApiKeyView::from).collect(),
-        }))
+        // Each key with its usage against its limits: one ledger read per period per key, the
+        // periods of the budget calendar admission counts in.
+        let mut views = Vec::with_capacity(keys.len());
+        for key in &keys {
+            let usage = self.selector.key_usage(key.id).await.map_err(status)?;
+            views.push(api_key_view(key, &usage));
+        }
+        Ok(Response::new(pb::ListApiKeysResponse { keys: views }))
     }
 
     async fn update_api_key(
@@ -632,7 +637,8 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
             .await
             .map_err(|e| status(e.into()))?;
         self.reload().await?;
-        Ok(Response::new(pb::ApiKeyView::from(&record)))
+        let usage = self.selector.key_usage(record.id).await.map_err(status)?;
+        Ok(Response::new(api_key_view(&record, &usage)))
     }
 
     async fn revoke_api_key(

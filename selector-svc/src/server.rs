@@ -12,7 +12,10 @@ use poolgate_runtime::redis::{RedisHandle, RedisOptions, RedisTarget};
 use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
 
+use poolgate_core::keys::UsagePeriod;
+use poolgate_lease::calendar::Calendar;
 use poolgate_lease::{LeaseEngine, LeaseStore};
+use poolgate_select::source::budgets::BudgetCalendar;
 
 use crate::budgets::{LeaseBudgets, REBUILD_EVERY};
 use crate::grpc::{AdminAuth, AdminGrpc, SelectorGrpc};
@@ -32,9 +35,12 @@ pub struct Config {
     pub keyring: Keyring,
     /// Bearer token of the admin API; `None` disables it.
     pub admin_token: Option<String>,
+    /// The engine's settings; its `budget_calendar` is replaced by `lease_settings`' calendar.
     pub settings: SelectorSettings,
     /// The lease settings of the admission replicas (ttl, orphan grace, session window): the
-    /// probe's leases and their release fences follow the same rules as the relays' leases.
+    /// probe's leases and their release fences follow the same rules as the relays' leases; its
+    /// budget time zone and week start are the calendar keys' usage is summed in and lost
+    /// budget counters are rebuilt in.
     pub lease_settings: poolgate_core::lease::Settings,
     pub refresh: RefreshSettings,
     /// The periodic full reload (the safety net behind NOTIFY).
@@ -127,12 +133,22 @@ pub async fn build(config: &Config, metrics: Metrics) -> Result<Built, ServeErro
     )
     .await
     .map_err(|e| ServeError::Redis(e.to_string()))?;
+    // Keys' usage per period is summed in the calendar admission counts budgets in (the lease
+    // settings' time zone and week start, as the budget rebuild's).
+    let calendar = Calendar::new(
+        &config.lease_settings.budget_time_zone,
+        config.lease_settings.budget_week_start,
+    )
+    .map_err(|e| ServeError::Other(format!("budget calendar: {e}")))?;
     let selector = Arc::new(Selector::new(SelectorParts {
         snapshot: snapshot.clone(),
         source: Arc::new(store.clone()),
         health: Arc::new(health.clone()),
         leases: probe_leases.clone(),
-        settings: config.settings.clone(),
+        settings: SelectorSettings {
+            budget_calendar: Arc::new(LeaseCalendar(calendar)),
+            ..config.settings.clone()
+        },
         metrics: metrics.clone(),
     }));
     let refresher = TokenRefresher::new(
@@ -174,6 +190,23 @@ pub async fn build(config: &Config, metrics: Metrics) -> Result<Built, ServeErro
         budgets,
         background,
     })
+}
+
+/// The lease engine's budget calendar as the selector engine reads it.
+#[derive(Debug)]
+pub struct LeaseCalendar(pub Calendar);
+
+impl BudgetCalendar for LeaseCalendar {
+    fn period_at(&self, period: UsagePeriod, instant_ms: i64) -> (String, i64) {
+        let periods = self.0.periods(instant_ms);
+        let at = match period {
+            UsagePeriod::Day => periods.day,
+            UsagePeriod::Week => periods.week,
+            UsagePeriod::Month => periods.month,
+            UsagePeriod::Total => return (String::new(), i64::MAX),
+        };
+        (at.id, at.ends_ms)
+    }
 }
 
 /// Reloads the snapshot on every NOTIFY of a config change (so a committed change is live

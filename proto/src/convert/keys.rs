@@ -233,18 +233,7 @@ impl From<&KeyDescription> for spb::DescribeKeyResponse {
             disabled: record.access.disabled,
             allowed_models: record.access.allowed_models.clone(),
             allowed_endpoints: endpoint_names(&record.access.allowed_endpoints),
-            usage: description
-                .usage
-                .iter()
-                .map(|(period, from_ms, usage)| spb::KeyPeriodUsage {
-                    period: period.as_str().to_owned(),
-                    from_ms: *from_ms,
-                    requests: usage.requests,
-                    input_tokens: usage.input_tokens,
-                    output_tokens: usage.output_tokens,
-                    cost_usd: usage.cost_usd,
-                })
-                .collect(),
+            usage: usage_to_wire(&description.usage),
             key_prefix: record.prefix.clone(),
             key_concurrency_limit: limits.concurrency,
             key_tpm_limit: limits.tpm,
@@ -267,6 +256,47 @@ pub fn usage_period(field: &'static str, name: &str) -> Result<UsagePeriod, Conv
                 format!("unknown period {name:?} (day, week, month, total)"),
             )
         })
+}
+
+/// A key's usage per period (`KeyDescription::usage`) on the wire.
+pub fn usage_to_wire(usage: &[(UsagePeriod, i64, PeriodUsage)]) -> Vec<spb::KeyPeriodUsage> {
+    usage
+        .iter()
+        .map(|(period, from_ms, usage)| spb::KeyPeriodUsage {
+            period: period.as_str().to_owned(),
+            from_ms: *from_ms,
+            requests: usage.requests,
+            input_tokens: usage.input_tokens,
+            output_tokens: usage.output_tokens,
+            cost_usd: usage.cost_usd,
+        })
+        .collect()
+}
+
+/// A key's usage per period from the wire, read strictly: an unknown period or a cost that is
+/// not finite is an error naming the field.
+pub fn usage_from_wire(
+    usage: Vec<spb::KeyPeriodUsage>,
+) -> Result<Vec<(UsagePeriod, i64, PeriodUsage)>, ConvertError> {
+    usage
+        .into_iter()
+        .map(|usage| {
+            let period = usage_period("usage.period", &usage.period)?;
+            if !usage.cost_usd.is_finite() {
+                return Err(ConvertError::new("usage.cost_usd", "must be finite"));
+            }
+            Ok((
+                period,
+                usage.from_ms,
+                PeriodUsage {
+                    requests: usage.requests,
+                    input_tokens: usage.input_tokens,
+                    output_tokens: usage.output_tokens,
+                    cost_usd: usage.cost_usd,
+                },
+            ))
+        })
+        .collect()
 }
 
 /// A `DescribeKey` answer read strictly (the relay shows it to the key's holder). The key it
@@ -296,26 +326,7 @@ impl TryFrom<spb::DescribeKeyResponse> for KeyDescription {
             month_usd: answer.key_budget_month_usd,
         }
         .read(answer.api_key_id)?;
-        let usage = answer
-            .usage
-            .into_iter()
-            .map(|usage| {
-                let period = usage_period("usage.period", &usage.period)?;
-                if !usage.cost_usd.is_finite() {
-                    return Err(ConvertError::new("usage.cost_usd", "must be finite"));
-                }
-                Ok((
-                    period,
-                    usage.from_ms,
-                    PeriodUsage {
-                        requests: usage.requests,
-                        input_tokens: usage.input_tokens,
-                        output_tokens: usage.output_tokens,
-                        cost_usd: usage.cost_usd,
-                    },
-                ))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let usage = usage_from_wire(answer.usage)?;
         Ok(KeyDescription {
             record: ApiKeyRecord {
                 id: answer.api_key_id,
@@ -356,7 +367,18 @@ pub fn parse_key_status(status: &str) -> Option<(bool, bool)> {
     }
 }
 
-/// A key as the operator's list shows it (its hash never).
+/// A key as the operator's list shows it with its usage per period (`Selector::key_usage`).
+pub fn api_key_view(
+    record: &ApiKeyRecord,
+    usage: &[(UsagePeriod, i64, PeriodUsage)],
+) -> spb::ApiKeyView {
+    spb::ApiKeyView {
+        usage: usage_to_wire(usage),
+        ..spb::ApiKeyView::from(record)
+    }
+}
+
+/// A key as the operator's list shows it (its hash never), without its usage.
 impl From<&ApiKeyRecord> for spb::ApiKeyView {
     fn from(record: &ApiKeyRecord) -> Self {
         let limits = WireLimits::of(&record.limits);
@@ -377,12 +399,14 @@ impl From<&ApiKeyRecord> for spb::ApiKeyView {
             key_budget_day_usd: limits.day_usd,
             key_budget_week_usd: limits.week_usd,
             key_budget_month_usd: limits.month_usd,
+            usage: Vec::new(),
         }
     }
 }
 
 /// A key of the operator's list read strictly (the CLI shows it): a status other than
-/// `active`, `disabled` or `revoked`, or a list it cannot read, is an error.
+/// `active`, `disabled` or `revoked`, or a list it cannot read, is an error. Its usage is
+/// [`usage_from_wire`]'s.
 impl TryFrom<spb::ApiKeyView> for ApiKeyRecord {
     type Error = ConvertError;
 

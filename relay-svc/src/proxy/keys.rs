@@ -68,10 +68,10 @@ impl Relay {
 /// expired): `{"key": {...}, "usage": {"day": ..., "week": ..., "month": ..., "total": ...}}`.
 /// Empty model and endpoint lists allow everything; a limit that is not set is `null`. Each
 /// usage period with a budget carries `budget_usd` and `remaining_usd` (the budget less the
-/// period's cost, never below 0). The usage periods are UTC calendar periods (a week from
-/// Monday); admission counts budgets in the deployment's time zone and week start
-/// (`--budget-time-zone`, `--budget-week-start`; UTC and Monday by default), so where those
-/// differ, `remaining_usd` is an estimate: `usage_calendar` says which calendar it used.
+/// period's cost, never below 0). The usage periods are the deployment's budget calendar, the
+/// one admission counts budgets in (`--budget-time-zone`, `--budget-week-start`; UTC and Monday
+/// by default), so a period's cost is its budget's spend; each `from` is the period's local
+/// start as a UTC instant, and `usage_calendar` says so (`deployment`).
 pub fn key_view(description: &KeyDescription, now_ms: i64) -> Value {
     let record = &description.record;
     let access = &record.access;
@@ -134,7 +134,7 @@ pub fn key_view(description: &KeyDescription, now_ms: i64) -> Value {
                 },
             },
         },
-        "usage_calendar": "UTC",
+        "usage_calendar": "deployment",
         "usage": usage,
     })
 }
@@ -243,6 +243,6 @@ mod tests {
         assert_eq!(view["usage"]["month"]["remaining_usd"], 2.5);
         assert_eq!(view["usage"]["total"]["remaining_usd"], 9.5);
         assert_eq!(view["usage"]["week"].get("remaining_usd"), None);
-        assert_eq!(view["usage_calendar"], "UTC");
+        assert_eq!(view["usage_calendar"], "deployment");
     }
 }

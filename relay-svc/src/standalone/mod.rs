@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use poolgate_core::keys::UsagePeriod;
 use poolgate_core::lease::Settings;
 use poolgate_lease::LeaseEngine;
 use poolgate_lease::calendar::{Calendar, Period, Periods, TOTAL_PERIOD};
@@ -25,7 +26,9 @@ use poolgate_select::engine::{Selector, SelectorError, SelectorParts, SelectorSe
 use poolgate_select::health::InProcessHealth;
 use poolgate_select::refresh::{RefreshSettings, TokenRefresher, refresh_loop};
 use poolgate_select::snapshot::SnapshotCell;
-use poolgate_select::source::budgets::{BudgetCounters, BudgetPeriod, BudgetPeriods, period_start};
+use poolgate_select::source::budgets::{
+    BudgetCalendar, BudgetCounters, BudgetPeriod, BudgetPeriods, period_start,
+};
 use poolgate_select::source::{MemorySource, StateFile};
 
 pub use config::{AccountEntry, KeyEntry, OAuthEntry, PriceEntry, Prices, StandaloneFile};
@@ -79,7 +82,11 @@ pub fn build(
         source: source.clone(),
         health: health.clone(),
         leases: admission.clone(),
-        settings,
+        // Keys' usage per period in the calendar admission counts their budgets in.
+        settings: SelectorSettings {
+            budget_calendar: Arc::new(EngineCalendar(budgets.clone())),
+            ..settings
+        },
         metrics: selector_metrics.clone(),
     }));
     let refresher = TokenRefresher::new(
@@ -157,6 +164,23 @@ impl BudgetCounters for LeaseBudgets {
         micros: i64,
     ) -> Result<bool, BackendError> {
         self.engine.seed_budget(api_key_id, period_id, micros).await
+    }
+}
+
+/// The memory admission engine's budget calendar as the selector engine reads it.
+#[derive(Debug)]
+struct EngineCalendar(Calendar);
+
+impl BudgetCalendar for EngineCalendar {
+    fn period_at(&self, period: UsagePeriod, instant_ms: i64) -> (String, i64) {
+        let periods = self.0.periods(instant_ms);
+        let at = match period {
+            UsagePeriod::Day => periods.day,
+            UsagePeriod::Week => periods.week,
+            UsagePeriod::Month => periods.month,
+            UsagePeriod::Total => return (String::new(), i64::MAX),
+        };
+        (at.id, at.ends_ms)
     }
 }
 

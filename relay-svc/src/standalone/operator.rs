@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use poolgate_core::account::Account;
+use poolgate_core::keys::{PeriodUsage, UsagePeriod};
 use poolgate_select::engine::{Selector, SelectorError};
 use poolgate_select::source::{AccountSource, MemorySource};
 
@@ -150,8 +151,13 @@ impl Operator for EngineOperator {
 
     async fn keys(&self) -> Result<Vec<KeyRow>, AdminError> {
         let snapshot = self.selector.snapshot().get();
-        let mut keys: Vec<KeyRow> = snapshot.api_keys().map(key_row).collect();
-        keys.sort_by_key(|k| k.id);
+        let mut records: Vec<_> = snapshot.api_keys().collect();
+        records.sort_by_key(|k| k.id);
+        // Each key with its usage against its limits, in the budget calendar admission counts in.
+        let mut keys = Vec::with_capacity(records.len());
+        for record in records {
+            keys.push(key_row(record, &self.key_usage(record.id).await?));
+        }
         Ok(keys)
     }
 
@@ -173,7 +179,19 @@ impl Operator for EngineOperator {
             .reload()
             .await
             .map_err(|e| AdminError::Unavailable(e.to_string()))?;
-        Ok(key_row(&record))
+        Ok(key_row(&record, &self.key_usage(record.id).await?))
+    }
+}
+
+impl EngineOperator {
+    async fn key_usage(
+        &self,
+        api_key_id: i64,
+    ) -> Result<Vec<(UsagePeriod, i64, PeriodUsage)>, AdminError> {
+        self.selector
+            .key_usage(api_key_id)
+            .await
+            .map_err(|e| AdminError::Unavailable(e.to_string()))
     }
 }
 
@@ -238,12 +256,20 @@ mod tests {
 
     /// A relay's engines over `yaml` and the state file at `state`.
     fn engines(yaml: &str, state: &Path) -> Standalone {
+        engines_in(yaml, state, Default::default())
+    }
+
+    fn engines_in(
+        yaml: &str,
+        state: &Path,
+        admission: poolgate_core::lease::Settings,
+    ) -> Standalone {
         let file = StandaloneFile::parse(yaml).expect("the file parses");
         crate::standalone::build(
             &file,
             Some(state),
             SelectorSettings::default(),
-            Default::default(),
+            admission,
             &crate::metrics::Metrics::new(),
         )
         .expect("the engines start")
@@ -354,5 +380,86 @@ mod tests {
         drop(moved);
         let again = engines(&yaml(""), &state);
         assert!(!disabled(&again, "key-a"));
+    }
+
+    /// `--budget-time-zone Asia/Tokyo`: the key's usage per period (the admin list, the
+    /// holder's view) is summed over Tokyo's day, the one admission counts the budget in. Tokyo's
+    /// day and UTC's differ by nine hours whenever this runs, so in a UTC calendar one of the
+    /// two records below would be counted wrong.
+    #[tokio::test]
+    async fn the_key_list_shows_each_budgets_spend_in_the_deployments_calendar() {
+        let scratch = poolgate_testkit::Scratch::new("key-usage").expect("scratch");
+        let state = scratch.path().join("state.json");
+        let yaml = "api_keys:\n  - {key: key-a, user: alice, budget_usd: {day: 5, month: 60}}\n\
+                    accounts:\n  - {name: a, platform: anthropic, base_url: \"http://127.0.0.1:9\", api_key: sk-x}\n";
+        let relay = engines_in(
+            yaml,
+            &state,
+            poolgate_core::lease::Settings {
+                budget_time_zone: "Asia/Tokyo".into(),
+                ..Default::default()
+            },
+        );
+        let calendar = poolgate_lease::calendar::Calendar::new("Asia/Tokyo", Default::default())
+            .expect("zone");
+        let now = poolgate_core::now_ms();
+        let day_start = calendar.periods(now).day.ends_ms - 24 * 3_600_000;
+        let record = |cost_usd: f64, at_ms: i64| poolgate_select::source::UsageInput {
+            api_key_id: Some(1),
+            user: "alice".into(),
+            account_id: None,
+            model: "claude-sonnet-4-5".into(),
+            input_tokens: 10,
+            output_tokens: 5,
+            cache_write_tokens: 0,
+            cache_read_tokens: 0,
+            cost_usd,
+            status: 200,
+            latency_ms: 1,
+            at_ms: Some(at_ms),
+        };
+        relay
+            .source
+            .insert_usage(&[
+                record(1.25, day_start + 1_000),
+                record(2.0, day_start - 60_000),
+            ])
+            .await
+            .expect("recorded");
+
+        let (status, listed) = call(&relay, "GET", "/admin/keys", TOKEN).await;
+        assert_eq!(status, StatusCode::OK, "{listed}");
+        let day = &listed["keys"][0]["usage"][0];
+        assert_eq!(day["period"], "day");
+        assert_eq!(day["from_ms"], day_start, "Tokyo's midnight");
+        assert_eq!(
+            (&day["requests"], &day["cost_usd"], &day["remaining_usd"]),
+            (&1.into(), &1.25.into(), &3.75.into())
+        );
+        let total = &listed["keys"][0]["usage"][3];
+        assert_eq!(
+            (&total["period"], &total["cost_usd"]),
+            (&"total".into(), &3.25.into())
+        );
+        let row: KeyRow = serde_json::from_value(listed["keys"][0].clone()).expect("a row");
+        assert!(
+            poolgate_operator::verb::key_line(&row, now)
+                .contains("\tbudgets_usd=day:1.25/5,month:"),
+            "{}",
+            poolgate_operator::verb::key_line(&row, now)
+        );
+
+        // The holder's own view sums the same day.
+        let described = relay
+            .selection
+            .describe_key("key-a")
+            .await
+            .expect("answers")
+            .expect("a known key");
+        assert_eq!(
+            described.usage[0].1, day_start,
+            "the view's day is Tokyo's too"
+        );
+        assert_eq!(described.usage[0].2.cost_usd, 1.25);
     }
 }

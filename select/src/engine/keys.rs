@@ -1,5 +1,6 @@
 //! A client key as its holder sees it (the self-service view, docs/DESIGN.md §6 "What a client
-//! key reaches"): its own record and its usage per period, never another key's. And the
+//! key reaches"): its own record and its usage per period of the deployment's budget calendar,
+//! never another key's; the same usage by key id for operators. And the
 //! rebuild of its budget counters from the usage ledger (docs/DESIGN.md §4, "Client key
 //! limits").
 
@@ -10,27 +11,41 @@ use poolgate_core::keys::{KeyDescription, PeriodUsage, UsagePeriod};
 use poolgate_core::lease::KeyLimits;
 
 use crate::crypto::api_key_hash;
-use crate::source::budgets::{BudgetCounters, spend_micros};
+use crate::source::budgets::{BudgetCounters, spend_micros, usage_period_start};
 
 use super::{Selector, SelectorError};
 
 impl Selector {
     /// Describes the key `api_key` to its holder: its record (a disabled or expired key too, so
-    /// its holder learns why it is refused) and its usage in each of `UsagePeriod::ALL`, summed
-    /// from the usage ledger up to now. An unknown or revoked key is `Unauthenticated`, with the
-    /// same words for both (what a key is not, nobody learns from this call).
+    /// its holder learns why it is refused) and its usage in each of `UsagePeriod::ALL`
+    /// ([`Selector::key_usage`]). An unknown or revoked key is `Unauthenticated`, with the same
+    /// words for both (what a key is not, nobody learns from this call).
     pub async fn describe_key(&self, api_key: &str) -> Result<KeyDescription, SelectorError> {
         let record = match self.snapshot.get().api_key(&api_key_hash(api_key)) {
             Some(record) if record.active => record.clone(),
             _ => return Err(SelectorError::Unauthenticated("invalid API key".into())),
         };
+        let usage = self.key_usage(record.id).await?;
+        Ok(KeyDescription { record, usage })
+    }
+
+    /// The usage of the key `api_key_id` in each of `UsagePeriod::ALL` with when the period
+    /// began, summed from the usage ledger up to now: the periods of the deployment's budget
+    /// calendar (`SelectorSettings::budget_calendar`), the ones admission counts the key's
+    /// budgets in, so a period's cost is its budget's spend. By id, for operators (a key
+    /// without records, or an unknown id, has zeros).
+    pub async fn key_usage(
+        &self,
+        api_key_id: i64,
+    ) -> Result<Vec<(UsagePeriod, i64, PeriodUsage)>, SelectorError> {
         let now = poolgate_core::now_ms();
+        let calendar = self.settings.budget_calendar.as_ref();
         let mut usage = Vec::with_capacity(UsagePeriod::ALL.len());
         for period in UsagePeriod::ALL {
-            let from = period.start_ms(now);
+            let from = usage_period_start(calendar, period, now);
             // `now + 1`: the ledger's range is half-open, and a record written this millisecond
             // belongs to the answer.
-            let totals = self.source.read_usage(record.id, from, now + 1).await?;
+            let totals = self.source.read_usage(api_key_id, from, now + 1).await?;
             usage.push((
                 period,
                 from,
@@ -42,7 +57,7 @@ impl Selector {
                 },
             ));
         }
-        Ok(KeyDescription { record, usage })
+        Ok(usage)
     }
 }
 

@@ -23,6 +23,7 @@ use crate::load_cache::{LoadCache, LoadCacheSettings};
 use crate::metrics::Metrics;
 use crate::probe::ProbeSettings;
 use crate::snapshot::SnapshotCell;
+use crate::source::budgets::{BudgetCalendar, UtcCalendar};
 use crate::source::{AccountSource, StoreError};
 use poolgate_core::outcome::RuntimeBlockSettings;
 use poolgate_core::windows::Thresholds;
@@ -87,6 +88,10 @@ pub struct SelectorSettings {
     pub probe: ProbeSettings,
     /// Where an account's usage windows shed it (docs/DESIGN.md §5).
     pub windows: Thresholds,
+    /// The deployment's budget calendar (time zone, week start), which a key's usage per
+    /// period is summed in (`describe_key`, `key_usage`), as admission counts its budgets.
+    /// Default: UTC, weeks from Monday.
+    pub budget_calendar: Arc<dyn BudgetCalendar>,
 }
 
 impl Default for SelectorSettings {
@@ -99,6 +104,7 @@ impl Default for SelectorSettings {
             response_ttl: Duration::from_secs(3600),
             probe: ProbeSettings::default(),
             windows: Thresholds::default(),
+            budget_calendar: Arc::new(UtcCalendar),
         }
     }
 }

@@ -6,6 +6,7 @@
 //! calendar arithmetic it shares; `Selector::rebuild_budgets` runs it.
 
 use async_trait::async_trait;
+use poolgate_core::keys::UsagePeriod;
 use poolgate_runtime::error::BackendError;
 
 /// One calendar period of the deployment's budget calendar: the counter's id (as the lease
@@ -50,23 +51,70 @@ const STEP_MS: i64 = 3_600_000;
 /// More hours than the longest month (31 days and a DST hour).
 const MAX_STEPS: i64 = 32 * 24;
 
-/// When the period that ends at `ends_ms` began: the end of the period before it, found by
-/// stepping back an hour at a time. `period_at(instant)` is the calendar's period containing
-/// `instant`, as (id, ends_ms). Calendars name a period only by its end, and the end of one
-/// is the start of the next (a day across a DST change lasts 23 or 25 hours, so a start is not
-/// an end minus a fixed length). Should no earlier period turn up within a month, the earliest
-/// instant looked at is returned: a longer range counts more spend, never less.
+/// When the period that ends at `ends_ms` began: the end of the period before it, the first
+/// instant `period_at` places in the same period as `ends_ms - 1` (a binary search over the
+/// month before, as ids are contiguous in time). `period_at(instant)` is the calendar's period
+/// containing `instant`, as (id, ends_ms). Calendars name a period only by its end, and the end
+/// of one is the start of the next (a day across a DST change lasts 23 or 25 hours, so a start
+/// is not an end minus a fixed length). Should no earlier period turn up within a month, the
+/// earliest instant looked at is returned: a longer range counts more spend, never less.
 pub fn period_start(ends_ms: i64, period_at: impl Fn(i64) -> (String, i64)) -> i64 {
-    let (id, _) = period_at(ends_ms - 1);
-    let mut instant = ends_ms - 1;
-    for _ in 0..MAX_STEPS {
-        instant -= STEP_MS;
-        let (other, other_ends_ms) = period_at(instant);
-        if other != id {
-            return other_ends_ms;
+    let last = ends_ms - 1;
+    let (id, _) = period_at(last);
+    let earliest = last - MAX_STEPS * STEP_MS;
+    if period_at(earliest).0 == id {
+        return earliest;
+    }
+    // `low` is in an earlier period, `high` in this one.
+    let (mut low, mut high) = (earliest, last);
+    while high - low > 1 {
+        let middle = low + (high - low) / 2;
+        if period_at(middle).0 == id {
+            high = middle;
+        } else {
+            low = middle;
         }
     }
-    instant
+    high
+}
+
+/// The deployment's budget calendar as the selector engine reads it (its time zone and week
+/// start, docs/DESIGN.md §4 "Client key limits"): the calendar period containing an instant.
+/// Each composition root wires it to the calendar admission counts by
+/// (`poolgate_lease::calendar::Calendar`, from `--budget-time-zone`/`--budget-week-start`), so
+/// a key's usage per period is summed over exactly the periods its budgets are counted in.
+pub trait BudgetCalendar: Send + Sync + std::fmt::Debug {
+    /// The calendar's day, week or month (`period`; never asked for `Total`) containing
+    /// `instant_ms`: its id and when it ends, ms since the epoch.
+    fn period_at(&self, period: UsagePeriod, instant_ms: i64) -> (String, i64);
+}
+
+/// When `calendar`'s `period` containing `now_ms` began, ms since the epoch (`Total`: 0).
+pub fn usage_period_start(calendar: &dyn BudgetCalendar, period: UsagePeriod, now_ms: i64) -> i64 {
+    if period == UsagePeriod::Total {
+        return 0;
+    }
+    let (_, ends_ms) = calendar.period_at(period, now_ms);
+    period_start(ends_ms, |instant| calendar.period_at(period, instant))
+}
+
+/// The default calendar: UTC, weeks from Monday (`UsagePeriod::start_ms`'s).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct UtcCalendar;
+
+impl BudgetCalendar for UtcCalendar {
+    fn period_at(&self, period: UsagePeriod, instant_ms: i64) -> (String, i64) {
+        const DAY_MS: i64 = 86_400_000;
+        let start = period.start_ms(instant_ms);
+        let ends = match period {
+            UsagePeriod::Day => start + DAY_MS,
+            UsagePeriod::Week => start + 7 * DAY_MS,
+            // 32 days on is always in the next month.
+            UsagePeriod::Month => UsagePeriod::Month.start_ms(start + 32 * DAY_MS),
+            UsagePeriod::Total => i64::MAX,
+        };
+        (start.to_string(), ends)
+    }
 }
 
 /// A spend in USD as a counter's micro-USD (never negative; a sum past what `i64` holds
@@ -118,6 +166,19 @@ mod tests {
             period_start(1_000 * STEP_MS, forever),
             1_000 * STEP_MS - 1 - MAX_STEPS * STEP_MS
         );
+    }
+
+    #[test]
+    fn the_utc_calendar_starts_its_periods_where_usage_period_does() {
+        // Wednesday 2026-12-02 13:00 UTC.
+        let now = 1_796_216_400_000;
+        for period in UsagePeriod::ALL {
+            assert_eq!(
+                usage_period_start(&UtcCalendar, period, now),
+                period.start_ms(now),
+                "{period:?}"
+            );
+        }
     }
 
     #[test]
