@@ -3,6 +3,8 @@
 //! reaches".
 
 use poolgate_core::keys::{Endpoint, KeyDescription, KeyRefusal, UsagePeriod, rfc3339_utc};
+use std::time::{Duration, Instant};
+
 use poolgate_core::money::micros_to_usd;
 use serde_json::{Value, json};
 
@@ -10,6 +12,12 @@ use super::Relay;
 use super::auth::{invalid_key, unavailable, valid_key};
 use crate::client_api::{Api, RelayError};
 use crate::ports::{Caller, KeyCheck, KeyRefused};
+
+/// How long a key's self-service description is reused: its usage sums cost the selector four
+/// ledger reads, so a holder polling the view reads Postgres at most once per this per relay.
+pub const DESCRIPTION_TTL: Duration = Duration::from_secs(2);
+/// Descriptions kept at once (past it, expired ones go; then all).
+const MAX_CACHED_DESCRIPTIONS: usize = 10_000;
 
 impl Relay {
     /// Checks a request of `caller` on `endpoint` for `model` (the model the client asked for,
@@ -49,9 +57,27 @@ impl Relay {
         if self.check_key(api, Some(key)).await? == KeyCheck::Unknown {
             return Err(invalid_key(api));
         }
+        {
+            let cache = self.descriptions.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((description, at)) = cache.get(key)
+                && at.elapsed() < DESCRIPTION_TTL
+            {
+                return Ok(description.clone());
+            }
+        }
         let _permit = self.key_lookup_permit(api).await?;
         match self.selection.describe_key(key).await {
-            Ok(Some(description)) => Ok(description),
+            Ok(Some(description)) => {
+                let mut cache = self.descriptions.lock().unwrap_or_else(|p| p.into_inner());
+                if cache.len() >= MAX_CACHED_DESCRIPTIONS {
+                    cache.retain(|_, (_, at)| at.elapsed() < DESCRIPTION_TTL);
+                    if cache.len() >= MAX_CACHED_DESCRIPTIONS {
+                        cache.clear();
+                    }
+                }
+                cache.insert(key.to_owned(), (description.clone(), Instant::now()));
+                Ok(description)
+            }
             Ok(None) => Err(invalid_key(api)),
             Err(error) => {
                 tracing::warn!(%error, "client key description unavailable");

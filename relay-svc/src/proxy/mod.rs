@@ -16,6 +16,7 @@ mod keys;
 mod request;
 mod stream;
 
+use poolgate_core::keys::KeyDescription;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -174,6 +175,9 @@ pub struct Relay {
     /// Key lookups in flight at the selector: a flood of random keys (each a cache miss) waits
     /// for a permit instead of multiplying selector calls (`auth.rs`).
     auth_lookups: tokio::sync::Semaphore,
+    /// Self-service descriptions by key, reused for `keys::DESCRIPTION_TTL`: each costs the
+    /// selector four ledger sums, and a key holder polling its view must not load Postgres.
+    descriptions: Mutex<HashMap<String, (KeyDescription, Instant)>>,
     /// Models already logged as having no price (each once; bounded).
     unpriced_models: Mutex<HashSet<String>>,
 }
@@ -210,6 +214,7 @@ impl Relay {
             proxied: Mutex::new(HashMap::new()),
             auth_cache: Mutex::new(HashMap::new()),
             auth_lookups: tokio::sync::Semaphore::new(auth::MAX_KEY_LOOKUPS),
+            descriptions: Mutex::new(HashMap::new()),
             unpriced_models: Mutex::new(HashSet::new()),
         })
     }
