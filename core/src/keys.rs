@@ -216,6 +216,40 @@ impl UsagePeriod {
     }
 }
 
+/// An hour: shorter than any calendar period, so a step back of one from a period's first
+/// instant lands in the period before it.
+pub const STEP_MS: i64 = 3_600_000;
+
+/// More hours than the longest month (31 days and a DST hour).
+pub const MAX_STEPS: i64 = 32 * 24;
+
+/// When the period that ends at `ends_ms` began: the end of the period before it, the first
+/// instant `period_at` places in the same period as `ends_ms - 1` (a binary search over the
+/// month before, as ids are contiguous in time). `period_at(instant)` is the calendar's period
+/// containing `instant`, as (id, ends_ms). Calendars name a period only by its end, and the end
+/// of one is the start of the next (a day across a DST change lasts 23 or 25 hours, so a start
+/// is not an end minus a fixed length). Should no earlier period turn up within a month, the
+/// earliest instant looked at is returned: a longer range counts more spend, never less.
+pub fn period_start(ends_ms: i64, period_at: impl Fn(i64) -> (String, i64)) -> i64 {
+    let last = ends_ms - 1;
+    let (id, _) = period_at(last);
+    let earliest = last - MAX_STEPS * STEP_MS;
+    if period_at(earliest).0 == id {
+        return earliest;
+    }
+    // `low` is in an earlier period, `high` in this one.
+    let (mut low, mut high) = (earliest, last);
+    while high - low > 1 {
+        let middle = low + (high - low) / 2;
+        if period_at(middle).0 == id {
+            high = middle;
+        } else {
+            low = middle;
+        }
+    }
+    high
+}
+
 /// One key's usage over one period, from the usage ledger.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct PeriodUsage {

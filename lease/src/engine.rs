@@ -768,6 +768,11 @@ impl LeaseEngine {
             .await
     }
 
+    /// The calendar budgets are counted in (the settings' time zone and week start).
+    pub fn calendar(&self) -> &Calendar {
+        &self.calendar
+    }
+
     /// The budget periods of this instant (day, week, month), as the engine names them.
     pub async fn budget_periods(&self) -> Result<crate::calendar::Periods, BackendError> {
         Ok(self.calendar.periods(self.wall_now_ms().await?))

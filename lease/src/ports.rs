@@ -5,11 +5,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use poolgate_core::AccountId;
+use poolgate_core::keys::{UsagePeriod, period_start};
 use poolgate_core::lease::{LeaseId, LeaseTerms};
 use poolgate_runtime::error::BackendError;
-use poolgate_runtime::ports::{Cooldowns, ProbeLeases};
+use poolgate_runtime::ports::{
+    BudgetCalendar, BudgetCounters, BudgetPeriod, BudgetPeriods, Cooldowns, ProbeLeases,
+};
 use tokio_util::sync::CancellationToken;
 
+use crate::calendar::{Calendar, Period, TOTAL_PERIOD};
 use crate::engine::{AcquireOutcome, LeaseEngine};
 
 #[async_trait]
@@ -47,5 +51,50 @@ impl Cooldowns for LeaseEngine {
 
     async fn inflight(&self, account_ids: &[AccountId]) -> Result<Vec<u32>, BackendError> {
         LeaseEngine::inflight(self, account_ids).await
+    }
+}
+
+/// The budget calendar as the selection engine reads it (its usage periods are the ones this
+/// engine counts budgets in).
+impl BudgetCalendar for Calendar {
+    fn period_at(&self, period: UsagePeriod, instant_ms: i64) -> (String, i64) {
+        let periods = self.periods(instant_ms);
+        let at = match period {
+            UsagePeriod::Day => periods.day,
+            UsagePeriod::Week => periods.week,
+            UsagePeriod::Month => periods.month,
+            UsagePeriod::Total => return (TOTAL_PERIOD.to_owned(), i64::MAX),
+        };
+        (at.id, at.ends_ms)
+    }
+}
+
+/// The engine's budget counters as the ledger's rebuild uses them: the current periods from
+/// its clock and calendar, and the seed.
+#[async_trait]
+impl BudgetCounters for LeaseEngine {
+    async fn budget_periods(&self) -> Result<BudgetPeriods, BackendError> {
+        let now = LeaseEngine::budget_periods(self).await?;
+        let calendar = self.calendar();
+        let period = |current: Period, kind: UsagePeriod| BudgetPeriod {
+            start_ms: period_start(current.ends_ms, |instant| calendar.period_at(kind, instant)),
+            id: current.id,
+            ends_ms: current.ends_ms,
+        };
+        Ok(BudgetPeriods {
+            total_id: TOTAL_PERIOD.to_owned(),
+            day: period(now.day, UsagePeriod::Day),
+            week: period(now.week, UsagePeriod::Week),
+            month: period(now.month, UsagePeriod::Month),
+        })
+    }
+
+    async fn seed_budget(
+        &self,
+        api_key_id: i64,
+        period_id: &str,
+        micros: i64,
+    ) -> Result<bool, BackendError> {
+        LeaseEngine::seed_budget(self, api_key_id, period_id, micros).await
     }
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use poolgate_core::AccountId;
+use poolgate_core::keys::UsagePeriod;
 use poolgate_core::lease::{LeaseId, LeaseTerms};
 
 use crate::error::BackendError;
@@ -40,4 +41,52 @@ pub trait Cooldowns: Send + Sync {
     async fn clear_cooldown(&self, account_id: AccountId) -> Result<(), BackendError>;
     /// Live leases per account, in the order of `account_ids`.
     async fn inflight(&self, account_ids: &[AccountId]) -> Result<Vec<u32>, BackendError>;
+}
+
+// --- client keys' budgets (docs/DESIGN.md §4, "Client key limits") --------------------------
+
+/// One calendar period of the deployment's budget calendar: the counter's id (as the lease
+/// engine names it: `d:2026-12-02`) and the instants it spans, `[start_ms, ends_ms)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BudgetPeriod {
+    pub id: String,
+    pub start_ms: i64,
+    pub ends_ms: i64,
+}
+
+/// The periods containing the lease engine's now, and the id of the total's counter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BudgetPeriods {
+    pub total_id: String,
+    pub day: BudgetPeriod,
+    pub week: BudgetPeriod,
+    pub month: BudgetPeriod,
+}
+
+/// What the rebuild needs of admission's budget counters.
+#[async_trait]
+pub trait BudgetCounters: Send + Sync {
+    /// The current periods, from the lease engine's clock and calendar (its time zone and week
+    /// start), so the ledger is summed over exactly the periods admission counts.
+    async fn budget_periods(&self) -> Result<BudgetPeriods, BackendError>;
+
+    /// Raises a key's counter for `period_id` to `micros` where it holds less (absent after a
+    /// flush) and never lowers it; whether it was raised.
+    async fn seed_budget(
+        &self,
+        api_key_id: i64,
+        period_id: &str,
+        micros: i64,
+    ) -> Result<bool, BackendError>;
+}
+
+/// The deployment's budget calendar as the selector engine reads it (its time zone and week
+/// start, docs/DESIGN.md §4 "Client key limits"): the calendar period containing an instant.
+/// Each composition root wires it to the calendar admission counts by
+/// (`poolgate_lease::calendar::Calendar`, from `--budget-time-zone`/`--budget-week-start`), so
+/// a key's usage per period is summed over exactly the periods its budgets are counted in.
+pub trait BudgetCalendar: Send + Sync + std::fmt::Debug {
+    /// The calendar's day, week or month (`period`; never asked for `Total`) containing
+    /// `instant_ms`: its id and when it ends, ms since the epoch.
+    fn period_at(&self, period: UsagePeriod, instant_ms: i64) -> (String, i64);
 }

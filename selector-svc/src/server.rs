@@ -12,12 +12,11 @@ use poolgate_runtime::redis::{RedisHandle, RedisOptions, RedisTarget};
 use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
 
-use poolgate_core::keys::UsagePeriod;
 use poolgate_lease::calendar::Calendar;
 use poolgate_lease::{LeaseEngine, LeaseStore};
-use poolgate_select::source::budgets::BudgetCalendar;
+use poolgate_select::source::budgets::BudgetCounters;
 
-use crate::budgets::{LeaseBudgets, REBUILD_EVERY};
+use crate::budgets::REBUILD_EVERY;
 use crate::grpc::{AdminAuth, AdminGrpc, SelectorGrpc};
 use crate::store::{PostgresSource, StoreError};
 use poolgate_select::crypto::Keyring;
@@ -80,7 +79,7 @@ pub struct Built {
     pub probe_leases: Arc<LeaseEngine>,
     /// Admission's budget counters (over `probe_leases`), which the budget rebuild seeds from
     /// the usage ledger; `selector.rebuild_budgets(&*built.budgets)` runs it at once.
-    pub budgets: Arc<LeaseBudgets>,
+    pub budgets: Arc<dyn BudgetCounters>,
     background: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -146,7 +145,7 @@ pub async fn build(config: &Config, metrics: Metrics) -> Result<Built, ServeErro
         health: Arc::new(health.clone()),
         leases: probe_leases.clone(),
         settings: SelectorSettings {
-            budget_calendar: Arc::new(LeaseCalendar(calendar)),
+            budget_calendar: Arc::new(calendar),
             ..config.settings.clone()
         },
         metrics: metrics.clone(),
@@ -159,10 +158,7 @@ pub async fn build(config: &Config, metrics: Metrics) -> Result<Built, ServeErro
     )
     .map_err(ServeError::Other)?;
     selector.set_refresher(refresher.clone());
-    let budgets = Arc::new(
-        LeaseBudgets::new(probe_leases.clone(), &config.lease_settings)
-            .map_err(|e| ServeError::Other(format!("budget calendar: {e}")))?,
-    );
+    let budgets: Arc<dyn BudgetCounters> = probe_leases.clone();
     let background = vec![
         tokio::spawn(reload_loop(
             store.clone(),
@@ -190,23 +186,6 @@ pub async fn build(config: &Config, metrics: Metrics) -> Result<Built, ServeErro
         budgets,
         background,
     })
-}
-
-/// The lease engine's budget calendar as the selector engine reads it.
-#[derive(Debug)]
-pub struct LeaseCalendar(pub Calendar);
-
-impl BudgetCalendar for LeaseCalendar {
-    fn period_at(&self, period: UsagePeriod, instant_ms: i64) -> (String, i64) {
-        let periods = self.0.periods(instant_ms);
-        let at = match period {
-            UsagePeriod::Day => periods.day,
-            UsagePeriod::Week => periods.week,
-            UsagePeriod::Month => periods.month,
-            UsagePeriod::Total => return (String::new(), i64::MAX),
-        };
-        (at.id, at.ends_ms)
-    }
 }
 
 /// Reloads the snapshot on every NOTIFY of a config change (so a committed change is live

@@ -17,18 +17,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use poolgate_core::keys::UsagePeriod;
 use poolgate_core::lease::Settings;
 use poolgate_lease::LeaseEngine;
-use poolgate_lease::calendar::{Calendar, Period, Periods, TOTAL_PERIOD};
-use poolgate_runtime::error::BackendError;
+use poolgate_lease::calendar::Calendar;
 use poolgate_select::engine::{Selector, SelectorError, SelectorParts, SelectorSettings};
 use poolgate_select::health::InProcessHealth;
 use poolgate_select::refresh::{RefreshSettings, TokenRefresher, refresh_loop};
 use poolgate_select::snapshot::SnapshotCell;
-use poolgate_select::source::budgets::{
-    BudgetCalendar, BudgetCounters, BudgetPeriod, BudgetPeriods, period_start,
-};
 use poolgate_select::source::{MemorySource, StateFile};
 
 pub use config::{AccountEntry, KeyEntry, OAuthEntry, PriceEntry, Prices, StandaloneFile};
@@ -84,7 +79,7 @@ pub fn build(
         leases: admission.clone(),
         // Keys' usage per period in the calendar admission counts their budgets in.
         settings: SelectorSettings {
-            budget_calendar: Arc::new(EngineCalendar(budgets.clone())),
+            budget_calendar: Arc::new(budgets),
             ..settings
         },
         metrics: selector_metrics.clone(),
@@ -105,13 +100,10 @@ pub fn build(
     // The memory engine starts with no budget counter: each is set from the ledger before any
     // request can have finished (a request is charged when it ends), and never again (memory is
     // not flushed under a running relay).
-    let counters = LeaseBudgets {
-        engine: admission.clone(),
-        calendar: budgets,
-    };
+    let counters = admission.clone();
     let rebuilding = selector.clone();
     tokio::spawn(async move {
-        match rebuilding.rebuild_budgets(&counters).await {
+        match rebuilding.rebuild_budgets(&*counters).await {
             Ok(seeded) => tracing::debug!(seeded, "budget counters set from the usage ledger"),
             Err(error) => tracing::warn!(%error, "budget counters not rebuilt from the ledger"),
         }
@@ -128,60 +120,6 @@ pub fn build(
         source,
         admission,
     })
-}
-
-/// The memory admission engine's budget counters with the calendar it counts by (built from
-/// the same settings), for the rebuild from the ledger.
-struct LeaseBudgets {
-    engine: Arc<LeaseEngine>,
-    calendar: Calendar,
-}
-
-#[async_trait]
-impl BudgetCounters for LeaseBudgets {
-    async fn budget_periods(&self) -> Result<BudgetPeriods, BackendError> {
-        let now = self.engine.budget_periods().await?;
-        let period = |current: Period, pick: fn(Periods) -> Period| BudgetPeriod {
-            start_ms: period_start(current.ends_ms, |instant| {
-                let at = pick(self.calendar.periods(instant));
-                (at.id, at.ends_ms)
-            }),
-            id: current.id,
-            ends_ms: current.ends_ms,
-        };
-        Ok(BudgetPeriods {
-            total_id: TOTAL_PERIOD.to_owned(),
-            day: period(now.day, |p| p.day),
-            week: period(now.week, |p| p.week),
-            month: period(now.month, |p| p.month),
-        })
-    }
-
-    async fn seed_budget(
-        &self,
-        api_key_id: i64,
-        period_id: &str,
-        micros: i64,
-    ) -> Result<bool, BackendError> {
-        self.engine.seed_budget(api_key_id, period_id, micros).await
-    }
-}
-
-/// The memory admission engine's budget calendar as the selector engine reads it.
-#[derive(Debug)]
-struct EngineCalendar(Calendar);
-
-impl BudgetCalendar for EngineCalendar {
-    fn period_at(&self, period: UsagePeriod, instant_ms: i64) -> (String, i64) {
-        let periods = self.0.periods(instant_ms);
-        let at = match period {
-            UsagePeriod::Day => periods.day,
-            UsagePeriod::Week => periods.week,
-            UsagePeriod::Month => periods.month,
-            UsagePeriod::Total => return (String::new(), i64::MAX),
-        };
-        (at.id, at.ends_ms)
-    }
 }
 
 /// Where the state file goes when `--state-file` is not given: beside the config

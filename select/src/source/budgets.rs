@@ -5,89 +5,10 @@
 //! [`BudgetCounters`] port each composition root wires to its `poolgate-lease` engine) and the
 //! calendar arithmetic it shares; `Selector::rebuild_budgets` runs it.
 
-use async_trait::async_trait;
 use poolgate_core::keys::UsagePeriod;
-use poolgate_runtime::error::BackendError;
 
-/// One calendar period of the deployment's budget calendar: the counter's id (as the lease
-/// engine names it: `d:2026-12-02`) and the instants it spans, `[start_ms, ends_ms)`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BudgetPeriod {
-    pub id: String,
-    pub start_ms: i64,
-    pub ends_ms: i64,
-}
-
-/// The periods containing the lease engine's now, and the id of the total's counter.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BudgetPeriods {
-    pub total_id: String,
-    pub day: BudgetPeriod,
-    pub week: BudgetPeriod,
-    pub month: BudgetPeriod,
-}
-
-/// What the rebuild needs of admission's budget counters.
-#[async_trait]
-pub trait BudgetCounters: Send + Sync {
-    /// The current periods, from the lease engine's clock and calendar (its time zone and week
-    /// start), so the ledger is summed over exactly the periods admission counts.
-    async fn budget_periods(&self) -> Result<BudgetPeriods, BackendError>;
-
-    /// Sets a key's counter for `period_id` to `micros` only where it is absent (never adding
-    /// to a counter admission is charging); whether it was set.
-    async fn seed_budget(
-        &self,
-        api_key_id: i64,
-        period_id: &str,
-        micros: i64,
-    ) -> Result<bool, BackendError>;
-}
-
-/// An hour: shorter than any calendar period, so a step back of one from a period's first
-/// instant lands in the period before it.
-const STEP_MS: i64 = 3_600_000;
-
-/// More hours than the longest month (31 days and a DST hour).
-const MAX_STEPS: i64 = 32 * 24;
-
-/// When the period that ends at `ends_ms` began: the end of the period before it, the first
-/// instant `period_at` places in the same period as `ends_ms - 1` (a binary search over the
-/// month before, as ids are contiguous in time). `period_at(instant)` is the calendar's period
-/// containing `instant`, as (id, ends_ms). Calendars name a period only by its end, and the end
-/// of one is the start of the next (a day across a DST change lasts 23 or 25 hours, so a start
-/// is not an end minus a fixed length). Should no earlier period turn up within a month, the
-/// earliest instant looked at is returned: a longer range counts more spend, never less.
-pub fn period_start(ends_ms: i64, period_at: impl Fn(i64) -> (String, i64)) -> i64 {
-    let last = ends_ms - 1;
-    let (id, _) = period_at(last);
-    let earliest = last - MAX_STEPS * STEP_MS;
-    if period_at(earliest).0 == id {
-        return earliest;
-    }
-    // `low` is in an earlier period, `high` in this one.
-    let (mut low, mut high) = (earliest, last);
-    while high - low > 1 {
-        let middle = low + (high - low) / 2;
-        if period_at(middle).0 == id {
-            high = middle;
-        } else {
-            low = middle;
-        }
-    }
-    high
-}
-
-/// The deployment's budget calendar as the selector engine reads it (its time zone and week
-/// start, docs/DESIGN.md §4 "Client key limits"): the calendar period containing an instant.
-/// Each composition root wires it to the calendar admission counts by
-/// (`poolgate_lease::calendar::Calendar`, from `--budget-time-zone`/`--budget-week-start`), so
-/// a key's usage per period is summed over exactly the periods its budgets are counted in.
-pub trait BudgetCalendar: Send + Sync + std::fmt::Debug {
-    /// The calendar's day, week or month (`period`; never asked for `Total`) containing
-    /// `instant_ms`: its id and when it ends, ms since the epoch.
-    fn period_at(&self, period: UsagePeriod, instant_ms: i64) -> (String, i64);
-}
+pub use poolgate_core::keys::{MAX_STEPS, STEP_MS, period_start};
+pub use poolgate_runtime::ports::{BudgetCalendar, BudgetCounters, BudgetPeriod, BudgetPeriods};
 
 /// When `calendar`'s `period` containing `now_ms` began, ms since the epoch (`Total`: 0).
 pub fn usage_period_start(calendar: &dyn BudgetCalendar, period: UsagePeriod, now_ms: i64) -> i64 {
