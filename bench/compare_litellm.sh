@@ -17,7 +17,8 @@
 # 4. Peak RSS of every process (LiteLLM: all its processes).
 #
 # Usage: bash bench/compare_litellm.sh [seconds per run] [concurrency]
-# Env: LITELLM_VENV (default .venv-litellm), OUT_DIR (default docs), LOADS (offered req/s list).
+# Env: LITELLM_VENV (default .venv-litellm), OUT_DIR (default docs), LOADS (offered req/s list),
+# BIN (prebuilt binaries instead of building; see bench/lib.sh, which starts the stack).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_PER_RUN=${1:-10}
@@ -31,59 +32,13 @@ if [ ! -x "$VENV/bin/litellm" ] || ! "$VENV/bin/python" -c 'import matplotlib' 2
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q 'litellm[proxy]' matplotlib
 fi
-command -v redis-server >/dev/null || { echo "redis-server is missing: apt-get install -y redis-server" >&2; exit 1; }
-PGBIN=$(dirname "$(ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null | sort -V | tail -1)")
-[ -x "$PGBIN/initdb" ] || { echo "Postgres is missing: apt-get install -y postgresql-15" >&2; exit 1; }
-cargo build --release -q -p relay-svc --bins -p poolgate-testkit --bin mock-upstream -p selector-svc -p admission-svc -p poolgate-bench --bin http-load
-BIN=target/release
+source bench/lib.sh
+bench_requirements
+bench_build
 
-work=$(mktemp -d)
-chmod 755 "$work"
-pids=()
-as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  [ -f "$work/pg/postmaster.pid" ] && as_pg "$PGBIN/pg_ctl" -D "$work/pg" -m immediate stop >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-wait_port() { for _ in $(seq 1 150); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.2; done; echo "port $1 never opened" >&2; return 1; }
-
-# The fake upstream and the standalone relay.
-"$BIN/mock-upstream" --listen 127.0.0.1:9190 >/dev/null 2>&1 & pids+=($!)
-cat > "$work/relay.yaml" <<YAML
-api_keys:
-  - {key: sk-bench, group: default, user: bench}
-accounts:
-  - {name: o1, platform: openai, base_url: "http://127.0.0.1:9190", api_key: sk-up-1, concurrency: 10000}
-  - {name: o2, platform: openai, base_url: "http://127.0.0.1:9190", api_key: sk-up-2, concurrency: 10000}
-YAML
-"$BIN/relay-svc" --standalone --config "$work/relay.yaml" --listen 127.0.0.1:8190 \
-  --metrics-listen 127.0.0.1:9590 >/dev/null 2>&1 & standalone_pid=$!; pids+=($standalone_pid)
-
-# Distributed: Redis, Postgres, selector, admission, relay (accounts governed: limits > 0).
-redis-server --port 6390 --bind 127.0.0.1 --save '' --appendonly no >/dev/null 2>&1 & redis_pid=$!; pids+=($redis_pid)
-mkdir -p "$work/pg"
-[ "$(id -u)" = 0 ] && chown postgres "$work/pg"
-as_pg "$PGBIN/initdb" -D "$work/pg" -A trust -U postgres >/dev/null
-as_pg "$PGBIN/pg_ctl" -D "$work/pg" -l "$work/pg/log" -w \
-  -o "-p 5490 -k $work/pg -c listen_addresses=127.0.0.1 -c fsync=off" start >/dev/null
-export POOLGATE_DATABASE_URL=postgres://postgres@127.0.0.1:5490/postgres
-export POOLGATE_REDIS_URL=redis://127.0.0.1:6390
-POOLGATE_CREDENTIAL_KEYS="k1:$("$BIN/selector-svc" genkey)"; export POOLGATE_CREDENTIAL_KEYS
-export SELECTOR_ADMIN_TOKEN=bench-admin SELECTOR_ENDPOINT=http://127.0.0.1:50162
-export POOLGATE_SERVICE_TOKEN=bench-service-token   # selector and admission require it; relay and CLI send it
-"$BIN/selector-svc" migrate >/dev/null
-"$BIN/selector-svc" --listen 127.0.0.1:50162 --metrics-listen 127.0.0.1:9562 >/dev/null 2>&1 & selector_pid=$!; pids+=($selector_pid)
-"$BIN/admission-svc" --listen 127.0.0.1:50161 --metrics-listen 127.0.0.1:9561 >/dev/null 2>&1 & admission_pid=$!; pids+=($admission_pid)
-wait_port 50162
-for n in 1 2; do
-  ACCOUNT_CREDENTIAL=sk-up-$n "$BIN/selector-svc" admin upsert-account --name "o$n" --group default \
-    --platform openai --base-url http://127.0.0.1:9190 --concurrency 10000 >/dev/null
-done
-dist_key=$("$BIN/selector-svc" admin create-key --user bench --group default | sed -n 's/^api_key=//p')
-"$BIN/relay-svc" --listen 127.0.0.1:8191 --metrics-listen 127.0.0.1:9591 --selector-url http://127.0.0.1:50162 \
-  --admission-url http://127.0.0.1:50161 >/dev/null 2>&1 & distributed_pid=$!; pids+=($distributed_pid)
+start_upstream
+start_standalone
+start_distributed
 
 # LiteLLM, two workers, the same two accounts.
 cat > "$work/litellm.yaml" <<YAML
@@ -101,25 +56,10 @@ for _ in $(seq 1 180); do
 done
 wait_port 8190; wait_port 8191
 
-declare -A URL KEY
-URL[direct]=http://127.0.0.1:9190/v1/chat/completions; KEY[direct]=sk-up-1
-URL[standalone]=http://127.0.0.1:8190/v1/chat/completions; KEY[standalone]=sk-bench
-URL[distributed]=http://127.0.0.1:8191/v1/chat/completions; KEY[distributed]=$dist_key
 URL[litellm]=http://127.0.0.1:4190/v1/chat/completions; KEY[litellm]=sk-litellm
 TARGETS="direct standalone distributed litellm"
-body() { echo "{\"model\":\"gpt-x\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]$1}"; }
-load() { # target stream-suffix extra-args...
-  local target=$1 suffix=$2; shift 2
-  "$BIN/http-load" --label "$target" --url "${URL[$target]}" --header "authorization: Bearer ${KEY[$target]}" \
-    --body "$(body "$suffix")" "$@"
-}
 # Every target answers before measuring.
-for target in $TARGETS; do
-  for _ in $(seq 1 50); do
-    load "$target" "" --rate 5 --seconds 0.2 --csv | awk -F, '$7 == 0 {ok=1} END {exit !ok}' && break
-    sleep 0.5
-  done
-done
+wait_answering $TARGETS
 
 tree_rss_mb() { # peak RSS of a process and its descendants
   local all=("$1") queue=("$1")
@@ -158,7 +98,7 @@ awk -F, '
 echo "== 2. open loop: latency against offered load ($SWEEP_SECONDS s per point)"
 mkdir -p "$OUT_DIR"
 csv_sweep="$OUT_DIR/bench-latency.csv"
-echo "mode,target,offered,achieved,p50_ms,p99_ms,ok,errors" > "$csv_sweep"
+echo "mode,target,offered,achieved,p50_ms,p99_ms,ok,errors,p999_ms" > "$csv_sweep"
 for mode in "" ',"stream":true'; do
   kind=$([ -z "$mode" ] && echo non-streaming || echo streaming)
   for target in $TARGETS; do

@@ -31,6 +31,14 @@ fi
 if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
   apt_install redis-server redis-tools
 fi
+# The status page's browser test drives Debian's Chromium through its ChromeDriver; the alert
+# rules' unit tests run under promtool (Debian's prometheus package).
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+  apt_install chromium chromium-driver
+fi
+if ! command -v promtool >/dev/null; then
+  apt_install prometheus
+fi
 pg_bin=""
 for dir in /usr/lib/postgresql/*/bin; do
   [ -x "$dir/initdb" ] && pg_bin="$dir"
@@ -45,11 +53,11 @@ export POOLGATE_PG_BIN="$pg_bin"
 redis-server --version | head -n1
 "$pg_bin/postgres" --version
 
-log "python tools in .venv: the official anthropic and openai SDKs, helm-python-sdk, kubernetes-validate"
-if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import anthropic, openai, helm_python, kubernetes_validate" 2>/dev/null; then
+log "python tools in .venv: the official anthropic and openai SDKs, helm-python-sdk, kubernetes-validate, selenium"
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import anthropic, openai, helm_python, kubernetes_validate, selenium" 2>/dev/null; then
   command -v python3 >/dev/null || apt_install python3 python3-venv
   python3 -m venv .venv 2>/dev/null || { apt_install python3-venv && python3 -m venv --clear .venv; }
-  .venv/bin/pip install -q --disable-pip-version-check anthropic openai helm-python-sdk kubernetes-validate
+  .venv/bin/pip install -q --disable-pip-version-check anthropic openai helm-python-sdk kubernetes-validate selenium
 fi
 export POOLGATE_SDK_PYTHON="$PWD/.venv/bin/python"
 "$POOLGATE_SDK_PYTHON" -c "import anthropic, openai; print('anthropic', anthropic.__version__, '/ openai', openai.__version__)"

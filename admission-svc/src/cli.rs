@@ -8,6 +8,7 @@ use clap::{Parser, ValueEnum};
 use poolgate_core::lease::{Settings, Weekday};
 use poolgate_lease::LeaseStore;
 use poolgate_lease::calendar::Calendar;
+use poolgate_lease::channel::ChannelSettings;
 use poolgate_lease::policy::{FailurePolicy, PolicySettings};
 use poolgate_rpc::{service_auth::CallerCheck, telemetry::LogFormat, tls::TlsFiles};
 use poolgate_runtime::redis::{RedisOptions, RedisTarget};
@@ -46,6 +47,10 @@ pub(crate) struct Cli {
     /// Waiters per account at most.
     #[arg(long, env = "ADMISSION_MAX_WAITING", default_value_t = 100)]
     max_waiting: u32,
+    /// Lease conversations open at once on one lease channel; a new one over it is refused
+    /// (`RESOURCE_EXHAUSTED` on its tag).
+    #[arg(long, env = "ADMISSION_MAX_CHANNEL_LEASES", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    max_channel_leases: u64,
     /// Bound on each Redis operation, ms.
     #[arg(long, env = "ADMISSION_REDIS_TIMEOUT_MS", default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(10..))]
     redis_timeout_ms: u64,
@@ -165,6 +170,9 @@ impl Cli {
             },
             backend,
             shutdown_grace: Duration::from_millis(self.shutdown_grace_ms),
+            channel: ChannelSettings {
+                max_conversations: usize::try_from(self.max_channel_leases).unwrap_or(usize::MAX),
+            },
             tls: (self.tls_cert.clone().zip(self.tls_key.clone())).map(|(cert, key)| TlsFiles {
                 cert,
                 key,

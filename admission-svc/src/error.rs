@@ -9,6 +9,7 @@ pub fn status(error: LeaseError) -> tonic::Status {
     match error {
         LeaseError::InvalidArgument { .. } => tonic::Status::invalid_argument(message),
         LeaseError::Protocol(_) => tonic::Status::failed_precondition(message),
+        LeaseError::Exhausted(_) => tonic::Status::resource_exhausted(message),
         LeaseError::Unavailable(_) => tonic::Status::unavailable(message),
     }
 }

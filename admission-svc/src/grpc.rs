@@ -16,6 +16,9 @@ use crate::error::{invalid, status};
 use poolgate_core::AccountId;
 use poolgate_core::money::micros_to_usd;
 use poolgate_lease::LeaseEngine;
+use poolgate_lease::channel::{
+    CHANNEL_QUEUE, ChannelInbound, ChannelItem, ChannelSettings, Said, serve_channel,
+};
 use poolgate_lease::error::LeaseError;
 use poolgate_lease::session::{ClientMessage, Inbound, serve_lease};
 
@@ -24,11 +27,39 @@ pub const MAX_INFLIGHT_ACCOUNTS: usize = 1000;
 
 pub struct AdmissionGrpc {
     admission: Arc<LeaseEngine>,
+    channel: ChannelSettings,
 }
 
 impl AdmissionGrpc {
-    pub fn new(admission: Arc<LeaseEngine>) -> Self {
-        AdmissionGrpc { admission }
+    pub fn new(admission: Arc<LeaseEngine>, channel: ChannelSettings) -> Self {
+        AdmissionGrpc { admission, channel }
+    }
+}
+
+/// A lease channel message as the channel server reads it: validated as a lease stream's (bad
+/// input in the conversation's request names its field), a malformed channel message fails the
+/// channel.
+fn channel_inbound(item: Result<pb::ChannelRequest, Status>) -> ChannelInbound {
+    match item {
+        Ok(request) => match convert::channel_request(request) {
+            Ok((tag, asked)) => ChannelInbound::Tagged(tag, asked.map_err(invalid)),
+            Err(error) => ChannelInbound::Malformed(invalid(error)),
+        },
+        // The holder's side broke (reset, cancelled, bad frame): every conversation is gone.
+        Err(_) => ChannelInbound::Broken,
+    }
+}
+
+/// One conversation's item as the channel's wire message; an error carries the code a lease
+/// stream would have ended with (`error::status`, the one map).
+fn channel_event(item: ChannelItem) -> pb::ChannelEvent {
+    match item.said {
+        Said::Event(event) => convert::channel_event(item.tag, event),
+        Said::Error(error) => {
+            let status = status(error);
+            convert::channel_error(item.tag, status.code() as i32, status.message().to_owned())
+        }
+        Said::End => convert::channel_end(item.tag),
     }
 }
 
@@ -41,10 +72,31 @@ fn spend(field: &'static str, usd: f64) -> Result<i64, LeaseError> {
 }
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::LeaseEvent, Status>> + Send>>;
+type ChannelEvents = Pin<Box<dyn Stream<Item = Result<pb::ChannelEvent, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl pb::admission_server::Admission for AdmissionGrpc {
     type LeaseStream = EventStream;
+    type LeaseChannelStream = ChannelEvents;
+
+    async fn lease_channel(
+        &self,
+        request: Request<Streaming<pb::ChannelRequest>>,
+    ) -> Result<Response<Self::LeaseChannelStream>, Status> {
+        let inbound = request.into_inner().map(channel_inbound);
+        let (sender, receiver) = mpsc::channel(CHANNEL_QUEUE);
+        tokio::spawn(serve_channel(
+            self.admission.clone(),
+            Box::pin(inbound),
+            sender,
+            self.channel,
+        ));
+        let events = ReceiverStream::new(receiver).map(|item| match item {
+            Ok(item) => Ok(channel_event(item)),
+            Err(error) => Err(status(error)),
+        });
+        Ok(Response::new(Box::pin(events)))
+    }
 
     async fn lease(
         &self,

@@ -11,6 +11,9 @@ use clap::{CommandFactory, FromArgMatches};
 use cli::Cli;
 use poolgate_rpc::exit::{Failure, report};
 
+#[global_allocator]
+static ALLOCATOR: poolgate_runtime::Allocator = poolgate_runtime::Allocator;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let matches = Cli::command().get_matches();

@@ -11,6 +11,7 @@ use tonic::transport::server::TcpIncoming;
 
 use crate::grpc::AdmissionGrpc;
 use poolgate_core::lease::Settings;
+use poolgate_lease::channel::ChannelSettings;
 use poolgate_lease::metrics::Metrics;
 use poolgate_lease::{LeaseEngine, LeaseStore};
 use poolgate_rpc::service_auth::CallerCheck;
@@ -21,9 +22,12 @@ use poolgate_runtime::error::BackendError;
 pub struct Config {
     pub settings: Settings,
     pub backend: LeaseStore,
-    /// HTTP/2 streams per connection; each lease is one stream, so this bounds the leases one
-    /// relay connection may hold (hyper's default of 200 is far too low).
+    /// HTTP/2 streams per connection; each `Lease` stream is one lease, so this bounds the
+    /// leases one connection may hold that way (hyper's default of 200 is far too low). A lease
+    /// channel is one stream for many leases, bounded by `channel`.
     pub max_concurrent_streams: u32,
+    /// The lease channel's limits (the conversations one channel may hold open).
+    pub channel: ChannelSettings,
     /// After the shutdown signal, how long open lease streams may go on.
     pub shutdown_grace: Duration,
     /// PEM certificate chain and key: serve gRPC over TLS. `None`: plaintext (inside a trusted
@@ -39,6 +43,7 @@ impl Default for Config {
             settings: Settings::default(),
             backend: LeaseStore::Memory,
             max_concurrent_streams: 100_000,
+            channel: ChannelSettings::default(),
             shutdown_grace: Duration::from_secs(30),
             tls: None,
             callers: CallerCheck::Open,
@@ -136,7 +141,10 @@ pub async fn serve(
         .max_concurrent_streams(Some(config.max_concurrent_streams))
         .add_service(health_service)
         .add_service(reflection)
-        .add_service(AdmissionServer::new(AdmissionGrpc::new(admission.clone())))
+        .add_service(AdmissionServer::new(AdmissionGrpc::new(
+            admission.clone(),
+            config.channel,
+        )))
         .serve_with_incoming_shutdown(incoming(listener), shutdown);
     let mut server = tokio::spawn(server);
     let result = tokio::select! {

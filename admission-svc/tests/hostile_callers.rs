@@ -1,6 +1,9 @@
 //! The admission binary against callers it does not know: the service token can come from a
 //! file (a flag carrying it still works, with a warning; both at once is an error), and calls
-//! to paths admission does not serve — with or without the token — add no metric series.
+//! to paths admission does not serve — with or without the token — add no metric series. On the
+//! lease channel: a flood of tags stops at the channel's bound (`--max-channel-leases`), a
+//! caller that never reads holds up only its own channel, and either one's leases are orphaned
+//! when it goes.
 
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
@@ -9,9 +12,14 @@ use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use poolgate_proto::admission::v1 as pb;
+use poolgate_proto::admission::v1::admission_client::AdmissionClient;
 use poolgate_rpc::service_auth::SERVICE_TOKEN_HEADER;
 use poolgate_testkit::{Scratch, call_empty, eventually, free_port};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -305,4 +313,213 @@ fn a_secret_given_both_ways_or_from_an_empty_file_refuses_to_start() {
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("is empty"), "{stderr}");
+}
+
+/// An acquire on the lease channel for `account` (no limit reached in these tests).
+fn channel_acquire(tag: u64, account: i64) -> pb::ChannelRequest {
+    pb::ChannelRequest {
+        tag,
+        kind: Some(pb::channel_request::Kind::Request(pb::LeaseRequest {
+            kind: Some(pb::lease_request::Kind::Acquire(pb::Acquire {
+                account_id: account,
+                concurrency_limit: 1_000_000,
+                ..Default::default()
+            })),
+        })),
+    }
+}
+
+/// The live leases of `account`.
+async fn inflight(channel: &Channel, account: i64) -> u32 {
+    AdmissionClient::new(channel.clone())
+        .inflight(pb::InflightRequest {
+            account_ids: vec![account],
+        })
+        .await
+        .expect("inflight answers")
+        .into_inner()
+        .accounts[0]
+        .inflight
+}
+
+/// A lease on a `Lease` stream of its own, acquired and released: the server still serves.
+async fn one_stream_lease(channel: &Channel, account: i64) {
+    let (sender, receiver) = mpsc::channel(2);
+    let request = |kind| pb::LeaseRequest { kind: Some(kind) };
+    sender
+        .send(request(pb::lease_request::Kind::Acquire(pb::Acquire {
+            account_id: account,
+            concurrency_limit: 1_000_000,
+            ..Default::default()
+        })))
+        .await
+        .expect("queue acquire");
+    let mut events = AdmissionClient::new(channel.clone())
+        .lease(ReceiverStream::new(receiver))
+        .await
+        .expect("lease call")
+        .into_inner();
+    assert!(matches!(
+        next_lease_event(&mut events).await,
+        Some(Ok(pb::LeaseEvent {
+            kind: Some(pb::lease_event::Kind::Granted(_))
+        }))
+    ));
+    sender
+        .send(request(pb::lease_request::Kind::Release(pb::Release {
+            spend_usd: 0.0,
+            tokens: 0,
+        })))
+        .await
+        .expect("queue release");
+    assert!(matches!(
+        next_lease_event(&mut events).await,
+        Some(Ok(pb::LeaseEvent {
+            kind: Some(pb::lease_event::Kind::Released(_))
+        }))
+    ));
+}
+
+async fn next_lease_event(
+    events: &mut tonic::Streaming<pb::LeaseEvent>,
+) -> Option<Result<pb::LeaseEvent, tonic::Status>> {
+    tokio::time::timeout(Duration::from_secs(10), events.next())
+        .await
+        .expect("answered within 10 s")
+}
+
+/// Waits until `account` holds no lease.
+async fn drained(channel: &Channel, account: i64) {
+    let waited = eventually(Duration::from_secs(20), || async move {
+        (inflight(channel, account).await == 0).then_some(())
+    })
+    .await;
+    assert!(
+        waited.is_ok(),
+        "{} leases left",
+        inflight(channel, account).await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_tags_on_one_channel_stops_at_its_bound() {
+    let admission = Admission::spawn(
+        &["--insecure-dev", "--orphan-grace-ms", "100"],
+        &[("ADMISSION_MAX_CHANNEL_LEASES", "100")],
+    );
+    let channel = admission.channel().await;
+    let account = 1;
+    let (sender, receiver) = mpsc::channel(64);
+    let mut events = AdmissionClient::new(channel.clone())
+        .lease_channel(ReceiverStream::new(receiver))
+        .await
+        .expect("lease channel call")
+        .into_inner();
+    const TAGS: u64 = 3_000;
+    let flood = tokio::spawn(async move {
+        for tag in 1..=TAGS {
+            if sender.send(channel_acquire(tag, account)).await.is_err() {
+                break;
+            }
+        }
+        sender
+    });
+    let (mut granted, mut refused, mut ended) = (0, 0, 0);
+    while granted + refused < TAGS {
+        let event = tokio::time::timeout(Duration::from_secs(20), events.next())
+            .await
+            .expect("the flood is answered")
+            .expect("the channel stays open")
+            .expect("no channel error");
+        match event.kind {
+            Some(pb::channel_event::Kind::Event(pb::LeaseEvent {
+                kind: Some(pb::lease_event::Kind::Granted(_)),
+            })) => granted += 1,
+            Some(pb::channel_event::Kind::Error(error)) => {
+                assert_eq!(error.code, Code::ResourceExhausted as i32, "{error:?}");
+                refused += 1;
+            }
+            Some(pb::channel_event::Kind::End(_)) => ended += 1,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!((granted, refused), (100, TAGS - 100));
+    assert!(ended <= refused);
+    assert_eq!(inflight(&channel, account).await, 100);
+    // The server serves everyone else meanwhile.
+    one_stream_lease(&channel, 2).await;
+    // The flooder goes: every lease it held is orphaned, then freed after the grace.
+    let sender = flood.await.expect("flood task");
+    drop(sender);
+    drop(events);
+    drained(&channel, account).await;
+    // The channel's calls carry their own method label.
+    let page = scrape(admission.metrics).await;
+    assert!(
+        requests(&page, "Admission/LeaseChannel", "Ok")
+            + requests(&page, "Admission/LeaseChannel", "Cancelled")
+            >= 1,
+        "{page}"
+    );
+    admission.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_that_never_reads_holds_up_only_itself() {
+    let admission = Admission::spawn(
+        &[
+            "--insecure-dev",
+            "--orphan-grace-ms",
+            "100",
+            "--max-channel-leases",
+            "50000",
+        ],
+        &[],
+    );
+    let account = 1;
+    // Its own connection, as a relay has.
+    let hostile = admission.channel().await;
+    let (sender, receiver) = mpsc::channel(64);
+    let events = AdmissionClient::new(hostile.clone())
+        .lease_channel(ReceiverStream::new(receiver))
+        .await
+        .expect("lease channel call")
+        .into_inner();
+    // Acquires until the server stops taking them (its answers are never read, so its queues
+    // and the connection's windows fill), far fewer than the channel's bound.
+    let flood = tokio::spawn(async move {
+        let mut sent = 0u64;
+        for tag in 1..=20_000u64 {
+            match tokio::time::timeout(
+                Duration::from_secs(2),
+                sender.send(channel_acquire(tag, account)),
+            )
+            .await
+            {
+                Ok(Ok(())) => sent += 1,
+                _ => break,
+            }
+        }
+        (sender, sent)
+    });
+    let channel = admission.channel().await;
+    // Meanwhile the server answers everyone else.
+    for other in 2..5 {
+        one_stream_lease(&channel, other).await;
+    }
+    let (sender, sent) = flood.await.expect("flood task");
+    assert!(sent > 0);
+    let held = inflight(&channel, account).await;
+    // Granted only as fast as the answers can be queued: the rest wait unread.
+    assert!(
+        held as u64 <= sent && held < 5_000,
+        "{held} leases for {sent} acquires"
+    );
+    one_stream_lease(&channel, 5).await;
+    // The caller goes: whatever it held is orphaned, then freed after the grace.
+    drop(sender);
+    drop(events);
+    drop(hostile);
+    drained(&channel, account).await;
+    admission.stop();
 }

@@ -23,10 +23,13 @@
 //! `POOLGATE_MODEL_SEED=<seed>`; bound the wall time per backend with `POOLGATE_MODEL_SECS`
 //! (default 40). A failing sequence worth keeping becomes a plain test calling [`replay`].
 //!
-//! The driver reaches the replicas only through their published API: `Holder` wraps one lease
-//! stream, and `Op::Acquire`/`Op::Resume` open one. Another lease path (the planned multiplexed
-//! lease channel) plugs in by giving `Holder` (acquire, heartbeat, attempt, release, drop) and
-//! those two operations another transport; the model and the checks stay as they are.
+//! The driver reaches the replicas only through their published API: `Holder` holds one lease
+//! on a `Transport` — its own lease stream, or one tag of a lease channel (`LeaseChannel`, a
+//! few per replica, shared by the holders on them) — and `Op::Acquire`/`Op::Resume` pick the
+//! transport from the seed (`Via`), so both kinds of holders mix over the same replicas in one
+//! run. A channel's holder drops its lease with `close` on its tag; `Op::DropChannel` drops a
+//! whole channel, orphaning every lease on it at once. The model and the checks are the same
+//! for both transports.
 
 mod support;
 
@@ -45,8 +48,8 @@ use poolgate_lease::metrics::Metrics;
 use poolgate_proto::admission::v1 as pb;
 use poolgate_runtime::redis::{RedisOptions, RedisTarget};
 use poolgate_testkit::{RedisCluster, RedisServer};
-use support::{Answer, Client, LeaseStream, connect};
-use tokio::sync::oneshot;
+use support::{Answer, Client, LeaseChannel, LeaseStream, connect};
+use tokio::sync::{Mutex, oneshot};
 
 const REPLICAS: usize = 3;
 /// Concurrency limit of each account of a run.
@@ -54,6 +57,8 @@ const LIMITS: [i32; 2] = [1, 2];
 /// Concurrency limit of each client key of a run (each key used on every account).
 const KEY_LIMITS: [i32; 2] = [1, 2];
 const OPS_PER_RUN: usize = 40;
+/// Lease channels each replica may have open (opened on first use).
+const CHANNELS: usize = 2;
 /// Clock granularity between the model's `Instant` and the store's millisecond clock.
 const SLACK: Duration = Duration::from_millis(25);
 /// Bound on how long a replica takes to notice a dropped stream and cut its lease.
@@ -166,10 +171,18 @@ impl Store {
     }
 }
 
+/// A lease channel shared by the holders on it (the driver is sequential: one op at a time).
+type SharedChannel = Arc<Mutex<LeaseChannel>>;
+
 /// One admission replica serving gRPC on port 0; `kill` drops its connections at once.
 pub struct Replica {
     pub admission: Arc<LeaseEngine>,
     pub client: Client,
+    /// Its lease channels, opened on first use (they outlive a run).
+    channels: [Option<SharedChannel>; CHANNELS],
+    /// The last tag used on its channels: a tag is never reused, even across runs (a holder
+    /// left open by one run may still hold its tag in the next).
+    last_tag: u64,
     stop: Option<oneshot::Sender<()>>,
 }
 
@@ -192,6 +205,8 @@ impl Replica {
         Replica {
             admission,
             client,
+            channels: Default::default(),
+            last_tag: 0,
             stop: Some(stop),
         }
     }
@@ -210,6 +225,15 @@ impl Drop for Replica {
     }
 }
 
+/// The transport an acquire or resume opens its holder on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// A lease stream of its own.
+    Stream,
+    /// A new tag on one of the replica's lease channels.
+    Channel(usize),
+}
+
 /// One step of a run. Leases are named by their grant order in the run; an operation on a
 /// lease (or stream) that does not exist or is in the wrong state is skipped.
 #[derive(Debug, Clone, PartialEq)]
@@ -220,6 +244,7 @@ pub enum Op {
         wait_ms: u32,
         /// The client key (index into `KEY_LIMITS`) the request carries, if any.
         key: Option<usize>,
+        via: Via,
     },
     Heartbeat {
         lease: usize,
@@ -243,6 +268,12 @@ pub enum Op {
     Resume {
         lease: usize,
         replica: usize,
+        via: Via,
+    },
+    /// A lease channel goes away: every lease on it is orphaned at once.
+    DropChannel {
+        replica: usize,
+        channel: usize,
     },
     Attempt {
         lease: usize,
@@ -262,12 +293,21 @@ pub enum Op {
 impl Op {
     fn name(&self) -> &'static str {
         match self {
+            Op::Acquire {
+                via: Via::Channel(_),
+                ..
+            } => "acquire_on_channel",
             Op::Acquire { .. } => "acquire",
             Op::Heartbeat { .. } => "heartbeat",
             Op::StreamRelease { .. } => "stream_release",
             Op::UnaryRelease { .. } => "unary_release",
             Op::Drop { .. } => "drop",
+            Op::Resume {
+                via: Via::Channel(_),
+                ..
+            } => "resume_on_channel",
             Op::Resume { .. } => "resume",
+            Op::DropChannel { .. } => "drop_channel",
             Op::Attempt { .. } => "attempt",
             Op::Sleep { .. } => "sleep",
             Op::Flush => "flush",
@@ -290,6 +330,11 @@ impl Op {
         };
         let stream = rng.usize(0..2);
         let replica = rng.usize(0..REPLICAS);
+        let via = if rng.bool() {
+            Via::Stream
+        } else {
+            Via::Channel(rng.usize(0..CHANNELS))
+        };
         match rng.u32(0..100) {
             0..=21 => Op::Acquire {
                 replica,
@@ -299,15 +344,24 @@ impl Op {
                     0 => None,
                     n => Some(n - 1),
                 },
+                via,
             },
             22..=43 => Op::Heartbeat { lease, stream },
             44..=51 => Op::StreamRelease { lease, stream },
             52..=59 => Op::UnaryRelease { lease, replica },
             60..=67 => Op::Drop { lease, stream },
-            68..=77 => Op::Resume { lease, replica },
+            68..=77 => Op::Resume {
+                lease,
+                replica,
+                via,
+            },
             78..=82 => Op::Attempt { lease, stream },
-            83..=92 => Op::Sleep {
+            83..=90 => Op::Sleep {
                 ms: [60, 200, 1000][rng.usize(0..3)],
+            },
+            91..=92 => Op::DropChannel {
+                replica,
+                channel: rng.usize(0..CHANNELS),
             },
             93..=95 => Op::Flush,
             96 => Op::Restart,
@@ -330,10 +384,71 @@ macro_rules! violation {
     ($($arg:tt)*) => { return Err(Violation(format!($($arg)*))) };
 }
 
-/// One open lease stream of the model.
+/// How a holder reaches its lease.
+enum Transport {
+    Stream(Box<LeaseStream>),
+    /// One tag of a replica's lease channel (tags are never reused in a run).
+    Channel {
+        channel: SharedChannel,
+        index: usize,
+        tag: u64,
+    },
+}
+
+impl Transport {
+    async fn heartbeat(&mut self) -> Result<Option<pb::lease_event::Kind>, tonic::Status> {
+        match self {
+            Transport::Stream(stream) => stream.heartbeat().await,
+            Transport::Channel { channel, tag, .. } => channel.lock().await.heartbeat(*tag).await,
+        }
+    }
+
+    async fn attempt(&mut self) -> Result<Option<pb::lease_event::Kind>, tonic::Status> {
+        match self {
+            Transport::Stream(stream) => stream.attempt().await,
+            Transport::Channel { channel, tag, .. } => channel.lock().await.attempt(*tag).await,
+        }
+    }
+
+    /// Sends `Release` and reads the answer.
+    async fn release(&mut self) -> Result<Option<pb::lease_event::Kind>, tonic::Status> {
+        let release = pb::lease_request::Kind::Release(pb::Release {
+            spend_usd: 0.0,
+            tokens: 0,
+        });
+        match self {
+            Transport::Stream(stream) => {
+                stream.send(release).await;
+                stream.next_event().await
+            }
+            Transport::Channel { channel, tag, .. } => {
+                let mut channel = channel.lock().await;
+                channel.send(*tag, release).await;
+                channel.next_event(*tag).await
+            }
+        }
+    }
+
+    /// The holder goes away without `Release`: its stream ends, or `close` on its tag.
+    async fn abandon(self) {
+        match self {
+            Transport::Stream(stream) => (*stream).abandon(),
+            Transport::Channel { channel, tag, .. } => {
+                channel.lock().await.close(tag).await;
+            }
+        }
+    }
+
+    /// Whether this holder is on channel `index` (of its replica).
+    fn on_channel(&self, channel: usize) -> bool {
+        matches!(self, Transport::Channel { index, .. } if *index == channel)
+    }
+}
+
+/// One holder of a lease in the model.
 struct Holder {
     replica: usize,
-    stream: LeaseStream,
+    stream: Transport,
     /// Unique in the run: names the stream that holds the lease now (`ModelLease::current`).
     serial: u64,
 }
@@ -465,6 +580,47 @@ impl<'a> Run<'a> {
             .count()
     }
 
+    /// Opens a holder on `replica` via `via` with `first` (an acquire or resume), and reads the
+    /// answer. `Err`: the call failed (replica gone).
+    async fn open(
+        &mut self,
+        replica: usize,
+        via: Via,
+        first: pb::lease_request::Kind,
+    ) -> Result<(Transport, Answer), tonic::Status> {
+        let client = self.replicas[replica].client.clone();
+        let index = match via {
+            Via::Stream => {
+                let (stream, answer) = LeaseStream::try_open(&client, first).await?;
+                return Ok((Transport::Stream(Box::new(stream)), answer));
+            }
+            Via::Channel(index) => index,
+        };
+        let channel = match &self.replicas[replica].channels[index] {
+            Some(channel) => channel.clone(),
+            None => {
+                let channel = Arc::new(Mutex::new(LeaseChannel::try_open(&client).await?));
+                self.replicas[replica].channels[index] = Some(channel.clone());
+                channel
+            }
+        };
+        self.replicas[replica].last_tag += 1;
+        let tag = self.replicas[replica].last_tag;
+        let answer = {
+            let mut open = channel.lock().await;
+            open.send(tag, first).await;
+            open.answer(tag, &mut Vec::new()).await
+        };
+        Ok((
+            Transport::Channel {
+                channel,
+                index,
+                tag,
+            },
+            answer,
+        ))
+    }
+
     fn pick_holder(&mut self, lease: usize, stream: usize) -> Option<(usize, usize)> {
         let found = self.leases.get(lease)?;
         if found.holders.is_empty() {
@@ -481,12 +637,13 @@ impl<'a> Run<'a> {
                 account,
                 wait_ms,
                 key,
+                via,
             } => {
-                let client = self.replicas[replica].client.clone();
                 let acquire = self.lease_terms(account, key, wait_ms);
                 let sent_at = Instant::now();
-                let Ok((stream, answer)) =
-                    LeaseStream::try_open(&client, pb::lease_request::Kind::Acquire(acquire)).await
+                let Ok((stream, answer)) = self
+                    .open(replica, via, pb::lease_request::Kind::Acquire(acquire))
+                    .await
                 else {
                     return Ok(false);
                 };
@@ -564,15 +721,7 @@ impl<'a> Run<'a> {
                     return Ok(false);
                 };
                 let mut holder = self.leases[lease].holders.remove(stream);
-                holder
-                    .stream
-                    .send(pb::lease_request::Kind::Release(pb::Release {
-                        spend_usd: 0.0,
-                        tokens: 0,
-                    }))
-                    .await;
-                if let Ok(Some(pb::lease_event::Kind::Released(_))) =
-                    holder.stream.next_event().await
+                if let Ok(Some(pb::lease_event::Kind::Released(_))) = holder.stream.release().await
                 {
                     self.leases[lease].released_in = Some(self.generation);
                 }
@@ -599,14 +748,18 @@ impl<'a> Run<'a> {
                 };
                 let holder = self.leases[lease].holders.remove(stream);
                 let current = self.leases[lease].current == Some(holder.serial);
-                holder.stream.abandon();
+                holder.stream.abandon().await;
                 // Only the current holder's end cuts the lease (holder epochs); an older
                 // stream's end leaves it as it is.
                 if current && self.leases[lease].orphaned_at.is_none() {
                     self.leases[lease].orphaned_at = Some(Instant::now());
                 }
             }
-            Op::Resume { lease, replica } => {
+            Op::Resume {
+                lease,
+                replica,
+                via,
+            } => {
                 let Some(found) = self.leases.get(lease) else {
                     return Ok(false);
                 };
@@ -615,8 +768,7 @@ impl<'a> Run<'a> {
                     terms: Some(self.lease_terms(found.account, found.key, 0)),
                 });
                 let sent_at = Instant::now();
-                let client = self.replicas[replica].client.clone();
-                let Ok((stream, answer)) = LeaseStream::try_open(&client, resume).await else {
+                let Ok((stream, answer)) = self.open(replica, via, resume).await else {
                     // The resume may have been applied before the call failed.
                     self.leases[lease].renewed_at = Instant::now();
                     self.leases[lease].orphaned_at = None;
@@ -660,6 +812,28 @@ impl<'a> Run<'a> {
                         self.leases[lease].holders.remove(stream);
                     }
                     Ok(Some(other)) => violation!("attempt answered {other:?}"),
+                }
+            }
+            Op::DropChannel { replica, channel } => {
+                let Some(dropped) = self.replicas[replica].channels[channel].take() else {
+                    return Ok(false);
+                };
+                dropped.lock().await.drop_channel();
+                let now = Instant::now();
+                for lease in &mut self.leases {
+                    let (gone, kept) = std::mem::take(&mut lease.holders).into_iter().partition(
+                        |holder: &Holder| {
+                            holder.replica == replica && holder.stream.on_channel(channel)
+                        },
+                    );
+                    lease.holders = kept;
+                    // As for `Drop`: only the current holder's end cuts the lease.
+                    let current = gone
+                        .iter()
+                        .any(|holder| lease.current == Some(holder.serial));
+                    if current && lease.orphaned_at.is_none() {
+                        lease.orphaned_at = Some(now);
+                    }
                 }
             }
             Op::Sleep { ms } => tokio::time::sleep(Duration::from_millis(ms)).await,
@@ -966,6 +1140,7 @@ fn unary_release_then_old_heartbeat() -> Vec<Op> {
             account: 0,
             wait_ms: 0,
             key: None,
+            via: Via::Stream,
         },
         Op::UnaryRelease {
             lease: 0,
@@ -976,6 +1151,7 @@ fn unary_release_then_old_heartbeat() -> Vec<Op> {
             account: 0,
             wait_ms: 0,
             key: None,
+            via: Via::Stream,
         },
         Op::Heartbeat {
             lease: 0,
@@ -993,10 +1169,12 @@ fn release_on_a_resumed_stream_then_old_heartbeat() -> Vec<Op> {
             account: 1,
             wait_ms: 0,
             key: None,
+            via: Via::Stream,
         },
         Op::Resume {
             lease: 0,
             replica: 2,
+            via: Via::Stream,
         },
         Op::StreamRelease {
             lease: 0,
@@ -1041,6 +1219,50 @@ async fn regression_unary_release_then_old_heartbeat_on_a_redis_cluster() {
             panic!("replay on cluster: {failure}");
         }
     }
+}
+
+/// Leases held on a channel (one of them resumed on a stream elsewhere, one closed by its tag),
+/// then the channel dropped: the store must free every lease on it within the grace, not the
+/// ttl (the model counts them phantom from grace + slack on), and keep the resumed one.
+fn channel_dropped_under_held_leases() -> Vec<Op> {
+    let acquire = |account| Op::Acquire {
+        replica: 0,
+        account,
+        wait_ms: 0,
+        key: None,
+        via: Via::Channel(0),
+    };
+    vec![
+        acquire(0),
+        acquire(1),
+        acquire(1),
+        Op::Drop {
+            lease: 1,
+            stream: 0,
+        },
+        Op::Resume {
+            lease: 1,
+            replica: 1,
+            via: Via::Stream,
+        },
+        Op::DropChannel {
+            replica: 0,
+            channel: 0,
+        },
+        Op::Sleep { ms: 200 },
+        Op::Sleep { ms: 200 },
+        Op::Sleep { ms: 200 },
+        Op::Heartbeat {
+            lease: 1,
+            stream: 0,
+        },
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_channel_frees_its_leases_within_the_grace() {
+    replay(Store::memory().await, &channel_dropped_under_held_leases()).await;
+    replay(Store::redis().await, &channel_dropped_under_held_leases()).await;
 }
 
 /// Issue 12's done-when: 50 leases held over 5 accounts (limit 10) on 3 replicas, the data

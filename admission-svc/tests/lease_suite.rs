@@ -465,9 +465,13 @@ async fn unlimited_account_is_granted_without_state(store: Store) {
             .query_async(&mut conn)
             .await
             .expect("keys");
-        // The replica registry is admission's own; no key belongs to the account.
-        let registry = poolgate_runtime::keys::admission_replicas();
-        let account_keys: Vec<&String> = keys.iter().filter(|k| **k != registry).collect();
+        // The replica registry (and its replicas' reports) is admission's own; no key belongs to
+        // the account.
+        let registry = [
+            poolgate_runtime::keys::admission_replicas(),
+            poolgate_runtime::keys::admission_replica_reports(),
+        ];
+        let account_keys: Vec<&String> = keys.iter().filter(|k| !registry.contains(k)).collect();
         assert!(
             account_keys.is_empty(),
             "an unlimited account leaves no key: {keys:?}"

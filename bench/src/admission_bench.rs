@@ -1,17 +1,21 @@
-//! Admission benchmark: lease acquire + release through the gRPC API against the bare acquire and
-//! release scripts called directly on the same Redis, in one run.
+//! Admission benchmark: lease acquire + release through the gRPC API — one `Lease` stream per
+//! lease, and many leases on a few lease channels (`LeaseChannel`, shared by the concurrent
+//! clients as a relay shares them) — against the bare acquire and release scripts called
+//! directly on the same Redis, in one run.
 //!
 //! ```text
 //! cargo run --release -p poolgate-bench --bin admission-bench -- [--redis-url URL] \
-//!     [--concurrency 32] [--seconds 5] [--rate 5000]
+//!     [--concurrency 32] [--seconds 5] [--rate 5000] [--channels 2]
 //! ```
 //!
 //! Without `--redis-url` it starts a private `redis-server` on a free port. The admission server
 //! runs in this process (same runtime, same two cores as the load), which is the honest setup on
 //! a small machine: the figures include everything the server costs.
 
+use std::collections::HashMap;
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use admission_svc::server::{self, Config};
@@ -51,6 +55,9 @@ struct Args {
     /// Accounts the load spreads over (limits high enough that nothing is refused).
     #[arg(long, default_value_t = 100)]
     accounts: i64,
+    /// Lease channels the gRPC clients share in the channel phases (0 skips them).
+    #[arg(long, default_value_t = 2)]
+    channels: usize,
 }
 
 fn terms(account_id: i64) -> LeaseTerms {
@@ -176,16 +183,140 @@ async fn one_lease(
     }
 }
 
+/// One lease channel shared by several clients: their requests go out on one stream, and a
+/// reader task hands each event to the lease waiting on its tag.
+struct SharedChannel {
+    sender: mpsc::Sender<pb::ChannelRequest>,
+    waiting: Arc<Mutex<HashMap<u64, mpsc::Sender<pb::channel_event::Kind>>>>,
+    next_tag: AtomicU64,
+}
+
+type Waiting = Mutex<HashMap<u64, mpsc::Sender<pb::channel_event::Kind>>>;
+
+fn lock(
+    waiting: &Waiting,
+) -> std::sync::MutexGuard<'_, HashMap<u64, mpsc::Sender<pb::channel_event::Kind>>> {
+    waiting
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl SharedChannel {
+    async fn open(client: &AdmissionClient<WithToken<Channel>>) -> Result<Arc<Self>, String> {
+        let (sender, receiver) = mpsc::channel(1024);
+        let mut events = client
+            .clone()
+            .lease_channel(ReceiverStream::new(receiver))
+            .await
+            .map_err(|e| format!("lease channel: {e}"))?
+            .into_inner();
+        let waiting: Arc<Waiting> = Arc::default();
+        let reader = waiting.clone();
+        tokio::spawn(async move {
+            while let Some(Ok(event)) = events.next().await {
+                if let Some(kind) = event.kind
+                    && let Some(lease) = lock(&reader).get(&event.tag)
+                {
+                    // A lease reads each answer before the next can come: never full.
+                    let _ = lease.try_send(kind);
+                }
+            }
+            // The channel ended: every lease waiting on it sees its queue close.
+            lock(&reader).clear();
+        });
+        Ok(Arc::new(SharedChannel {
+            sender,
+            waiting,
+            next_tag: AtomicU64::new(1),
+        }))
+    }
+
+    /// One lease on the channel: Acquire → Granted, Release → Released, then the tag's end.
+    /// Returns (acquire latency, whole cycle) in µs.
+    async fn one_lease(&self, account_id: i64) -> Option<(u64, u64)> {
+        let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
+        let (events, mut answers) = mpsc::channel(4);
+        lock(&self.waiting).insert(tag, events);
+        let result = self.converse(tag, account_id, &mut answers).await;
+        lock(&self.waiting).remove(&tag);
+        result
+    }
+
+    async fn converse(
+        &self,
+        tag: u64,
+        account_id: i64,
+        answers: &mut mpsc::Receiver<pb::channel_event::Kind>,
+    ) -> Option<(u64, u64)> {
+        use pb::channel_event::Kind;
+        let request = |kind| pb::ChannelRequest {
+            tag,
+            kind: Some(pb::channel_request::Kind::Request(message(kind))),
+        };
+        let start = Instant::now();
+        let acquire = pb::Acquire {
+            account_id,
+            concurrency_limit: 1_000_000,
+            ..Default::default()
+        };
+        self.sender
+            .send(request(pb::lease_request::Kind::Acquire(acquire)))
+            .await
+            .ok()?;
+        match answers.recv().await? {
+            Kind::Event(pb::LeaseEvent {
+                kind: Some(pb::lease_event::Kind::Granted(_)),
+            }) => {}
+            _ => return None,
+        }
+        let acquired = start.elapsed().as_micros() as u64;
+        self.sender
+            .send(request(pb::lease_request::Kind::Release(pb::Release {
+                spend_usd: 0.0,
+                tokens: 0,
+            })))
+            .await
+            .ok()?;
+        match answers.recv().await? {
+            Kind::Event(pb::LeaseEvent {
+                kind: Some(pb::lease_event::Kind::Released(_)),
+            }) => {}
+            _ => return None,
+        }
+        let cycle = start.elapsed().as_micros() as u64;
+        // The tag is free again only after its end.
+        match answers.recv().await? {
+            Kind::End(_) => Some((acquired, cycle)),
+            _ => None,
+        }
+    }
+}
+
+/// The path a client's leases take.
+#[derive(Clone)]
+enum Lane {
+    /// One `Lease` stream per lease, on this client's connection.
+    Stream(AdmissionClient<WithToken<Channel>>),
+    /// Tags on a lease channel shared with other clients.
+    Channel(Arc<SharedChannel>),
+}
+
+impl Lane {
+    async fn one_lease(&mut self, account_id: i64) -> Option<(u64, u64)> {
+        match self {
+            Lane::Stream(client) => one_lease(client, account_id).await,
+            Lane::Channel(channel) => channel.one_lease(account_id).await,
+        }
+    }
+}
+
 /// Closed loop: `concurrency` workers each run leases back to back.
-async fn grpc_closed_loop(
-    clients: &[AdmissionClient<WithToken<Channel>>],
-    args: &Args,
-) -> (Sample, Sample) {
+async fn grpc_closed_loop(lanes: &[Lane], args: &Args) -> (Sample, Sample) {
     let deadline = Instant::now() + Duration::from_secs_f64(args.seconds);
     let started = Instant::now();
     let mut workers = Vec::new();
     for worker in 0..args.concurrency {
-        let mut client = clients[worker % clients.len()].clone();
+        let mut lane = lanes[worker % lanes.len()].clone();
         let accounts = args.accounts;
         workers.push(tokio::spawn(async move {
             let mut acquire = Vec::new();
@@ -194,7 +325,7 @@ async fn grpc_closed_loop(
             let mut n = 0i64;
             while Instant::now() < deadline {
                 n += 1;
-                match one_lease(&mut client, 1 + (n + worker as i64) % accounts).await {
+                match lane.one_lease(1 + (n + worker as i64) % accounts).await {
                     Some((a, c)) => {
                         acquire.push(a);
                         cycle.push(c);
@@ -219,21 +350,18 @@ async fn grpc_closed_loop(
 }
 
 /// Open loop: leases started at a fixed rate, whatever the latency.
-async fn grpc_open_loop(
-    clients: &[AdmissionClient<WithToken<Channel>>],
-    args: &Args,
-) -> (Sample, Sample) {
+async fn grpc_open_loop(lanes: &[Lane], args: &Args) -> (Sample, Sample) {
     let total = (args.rate as f64 * args.seconds) as u64;
     let interval = Duration::from_secs_f64(1.0 / args.rate.max(1) as f64);
     let started = Instant::now();
     let (results, mut receiver) = mpsc::unbounded_channel();
     for n in 0..total {
         pace(started, interval, n).await;
-        let mut client = clients[n as usize % clients.len()].clone();
+        let mut lane = lanes[n as usize % lanes.len()].clone();
         let results = results.clone();
         let account = 1 + n as i64 % args.accounts;
         tokio::spawn(async move {
-            let _ = results.send(one_lease(&mut client, account).await);
+            let _ = results.send(lane.one_lease(account).await);
         });
     }
     drop(results);
@@ -308,11 +436,20 @@ async fn run(args: Args) -> Result<(), String> {
         )));
     }
 
+    let streams: Vec<Lane> = clients.iter().cloned().map(Lane::Stream).collect();
+    let mut channels = Vec::new();
+    for n in 0..args.channels {
+        channels.push(Lane::Channel(
+            SharedChannel::open(&clients[n % clients.len()]).await?,
+        ));
+    }
+
     println!(
-        "admission bench: concurrency {}, {} s per phase, {} accounts, redis {}",
+        "admission bench: concurrency {}, {} s per phase, {} accounts, {} lease channels, redis {}",
         args.concurrency,
         args.seconds,
         args.accounts,
+        args.channels,
         if args.redis_url.is_some() {
             "given"
         } else {
@@ -325,32 +462,43 @@ async fn run(args: Args) -> Result<(), String> {
         ..Args::parse_from(["admission-bench"])
     };
     let _ = bare_scripts(bare.clone(), &warm).await;
-    let _ = grpc_closed_loop(&clients, &warm).await;
+    let _ = grpc_closed_loop(&streams, &warm).await;
+    if !channels.is_empty() {
+        let _ = grpc_closed_loop(&channels, &warm).await;
+    }
 
     let mut scripts = bare_scripts(bare.clone(), &args).await;
     println!("{}", scripts.line("bare scripts (acquire + release)"));
-    let (mut acquire, mut cycle) = grpc_closed_loop(&clients, &args).await;
-    println!(
-        "{}",
-        cycle.line("gRPC lease (acquire + release), closed loop")
-    );
-    println!("{}", acquire.line("  of which acquire → granted"));
-    println!(
-        "ratio gRPC / bare scripts: {:.1} % (goal >= 50 %)",
-        100.0 * cycle.rate() / scripts.rate()
-    );
-    if args.rate > 0 {
-        let (mut acquire, mut cycle) = grpc_open_loop(&clients, &args).await;
+    let mut paths = vec![("gRPC lease stream", &streams)];
+    if !channels.is_empty() {
+        paths.push(("gRPC lease channel", &channels));
+    }
+    for (name, lanes) in &paths {
+        let (mut acquire, mut cycle) = grpc_closed_loop(lanes, &args).await;
         println!(
             "{}",
-            cycle.line(&format!("gRPC lease at {} offered/s, open loop", args.rate))
+            cycle.line(&format!("{name} (acquire + release), closed loop"))
         );
         println!("{}", acquire.line("  of which acquire → granted"));
         println!(
-            "p99 acquire → granted at {} leases/s: {:.3} ms (goal < 1 ms)",
-            args.rate,
-            acquire.percentile(0.99)
+            "ratio {name} / bare scripts: {:.1} % (goal >= 50 %)",
+            100.0 * cycle.rate() / scripts.rate()
         );
+    }
+    if args.rate > 0 {
+        for (name, lanes) in &paths {
+            let (mut acquire, mut cycle) = grpc_open_loop(lanes, &args).await;
+            println!(
+                "{}",
+                cycle.line(&format!("{name} at {} offered/s, open loop", args.rate))
+            );
+            println!("{}", acquire.line("  of which acquire → granted"));
+            println!(
+                "p99 acquire → granted at {} leases/s, {name}: {:.3} ms (goal < 1 ms)",
+                args.rate,
+                acquire.percentile(0.99)
+            );
+        }
     }
     Ok(())
 }

@@ -3,14 +3,17 @@
 //! byte. Closed loop by default (fixed concurrency: measures throughput); with `--rate` open loop
 //! (requests start on a fixed schedule whatever the answers: measures latency at an offered
 //! load, from each request's scheduled start, so a stalled server cannot hide its queueing; a
-//! timer wake-up less than 1 ms late counts from the actual send).
-//! Prints one line: rate, p50, p99, errors; `--csv` prints
-//! `label,offered,achieved,p50_ms,p99_ms,ok,errors` instead.
+//! timer wake-up less than 1 ms late counts from the actual send); `--count` fixes the number of
+//! requests an open loop sends (a fixed amount of work, for CPU per request).
+//! Prints one line: rate, p50, p99, p99.9, errors; `--csv` prints
+//! `label,offered,achieved,p50_ms,p99_ms,ok,errors,p999_ms` instead (the newest column last, so
+//! scripts that cut the first seven keep working).
 //!
 //! ```text
 //! http-load --url http://127.0.0.1:8080/v1/chat/completions --header 'authorization: Bearer K' \
 //!   --body '{"model":"gpt-x","messages":[{"role":"user","content":"hi"}]}' --concurrency 16 --seconds 10
 //! http-load ... --rate 500 --seconds 5 --csv
+//! http-load ... --rate 1000 --count 20000 --csv
 //! ```
 
 use std::process::ExitCode;
@@ -40,6 +43,9 @@ struct Args {
     /// Open loop: start this many requests per second (`--concurrency` is ignored).
     #[arg(long)]
     rate: Option<f64>,
+    /// Open loop: send exactly this many requests (`--seconds` is then ignored).
+    #[arg(long)]
+    count: Option<u64>,
     /// Open loop: requests in flight at most; a request due beyond it counts as an error.
     #[arg(long, default_value_t = 4096)]
     max_in_flight: usize,
@@ -91,7 +97,9 @@ async fn open_loop(
     headers: reqwest::header::HeaderMap,
     body: Arc<Vec<u8>>,
 ) -> (Vec<u64>, u64, Duration) {
-    let total = (rate * args.seconds).round().max(1.0) as u64;
+    let total = args
+        .count
+        .unwrap_or_else(|| (rate * args.seconds).round().max(1.0) as u64);
     let interval = Duration::from_secs_f64(1.0 / rate);
     let in_flight = Arc::new(tokio::sync::Semaphore::new(args.max_in_flight));
     let started = tokio::time::Instant::now();
@@ -169,7 +177,12 @@ async fn run(args: Args) -> Result<(), String> {
         if !(rate.is_finite() && rate > 0.0) {
             return Err(format!("--rate {rate}: must be a positive number"));
         }
-        positive_seconds("--seconds", args.seconds)?;
+        if args.count == Some(0) {
+            return Err("--count 0: must be at least 1".to_string());
+        }
+        if args.count.is_none() {
+            positive_seconds("--seconds", args.seconds)?;
+        }
         let (micros, errors, elapsed) = open_loop(client, &args, rate, headers, body).await;
         report(&args, Some(rate), micros, errors, elapsed);
         return Ok(());
@@ -212,18 +225,22 @@ async fn run(args: Args) -> Result<(), String> {
 
 fn report(args: &Args, offered: Option<f64>, micros: Vec<u64>, errors: u64, elapsed: Duration) {
     let mut sample = Sample::new(micros, errors, elapsed);
-    let (p50, p99) = (sample.percentile(0.5), sample.percentile(0.99));
+    let (p50, p99, p999) = (
+        sample.percentile(0.5),
+        sample.percentile(0.99),
+        sample.percentile(0.999),
+    );
     let (achieved, ok) = (sample.rate(), sample.micros.len());
     if args.csv {
         println!(
-            "{},{},{achieved:.1},{p50:.3},{p99:.3},{ok},{errors}",
+            "{},{},{achieved:.1},{p50:.3},{p99:.3},{ok},{errors},{p999:.3}",
             args.label,
             offered.map(|r| format!("{r}")).unwrap_or_default(),
         );
         return;
     }
     println!(
-        "{:<36} {achieved:>9.1} req/s  p50 {p50:>8.3} ms  p99 {p99:>8.3} ms  ok {ok}  errors {errors}",
+        "{:<36} {achieved:>9.1} req/s  p50 {p50:>8.3} ms  p99 {p99:>8.3} ms  p99.9 {p999:>8.3} ms  ok {ok}  errors {errors}",
         args.label,
     );
 }

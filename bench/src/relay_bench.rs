@@ -17,6 +17,9 @@ use poolgate_stack as stack;
 use poolgate_testkit::fake_upstream::FakeUpstream;
 use relay_svc::proxy::RelaySettings;
 
+#[global_allocator]
+static ALLOCATOR: poolgate_runtime::Allocator = poolgate_runtime::Allocator;
+
 #[derive(Debug, Parser)]
 struct Args {
     #[arg(long, default_value_t = 5.0)]
@@ -33,6 +36,10 @@ struct Args {
     /// budgets, each far above what the run uses), so every request is governed by all of them.
     #[arg(long)]
     key_limits: bool,
+    /// Distributed: the relay's lease channels toward admission (`--lease-channels`; 0: one
+    /// `Lease` stream per lease, as before the channel).
+    #[arg(long, default_value_t = relay_svc::remote::DEFAULT_LEASE_CHANNELS)]
+    lease_channels: usize,
 }
 
 fn body(stream: bool) -> Vec<u8> {
@@ -260,12 +267,14 @@ async fn distributed(
     let (selector, selector_addr) = stack::selector(&backends).await?;
     let (admission, admission_addr) =
         stack::admission(&backends.redis.url(), Default::default()).await?;
-    let relay = stack::relay(
+    let (_, relay) = stack::relay_with_lease_channels(
         vec![format!("http://{selector_addr}")],
         vec![format!("http://{admission_addr}")],
         RelaySettings::default(),
+        args.lease_channels,
     )
     .await?;
+    println!("lease channels: {}", args.lease_channels);
     let url = format!("http://{relay}/v1/messages");
     let key = key.expose().to_owned();
     let warm = Args {
@@ -282,16 +291,17 @@ async fn distributed(
     };
     for stream in [false, true] {
         let kind = if stream { "streaming" } else { "non-streaming" };
-        let before = trips();
+        let (before, cpu) = (trips(), process_cpu());
         let mut sample = closed_loop(client, &url, &key, stream, args).await;
         let per_request = (trips() - before) as f64 / sample.micros.len().max(1) as f64;
         print(&format!("relay distributed, {kind}"), &mut sample, None);
         println!(
             "  Redis round trips per request (admission + selector): {per_request:.2} (goal <= 3)"
         );
+        print_cpu(cpu, sample.micros.len());
     }
     if args.rate > 0 {
-        let before = trips();
+        let (before, cpu) = (trips(), process_cpu());
         let mut sample = open_loop(client, &url, &key, args).await;
         let per_request = (trips() - before) as f64 / sample.micros.len().max(1) as f64;
         print(
@@ -303,8 +313,41 @@ async fn distributed(
             "  Redis round trips per request at {} req/s: {per_request:.2} (goal <= 3)",
             args.rate
         );
+        print_cpu(cpu, sample.micros.len());
     }
     Ok(())
+}
+
+/// This process's CPU time so far (user + system, every thread) from `/proc/self/stat`, in
+/// microseconds; 0 where it cannot be read. The kernel reports it in USER_HZ ticks (100 per
+/// second on Linux whatever the kernel's own tick rate).
+fn process_cpu() -> u64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0;
+    };
+    // After the command name (which may hold spaces) in parentheses: field 3 on; utime and
+    // stime are fields 14 and 15.
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return 0;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |index: usize| {
+        fields
+            .get(index)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    (ticks(11) + ticks(12)) * 10_000
+}
+
+/// The bench process's CPU per request since `before`: the load generator, the relay, the
+/// selector, admission and the fake upstream (Redis and Postgres are processes of their own).
+fn print_cpu(before: u64, requests: usize) {
+    let spent = process_cpu().saturating_sub(before);
+    println!(
+        "  bench process CPU per request (client, relay, selector, admission, upstream): {} us",
+        spent / requests.max(1) as u64
+    );
 }
 
 #[tokio::main]

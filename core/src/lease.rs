@@ -412,6 +412,18 @@ pub enum LeaseEvent {
     },
 }
 
+/// What a lease channel message asks of one conversation (docs/DESIGN.md §4): the
+/// conversation's next message, or the holder's side of it ending (as a lease stream's client
+/// half closing).
+#[derive(Debug, Clone, PartialEq)]
+pub enum ChannelRequest {
+    Message(ClientMessage),
+    Close,
+}
+
+/// A lease channel conversation's tag, chosen by the holder: never 0.
+pub type ChannelTag = std::num::NonZeroU64;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,6 +14,7 @@ pub mod money;
 pub mod outcome;
 pub mod plan;
 pub mod select;
+pub mod status;
 pub mod upstream;
 pub mod windows;
 

@@ -6,6 +6,7 @@ use async_trait::async_trait;
 
 use poolgate_core::AccountId;
 use poolgate_core::lease::{Denial, LeaseId, LeaseTerms, Renewal, Resumption};
+use poolgate_core::status::AdmissionReport;
 use poolgate_runtime::error::BackendError;
 
 /// Everything admission keeps per account. Every method is one round trip on Redis.
@@ -156,6 +157,20 @@ pub trait LeaseBackend: Send + Sync + 'static {
     /// Live lease counts of client keys' slots (their keyed leases across every account), in
     /// the order asked.
     async fn key_inflight(&self, api_key_ids: &[i64]) -> Result<Vec<u32>, BackendError>;
+
+    /// What accounts used of their rate limits, in the order asked: (RPM events in the rolling
+    /// `rpm_window_ms`, spend in the current session window of `session_window_ms`, micro-USD).
+    /// For the operator's status view; 0 where nothing was counted.
+    async fn usage(
+        &self,
+        account_ids: &[AccountId],
+        rpm_window_ms: u64,
+        session_window_ms: u64,
+    ) -> Result<Vec<(u32, i64)>, BackendError>;
+
+    /// Admission's state as the operator's status view shows it (see
+    /// `poolgate_runtime::ports::ProbeLeases::admission_status`).
+    async fn admission_status(&self) -> AdmissionReport;
 
     /// Adds spend to the session window; returns the window's spend afterwards (micro-USD).
     async fn record_spend(

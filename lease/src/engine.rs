@@ -718,6 +718,24 @@ impl LeaseEngine {
         self.backend.inflight(account_ids).await
     }
 
+    /// What accounts used of their rate limits, in the order asked: (requests admitted in the
+    /// rolling RPM window, spend in the current session window in micro-USD), over this engine's
+    /// windows. For the operator's status view.
+    pub async fn usage(&self, account_ids: &[AccountId]) -> Result<Vec<(u32, i64)>, BackendError> {
+        self.backend
+            .usage(
+                account_ids,
+                millis(self.settings.rpm_window),
+                millis(self.settings.session_window),
+            )
+            .await
+    }
+
+    /// Admission's state as the registry (or, in process, this engine) tells it.
+    pub async fn admission_status(&self) -> poolgate_core::status::AdmissionReport {
+        self.backend.admission_status().await
+    }
+
     /// Live leases of client keys' slots (keyed leases across every account), in the order
     /// asked: what a key's concurrency limit counts.
     pub async fn key_inflight(&self, api_key_ids: &[i64]) -> Result<Vec<u32>, BackendError> {

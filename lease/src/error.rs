@@ -12,6 +12,10 @@ pub enum LeaseError {
     /// The stream broke the lease protocol (e.g. a second `Acquire`).
     #[error("lease protocol violation: {0}")]
     Protocol(String),
+    /// A bound on what one caller may hold open was reached (the conversations of one lease
+    /// channel).
+    #[error("too many: {0}")]
+    Exhausted(String),
     /// The backend could not answer (Redis down, timed out).
     #[error("backend unavailable: {0}")]
     Unavailable(#[from] BackendError),

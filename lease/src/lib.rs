@@ -3,12 +3,14 @@
 //! runs (docs/DESIGN.md §4). Transport-free: admission-svc serves it over gRPC, the relay's
 //! standalone mode and the selector's probe embed it.
 //!
-//! Layers, outside in: `session` (the lease stream protocol, in domain terms) → `engine` (waits,
+//! Layers, outside in: `channel` (many lease conversations on one stream, each served by
+//! `session`) → `session` (the lease stream protocol, in domain terms) → `engine` (waits,
 //! release retries, orphaning) → `backend` (`memory`, or `redis_backend` behind the failure
 //! `policy`). `start` is the one constructor.
 
 pub mod backend;
 pub mod calendar;
+pub mod channel;
 pub mod engine;
 pub mod error;
 pub mod memory;

@@ -15,6 +15,7 @@ use poolgate_core::AccountId;
 use poolgate_core::lease::{
     Denial, DenyReason, LeaseId, LeaseTerms, LostReason, Renewal, Resumption,
 };
+use poolgate_core::status::AdmissionReport;
 use poolgate_runtime::error::BackendError;
 
 #[derive(Default)]
@@ -679,6 +680,37 @@ impl LeaseBackend for MemoryBackend {
                 })
                 .collect()
         }))
+    }
+
+    async fn usage(
+        &self,
+        account_ids: &[AccountId],
+        rpm_window_ms: u64,
+        session_window_ms: u64,
+    ) -> Result<Vec<(u32, i64)>, BackendError> {
+        Ok(self.with_state(|state, now| {
+            let since = now.saturating_sub(rpm_window_ms);
+            account_ids
+                .iter()
+                .map(|id| {
+                    state.accounts.get_mut(id).map_or((0, 0), |account| {
+                        let rpm = account
+                            .rpm_events
+                            .iter()
+                            .filter(|(at, _)| *at >= since)
+                            .count() as u32;
+                        let spend = account
+                            .window_spend(now, session_window_ms)
+                            .map_or(0, |window| window.spend_micros);
+                        (rpm, spend)
+                    })
+                })
+                .collect()
+        }))
+    }
+
+    async fn admission_status(&self) -> AdmissionReport {
+        AdmissionReport::in_process()
     }
 
     async fn key_inflight(&self, api_key_ids: &[i64]) -> Result<Vec<u32>, BackendError> {

@@ -7,6 +7,7 @@ use async_trait::async_trait;
 use poolgate_core::AccountId;
 use poolgate_core::keys::{UsagePeriod, period_start};
 use poolgate_core::lease::{LeaseId, LeaseTerms};
+use poolgate_core::status::AdmissionReport;
 use poolgate_runtime::error::BackendError;
 use poolgate_runtime::ports::{
     BudgetCalendar, BudgetCounters, BudgetPeriod, BudgetPeriods, Cooldowns, ProbeLeases,
@@ -32,6 +33,17 @@ impl ProbeLeases for LeaseEngine {
 
     async fn release_probe(&self, lease_id: &LeaseId, terms: &LeaseTerms) {
         self.release(lease_id, Some(terms), 0).await;
+    }
+
+    async fn admission_status(&self) -> AdmissionReport {
+        LeaseEngine::admission_status(self).await
+    }
+
+    async fn account_usage(
+        &self,
+        account_ids: &[AccountId],
+    ) -> Result<Vec<(u32, i64)>, BackendError> {
+        LeaseEngine::usage(self, account_ids).await
     }
 }
 

@@ -1,8 +1,10 @@
 //! The lease stream protocol (docs/DESIGN.md §4), in domain terms: one lease per stream, from the
 //! first `Acquire`/`Resume` to `Release` or the end of the stream. The messages are
 //! `poolgate-core`'s (`ClientMessage`, `LeaseEvent`; `poolgate-proto` converts them); this module
-//! decides what each one does.
+//! decides what each one does. The same protocol runs each conversation of a lease channel
+//! (`channel`): only where the events go differs ([`EventSink`]).
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,13 +30,48 @@ pub enum Inbound {
     Broken,
 }
 
-type Outbound = mpsc::Sender<Result<LeaseEvent, LeaseError>>;
+/// The holder can no longer receive: its stream (or the whole channel) is gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gone;
 
-/// Serves one lease stream to its end.
+/// Where one lease conversation's answers go: a lease stream's own queue, or one tag of a lease
+/// channel (`channel::Tagged`), which writes into the channel's shared queue without a task or a
+/// queue of its own.
+pub trait EventSink: Clone + Send + Sync + 'static {
+    /// Sends an event (or the error that ends the conversation); waits while the holder's queue
+    /// is full.
+    fn send(
+        &self,
+        item: Result<LeaseEvent, LeaseError>,
+    ) -> impl Future<Output = Result<(), Gone>> + Send;
+
+    /// Sends an informational event only if there is room now (`Queued`).
+    fn try_send(&self, event: LeaseEvent);
+
+    /// Resolves once the holder can no longer receive anything.
+    fn closed(&self) -> impl Future<Output = ()> + Send;
+}
+
+/// A lease stream's own queue (one per `Lease` call).
+impl EventSink for mpsc::Sender<Result<LeaseEvent, LeaseError>> {
+    async fn send(&self, item: Result<LeaseEvent, LeaseError>) -> Result<(), Gone> {
+        mpsc::Sender::send(self, item).await.map_err(|_| Gone)
+    }
+
+    fn try_send(&self, event: LeaseEvent) {
+        let _ = mpsc::Sender::try_send(self, Ok(event));
+    }
+
+    async fn closed(&self) {
+        mpsc::Sender::closed(self).await
+    }
+}
+
+/// Serves one lease stream (or one conversation of a lease channel) to its end.
 pub async fn serve_lease(
     admission: Arc<LeaseEngine>,
     mut inbound: impl Stream<Item = Inbound> + Unpin,
-    out: Outbound,
+    out: impl EventSink,
 ) {
     let (lease_id, terms, holder_epoch) = match inbound.next().await {
         Some(Inbound::Message(ClientMessage::Acquire { terms, wait })) => {
@@ -109,7 +146,7 @@ pub async fn serve_lease(
 async fn acquire(
     admission: &Arc<LeaseEngine>,
     inbound: &mut (impl Stream<Item = Inbound> + Unpin),
-    out: &Outbound,
+    out: &impl EventSink,
     terms: &LeaseTerms,
     wait: Duration,
 ) -> Option<LeaseId> {
@@ -117,7 +154,7 @@ async fn acquire(
     let queued_out = out.clone();
     let on_queued = move |position| {
         // Best effort: a full channel only drops an informational event.
-        let _ = queued_out.try_send(Ok(LeaseEvent::Queued { position }));
+        queued_out.try_send(LeaseEvent::Queued { position });
     };
     let acquire = admission.acquire(terms, wait, &cancel, on_queued);
     tokio::pin!(acquire);
@@ -189,7 +226,7 @@ enum HoldEnd {
 async fn hold(
     admission: &Arc<LeaseEngine>,
     inbound: &mut (impl Stream<Item = Inbound> + Unpin),
-    out: &Outbound,
+    out: &impl EventSink,
     lease_id: &LeaseId,
     terms: &LeaseTerms,
 ) -> HoldEnd {

@@ -18,8 +18,10 @@ use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
-use crate::view::{UsageReport, key_row, window_rows};
-use crate::{AccountRow, AdminEndpoint, BlockRow, KeyRow, OperatorError, UsageRow, WindowRow};
+use crate::view::{UsageReport, key_row, status_view, window_rows};
+use crate::{
+    AccountRow, AdminEndpoint, BlockRow, KeyRow, OperatorError, StatusView, UsageRow, WindowRow,
+};
 
 /// The admin client with both tokens on every call.
 pub type AdminClient = SelectorAdminClient<InterceptedService<WithToken<Channel>, Bearer>>;
@@ -284,6 +286,12 @@ impl AdminEndpoint for SelectorAdmin {
             })
             .await?;
         api_key_row(answer.into_inner())
+    }
+
+    async fn status(&self) -> Result<StatusView, OperatorError> {
+        let answer = self.client().read_status(pb::ReadStatusRequest {}).await?;
+        let report = convert::read_status_answer(answer.into_inner()).map_err(unreadable)?;
+        Ok(status_view(&report))
     }
 }
 

@@ -9,9 +9,10 @@ use reqwest::{Method, Url};
 use serde::de::DeserializeOwned;
 
 use crate::view::{
-    AccountList, BlockList, ErrorBody, KeyChanged, KeyList, Restored, UsageReport, WindowList,
+    AccountList, BlockList, ErrorBody, KeyChanged, KeyList, Restored, StatusAnswer, UsageReport,
+    WindowList,
 };
-use crate::{AccountRow, AdminEndpoint, BlockRow, KeyRow, OperatorError, WindowRow};
+use crate::{AccountRow, AdminEndpoint, BlockRow, KeyRow, OperatorError, StatusView, WindowRow};
 
 /// A client of one relay's admin endpoint. Not `Debug`: it holds the admin token.
 pub struct HttpAdmin {
@@ -177,6 +178,12 @@ impl AdminEndpoint for HttpAdmin {
         let url = self.url(&["admin", "keys", &id, action], &[])?;
         let changed: KeyChanged = self.call(Method::POST, url).await?;
         Ok(changed.key)
+    }
+
+    async fn status(&self) -> Result<StatusView, OperatorError> {
+        let url = self.url(&["admin", "status"], &[])?;
+        let answer: StatusAnswer = self.call(Method::GET, url).await?;
+        Ok(answer.status)
     }
 }
 

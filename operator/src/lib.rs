@@ -1,6 +1,6 @@
 //! poolgate-operator: one operator CLI for both modes. The read and repair verbs (`accounts`,
 //! `blocks`, `windows`, `restore ID`, `clear-block ID`, `usage`, `keys`, `disable-key ID`,
-//! `enable-key ID`) are one clap subcommand enum
+//! `enable-key ID`, `status`) are one clap subcommand enum
 //! ([`Verb`]), run by one [`execute`] against an [`AdminEndpoint`], and print the same output
 //! whichever endpoint answered: the selector's admin gRPC API ([`grpc::SelectorAdmin`],
 //! distributed) or the standalone relay's admin HTTP endpoint ([`http::HttpAdmin`]). The rows and
@@ -12,6 +12,7 @@
 pub mod grpc;
 pub mod http;
 pub mod instant;
+pub mod page;
 pub mod verb;
 pub mod view;
 
@@ -20,7 +21,10 @@ use std::process::ExitCode;
 use async_trait::async_trait;
 
 pub use verb::{Format, Output, Verb};
-pub use view::{AccountRow, BlockRow, KeyRow, UsageReport, UsageRow, WindowRow};
+pub use view::{
+    AccountRow, AccountStatusRow, BlockRow, KeyRow, ReplicaRow, StatusView, UsageReport, UsageRow,
+    WindowRow,
+};
 
 /// An admin endpoint the read and repair verbs run against.
 #[async_trait]
@@ -57,6 +61,9 @@ pub trait AdminEndpoint: Send + Sync {
         api_key_id: i64,
         disabled: bool,
     ) -> Result<KeyRow, OperatorError>;
+    /// The pool at a glance: every account's live state, load and windows, and admission's state
+    /// (the `status` verb and the status page).
+    async fn status(&self) -> Result<StatusView, OperatorError>;
 }
 
 /// Why a verb did not run. The detail keeps the transport's own code (`401 Unauthorized`,
@@ -118,6 +125,9 @@ pub async fn execute(endpoint: &dyn AdminEndpoint, verb: &Verb) -> Result<String
         }),
         Verb::EnableKey { api_key_id, .. } => verb::Answer::Key(view::KeyChanged {
             key: endpoint.set_key_disabled(*api_key_id, false).await?,
+        }),
+        Verb::Status { .. } => verb::Answer::Status(view::StatusAnswer {
+            status: endpoint.status().await?,
         }),
     };
     answer.render(verb.output())

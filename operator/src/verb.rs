@@ -6,8 +6,8 @@ use poolgate_core::keys::rfc3339_utc;
 
 use crate::OperatorError;
 use crate::view::{
-    AccountList, AccountRow, BlockList, BlockRow, Cleared, KeyChanged, KeyList, KeyRow, Restored,
-    UsageReport, WindowList, WindowRow,
+    AccountList, AccountRow, AccountStatusRow, BlockList, BlockRow, Cleared, KeyChanged, KeyList,
+    KeyRow, Restored, StatusAnswer, StatusView, UsageReport, WindowList, WindowRow,
 };
 
 /// The read and repair verbs, the same against a selector and against a standalone relay.
@@ -84,6 +84,13 @@ pub enum Verb {
         #[command(flatten)]
         format: Format,
     },
+    /// The pool at a glance (what the status page shows): admission's failure policy and state,
+    /// then each account's live status, leases, RPM and session spend against its limits, usage
+    /// windows and block.
+    Status {
+        #[command(flatten)]
+        format: Format,
+    },
 }
 
 impl Verb {
@@ -98,7 +105,8 @@ impl Verb {
             | Verb::Usage { format, .. }
             | Verb::Keys { format }
             | Verb::DisableKey { format, .. }
-            | Verb::EnableKey { format, .. } => format.output,
+            | Verb::EnableKey { format, .. }
+            | Verb::Status { format } => format.output,
         }
     }
 }
@@ -129,6 +137,7 @@ pub(crate) enum Answer {
     Usage(UsageReport),
     Keys(KeyList),
     Key(KeyChanged),
+    Status(StatusAnswer),
 }
 
 impl Answer {
@@ -144,6 +153,7 @@ impl Answer {
                     Answer::Usage(report) => serde_json::to_string_pretty(report),
                     Answer::Keys(list) => serde_json::to_string_pretty(list),
                     Answer::Key(changed) => serde_json::to_string_pretty(changed),
+                    Answer::Status(status) => serde_json::to_string_pretty(status),
                 };
                 json.map_err(|error| OperatorError::Failed(format!("cannot encode: {error}")))
             }
@@ -169,6 +179,7 @@ impl Answer {
                     lines(list.keys.iter().map(|key| key_line(key, now)))
                 }
                 Answer::Key(changed) => key_line(&changed.key, poolgate_core::now_ms()),
+                Answer::Status(answer) => status_lines(&answer.status),
             }),
         }
     }
@@ -294,6 +305,92 @@ pub fn window_line(window: &WindowRow) -> String {
     )
 }
 
+/// `status`: a first line `admission=<ok|degraded|unknown>\tfailure_policy=…\treplicas=<id:state,…>|-`,
+/// then one [`account_status_line`] per account.
+pub fn status_lines(status: &StatusView) -> String {
+    let replicas: Vec<String> = status
+        .admission_replicas
+        .iter()
+        .map(|replica| format!("{}:{}", replica.id, replica.state))
+        .collect();
+    let head = format!(
+        "admission={}\tfailure_policy={}\treplicas={}",
+        status.admission,
+        status.failure_policy,
+        if replicas.is_empty() {
+            "-".to_owned()
+        } else {
+            replicas.join(",")
+        }
+    );
+    lines(std::iter::once(head).chain(status.accounts.iter().map(account_status_line)))
+}
+
+/// `<id>\t<name>\tgroup=…\tplatform=…\tstatus=…[ (reason)]\tleases=<n>/<limit>\t`
+/// `rpm=<used>/<limit>\tsession_usd=<spent>/<limit>\twindows=<kind[:scope]>=<used>,…|-\t`
+/// `block=<reason> (<left>)|-`: a limit of 0 prints `*` (none), a count not known or not
+/// counted `?`; a window's use as a percentage (`-`: the upstream stated only a status).
+pub fn account_status_line(account: &AccountStatusRow) -> String {
+    let limit = |n: String, set: bool| if set { n } else { "*".to_owned() };
+    let known = |n: Option<String>| n.unwrap_or_else(|| "?".to_owned());
+    let windows: Vec<String> = account
+        .windows
+        .iter()
+        .map(|window| {
+            let scope = if window.scope == "account" {
+                String::new()
+            } else {
+                format!(":{}", window.scope)
+            };
+            let used = window
+                .utilization
+                .map(|used| format!("{:.0}%", used * 100.0))
+                .unwrap_or_else(|| "-".into());
+            format!("{}{scope}={used}", window.kind)
+        })
+        .collect();
+    format!(
+        "{}\t{}\tgroup={}\tplatform={}\tstatus={}{}\tleases={}/{}\trpm={}/{}\t\
+         session_usd={}/{}\twindows={}\tblock={}",
+        account.id,
+        account.name,
+        account.group,
+        account.platform,
+        account.status,
+        if account.status_reason.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", account.status_reason)
+        },
+        known(account.leases.map(|n| n.to_string())),
+        limit(
+            account.concurrency_limit.to_string(),
+            account.concurrency_limit > 0
+        ),
+        known(account.rpm_used.map(|n| n.to_string())),
+        limit(account.rpm_limit.to_string(), account.rpm_limit > 0),
+        known(account.session_spend_usd.map(|usd| format!("{usd:.2}"))),
+        limit(
+            account.session_window_limit_usd.to_string(),
+            account.session_window_limit_usd > 0.0
+        ),
+        if windows.is_empty() {
+            "-".to_owned()
+        } else {
+            windows.join(",")
+        },
+        if account.block_reason.is_empty() {
+            "-".to_owned()
+        } else {
+            format!(
+                "{} ({})",
+                account.block_reason,
+                span(account.block_left_ms.div_ceil(1000))
+            )
+        }
+    )
+}
+
 /// A span of seconds in its two largest units: `2d3h`, `3h12m`, `5m10s`, `42s`.
 fn span(seconds: u64) -> String {
     let (days, hours, minutes) = (seconds / 86_400, seconds / 3_600 % 24, seconds / 60 % 60);
@@ -386,7 +483,8 @@ mod tests {
                 "usage",
                 "keys",
                 "disable-key",
-                "enable-key"
+                "enable-key",
+                "status"
             ]
         );
         assert_eq!(

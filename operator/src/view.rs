@@ -5,6 +5,7 @@
 use poolgate_core::account::ApiKeyRecord;
 use poolgate_core::keys::{PeriodUsage, UsagePeriod};
 use poolgate_core::money::micros_to_usd;
+use poolgate_core::status::{AccountStanding, AdmissionPolicy, BlockNote, StatusReport};
 use poolgate_core::windows::{MinuteLimit, Scope, WindowKind, WindowReading, WindowStatus};
 use poolgate_proto::convert::keys::{endpoint_names, key_status};
 use serde::{Deserialize, Serialize};
@@ -335,6 +336,162 @@ pub struct UsageReport {
     pub from_ms: i64,
     pub to_ms: i64,
     pub keys: Vec<UsageRow>,
+}
+
+/// `status`: the pool at a glance, `{"status": {...}}` ([`StatusAnswer`]): every account's live
+/// state, load and usage windows, and admission's state, read at `generated_at_ms`. The one view
+/// the operator CLI's `status` and the status page show.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatusView {
+    /// When the answering side read it, ms since the epoch (its clock).
+    pub generated_at_ms: i64,
+    /// Admission's Redis failure policy: `open`, `divided`, `closed`, `memory` (standalone: the
+    /// in-process lease engine, no Redis), or `unknown` (no admission replica reported it
+    /// recently, or the replicas disagree; see `admission_replicas`).
+    pub failure_policy: String,
+    /// Admission as a whole: `ok` (every replica that reported recently serves from Redis),
+    /// `degraded` (at least one serves from its fallback), or `unknown` (none reported recently,
+    /// or the registry could not be read).
+    pub admission: String,
+    /// Each admission replica the registry lists, by id; empty when not known (standalone, or the
+    /// registry could not be read).
+    #[serde(default)]
+    pub admission_replicas: Vec<ReplicaRow>,
+    /// Every account, ascending by id.
+    pub accounts: Vec<AccountStatusRow>,
+}
+
+/// One admission replica as it last reported itself in the replica registry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReplicaRow {
+    /// The replica's registry id.
+    pub id: String,
+    /// `ok`, `degraded`, or `unknown` (its last report is stale, or it is a replica that does not
+    /// report its state).
+    pub state: String,
+    /// Its failure policy (`open`, `divided`, `closed`), or `unknown` when it did not say.
+    pub failure_policy: String,
+    /// How long ago it last reported, ms; `null` when not known.
+    pub report_age_ms: Option<u64>,
+}
+
+/// One account on the status view: who it is, its live state, its load against its limits, its
+/// usage windows and its block.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AccountStatusRow {
+    pub id: i64,
+    pub name: String,
+    pub group: String,
+    /// `anthropic` or `openai`.
+    pub platform: String,
+    /// Never more than the credential's last four characters ([`AccountRow::credential_masked`]).
+    pub credential_masked: String,
+    /// The one live state, most severe first: `retired`, `error`, `disabled` (stored), then
+    /// `confirming` (a probe is checking a suspicious answer), `hard_blocked`, `breaker_open`,
+    /// `soft_blocked`, else `active`.
+    pub status: String,
+    /// The stored status's reason (set for `retired`, `error`, `disabled`), else empty.
+    pub status_reason: String,
+    /// Live leases; `null` when unknown (the store could not be read).
+    pub leases: Option<u32>,
+    /// Requests in flight at once; 0: no limit.
+    pub concurrency_limit: i32,
+    /// Requests admitted in the current minute; `null` when unknown or not counted (no RPM limit).
+    pub rpm_used: Option<u32>,
+    /// Requests per minute; 0: no limit.
+    pub rpm_limit: i32,
+    /// Spend in the current session window, USD; `null` when unknown or not counted (no limit).
+    pub session_spend_usd: Option<f64>,
+    /// Spend per session window, USD; 0: no limit.
+    pub session_window_limit_usd: f64,
+    /// The account's usage windows, as `windows` shows them (utilization, reset, reading age).
+    pub windows: Vec<WindowRow>,
+    /// The block in force, `hard`'s over the breaker's over `soft`'s, as `<kind> <class>[
+    /// <upstream status>]: <reason>` (what `blocks` shows of it); empty when none.
+    pub block_reason: String,
+    /// Time left on that block, ms; 0 when none (or a half-open breaker waiting for its probe).
+    pub block_left_ms: u64,
+}
+
+/// `status`: `{"status": {...}}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatusAnswer {
+    pub status: StatusView,
+}
+
+/// The status view of a report: the one place both endpoints build it (the selector's
+/// `ReadStatus` answer in the CLI, the engine's report in the standalone relay), so both show the
+/// same. Window rows as [`window_rows`] builds them, read at the report's clock.
+pub fn status_view(report: &StatusReport) -> StatusView {
+    let admission = &report.admission;
+    StatusView {
+        generated_at_ms: report.now_ms,
+        failure_policy: policy_name(admission.policy).to_owned(),
+        admission: admission.state.as_str().to_owned(),
+        admission_replicas: admission
+            .replicas
+            .iter()
+            .map(|replica| ReplicaRow {
+                id: replica.id.clone(),
+                state: replica.state.as_str().to_owned(),
+                failure_policy: policy_name(replica.policy).to_owned(),
+                report_age_ms: replica.report_age_ms,
+            })
+            .collect(),
+        accounts: report
+            .accounts
+            .iter()
+            .map(|account| account_status_row(report.now_ms, account))
+            .collect(),
+    }
+}
+
+fn policy_name(policy: Option<AdmissionPolicy>) -> &'static str {
+    policy.map_or("unknown", AdmissionPolicy::as_str)
+}
+
+fn account_status_row(now_ms: i64, account: &AccountStanding) -> AccountStatusRow {
+    let (block_reason, block_left_ms) = match &account.block {
+        Some(block) => (block_reason(block), block.remaining_ms),
+        None => (String::new(), 0),
+    };
+    AccountStatusRow {
+        id: account.id,
+        name: account.name.clone(),
+        group: account.group.clone(),
+        platform: account.platform.as_str().to_owned(),
+        credential_masked: account.credential_masked.clone(),
+        status: account.status.label().to_owned(),
+        status_reason: account.status_reason.clone(),
+        leases: account.leases,
+        concurrency_limit: account.concurrency_limit,
+        rpm_used: account.rpm_used,
+        rpm_limit: account.rpm_limit,
+        session_spend_usd: account.session_spend_usd,
+        session_window_limit_usd: account.session_window_limit_usd,
+        windows: window_rows(
+            now_ms,
+            [(
+                account.id,
+                account.name.as_str(),
+                account.windows.as_slice(),
+            )],
+        ),
+        block_reason,
+        block_left_ms,
+    }
+}
+
+/// `<kind> <class>[ <status>]: <reason>` (`hard quota_gone 402: credit balance too low`).
+fn block_reason(block: &BlockNote) -> String {
+    let mut text = format!("{} {}", block.kind.as_str(), block.class);
+    if block.status > 0 {
+        text.push_str(&format!(" {}", block.status));
+    }
+    if !block.reason.is_empty() {
+        text.push_str(&format!(": {}", block.reason));
+    }
+    text
 }
 
 /// An error answer: `{"error": {"type": ..., "message": ...}}`.

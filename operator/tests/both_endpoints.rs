@@ -1,4 +1,4 @@
-//! One CLI for both modes: the same accounts, blocks, usage windows and usage behind a selector's admin gRPC API
+//! One CLI for both modes: the same accounts, blocks, usage windows, usage and status behind a selector's admin gRPC API
 //! and behind a standalone relay's admin HTTP endpoint print the same, verb by verb, in text and
 //! in JSON; a refusal and an unknown account are the same error on both.
 
@@ -13,14 +13,20 @@ use axum::routing::{get, post};
 use clap::Parser;
 use pb::selector_admin_server::{SelectorAdmin as AdminService, SelectorAdminServer};
 use poolgate_core::account::ApiKeyRecord;
+use poolgate_core::account::Platform;
+use poolgate_core::health::LiveStatus;
 use poolgate_core::keys::{Endpoint, KeyAccess, PeriodUsage, UsagePeriod};
 use poolgate_core::lease::KeyLimits;
+use poolgate_core::status::{
+    AccountStanding, AdmissionPolicy, AdmissionReport, AdmissionState, BlockKind, BlockNote,
+    ReplicaReport, StatusReport,
+};
 use poolgate_core::windows::{MinuteLimit, Scope, WindowKind, WindowReading, WindowStatus};
 use poolgate_operator::grpc::SelectorAdmin;
 use poolgate_operator::http::HttpAdmin;
 use poolgate_operator::view::{
-    AccountList, BlockList, Cleared, ErrorBody, KeyChanged, KeyList, Restored, UsageReport,
-    WindowList, key_row, window_rows,
+    AccountList, BlockList, Cleared, ErrorBody, KeyChanged, KeyList, Restored, StatusAnswer,
+    UsageReport, WindowList, key_row, status_view, window_rows,
 };
 use poolgate_operator::{AccountRow, AdminEndpoint, BlockRow, OperatorError, UsageRow, Verb};
 use poolgate_proto::convert;
@@ -242,6 +248,60 @@ fn key_disabled(id: i64, disabled: bool) -> Option<ApiKeyRecord> {
     Some(key)
 }
 
+/// The status report both sides answer from: an active account with its load and a window, a
+/// hard-blocked one, a retired one; admission degraded on one of two replicas.
+fn status_report() -> StatusReport {
+    let account = |id: i64, name: &str, status: LiveStatus| AccountStanding {
+        id,
+        name: name.into(),
+        group: "g".into(),
+        platform: Platform::Anthropic,
+        credential_masked: "…wxyz".into(),
+        status,
+        status_reason: String::new(),
+        leases: Some(2),
+        concurrency_limit: 3,
+        rpm_used: Some(17),
+        rpm_limit: 60,
+        session_spend_usd: Some(4.5),
+        session_window_limit_usd: 12.5,
+        windows: Vec::new(),
+        block: None,
+    };
+    let mut active = account(1, "a", LiveStatus::Active);
+    active.windows = windows()
+        .into_iter()
+        .find(|(id, _)| *id == 1)
+        .map(|(_, readings)| readings)
+        .unwrap_or_default();
+    let mut blocked = account(2, "b", LiveStatus::HardBlocked);
+    (blocked.leases, blocked.rpm_used, blocked.session_spend_usd) = (None, None, None);
+    blocked.block = Some(BlockNote {
+        kind: BlockKind::Hard,
+        class: "quota_gone".into(),
+        status: 402,
+        reason: "credit balance too low".into(),
+        remaining_ms: 61_500,
+    });
+    let mut retired = account(3, "c", LiveStatus::Retired);
+    retired.status_reason = "refused by the probe".into();
+    let replica = |id: &str, state| ReplicaReport {
+        id: id.into(),
+        fresh: true,
+        state,
+        policy: Some(AdmissionPolicy::Divided),
+        report_age_ms: Some(400),
+    };
+    StatusReport {
+        now_ms: NOW_MS,
+        admission: AdmissionReport::from_replicas(vec![
+            replica("r1", AdmissionState::Ok),
+            replica("r2", AdmissionState::Degraded),
+        ]),
+        accounts: vec![active, blocked, retired],
+    }
+}
+
 /// The relay's side: the admin endpoint's routes over the fixture, in the shared envelopes.
 async fn http_endpoint() -> SocketAddr {
     async fn authorized(request: axum::extract::Request, next: Next) -> Response {
@@ -279,6 +339,15 @@ async fn http_endpoint() -> SocketAddr {
         .route(
             "/admin/blocks",
             get(|| async move { axum::Json(BlockList { blocks: blocks() }).into_response() }),
+        )
+        .route(
+            "/admin/status",
+            get(|| async move {
+                axum::Json(StatusAnswer {
+                    status: status_view(&status_report()),
+                })
+                .into_response()
+            }),
         )
         .route(
             "/admin/windows",
@@ -554,6 +623,15 @@ impl AdminService for FakeSelector {
     ) -> Result<tonic::Response<pb::ReadLoadResponse>, Status> {
         unused()
     }
+    async fn read_status(
+        &self,
+        request: Request<pb::ReadStatusRequest>,
+    ) -> Result<tonic::Response<pb::ReadStatusResponse>, Status> {
+        check(&request)?;
+        Ok(tonic::Response::new(convert::status_answer(
+            &status_report(),
+        )))
+    }
     async fn read_usage(
         &self,
         request: Request<pb::ReadUsageRequest>,
@@ -641,6 +719,7 @@ async fn every_verb_prints_the_same_against_a_selector_and_a_standalone_relay() 
         &["keys"],
         &["disable-key", "1"],
         &["enable-key", "2"],
+        &["status"],
     ] {
         let mut printed = Vec::new();
         for endpoint in endpoints {
@@ -668,6 +747,29 @@ async fn every_verb_prints_the_same_against_a_selector_and_a_standalone_relay() 
          2\tb\tgroup=h\tplatform=anthropic\tkind=oauth\tstatus=retired (credit balance too low)\t\
          priority=1\tweight=2\tconcurrency=3\trpm=60\tsession_window_usd=12.5\t\
          credential=sk-a…wxyz"
+    );
+    let text = poolgate_operator::execute(&selector, &verb(&["status"]))
+        .await
+        .expect("status");
+    assert_eq!(
+        text,
+        "admission=degraded\tfailure_policy=divided\treplicas=r1:ok,r2:degraded\n\
+         1\ta\tgroup=g\tplatform=anthropic\tstatus=active\tleases=2/3\trpm=17/60\t\
+         session_usd=4.50/12.5\twindows=5h=42%,7d_model:opus=-\tblock=-\n\
+         2\tb\tgroup=g\tplatform=anthropic\tstatus=hard_blocked\tleases=?/3\trpm=?/60\t\
+         session_usd=?/12.5\twindows=-\tblock=hard quota_gone 402: credit balance too low (1m2s)\n\
+         3\tc\tgroup=g\tplatform=anthropic\tstatus=retired (refused by the probe)\tleases=2/3\t\
+         rpm=17/60\tsession_usd=4.50/12.5\twindows=-\tblock=-"
+    );
+    let json = poolgate_operator::execute(&relay, &verb(&["status", "-o", "json"]))
+        .await
+        .expect("status");
+    let json: serde_json::Value = serde_json::from_str(&json).expect("json");
+    assert_eq!(json["status"]["generated_at_ms"], NOW_MS);
+    assert_eq!(json["status"]["accounts"][1]["block_left_ms"], 61_500);
+    assert_eq!(
+        json["status"]["accounts"][0]["windows"][0]["age_ms"], 42_000,
+        "the windows' rows as `windows` shows them"
     );
     let text = poolgate_operator::execute(&selector, &verb(&["blocks"]))
         .await

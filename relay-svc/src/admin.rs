@@ -1,12 +1,13 @@
 //! The operator endpoint of a relay that runs the selector in process (standalone): the read and
 //! repair verbs of `poolgate-operator` (accounts, blocks, windows, restore, clear-block, usage,
-//! keys, disable-key, enable-key),
+//! keys, disable-key, enable-key, status),
 //! the ones the selector's gRPC admin API offers in distributed mode, answered in the operator
 //! crate's JSON envelopes (`poolgate_operator::view`), so one CLI prints the same for both. It
 //! listens on its own address (`--admin-listen`), never the client port, and answers only with the
 //! admin token (`Authorization: Bearer …`, compared in constant time). A wrong token is refused
 //! after a fixed delay, with a cap on refusals delayed at once (`poolgate_runtime::failed_auth`;
-//! never a lockout). Without a token it does not run at all.
+//! never a lockout). Without a token it does not run at all. The status page
+//! (`poolgate_operator::page`, over `admin_page.rs`) shares the listener behind its own login.
 
 use std::sync::Arc;
 
@@ -18,8 +19,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use http::StatusCode;
 use poolgate_operator::view::{
-    AccountList, BlockList, Cleared, ErrorBody, KeyChanged, KeyList, KeyRow, Restored, UsageReport,
-    WindowList,
+    AccountList, BlockList, Cleared, ErrorBody, KeyChanged, KeyList, KeyRow, Restored,
+    StatusAnswer, StatusView, UsageReport, WindowList,
 };
 use poolgate_rpc::service_auth::constant_time_eq;
 use poolgate_runtime::failed_auth::FailedAttempts;
@@ -83,6 +84,13 @@ pub trait Operator: Send + Sync + 'static {
             "client keys are not served here".into(),
         ))
     }
+    /// The pool at a glance (`poolgate_operator::view::status_view` of the engine's report).
+    /// (Default: an engine that cannot tell says so.)
+    async fn status(&self) -> Result<StatusView, AdminError> {
+        Err(AdminError::Unavailable(
+            "the status is not served here".into(),
+        ))
+    }
 }
 
 #[derive(Clone)]
@@ -92,7 +100,8 @@ struct Admin {
     failed: FailedAttempts,
 }
 
-/// The admin router; every route needs `token`.
+/// The admin router; every `/admin/` route needs `token` as a bearer, the status page
+/// (`poolgate_operator::page`: `/`, `/login`, `/api/…`) its session cookie.
 pub fn router(operator: Arc<dyn Operator>, token: &str) -> Router {
     let admin = Admin {
         operator,
@@ -109,11 +118,25 @@ pub fn router(operator: Arc<dyn Operator>, token: &str) -> Router {
         .route("/admin/keys", get(keys))
         .route("/admin/keys/{id}/disable", post(disable_key))
         .route("/admin/keys/{id}/enable", post(enable_key))
+        .route("/admin/status", get(status))
+        // Its own fallback, behind the token like every route: the merged page has none, so an
+        // unknown path still answers 401 without the token.
+        .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(
             admin.clone(),
             authorize,
         ))
-        .with_state(admin)
+        .with_state(admin.clone())
+        // The status page on the same listener, over the same operator; its own login.
+        .merge(poolgate_operator::page::router(
+            Arc::new(crate::admin_page::InProcessAdmin::new(admin.operator)),
+            token,
+            poolgate_operator::page::Scheme::Http,
+        ))
+}
+
+async fn not_found() -> Response {
+    error(StatusCode::NOT_FOUND, "not_found", "no such admin route")
 }
 
 fn error(status: StatusCode, kind: &str, message: impl std::fmt::Display) -> Response {
@@ -220,6 +243,11 @@ async fn clear_block(
     let id = account_id(&id)?;
     admin.operator.clear_block(id).await?;
     Ok(axum::Json(Cleared { cleared: id }).into_response())
+}
+
+async fn status(State(admin): State<Admin>) -> Result<Response, AdminError> {
+    let status = admin.operator.status().await?;
+    Ok(axum::Json(StatusAnswer { status }).into_response())
 }
 
 async fn keys(State(admin): State<Admin>) -> Result<Response, AdminError> {

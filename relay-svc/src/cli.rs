@@ -108,6 +108,11 @@ pub struct Cli {
     /// A file holding the service token (a trailing newline is ignored).
     #[arg(long, env = "POOLGATE_SERVICE_TOKEN_FILE")]
     pub service_token_file: Option<PathBuf>,
+    /// Lease channels toward admission: leases multiplexed on this many gRPC streams, spread over
+    /// admission's replicas (each gets N / replicas rounded up, at least one). 0: one stream per
+    /// lease (also what the relay falls back to when admission does not serve the channel).
+    #[arg(long, env = "RELAY_LEASE_CHANNELS", default_value_t = crate::remote::DEFAULT_LEASE_CHANNELS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=64))]
+    pub lease_channels: usize,
     /// Which secret flags came from the command line (set from the parse, not flags).
     #[arg(skip)]
     pub on_command_line: SecretsOnCommandLine,
@@ -295,6 +300,7 @@ fn remote_mode(cli: &Cli) -> Result<Mode, String> {
             tls_ca,
             tls_identity,
             service_token,
+            lease_channels: cli.lease_channels,
         },
     })
 }

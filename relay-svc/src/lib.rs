@@ -12,6 +12,7 @@
 
 pub mod admin;
 pub mod admin_client;
+pub mod admin_page;
 pub mod cli;
 pub mod client_api;
 pub mod edge;

@@ -6,6 +6,9 @@ use std::process::ExitCode;
 use relay_svc::cli::{self, Cli, Command};
 use relay_svc::run::{Listeners, RunError};
 
+#[global_allocator]
+static ALLOCATOR: poolgate_runtime::Allocator = poolgate_runtime::Allocator;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse_noting_secrets();

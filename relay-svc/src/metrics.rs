@@ -25,6 +25,10 @@ pub struct Metrics {
     pub leases_lost: IntCounterVec,
     /// relay_lease_resumed_total: lease streams that broke and were resumed on a replica.
     pub leases_resumed: IntCounter,
+    /// relay_lease_channel_events_total{event}: the lease channels toward admission: `opened`,
+    /// `broken` (every lease on it resumes), `fallback` (admission does not serve the channel:
+    /// one stream per lease for a while), `resume_paced` (a resume waited for its turn).
+    pub lease_channel: IntCounterVec,
     pub spend_micros: IntCounter,
     /// relay_unpriced_usage_total: answers with tokens whose model has no price (spend 0).
     pub unpriced_usage: IntCounter,
@@ -40,6 +44,9 @@ pub struct Metrics {
     pub key_refusals: IntCounterVec,
     pub upstream_seconds: HistogramVec,
     pub first_byte_seconds: HistogramVec,
+    /// relay_added_seconds{platform}: the time a request that reached an upstream spent in the
+    /// relay rather than in upstream calls (docs/METRICS.md defines it exactly).
+    pub added_seconds: HistogramVec,
 }
 
 impl Default for Metrics {
@@ -89,6 +96,11 @@ impl Metrics {
                 "relay_lease_resumed_total",
                 "Lease streams that broke and were resumed on an admission replica.",
             ),
+            lease_channel: counter_vec(
+                "relay_lease_channel_events_total",
+                "Lease channels toward admission by event: opened, broken (its leases resume), fallback (admission does not serve the channel: one stream per lease for a while), resume_paced (a resume waited for its turn after a break).",
+                &["event"],
+            ),
             spend_micros: counter(
                 "relay_spend_recorded_micro_usd_total",
                 "Spend recorded with lease releases, in micro-USD.",
@@ -119,12 +131,26 @@ impl Metrics {
                 "relay_upstream_first_byte_seconds",
                 "Time to the first upstream byte of streams by platform.",
             ),
+            added_seconds: metrics::histogram_vec(
+                &registry,
+                "relay_added_seconds",
+                "Latency the relay adds to a request that reached an upstream: from the request's arrival at the relay (key checked, body read) to its answer head, less the time spent in upstream calls, by platform.",
+                &["platform"],
+                vec![
+                    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                    30.0,
+                ],
+            ),
             registry,
         }
     }
 
     pub fn failover(&self, reason: &str, outcome: &str) {
         self.failovers.with_label_values(&[reason, outcome]).inc();
+    }
+
+    pub fn lease_channel_event(&self, event: &str) {
+        self.lease_channel.with_label_values(&[event]).inc();
     }
 
     pub fn key_refused(&self, reason: &crate::ports::RefusedFor) {
@@ -147,6 +173,12 @@ impl Metrics {
         self.first_byte_seconds
             .with_label_values(&[platform])
             .observe(elapsed.as_secs_f64());
+    }
+
+    pub fn added_latency(&self, platform: &str, added: Duration) {
+        self.added_seconds
+            .with_label_values(&[platform])
+            .observe(added.as_secs_f64());
     }
 
     pub fn render(&self) -> String {

@@ -137,6 +137,7 @@ async fn mutual_tls_admits_callers_with_a_certificate_from_the_ca_and_no_one_els
             std::fs::read(dir.join("client.key")).expect("key"),
         )),
         service_token: None,
+        ..Default::default()
     };
     assert_eq!(inflight(&with_certificate, port).await, Ok(0));
     let without = relay_svc::remote::GrpcClient {

@@ -47,6 +47,9 @@ async fn a_client_request_is_one_trace_across_relay_selector_and_admission() {
             admission: vec![format!("http://{admission_addr}")],
             client: relay_svc::remote::GrpcClient {
                 service_token: Some(common::SERVICE_TOKEN.into()),
+                // One stream per lease: a lease channel carries many requests' leases, so its
+                // conversations carry no request's trace context.
+                lease_channels: 0,
                 ..Default::default()
             },
         },

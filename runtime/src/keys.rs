@@ -115,6 +115,15 @@ pub fn admission_replicas() -> String {
     format!("{PREFIX}:admission:replicas")
 }
 
+/// HASH of what admission replicas report of themselves (the operator's status view): field =
+/// instance id (the registry's member), value = `<failure policy>|<ok|degraded>|<Redis ms when
+/// written>`, written by each replica's heartbeat with its registry entry. Hash-tagged with the
+/// registry's whole name, so it shares the registry's slot and one script writes both on a
+/// Cluster.
+pub fn admission_replica_reports() -> String {
+    format!("{{{}}}:reports", admission_replicas())
+}
+
 /// Selector-only: soft block of an account (reorders, never excludes).
 pub fn soft_block(account_id: i64) -> String {
     format!("{PREFIX}:sel:soft:{account_id}")
@@ -206,6 +215,13 @@ mod tests {
             ClientKeyKeys::slot_only(7).leases,
             ClientKeyKeys::slot_only(71).leases
         );
+    }
+
+    #[test]
+    fn replica_reports_share_the_registrys_hash_slot() {
+        let reports = admission_replica_reports();
+        assert_eq!(hash_tag(&reports), hash_tag(&admission_replicas()));
+        assert_eq!(reports, "{pg:admission:replicas}:reports");
     }
 
     #[test]

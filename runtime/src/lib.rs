@@ -5,6 +5,12 @@
 //! signal, Prometheus helpers.
 
 pub mod clock;
+
+/// The allocator every poolgate binary runs on (`#[global_allocator]` in each `main.rs`):
+/// mimalloc. Under glibc's malloc the distributed request path spent about 13 % of its CPU in
+/// allocation and its arena locks (docs/BENCHMARKS.md, "CPU per governed request"); mimalloc's
+/// thread-local free lists take most of that away.
+pub use mimalloc::MiMalloc as Allocator;
 pub mod error;
 pub mod failed_auth;
 pub mod keys;

@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use poolgate_core::AccountId;
 use poolgate_core::keys::UsagePeriod;
 use poolgate_core::lease::{LeaseId, LeaseTerms};
+use poolgate_core::status::AdmissionReport;
 
 use crate::error::BackendError;
 
@@ -26,6 +27,26 @@ pub trait ProbeLeases: Send + Sync {
     /// Frees the probe's lease. A release the backend cannot take now is the lease engine's to
     /// retry; the caller is done either way.
     async fn release_probe(&self, lease_id: &LeaseId, terms: &LeaseTerms);
+
+    /// Admission's state as the operator's status view shows it: the failure policy and whether
+    /// admission serves degraded, from the replica registry on Redis (the in-process engine: its
+    /// own). An implementation that cannot tell answers unknown.
+    async fn admission_status(&self) -> AdmissionReport {
+        AdmissionReport::unknown()
+    }
+
+    /// What accounts used of their rate limits, as admission counts them (the operator's status
+    /// view), in the order asked: (requests admitted in the rolling RPM window, spend in the
+    /// current session window in micro-USD). An implementation that does not keep them fails.
+    async fn account_usage(
+        &self,
+        account_ids: &[AccountId],
+    ) -> Result<Vec<(u32, i64)>, BackendError> {
+        let _ = account_ids;
+        Err(BackendError::Failed(
+            "account usage is not kept here".into(),
+        ))
+    }
 }
 
 /// The in-process health store's coupling to admission: a hard block is admission's cooldown

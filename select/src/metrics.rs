@@ -35,6 +35,17 @@ pub struct Metrics {
     /// selector_window_sessions_moved_total{group}: sticky sessions moved off an account past
     /// the move threshold.
     pub window_sessions_moved: IntCounterVec,
+    /// selector_accounts{group, status}: accounts by the status an operator sees them in
+    /// (`LiveStatus`: active, disabled, soft_blocked, hard_blocked, confirming, breaker_open,
+    /// retired, error), every status of every configured group present (0 included).
+    pub accounts: IntGaugeVec,
+    /// selector_group_eligible{group}: the group's accounts a select could plan now.
+    pub group_eligible: IntGaugeVec,
+    /// selector_group_leases{group}: live leases on the group's active accounts.
+    pub group_leases: IntGaugeVec,
+    /// selector_group_concurrency_limit{group}: the concurrency limits of the group's active
+    /// accounts, summed (an account without a limit adds nothing).
+    pub group_concurrency_limit: IntGaugeVec,
 }
 
 impl Default for Metrics {
@@ -62,8 +73,20 @@ impl Metrics {
             "Accounts blocked in this replica's latest readings, by kind (hard, soft, breaker).",
             &["kind"],
         );
+        let token_refreshes = counter_vec(
+            &registry,
+            "selector_token_refreshes_total",
+            "OAuth token refreshes by result.",
+            &["result"],
+        );
+        // Every result shows from the start (0 included): an alert's `increase()` then sees
+        // the first failure, not only the second.
+        for result in ["refreshed", "waited", "failed", "floored"] {
+            token_refreshes.with_label_values(&[result]);
+        }
         Metrics {
             active_blocks,
+            token_refreshes,
             selects: counter_vec(
                 &registry,
                 "selector_selects_total",
@@ -101,12 +124,6 @@ impl Metrics {
                 "Config snapshot reloads by trigger.",
                 &["trigger"],
             ),
-            token_refreshes: counter_vec(
-                &registry,
-                "selector_token_refreshes_total",
-                "OAuth token refreshes by result.",
-                &["result"],
-            ),
             redis_round_trips: counter(
                 &registry,
                 "selector_redis_round_trips_total",
@@ -128,6 +145,30 @@ impl Metrics {
                 &registry,
                 "selector_window_sessions_moved_total",
                 "Sticky sessions moved off an account past the group's usage-window move threshold.",
+                &["group"],
+            ),
+            accounts: gauge_vec(
+                &registry,
+                "selector_accounts",
+                "Accounts by group and the status an operator sees them in (active, disabled, soft_blocked, hard_blocked, confirming, breaker_open, retired, error); refreshed every few seconds.",
+                &["group", "status"],
+            ),
+            group_eligible: gauge_vec(
+                &registry,
+                "selector_group_eligible",
+                "The group's accounts a select could plan now (active, not hard-blocked, breaker closed, no usage window used up); refreshed every few seconds.",
+                &["group"],
+            ),
+            group_leases: gauge_vec(
+                &registry,
+                "selector_group_leases",
+                "Live leases on the group's active accounts; refreshed every few seconds.",
+                &["group"],
+            ),
+            group_concurrency_limit: gauge_vec(
+                &registry,
+                "selector_group_concurrency_limit",
+                "Concurrency limits of the group's active accounts, summed (an account without a limit adds nothing); refreshed every few seconds.",
                 &["group"],
             ),
             registry,

@@ -90,6 +90,11 @@ impl Snapshot {
         }
     }
 
+    /// Every configured group (with accounts, or named by its settings).
+    pub fn groups(&self) -> impl Iterator<Item = &str> {
+        self.groups.iter().map(String::as_str)
+    }
+
     pub fn has_group(&self, group: &str) -> bool {
         self.groups.contains(group)
     }

@@ -97,6 +97,12 @@ pub struct ServeArgs {
     /// A file holding the admin token (a trailing newline is ignored).
     #[arg(long, env = "SELECTOR_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,
+    /// Serve the status page (a read-only web view of the pool; log in with the admin token) on
+    /// this address. Off unless set; refused without an admin token. Over TLS with --tls-cert
+    /// and --tls-key when those are set (no client certificate asked), plain HTTP otherwise:
+    /// then bind loopback (`127.0.0.1:9464`) and reach it through `kubectl port-forward`.
+    #[arg(long, env = "SELECTOR_ADMIN_HTTP_LISTEN")]
+    pub admin_http_listen: Option<SocketAddr>,
     /// Periodic full reload, ms (NOTIFY reloads at once).
     #[arg(long, env = "SELECTOR_RELOAD_INTERVAL_MS", default_value_t = 30_000)]
     pub reload_interval_ms: u64,
@@ -226,18 +232,27 @@ impl ServeArgs {
         .resolve()?;
         Calendar::new(&self.budget_time_zone, self.budget_week_start)
             .map_err(|e| format!("--budget-time-zone: {e}"))?;
+        let admin_token = SecretFlag {
+            flag: "--admin-token",
+            value: self.admin_token.as_deref(),
+            on_command_line: self.on_command_line.admin_token,
+            file: self.admin_token_file.as_deref(),
+        }
+        .resolve()?;
+        if self.admin_http_listen.is_some() && admin_token.as_deref().is_none_or(str::is_empty) {
+            return Err(
+                "--admin-http-listen needs an admin token (--admin-token-file or \
+                        SELECTOR_ADMIN_TOKEN): the status page's login is that token"
+                    .into(),
+            );
+        }
         Ok(Config {
             database_url: self.database.database_url()?,
             redis_target,
             redis_options: RedisOptions::default(),
             keyring: self.database.keyring()?,
-            admin_token: SecretFlag {
-                flag: "--admin-token",
-                value: self.admin_token.as_deref(),
-                on_command_line: self.on_command_line.admin_token,
-                file: self.admin_token_file.as_deref(),
-            }
-            .resolve()?,
+            admin_token,
+            admin_http_listen: self.admin_http_listen,
             settings: SelectorSettings {
                 probe: ProbeSettings {
                     anthropic_model: self.probe_model_anthropic.clone(),
@@ -387,5 +402,45 @@ mod tests {
         let cli = parse(&["--redis-url", "ftp://127.0.0.1:1"]).expect("parses");
         let error = cli.serve.config().expect_err("not a redis url");
         assert!(error.starts_with("--redis-url"), "{error}");
+    }
+
+    #[test]
+    fn the_status_page_is_off_by_default_and_refused_without_an_admin_token() {
+        let base = [
+            "--redis-url",
+            "redis://127.0.0.1:1",
+            "--database-url",
+            "postgres://x",
+            "--credential-keys",
+            "k1:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
+            "--insecure-dev",
+        ];
+        let off = parse(&base).expect("parses");
+        assert_eq!(off.serve.admin_http_listen, None, "off by default");
+        let no_token = parse(&[&base[..], &["--admin-http-listen", "127.0.0.1:9464"]].concat())
+            .expect("parses");
+        let error = no_token.serve.config().expect_err("no admin token");
+        assert!(
+            error.starts_with("--admin-http-listen needs an admin token"),
+            "{error}"
+        );
+        let with_token = parse(
+            &[
+                &base[..],
+                &[
+                    "--admin-http-listen",
+                    "127.0.0.1:9464",
+                    "--admin-token",
+                    "t",
+                ],
+            ]
+            .concat(),
+        )
+        .expect("parses");
+        let config = with_token.serve.config().expect("runs");
+        assert_eq!(
+            config.admin_http_listen,
+            Some("127.0.0.1:9464".parse().expect("address"))
+        );
     }
 }

@@ -765,6 +765,14 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
         }))
     }
 
+    async fn read_status(
+        &self,
+        _request: Request<pb::ReadStatusRequest>,
+    ) -> Result<Response<pb::ReadStatusResponse>, Status> {
+        let report = self.selector.status().await.map_err(status)?;
+        Ok(Response::new(convert::status_answer(&report)))
+    }
+
     async fn read_usage(
         &self,
         request: Request<pb::ReadUsageRequest>,

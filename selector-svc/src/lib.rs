@@ -4,8 +4,10 @@
 //! `grpc` (transport, validation, admin token, the conversions of `poolgate-proto`) → the
 //! engine; `error` is the one map from the engine's errors to gRPC codes; `store` is the only
 //! SQL (the Postgres `AccountSource`); `server` the wiring; `budgets` rebuilds the budget
-//! counters Redis lost from the usage ledger.
+//! counters Redis lost from the usage ledger; `admin_page` is the status page's in-process view
+//! of the admin service (`--admin-http-listen`).
 
+pub mod admin_page;
 pub mod budgets;
 pub mod error;
 pub mod grpc;

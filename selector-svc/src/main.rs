@@ -14,6 +14,9 @@ use selector_svc::store::PostgresSource;
 
 use crate::cli::{Cli, Command, DatabaseArgs, ServeArgs};
 
+#[global_allocator]
+static ALLOCATOR: poolgate_runtime::Allocator = poolgate_runtime::Allocator;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse_noting_secrets();

@@ -1,8 +1,10 @@
 //! Wiring: Postgres (schema check, snapshot, NOTIFY reloads), Redis (health), the token
-//! refresher, the budget rebuild, and the gRPC services (selector, admin behind its token,
-//! health, reflection).
+//! refresher, the budget rebuild, the gRPC services (selector, admin behind its token, health,
+//! reflection), and the status page on its own listener when `--admin-http-listen` is set (the
+//! same admin service, called in process; TLS with the gRPC certificate when that is set).
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,6 +36,9 @@ pub struct Config {
     pub keyring: Keyring,
     /// Bearer token of the admin API; `None` disables it.
     pub admin_token: Option<String>,
+    /// Where the status page listens (`--admin-http-listen`); `None`: no page. Needs
+    /// `admin_token`, which its login asks for.
+    pub admin_http_listen: Option<SocketAddr>,
     /// The engine's settings; its `budget_calendar` is replaced by `lease_settings`' calendar.
     pub settings: SelectorSettings,
     /// The lease settings of the admission replicas (ttl, orphan grace, session window): the
@@ -176,6 +181,10 @@ pub async fn build(config: &Config, metrics: Metrics) -> Result<Built, ServeErro
             budgets.clone(),
             REBUILD_EVERY,
         )),
+        tokio::spawn(Selector::status_gauges_every(
+            Arc::downgrade(&selector),
+            poolgate_select::engine::STATUS_GAUGES_EVERY,
+        )),
     ];
     Ok(Built {
         selector,
@@ -276,12 +285,42 @@ pub async fn run(
     .await
 }
 
-/// Serves an engine (tests keep a handle on it).
+/// Serves an engine (tests keep a handle on it), with the status page on
+/// `config.admin_http_listen` when set.
 pub async fn serve_selector(
     serving: Serving,
     config: &Config,
     listener: TcpListener,
     metrics_listener: Option<TcpListener>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let page_listener = match config.admin_http_listen {
+        Some(address) => Some(TcpListener::bind(address).await.map_err(|error| {
+            ServeError::Other(format!(
+                "cannot listen on {address} (--admin-http-listen): {error}"
+            ))
+        })?),
+        None => None,
+    };
+    serve_selector_with_page(
+        serving,
+        config,
+        listener,
+        metrics_listener,
+        page_listener,
+        shutdown,
+    )
+    .await
+}
+
+/// [`serve_selector`] with the status page on a listener the caller bound (`None`: no page),
+/// whatever `config.admin_http_listen` says. The page stops with the gRPC server.
+pub async fn serve_selector_with_page(
+    serving: Serving,
+    config: &Config,
+    listener: TcpListener,
+    metrics_listener: Option<TcpListener>,
+    page_listener: Option<TcpListener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     let Serving { selector, store } = serving;
@@ -297,9 +336,24 @@ pub async fn serve_selector(
         let metrics = selector.metrics().clone();
         poolgate_rpc::metrics_http::spawn(listener, move || metrics.render())
     });
-    let admin = AdminAuth::new(config.admin_token.clone()).wrap(SelectorAdminServer::new(
-        AdminGrpc::new(selector.clone(), store),
-    ));
+    let admin_grpc = Arc::new(AdminGrpc::new(selector.clone(), store));
+    // The page ends when gRPC serving ends, by shutdown or by failure (the sender is dropped).
+    let (stop_page, page_stopped) = tokio::sync::watch::channel(());
+    let page = match page_listener {
+        Some(listener) => Some(spawn_page(
+            listener,
+            config,
+            admin_grpc.clone(),
+            page_stopped,
+        )?),
+        None => None,
+    };
+    let shutdown = async move {
+        shutdown.await;
+        drop(stop_page);
+    };
+    let admin =
+        AdminAuth::new(config.admin_token.clone()).wrap(SelectorAdminServer::from_arc(admin_grpc));
     let mut builder = tonic::transport::Server::builder();
     if let Some(tls) = &config.tls {
         let tls = tls.server_config().map_err(|e| {
@@ -329,8 +383,49 @@ pub async fn serve_selector(
     if let Some(task) = metrics_task {
         task.abort();
     }
+    if let Some(page) = page {
+        // Its sender went with the shutdown future: the page finishes its open requests.
+        let _ = page.await;
+    }
     result?;
     Ok(())
+}
+
+/// Starts the status page on `listener` over the in-process admin service, until `stopped`'s
+/// sender is dropped. Refused without an admin token: the page's login is that token.
+fn spawn_page(
+    listener: TcpListener,
+    config: &Config,
+    admin: Arc<AdminGrpc>,
+    mut stopped: tokio::sync::watch::Receiver<()>,
+) -> Result<tokio::task::JoinHandle<()>, ServeError> {
+    use poolgate_operator::page;
+
+    let Some(token) = config.admin_token.as_deref().filter(|t| !t.is_empty()) else {
+        return Err(ServeError::Other(
+            "the status page (--admin-http-listen) needs an admin token (--admin-token-file)"
+                .into(),
+        ));
+    };
+    let (tls, scheme) = match &config.tls {
+        Some(files) => (
+            Some(page::tls_config(&files.cert, &files.key).map_err(ServeError::Other)?),
+            page::Scheme::Https,
+        ),
+        None => (None, page::Scheme::Http),
+    };
+    let endpoint = Arc::new(crate::admin_page::InProcessAdmin::new(admin));
+    let router = page::router(endpoint, token, scheme);
+    tracing::info!(addr = ?listener.local_addr().ok(), tls = tls.is_some(), "status page serving");
+    Ok(tokio::spawn(page::serve(
+        listener,
+        router,
+        tls,
+        async move {
+            // Ok never comes (nothing is sent); Err is the sender dropped: time to stop.
+            while stopped.changed().await.is_ok() {}
+        },
+    )))
 }
 
 /// The RPCs this server serves (selector, admin, health, reflection): the only method labels of

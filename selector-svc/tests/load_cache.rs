@@ -2,17 +2,29 @@
 //! trips the selector makes through its counting connection wrapper (a pipeline or a script is one
 //! trip). A select that plans someone also reads its candidates' usage windows (docs/DESIGN.md
 //! §5), cached like the load for a period: one more trip per miss, counted here as `WINDOWS`.
+//!
+//! Stale-while-revalidate (issue 27): a reading past its 200 ms period but younger than the
+//! bound (3 periods) is served at once while one background fetch replaces it; a block this
+//! replica writes is never served stale, and one another replica writes reaches this one within
+//! a second.
 
 mod support;
 
 use std::time::Duration;
 
+use poolgate_core::plan::Plan;
+use poolgate_proto::selector::v1 as pb;
 use poolgate_runtime::keys::AccountKeys;
 use poolgate_select::engine::SelectQuery;
+use poolgate_testkit::eventually;
 use support::{Backends, Replica, fast_settings};
 
 /// The usage-windows read of a select whose candidates are not cached: one pipeline.
 const WINDOWS: u64 = 1;
+/// Past the 200 ms cache period, within the 600 ms bound: served stale.
+const STALE: Duration = Duration::from_millis(300);
+/// Past the bound: nothing is served from the cache.
+const PAST_THE_BOUND: Duration = Duration::from_millis(700);
 
 fn query(group: &str, max_accounts: usize) -> SelectQuery {
     SelectQuery {
@@ -60,7 +72,7 @@ async fn setup(accounts: usize) -> (Backends, Replica, Vec<i64>) {
         .select(&query("g", 1))
         .await
         .expect("warm-up select");
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    tokio::time::sleep(PAST_THE_BOUND).await;
     (backends, replica, ids)
 }
 
@@ -213,4 +225,148 @@ async fn a_cached_reading_that_filters_everyone_triggers_exactly_one_fresh_read(
         1 + WINDOWS,
         "exactly one fresh read"
     );
+}
+
+fn inflight(plan: &Plan, id: i64) -> Option<u32> {
+    plan.accounts
+        .iter()
+        .find(|entry| entry.id == id)
+        .and_then(|entry| entry.inflight)
+}
+
+fn planned(plan: &Plan, id: i64) -> bool {
+    plan.accounts.iter().any(|entry| entry.id == id)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_reading_is_served_at_once_while_exactly_one_fetch_replaces_it() {
+    let (backends, replica, ids) = setup(3).await;
+    let selector = replica.built.selector.clone();
+    let plan = selector.select(&query("g", 3)).await.expect("select");
+    assert_eq!(inflight(&plan, ids[0]), Some(0));
+    add_leases(&backends, ids[0], 2).await;
+    tokio::time::sleep(STALE).await;
+    let before = trips(&replica);
+    let plan = selector.select(&query("g", 3)).await.expect("select");
+    assert_eq!(
+        inflight(&plan, ids[0]),
+        Some(0),
+        "the stale reading is served, without waiting for Redis"
+    );
+    // More selects while the fetch runs (or just after): none starts another.
+    let selects: Vec<_> = (0..16)
+        .map(|_| {
+            let selector = selector.clone();
+            tokio::spawn(async move { selector.select(&query("g", 3)).await.is_ok() })
+        })
+        .collect();
+    for select in selects {
+        assert!(select.await.expect("task"), "select");
+    }
+    // The usage windows (cached the same period) are read once inline; the load once behind.
+    let fetched = eventually(Duration::from_secs(5), || async {
+        let plan = selector.select(&query("g", 3)).await.ok()?;
+        (inflight(&plan, ids[0]) == Some(2)).then_some(())
+    })
+    .await;
+    assert!(fetched.is_ok(), "the background fetch replaced the reading");
+    assert_eq!(
+        trips(&replica) - before,
+        1 + WINDOWS,
+        "exactly one fetch of the load for 18 selects of a stale set"
+    );
+    let before = trips(&replica);
+    let plan = selector.select(&query("g", 3)).await.expect("select");
+    assert_eq!(inflight(&plan, ids[0]), Some(2), "fresh after the fetch");
+    assert_eq!(trips(&replica) - before, 0, "and served from the cache");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_bound_a_select_waits_for_the_fetch() {
+    let (backends, replica, ids) = setup(3).await;
+    let selector = &replica.built.selector;
+    selector.select(&query("g", 3)).await.expect("select");
+    add_leases(&backends, ids[0], 2).await;
+    tokio::time::sleep(PAST_THE_BOUND).await;
+    let before = trips(&replica);
+    let plan = selector.select(&query("g", 3)).await.expect("select");
+    assert_eq!(inflight(&plan, ids[0]), Some(2), "read before answering");
+    assert_eq!(trips(&replica) - before, 1 + WINDOWS);
+}
+
+/// Blocks `id` through an outcome report to `replica` (the upstream said its window is used up).
+async fn block_through_a_report(replica: &Replica, id: i64) {
+    let reset_at_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64 + 3_600_000)
+        .unwrap_or(u64::MAX);
+    let applied = replica
+        .client
+        .clone()
+        .report_outcome(pb::ReportOutcomeRequest {
+            account_id: id,
+            class: pb::OutcomeClass::WindowExhausted as i32,
+            status: 429,
+            reset_at_ms,
+            reason: "test 429".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("report")
+        .into_inner();
+    assert_eq!(support::effect(&applied), "hard_block");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_this_replica_writes_is_never_served_stale() {
+    let (_backends, replica, ids) = setup(3).await;
+    let selector = &replica.built.selector;
+    let plan = selector.select(&query("g", 3)).await.expect("select");
+    assert!(planned(&plan, ids[1]));
+    tokio::time::sleep(STALE).await;
+    block_through_a_report(&replica, ids[1]).await;
+    let plan = selector.select(&query("g", 3)).await.expect("select");
+    assert!(
+        !planned(&plan, ids[1]),
+        "the reading read before the block is not served stale: {:?}",
+        plan.accounts.iter().map(|a| a.id).collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_written_through_another_replica_stops_selects_within_a_second() {
+    let (backends, reading, ids) = setup(3).await;
+    let writing = Replica::start(backends.config(fast_settings())).await;
+    let selector = reading.built.selector.clone();
+    // No select between the block and the bound: the first one after it waits for a read.
+    selector.select(&query("g", 3)).await.expect("select");
+    block_through_a_report(&writing, ids[2]).await;
+    let blocked_at = std::time::Instant::now();
+    tokio::time::sleep(PAST_THE_BOUND).await;
+    let plan = selector.select(&query("g", 3)).await.expect("select");
+    assert!(
+        !planned(&plan, ids[2]),
+        "planned {:?} after the block, its reading past the bound",
+        blocked_at.elapsed()
+    );
+    // Selects all along, the reading stale when the block lands: served stale once or twice
+    // while the fetch runs, then never again.
+    tokio::time::sleep(STALE).await;
+    block_through_a_report(&writing, ids[1]).await;
+    let blocked_at = std::time::Instant::now();
+    let stopped = eventually(Duration::from_secs(1), || async {
+        let plan = selector.select(&query("g", 3)).await.ok()?;
+        (!planned(&plan, ids[1])).then_some(())
+    })
+    .await;
+    assert!(
+        stopped.is_ok(),
+        "still planned {:?} after the block",
+        blocked_at.elapsed()
+    );
+    for _ in 0..20 {
+        let plan = selector.select(&query("g", 3)).await.expect("select");
+        assert!(!planned(&plan, ids[1]), "and never planned again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

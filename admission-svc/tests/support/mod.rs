@@ -84,12 +84,17 @@ pub struct TestServer {
 
 impl TestServer {
     pub async fn start(backend: LeaseStore, settings: Settings) -> Self {
-        let config = Config {
+        Self::start_with(Config {
             settings,
             backend,
             callers: CallerCheck::Token(SERVICE_TOKEN.into()),
             ..Config::default()
-        };
+        })
+        .await
+    }
+
+    /// A server with this config (its callers must accept `SERVICE_TOKEN`).
+    pub async fn start_with(config: Config) -> Self {
         let admission = server::build_engine(&config, Metrics::new())
             .await
             .expect("admission builds");
@@ -426,5 +431,252 @@ impl Drop for AdmissionProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// What a lease channel said about one conversation.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Said {
+    Event(pb::lease_event::Kind),
+    /// The conversation failed (the code a lease stream would have ended with); `End` follows.
+    Error(tonic::Code, String),
+    End,
+}
+
+/// One open lease channel: many conversations by tag. Reading for one tag keeps what arrives
+/// for the others until asked.
+pub struct LeaseChannel {
+    sender: Option<mpsc::Sender<pb::ChannelRequest>>,
+    events: Option<Streaming<pb::ChannelEvent>>,
+    pending: std::collections::HashMap<u64, std::collections::VecDeque<Said>>,
+    /// How the channel itself ended, once it has: `None` cleanly, else its status.
+    pub ended: Option<Option<tonic::Status>>,
+}
+
+impl LeaseChannel {
+    pub async fn open(client: &Client) -> LeaseChannel {
+        match Self::try_open(client).await {
+            Ok(channel) => channel,
+            Err(status) => panic!("lease channel call failed: {status}"),
+        }
+    }
+
+    /// Like `open`, but a failed call (replica gone) is an error instead of a panic.
+    pub async fn try_open(client: &Client) -> Result<LeaseChannel, tonic::Status> {
+        let (sender, receiver) = mpsc::channel(64);
+        let events = client
+            .clone()
+            .lease_channel(ReceiverStream::new(receiver))
+            .await?
+            .into_inner();
+        Ok(LeaseChannel {
+            sender: Some(sender),
+            events: Some(events),
+            pending: Default::default(),
+            ended: None,
+        })
+    }
+
+    /// Sends a raw channel message; `false` when the channel is gone.
+    pub async fn send_raw(&mut self, request: pb::ChannelRequest) -> bool {
+        match &self.sender {
+            Some(sender) => sender.send(request).await.is_ok(),
+            None => false,
+        }
+    }
+
+    pub async fn send(&mut self, tag: u64, kind: pb::lease_request::Kind) -> bool {
+        self.send_raw(pb::ChannelRequest {
+            tag,
+            kind: Some(pb::channel_request::Kind::Request(request(kind))),
+        })
+        .await
+    }
+
+    /// Ends the holder's side of one conversation.
+    pub async fn close(&mut self, tag: u64) -> bool {
+        self.send_raw(pb::ChannelRequest {
+            tag,
+            kind: Some(pb::channel_request::Kind::Close(pb::ChannelClose {})),
+        })
+        .await
+    }
+
+    pub async fn send_acquire(&mut self, tag: u64, acquire: pb::Acquire) -> bool {
+        self.send(tag, pb::lease_request::Kind::Acquire(acquire))
+            .await
+    }
+
+    /// The next thing said on `tag`; `None` once the channel has ended (see `ended`).
+    pub async fn next(&mut self, tag: u64) -> Option<Said> {
+        if let Some(said) = self
+            .pending
+            .get_mut(&tag)
+            .and_then(|queue| queue.pop_front())
+        {
+            return Some(said);
+        }
+        loop {
+            let (event_tag, said) = self.next_any().await?;
+            if event_tag == tag {
+                return Some(said);
+            }
+            self.pending.entry(event_tag).or_default().push_back(said);
+        }
+    }
+
+    /// The next message of the channel, whatever its tag; `None` once the channel has ended.
+    pub async fn next_any(&mut self) -> Option<(u64, Said)> {
+        let events = self.events.as_mut()?;
+        match tokio::time::timeout(Duration::from_secs(20), events.next()).await {
+            Ok(Some(Ok(event))) => {
+                let said = match event.kind {
+                    Some(pb::channel_event::Kind::Event(event)) => match event.kind {
+                        Some(kind) => Said::Event(kind),
+                        None => panic!("a channel event without a lease event"),
+                    },
+                    Some(pb::channel_event::Kind::Error(error)) => {
+                        Said::Error(tonic::Code::from_i32(error.code), error.message)
+                    }
+                    Some(pb::channel_event::Kind::End(_)) => Said::End,
+                    None => panic!("a channel event without a kind"),
+                };
+                Some((event.tag, said))
+            }
+            Ok(Some(Err(status))) => {
+                self.ended = Some(Some(status));
+                self.events = None;
+                None
+            }
+            Ok(None) => {
+                self.ended = Some(None);
+                self.events = None;
+                None
+            }
+            Err(_) => panic!("nothing on the lease channel within 20 s"),
+        }
+    }
+
+    /// The next lease event on `tag`, as a lease stream reads it: an error as its status, the
+    /// conversation's end (or the channel's) as `Ok(None)`. The `End` after an error or a final
+    /// event is left for `finish`.
+    pub async fn next_event(
+        &mut self,
+        tag: u64,
+    ) -> Result<Option<pb::lease_event::Kind>, tonic::Status> {
+        match self.next(tag).await {
+            Some(Said::Event(kind)) => Ok(Some(kind)),
+            Some(Said::Error(code, message)) => Err(tonic::Status::new(code, message)),
+            Some(Said::End) => Ok(None),
+            None => match &self.ended {
+                Some(Some(status)) => Err(status.clone()),
+                _ => Ok(None),
+            },
+        }
+    }
+
+    /// Reads `tag` up to its `End`; what was said before it.
+    pub async fn finish(&mut self, tag: u64) -> Vec<Said> {
+        let mut seen = Vec::new();
+        while let Some(said) = self.next(tag).await {
+            if said == Said::End {
+                return seen;
+            }
+            seen.push(said);
+        }
+        seen
+    }
+
+    /// The answer to an acquire or resume on `tag`, after any `Queued` events (kept in
+    /// `queued`).
+    pub async fn answer(&mut self, tag: u64, queued: &mut Vec<u32>) -> Answer {
+        loop {
+            match self.next_event(tag).await {
+                Ok(Some(pb::lease_event::Kind::Queued(position))) => queued.push(position.position),
+                Ok(Some(pb::lease_event::Kind::Granted(granted))) => {
+                    return Answer::Granted(granted.lease_id);
+                }
+                Ok(Some(pb::lease_event::Kind::Denied(denied))) => {
+                    return Answer::Denied(denied.reason(), denied.retry_after_ms);
+                }
+                Ok(Some(pb::lease_event::Kind::Lost(lost))) => {
+                    return Answer::Lost(lost.lost_reason());
+                }
+                // The conversation (or the whole channel) ended without an answer.
+                Ok(None) => {
+                    return Answer::Error(tonic::Code::Unavailable, "ended unanswered".into());
+                }
+                Ok(other) => panic!("unexpected answer on tag {tag}: {other:?}"),
+                Err(status) => return Answer::Error(status.code(), status.message().to_owned()),
+            }
+        }
+    }
+
+    /// Acquires on `tag` and reads the answer.
+    pub async fn acquire(&mut self, tag: u64, acquire: pb::Acquire) -> Answer {
+        self.send_acquire(tag, acquire).await;
+        self.answer(tag, &mut Vec::new()).await
+    }
+
+    /// Resumes `lease_id` on `tag` and reads the answer.
+    pub async fn resume(&mut self, tag: u64, lease_id: &str, terms: pb::Acquire) -> Answer {
+        self.send(
+            tag,
+            pb::lease_request::Kind::Resume(pb::Resume {
+                lease_id: lease_id.to_owned(),
+                terms: Some(terms),
+            }),
+        )
+        .await;
+        self.answer(tag, &mut Vec::new()).await
+    }
+
+    pub async fn heartbeat(
+        &mut self,
+        tag: u64,
+    ) -> Result<Option<pb::lease_event::Kind>, tonic::Status> {
+        self.send(tag, pb::lease_request::Kind::Heartbeat(pb::Heartbeat {}))
+            .await;
+        self.next_event(tag).await
+    }
+
+    pub async fn attempt(
+        &mut self,
+        tag: u64,
+    ) -> Result<Option<pb::lease_event::Kind>, tonic::Status> {
+        self.send(tag, pb::lease_request::Kind::Attempt(pb::Attempt {}))
+            .await;
+        self.next_event(tag).await
+    }
+
+    /// Releases on `tag`; the answer (`Released` expected), its `End` read.
+    pub async fn release(
+        &mut self,
+        tag: u64,
+    ) -> Result<Option<pb::lease_event::Kind>, tonic::Status> {
+        self.send(
+            tag,
+            pb::lease_request::Kind::Release(pb::Release {
+                spend_usd: 0.0,
+                tokens: 0,
+            }),
+        )
+        .await;
+        let answer = self.next_event(tag).await;
+        if matches!(answer, Ok(Some(_)) | Err(_)) {
+            self.finish(tag).await;
+        }
+        answer
+    }
+
+    /// The holder goes away: both directions of the channel dropped at once.
+    pub fn drop_channel(&mut self) {
+        self.sender.take();
+        self.events.take();
+    }
+
+    /// Ends the holder's side of the whole channel (half close), still reading.
+    pub fn half_close(&mut self) {
+        self.sender.take();
     }
 }

@@ -48,6 +48,7 @@ use async_trait::async_trait;
 use poolgate_core::lease::{
     Denial, DenyReason, LeaseId, LeaseTerms, LostReason, Renewal, Resumption,
 };
+use poolgate_core::status::AdmissionReport;
 use poolgate_core::{AccountId, millis};
 use poolgate_runtime::error::BackendError;
 
@@ -429,6 +430,28 @@ impl LeaseBackend for PolicyBackend {
             self.fallback.inflight(account_ids),
         )
         .await
+    }
+
+    async fn usage(
+        &self,
+        account_ids: &[AccountId],
+        rpm_window_ms: u64,
+        session_window_ms: u64,
+    ) -> Result<Vec<(u32, i64)>, BackendError> {
+        // A read for operators: it never switches the replica to its fallback.
+        if self.is_degraded() {
+            return self
+                .fallback
+                .usage(account_ids, rpm_window_ms, session_window_ms)
+                .await;
+        }
+        self.redis
+            .usage(account_ids, rpm_window_ms, session_window_ms)
+            .await
+    }
+
+    async fn admission_status(&self) -> AdmissionReport {
+        self.redis.admission_status().await
     }
 
     async fn key_inflight(&self, api_key_ids: &[i64]) -> Result<Vec<u32>, BackendError> {

@@ -1,12 +1,15 @@
 //! The replica registry: this replica's heartbeat (which doubles as the Redis probe while
-//! degraded, and recovers when it answers) and the view of the live replicas it reads.
+//! degraded, and recovers when it answers), with its report of itself (failure policy, degraded
+//! or not: the operator's status view reads it), and the view of the live replicas it reads.
 
 use std::sync::atomic::Ordering;
 
 use poolgate_core::millis;
+use poolgate_core::status::AdmissionPolicy;
 use poolgate_runtime::error::BackendError;
 
-use super::PolicyBackend;
+use super::{FailurePolicy, PolicyBackend};
+use crate::redis_backend::OwnReport;
 
 #[derive(Debug, Clone, Copy)]
 pub(super) struct RegistryView {
@@ -26,7 +29,18 @@ impl PolicyBackend {
     /// `registry_interval` by the server.
     pub async fn tick(&self) {
         let ttl = millis(self.settings.registry_ttl);
-        match self.redis.registry_heartbeat(&self.member, ttl).await {
+        // The state before this heartbeat: a degraded replica that recovers below reports ok
+        // with its next heartbeat, one interval later. A replica that cannot reach Redis writes
+        // nothing; its entry goes stale, which readers show as unknown.
+        let report = OwnReport {
+            policy: self.report_policy(),
+            degraded: self.is_degraded(),
+        };
+        match self
+            .redis
+            .registry_heartbeat(&self.member, ttl, report)
+            .await
+        {
             Ok(members) => {
                 self.registry_timeouts.store(0, Ordering::SeqCst);
                 let rank = members
@@ -56,6 +70,15 @@ impl PolicyBackend {
                 self.registry_timeouts.store(0, Ordering::SeqCst);
                 self.enter_degraded("registry", &error).await
             }
+        }
+    }
+
+    /// The policy as the registry's reports name it.
+    fn report_policy(&self) -> AdmissionPolicy {
+        match self.settings.policy {
+            FailurePolicy::Open => AdmissionPolicy::Open,
+            FailurePolicy::Divided => AdmissionPolicy::Divided,
+            FailurePolicy::Closed => AdmissionPolicy::Closed,
         }
     }
 

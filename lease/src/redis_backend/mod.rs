@@ -20,12 +20,14 @@ use poolgate_core::AccountId;
 use poolgate_core::lease::{
     Denial, DenyReason, LeaseId, LeaseTerms, LostReason, Renewal, Resumption,
 };
+use poolgate_core::status::AdmissionReport;
 use poolgate_runtime::clock::RedisClock;
 use poolgate_runtime::error::BackendError;
 use poolgate_runtime::keys::{self, AccountKeys, ClientKeyKeys};
 use poolgate_runtime::redis::RedisHandle;
 
 use crate::backend::{AcquireLimits, KeyCharge, KeyGate, LeaseBackend};
+pub use registry::{OwnReport, REPORTS_KEPT_MS};
 use scripts::Scripts;
 
 /// LeaseEngine state in Redis.
@@ -186,6 +188,66 @@ impl RedisBackend {
         }
         let mut conn = self.redis.conn().await?;
         self.redis.bounded(pipeline.query_async(&mut conn)).await
+    }
+
+    /// One account's usage reads: its RPM events since `since`, its session window's spend. The
+    /// window hash expires with the window (`record_spend.lua`), so a present one is current.
+    fn add_usage_reads(pipeline: &mut redis::Pipeline, id: AccountId, since: i64) {
+        let keys = AccountKeys::new(id);
+        pipeline
+            .cmd("ZCOUNT")
+            .arg(&keys.rpm)
+            .arg(since)
+            .arg("+inf")
+            .cmd("HGET")
+            .arg(&keys.window)
+            .arg("spend");
+    }
+
+    /// [`LeaseBackend::usage`]: one pipeline on one node; on a Cluster, one per account (each
+    /// account's keys share a slot), sent concurrently.
+    async fn read_usage(
+        &self,
+        account_ids: &[AccountId],
+        rpm_window_ms: u64,
+    ) -> Result<Vec<(u32, i64)>, BackendError> {
+        if account_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let since = self
+            .redis_now()
+            .await?
+            .saturating_sub(i64::try_from(rpm_window_ms).unwrap_or(i64::MAX));
+        let read = |(rpm, spend): (u32, Option<i64>)| (rpm, spend.unwrap_or(0).max(0));
+        if self.redis.is_cluster() {
+            let reads = account_ids.iter().map(|&id| async move {
+                let mut pipeline = redis::pipe();
+                Self::add_usage_reads(&mut pipeline, id, since);
+                let mut conn = self.redis.conn().await?;
+                let one: (u32, Option<i64>) =
+                    self.redis.bounded(pipeline.query_async(&mut conn)).await?;
+                Ok::<_, BackendError>(read(one))
+            });
+            return futures_util::future::try_join_all(reads).await;
+        }
+        let mut pipeline = redis::pipe();
+        for &id in account_ids {
+            Self::add_usage_reads(&mut pipeline, id, since);
+        }
+        let mut conn = self.redis.conn().await?;
+        let flat: Vec<redis::Value> = self.redis.bounded(pipeline.query_async(&mut conn)).await?;
+        if flat.len() != 2 * account_ids.len() {
+            return Err(BackendError::Failed(
+                "usage reply has the wrong length".into(),
+            ));
+        }
+        flat.chunks(2)
+            .map(|pair| {
+                redis::from_redis_value::<(u32, Option<i64>)>(redis::Value::Array(pair.to_vec()))
+                    .map(read)
+                    .map_err(|e| BackendError::Failed(format!("usage reply: {e}")))
+            })
+            .collect()
     }
 }
 
@@ -561,6 +623,25 @@ impl LeaseBackend for RedisBackend {
             .map(|&id| AccountKeys::new(id).leases)
             .collect();
         self.live_counts(&leases).await
+    }
+
+    async fn usage(
+        &self,
+        account_ids: &[AccountId],
+        rpm_window_ms: u64,
+        _session_window_ms: u64,
+    ) -> Result<Vec<(u32, i64)>, BackendError> {
+        self.read_usage(account_ids, rpm_window_ms).await
+    }
+
+    async fn admission_status(&self) -> AdmissionReport {
+        match self.registry_reports().await {
+            Ok(report) => report,
+            Err(error) => {
+                tracing::debug!(%error, "the replica registry could not be read");
+                AdmissionReport::unknown()
+            }
+        }
     }
 
     async fn key_inflight(&self, api_key_ids: &[i64]) -> Result<Vec<u32>, BackendError> {

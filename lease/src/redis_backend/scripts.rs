@@ -7,13 +7,17 @@
 use poolgate_runtime::clock::TIME_PRELUDE;
 use redis::Script;
 
-/// Shared Lua prelude (after the clock's): a PEXPIRE that only ever lengthens, the RPM check,
-/// the session-window spend.
+/// Shared Lua prelude (after the clock's): `extend`, which makes a key live at least `ms` more
+/// (with slack: twice that, set only when `PTTL` says less is left, so most calls are one
+/// read-only command; a key's expiry is garbage collection, never a decision), the RPM check, the
+/// session-window spend.
 const PRELUDE: &str = include_str!("scripts/prelude.lua");
 
 /// Shared by the lease scripts: whether a lease is live, and whether its release fence is up.
 /// The fence (KEYS `released`: member = lease id, score = fence expiry) is raised by every
-/// release path, so no heartbeat or resume brings a released lease back.
+/// release path, so no heartbeat or resume brings a released lease back. Raising one prunes the
+/// set's expired fences on about one call in eight (`now % 8 == 0`): an expired fence reads as
+/// down whether it is pruned or not, and the set stays bounded by the fences of a few periods.
 const LEASE_PRELUDE: &str = include_str!("scripts/lease_prelude.lua");
 
 /// Shared by the scripts that gate and charge a client key (`ClientKeyKeys`, 8 KEYS from index k:
@@ -104,8 +108,14 @@ const REGISTER_WAITER: &str = include_str!("scripts/register_waiter.lua");
 /// Writes back what a replica admitted on its own while Redis was away.
 const RESTORE: &str = include_str!("scripts/restore.lua");
 
-/// KEYS: registry. ARGV: member, ttl ms. Heartbeats this replica and returns the live members.
+/// KEYS: registry, reports. ARGV: member, ttl ms, report (`<policy>|<state>`), reports kept ms.
+/// Heartbeats this replica, writes its report stamped with `now` (`|<now>`), drops reports not
+/// written for longer than kept, and returns the live members.
 const REGISTRY_HEARTBEAT: &str = include_str!("scripts/registry_heartbeat.lua");
+
+/// KEYS: registry, reports. Returns {members with their expiry (`WITHSCORES`), the reports
+/// (`HGETALL`), now}. Reads only.
+const REGISTRY_READ: &str = include_str!("scripts/registry_read.lua");
 
 /// The scripts, hashed once.
 pub(super) struct Scripts {
@@ -120,6 +130,7 @@ pub(super) struct Scripts {
     pub(super) register_waiter: Script,
     pub(super) restore: Script,
     pub(super) registry_heartbeat: Script,
+    pub(super) registry_read: Script,
     pub(super) key_acquire: Script,
     pub(super) key_release: Script,
     pub(super) key_orphan: Script,
@@ -153,6 +164,7 @@ impl Scripts {
             register_waiter: script(REGISTER_WAITER),
             restore: script(RESTORE),
             registry_heartbeat: script(REGISTRY_HEARTBEAT),
+            registry_read: script(REGISTRY_READ),
             key_acquire: keyed_script(KEY_ACQUIRE),
             key_release: keyed_script(KEY_RELEASE),
             key_orphan: lease_script(KEY_ORPHAN),

@@ -1,11 +1,11 @@
-//! Admission's messages: the lease stream (acquire, resume and the rest; the events back),
-//! lease terms, denials and waits.
+//! Admission's messages: the lease stream (acquire, resume and the rest; the events back), the
+//! lease channel's tagged messages, lease terms, denials and waits.
 
 use std::time::Duration;
 
 use poolgate_core::lease::{
-    ClientMessage, Denial, DenyReason, KeyLimits, LeaseEvent, LeaseId, LeaseTerms, MAX_WAIT,
-    UserLimit,
+    ChannelRequest, ChannelTag, ClientMessage, Denial, DenyReason, KeyLimits, LeaseEvent, LeaseId,
+    LeaseTerms, MAX_WAIT, UserLimit,
 };
 use poolgate_core::money::micros_to_usd;
 use poolgate_core::{MAX_NAME_BYTES, millis};
@@ -68,6 +68,58 @@ impl TryFrom<apb::LeaseRequest> for ClientMessage {
                 tokens: release.tokens,
             }),
         }
+    }
+}
+
+/// A lease channel message: its tag, and what it asks of that conversation. The outer error is
+/// a malformed channel message (tag 0, no kind: the whole channel fails); the inner one is bad
+/// input in the conversation's own request (only that conversation ends with it), its field
+/// named as on a lease stream.
+#[allow(clippy::type_complexity)]
+pub fn channel_request(
+    request: apb::ChannelRequest,
+) -> Result<(ChannelTag, Result<ChannelRequest, ConvertError>), ConvertError> {
+    use apb::channel_request::Kind;
+    let tag = ChannelTag::new(request.tag)
+        .ok_or_else(|| ConvertError::new("tag", "must be > 0 (the holder's conversation tag)"))?;
+    let asked = match request.kind {
+        None => {
+            return Err(ConvertError::new(
+                "kind",
+                "a channel request must set one of request, close",
+            ));
+        }
+        Some(Kind::Close(_)) => Ok(ChannelRequest::Close),
+        Some(Kind::Request(request)) => {
+            ClientMessage::try_from(request).map(ChannelRequest::Message)
+        }
+    };
+    Ok((tag, asked))
+}
+
+/// One conversation's event on a lease channel.
+pub fn channel_event(tag: ChannelTag, event: LeaseEvent) -> apb::ChannelEvent {
+    tagged(tag, apb::channel_event::Kind::Event(event.into()))
+}
+
+/// One conversation's failure on a lease channel: `code` is the gRPC status code a lease stream
+/// would have ended with.
+pub fn channel_error(tag: ChannelTag, code: i32, message: String) -> apb::ChannelEvent {
+    tagged(
+        tag,
+        apb::channel_event::Kind::Error(apb::ChannelError { code, message }),
+    )
+}
+
+/// The end of one conversation on a lease channel: its tag may be reused.
+pub fn channel_end(tag: ChannelTag) -> apb::ChannelEvent {
+    tagged(tag, apb::channel_event::Kind::End(apb::ChannelEnd {}))
+}
+
+fn tagged(tag: ChannelTag, kind: apb::channel_event::Kind) -> apb::ChannelEvent {
+    apb::ChannelEvent {
+        tag: tag.get(),
+        kind: Some(kind),
     }
 }
 

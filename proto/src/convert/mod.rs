@@ -256,15 +256,19 @@ pub fn account_id(field: &'static str, id: i64) -> Result<i64, ConvertError> {
 pub mod keys;
 mod lease;
 mod selection;
+mod status;
 #[cfg(test)]
 mod tests;
 mod windows;
 
-pub use lease::{lease_id, wait, wait_ms};
+pub use lease::{
+    channel_end, channel_error, channel_event, channel_request, lease_id, wait, wait_ms,
+};
 pub use selection::{
     MAX_WINDOW_ACCOUNTS, MAX_WINDOW_READINGS, read_report_answer, read_windows_request,
     report_answer, windows_request,
 };
+pub use status::{read_status_answer, status_answer};
 pub use windows::{
     AccountReadings, WindowsAnswer, read_windows_answer, read_windows_query, windows_answer,
     windows_query,

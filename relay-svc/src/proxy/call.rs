@@ -21,7 +21,7 @@ use tokio::sync::watch;
 
 use super::finish::Finish;
 use super::request::response_headers;
-use super::{Answer, Body, Called, Inbound, Relay};
+use super::{Answer, Body, Called, Inbound, Relay, UpstreamTime};
 use crate::client_api::{Api, ErrorKind, RelayError};
 use crate::ports::{Lease, PlannedAccount};
 use crate::usage::{StreamFold, whole_answer};
@@ -37,6 +37,8 @@ pub(super) struct Answered<S> {
     pub(super) lost: Option<watch::Receiver<bool>>,
     /// When the upstream request went out.
     pub(super) sent: Instant,
+    /// The body's length, when the upstream stated it.
+    pub(super) length: Option<usize>,
 }
 
 impl Called {
@@ -147,6 +149,7 @@ impl Relay {
         account: &PlannedAccount,
         lease: Box<dyn Lease>,
         started: Instant,
+        upstream: &mut UpstreamTime,
     ) -> Called {
         let sent = Instant::now();
         // Until the first byte reaches the client, a lease admission says is gone (released by
@@ -154,8 +157,14 @@ impl Relay {
         let mut lost = lease.lost();
         let answered = tokio::select! {
             answered = self.upstream_request(inbound, account).send() => answered,
-            _ = gone(&mut lost) => return Called::LeaseLost(lease),
+            _ = gone(&mut lost) => {
+                upstream.ended(sent);
+                return Called::LeaseLost(lease);
+            }
         };
+        if answered.is_err() {
+            upstream.ended(sent);
+        }
         let response = match answered {
             Ok(response) => response,
             // Only a failed connection is known to have carried nothing of the request; a
@@ -184,6 +193,7 @@ impl Relay {
         }
         if !status.is_success() {
             let body = read_bounded(response, self.settings.max_body_bytes).await;
+            upstream.ended(sent);
             let classified = classify(
                 status.as_u16(),
                 &headers,
@@ -217,12 +227,14 @@ impl Relay {
             lease,
             lost,
             sent,
+            length,
         };
         if !is_sse || fold {
-            self.serve_whole(inbound, account, answered, started, fold, length)
+            self.serve_whole(inbound, account, answered, started, fold, upstream)
                 .await
         } else {
-            self.serve_stream(inbound, account, answered, started).await
+            self.serve_stream(inbound, account, answered, started, upstream)
+                .await
         }
     }
 
@@ -234,7 +246,7 @@ impl Relay {
         answered: Answered<S>,
         started: Instant,
         fold: bool,
-        length: Option<usize>,
+        upstream_time: &mut UpstreamTime,
     ) -> Called
     where
         S: Stream<Item = reqwest::Result<Bytes>> + Unpin,
@@ -246,6 +258,7 @@ impl Relay {
             lease,
             mut lost,
             sent,
+            length,
         } = answered;
         // A JSON answer is kept as its bytes (room for it taken once, from its length); a folded
         // stream keeps only its event in progress and the response it folds to.
@@ -260,7 +273,10 @@ impl Relay {
         loop {
             let chunk = tokio::select! {
                 chunk = upstream.next() => chunk,
-                _ = gone(&mut lost) => return Called::LeaseLost(lease),
+                _ = gone(&mut lost) => {
+                    upstream_time.ended(sent);
+                    return Called::LeaseLost(lease);
+                }
             };
             match chunk {
                 None => break,
@@ -272,6 +288,7 @@ impl Relay {
                     }
                 }
                 Some(_) => {
+                    upstream_time.ended(sent);
                     return Called::network_failure(
                         lease,
                         inbound.api,
@@ -280,6 +297,7 @@ impl Relay {
                 }
             }
         }
+        upstream_time.ended(sent);
         if let Some(folding) = folding {
             match folding.finish() {
                 Ok(response) => {

@@ -219,10 +219,33 @@ impl Relay {
         })
     }
 
-    /// Runs the request to its answer.
+    /// Runs the request to its answer; one that reached an upstream is timed in
+    /// `relay_added_seconds` (all of its time here but its upstream calls).
     pub async fn run(self: Arc<Self>, inbound: Inbound) -> Answer {
-        let api = inbound.api;
         let started = Instant::now();
+        let platform = inbound.api.platform();
+        let mut upstream = UpstreamTime::default();
+        let answer = self
+            .clone()
+            .plan_and_call(inbound, started, &mut upstream)
+            .await;
+        if upstream.calls > 0 {
+            self.metrics.added_latency(
+                platform.as_str(),
+                started.elapsed().saturating_sub(upstream.spent),
+            );
+        }
+        answer
+    }
+
+    /// select → lease → call → fail over, to the answer.
+    async fn plan_and_call(
+        self: Arc<Self>,
+        inbound: Inbound,
+        started: Instant,
+        upstream: &mut UpstreamTime,
+    ) -> Answer {
+        let api = inbound.api;
         let deadline = started + self.settings.max_wait;
         let mut exclude: Vec<i64> = Vec::new();
         let mut failures = 0u32;
@@ -377,7 +400,7 @@ impl Relay {
             user_charged = true;
             match self
                 .clone()
-                .call_with_retries(&inbound, &account, lease, started)
+                .call_with_retries(&inbound, &account, lease, started, upstream)
                 .await
             {
                 Called::Served(answer) => return answer,
@@ -544,10 +567,15 @@ impl Relay {
         account: &PlannedAccount,
         mut lease: Box<dyn Lease>,
         started: Instant,
+        upstream: &mut UpstreamTime,
     ) -> Called {
         let mut retries = 0;
         loop {
-            match self.clone().call(inbound, account, lease, started).await {
+            match self
+                .clone()
+                .call(inbound, account, lease, started, upstream)
+                .await
+            {
                 Called::Failed {
                     classified,
                     status,
@@ -577,6 +605,23 @@ impl Relay {
                 other => return other,
             }
         }
+    }
+}
+
+/// The time one request spent in upstream calls; `relay_added_seconds` is the rest of its time
+/// in the relay (docs/METRICS.md).
+#[derive(Debug, Default)]
+struct UpstreamTime {
+    spent: Duration,
+    calls: u32,
+}
+
+impl UpstreamTime {
+    /// An upstream call sent at `sent` is over as far as the relay waits on it: its failure, its
+    /// error answer read, a streamed answer's first byte, or a whole answer's last byte.
+    fn ended(&mut self, sent: Instant) {
+        self.spent += sent.elapsed();
+        self.calls += 1;
     }
 }
 

@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 use super::call::{Answered, gone};
 use super::finish::Finish;
 use super::request::asks_stream_usage;
-use super::{Answer, Body, Called, Inbound, Relay};
+use super::{Answer, Body, Called, Inbound, Relay, UpstreamTime};
 use crate::client_api::{Api, ErrorKind, RelayError};
 use crate::ports::{Lease, PlannedAccount};
 use crate::usage::{ChatUsageStripper, SseScanner};
@@ -29,6 +29,7 @@ impl Relay {
         account: &PlannedAccount,
         answered: Answered<S>,
         started: Instant,
+        upstream_time: &mut UpstreamTime,
     ) -> Called
     where
         S: Stream<Item = reqwest::Result<Bytes>> + Unpin + Send + 'static,
@@ -40,11 +41,16 @@ impl Relay {
             lease,
             mut lost,
             sent,
+            ..
         } = answered;
         let first = tokio::select! {
             first = upstream.next() => first,
-            _ = gone(&mut lost) => return Called::LeaseLost(lease),
+            _ = gone(&mut lost) => {
+                upstream_time.ended(sent);
+                return Called::LeaseLost(lease);
+            }
         };
+        upstream_time.ended(sent);
         let Some(Ok(first)) = first else {
             return Called::network_failure(
                 lease,

@@ -1,11 +1,11 @@
 //! A gRPC channel balanced over every replica of an endpoint: DNS names resolved again every few
 //! seconds, every replica probed each second, TLS and client identity from [`GrpcClient`].
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tonic::transport::channel::Change;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
@@ -62,10 +62,23 @@ pub fn balanced_channel(
     endpoints: &[String],
     client: &GrpcClient,
 ) -> Result<Channel, ChannelError> {
+    balanced_channel_with_replicas(endpoints, client).map(|(channel, _)| channel)
+}
+
+/// The replicas a balanced channel spreads over, by key (`scheme://address`), as its watchers
+/// keep them: the lease channels open their own connection to each.
+pub type ReplicaSet = watch::Receiver<BTreeMap<String, Endpoint>>;
+
+/// [`balanced_channel`], and the replicas it balances over.
+pub fn balanced_channel_with_replicas(
+    endpoints: &[String],
+    client: &GrpcClient,
+) -> Result<(Channel, ReplicaSet), ChannelError> {
     if endpoints.is_empty() {
         return Err(ChannelError::NoEndpoints);
     }
     let (channel, changes) = Channel::balance_channel::<String>(64);
+    let (published, replica_set) = watch::channel(BTreeMap::new());
     for url in endpoints {
         let bad = |reason: String| ChannelError::BadEndpoint {
             url: url.clone(),
@@ -100,9 +113,13 @@ pub fn balanced_channel(
             // Usable at once; the watcher takes it out if it does not answer.
             let address = SocketAddr::new(ip, port);
             let key = format!("{scheme}://{address}");
+            let endpoint = endpoint(&key, tls.as_ref())?;
             changes
-                .try_send(Change::Insert(key.clone(), endpoint(&key, tls.as_ref())?))
+                .try_send(Change::Insert(key.clone(), endpoint.clone()))
                 .map_err(|_| ChannelError::QueueFull)?;
+            published.send_modify(|replicas| {
+                replicas.insert(key, endpoint);
+            });
             current.insert(address);
         }
         tokio::spawn(watch_replicas(
@@ -114,9 +131,10 @@ pub fn balanced_channel(
             },
             current,
             changes.clone(),
+            published.clone(),
         ));
     }
-    Ok(channel)
+    Ok((channel, replica_set))
 }
 
 struct Replicas {
@@ -148,12 +166,14 @@ async fn accepts_connections(address: SocketAddr) -> bool {
     )
 }
 
-/// Keeps the balancer's endpoints equal to the replicas that resolve and accept connections (all
-/// that resolve when none does, so calls fail with an error rather than wait for a replica).
+/// Keeps the balancer's endpoints (and the published replica set) equal to the replicas that
+/// resolve and accept connections (all that resolve when none does, so calls fail with an error
+/// rather than wait for a replica).
 async fn watch_replicas(
     replicas: Replicas,
     mut current: HashSet<SocketAddr>,
     changes: mpsc::Sender<Change<String, Endpoint>>,
+    published: watch::Sender<BTreeMap<String, Endpoint>>,
 ) {
     let mut resolved: Vec<SocketAddr> = current.iter().copied().collect();
     let mut resolved_at: Option<tokio::time::Instant> = None;
@@ -185,20 +205,23 @@ async fn watch_replicas(
             live
         };
         for gone in current.difference(&wanted) {
-            if changes
-                .send(Change::Remove(replicas.key(gone)))
-                .await
-                .is_err()
-            {
+            let key = replicas.key(gone);
+            published.send_modify(|published| {
+                published.remove(&key);
+            });
+            if changes.send(Change::Remove(key)).await.is_err() {
                 return;
             }
         }
         for new in wanted.difference(&current) {
             let key = replicas.key(new);
-            if let Ok(endpoint) = endpoint(&key, replicas.tls.as_ref())
-                && changes.send(Change::Insert(key, endpoint)).await.is_err()
-            {
-                return;
+            if let Ok(endpoint) = endpoint(&key, replicas.tls.as_ref()) {
+                published.send_modify(|published| {
+                    published.insert(key.clone(), endpoint.clone());
+                });
+                if changes.send(Change::Insert(key, endpoint)).await.is_err() {
+                    return;
+                }
             }
         }
         if wanted != current {
@@ -210,7 +233,7 @@ async fn watch_replicas(
 }
 
 /// How the relay reaches and authenticates to the selector and admission.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct GrpcClient {
     /// PEM CA of their certificates (for `https://` endpoints).
     pub tls_ca: Option<Vec<u8>>,
@@ -218,4 +241,20 @@ pub struct GrpcClient {
     pub tls_identity: Option<(Vec<u8>, Vec<u8>)>,
     /// Sent in `x-poolgate-service-token` on every call.
     pub service_token: Option<String>,
+    /// Lease channels toward admission (`--lease-channels`); 0: one `Lease` stream per lease.
+    pub lease_channels: usize,
+}
+
+/// The lease channels a relay opens toward admission unless told otherwise.
+pub const DEFAULT_LEASE_CHANNELS: usize = 4;
+
+impl Default for GrpcClient {
+    fn default() -> Self {
+        GrpcClient {
+            tls_ca: None,
+            tls_identity: None,
+            service_token: None,
+            lease_channels: DEFAULT_LEASE_CHANNELS,
+        }
+    }
 }

@@ -1,36 +1,34 @@
-//! The keeper of a granted lease: the task that owns its stream (heartbeats every ttl/3,
-//! attempts, release, `Resume` on another replica when the stream breaks) and the [`Lease`]
-//! handle the request holds, which talks to it by commands.
+//! The keeper of a granted lease: the task that owns its conversation (heartbeats every ttl/3,
+//! attempts, release, `Resume` on another replica when the conversation breaks), on a lease
+//! channel or a `Lease` stream alike, and the [`Lease`] handle the request holds, which talks to
+//! it by commands.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use poolgate_core::lease::{LeaseTerms, LostReason};
 use poolgate_proto::admission::v1 as apb;
-use poolgate_proto::admission::v1::admission_client::AdmissionClient;
 use poolgate_proto::convert::EnumField;
 use tokio::sync::{mpsc, oneshot, watch};
-use tokio_stream::StreamExt;
 
-use super::Traced;
-use super::leases::{Events, acquire_pb, message, open};
+use super::leases::{Events, Link, Requests, acquire_pb, message};
 use crate::metrics::Metrics;
 use crate::ports::{BackendError, Lease};
 
 /// Starts the keeper of a lease admission just granted on `events`; the returned handle is the
 /// holder's.
 pub(super) fn spawn(
-    client: AdmissionClient<Traced>,
+    link: Link,
     terms: LeaseTerms,
     granted: apb::Granted,
-    sender: mpsc::Sender<apb::LeaseRequest>,
+    sender: Requests,
     events: Events,
     metrics: Metrics,
 ) -> RemoteLease {
     let (commands, receiver) = mpsc::channel(4);
     let (lost, lost_signal) = watch::channel(false);
     let keeper = Keeper {
-        client,
+        link,
         terms,
         lease_id: granted.lease_id,
         ttl: Duration::from_millis(u64::from(granted.ttl_ms.max(300))),
@@ -50,9 +48,9 @@ enum Command {
     Release(f64, u64, oneshot::Sender<()>),
 }
 
-/// Owns one lease stream: heartbeats, attempts, release, and resume when it breaks.
+/// Owns one lease conversation: heartbeats, attempts, release, and resume when it breaks.
 struct Keeper {
-    client: AdmissionClient<Traced>,
+    link: Link,
     terms: LeaseTerms,
     lease_id: String,
     ttl: Duration,
@@ -62,12 +60,7 @@ struct Keeper {
 }
 
 impl Keeper {
-    async fn run(
-        self,
-        sender: mpsc::Sender<apb::LeaseRequest>,
-        events: Events,
-        mut commands: mpsc::Receiver<Command>,
-    ) {
+    async fn run(self, sender: Requests, events: Events, mut commands: mpsc::Receiver<Command>) {
         let mut stream = Some((sender, events));
         let mut heartbeat = tokio::time::interval(self.ttl / 3);
         heartbeat.tick().await;
@@ -81,6 +74,7 @@ impl Keeper {
                     Some(Command::Release(spend, tokens, reply)) => {
                         // No stream carried this release: the unary one keeps the spend.
                         let _ = self
+                            .link
                             .client
                             .clone()
                             .release(apb::ReleaseRequest {
@@ -139,14 +133,14 @@ impl Keeper {
                                 // the stream's `Lost` overtook, did not: the unary one carries it.
                                 let landed_maybe = sent && answer.is_none();
                                 let (spend_usd, tokens) = if landed_maybe { (0.0, 0) } else { (spend, tokens) };
-                                let _ = self.client.clone().release(apb::ReleaseRequest { lease_id: self.lease_id.clone(), spend_usd, tokens }).await;
+                                let _ = self.link.client.clone().release(apb::ReleaseRequest { lease_id: self.lease_id.clone(), spend_usd, tokens }).await;
                             }
                             let _ = reply.send(());
                             return;
                         }
                         Reply::Dropped => {
                             if !matches!(answer, Some(Answer::Accepted)) {
-                                let _ = self.client.clone().release(apb::ReleaseRequest { lease_id: self.lease_id.clone(), spend_usd: 0.0, tokens: 0 }).await;
+                                let _ = self.link.client.clone().release(apb::ReleaseRequest { lease_id: self.lease_id.clone(), spend_usd: 0.0, tokens: 0 }).await;
                             }
                             return;
                         }
@@ -182,7 +176,7 @@ impl Keeper {
     /// Admission answered `Lost`. A released lease, or one the backend lost with no room left
     /// for it, is not resumed (resuming would take a slot that went to someone else); the
     /// request finishes anyway. A backend outage is resumed elsewhere.
-    async fn lost(&self, lost_reason: i32) -> Option<(mpsc::Sender<apb::LeaseRequest>, Events)> {
+    async fn lost(&self, lost_reason: i32) -> Option<(Requests, Events)> {
         let reason = match LostReason::decode("lost.lost_reason", lost_reason) {
             Ok(reason) => reason,
             // An older admission sends no reason: the proto says it only ever meant an outage.
@@ -210,18 +204,18 @@ impl Keeper {
     /// Resumes the lease on any admission replica within the orphan grace; `None` when it cannot
     /// (the upstream call finishes anyway, counted in a metric). A released lease answers the
     /// resume with `Lost` (read as a refusal by `answer`).
-    async fn resume(&self) -> Option<(mpsc::Sender<apb::LeaseRequest>, Events)> {
+    async fn resume(&self) -> Option<(Requests, Events)> {
         // Within half the ttl: the lease outlives its broken stream by the orphan grace (or the
         // ttl since the last heartbeat); a replica that just died takes a moment to be skipped.
         let give_up = tokio::time::Instant::now() + self.ttl / 2;
         let mut attempt = 0u64;
         while tokio::time::Instant::now() < give_up {
             attempt += 1;
-            let resume = apb::lease_request::Kind::Resume(apb::Resume {
+            let resume = apb::Resume {
                 lease_id: self.lease_id.clone(),
                 terms: Some(acquire_pb(&self.terms, Duration::ZERO)),
-            });
-            match open(&self.client, resume).await {
+            };
+            match self.link.resume(resume).await {
                 Ok((sender, events, Ok(_))) => {
                     tracing::info!(lease_id = %self.lease_id, "lease resumed after its stream broke");
                     self.metrics.leases_resumed.inc();

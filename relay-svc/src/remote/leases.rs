@@ -1,7 +1,10 @@
-//! [`Leases`] over admission's lease streams: each acquire on its own task (a caller that leaves
-//! withdraws it, never strands a lease), retried on another replica when its call breaks before
-//! the answer; a grant is handed to a [`keeper`](super::keeper) task.
+//! [`Leases`] over admission's lease conversations, on the [lease channels](super::channel) or
+//! one `Lease` stream each: each acquire on its own task (a caller that leaves withdraws it, never
+//! strands a lease), retried on another replica when its call breaks before the answer; a grant
+//! is handed to a [`keeper`](super::keeper) task. [`Requests`] and [`Events`] are a
+//! conversation's two halves, the same on both paths.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -13,8 +16,10 @@ use poolgate_rpc::service_auth::WithToken;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::Channel;
+use tonic::transport::{Channel, Endpoint};
 
+use super::balancer::ReplicaSet;
+use super::channel::{self, Channels, ResumePacer, Started};
 use super::keeper;
 use super::{Traced, traced};
 use crate::metrics::Metrics;
@@ -22,22 +27,135 @@ use crate::ports::{Acquired, BackendError, Leases};
 
 /// Admission over gRPC.
 pub struct RemoteLeases {
-    client: AdmissionClient<Traced>,
+    link: Link,
     metrics: Metrics,
 }
 
 impl RemoteLeases {
+    /// Leases over `channel` (balanced over `replicas`), `lease_channels` lease channels spread
+    /// over the replicas carrying them (0: one `Lease` stream each).
     pub fn new(
-        channel: WithToken<Channel>,
+        channel: Channel,
+        replicas: ReplicaSet,
+        token: Option<&str>,
         metrics: Metrics,
         grpc_metrics: &poolgate_rpc::grpc_metrics::GrpcMetrics,
+        lease_channels: usize,
     ) -> Self {
+        let client = AdmissionClient::new(traced(WithToken::new(channel, token), grpc_metrics));
+        let connect: channel::Connect = {
+            let (token, grpc_metrics) = (token.map(str::to_owned), grpc_metrics.clone());
+            Arc::new(move |endpoint: &Endpoint| {
+                let replica = WithToken::new(endpoint.connect_lazy(), token.as_deref());
+                AdmissionClient::new(traced(replica, &grpc_metrics))
+            })
+        };
         RemoteLeases {
-            client: AdmissionClient::new(traced(channel, grpc_metrics)),
+            link: Link {
+                channels: Channels::new(replicas, connect, lease_channels, metrics.clone())
+                    .map(Arc::new),
+                pacer: Arc::new(ResumePacer::new(metrics.clone())),
+                client,
+            },
             metrics,
         }
     }
 }
+
+#[cfg(test)]
+impl RemoteLeases {
+    pub(super) fn link_channels(&self) -> Option<&Channels> {
+        self.link.channels.as_deref()
+    }
+}
+
+/// How lease conversations reach admission: on the lease channels when there are some and
+/// admission serves them, else one `Lease` stream each; and the unary `Release`.
+#[derive(Clone)]
+pub(super) struct Link {
+    pub(super) client: AdmissionClient<Traced>,
+    channels: Option<Arc<Channels>>,
+    pacer: Arc<ResumePacer>,
+}
+
+/// The holder's half of a lease conversation.
+pub(super) enum Requests {
+    Stream(mpsc::Sender<apb::LeaseRequest>),
+    Channel(channel::Requests),
+}
+
+impl Requests {
+    pub(super) async fn send(&self, request: apb::LeaseRequest) -> Result<(), tonic::Status> {
+        match self {
+            Requests::Stream(sender) => sender
+                .send(request)
+                .await
+                .map_err(|_| tonic::Status::unavailable("lease stream closed")),
+            Requests::Channel(requests) => requests.send(request).await,
+        }
+    }
+}
+
+/// Admission's half of a lease conversation: its events until it ends (`None`) or fails.
+pub(super) enum Events {
+    Stream(tonic::Streaming<apb::LeaseEvent>),
+    Channel(channel::Events),
+}
+
+impl Events {
+    pub(super) async fn next(&mut self) -> Option<Result<apb::LeaseEvent, tonic::Status>> {
+        match self {
+            Events::Stream(events) => events.next().await,
+            Events::Channel(events) => events.next().await,
+        }
+    }
+}
+
+impl Link {
+    /// Starts a lease conversation whose first message is `first`.
+    async fn start(
+        &self,
+        first: apb::lease_request::Kind,
+    ) -> Result<(Requests, Events), tonic::Status> {
+        let first = match &self.channels {
+            Some(channels) => match channels.start(first).await? {
+                Started::On(requests, events) => {
+                    return Ok((Requests::Channel(requests), Events::Channel(events)));
+                }
+                Started::NotServed(first) => first,
+            },
+            None => first,
+        };
+        let (sender, receiver) = mpsc::channel(8);
+        sender
+            .send(message(first))
+            .await
+            .map_err(|_| tonic::Status::internal("lease stream closed"))?;
+        let events = self
+            .client
+            .clone()
+            .lease(ReceiverStream::new(receiver))
+            .await?
+            .into_inner();
+        Ok((Requests::Stream(sender), Events::Stream(events)))
+    }
+
+    /// Starts a conversation with `first` and reads until the answer.
+    async fn open(&self, first: apb::lease_request::Kind) -> Result<Opened, BackendError> {
+        let (requests, mut events) = self.start(first).await?;
+        let answer = answer(&mut events).await?;
+        Ok((requests, events, answer))
+    }
+
+    /// [`open`](Self::open) with a `Resume`, in its turn (see [`ResumePacer`]).
+    pub(super) async fn resume(&self, resume: apb::Resume) -> Result<Opened, BackendError> {
+        let _turn = self.pacer.admit().await;
+        self.open(apb::lease_request::Kind::Resume(resume)).await
+    }
+}
+
+/// A conversation with the answer to its first message.
+pub(super) type Opened = (Requests, Events, Result<apb::Granted, Denial>);
 
 /// The `Acquire` of `terms`, asking to wait up to `wait`.
 pub(super) fn acquire_pb(terms: &LeaseTerms, wait: Duration) -> apb::Acquire {
@@ -51,27 +169,7 @@ pub(super) fn message(kind: apb::lease_request::Kind) -> apb::LeaseRequest {
     apb::LeaseRequest { kind: Some(kind) }
 }
 
-pub(super) type Events = tonic::Streaming<apb::LeaseEvent>;
-
-/// Opens a lease stream whose first message is `first`.
-async fn start(
-    client: &AdmissionClient<Traced>,
-    first: apb::lease_request::Kind,
-) -> Result<(mpsc::Sender<apb::LeaseRequest>, Events), tonic::Status> {
-    let (sender, receiver) = mpsc::channel(8);
-    sender
-        .send(message(first))
-        .await
-        .map_err(|_| tonic::Status::internal("lease stream closed"))?;
-    let events = client
-        .clone()
-        .lease(ReceiverStream::new(receiver))
-        .await?
-        .into_inner();
-    Ok((sender, events))
-}
-
-/// Reads a lease stream until the answer to its first message (`Queued` events skipped). A
+/// Reads a lease conversation until the answer to its first message (`Queued` events skipped). A
 /// denial whose reason this relay cannot read is an error (it would otherwise be acted on as a
 /// guess: a user-RPM refusal taken for a full account fails over instead of answering 429).
 async fn answer(events: &mut Events) -> Result<Result<apb::Granted, Denial>, BackendError> {
@@ -106,36 +204,13 @@ async fn answer(events: &mut Events) -> Result<Result<apb::Granted, Denial>, Bac
     }
 }
 
-/// Opens a lease stream with `first` and reads until the answer.
-pub(super) async fn open(
-    client: &AdmissionClient<Traced>,
-    first: apb::lease_request::Kind,
-) -> Result<
-    (
-        mpsc::Sender<apb::LeaseRequest>,
-        Events,
-        Result<apb::Granted, Denial>,
-    ),
-    BackendError,
-> {
-    let (sender, mut events) = start(client, first).await?;
-    let answer = answer(&mut events).await?;
-    Ok((sender, events, answer))
-}
-
 #[async_trait]
 impl Leases for RemoteLeases {
     async fn acquire(&self, terms: LeaseTerms, wait: Duration) -> Result<Acquired, BackendError> {
         let (reply, answer) = oneshot::channel();
         // In the request's span, so the lease call carries its trace context.
         tokio::spawn(tracing::Instrument::instrument(
-            acquire_task(
-                self.client.clone(),
-                self.metrics.clone(),
-                terms,
-                wait,
-                reply,
-            ),
+            acquire_task(self.link.clone(), self.metrics.clone(), terms, wait, reply),
             tracing::Span::current(),
         ));
         answer
@@ -149,7 +224,9 @@ impl Leases for RemoteLeases {
 const ACQUIRE_RETRY_FOR: Duration = Duration::from_secs(2);
 
 /// A call that broke in transport, or a replica that could not reach its backend: another
-/// replica may answer. (A lease the broken call may have been granted is reaped at its TTL.)
+/// replica may answer. (A lease the broken call may have been granted is reaped at its TTL.) A
+/// lease channel holding as many conversations as admission allows on one (`RESOURCE_EXHAUSTED`)
+/// leaves the next try to the next channel.
 fn worth_another_replica(error: &BackendError) -> bool {
     matches!(
         error,
@@ -157,7 +234,8 @@ fn worth_another_replica(error: &BackendError) -> bool {
             code: tonic::Code::Unavailable
                 | tonic::Code::Unknown
                 | tonic::Code::Cancelled
-                | tonic::Code::Internal,
+                | tonic::Code::Internal
+                | tonic::Code::ResourceExhausted,
             ..
         }
     )
@@ -168,7 +246,7 @@ fn worth_another_replica(error: &BackendError) -> bool {
 /// once instead of waiting out the orphan grace. A call that breaks before its answer is tried
 /// again, on whichever replica the balanced channel picks, within the caller's wait.
 async fn acquire_task(
-    client: AdmissionClient<Traced>,
+    link: Link,
     metrics: Metrics,
     terms: LeaseTerms,
     wait: Duration,
@@ -183,7 +261,7 @@ async fn acquire_task(
         // Not raced with the caller's departure: once sent, the acquire must be answered (and
         // a grant released), or the lease would be left to the orphan grace.
         let first = apb::lease_request::Kind::Acquire(acquire_pb(&terms, left));
-        let error = match start(&client, first).await {
+        let error = match link.start(first).await {
             Err(status) => BackendError::from(status),
             Ok((sender, mut events)) => {
                 let answer = tokio::select! {
@@ -196,7 +274,7 @@ async fn acquire_task(
                 };
                 match answer {
                     Ok(Ok(granted)) => {
-                        let lease = keeper::spawn(client, terms, granted, sender, events, metrics);
+                        let lease = keeper::spawn(link, terms, granted, sender, events, metrics);
                         // A caller that left just now drops the lease with the unsent reply;
                         // the keeper sees its commands end and releases.
                         let _ = reply.send(Ok(Acquired::Granted(Box::new(lease))));
@@ -225,7 +303,7 @@ async fn acquire_task(
 
 /// Withdraws an unanswered acquire (`Release` before the answer): admission cancels the wait or
 /// releases what it granted meanwhile, and answers `Released`.
-async fn withdraw(sender: &mpsc::Sender<apb::LeaseRequest>, events: &mut Events) {
+async fn withdraw(sender: &Requests, events: &mut Events) {
     let release = apb::lease_request::Kind::Release(apb::Release {
         spend_usd: 0.0,
         tokens: 0,
@@ -255,7 +333,7 @@ mod tests {
     use tonic::{Request, Response, Status, Streaming};
 
     use super::*;
-    use crate::remote::{GrpcClient, balanced_channel};
+    use crate::remote::{GrpcClient, balanced_channel_with_replicas};
 
     /// An admission that denies every lease with `reason` as it is on the wire.
     struct Denying {
@@ -267,6 +345,15 @@ mod tests {
     #[tonic::async_trait]
     impl Admission for Denying {
         type LeaseStream = LeaseEvents;
+        type LeaseChannelStream =
+            Pin<Box<dyn Stream<Item = Result<apb::ChannelEvent, Status>> + Send>>;
+
+        async fn lease_channel(
+            &self,
+            _request: Request<Streaming<apb::ChannelRequest>>,
+        ) -> Result<Response<Self::LeaseChannelStream>, Status> {
+            Err(Status::unimplemented("not in this test"))
+        }
 
         async fn lease(
             &self,
@@ -315,9 +402,10 @@ mod tests {
         );
         let metrics = Metrics::new();
         let grpc_metrics = poolgate_rpc::grpc_metrics::GrpcMetrics::client(&metrics.registry);
-        let channel = balanced_channel(&[format!("http://{address}")], &GrpcClient::default())
-            .expect("channel");
-        let leases = RemoteLeases::new(WithToken::new(channel, None), metrics, &grpc_metrics);
+        let (channel, replicas) =
+            balanced_channel_with_replicas(&[format!("http://{address}")], &GrpcClient::default())
+                .expect("channel");
+        let leases = RemoteLeases::new(channel, replicas, None, metrics, &grpc_metrics, 0);
         let terms = LeaseTerms::try_from(apb::Acquire {
             account_id: 1,
             concurrency_limit: 1,

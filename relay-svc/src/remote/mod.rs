@@ -1,17 +1,23 @@
-//! The gRPC-client backends: the selector (with usage records batched) and admission (one lease
-//! per stream, heartbeats every ttl/3, `Resume` on another replica when a stream breaks, and the
-//! upstream call finishing anyway when that fails). Channels balance over every endpoint given.
+//! The gRPC-client backends: the selector (with usage records batched) and admission (leases
+//! multiplexed on a few lease channels, or one lease per stream with `--lease-channels 0` or an
+//! admission that does not serve the channel; heartbeats every ttl/3, `Resume` on another
+//! replica when a conversation breaks, and the upstream call finishing anyway when that fails).
+//! Channels balance over every endpoint given.
 //!
 //! - `balancer`: the balanced channel over every replica of an endpoint (resolved and probed).
 //! - `selection`: [`Selection`](crate::ports::Selection) over the selector, successes
 //!   coalesced, usage batched.
 //! - `leases`: [`Leases`](crate::ports::Leases) over admission: one acquire per task, retried
-//!   on another replica, withdrawn when the caller leaves.
-//! - `keeper`: the task that owns a granted lease's stream (heartbeats, attempts, release,
-//!   resume) and the [`Lease`](crate::ports::Lease) handle that talks to it.
+//!   on another replica, withdrawn when the caller leaves; a lease conversation's two halves,
+//!   the same on a channel and on a stream.
+//! - `channel`: the lease channel multiplexer (tags, one reader per channel, close on drop,
+//!   reopened after a break, the fallback to streams) and the resume pacer.
+//! - `keeper`: the task that owns a granted lease's conversation (heartbeats, attempts,
+//!   release, resume) and the [`Lease`](crate::ports::Lease) handle that talks to it.
 //! - `throttle`: a warning let through once per period.
 
 mod balancer;
+mod channel;
 mod keeper;
 mod leases;
 mod selection;
@@ -25,7 +31,10 @@ use tonic::transport::Channel;
 use crate::metrics::Metrics;
 use crate::ports::Backends;
 
-pub use balancer::{ChannelError, GrpcClient, balanced_channel};
+pub use balancer::{
+    ChannelError, DEFAULT_LEASE_CHANNELS, GrpcClient, ReplicaSet, balanced_channel,
+    balanced_channel_with_replicas,
+};
 pub use leases::RemoteLeases;
 pub use selection::RemoteSelection;
 
@@ -69,13 +78,15 @@ pub fn remote_backends(
         metrics.usage_lost.clone(),
         metrics.window_writes.clone(),
     );
+    let (channel, replicas) =
+        balanced_channel_with_replicas(admission, client).map_err(RemoteConfigError::Admission)?;
     let leases = RemoteLeases::new(
-        WithToken::new(
-            balanced_channel(admission, client).map_err(RemoteConfigError::Admission)?,
-            token,
-        ),
+        channel,
+        replicas,
+        token,
         metrics,
         &grpc_metrics,
+        client.lease_channels,
     );
     Ok((Arc::new(selection), Arc::new(leases)))
 }

@@ -97,6 +97,12 @@ pub fn build(
         Arc::downgrade(&selector),
         REFRESH_EVERY,
     ));
+    // The pool's status gauges (`selector_accounts`, `selector_group_eligible`), every few
+    // seconds until the engine is gone.
+    tokio::spawn(Selector::status_gauges_every(
+        Arc::downgrade(&selector),
+        poolgate_select::engine::STATUS_GAUGES_EVERY,
+    ));
     // The memory engine starts with no budget counter: each is set from the ledger before any
     // request can have finished (a request is charged when it ends), and never again (memory is
     // not flushed under a running relay).

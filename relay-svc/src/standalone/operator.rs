@@ -11,7 +11,8 @@ use poolgate_select::engine::{Selector, SelectorError};
 use poolgate_select::source::{AccountSource, MemorySource};
 
 use poolgate_operator::view::{
-    AccountRow, BlockRow, KeyRow, UsageRow, WindowRow, key_row, window_rows,
+    AccountRow, BlockRow, KeyRow, StatusView, UsageRow, WindowRow, key_row, status_view,
+    window_rows,
 };
 use poolgate_select::source::StoreError;
 
@@ -180,6 +181,15 @@ impl Operator for EngineOperator {
             .await
             .map_err(|e| AdminError::Unavailable(e.to_string()))?;
         Ok(key_row(&record, &self.key_usage(record.id).await?))
+    }
+
+    async fn status(&self) -> Result<StatusView, AdminError> {
+        let report = self
+            .selector
+            .status()
+            .await
+            .map_err(|e| AdminError::Unavailable(e.to_string()))?;
+        Ok(status_view(&report))
     }
 }
 
@@ -380,6 +390,79 @@ mod tests {
         drop(moved);
         let again = engines(&yaml(""), &state);
         assert!(!disabled(&again, "key-a"));
+    }
+
+    /// `GET /admin/status` over the in-process engines: the lease the lease engine holds and the
+    /// request it admitted this minute, the block the selection engine applied with its reason
+    /// and time left, admission as the in-process engine it is; nothing without the token.
+    #[tokio::test]
+    async fn the_status_shows_the_in_process_engines_leases_and_blocks() {
+        let scratch = poolgate_testkit::Scratch::new("admin-status").expect("scratch");
+        let state = scratch.path().join("state.json");
+        let relay = engines(
+            "accounts:\n  - {name: a, platform: anthropic, base_url: \"http://127.0.0.1:9\", \
+             api_key: sk-ant-a-0123456789wxyz, concurrency: 3, rpm: 60, session_window_usd: 5}\n  \
+             - {name: b, platform: anthropic, base_url: \"http://127.0.0.1:9\", \
+             api_key: sk-ant-b-0123456789vxyz}\n",
+            &state,
+        );
+        let terms = poolgate_core::lease::LeaseTerms {
+            account_id: 1,
+            concurrency_limit: 3,
+            rpm_limit: 60,
+            user: None,
+            session_hash: None,
+            session_window_limit_micros: 5_000_000,
+            session_bound: false,
+            ignore_cooldown: false,
+            key: None,
+        };
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let held = relay
+            .admission
+            .acquire(&terms, std::time::Duration::from_secs(1), &cancel, |_| {})
+            .await
+            .expect("the engine answers");
+        assert!(matches!(held, poolgate_lease::AcquireOutcome::Granted(_)));
+        let exhausted = poolgate_core::classify::Classified {
+            class: poolgate_core::outcome::OutcomeClass::WindowExhausted,
+            reset_at_ms: Some(poolgate_core::now_ms() + 60_000),
+            label: "429",
+        };
+        relay
+            .selection
+            .report(2, exhausted, 429, "usage window used up")
+            .await;
+
+        let (status, _) = call(&relay, "GET", "/admin/status", "wrong").await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        let (status, answer) = call(&relay, "GET", "/admin/status", TOKEN).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        let view = &answer["status"];
+        assert_eq!(
+            (&view["failure_policy"], &view["admission"]),
+            (&"memory".into(), &"ok".into())
+        );
+        let a = &view["accounts"][0];
+        assert_eq!(
+            (&a["name"], &a["status"], &a["leases"], &a["rpm_used"]),
+            (&"a".into(), &"active".into(), &1.into(), &1.into())
+        );
+        assert_eq!(a["session_spend_usd"], 0.0);
+        assert_eq!(a["credential_masked"], "…wxyz");
+        let b = &view["accounts"][1];
+        assert_eq!(b["status"], "hard_blocked");
+        assert_eq!(
+            b["block_reason"],
+            "hard window_exhausted 429: usage window used up"
+        );
+        let left = b["block_left_ms"].as_u64().expect("time left");
+        assert!(left > 0 && left <= 60_000, "{left}");
+        assert_eq!(
+            b["rpm_used"],
+            serde_json::Value::Null,
+            "no RPM limit: not counted"
+        );
     }
 
     /// `--budget-time-zone Asia/Tokyo`: the key's usage per period (the admin list, the

@@ -7,9 +7,10 @@
 //! `select.rs` (plans: candidates, load reads, ordering, half-open checks), `report.rs`
 //! (outcomes, and the bounded wait of an OAuth refusal), `bindings.rs` (sticky sessions and
 //! response bindings), `admin.rs` (client-key checks and the operator's reads and actions),
-//! `windows.rs` (the usage windows' intake).
+//! `windows.rs` (the usage windows' intake), `status.rs` (the pool's status gauges, every few
+//! seconds).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -33,6 +34,7 @@ mod bindings;
 mod keys;
 mod report;
 mod select;
+mod status;
 mod usage;
 mod windows;
 
@@ -40,6 +42,7 @@ pub use poolgate_core::plan::{Plan, PlannedAccount};
 pub(crate) use report::apply_broken;
 pub use report::{Applied, Reported};
 pub use select::SelectQuery;
+pub use status::{GroupStatus, STATUS_GAUGES_EVERY};
 pub use usage::{MAX_MODEL_BYTES, MAX_USAGE_RECORDS};
 pub use windows::MAX_WINDOW_READINGS;
 
@@ -136,6 +139,9 @@ pub struct Selector {
     windows_fetch: tokio::sync::Mutex<()>,
     /// When each group's window gauges were last set.
     window_gauges_at: Mutex<HashMap<String, tokio::time::Instant>>,
+    /// The groups the status gauges were last set for (`status.rs`): a group gone from the
+    /// config loses its series.
+    status_groups: Mutex<HashSet<String>>,
     metrics: Metrics,
     /// The confirmation probe holds a lease from it like any request.
     admission: Arc<dyn ProbeLeases>,
@@ -184,6 +190,7 @@ impl Selector {
             windows_cache: Mutex::new(HashMap::new()),
             windows_fetch: tokio::sync::Mutex::new(()),
             window_gauges_at: Mutex::new(HashMap::new()),
+            status_groups: Mutex::new(HashSet::new()),
             metrics,
         }
     }

@@ -171,6 +171,13 @@ impl Selector {
                 .await
                 .map_err(unavailable)?,
         };
+        if matches!(
+            applied.what,
+            Effect::SoftBlock | Effect::HardBlock | Effect::BreakerOpen
+        ) {
+            // Not served from a stale reading on this replica (load_cache.rs).
+            self.load_cache.wrote(outcome.account_id);
+        }
         self.metrics
             .outcomes
             .with_label_values(&[class, applied.what.as_str()])

@@ -7,13 +7,15 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::confirmations::{keep_probe_windows, running_owner};
-use crate::health::{BackendError, Breaker, BreakerChange};
+use crate::health::{AccountHealth, BackendError, Breaker, BreakerChange};
 use crate::load_cache::Reading;
 use crate::probe::{breaker_closes, probe_under_lease};
 use poolgate_core::account::{Account, AccountStatus, Platform, group_models};
 use poolgate_core::plan::{Plan, PlannedAccount};
 use poolgate_core::select::{Candidate, NoneReason, order};
-use poolgate_core::windows::{Shed, Thresholds, WindowKind, WindowReading, assess, left_by_window};
+use poolgate_core::windows::{
+    Assessment, Shed, Thresholds, WindowKind, WindowReading, assess, left_by_window,
+};
 use tokio::time::Instant;
 
 /// Past this many cached window readings, expired ones are dropped on the next read.
@@ -159,12 +161,12 @@ impl Selector {
         let mut model_blocked_until: Option<i64> = None;
         candidates.retain(|candidate| {
             let mapped = candidate.account.mapped_model(&query.model);
-            match candidate.windows.as_ref().and_then(|windows| {
-                let exhausted = windows.exhausted_until_ms.filter(|until| *until > now);
-                let for_model = windows.blocked_for_model(&mapped);
-                exhausted.max(for_model)
-            }) {
-                Some(until) if until > now => {
+            match candidate
+                .windows
+                .as_ref()
+                .and_then(|windows| windows_block_until(windows, Some(&mapped), now))
+            {
+                Some(until) => {
                     model_blocked_until =
                         Some(model_blocked_until.map_or(until, |earliest| earliest.min(until)));
                     false
@@ -237,21 +239,16 @@ impl Selector {
         let mut candidates = Vec::with_capacity(accounts.len());
         for account in accounts {
             let health = reading.get(account.id);
-            if let Some(health) = health {
-                if health.hard_block_ms > 0 {
-                    continue;
-                }
-                match health.breaker {
-                    Breaker::Open(_) => continue,
-                    Breaker::HalfOpen => {
-                        // The selector's own probe decides; no client request goes through
-                        // as the probe. Excluded until then.
-                        if let Err(error) = self.start_half_open_check((*account).clone()).await {
-                            tracing::debug!(%error, account_id = account.id, "half-open check not started");
-                        }
-                        continue;
+            match health_gate(health.as_ref()) {
+                Gate::Open => {}
+                Gate::Shut => continue,
+                Gate::HalfOpen => {
+                    // The selector's own probe decides; no client request goes through as the
+                    // probe. Excluded until then.
+                    if let Err(error) = self.start_half_open_check((*account).clone()).await {
+                        tracing::debug!(%error, account_id = account.id, "half-open check not started");
                     }
-                    Breaker::Closed => {}
+                    continue;
                 }
             }
             candidates.push(Candidate {
@@ -453,4 +450,45 @@ impl Selector {
         });
         Ok(())
     }
+}
+
+/// What an account's live health lets a select do with it: the one rule plans and the
+/// `selector_group_eligible` gauge share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Gate {
+    /// Plannable (unknown health included: a Redis outage does not empty every plan).
+    Open,
+    /// Hard-blocked, or its breaker open.
+    Shut,
+    /// The breaker's open period ended: the selector's probe checks it; no client request.
+    HalfOpen,
+}
+
+/// The gate of an account's health reading (`None`: unreadable).
+pub(crate) fn health_gate(health: Option<&AccountHealth>) -> Gate {
+    let Some(health) = health else {
+        return Gate::Open;
+    };
+    if health.hard_block_ms > 0 {
+        return Gate::Shut;
+    }
+    match health.breaker {
+        Breaker::Open(_) => Gate::Shut,
+        Breaker::HalfOpen => Gate::HalfOpen,
+        Breaker::Closed => Gate::Open,
+    }
+}
+
+/// Until when an account's usage windows keep it out of plans (docs/DESIGN.md §5): a plan
+/// window used up with no overage paying for more (every model), or a model-scoped limit that
+/// ran out for `upstream_model` (the gauges, asking about no model, pass `None`). `None`: not
+/// kept out now.
+pub(crate) fn windows_block_until(
+    windows: &Assessment,
+    upstream_model: Option<&str>,
+    now: i64,
+) -> Option<i64> {
+    let exhausted = windows.exhausted_until_ms;
+    let for_model = upstream_model.and_then(|model| windows.blocked_for_model(model));
+    exhausted.max(for_model).filter(|until| *until > now)
 }

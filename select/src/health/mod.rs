@@ -46,6 +46,14 @@ pub struct BlockInfo {
     pub remaining_ms: u64,
 }
 
+impl BlockInfo {
+    /// Whether this is the "confirming" hard block a running confirmation set
+    /// (`confirmations.rs`): the `confirming` input of [`poolgate_core::health::LiveStatus::of`].
+    pub fn is_confirming(&self) -> bool {
+        self.kind == "hard" && poolgate_core::health::is_confirming_reason(&self.reason)
+    }
+}
+
 /// What selection, outcomes and the admin API keep per account outside the config: blocks,
 /// breakers and unauthorized counts. Times are the store's clock (Redis `TIME`, or the
 /// process's).

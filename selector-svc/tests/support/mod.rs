@@ -71,6 +71,7 @@ impl Backends {
             redis_options: RedisOptions::default(),
             keyring: self.keyring.clone(),
             admin_token: Some(ADMIN_TOKEN.into()),
+            admin_http_listen: None,
             settings,
             lease_settings: Default::default(),
             refresh: Default::default(),

@@ -26,8 +26,8 @@ use relay_svc::standalone::StandaloneFile;
 /// The service token the stack's selector and admission require; its relays send it.
 pub const SERVICE_TOKEN: &str = "test-service-token";
 
-/// The selector's admin token.
-const ADMIN_TOKEN: &str = "admin";
+/// The selector's admin token (the status page's login too).
+pub const ADMIN_TOKEN: &str = "admin";
 
 /// Postgres (migrated) and Redis, private to the caller (stopped when dropped).
 pub struct Backends {
@@ -97,12 +97,34 @@ pub async fn selector_with(
     backends: &Backends,
     settings: poolgate_select::engine::SelectorSettings,
 ) -> HarnessResult<(selector_svc::server::Built, SocketAddr)> {
-    let config = selector_svc::server::Config {
+    let (built, address, _) = serve_selector(backends, settings, false).await?;
+    Ok((built, address))
+}
+
+/// A selector with its status page (`--admin-http-listen`, plain HTTP, login [`ADMIN_TOKEN`]),
+/// each on a free port: the selector, its gRPC address and the page's.
+pub async fn selector_with_page(
+    backends: &Backends,
+    settings: poolgate_select::engine::SelectorSettings,
+) -> HarnessResult<(selector_svc::server::Built, SocketAddr, SocketAddr)> {
+    let (built, address, page) = serve_selector(backends, settings, true).await?;
+    let page = page.ok_or("the status page did not start")?;
+    Ok((built, address, page))
+}
+
+/// The configuration the stack's selectors run with (admin token [`ADMIN_TOKEN`], service token
+/// [`SERVICE_TOKEN`], no status page, no TLS), for a test that serves one itself.
+pub fn selector_config(
+    backends: &Backends,
+    settings: poolgate_select::engine::SelectorSettings,
+) -> selector_svc::server::Config {
+    selector_svc::server::Config {
         database_url: backends.postgres.url(),
         redis_target: RedisTarget::Single(backends.redis.url()),
         redis_options: RedisOptions::default(),
         keyring: backends.keyring.clone(),
         admin_token: Some(ADMIN_TOKEN.into()),
+        admin_http_listen: None,
         settings,
         lease_settings: Default::default(),
         refresh: Default::default(),
@@ -111,23 +133,38 @@ pub async fn selector_with(
         max_concurrent_streams: 1000,
         tls: None,
         callers: CallerCheck::Token(SERVICE_TOKEN.into()),
-    };
+    }
+}
+
+async fn serve_selector(
+    backends: &Backends,
+    settings: poolgate_select::engine::SelectorSettings,
+    with_page: bool,
+) -> HarnessResult<(selector_svc::server::Built, SocketAddr, Option<SocketAddr>)> {
+    let config = selector_config(backends, settings);
     let built = selector_svc::server::build(&config, poolgate_select::metrics::Metrics::new())
         .await
         .map_err(|e| format!("selector: {e}"))?;
     let (listener, address) = listen().await?;
+    let (page_listener, page) = if with_page {
+        let (listener, page) = listen().await?;
+        (Some(listener), Some(page))
+    } else {
+        (None, None)
+    };
     let serving = built.serving();
     tokio::spawn(async move {
-        let _ = selector_svc::server::serve_selector(
+        let _ = selector_svc::server::serve_selector_with_page(
             serving,
             &config,
             listener,
             None,
+            page_listener,
             std::future::pending(),
         )
         .await;
     });
-    Ok((built, address))
+    Ok((built, address, page))
 }
 
 /// An admission replica on Redis (policy `open`), served on a free port.
@@ -209,12 +246,30 @@ pub async fn relay_with_handle(
     admission: Vec<String>,
     settings: RelaySettings,
 ) -> HarnessResult<(Arc<Relay>, SocketAddr)> {
+    relay_with_lease_channels(
+        selector,
+        admission,
+        settings,
+        relay_svc::remote::DEFAULT_LEASE_CHANNELS,
+    )
+    .await
+}
+
+/// [`relay_with_handle`] with `lease_channels` lease channels toward admission (the relay's
+/// `--lease-channels`; 0: one stream per lease).
+pub async fn relay_with_lease_channels(
+    selector: Vec<String>,
+    admission: Vec<String>,
+    settings: RelaySettings,
+    lease_channels: usize,
+) -> HarnessResult<(Arc<Relay>, SocketAddr)> {
     serve(Config {
         mode: Mode::Remote {
             selector,
             admission,
             client: GrpcClient {
                 service_token: Some(SERVICE_TOKEN.into()),
+                lease_channels,
                 ..Default::default()
             },
         },

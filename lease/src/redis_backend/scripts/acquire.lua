@@ -15,7 +15,7 @@ end
 local ttl = tonumber(ARGV[2])
 local concurrency = tonumber(ARGV[3])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. now)
-if concurrency > 0 and redis.call('ZCOUNT', KEYS[1], now, '+inf') >= concurrency then
+if concurrency > 0 and redis.call('ZCARD', KEYS[1]) >= concurrency then
   return {'concurrency', 0, now}
 end
 local rpm = tonumber(ARGV[4])

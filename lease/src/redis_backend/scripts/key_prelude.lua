@@ -35,7 +35,7 @@ local function key_check(k, a)
   end
   local concurrency = tonumber(ARGV[a])
   redis.call('ZREMRANGEBYSCORE', KEYS[k], '-inf', '(' .. now)
-  if concurrency > 0 and redis.call('ZCOUNT', KEYS[k], now, '+inf') >= concurrency then
+  if concurrency > 0 and redis.call('ZCARD', KEYS[k]) >= concurrency then
     return {'key_concurrency', 0}
   end
   return nil

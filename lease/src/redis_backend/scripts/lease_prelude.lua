@@ -7,7 +7,7 @@ local function fenced(key, id)
   return fence and tonumber(fence) >= now
 end
 local function raise_fence(key, id, expires)
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. now)
+  if now % 8 == 0 then redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. now) end
   redis.call('ZADD', key, 'GT', expires, id)
   extend(key, expires - now)
 end

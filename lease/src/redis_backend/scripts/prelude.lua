@@ -1,11 +1,11 @@
 local function extend(key, ms)
-  if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
+  if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, 2 * ms) end
 end
 local function rpm_full(key, limit, window)
   if limit <= 0 then return nil end
   local since = now - window
   redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. since)
-  if redis.call('ZCOUNT', key, since, '+inf') < limit then return nil end
+  if redis.call('ZCARD', key) < limit then return nil end
   local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
   local retry = 1
   if oldest[2] then retry = math.max(1, tonumber(oldest[2]) + window - now) end

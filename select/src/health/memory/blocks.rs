@@ -231,7 +231,11 @@ impl Health for InProcessHealth {
         status: u16,
         owner: &str,
     ) -> Result<String, BackendError> {
-        let value = block_value(class, status, &format!("confirming {owner}"));
+        let value = block_value(
+            class,
+            status,
+            &format!("{}{owner}", poolgate_core::health::CONFIRMING_REASON_PREFIX),
+        );
         self.hard(id, ttl_ms, value.clone()).await?;
         Ok(value)
     }
