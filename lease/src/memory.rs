@@ -73,7 +73,11 @@ impl Fences {
             let Some((until, lease_id)) = self.order.pop_front() else {
                 break;
             };
-            if self.until.get(&lease_id).is_some_and(|current| *current <= until) {
+            if self
+                .until
+                .get(&lease_id)
+                .is_some_and(|current| *current <= until)
+            {
                 self.until.remove(&lease_id);
             }
         }

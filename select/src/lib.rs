@@ -21,3 +21,4 @@ pub mod probe;
 pub mod refresh;
 pub mod snapshot;
 pub mod source;
+pub mod windows_cache;

@@ -59,7 +59,7 @@ impl Default for LoadCacheSettings {
 
 impl LoadCacheSettings {
     /// The age past which a reading is never served: the select waits for the fetch.
-    fn stale_bound(&self) -> Duration {
+    pub fn stale_bound(&self) -> Duration {
         self.cache_ttl.saturating_mul(self.stale_periods.max(1))
     }
 }

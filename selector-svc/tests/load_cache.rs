@@ -1,7 +1,8 @@
 //! Each load-cache mechanism (docs/DESIGN.md §5, seed 001), pinned by counting the Redis round
 //! trips the selector makes through its counting connection wrapper (a pipeline or a script is one
 //! trip). A select that plans someone also reads its candidates' usage windows (docs/DESIGN.md
-//! §5), cached like the load for a period: one more trip per miss, counted here as `WINDOWS`.
+//! §5), cached like the load for a period and served stale the same way: one more trip per miss,
+//! counted here as `WINDOWS`.
 //!
 //! Stale-while-revalidate (issue 27): a reading past its 200 ms period but younger than the
 //! bound (3 periods) is served at once while one background fetch replaces it; a block this
@@ -263,7 +264,7 @@ async fn a_stale_reading_is_served_at_once_while_exactly_one_fetch_replaces_it()
     for select in selects {
         assert!(select.await.expect("task"), "select");
     }
-    // The usage windows (cached the same period) are read once inline; the load once behind.
+    // The load and the usage windows (cached the same period) are each read once, behind.
     let fetched = eventually(Duration::from_secs(5), || async {
         let plan = selector.select(&query("g", 3)).await.ok()?;
         (inflight(&plan, ids[0]) == Some(2)).then_some(())
@@ -369,4 +370,69 @@ async fn a_block_written_through_another_replica_stops_selects_within_a_second()
         assert!(!planned(&plan, ids[1]), "and never planned again");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Another replica records that `id`'s five-hour window is used up for the next hour.
+async fn exhaust_through_another_replica(other: &Replica, id: i64) {
+    use poolgate_core::windows::{Scope, WindowKind, WindowReading, WindowStatus};
+    let now = poolgate_core::now_ms();
+    let reading = WindowReading {
+        kind: WindowKind::FiveHour,
+        scope: Scope::Account,
+        utilization: Some(1.0),
+        reset_at_ms: now + 3_600_000,
+        length_ms: Some(5 * 3_600_000),
+        status: WindowStatus::Rejected,
+        observed_at_ms: now,
+    };
+    other
+        .client
+        .clone()
+        .record_windows(poolgate_proto::convert::windows_request([(
+            id,
+            vec![reading],
+        )]))
+        .await
+        .expect("recorded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_window_readings_are_served_at_once_and_replaced_in_the_background() {
+    let (backends, replica, ids) = setup(3).await;
+    let other = Replica::start(backends.config(fast_settings())).await;
+    let selector = replica.built.selector.clone();
+    let plan = selector.select(&query("g", 3)).await.expect("select");
+    assert!(planned(&plan, ids[0]));
+    exhaust_through_another_replica(&other, ids[0]).await;
+    tokio::time::sleep(STALE).await;
+    let plan = selector.select(&query("g", 3)).await.expect("select");
+    assert!(
+        planned(&plan, ids[0]),
+        "the stale readings are served, without waiting for Redis"
+    );
+    let replaced = eventually(Duration::from_secs(5), || async {
+        let plan = selector.select(&query("g", 3)).await.ok()?;
+        (!planned(&plan, ids[0]) && planned(&plan, ids[1])).then_some(())
+    })
+    .await;
+    assert!(
+        replaced.is_ok(),
+        "the background read brought the used-up window in"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_bound_a_select_waits_for_the_window_readings() {
+    let (backends, replica, ids) = setup(3).await;
+    let other = Replica::start(backends.config(fast_settings())).await;
+    let selector = &replica.built.selector;
+    let plan = selector.select(&query("g", 3)).await.expect("select");
+    assert!(planned(&plan, ids[0]));
+    exhaust_through_another_replica(&other, ids[0]).await;
+    tokio::time::sleep(PAST_THE_BOUND).await;
+    let plan = selector.select(&query("g", 3)).await.expect("select");
+    assert!(
+        !planned(&plan, ids[0]) && planned(&plan, ids[1]),
+        "read before answering: the used-up window leaves the account out"
+    );
 }

@@ -14,8 +14,6 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use poolgate_core::AccountId;
-use poolgate_core::windows::WindowReading;
 use poolgate_runtime::ports::ProbeLeases;
 
 use crate::confirmations::Confirmations;
@@ -26,6 +24,7 @@ use crate::probe::ProbeSettings;
 use crate::snapshot::SnapshotCell;
 use crate::source::budgets::{BudgetCalendar, UtcCalendar};
 use crate::source::{AccountSource, StoreError};
+use crate::windows_cache::WindowsCache;
 use poolgate_core::outcome::RuntimeBlockSettings;
 use poolgate_core::windows::Thresholds;
 
@@ -134,9 +133,7 @@ pub struct Selector {
     settings: SelectorSettings,
     sticky_cache: Mutex<HashMap<(String, String), bindings::StickyEntry>>,
     /// Usage-window readings per account, read at most once per load-cache period.
-    windows_cache: Mutex<HashMap<AccountId, (tokio::time::Instant, Vec<WindowReading>)>>,
-    /// Held across a windows read, so concurrent misses share one.
-    windows_fetch: tokio::sync::Mutex<()>,
+    windows_cache: WindowsCache,
     /// When each group's window gauges were last set.
     window_gauges_at: Mutex<HashMap<String, tokio::time::Instant>>,
     /// The groups the status gauges were last set for (`status.rs`): a group gone from the
@@ -180,6 +177,7 @@ impl Selector {
             admission,
             probe_http,
             confirmations,
+            windows_cache: WindowsCache::new(health.clone(), &settings.load_cache),
             load_cache: LoadCache::new(health.clone(), settings.load_cache.clone())
                 .with_active_blocks_gauge(metrics.active_blocks.clone()),
             snapshot,
@@ -187,8 +185,6 @@ impl Selector {
             health,
             settings,
             sticky_cache: Mutex::new(HashMap::new()),
-            windows_cache: Mutex::new(HashMap::new()),
-            windows_fetch: tokio::sync::Mutex::new(()),
             window_gauges_at: Mutex::new(HashMap::new()),
             status_groups: Mutex::new(HashSet::new()),
             metrics,

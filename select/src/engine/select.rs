@@ -10,16 +10,13 @@ use crate::confirmations::{keep_probe_windows, running_owner};
 use crate::health::{AccountHealth, BackendError, Breaker, BreakerChange};
 use crate::load_cache::Reading;
 use crate::probe::{breaker_closes, probe_under_lease};
+use crate::windows_cache::Readings;
 use poolgate_core::account::{Account, AccountStatus, Platform, group_models};
 use poolgate_core::plan::{Plan, PlannedAccount};
 use poolgate_core::select::{Candidate, NoneReason, order};
-use poolgate_core::windows::{
-    Assessment, Shed, Thresholds, WindowKind, WindowReading, assess, left_by_window,
-};
+use poolgate_core::windows::{Assessment, Shed, Thresholds, WindowKind, assess, left_by_window};
 use tokio::time::Instant;
 
-/// Past this many cached window readings, expired ones are dropped on the next read.
-const WINDOWS_CACHE_PRUNE_AT: usize = 4096;
 /// How often a group's window gauges are recomputed, at most.
 const WINDOW_GAUGE_PERIOD: std::time::Duration = std::time::Duration::from_secs(1);
 /// Groups whose gauge times are remembered before the map starts over.
@@ -271,45 +268,9 @@ impl Selector {
         candidates: &mut [Candidate],
     ) {
         let ids: Vec<AccountId> = candidates.iter().map(|c| c.account.id).collect();
-        let mut known = self.cached_windows(&ids);
-        if known.len() < ids.len() {
-            // One read at a time per replica, the cache checked again under it: concurrent
-            // misses for the same accounts share one read (as the load cache's fetches do).
-            let _fetch = self.windows_fetch.lock().await;
-            known = self.cached_windows(&ids);
-            let missing: Vec<AccountId> = ids
-                .iter()
-                .copied()
-                .filter(|id| !known.contains_key(id))
-                .collect();
-            if !missing.is_empty() {
-                match self.health.read_windows(&missing).await {
-                    Ok(readings) if readings.len() == missing.len() => {
-                        let mut cache =
-                            self.windows_cache.lock().unwrap_or_else(|p| p.into_inner());
-                        let ttl = self.settings.load_cache.cache_ttl;
-                        if cache.len() > WINDOWS_CACHE_PRUNE_AT {
-                            cache.retain(|_, (at, _)| at.elapsed() < ttl);
-                        }
-                        let now = Instant::now();
-                        for (id, readings) in missing.into_iter().zip(readings) {
-                            cache.insert(id, (now, readings.clone()));
-                            known.insert(id, readings);
-                        }
-                    }
-                    Ok(_) => {
-                        tracing::warn!(
-                            "usage windows read answered for other accounts; ordered as unknown"
-                        );
-                        return;
-                    }
-                    Err(error) => {
-                        tracing::debug!(%error, "usage windows not read; ordered as unknown");
-                        return;
-                    }
-                }
-            }
-        }
+        let Some(known) = self.windows_cache.read(&ids).await else {
+            return;
+        };
         let now = now_ms();
         for candidate in candidates.iter_mut() {
             if let Some(readings) = known.get(&candidate.account.id) {
@@ -325,7 +286,7 @@ impl Selector {
         &self,
         group: &str,
         candidates: &[Candidate],
-        known: &HashMap<AccountId, Vec<WindowReading>>,
+        known: &HashMap<AccountId, Readings>,
         now: i64,
     ) {
         {
@@ -366,20 +327,6 @@ impl Selector {
                 .with_label_values(&[group, kind.label()])
                 .set(share);
         }
-    }
-
-    /// The cached readings of `ids` younger than a load-cache period.
-    fn cached_windows(&self, ids: &[AccountId]) -> HashMap<AccountId, Vec<WindowReading>> {
-        let ttl = self.settings.load_cache.cache_ttl;
-        let cache = self.windows_cache.lock().unwrap_or_else(|p| p.into_inner());
-        ids.iter()
-            .filter_map(|id| {
-                cache
-                    .get(id)
-                    .filter(|(at, _)| at.elapsed() < ttl)
-                    .map(|(_, readings)| (*id, readings.clone()))
-            })
-            .collect()
     }
 
     /// Checks a half-open breaker with the probe, in the background, under the account's

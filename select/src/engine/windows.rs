@@ -66,10 +66,7 @@ impl Selector {
             .await
             .map_err(|e| SelectorError::Unavailable(e.to_string()))?;
         // This replica reads its own write at its next select; others within a cache period.
-        self.windows_cache
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&account_id);
+        self.windows_cache.forget(account_id);
         Ok(())
     }
 }
