@@ -31,7 +31,8 @@
 # Env: BIN (prebuilt binaries, e.g. another commit's; default: build the tree with bench/lib.sh's
 # one command), RATE (1000), COUNT (20000), CONCURRENCY (16), CLOSED_SECONDS (10),
 # STEPS ("500 1000 1500 2000"), STEP_SECONDS (5), STEP_RUNS (3), PERF (0), PERF_OUT (keep the
-# perf.data files there), TOP (symbols shown per process, 12).
+# perf.data files there), TOP (symbols shown per process, 12), SERVICE_WORKERS (tokio worker
+# threads of the services; default one per core).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RATE=${RATE:-1000}

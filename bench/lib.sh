@@ -43,6 +43,10 @@ bench_cleanup() {
   rm -rf "$work"
 }
 trap bench_cleanup EXIT
+# SERVICE_WORKERS=N runs the poolgate services (not the load generator or the upstream) with N
+# tokio worker threads (TOKIO_WORKER_THREADS); unset: tokio's default, one per core.
+# (`env` execs the service, so `$!` stays the service's pid.)
+svc_env=(env ${SERVICE_WORKERS:+TOKIO_WORKER_THREADS=$SERVICE_WORKERS})
 wait_port() { for _ in $(seq 1 150); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.2; done; echo "port $1 never opened" >&2; return 1; }
 
 # The fake upstream (no model latency): upstream_pid.
@@ -59,7 +63,7 @@ accounts:
   - {name: o1, platform: openai, base_url: "http://127.0.0.1:9190", api_key: sk-up-1, concurrency: 10000}
   - {name: o2, platform: openai, base_url: "http://127.0.0.1:9190", api_key: sk-up-2, concurrency: 10000}
 YAML
-  "$BIN/relay-svc" --standalone --config "$work/relay.yaml" --listen 127.0.0.1:8190 \
+  "${svc_env[@]}" "$BIN/relay-svc" --standalone --config "$work/relay.yaml" --listen 127.0.0.1:8190 \
     --metrics-listen 127.0.0.1:9590 >/dev/null 2>&1 & standalone_pid=$!; pids+=($standalone_pid)
 }
 
@@ -80,8 +84,8 @@ start_distributed() {
   export SELECTOR_ADMIN_TOKEN=bench-admin SELECTOR_ENDPOINT=http://127.0.0.1:50162
   export POOLGATE_SERVICE_TOKEN=bench-service-token   # selector and admission require it; relay and CLI send it
   "$BIN/selector-svc" migrate >/dev/null
-  "$BIN/selector-svc" --listen 127.0.0.1:50162 --metrics-listen 127.0.0.1:9562 >/dev/null 2>&1 & selector_pid=$!; pids+=($selector_pid)
-  "$BIN/admission-svc" --listen 127.0.0.1:50161 --metrics-listen 127.0.0.1:9561 >/dev/null 2>&1 & admission_pid=$!; pids+=($admission_pid)
+  "${svc_env[@]}" "$BIN/selector-svc" --listen 127.0.0.1:50162 --metrics-listen 127.0.0.1:9562 >/dev/null 2>&1 & selector_pid=$!; pids+=($selector_pid)
+  "${svc_env[@]}" "$BIN/admission-svc" --listen 127.0.0.1:50161 --metrics-listen 127.0.0.1:9561 >/dev/null 2>&1 & admission_pid=$!; pids+=($admission_pid)
   wait_port 50162
   local n
   for n in 1 2; do
@@ -90,7 +94,7 @@ start_distributed() {
   done
   dist_key=$("$BIN/selector-svc" admin create-key --user bench --group default | sed -n 's/^api_key=//p')
   KEY[distributed]=$dist_key
-  "$BIN/relay-svc" --listen 127.0.0.1:8191 --metrics-listen 127.0.0.1:9591 --selector-url http://127.0.0.1:50162 \
+  "${svc_env[@]}" "$BIN/relay-svc" --listen 127.0.0.1:8191 --metrics-listen 127.0.0.1:9591 --selector-url http://127.0.0.1:50162 \
     --admission-url http://127.0.0.1:50161 >/dev/null 2>&1 & distributed_pid=$!; pids+=($distributed_pid)
 }
 
