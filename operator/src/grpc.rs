@@ -132,6 +132,94 @@ pub fn api_key_row(mut view: pb::ApiKeyView) -> Result<KeyRow, OperatorError> {
     Ok(key_row(&record, &usage))
 }
 
+// Readers of the admin API's answers, shared by every caller of the service: this client and the
+// selector's status page, which calls the same service in process.
+
+/// `ListBlocks`' answer as rows.
+pub fn block_rows(answer: pb::ListBlocksResponse) -> Result<Vec<BlockRow>, OperatorError> {
+    answer.blocks.into_iter().map(block_row).collect()
+}
+
+/// `ListWindows`' answer as rows.
+pub fn window_rows_of(answer: pb::ListWindowsResponse) -> Result<Vec<WindowRow>, OperatorError> {
+    let read = convert::read_windows_answer(answer).map_err(unreadable)?;
+    Ok(window_rows(
+        read.now_ms,
+        read.accounts.iter().map(|account| {
+            (
+                account.account_id,
+                account.account_name.as_str(),
+                account.readings.as_slice(),
+            )
+        }),
+    ))
+}
+
+/// `ListApiKeys`' answer as rows, by id.
+pub fn key_rows(answer: pb::ListApiKeysResponse) -> Result<Vec<KeyRow>, OperatorError> {
+    let mut rows = answer
+        .keys
+        .into_iter()
+        .map(api_key_row)
+        .collect::<Result<Vec<_>, _>>()?;
+    rows.sort_by_key(|row| row.id);
+    Ok(rows)
+}
+
+/// `ReadStatus`' answer as the status view.
+pub fn status_of(answer: pb::ReadStatusResponse) -> Result<StatusView, OperatorError> {
+    let report = convert::read_status_answer(answer).map_err(unreadable)?;
+    Ok(status_view(&report))
+}
+
+/// The keys a usage report covers: every listed key, or the one asked for (`NotFound` when it
+/// is not listed).
+pub fn usage_keys(
+    listed: Vec<pb::ApiKeyView>,
+    api_key_id: Option<i64>,
+) -> Result<Vec<pb::ApiKeyView>, OperatorError> {
+    let Some(id) = api_key_id else {
+        return Ok(listed);
+    };
+    let keys: Vec<_> = listed.into_iter().filter(|key| key.id == id).collect();
+    if keys.is_empty() {
+        return Err(OperatorError::NotFound(format!("no client key {id}")));
+    }
+    Ok(keys)
+}
+
+/// The `ReadUsage` request for one key; 0 / 0 means "the last 24 h" to the selector (a window
+/// always has a start past 0).
+pub fn usage_request(api_key_id: i64, from_ms: i64, to_ms: i64) -> pb::ReadUsageRequest {
+    pb::ReadUsageRequest {
+        api_key_id,
+        from_ms: from_ms.max(1) as u64,
+        to_ms: to_ms.max(2) as u64,
+    }
+}
+
+/// One key's `ReadUsage` answer as its row.
+pub fn usage_row(key: pb::ApiKeyView, totals: pb::ReadUsageResponse) -> UsageRow {
+    UsageRow {
+        api_key_id: key.id,
+        user: key.user,
+        requests: totals.requests,
+        input_tokens: totals.input_tokens,
+        output_tokens: totals.output_tokens,
+        cost_usd: totals.cost_usd,
+    }
+}
+
+/// The report over the rows, by key id.
+pub fn usage_report(from_ms: i64, to_ms: i64, mut rows: Vec<UsageRow>) -> UsageReport {
+    rows.sort_by_key(|row| row.api_key_id);
+    UsageReport {
+        from_ms,
+        to_ms,
+        keys: rows,
+    }
+}
+
 fn block_row(view: pb::BlockView) -> Result<BlockRow, OperatorError> {
     let status = u16::try_from(view.status).map_err(|_| {
         OperatorError::Unreadable(format!("invalid status: {} is no HTTP status", view.status))
@@ -161,12 +249,7 @@ impl AdminEndpoint for SelectorAdmin {
 
     async fn blocks(&self) -> Result<Vec<BlockRow>, OperatorError> {
         let answer = self.client().list_blocks(pb::ListBlocksRequest {}).await?;
-        answer
-            .into_inner()
-            .blocks
-            .into_iter()
-            .map(block_row)
-            .collect()
+        block_rows(answer.into_inner())
     }
 
     async fn windows(
@@ -178,17 +261,7 @@ impl AdminEndpoint for SelectorAdmin {
             .client()
             .list_windows(convert::windows_query(account_id, group))
             .await?;
-        let read = convert::read_windows_answer(answer.into_inner()).map_err(unreadable)?;
-        Ok(window_rows(
-            read.now_ms,
-            read.accounts.iter().map(|account| {
-                (
-                    account.account_id,
-                    account.account_name.as_str(),
-                    account.readings.as_slice(),
-                )
-            }),
-        ))
+        window_rows_of(answer.into_inner())
     }
 
     async fn restore(&self, account_id: i64) -> Result<AccountRow, OperatorError> {
@@ -218,43 +291,15 @@ impl AdminEndpoint for SelectorAdmin {
             .await?
             .into_inner()
             .keys;
-        let keys: Vec<_> = match api_key_id {
-            None => listed,
-            Some(id) => {
-                let key: Vec<_> = listed.into_iter().filter(|k| k.id == id).collect();
-                if key.is_empty() {
-                    return Err(OperatorError::NotFound(format!("no client key {id}")));
-                }
-                key
-            }
-        };
-        // 0 / 0 means "the last 24 h" to the selector: a window always has a start past 0.
-        let (from, to) = (from_ms.max(1) as u64, to_ms.max(2) as u64);
-        let mut rows = Vec::with_capacity(keys.len());
-        for key in keys {
+        let mut rows = Vec::new();
+        for key in usage_keys(listed, api_key_id)? {
             let totals = client
-                .read_usage(pb::ReadUsageRequest {
-                    api_key_id: key.id,
-                    from_ms: from,
-                    to_ms: to,
-                })
+                .read_usage(usage_request(key.id, from_ms, to_ms))
                 .await?
                 .into_inner();
-            rows.push(UsageRow {
-                api_key_id: key.id,
-                user: key.user,
-                requests: totals.requests,
-                input_tokens: totals.input_tokens,
-                output_tokens: totals.output_tokens,
-                cost_usd: totals.cost_usd,
-            });
+            rows.push(usage_row(key, totals));
         }
-        rows.sort_by_key(|row| row.api_key_id);
-        Ok(UsageReport {
-            from_ms,
-            to_ms,
-            keys: rows,
-        })
+        Ok(usage_report(from_ms, to_ms, rows))
     }
 
     async fn keys(&self) -> Result<Vec<KeyRow>, OperatorError> {
@@ -262,14 +307,7 @@ impl AdminEndpoint for SelectorAdmin {
             .client()
             .list_api_keys(pb::ListApiKeysRequest {})
             .await?;
-        let mut rows = answer
-            .into_inner()
-            .keys
-            .into_iter()
-            .map(api_key_row)
-            .collect::<Result<Vec<_>, _>>()?;
-        rows.sort_by_key(|row| row.id);
-        Ok(rows)
+        key_rows(answer.into_inner())
     }
 
     async fn set_key_disabled(
@@ -290,8 +328,7 @@ impl AdminEndpoint for SelectorAdmin {
 
     async fn status(&self) -> Result<StatusView, OperatorError> {
         let answer = self.client().read_status(pb::ReadStatusRequest {}).await?;
-        let report = convert::read_status_answer(answer.into_inner()).map_err(unreadable)?;
-        Ok(status_view(&report))
+        status_of(answer.into_inner())
     }
 }
 

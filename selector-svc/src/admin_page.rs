@@ -8,10 +8,13 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use poolgate_operator::grpc::{account_row, api_key_row};
-use poolgate_operator::view::{UsageReport, status_view, window_rows};
+use poolgate_operator::grpc::{
+    account_row, block_rows, key_rows, status_of, usage_keys, usage_report, usage_request,
+    usage_row, window_rows_of,
+};
+use poolgate_operator::view::UsageReport;
 use poolgate_operator::{
-    AccountRow, AdminEndpoint, BlockRow, KeyRow, OperatorError, StatusView, UsageRow, WindowRow,
+    AccountRow, AdminEndpoint, BlockRow, KeyRow, OperatorError, StatusView, WindowRow,
 };
 use poolgate_proto::convert;
 use poolgate_proto::selector::v1 as pb;
@@ -32,27 +35,8 @@ impl InProcessAdmin {
     }
 }
 
-fn unreadable(error: convert::ConvertError) -> OperatorError {
-    OperatorError::Unreadable(error.to_string())
-}
-
 fn read_only() -> OperatorError {
     OperatorError::Invalid("the status page is read-only".into())
-}
-
-fn block_row(view: pb::BlockView) -> Result<BlockRow, OperatorError> {
-    let status = u16::try_from(view.status).map_err(|_| {
-        OperatorError::Unreadable(format!("invalid status: {} is no HTTP status", view.status))
-    })?;
-    Ok(BlockRow {
-        account_id: view.account_id,
-        account_name: view.account_name,
-        kind: view.kind,
-        class: view.class,
-        status,
-        reason: view.reason,
-        remaining_ms: view.remaining_ms,
-    })
 }
 
 #[async_trait]
@@ -72,12 +56,7 @@ impl AdminEndpoint for InProcessAdmin {
             .admin
             .list_blocks(Request::new(pb::ListBlocksRequest {}))
             .await?;
-        answer
-            .into_inner()
-            .blocks
-            .into_iter()
-            .map(block_row)
-            .collect()
+        block_rows(answer.into_inner())
     }
 
     async fn windows(
@@ -89,17 +68,7 @@ impl AdminEndpoint for InProcessAdmin {
             .admin
             .list_windows(Request::new(convert::windows_query(account_id, group)))
             .await?;
-        let read = convert::read_windows_answer(answer.into_inner()).map_err(unreadable)?;
-        Ok(window_rows(
-            read.now_ms,
-            read.accounts.iter().map(|account| {
-                (
-                    account.account_id,
-                    account.account_name.as_str(),
-                    account.readings.as_slice(),
-                )
-            }),
-        ))
+        window_rows_of(answer.into_inner())
     }
 
     async fn restore(&self, _account_id: i64) -> Result<AccountRow, OperatorError> {
@@ -122,41 +91,16 @@ impl AdminEndpoint for InProcessAdmin {
             .await?
             .into_inner()
             .keys;
-        let keys: Vec<_> = listed
-            .into_iter()
-            .filter(|key| api_key_id.is_none_or(|id| key.id == id))
-            .collect();
-        if let (Some(id), true) = (api_key_id, keys.is_empty()) {
-            return Err(OperatorError::NotFound(format!("no client key {id}")));
-        }
-        // 0 / 0 means "the last 24 h" to the selector: a window always has a start past 0.
-        let (from, to) = (from_ms.max(1) as u64, to_ms.max(2) as u64);
-        let mut rows = Vec::with_capacity(keys.len());
-        for key in keys {
+        let mut rows = Vec::new();
+        for key in usage_keys(listed, api_key_id)? {
             let totals = self
                 .admin
-                .read_usage(Request::new(pb::ReadUsageRequest {
-                    api_key_id: key.id,
-                    from_ms: from,
-                    to_ms: to,
-                }))
+                .read_usage(Request::new(usage_request(key.id, from_ms, to_ms)))
                 .await?
                 .into_inner();
-            rows.push(UsageRow {
-                api_key_id: key.id,
-                user: key.user,
-                requests: totals.requests,
-                input_tokens: totals.input_tokens,
-                output_tokens: totals.output_tokens,
-                cost_usd: totals.cost_usd,
-            });
+            rows.push(usage_row(key, totals));
         }
-        rows.sort_by_key(|row| row.api_key_id);
-        Ok(UsageReport {
-            from_ms,
-            to_ms,
-            keys: rows,
-        })
+        Ok(usage_report(from_ms, to_ms, rows))
     }
 
     async fn keys(&self) -> Result<Vec<KeyRow>, OperatorError> {
@@ -164,14 +108,7 @@ impl AdminEndpoint for InProcessAdmin {
             .admin
             .list_api_keys(Request::new(pb::ListApiKeysRequest {}))
             .await?;
-        let mut rows = answer
-            .into_inner()
-            .keys
-            .into_iter()
-            .map(api_key_row)
-            .collect::<Result<Vec<_>, _>>()?;
-        rows.sort_by_key(|row| row.id);
-        Ok(rows)
+        key_rows(answer.into_inner())
     }
 
     async fn set_key_disabled(
@@ -187,7 +124,6 @@ impl AdminEndpoint for InProcessAdmin {
             .admin
             .read_status(Request::new(pb::ReadStatusRequest {}))
             .await?;
-        let report = convert::read_status_answer(answer.into_inner()).map_err(unreadable)?;
-        Ok(status_view(&report))
+        status_of(answer.into_inner())
     }
 }
