@@ -128,9 +128,21 @@ fn bucket(value: f64, steps: f64) -> i64 {
 
 /// Orders candidates; returns them with whether the first is the sticky account.
 pub fn order(
+    candidates: Vec<Candidate>,
+    sticky: Option<AccountId>,
+    rng: &mut fastrand::Rng,
+) -> (Vec<Candidate>, bool) {
+    order_first(candidates, sticky, rng, usize::MAX)
+}
+
+/// The first `count` accounts of [`order`]'s answer, the same ones in the same order from the
+/// same random draws, without sorting the rest: a plan lists a few accounts of a pool that may
+/// hold thousands.
+pub fn order_first(
     mut candidates: Vec<Candidate>,
     sticky: Option<AccountId>,
     rng: &mut fastrand::Rng,
+    count: usize,
 ) -> (Vec<Candidate>, bool) {
     let mut ordered = Vec::with_capacity(candidates.len());
     let mut is_sticky = false;
@@ -181,19 +193,36 @@ pub fn order(
             })
         })
         .collect();
-    let mut keyed: Vec<(i32, (u8, i64), f64, Candidate)> = candidates
+    // The candidate's index breaks every tie (full accounts' keys underflow to 0), so the order
+    // is total and the first `count` are the same whether the rest is sorted or not.
+    // (priority tier, standing, draw key, index, candidate)
+    type Keyed = (i32, (u8, i64), f64, usize, Candidate);
+    let mut keyed: Vec<Keyed> = candidates
         .into_iter()
         .zip(resolved)
         .zip(keys)
-        .map(|((candidate, standing), key)| (candidate.account.priority, standing, key, candidate))
+        .enumerate()
+        .map(|(index, ((candidate, standing), key))| {
+            (candidate.account.priority, standing, key, index, candidate)
+        })
         .collect();
-    keyed.sort_by(|a, b| {
+    let before = |a: &Keyed, b: &Keyed| {
         a.0.cmp(&b.0)
             .then(a.1.0.cmp(&b.1.0))
             .then(b.1.1.cmp(&a.1.1))
             .then(b.2.partial_cmp(&a.2).unwrap_or(std::cmp::Ordering::Equal))
-    });
-    ordered.extend(keyed.into_iter().map(|(_, _, _, candidate)| candidate));
+            .then(a.3.cmp(&b.3))
+    };
+    let wanted = count.saturating_sub(ordered.len());
+    if wanted == 0 {
+        keyed.clear();
+    } else if wanted < keyed.len() {
+        keyed.select_nth_unstable_by(wanted - 1, before);
+        keyed.truncate(wanted);
+    }
+    keyed.sort_unstable_by(before);
+    ordered.extend(keyed.into_iter().map(|(_, _, _, _, candidate)| candidate));
+    ordered.truncate(count);
     (ordered, is_sticky)
 }
 
@@ -310,6 +339,56 @@ mod tests {
             ];
             let (ordered, _) = order(candidates, None, &mut rng);
             assert_eq!(ids(&ordered), vec![2, 1]);
+        }
+    }
+
+    #[test]
+    fn the_first_few_are_the_full_orders_first_few() {
+        let mut seeds = fastrand::Rng::with_seed(11);
+        for round in 0..300 {
+            let size = seeds.usize(0..40);
+            let candidates: Vec<Candidate> = (0..size)
+                .map(|n| {
+                    let limit = seeds.i32(0..4);
+                    Candidate {
+                        account: account(
+                            n as AccountId + 1,
+                            seeds.i32(0..3),
+                            seeds.i32(0..5),
+                            limit,
+                        ),
+                        // Full, busy, soft-blocked and unknown accounts, so ties happen.
+                        health: match seeds.u8(0..4) {
+                            0 => None,
+                            1 => healthy(limit.max(0) as u32, 0),
+                            2 => healthy(0, 5_000),
+                            _ => healthy(seeds.u32(0..4), 0),
+                        },
+                        windows: None,
+                    }
+                })
+                .collect();
+            let sticky = (seeds.bool() && size > 0).then(|| seeds.usize(0..size) as AccountId + 1);
+            let seed = seeds.u64(..);
+            let (all, all_sticky) = order(
+                candidates.clone(),
+                sticky,
+                &mut fastrand::Rng::with_seed(seed),
+            );
+            for count in [0, 1, 2, 4, size, size + 3] {
+                let (first, first_sticky) = order_first(
+                    candidates.clone(),
+                    sticky,
+                    &mut fastrand::Rng::with_seed(seed),
+                    count,
+                );
+                assert_eq!(first_sticky, all_sticky, "round {round}");
+                assert_eq!(
+                    ids(&first),
+                    ids(&all[..count.min(all.len())]),
+                    "round {round}, first {count} of {size}"
+                );
+            }
         }
     }
 

@@ -13,7 +13,7 @@ use crate::probe::{breaker_closes, probe_under_lease};
 use crate::windows_cache::Readings;
 use poolgate_core::account::{Account, AccountStatus, Platform, group_models};
 use poolgate_core::plan::{Plan, PlannedAccount};
-use poolgate_core::select::{Candidate, NoneReason, order};
+use poolgate_core::select::{Candidate, NoneReason, order_first};
 use poolgate_core::windows::{Assessment, Shed, Thresholds, WindowKind, assess, left_by_window};
 use tokio::time::Instant;
 
@@ -188,12 +188,13 @@ impl Selector {
                 .with_label_values(&[&query.group])
                 .inc();
         }
-        let (ordered, is_sticky) = order(candidates, sticky, &mut fastrand::Rng::new());
         let limit = if query.max_accounts == 0 {
             self.settings.plan_size
         } else {
             query.max_accounts
         };
+        let (ordered, is_sticky) =
+            order_first(candidates, sticky, &mut fastrand::Rng::new(), limit.max(1));
         let usage_headers_to_clients = snapshot
             .group_settings(&query.group)
             .usage_headers_to_clients;
