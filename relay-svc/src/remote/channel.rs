@@ -544,6 +544,8 @@ mod tests {
         no_channel: bool,
         /// Acquires wait (`Queued`) until withdrawn.
         queue: bool,
+        /// Only the first acquire waits; later ones are granted.
+        queue_first: bool,
         /// Acquires fail with this gRPC code (then `end`).
         fail_with: Option<tonic::Code>,
         /// `Released` is not followed by `end` (it comes late: the holder has its final answer
@@ -587,8 +589,13 @@ mod tests {
             };
             match kind {
                 apb::lease_request::Kind::Acquire(_) => {
-                    self.seen().acquires.insert(tag);
-                    match (self.behaviour.fail_with, self.behaviour.queue) {
+                    let first = {
+                        let mut seen = self.seen();
+                        seen.acquires.insert(tag);
+                        seen.acquires.len() == 1
+                    };
+                    let queue = self.behaviour.queue || (self.behaviour.queue_first && first);
+                    match (self.behaviour.fail_with, queue) {
                         (Some(code), _) => vec![
                             Event::Error(apb::ChannelError {
                                 code: code as i32,
@@ -862,6 +869,42 @@ mod tests {
         }
         next.release(0.0, 0).await;
         assert_eq!(fake.seen().releases.len(), 11);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_acquire_whose_replica_breaks_after_a_long_wait_is_tried_again_and_granted() {
+        let fake = Fake {
+            behaviour: Behaviour {
+                queue_first: true,
+                ..Behaviour::default()
+            },
+            ..Fake::default()
+        };
+        let (leases, _metrics) = serve(fake.clone(), 1).await;
+        let leases = Arc::new(leases);
+        let waiting = tokio::spawn({
+            let leases = leases.clone();
+            async move { leases.acquire(terms(), Duration::from_secs(20)).await }
+        });
+        // Queued for longer than the retry window before its replica goes away.
+        eventually(WITHIN, || async {
+            (fake.seen().acquires.len() == 1).then_some(())
+        })
+        .await
+        .expect("the acquire is queued");
+        tokio::time::sleep(super::super::leases::ACQUIRE_RETRY_FOR + Duration::from_millis(500))
+            .await;
+        fake.break_channels();
+        let answer = tokio::time::timeout(WITHIN, waiting)
+            .await
+            .expect("answered")
+            .expect("acquire task");
+        match answer {
+            Ok(Acquired::Granted(lease)) => lease.release(0.0, 0).await,
+            Ok(Acquired::Denied(denial)) => panic!("denied: {denial:?}"),
+            Err(error) => panic!("the broken wait was not tried again: {error}"),
+        }
+        assert_eq!(fake.seen().acquires.len(), 2, "asked again after the break");
     }
 
     /// Starts a conversation with an `Acquire` on `leases`' channels and reads its answer.

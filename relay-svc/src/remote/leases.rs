@@ -220,8 +220,9 @@ impl Leases for RemoteLeases {
 }
 
 /// How long an acquire whose call breaks before its answer (a replica died or is unreachable)
-/// is tried again: long enough for the balancer to drop a dead replica (`PROBE_EVERY`).
-const ACQUIRE_RETRY_FOR: Duration = Duration::from_secs(2);
+/// is tried again, counted from the break: long enough for the balancer to drop a dead replica
+/// (`PROBE_EVERY`).
+pub(super) const ACQUIRE_RETRY_FOR: Duration = Duration::from_secs(2);
 
 /// A call that broke in transport, or a replica that could not reach its backend: another
 /// replica may answer. (A lease the broken call may have been granted is reaped at its TTL.) A
@@ -244,7 +245,9 @@ fn worth_another_replica(error: &BackendError) -> bool {
 /// One acquire, on its own task so that a caller that goes away (the client left) never strands
 /// a lease: a waiting acquire is withdrawn, and a grant that raced the departure is released at
 /// once instead of waiting out the orphan grace. A call that breaks before its answer is tried
-/// again, on whichever replica the balanced channel picks, within the caller's wait.
+/// again, on the next replica in turn, for [`ACQUIRE_RETRY_FOR`] after it broke (with what is
+/// left of the caller's wait): an acquire that waited in a replica's queue for seconds before
+/// the replica died is tried again as surely as one that broke at once.
 async fn acquire_task(
     link: Link,
     metrics: Metrics,
@@ -255,9 +258,13 @@ async fn acquire_task(
     let started = tokio::time::Instant::now();
     let deadline = started + wait;
     let mut tries = 0u64;
+    // When the calls started breaking: the first break after a call that lived through a whole
+    // retry window opens a new window.
+    let mut breaking_since: Option<tokio::time::Instant> = None;
     loop {
         tries += 1;
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let tried_at = tokio::time::Instant::now();
+        let left = deadline.saturating_duration_since(tried_at);
         // Not raced with the caller's departure: once sent, the acquire must be answered (and
         // a grant released), or the lease would be left to the orphan grace.
         let first = apb::lease_request::Kind::Acquire(acquire_pb(&terms, left));
@@ -288,7 +295,13 @@ async fn acquire_task(
                 }
             }
         };
-        if started.elapsed() < ACQUIRE_RETRY_FOR
+        let now = tokio::time::Instant::now();
+        let since = match breaking_since {
+            Some(since) if now.duration_since(tried_at) < ACQUIRE_RETRY_FOR => since,
+            _ => now,
+        };
+        breaking_since = Some(since);
+        if now.duration_since(since) < ACQUIRE_RETRY_FOR
             && worth_another_replica(&error)
             && !reply.is_closed()
         {
