@@ -503,21 +503,22 @@ async fn waiter_is_woken_by_a_release(store: Store) {
     let server = TestServer::start(store.backend_config(), settings).await;
     let (holder, answer) = LeaseStream::acquire(&server.client, acquire(151, 1)).await;
     assert!(answer.is_granted());
-    let client = server.client.clone();
-    let waiter = tokio::spawn(async move {
-        let terms = pb::Acquire {
+    let mut waiter = LeaseStream::start(
+        &server.client,
+        pb::lease_request::Kind::Acquire(pb::Acquire {
             wait_ms: 10_000,
             ..acquire(151, 1)
-        };
-        let (stream, answer) = LeaseStream::acquire(&client, terms).await;
-        (stream.queued.clone(), answer)
-    });
-    tokio::time::sleep(Duration::from_millis(150)).await;
+        }),
+    )
+    .await;
+    match waiter.next_event().await {
+        Ok(Some(pb::lease_event::Kind::Queued(queued))) => assert_eq!(queued.position, 1),
+        other => panic!("the waiter should be told it queued first: {other:?}"),
+    }
     let released_at = std::time::Instant::now();
     holder.release(0.0).await;
-    let (queued, answer) = waiter.await.expect("waiter task");
+    let answer = waiter.answer().await;
     assert!(answer.is_granted(), "{answer:?}");
-    assert_eq!(queued, vec![1], "the waiter was told it queued");
     // Woken by the release, not by a poll (the first one is 2.5 s away at the earliest).
     assert!(
         released_at.elapsed() < Duration::from_millis(900),
@@ -534,20 +535,20 @@ async fn full_wait_queue_is_denied_queue_full(store: Store) {
     assert!(answer.is_granted());
     let mut waiters = Vec::new();
     for _ in 0..2 {
-        let client = server.client.clone();
-        waiters.push(tokio::spawn(async move {
-            LeaseStream::acquire(
-                &client,
-                pb::Acquire {
-                    wait_ms: 1_500,
-                    ..acquire(161, 1)
-                },
-            )
-            .await
-            .1
-        }));
+        let mut waiter = LeaseStream::start(
+            &server.client,
+            pb::lease_request::Kind::Acquire(pb::Acquire {
+                wait_ms: 1_500,
+                ..acquire(161, 1)
+            }),
+        )
+        .await;
+        match waiter.next_event().await {
+            Ok(Some(pb::lease_event::Kind::Queued(_))) => {}
+            other => panic!("the waiter should be told it queued first: {other:?}"),
+        }
+        waiters.push(waiter);
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
     let (_, answer) = LeaseStream::acquire(
         &server.client,
         pb::Acquire {
@@ -557,8 +558,8 @@ async fn full_wait_queue_is_denied_queue_full(store: Store) {
     )
     .await;
     assert_eq!(answer.denied_reason(), Some(pb::DenyReason::QueueFull));
-    for waiter in waiters {
-        let answer = waiter.await.expect("waiter");
+    for mut waiter in waiters {
+        let answer = waiter.answer().await;
         assert_eq!(
             answer.denied_reason(),
             Some(pb::DenyReason::Concurrency),

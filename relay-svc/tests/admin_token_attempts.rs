@@ -91,23 +91,37 @@ async fn a_wrong_admin_token_costs_a_delay_and_a_flood_never_locks_the_right_one
     let (status, _) = accounts(client.clone(), url.clone(), TOKEN).await;
     assert_eq!(status, 200);
 
+    // A refusal answered at once can still take the delay's length on a loaded machine (the
+    // suite runs beside others on two cores), which reads as delayed here: a flood whose count
+    // is off is tried again, up to three floods. Without the cap every flood counts them all.
     let flood = 3 * MAX_DELAYED_REFUSALS;
-    let wrong: Vec<_> = (0..flood)
-        .map(|_| tokio::spawn(accounts(client.clone(), url.clone(), "wrong-token")))
-        .collect();
-    tokio::time::sleep(REFUSAL_DELAY / 5).await;
-    let (status, _) = accounts(client.clone(), url.clone(), TOKEN).await;
-    assert_eq!(status, 200, "the right token during a flood");
-    let mut delayed = 0;
-    for task in wrong {
-        let (status, took) = task.await.expect("call");
-        assert_eq!(status, 401);
-        if took >= REFUSAL_DELAY {
-            delayed += 1;
+    let mut counts = Vec::new();
+    for _ in 0..3 {
+        let wrong: Vec<_> = (0..flood)
+            .map(|_| tokio::spawn(accounts(client.clone(), url.clone(), "wrong-token")))
+            .collect();
+        tokio::time::sleep(REFUSAL_DELAY / 5).await;
+        let (status, _) = accounts(client.clone(), url.clone(), TOKEN).await;
+        assert_eq!(status, 200, "the right token during a flood");
+        let mut delayed = 0;
+        for task in wrong {
+            let (status, took) = task.await.expect("call");
+            assert_eq!(status, 401);
+            if took >= REFUSAL_DELAY {
+                delayed += 1;
+            }
         }
+        counts.push(delayed);
+        if (1..=MAX_DELAYED_REFUSALS).contains(&delayed) {
+            break;
+        }
+        // Let the delayed ones of this flood leave the cap before the next.
+        tokio::time::sleep(2 * REFUSAL_DELAY).await;
     }
     assert!(
-        (1..=MAX_DELAYED_REFUSALS).contains(&delayed),
-        "{delayed} of {flood} refusals waited the delay"
+        counts
+            .last()
+            .is_some_and(|delayed| (1..=MAX_DELAYED_REFUSALS).contains(delayed)),
+        "refusals that waited the delay, per flood of {flood}: {counts:?}"
     );
 }

@@ -957,7 +957,7 @@ async fn the_confirmation_lock_names_its_state_and_swaps_only_from_the_value_it_
     );
     assert!(
         health
-            .swap_confirm(1, "run:a", "fresh:f00:a", 80)
+            .swap_confirm(1, "run:a", "fresh:f00:a", 1_000)
             .await
             .expect("swap")
     );

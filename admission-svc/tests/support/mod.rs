@@ -229,10 +229,28 @@ impl LeaseStream {
             queued: Vec::new(),
         };
         let answer = stream.answer().await;
-        if let Answer::Granted(id) = &answer {
-            stream.lease_id = Some(id.clone());
-        }
         Ok((stream, answer))
+    }
+
+    /// Opens a stream whose first message is `first` without reading anything: the test reads
+    /// the events itself (`next_event`, `answer`), e.g. to see a waiter queue before it acts.
+    pub async fn start(client: &Client, first: pb::lease_request::Kind) -> LeaseStream {
+        let (sender, receiver) = mpsc::channel(8);
+        sender
+            .send(request(first))
+            .await
+            .expect("queue first message");
+        let mut client = client.clone();
+        let events = match client.lease(ReceiverStream::new(receiver)).await {
+            Ok(response) => response.into_inner(),
+            Err(status) => panic!("lease call failed: {status}"),
+        };
+        LeaseStream {
+            sender: Some(sender),
+            events,
+            lease_id: None,
+            queued: Vec::new(),
+        }
     }
 
     pub async fn acquire(client: &Client, acquire: pb::Acquire) -> (LeaseStream, Answer) {
@@ -254,7 +272,17 @@ impl LeaseStream {
         .await
     }
 
-    async fn answer(&mut self) -> Answer {
+    /// Reads events up to the answer to an acquire or resume (`Queued` events are kept in
+    /// `queued`; a grant's lease id in `lease_id`).
+    pub async fn answer(&mut self) -> Answer {
+        let answer = self.read_answer().await;
+        if let Answer::Granted(id) = &answer {
+            self.lease_id = Some(id.clone());
+        }
+        answer
+    }
+
+    async fn read_answer(&mut self) -> Answer {
         loop {
             match self.next_event().await {
                 Ok(Some(pb::lease_event::Kind::Queued(queued))) => {
