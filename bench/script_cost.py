@@ -95,7 +95,11 @@ def current_scripts(revision=None):
         [TIME_PRELUDE, read("prelude.lua"), read("lease_prelude.lua"), read("key_prelude.lua"), body]
     )
     acquire = keyed(read("acquire.lua"))
-    release = keyed(read("release.lua"))
+    release_body = read("release.lua")
+    release = keyed(release_body)
+    # Since the wake across replicas the release also reads the account's waiters and takes the
+    # publisher's tag (publishing only when someone waits: never in this run).
+    wakes = "PUBLISH" in release_body
 
     def commands(i, sha_acquire, sha_release):
         a = i % ACCOUNTS
@@ -104,8 +108,12 @@ def current_scripts(revision=None):
         # KEYS and ARGV as lease/src/redis_backend/scripts.rs documents them.
         acq = ["EVALSHA", sha_acquire, 5, k("leases"), k("rpm"), k("cooldown"), k("window"), k("rpm"),
                lease, 30000, 1000, 0, 0, 60000, 18000000, 0, 0, 0]
-        rel = ["EVALSHA", sha_release, 4, k("leases"), k("window"), k("holders"), k("released"),
-               lease, 0, 18000000, 60000]
+        if wakes:
+            rel = ["EVALSHA", sha_release, 5, k("leases"), k("window"), k("holders"), k("released"),
+                   k("waiters"), lease, 0, 18000000, 60000, "0123456789abcdef"]
+        else:
+            rel = ["EVALSHA", sha_release, 4, k("leases"), k("window"), k("holders"), k("released"),
+                   lease, 0, 18000000, 60000]
         return acq, rel
 
     return acquire, release, commands

@@ -5,8 +5,11 @@
 //!
 //! ```text
 //! cargo run --release -p poolgate-bench --bin admission-bench -- [--redis-url URL] \
-//!     [--concurrency 32] [--seconds 5] [--rate 5000] [--channels 2]
+//!     [--concurrency 32] [--seconds 5] [--rate 5000] [--channels 2] [--contended-seconds 10]
 //! ```
+//!
+//! `--contended-seconds` adds a phase of waits on one busy account: one replica, two replicas
+//! that wake each other's waiters, and two that only poll (how it was before the wake).
 //!
 //! Without `--redis-url` it starts a private `redis-server` on a free port. The admission server
 //! runs in this process (same runtime, same two cores as the load), which is the honest setup on
@@ -58,6 +61,18 @@ struct Args {
     /// Lease channels the gRPC clients share in the channel phases (0 skips them).
     #[arg(long, default_value_t = 2)]
     channels: usize,
+    /// Seconds per run of the contended phase (0 skips it): `contended_workers` clients on one
+    /// account of `contended_limit` slots, each holding a lease `hold_ms`, their acquires
+    /// waiting; on one replica, on two replicas that wake each other's waiters, and on two
+    /// that do not (waiters find a slot freed on the other replica only at their next poll).
+    #[arg(long, default_value_t = 0.0)]
+    contended_seconds: f64,
+    #[arg(long, default_value_t = 16)]
+    contended_workers: usize,
+    #[arg(long, default_value_t = 4)]
+    contended_limit: i32,
+    #[arg(long, default_value_t = 5)]
+    hold_ms: u64,
 }
 
 fn terms(account_id: i64) -> LeaseTerms {
@@ -384,6 +399,123 @@ async fn grpc_open_loop(lanes: &[Lane], args: &Args) -> (Sample, Sample) {
     )
 }
 
+/// Starts an admission server on `store` in this process and opens `connections` clients to it.
+async fn replica(
+    store: LeaseStore,
+    connections: usize,
+) -> Result<Vec<AdmissionClient<WithToken<Channel>>>, String> {
+    let config = Config {
+        backend: store,
+        callers: CallerCheck::Token(BENCH_TOKEN.into()),
+        ..Config::default()
+    };
+    let admission = server::build_engine(&config, Metrics::new())
+        .await
+        .map_err(|e| e.to_string())?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| e.to_string())?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    tokio::spawn(async move {
+        let _ = server::serve(admission, &config, listener, None, std::future::pending()).await;
+    });
+    let mut clients = Vec::new();
+    for _ in 0..connections {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| e.to_string())?
+            .tcp_nodelay(true)
+            .connect()
+            .await
+            .map_err(|e| e.to_string())?;
+        clients.push(AdmissionClient::new(WithToken::new(
+            channel,
+            Some(BENCH_TOKEN),
+        )));
+    }
+    Ok(clients)
+}
+
+/// One contended lease: Acquire (waiting up to 30 s) → Granted, hold, Release → Released.
+/// Returns the wait (acquire → granted) in µs.
+async fn contended_lease(
+    client: &mut AdmissionClient<WithToken<Channel>>,
+    account_id: i64,
+    limit: i32,
+    hold: Duration,
+) -> Option<u64> {
+    let start = Instant::now();
+    let (sender, receiver) = mpsc::channel(2);
+    let acquire = pb::Acquire {
+        account_id,
+        concurrency_limit: limit,
+        wait_ms: 30_000,
+        ..Default::default()
+    };
+    sender
+        .send(message(pb::lease_request::Kind::Acquire(acquire)))
+        .await
+        .ok()?;
+    let mut events = client
+        .lease(ReceiverStream::new(receiver))
+        .await
+        .ok()?
+        .into_inner();
+    let waited = loop {
+        match events.next().await {
+            Some(Ok(pb::LeaseEvent {
+                kind: Some(pb::lease_event::Kind::Queued(_)),
+            })) => continue,
+            Some(Ok(pb::LeaseEvent {
+                kind: Some(pb::lease_event::Kind::Granted(_)),
+            })) => break start.elapsed().as_micros() as u64,
+            _ => return None,
+        }
+    };
+    tokio::time::sleep(hold).await;
+    sender
+        .send(message(pb::lease_request::Kind::Release(pb::Release {
+            spend_usd: 0.0,
+            tokens: 0,
+        })))
+        .await
+        .ok()?;
+    match events.next().await {
+        Some(Ok(pb::LeaseEvent {
+            kind: Some(pb::lease_event::Kind::Released(_)),
+        })) => Some(waited),
+        _ => None,
+    }
+}
+
+/// The contended phase on `replicas` (one client each): every worker runs contended leases on
+/// its replica back to back on one account. Returns the waits.
+async fn contended(
+    replicas: &[AdmissionClient<WithToken<Channel>>],
+    account_id: i64,
+    args: &Args,
+) -> Sample {
+    let deadline = Instant::now() + Duration::from_secs_f64(args.contended_seconds);
+    let started = Instant::now();
+    let hold = Duration::from_millis(args.hold_ms);
+    let mut workers = Vec::new();
+    for worker in 0..args.contended_workers {
+        let mut client = replicas[worker % replicas.len()].clone();
+        let limit = args.contended_limit;
+        workers.push(tokio::spawn(async move {
+            let mut waits = Vec::new();
+            let mut errors = 0;
+            while Instant::now() < deadline {
+                match contended_lease(&mut client, account_id, limit, hold).await {
+                    Some(waited) => waits.push(waited),
+                    None => errors += 1,
+                }
+            }
+            (waits, errors)
+        }));
+    }
+    collect(workers, started).await
+}
+
 async fn run(args: Args) -> Result<(), String> {
     let _private_redis;
     let redis_url = match &args.redis_url {
@@ -403,38 +535,12 @@ async fn run(args: Args) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     let bare = Arc::new(RedisBackend::new(handle));
 
-    let config = Config {
-        backend: LeaseStore::Redis {
-            target,
-            options,
-            policy: Default::default(),
-        },
-        callers: CallerCheck::Token(BENCH_TOKEN.into()),
-        ..Config::default()
+    let store = LeaseStore::Redis {
+        target: target.clone(),
+        options: options.clone(),
+        policy: Default::default(),
     };
-    let admission = server::build_engine(&config, Metrics::new())
-        .await
-        .map_err(|e| e.to_string())?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .map_err(|e| e.to_string())?;
-    let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    tokio::spawn(async move {
-        let _ = server::serve(admission, &config, listener, None, std::future::pending()).await;
-    });
-    let mut clients = Vec::new();
-    for _ in 0..2 {
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| e.to_string())?
-            .tcp_nodelay(true)
-            .connect()
-            .await
-            .map_err(|e| e.to_string())?;
-        clients.push(AdmissionClient::new(WithToken::new(
-            channel,
-            Some(BENCH_TOKEN),
-        )));
-    }
+    let clients = replica(store, 2).await?;
 
     let streams: Vec<Lane> = clients.iter().cloned().map(Lane::Stream).collect();
     let mut channels = Vec::new();
@@ -499,6 +605,51 @@ async fn run(args: Args) -> Result<(), String> {
                 acquire.percentile(0.99)
             );
         }
+    }
+    if args.contended_seconds > 0.0 {
+        contended_phase(&target, &options, &args).await?;
+    }
+    Ok(())
+}
+
+/// One account, more workers than slots, on one replica and on two: how long a waiter waits.
+async fn contended_phase(
+    target: &RedisTarget,
+    options: &RedisOptions,
+    args: &Args,
+) -> Result<(), String> {
+    let listening = || LeaseStore::Redis {
+        target: target.clone(),
+        options: options.clone(),
+        policy: Default::default(),
+    };
+    // The same scripts on a shared handle, without the wake subscription: how waiters across
+    // replicas fared before it.
+    let deaf = || async {
+        let handle = RedisHandle::connect(target, options, Metrics::new().redis_round_trips)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok::<_, String>(LeaseStore::SharedRedis(handle))
+    };
+    let one = replica(listening(), 1).await?;
+    let mut two = replica(listening(), 1).await?;
+    two.extend(replica(listening(), 1).await?);
+    let mut two_deaf = replica(deaf().await?, 1).await?;
+    two_deaf.extend(replica(deaf().await?, 1).await?);
+    let ideal = f64::from(args.contended_limit) * 1000.0 / args.hold_ms.max(1) as f64;
+    println!(
+        "contended: {} workers on one account of {} slots, each lease held {} ms (at most {ideal:.0} leases/s), {} s per run",
+        args.contended_workers, args.contended_limit, args.hold_ms, args.contended_seconds
+    );
+    // Each run on an account of its own, so no run inherits another's waiters.
+    let runs = [
+        ("one replica", &one, 9_001),
+        ("two replicas, woken across", &two, 9_002),
+        ("two replicas, polling only (before)", &two_deaf, 9_003),
+    ];
+    for (name, replicas, account) in runs {
+        let mut waits = contended(replicas, account, args).await;
+        println!("{}", waits.line(&format!("wait → granted, {name}")));
     }
     Ok(())
 }

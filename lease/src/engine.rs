@@ -249,6 +249,15 @@ impl LeaseEngine {
         }
     }
 
+    /// Another replica's release freed a slot of this lease's account (and key): one local
+    /// waiter of each tries at once instead of at its next poll (`redis_backend::wake`).
+    pub(crate) fn wake_for_release_elsewhere(&self, lease_id: &LeaseId) {
+        if self.has_local_waiters(lease_id.account_id()) {
+            self.metrics.wakes_received.inc();
+            self.wake_for(lease_id);
+        }
+    }
+
     fn ttl_ms(&self) -> u64 {
         millis(self.settings.lease_ttl)
     }

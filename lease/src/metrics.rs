@@ -13,6 +13,8 @@ pub struct Metrics {
     pub attempts: IntCounterVec,
     pub leases_in_flight: IntGauge,
     pub waiters: IntGauge,
+    /// admission_wakes_received_total: another replica's release woke a waiter here.
+    pub wakes_received: IntCounter,
     pub leases_restored: IntCounter,
     /// admission_leases_lost_total{reason}: heartbeats answered `Lost` (`released`, `no_room`,
     /// `expired`, `backend_unavailable`).
@@ -66,6 +68,11 @@ impl Metrics {
                 &registry,
                 "admission_waiters",
                 "Acquires waiting for a slot on this replica.",
+            ),
+            wakes_received: counter(
+                &registry,
+                "admission_wakes_received_total",
+                "Wake messages from another replica's release that woke a waiter here.",
             ),
             leases_restored: counter(
                 &registry,

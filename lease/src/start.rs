@@ -1,6 +1,7 @@
 //! The one constructor of the lease engine: the backend from config, and the background tasks
 //! every embedder needs (release retries; on Redis, the replica registry heartbeat that also
-//! probes Redis while degraded). admission-svc, the selector's probe and the relay's standalone
+//! probes Redis while degraded, and the subscription that wakes waiters when another replica
+//! frees a slot). admission-svc, the selector's probe and the relay's standalone
 //! mode all build their engine here, so none runs without its release retries.
 
 use std::sync::{Arc, Weak};
@@ -15,7 +16,7 @@ use crate::engine::LeaseEngine;
 use crate::memory::MemoryBackend;
 use crate::metrics::Metrics;
 use crate::policy::{PolicyBackend, PolicySettings};
-use crate::redis_backend::RedisBackend;
+use crate::redis_backend::{RedisBackend, wake};
 
 /// How often releases the backend did not take are tried again.
 pub const RELEASE_RETRY_INTERVAL: Duration = Duration::from_secs(1);
@@ -76,19 +77,24 @@ pub async fn start(
         } => {
             let handle =
                 RedisHandle::connect(target, options, metrics.redis_round_trips.clone()).await?;
-            let backend = PolicyBackend::new(
-                RedisBackend::new(handle),
-                policy.clone(),
-                settings.rpm_window,
-                metrics.clone(),
-            );
+            let redis = RedisBackend::new(handle);
+            let wake_tag = redis.wake_tag().to_owned();
+            let backend =
+                PolicyBackend::new(redis, policy.clone(), settings.rpm_window, metrics.clone());
             // The first heartbeat registers this replica before it serves.
             backend.tick().await;
             tokio::spawn(registry_loop(
                 Arc::downgrade(&backend),
                 policy.registry_interval,
             ));
-            LeaseEngine::with_policy(backend, settings, metrics)
+            let engine = LeaseEngine::with_policy(backend, settings, metrics);
+            tokio::spawn(wake::listen(
+                Arc::downgrade(&engine),
+                target.clone(),
+                wake_tag,
+                options.timeout,
+            ));
+            engine
         }
     };
     tokio::spawn(retry_releases(Arc::downgrade(&engine)));

@@ -9,6 +9,10 @@
 /// Prefix of every poolgate key, so a shared Redis can be scanned or cleaned by prefix.
 pub const PREFIX: &str = "pg";
 
+/// The Pub/Sub channel a release publishes on when it freed a slot of an account with waiters
+/// (message `<publisher tag> <lease id>`); every admission replica subscribes to it.
+pub const LEASE_WAKE_CHANNEL: &str = "pg:lease:wake";
+
 /// The keys of one upstream account, all in the hash slot of `{a:<account_id>}`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AccountKeys {

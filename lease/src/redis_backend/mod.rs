@@ -12,6 +12,7 @@ mod reply;
 mod restore;
 mod scripts;
 mod uncertain;
+pub mod wake;
 
 use std::sync::Arc;
 
@@ -38,6 +39,9 @@ pub struct RedisBackend {
     /// Learned from every script's `now`, so reads outside scripts (Inflight) use Redis time
     /// too.
     clock: RedisClock,
+    /// Names this backend's releases in the wake messages they publish, so its own
+    /// subscription skips them (its waiters were woken in process already).
+    wake_tag: String,
 }
 
 impl RedisBackend {
@@ -46,7 +50,13 @@ impl RedisBackend {
             redis,
             scripts: Arc::new(Scripts::new()),
             clock: RedisClock::default(),
+            wake_tag: wake::new_tag(),
         }
+    }
+
+    /// The tag this backend's wake messages carry (`wake::listen` skips them).
+    pub fn wake_tag(&self) -> &str {
+        &self.wake_tag
     }
 
     pub fn handle(&self) -> &RedisHandle {
@@ -531,7 +541,8 @@ impl LeaseBackend for RedisBackend {
         invocation
             .key(&keys.window)
             .key(&keys.holders)
-            .key(&keys.released);
+            .key(&keys.released)
+            .key(&keys.waiters);
         if !cluster && let Some(key_keys) = &key_keys {
             key_slot::push(key_keys, &mut invocation);
         }
@@ -539,7 +550,8 @@ impl LeaseBackend for RedisBackend {
             .arg(lease_id.as_str())
             .arg(spend_micros.max(0))
             .arg(session_window_ms)
-            .arg(fence_ms.max(1));
+            .arg(fence_ms.max(1))
+            .arg(&self.wake_tag);
         if !cluster && key_keys.is_some() {
             key_slot::charge_args(&mut invocation, key);
         }

@@ -63,10 +63,14 @@ const RENEW: &str = include_str!("scripts/renew.lua");
 /// it; a resume within the orphan grace lowers the fence the orphaning raised.
 const RESUME: &str = include_str!("scripts/resume.lua");
 
-/// KEYS: leases, window, holders, released (and on one node for a keyed lease, the 8 key slot
-/// keys). ARGV: lease id, spend micro-USD, session window ms, fence ms, charge the key (1/0),
-/// then the key's charge ARGV (see `KEY_PRELUDE`). Returns {removed (1/0), now}. Raises the release fence whether or not the lease was
-/// still there: a lease released after it expired must not come back either.
+/// KEYS: leases, window, holders, released, waiters (and on one node for a keyed lease, the 8
+/// key slot keys). ARGV: lease id, spend micro-USD, session window ms, fence ms, the
+/// publisher's wake tag, charge the key (1/0), then the key's charge ARGV (see `KEY_PRELUDE`).
+/// Returns {removed (1/0), now}. Raises the release fence whether or not the lease was still
+/// there: a lease released after it expired must not come back either. A release that freed a
+/// live slot of an account with live waiters publishes `<tag> <lease id>` on
+/// `keys::LEASE_WAKE_CHANNEL`, so replicas whose waiters wait for it try at once instead of at
+/// their next poll (`wake.rs`).
 const RELEASE: &str = include_str!("scripts/release.lua");
 
 /// KEYS: leases, holders, released (and on one node for a keyed lease, the key's leases and

@@ -8,9 +8,15 @@ end
 raise_fence(KEYS[4], ARGV[1], now + tonumber(ARGV[4]))
 local spend = tonumber(ARGV[2])
 if spend > 0 then add_spend(KEYS[2], spend, tonumber(ARGV[3])) end
-if #KEYS > 4 then
-  redis.call('ZREM', KEYS[5], ARGV[1])
-  raise_fence(KEYS[6], ARGV[1], now + tonumber(ARGV[4]))
-  if ARGV[5] == '1' then key_charge(5, ARGV[1], 6, tonumber(ARGV[4])) end
+if removed == 1 and redis.call('ZCARD', KEYS[5]) > 0
+    and redis.call('ZCOUNT', KEYS[5], now, '+inf') > 0 then
+  -- The channel is `poolgate_runtime::keys::LEASE_WAKE_CHANNEL`. pcall: a publish refused
+  -- (an ACL without the channel) must not fail the release; waiters then poll.
+  redis.pcall('PUBLISH', 'pg:lease:wake', ARGV[5] .. ' ' .. ARGV[1])
+end
+if #KEYS > 5 then
+  redis.call('ZREM', KEYS[6], ARGV[1])
+  raise_fence(KEYS[7], ARGV[1], now + tonumber(ARGV[4]))
+  if ARGV[6] == '1' then key_charge(6, ARGV[1], 7, tonumber(ARGV[4])) end
 end
 return {removed, now}
