@@ -411,17 +411,37 @@ async fn after_redis_restarts_enforcement_resumes_without_over_admission_from_ou
 }
 
 /// Blocks Redis (started with the debug command enabled) for `seconds`, in the background: every
-/// client's command waits, as when Redis is overloaded.
+/// client's command waits, as when Redis is overloaded. Returns once Redis is seen blocked (a
+/// `PING` on a connection of its own goes unanswered for 20 ms), not after a guessed delay.
 async fn block_redis(redis: &RedisServer, seconds: &str) -> tokio::task::JoinHandle<()> {
     let mut blocker = redis.client().await.expect("client");
+    let mut probe = redis.client().await.expect("client");
     let seconds = seconds.to_owned();
-    tokio::spawn(async move {
+    let sleeper = tokio::spawn(async move {
         let _: Result<String, _> = redis::cmd("DEBUG")
             .arg("SLEEP")
             .arg(seconds)
             .query_async(&mut blocker)
             .await;
-    })
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let ping = redis::cmd("PING");
+        if tokio::time::timeout(
+            Duration::from_millis(20),
+            ping.query_async::<String>(&mut probe),
+        )
+        .await
+        .is_err()
+        {
+            return sleeper;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "Redis never blocked on DEBUG SLEEP"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -444,7 +464,6 @@ async fn uncertain_acquire_is_cleaned_up_with_its_rpm_event_by_one_detached_clea
     assert!(answer.is_granted());
     warm.release(0.0).await;
     let sleeper = block_redis(&redis, "0.3").await;
-    tokio::time::sleep(Duration::from_millis(30)).await;
     let (_, answer) = LeaseStream::acquire(&server.client, terms.clone()).await;
     assert_eq!(
         answer.denied_reason(),
@@ -509,7 +528,6 @@ async fn a_timed_out_heartbeat_is_not_an_outage_and_grants_nothing_from_the_fall
     assert!(answer.is_granted());
 
     let sleeper = block_redis(&redis, "0.4").await;
-    tokio::time::sleep(Duration::from_millis(30)).await;
     match mine.heartbeat().await {
         Ok(Some(pb::lease_event::Kind::NotRenewed(_))) => {}
         other => panic!("expected NotRenewed, got {other:?}"),
