@@ -503,18 +503,15 @@ async fn waiter_is_woken_by_a_release(store: Store) {
     let server = TestServer::start(store.backend_config(), settings).await;
     let (holder, answer) = LeaseStream::acquire(&server.client, acquire(151, 1)).await;
     assert!(answer.is_granted());
-    let mut waiter = LeaseStream::start(
+    let (mut waiter, position) = LeaseStream::queued(
         &server.client,
-        pb::lease_request::Kind::Acquire(pb::Acquire {
+        pb::Acquire {
             wait_ms: 10_000,
             ..acquire(151, 1)
-        }),
+        },
     )
     .await;
-    match waiter.next_event().await {
-        Ok(Some(pb::lease_event::Kind::Queued(queued))) => assert_eq!(queued.position, 1),
-        other => panic!("the waiter should be told it queued first: {other:?}"),
-    }
+    assert_eq!(position, 1);
     let released_at = std::time::Instant::now();
     holder.release(0.0).await;
     let answer = waiter.answer().await;
@@ -535,18 +532,14 @@ async fn full_wait_queue_is_denied_queue_full(store: Store) {
     assert!(answer.is_granted());
     let mut waiters = Vec::new();
     for _ in 0..2 {
-        let mut waiter = LeaseStream::start(
+        let (waiter, _) = LeaseStream::queued(
             &server.client,
-            pb::lease_request::Kind::Acquire(pb::Acquire {
+            pb::Acquire {
                 wait_ms: 1_500,
                 ..acquire(161, 1)
-            }),
+            },
         )
         .await;
-        match waiter.next_event().await {
-            Ok(Some(pb::lease_event::Kind::Queued(_))) => {}
-            other => panic!("the waiter should be told it queued first: {other:?}"),
-        }
         waiters.push(waiter);
     }
     let (_, answer) = LeaseStream::acquire(

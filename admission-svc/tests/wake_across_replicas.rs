@@ -22,6 +22,14 @@ fn slow_polls() -> poolgate_core::lease::Settings {
     settings
 }
 
+/// An acquire of `account` (one slot) that waits.
+fn waiting(account: i64) -> pb::Acquire {
+    pb::Acquire {
+        wait_ms: 20_000,
+        ..acquire(account, 1)
+    }
+}
+
 fn store(url: &str) -> LeaseStore {
     LeaseStore::Redis {
         target: RedisTarget::parse(url).expect("redis url"),
@@ -47,21 +55,6 @@ async fn count_wakes(url: String) -> tokio::sync::watch::Receiver<usize> {
         }
     });
     counted
-}
-
-async fn queued_waiter(server: &TestServer, account: i64) -> LeaseStream {
-    let mut waiter = LeaseStream::start(
-        &server.client,
-        pb::lease_request::Kind::Acquire(pb::Acquire {
-            wait_ms: 20_000,
-            ..acquire(account, 1)
-        }),
-    )
-    .await;
-    match waiter.next_event().await {
-        Ok(Some(pb::lease_event::Kind::Queued(_))) => waiter,
-        other => panic!("the waiter should queue first: {other:?}"),
-    }
 }
 
 /// Subscribers of the wake channel on the node at `url`.
@@ -110,7 +103,7 @@ async fn a_release_on_one_replica_wakes_a_waiter_on_another(
     for round in 0..3 {
         let (holder, answer) = LeaseStream::acquire(&first.client, acquire(401, 1)).await;
         assert!(answer.is_granted(), "round {round}: {answer:?}");
-        let mut waiter = queued_waiter(&second, 401).await;
+        let (mut waiter, _) = LeaseStream::queued(&second.client, waiting(401)).await;
         let released_at = Instant::now();
         holder.release(0.0).await;
         let answer = waiter.answer().await;
@@ -195,7 +188,7 @@ async fn a_publish_the_acl_refuses_fails_no_release() {
     let server = TestServer::start(store(&url), slow_polls()).await;
     let (holder, answer) = LeaseStream::acquire(&server.client, acquire(402, 1)).await;
     assert!(answer.is_granted(), "{answer:?}");
-    let mut waiter = queued_waiter(&server, 402).await;
+    let (mut waiter, _) = LeaseStream::queued(&server.client, waiting(402)).await;
     // `release` panics unless admission answers Released.
     holder.release(0.0).await;
     assert!(waiter.answer().await.is_granted());

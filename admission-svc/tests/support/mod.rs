@@ -212,6 +212,16 @@ impl LeaseStream {
         client: &Client,
         first: pb::lease_request::Kind,
     ) -> Result<(LeaseStream, Answer), tonic::Status> {
+        let mut stream = Self::start(client, first).await?;
+        let answer = stream.answer().await;
+        Ok((stream, answer))
+    }
+
+    /// Opens a stream whose first message is `first`, reading nothing yet.
+    async fn start(
+        client: &Client,
+        first: pb::lease_request::Kind,
+    ) -> Result<LeaseStream, tonic::Status> {
         let (sender, receiver) = mpsc::channel(8);
         sender
             .send(request(first))
@@ -222,34 +232,26 @@ impl LeaseStream {
             .lease(ReceiverStream::new(receiver))
             .await?
             .into_inner();
-        let mut stream = LeaseStream {
+        Ok(LeaseStream {
             sender: Some(sender),
             events,
             lease_id: None,
             queued: Vec::new(),
-        };
-        let answer = stream.answer().await;
-        Ok((stream, answer))
+        })
     }
 
-    /// Opens a stream whose first message is `first` without reading anything: the test reads
-    /// the events itself (`next_event`, `answer`), e.g. to see a waiter queue before it acts.
-    pub async fn start(client: &Client, first: pb::lease_request::Kind) -> LeaseStream {
-        let (sender, receiver) = mpsc::channel(8);
-        sender
-            .send(request(first))
-            .await
-            .expect("queue first message");
-        let mut client = client.clone();
-        let events = match client.lease(ReceiverStream::new(receiver)).await {
-            Ok(response) => response.into_inner(),
+    /// Sends `acquire` for an account with no room and returns once admission says it queued
+    /// (its position): the test acts knowing the waiter waits, and reads the answer with
+    /// `answer` later.
+    pub async fn queued(client: &Client, acquire: pb::Acquire) -> (LeaseStream, u32) {
+        let mut waiter = match Self::start(client, pb::lease_request::Kind::Acquire(acquire)).await
+        {
+            Ok(stream) => stream,
             Err(status) => panic!("lease call failed: {status}"),
         };
-        LeaseStream {
-            sender: Some(sender),
-            events,
-            lease_id: None,
-            queued: Vec::new(),
+        match waiter.next_event().await {
+            Ok(Some(pb::lease_event::Kind::Queued(queued))) => (waiter, queued.position),
+            other => panic!("the waiter should be told it queued first: {other:?}"),
         }
     }
 
