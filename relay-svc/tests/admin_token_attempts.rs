@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use poolgate_runtime::failed_auth::{MAX_DELAYED_REFUSALS, REFUSAL_DELAY};
+use poolgate_testkit::delayed_per_flood;
 use relay_svc::admin::{AccountView, AdminError, BlockView, KeyUsage, Operator, WindowRow};
 
 const TOKEN: &str = "the-admin-token";
@@ -91,33 +92,27 @@ async fn a_wrong_admin_token_costs_a_delay_and_a_flood_never_locks_the_right_one
     let (status, _) = accounts(client.clone(), url.clone(), TOKEN).await;
     assert_eq!(status, 200);
 
-    // A refusal answered at once can still take the delay's length on a loaded machine (the
-    // suite runs beside others on two cores), which reads as delayed here: a flood whose count
-    // is off is tried again, up to three floods. Without the cap every flood counts them all.
+    // At most the cap of a flood's refusals wait out the delay, the rest are refused at once,
+    // and the right token gets through meanwhile.
     let flood = 3 * MAX_DELAYED_REFUSALS;
-    let mut counts = Vec::new();
-    for _ in 0..3 {
-        let wrong: Vec<_> = (0..flood)
-            .map(|_| tokio::spawn(accounts(client.clone(), url.clone(), "wrong-token")))
-            .collect();
-        tokio::time::sleep(REFUSAL_DELAY / 5).await;
-        let (status, _) = accounts(client.clone(), url.clone(), TOKEN).await;
-        assert_eq!(status, 200, "the right token during a flood");
-        let mut delayed = 0;
-        for task in wrong {
-            let (status, took) = task.await.expect("call");
-            assert_eq!(status, 401);
-            if took >= REFUSAL_DELAY {
-                delayed += 1;
+    let counts = delayed_per_flood(
+        flood,
+        REFUSAL_DELAY,
+        1..=MAX_DELAYED_REFUSALS,
+        || {
+            let (client, url) = (client.clone(), url.clone());
+            async move {
+                let (status, took) = accounts(client, url, "wrong-token").await;
+                assert_eq!(status, 401);
+                took
             }
-        }
-        counts.push(delayed);
-        if (1..=MAX_DELAYED_REFUSALS).contains(&delayed) {
-            break;
-        }
-        // Let the delayed ones of this flood leave the cap before the next.
-        tokio::time::sleep(2 * REFUSAL_DELAY).await;
-    }
+        },
+        || async {
+            let (status, _) = accounts(client.clone(), url.clone(), TOKEN).await;
+            assert_eq!(status, 200, "the right token during a flood");
+        },
+    )
+    .await;
     assert!(
         counts
             .last()

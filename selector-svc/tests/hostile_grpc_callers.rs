@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use poolgate_rpc::service_auth::SERVICE_TOKEN_HEADER;
 use poolgate_runtime::failed_auth::{MAX_DELAYED_REFUSALS, REFUSAL_DELAY};
-use poolgate_testkit::call_empty;
+use poolgate_testkit::{call_empty, delayed_per_flood};
 use support::{ADMIN_TOKEN, Backends, Replica, SERVICE_TOKEN, fast_settings};
 use tonic::Code;
 use tonic::transport::Channel;
@@ -168,33 +168,25 @@ async fn a_wrong_admin_token_costs_a_delay_and_a_flood_never_locks_the_right_one
 
     // A flood of wrong tokens: at most the cap of them wait out the delay, the rest are refused
     // at once, and the right token gets through meanwhile.
-    // A refusal answered at once can still take the delay's length on a loaded machine (the
-    // suite runs beside others on two cores), which reads as delayed here: a flood whose count
-    // is off is tried again, up to three floods. Without the cap every flood counts them all.
     let flood = 3 * MAX_DELAYED_REFUSALS;
-    let mut counts = Vec::new();
-    for _ in 0..3 {
-        let wrong: Vec<_> = (0..flood)
-            .map(|_| tokio::spawn(list_accounts(channel.clone(), "wrong-token")))
-            .collect();
-        tokio::time::sleep(REFUSAL_DELAY / 5).await;
-        let (code, _) = list_accounts(channel.clone(), ADMIN_TOKEN).await;
-        assert_eq!(code, Code::Ok, "the right token during a flood");
-        let mut delayed = 0;
-        for task in wrong {
-            let (code, took) = task.await.expect("call");
-            assert_eq!(code, Code::Unauthenticated);
-            if took >= REFUSAL_DELAY {
-                delayed += 1;
+    let counts = delayed_per_flood(
+        flood,
+        REFUSAL_DELAY,
+        1..=MAX_DELAYED_REFUSALS,
+        || {
+            let channel = channel.clone();
+            async move {
+                let (code, took) = list_accounts(channel, "wrong-token").await;
+                assert_eq!(code, Code::Unauthenticated);
+                took
             }
-        }
-        counts.push(delayed);
-        if (1..=MAX_DELAYED_REFUSALS).contains(&delayed) {
-            break;
-        }
-        // Let the delayed ones of this flood leave the cap before the next.
-        tokio::time::sleep(2 * REFUSAL_DELAY).await;
-    }
+        },
+        || async {
+            let (code, _) = list_accounts(channel.clone(), ADMIN_TOKEN).await;
+            assert_eq!(code, Code::Ok, "the right token during a flood");
+        },
+    )
+    .await;
     assert!(
         counts
             .last()

@@ -37,6 +37,46 @@ where
     }
 }
 
+/// How many of a flood of wrong admin tokens waited out the refusal delay, per flood: up to
+/// three floods of `flood` concurrent `wrong` calls (each returns how long its refusal took),
+/// with one `right` call during each, until a flood's count is in `expected`. A refusal
+/// answered at once can still take the delay's length on a loaded machine and read as delayed,
+/// so one flood may miscount; without a cap on delayed refusals every flood counts them all.
+pub async fn delayed_per_flood<W, WF, R, RF>(
+    flood: usize,
+    delay: Duration,
+    expected: std::ops::RangeInclusive<usize>,
+    wrong: W,
+    right: R,
+) -> Vec<usize>
+where
+    W: Fn() -> WF,
+    WF: Future<Output = Duration> + Send + 'static,
+    R: Fn() -> RF,
+    RF: Future<Output = ()>,
+{
+    let mut counts = Vec::new();
+    for _ in 0..3 {
+        let calls: Vec<_> = (0..flood).map(|_| tokio::spawn(wrong())).collect();
+        tokio::time::sleep(delay / 5).await;
+        right().await;
+        let mut delayed = 0;
+        for call in calls {
+            // A call that failed its own checks fails the test here.
+            if call.await.expect("a wrong-token call") >= delay {
+                delayed += 1;
+            }
+        }
+        counts.push(delayed);
+        if expected.contains(&delayed) {
+            break;
+        }
+        // Let this flood's delayed refusals leave the cap before the next.
+        tokio::time::sleep(2 * delay).await;
+    }
+    counts
+}
+
 /// A free loopback port (bound and released; good enough for tests on one machine).
 pub fn free_port() -> HarnessResult<u16> {
     let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("bind: {e}"))?;
