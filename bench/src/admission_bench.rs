@@ -38,6 +38,9 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 
+#[path = "admission_bench/contended.rs"]
+mod contended;
+
 /// The service token the bench's admission server requires and its clients send.
 const BENCH_TOKEN: &str = "bench-service-token";
 
@@ -154,48 +157,76 @@ fn message(kind: pb::lease_request::Kind) -> pb::LeaseRequest {
     pb::LeaseRequest { kind: Some(kind) }
 }
 
+type Client = AdmissionClient<WithToken<Channel>>;
+
+/// A `Lease` stream opened with `acquire`: where to send, and what admission answers.
+struct LeaseCall {
+    sender: mpsc::Sender<pb::LeaseRequest>,
+    events: tonic::Streaming<pb::LeaseEvent>,
+}
+
+impl LeaseCall {
+    async fn open(client: &mut Client, acquire: pb::Acquire) -> Option<Self> {
+        let (sender, receiver) = mpsc::channel(2);
+        sender
+            .send(message(pb::lease_request::Kind::Acquire(acquire)))
+            .await
+            .ok()?;
+        let events = client
+            .lease(ReceiverStream::new(receiver))
+            .await
+            .ok()?
+            .into_inner();
+        Some(LeaseCall { sender, events })
+    }
+
+    /// Reads up to the grant (`Queued` events skipped); `None` for any other answer.
+    async fn granted(&mut self) -> Option<()> {
+        loop {
+            match self.events.next().await {
+                Some(Ok(pb::LeaseEvent {
+                    kind: Some(pb::lease_event::Kind::Queued(_)),
+                })) => continue,
+                Some(Ok(pb::LeaseEvent {
+                    kind: Some(pb::lease_event::Kind::Granted(_)),
+                })) => return Some(()),
+                _ => return None,
+            }
+        }
+    }
+
+    /// Release → Released.
+    async fn release(&mut self) -> Option<()> {
+        self.sender
+            .send(message(pb::lease_request::Kind::Release(pb::Release {
+                spend_usd: 0.0,
+                tokens: 0,
+            })))
+            .await
+            .ok()?;
+        match self.events.next().await {
+            Some(Ok(pb::LeaseEvent {
+                kind: Some(pb::lease_event::Kind::Released(_)),
+            })) => Some(()),
+            _ => None,
+        }
+    }
+}
+
 /// One lease through the API: open the stream, Acquire → Granted, Release → Released.
 /// Returns (acquire latency, whole cycle) in µs.
-async fn one_lease(
-    client: &mut AdmissionClient<WithToken<Channel>>,
-    account_id: i64,
-) -> Option<(u64, u64)> {
+async fn one_lease(client: &mut Client, account_id: i64) -> Option<(u64, u64)> {
     let start = Instant::now();
-    let (sender, receiver) = mpsc::channel(2);
     let acquire = pb::Acquire {
         account_id,
         concurrency_limit: 1_000_000,
         ..Default::default()
     };
-    sender
-        .send(message(pb::lease_request::Kind::Acquire(acquire)))
-        .await
-        .ok()?;
-    let mut events = client
-        .lease(ReceiverStream::new(receiver))
-        .await
-        .ok()?
-        .into_inner();
-    match events.next().await {
-        Some(Ok(pb::LeaseEvent {
-            kind: Some(pb::lease_event::Kind::Granted(_)),
-        })) => {}
-        _ => return None,
-    }
+    let mut call = LeaseCall::open(client, acquire).await?;
+    call.granted().await?;
     let acquired = start.elapsed().as_micros() as u64;
-    sender
-        .send(message(pb::lease_request::Kind::Release(pb::Release {
-            spend_usd: 0.0,
-            tokens: 0,
-        })))
-        .await
-        .ok()?;
-    match events.next().await {
-        Some(Ok(pb::LeaseEvent {
-            kind: Some(pb::lease_event::Kind::Released(_)),
-        })) => Some((acquired, start.elapsed().as_micros() as u64)),
-        _ => None,
-    }
+    call.release().await?;
+    Some((acquired, start.elapsed().as_micros() as u64))
 }
 
 /// One lease channel shared by several clients: their requests go out on one stream, and a
@@ -217,7 +248,7 @@ fn lock(
 }
 
 impl SharedChannel {
-    async fn open(client: &AdmissionClient<WithToken<Channel>>) -> Result<Arc<Self>, String> {
+    async fn open(client: &Client) -> Result<Arc<Self>, String> {
         let (sender, receiver) = mpsc::channel(1024);
         let mut events = client
             .clone()
@@ -311,7 +342,7 @@ impl SharedChannel {
 #[derive(Clone)]
 enum Lane {
     /// One `Lease` stream per lease, on this client's connection.
-    Stream(AdmissionClient<WithToken<Channel>>),
+    Stream(Client),
     /// Tags on a lease channel shared with other clients.
     Channel(Arc<SharedChannel>),
 }
@@ -400,10 +431,7 @@ async fn grpc_open_loop(lanes: &[Lane], args: &Args) -> (Sample, Sample) {
 }
 
 /// Starts an admission server on `store` in this process and opens `connections` clients to it.
-async fn replica(
-    store: LeaseStore,
-    connections: usize,
-) -> Result<Vec<AdmissionClient<WithToken<Channel>>>, String> {
+async fn replica(store: LeaseStore, connections: usize) -> Result<Vec<Client>, String> {
     let config = Config {
         backend: store,
         callers: CallerCheck::Token(BENCH_TOKEN.into()),
@@ -433,87 +461,6 @@ async fn replica(
         )));
     }
     Ok(clients)
-}
-
-/// One contended lease: Acquire (waiting up to 30 s) → Granted, hold, Release → Released.
-/// Returns the wait (acquire → granted) in µs.
-async fn contended_lease(
-    client: &mut AdmissionClient<WithToken<Channel>>,
-    account_id: i64,
-    limit: i32,
-    hold: Duration,
-) -> Option<u64> {
-    let start = Instant::now();
-    let (sender, receiver) = mpsc::channel(2);
-    let acquire = pb::Acquire {
-        account_id,
-        concurrency_limit: limit,
-        wait_ms: 30_000,
-        ..Default::default()
-    };
-    sender
-        .send(message(pb::lease_request::Kind::Acquire(acquire)))
-        .await
-        .ok()?;
-    let mut events = client
-        .lease(ReceiverStream::new(receiver))
-        .await
-        .ok()?
-        .into_inner();
-    let waited = loop {
-        match events.next().await {
-            Some(Ok(pb::LeaseEvent {
-                kind: Some(pb::lease_event::Kind::Queued(_)),
-            })) => continue,
-            Some(Ok(pb::LeaseEvent {
-                kind: Some(pb::lease_event::Kind::Granted(_)),
-            })) => break start.elapsed().as_micros() as u64,
-            _ => return None,
-        }
-    };
-    tokio::time::sleep(hold).await;
-    sender
-        .send(message(pb::lease_request::Kind::Release(pb::Release {
-            spend_usd: 0.0,
-            tokens: 0,
-        })))
-        .await
-        .ok()?;
-    match events.next().await {
-        Some(Ok(pb::LeaseEvent {
-            kind: Some(pb::lease_event::Kind::Released(_)),
-        })) => Some(waited),
-        _ => None,
-    }
-}
-
-/// The contended phase on `replicas` (one client each): every worker runs contended leases on
-/// its replica back to back on one account. Returns the waits.
-async fn contended(
-    replicas: &[AdmissionClient<WithToken<Channel>>],
-    account_id: i64,
-    args: &Args,
-) -> Sample {
-    let deadline = Instant::now() + Duration::from_secs_f64(args.contended_seconds);
-    let started = Instant::now();
-    let hold = Duration::from_millis(args.hold_ms);
-    let mut workers = Vec::new();
-    for worker in 0..args.contended_workers {
-        let mut client = replicas[worker % replicas.len()].clone();
-        let limit = args.contended_limit;
-        workers.push(tokio::spawn(async move {
-            let mut waits = Vec::new();
-            let mut errors = 0;
-            while Instant::now() < deadline {
-                match contended_lease(&mut client, account_id, limit, hold).await {
-                    Some(waited) => waits.push(waited),
-                    None => errors += 1,
-                }
-            }
-            (waits, errors)
-        }));
-    }
-    collect(workers, started).await
 }
 
 async fn run(args: Args) -> Result<(), String> {
@@ -607,49 +554,7 @@ async fn run(args: Args) -> Result<(), String> {
         }
     }
     if args.contended_seconds > 0.0 {
-        contended_phase(&target, &options, &args).await?;
-    }
-    Ok(())
-}
-
-/// One account, more workers than slots, on one replica and on two: how long a waiter waits.
-async fn contended_phase(
-    target: &RedisTarget,
-    options: &RedisOptions,
-    args: &Args,
-) -> Result<(), String> {
-    let listening = || LeaseStore::Redis {
-        target: target.clone(),
-        options: options.clone(),
-        policy: Default::default(),
-    };
-    // The same scripts on a shared handle, without the wake subscription: how waiters across
-    // replicas fared before it.
-    let deaf = || async {
-        let handle = RedisHandle::connect(target, options, Metrics::new().redis_round_trips)
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok::<_, String>(LeaseStore::SharedRedis(handle))
-    };
-    let one = replica(listening(), 1).await?;
-    let mut two = replica(listening(), 1).await?;
-    two.extend(replica(listening(), 1).await?);
-    let mut two_deaf = replica(deaf().await?, 1).await?;
-    two_deaf.extend(replica(deaf().await?, 1).await?);
-    let ideal = f64::from(args.contended_limit) * 1000.0 / args.hold_ms.max(1) as f64;
-    println!(
-        "contended: {} workers on one account of {} slots, each lease held {} ms (at most {ideal:.0} leases/s), {} s per run",
-        args.contended_workers, args.contended_limit, args.hold_ms, args.contended_seconds
-    );
-    // Each run on an account of its own, so no run inherits another's waiters.
-    let runs = [
-        ("one replica", &one, 9_001),
-        ("two replicas, woken across", &two, 9_002),
-        ("two replicas, polling only (before)", &two_deaf, 9_003),
-    ];
-    for (name, replicas, account) in runs {
-        let mut waits = contended(replicas, account, args).await;
-        println!("{}", waits.line(&format!("wait → granted, {name}")));
+        contended::phase(&target, &options, &args).await?;
     }
     Ok(())
 }
