@@ -27,7 +27,7 @@ pub struct Classified {
     /// When the upstream said the limit resets, ms since the epoch.
     pub reset_at_ms: Option<i64>,
     /// Failover reason label: `429`, `529`, `5xx`, `401`, `refused`, `connect`, `network`,
-    /// `quota`, `409`, `client`, `stream_error`.
+    /// `quota`, `409`, `client`, `subscription`, `model_limit`, `stream_error`.
     pub label: &'static str,
 }
 
@@ -45,6 +45,21 @@ impl Classified {
     /// Another account may answer differently; the account's health is not touched.
     pub fn is_permission_refusal(&self) -> bool {
         self.class == OutcomeClass::ClientError && self.label == "refused"
+    }
+
+    /// The upstream's word that this subscription token serves only its own CLI, or that the
+    /// request is third-party traffic it bills as extra usage (docs/SUBSCRIPTIONS.md, "What the
+    /// upstreams enforce"): about the request and the kind of credential, never the account's
+    /// health. Every subscription account of the platform would answer the same.
+    pub fn is_subscription_refusal(&self) -> bool {
+        self.class == OutcomeClass::ClientError && self.label == "subscription"
+    }
+
+    /// A 429 of a model-scoped limit (a weekly limit of one model family): the account serves
+    /// every other model, so it is no account-wide block; the window reading the answer carries
+    /// keeps that family off the account until its reset.
+    pub fn is_model_limit(&self) -> bool {
+        self.class == OutcomeClass::ClientError && self.label == "model_limit"
     }
 
     /// No answer because the connection never got as far as sending the request (DNS, TCP

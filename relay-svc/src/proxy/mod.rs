@@ -258,6 +258,10 @@ impl Relay {
         // OAuth accounts whose refused token the selector had refreshed (for this request or
         // before it): retried with the stored token, at most `REFRESHED_RETRIES` times each.
         let mut refreshed: HashMap<i64, (Secret, u32)> = HashMap::new();
+        // A subscription account refused the request as another client's (third-party)
+        // traffic: every subscription account of the platform would answer the same, so the
+        // rest of the request goes to API-key accounts only.
+        let mut no_subscriptions = false;
         loop {
             let plan = match self
                 .selection
@@ -292,6 +296,9 @@ impl Relay {
             if inbound.path != "/v1/responses" {
                 plan.accounts
                     .retain(|a| a.credential_kind != CredentialKind::ChatGptOAuth);
+            }
+            if no_subscriptions {
+                plan.accounts.retain(|a| !a.credential_kind.is_oauth());
             }
             if !not_found_models.is_empty() {
                 plan.accounts
@@ -423,9 +430,18 @@ impl Relay {
                         // Not the account's fault, and nothing reported: a client's request
                         // never changes an account's health. The client gets the answer as it
                         // came, unless another account may answer differently: one with
-                        // permission (403 permission_error), or one that maps the model to a
-                        // different upstream model (404).
-                        let other_may_answer = classified.is_permission_refusal()
+                        // permission (403 permission_error), one that maps the model to a
+                        // different upstream model (404), one whose limit of this model family
+                        // is not used up (a model-scoped 429: its window reading, recorded from
+                        // the answer's headers, keeps the family off this account), or an
+                        // API-key account where a subscription refused the request as
+                        // another client's (docs/SUBSCRIPTIONS.md).
+                        let subscription_refused = classified.is_subscription_refusal()
+                            && account.credential_kind.is_oauth();
+                        no_subscriptions |= subscription_refused;
+                        let other_may_answer = subscription_refused
+                            || classified.is_model_limit()
+                            || classified.is_permission_refusal()
                             || (status == 404 && {
                                 not_found_models.push(account.mapped_model.clone());
                                 true
