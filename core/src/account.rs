@@ -271,6 +271,10 @@ pub struct GroupSettings {
     pub window_shed_at: Option<f64>,
     /// The group's own threshold above which sticky sessions move; `None`: the deployment's.
     pub window_move_at: Option<f64>,
+    /// The group's subscription accounts serve only the platform's own CLI (Claude Code on a
+    /// Claude subscription, Codex on a ChatGPT one); every other client's request goes to the
+    /// group's API-key accounts (docs/SUBSCRIPTIONS.md, "Other clients").
+    pub subscriptions_cli_only: bool,
 }
 
 /// A client API key, as authentication needs it.

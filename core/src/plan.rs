@@ -45,6 +45,10 @@ pub struct Plan {
     /// The request's `previous_response_id` is bound to another client key: refused (404), no
     /// account called.
     pub previous_response_other_key: bool,
+    /// The group's subscription accounts serve only the platform's own CLI
+    /// (`GroupSettings::subscriptions_cli_only`): the relay leaves them out of the plan for any
+    /// other client's request.
+    pub subscriptions_cli_only: bool,
 }
 
 /// What an outcome report applied to the account.

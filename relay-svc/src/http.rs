@@ -96,7 +96,12 @@ pub fn router(front: Front) -> Router {
             "/v1/chat/completions",
             post(chat_completions).fallback(wrong_method),
         )
-        .route("/v1/responses", post(responses).fallback(wrong_method))
+        .route(
+            "/v1/responses",
+            post(responses)
+                .get(responses_over_websocket)
+                .fallback(wrong_method),
+        )
         .route("/v1/models", get(models))
         .route("/v1/poolgate/key", get(own_key))
         .route("/healthz", get(|| async { "ok" }))
@@ -258,6 +263,34 @@ async fn readyz(State(front): State<Front>) -> Response {
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "shutting down").into_response()
     }
+}
+
+/// A WebSocket upgrade on `/v1/responses` (Codex with `supports_websockets`): the Responses API
+/// is served over HTTP here, and `426 Upgrade Required` is the answer on which Codex falls back to
+/// HTTP at once (any other refusal it retries up to its `stream_max_retries` first, seconds
+/// lost). A GET that asks for no upgrade is a wrong method, as on any other endpoint.
+async fn responses_over_websocket(
+    method: http::Method,
+    uri: http::Uri,
+    headers: HeaderMap,
+) -> Response {
+    let asks_websocket = headers
+        .get_all(http::header::UPGRADE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|protocol| protocol.trim().eq_ignore_ascii_case("websocket"));
+    if !asks_websocket {
+        return wrong_method(method, uri).await;
+    }
+    let error = RelayError::new(
+        Api::OpenAi,
+        ErrorKind::InvalidRequest,
+        "the Responses API is served over HTTP here, not WebSocket; use POST /v1/responses",
+    );
+    let mut response = error.into_response();
+    *response.status_mut() = StatusCode::UPGRADE_REQUIRED;
+    with_request_id(response)
 }
 
 async fn wrong_method(method: http::Method, uri: http::Uri) -> Response {

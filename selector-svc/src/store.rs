@@ -168,7 +168,7 @@ impl PostgresSource {
     /// (disabled ones too, so their holders hear why they are refused) and price.
     pub async fn load_snapshot(&self) -> Result<Snapshot, StoreError> {
         let group_rows = sqlx::query(
-            "SELECT name, usage_headers_to_clients, window_shed_at, window_move_at FROM groups",
+            "SELECT name, usage_headers_to_clients, window_shed_at, window_move_at, subscriptions_cli_only FROM groups",
         )
         .fetch_all(&self.pool)
         .await
@@ -183,6 +183,7 @@ impl PostgresSource {
                     .map_err(convert)?,
                 window_shed_at: row.try_get("window_shed_at").map_err(convert)?,
                 window_move_at: row.try_get("window_move_at").map_err(convert)?,
+                subscriptions_cli_only: row.try_get("subscriptions_cli_only").map_err(convert)?,
             };
             if set != GroupSettings::default() {
                 settings.insert(name.clone(), set);

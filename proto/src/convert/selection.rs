@@ -98,6 +98,7 @@ impl From<&Plan> for spb::SelectResponse {
                 .accounts
                 .first()
                 .is_some_and(|account| account.usage_headers_to_clients),
+            subscriptions_cli_only: plan.subscriptions_cli_only,
         }
     }
 }
@@ -141,6 +142,7 @@ impl TryFrom<spb::SelectResponse> for Plan {
             none_reason: none_reason(answer.reason, &answer.none_reason)?,
             retry_after_ms: answer.retry_after_ms,
             previous_response_other_key: answer.previous_response_other_key,
+            subscriptions_cli_only: answer.subscriptions_cli_only,
         })
     }
 }

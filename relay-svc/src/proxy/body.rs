@@ -5,6 +5,7 @@
 //! rewritten copy is on its way upstream.
 
 use std::fmt;
+use std::ops::Range;
 
 use serde::de::{DeserializeOwned, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
@@ -150,54 +151,134 @@ impl TopLevel {
         }
         Value::Object(basis)
     }
+}
 
-    /// The object written back with `changes` applied, in the client's order: `Some(raw)`
-    /// replaces a member (or adds it at the end), `None` leaves it out. Raw texts are written
-    /// as they came.
-    pub fn rewrite(&self, changes: &[(&str, Option<String>)]) -> Vec<u8> {
-        let size: usize = self
-            .members
-            .iter()
-            .map(|(key, value)| key.len() + value.get().len() + 4)
-            .sum::<usize>()
-            + changes
-                .iter()
-                .map(|(key, value)| key.len() + value.as_ref().map_or(0, String::len) + 4)
-                .sum::<usize>()
-            + 2;
-        let mut out = Vec::with_capacity(size);
-        out.push(b'{');
-        let mut first = true;
-        let mut write = |out: &mut Vec<u8>, key: &str, value: &str| {
-            if !first {
-                out.push(b',');
-            }
-            first = false;
-            // A key is a plain string: serde_json escapes it.
-            out.extend_from_slice(
-                serde_json::to_string(key)
-                    .unwrap_or_else(|_| "\"\"".into())
-                    .as_bytes(),
-            );
-            out.push(b':');
-            out.extend_from_slice(value.as_bytes());
-        };
-        for (key, value) in &self.members {
-            match changes.iter().find(|(name, _)| name == key) {
-                Some((_, Some(replaced))) => write(&mut out, key, replaced),
-                Some((_, None)) => {}
-                None => write(&mut out, key, value.get()),
+/// `body` (a JSON object `TopLevel::parse` took) with the members of `changes` set: each
+/// occurrence of a named member gets the new raw value in place of its old one, a member the
+/// body lacks is added before the closing brace, and every other byte — members, order,
+/// whitespace, escapes — stays as the client sent it (docs/DESIGN.md §6: the relay changes what
+/// it must and nothing else). `None` when the bytes are not a JSON object after all.
+pub fn splice(body: &[u8], changes: &[(&str, String)]) -> Option<Vec<u8>> {
+    let (members, close) = member_ranges(body)?;
+    let added: usize = changes.iter().map(|(k, v)| k.len() + v.len() + 4).sum();
+    let mut out = Vec::with_capacity(body.len() + added);
+    let mut cursor = 0;
+    for (key, value) in &members {
+        if let Some((_, replaced)) = changes.iter().find(|(name, _)| name == key) {
+            out.extend_from_slice(&body[cursor..value.start]);
+            out.extend_from_slice(replaced.as_bytes());
+            cursor = value.end;
+        }
+    }
+    out.extend_from_slice(&body[cursor..close]);
+    let mut any = !members.is_empty();
+    for (name, value) in changes {
+        if members.iter().any(|(key, _)| key == name) {
+            continue;
+        }
+        if any {
+            out.push(b',');
+        }
+        any = true;
+        out.extend_from_slice(serde_json::to_string(name).ok()?.as_bytes());
+        out.push(b':');
+        out.extend_from_slice(value.as_bytes());
+    }
+    out.extend_from_slice(&body[close..]);
+    Some(out)
+}
+
+/// The top-level members of a JSON object as (decoded name, byte range of the raw value), and
+/// the index of its closing brace; `None` when `body` is not one.
+fn member_ranges(body: &[u8]) -> Option<(Vec<(String, Range<usize>)>, usize)> {
+    let mut members = Vec::new();
+    let mut i = skip_space(body, 0);
+    if body.get(i) != Some(&b'{') {
+        return None;
+    }
+    i = skip_space(body, i + 1);
+    if body.get(i) == Some(&b'}') {
+        return Some((members, i));
+    }
+    loop {
+        let key_end = string_end(body, i)?;
+        let key: String = serde_json::from_slice(&body[i..key_end]).ok()?;
+        i = skip_space(body, key_end);
+        if body.get(i) != Some(&b':') {
+            return None;
+        }
+        let start = skip_space(body, i + 1);
+        let end = value_end(body, start)?;
+        members.push((key, start..end));
+        i = skip_space(body, end);
+        match body.get(i) {
+            Some(b',') => i = skip_space(body, i + 1),
+            Some(b'}') => return Some((members, i)),
+            _ => return None,
+        }
+    }
+}
+
+fn skip_space(body: &[u8], mut i: usize) -> usize {
+    while body
+        .get(i)
+        .is_some_and(|b| matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
+    {
+        i += 1;
+    }
+    i
+}
+
+/// The index just past the string that opens at `i`.
+fn string_end(body: &[u8], i: usize) -> Option<usize> {
+    if body.get(i) != Some(&b'"') {
+        return None;
+    }
+    let mut j = i + 1;
+    loop {
+        match body.get(j)? {
+            b'\\' => j += 2,
+            b'"' => return Some(j + 1),
+            _ => j += 1,
+        }
+    }
+}
+
+/// The index just past the value that opens at `i`.
+fn value_end(body: &[u8], i: usize) -> Option<usize> {
+    match body.get(i)? {
+        b'"' => string_end(body, i),
+        b'{' | b'[' => {
+            let mut depth = 0usize;
+            let mut j = i;
+            loop {
+                match body.get(j)? {
+                    b'"' => {
+                        j = string_end(body, j)?;
+                        continue;
+                    }
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth = depth.checked_sub(1)?;
+                        if depth == 0 {
+                            return Some(j + 1);
+                        }
+                    }
+                    _ => {}
+                }
+                j += 1;
             }
         }
-        for (name, value) in changes {
-            if let Some(value) = value
-                && self.raw(name).is_none()
+        _ => {
+            let mut j = i;
+            while body
+                .get(j)
+                .is_some_and(|b| !matches!(b, b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r'))
             {
-                write(&mut out, name, value);
+                j += 1;
             }
+            (j > i).then_some(j)
         }
-        out.push(b'}');
-        out
     }
 }
 
@@ -269,24 +350,43 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn members_are_read_raw_and_written_back_in_order_with_the_rewrites() {
+    fn members_are_read_raw() {
         let body = br#"{"model":"a","messages":[{"role":"user","content":"hi \u00e9"}],"stream":true,"x":{"deep":[1,2]}}"#;
         let top = TopLevel::parse(body).expect("an object");
         assert_eq!(top.str("model").as_deref(), Some("a"));
         assert_eq!(top.bool("stream"), Some(true));
         assert_eq!(top.raw("x").map(RawValue::get), Some(r#"{"deep":[1,2]}"#));
-        let out = top.rewrite(&[
-            ("model", Some("\"b\"".into())),
-            ("stream", None),
-            ("store", Some("false".into())),
-        ]);
+    }
+
+    #[test]
+    fn a_splice_changes_the_named_values_and_no_other_byte() {
+        let body = b"{ \"model\" : \"a\",\n  \"messages\":[{\"role\":\"user\",\"content\":\"hi \\u00e9 } ] \\\" {\"}],\"mod\\u0065l\":\"a\" ,\"n\":-1.5e3,\"stream\":true }\n";
+        assert!(TopLevel::parse(body).is_ok());
+        let out = splice(
+            body,
+            &[("model", "\"b\"".into()), ("store", "false".into())],
+        )
+        .expect("an object");
+        let expected = b"{ \"model\" : \"b\",\n  \"messages\":[{\"role\":\"user\",\"content\":\"hi \\u00e9 } ] \\\" {\"}],\"mod\\u0065l\":\"b\" ,\"n\":-1.5e3,\"stream\":true ,\"store\":false}\n";
         assert_eq!(
-            std::str::from_utf8(&out).expect("utf-8"),
-            r#"{"model":"b","messages":[{"role":"user","content":"hi \u00e9"}],"x":{"deep":[1,2]},"store":false}"#,
-            "the client's text (its escapes too) is written as it came"
+            String::from_utf8_lossy(&out),
+            String::from_utf8_lossy(expected),
+            "every occurrence of the member (an escaped name too) changes, nothing else"
         );
         let parsed: Value = serde_json::from_slice(&out).expect("valid JSON");
         assert_eq!(parsed["store"], false);
+        assert_eq!(parsed["model"], "b");
+        assert_eq!(
+            splice(body, &[]).as_deref(),
+            Some(&body[..]),
+            "no change, same bytes"
+        );
+        assert_eq!(
+            splice(b" {} ", &[("stream", "true".into())]).as_deref(),
+            Some(&br#" {"stream":true} "#[..])
+        );
+        assert_eq!(splice(b"[1]", &[]), None);
+        assert_eq!(splice(b"{\"a\":", &[]), None);
     }
 
     #[test]
@@ -309,7 +409,6 @@ mod tests {
         assert!(TopLevel::parse(b"{\"a\":").is_err());
         let top = TopLevel::parse(br#"{"model":"a","model":"b"}"#).expect("object");
         assert_eq!(top.str("model").as_deref(), Some("b"));
-        assert_eq!(top.rewrite(&[]), br#"{"model":"b"}"#.to_vec());
     }
 
     #[test]

@@ -300,6 +300,15 @@ impl Relay {
             if no_subscriptions {
                 plan.accounts.retain(|a| !a.credential_kind.is_oauth());
             }
+            // A group that keeps its subscriptions for the platform's own CLI: any other
+            // client's request goes to its API-key accounts only.
+            let cli_only = plan.subscriptions_cli_only && !request::from_platform_cli(&inbound);
+            if cli_only && plan.accounts.iter().any(|a| a.credential_kind.is_oauth()) {
+                plan.accounts.retain(|a| !a.credential_kind.is_oauth());
+                if plan.accounts.is_empty() && last_failure.is_none() {
+                    return subscriptions_for_the_cli_only(api);
+                }
+            }
             if !not_found_models.is_empty() {
                 plan.accounts
                     .retain(|a| !not_found_models.contains(&a.mapped_model));
@@ -677,6 +686,22 @@ fn last_error_or(last_failure: Option<Failure>, otherwise: impl FnOnce() -> Answ
         Some(failure) => failure.into_answer(),
         None => otherwise(),
     }
+}
+
+/// 403: the group's subscription accounts serve only the platform's own CLI, and it has no
+/// API-key account for other clients (docs/SUBSCRIPTIONS.md, "Other clients").
+fn subscriptions_for_the_cli_only(api: Api) -> Answer {
+    let cli = match api {
+        Api::Anthropic => "Claude Code",
+        Api::OpenAi => "Codex",
+    };
+    Answer::Error(RelayError::new(
+        api,
+        ErrorKind::PermissionDenied,
+        format!(
+            "your group's subscription accounts serve only {cli}, and it has no API-key account for other clients"
+        ),
+    ))
 }
 
 /// 503, try again in a second.

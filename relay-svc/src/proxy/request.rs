@@ -1,16 +1,18 @@
 //! The upstream request: URL, the header rules (what passes from the client, what the relay
-//! sets: credentials, betas, a subscription account's identity), the body as the account needs
-//! it (mapped model, Claude Code's identity line, usage asked for); the headers a response
-//! keeps on its way back; the HTTP clients (one per account proxy).
+//! sets: credentials, betas, the ChatGPT backend's own headers), the body as the client sent it
+//! with only the documented changes (mapped model, a ChatGPT subscription's `store`/`stream`,
+//! usage asked for); the headers a response keeps on its way back; the HTTP clients (one per
+//! account proxy). The relay never presents one client as another (docs/SUBSCRIPTIONS.md).
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use poolgate_core::account::{CredentialKind, chatgpt_account_id};
-use poolgate_core::upstream::{CLAUDE_CODE_IDENTITY, chatgpt_responses_url, upstream_url};
+use poolgate_core::upstream::{chatgpt_responses_url, upstream_url};
 use serde_json::Value;
 
+use super::body::splice;
 use super::{Inbound, Relay};
 use crate::client_api::Api;
 use crate::ports::PlannedAccount;
@@ -60,17 +62,18 @@ const STAINLESS_HEADERS: [&str; 15] = [
 
 /// The Anthropic API's own (`anthropic-beta` is merged with the account's betas, not passed),
 /// and Claude Code's. `x-claude-code-*` passes as a prefix: each Claude Code release adds some.
-const ANTHROPIC_HEADERS: [&str; 5] = [
+const ANTHROPIC_HEADERS: [&str; 6] = [
     "anthropic-version",
     "anthropic-dangerous-direct-browser-access",
     "x-app",
     "x-client-request-id",
+    "x-claude-1p-request-class",
     "idempotency-key",
 ];
 const ANTHROPIC_PREFIXES: [&str; 1] = ["x-claude-code-"];
 
 /// The OpenAI API's own, and Codex's (`x-codex-*` as a prefix, as Claude Code's above).
-const OPENAI_HEADERS: [&str; 7] = [
+const OPENAI_HEADERS: [&str; 9] = [
     "openai-beta",
     "idempotency-key",
     "originator",
@@ -78,12 +81,23 @@ const OPENAI_HEADERS: [&str; 7] = [
     "session_id",
     "thread-id",
     "x-client-request-id",
+    "x-openai-subagent",
+    "x-openai-internal-codex-responses-lite",
 ];
 const CODEX_PREFIXES: [&str; 1] = ["x-codex-"];
 
-/// What the ChatGPT backend gets from Codex as sent; the relay sets `openai-beta`,
-/// `chatgpt-account-id`, `session_id` (and `originator` when missing) itself.
-const CHATGPT_HEADERS: [&str; 3] = ["originator", "thread-id", "x-client-request-id"];
+/// What the ChatGPT backend gets from Codex as sent (Codex 0.171 signed in with ChatGPT sends
+/// these and `chatgpt-account-id`, which the relay sets from the account's token); a client that
+/// names no session gets the relay's session hash as `session-id`.
+const CHATGPT_HEADERS: [&str; 7] = [
+    "originator",
+    "session-id",
+    "session_id",
+    "thread-id",
+    "x-client-request-id",
+    "x-openai-subagent",
+    "x-openai-internal-codex-responses-lite",
+];
 
 /// Query parameters passed upstream: Claude Code's `?beta=true` to Anthropic, nothing else.
 const ANTHROPIC_QUERY: [&str; 1] = ["beta"];
@@ -250,42 +264,30 @@ impl Relay {
             }
         }
         if chatgpt {
-            // What the Codex CLI sends the ChatGPT backend with a subscription sign-in (see
-            // docs/SUBSCRIPTIONS.md): the account (from the token's auth claim), the beta, who
-            // is calling, and the session (the client's, else the relay's session hash).
-            request = request.header("openai-beta", "responses=experimental");
+            // What Codex sends the ChatGPT backend with a subscription sign-in and a client
+            // of the relay cannot (docs/SUBSCRIPTIONS.md): the account, from the token's auth
+            // claim; and, when the client named no session, the relay's session hash as one.
+            // Who is calling (`originator`, the user agent) is the client's to say: the relay
+            // never names another client.
             if let Some(id) = chatgpt_account_id(account.credential.expose()) {
                 request = request.header("chatgpt-account-id", id);
             }
-            if !(inbound.headers.contains_key("originator")
-                && forwarded(upstream, &listed, "originator"))
-            {
-                request = request.header("originator", "codex_cli_rs");
-            }
-            let session = ["session-id", "session_id"]
-                .iter()
-                .filter(|name| !listed.iter().any(|l| l == *name))
-                .find_map(|name| inbound.headers.get(*name).cloned())
-                .or_else(|| {
-                    inbound
-                        .session_hash
-                        .as_deref()
-                        .and_then(|s| HeaderValue::from_str(s).ok())
-                });
-            if let Some(session) = session {
-                request = request.header("session_id", session);
+            let named_session = ["session-id", "session_id"].iter().any(|name| {
+                inbound.headers.contains_key(*name) && forwarded(upstream, &listed, name)
+            });
+            let relay_session = inbound
+                .session_hash
+                .as_deref()
+                .and_then(|s| HeaderValue::from_str(s).ok());
+            if let (false, Some(session)) = (named_session, relay_session) {
+                request = request.header("session-id", session);
             }
         }
         request = request.header(http::header::ACCEPT_ENCODING, "identity");
         let credential = account.credential.expose();
-        // `anthropic-beta` goes upstream once: the client's list, plus the account's own. A
-        // subscription (OAuth) token serves only Claude Code's requests: other clients' requests
-        // get Claude Code's identity (its beta here, its system line below).
-        let as_claude_code = needs_claude_code_identity(inbound, account);
+        // `anthropic-beta` goes upstream once: the client's list, plus the account's own (an
+        // OAuth account's `oauth-2025-04-20`, when the client did not send it).
         let own_betas: &[&str] = match (inbound.api, account.credential_kind) {
-            (Api::Anthropic, CredentialKind::OAuth) if as_claude_code => {
-                &["claude-code-20250219", "oauth-2025-04-20"]
-            }
             (Api::Anthropic, CredentialKind::OAuth) => &["oauth-2025-04-20"],
             _ => &[],
         };
@@ -308,51 +310,63 @@ impl Relay {
                 request.bearer_auth(credential)
             }
         };
-        let ask_usage = asks_stream_usage(inbound, account);
-        let body =
-            if account.mapped_model != inbound.model || ask_usage || as_claude_code || chatgpt {
-                // Only the members rewritten are parsed; the rest is written back as it came.
-                let top = &inbound.top;
-                let mut changes: Vec<(&str, Option<String>)> = vec![(
-                    "model",
-                    Some(Value::String(account.mapped_model.clone()).to_string()),
-                )];
-                if as_claude_code {
-                    let mut system =
-                        vec![serde_json::json!({"type": "text", "text": CLAUDE_CODE_IDENTITY})];
-                    match top.value("system") {
-                        Some(Value::String(text)) if !text.is_empty() => {
-                            system.push(serde_json::json!({"type": "text", "text": text}));
-                        }
-                        Some(Value::Array(blocks)) => system.extend(blocks),
-                        _ => {}
-                    }
-                    changes.push(("system", Some(Value::Array(system).to_string())));
-                }
-                if chatgpt {
-                    // The backend keeps nothing and always streams (a non-streaming client's answer
-                    // is folded from the stream).
-                    changes.push(("store", Some("false".into())));
-                    changes.push(("stream", Some("true".into())));
-                }
-                if ask_usage {
-                    let options = match top.value("stream_options") {
-                        Some(Value::Object(mut options)) => {
-                            options.insert("include_usage".into(), Value::Bool(true));
-                            Value::Object(options)
-                        }
-                        _ => serde_json::json!({"include_usage": true}),
-                    };
-                    changes.push(("stream_options", Some(options.to_string())));
-                }
-                Bytes::from(top.rewrite(&changes))
-            } else {
-                inbound.body.clone()
-            };
         if !inbound.headers.contains_key(http::header::CONTENT_TYPE) {
             request = request.header(http::header::CONTENT_TYPE, "application/json");
         }
-        request.body(body)
+        request.body(upstream_body(inbound, account))
+    }
+}
+
+/// The body `account` gets: the client's bytes, with only what DESIGN §6 lists changed — the
+/// account's model mapping (`model`'s value), a ChatGPT subscription's `store: false` and
+/// `stream: true` where the client's value differs (the backend keeps nothing and always
+/// streams; a non-streaming client's answer is folded from the stream), and an OpenAI chat
+/// stream's `stream_options.include_usage` on an account that asks for usage. Every other byte
+/// is the client's (`body::splice`).
+pub(super) fn upstream_body(inbound: &Inbound, account: &PlannedAccount) -> Bytes {
+    let top = &inbound.top;
+    let mut changes: Vec<(&str, String)> = Vec::new();
+    if account.mapped_model != inbound.model {
+        changes.push((
+            "model",
+            Value::String(account.mapped_model.clone()).to_string(),
+        ));
+    }
+    if account.credential_kind == CredentialKind::ChatGptOAuth {
+        if top.bool("store") != Some(false) {
+            changes.push(("store", "false".into()));
+        }
+        if top.bool("stream") != Some(true) {
+            changes.push(("stream", "true".into()));
+        }
+    }
+    if asks_stream_usage(inbound, account) {
+        let options = match top.value("stream_options") {
+            Some(Value::Object(mut options)) => {
+                options.insert("include_usage".into(), Value::Bool(true));
+                Value::Object(options)
+            }
+            _ => serde_json::json!({"include_usage": true}),
+        };
+        changes.push(("stream_options", options.to_string()));
+    }
+    if changes.is_empty() {
+        return inbound.body.clone();
+    }
+    match splice(&inbound.body, &changes) {
+        Some(body) => Bytes::from(body),
+        // `TopLevel::parse` took these bytes as an object, so this does not happen; were it
+        // to, the object is rebuilt with the changes rather than sent without them.
+        None => {
+            let mut object: serde_json::Map<String, Value> =
+                serde_json::from_slice(&inbound.body).unwrap_or_default();
+            for (name, raw) in changes {
+                if let Ok(value) = serde_json::from_str(&raw) {
+                    object.insert(name.to_owned(), value);
+                }
+            }
+            Bytes::from(Value::Object(object).to_string())
+        }
     }
 }
 
@@ -373,29 +387,23 @@ pub(super) fn response_headers(upstream: &HeaderMap, account_limits: bool) -> He
     headers
 }
 
-/// Whether the request already opens with Claude Code's identity line (Claude Code's own
-/// requests do; they go upstream untouched).
-fn opens_with_claude_code_identity(system: Option<&Value>) -> bool {
-    match system {
-        Some(Value::String(text)) => text.trim_start().starts_with(CLAUDE_CODE_IDENTITY),
-        Some(Value::Array(blocks)) => blocks
-            .first()
-            .and_then(|block| block.get("text"))
-            .and_then(Value::as_str)
-            .is_some_and(|text| text.trim_start().starts_with(CLAUDE_CODE_IDENTITY)),
-        _ => false,
+/// Whether the request comes from its platform's own CLI, by the client's own word: Claude
+/// Code's user agent (`claude-cli/<version> (…)`, Claude Code 2.1.332), Codex's `originator`
+/// (`codex_exec`, `codex_cli_rs`, …). It only routes (a group's `subscriptions_cli_only`) and
+/// changes nothing in the request; a client that claims to be the CLI is routed as one, and
+/// what the upstream makes of the request is the upstream's call.
+pub(super) fn from_platform_cli(inbound: &Inbound) -> bool {
+    let header = |name: &str| {
+        inbound
+            .headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+    };
+    match inbound.api {
+        Api::Anthropic => header("user-agent").starts_with("claude-cli/"),
+        Api::OpenAi => header("originator").starts_with("codex_"),
     }
-}
-
-/// A Messages request of another client (an SDK, curl) on a Claude subscription (OAuth)
-/// account: Anthropic serves such tokens only for Claude Code, so the request gets Claude Code's
-/// identity line as its first system block and Claude Code's beta, as sub2api and
-/// claude-relay-service do. `count_tokens` takes no system prompt and is left alone.
-fn needs_claude_code_identity(inbound: &Inbound, account: &PlannedAccount) -> bool {
-    inbound.api == Api::Anthropic
-        && inbound.path == "/v1/messages"
-        && account.credential_kind == CredentialKind::OAuth
-        && !opens_with_claude_code_identity(inbound.top.value("system").as_ref())
 }
 
 /// An OpenAI chat stream whose client did not ask for usage, on an account that allows asking:
@@ -445,7 +453,8 @@ mod tests {
         "x-stainless-timeout",
     ];
 
-    /// What Codex 0.169 sends (besides the credential).
+    /// What Codex 0.171 sends (besides the credential), in API-key mode and signed in with
+    /// ChatGPT (captured against a recording server).
     const CODEX: [&str; 10] = [
         "accept",
         "content-type",
@@ -484,12 +493,7 @@ mod tests {
         }
         for name in CODEX {
             assert!(passes_upstream(Upstream::OpenAi, name), "{name}");
-            let set_by_the_relay = name == "session-id";
-            assert_eq!(
-                passes_upstream(Upstream::ChatGpt, name),
-                !set_by_the_relay,
-                "{name}"
-            );
+            assert!(passes_upstream(Upstream::ChatGpt, name), "{name}");
         }
         for upstream in [Upstream::Anthropic, Upstream::OpenAi, Upstream::ChatGpt] {
             for name in NEVER {
@@ -517,12 +521,10 @@ mod tests {
             !passes_upstream(Upstream::ChatGpt, "x-stainless-lang"),
             "the ChatGPT backend gets what Codex sends"
         );
-        for name in ["openai-beta", "session_id", "session-id"] {
-            assert!(
-                !passes_upstream(Upstream::ChatGpt, name),
-                "{name}: the relay sets the ChatGPT backend's own"
-            );
-        }
+        assert!(
+            !passes_upstream(Upstream::ChatGpt, "openai-beta"),
+            "Codex sends the ChatGPT backend no OpenAI-Beta"
+        );
     }
 
     #[test]

@@ -47,6 +47,10 @@ pub struct GroupEntry {
     /// Above this share its sticky sessions move too (default 0.97).
     #[serde(default)]
     pub window_move_at: Option<f64>,
+    /// Subscription accounts serve only the platform's own CLI; other clients go to the
+    /// group's API-key accounts (docs/SUBSCRIPTIONS.md, "Other clients").
+    #[serde(default)]
+    pub subscriptions_cli_only: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -410,6 +414,7 @@ impl StandaloneFile {
                 usage_headers_to_clients: entry.usage_headers_to_clients,
                 window_shed_at: entry.window_shed_at,
                 window_move_at: entry.window_move_at,
+                subscriptions_cli_only: entry.subscriptions_cli_only,
             };
             settings.insert(name.clone(), group);
         }

@@ -195,9 +195,8 @@ impl Selector {
         };
         let (ordered, is_sticky) =
             order_first(candidates, sticky, &mut fastrand::Rng::new(), limit.max(1));
-        let usage_headers_to_clients = snapshot
-            .group_settings(&query.group)
-            .usage_headers_to_clients;
+        let group = snapshot.group_settings(&query.group);
+        let usage_headers_to_clients = group.usage_headers_to_clients;
         let accounts = ordered
             .into_iter()
             .take(limit.max(1))
@@ -227,6 +226,7 @@ impl Selector {
         Ok(Plan {
             accounts,
             sticky: is_sticky,
+            subscriptions_cli_only: group.subscriptions_cli_only,
             ..Plan::default()
         })
     }

@@ -89,6 +89,7 @@ pub(super) async fn answer(
                 query: uri.query().map(str::to_owned),
                 headers: headers.clone(),
                 body: request.clone(),
+                raw: body.clone(),
                 probe,
             });
         }
@@ -111,8 +112,12 @@ pub(super) async fn answer(
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .contains(&credential);
+    let third_party_answer = *state
+        .third_party_answer
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
     let refused_subscription = subscription
-        .then(|| claude_code_refusal(&headers, &request))
+        .then(|| claude_code_refusal(&headers, &request, third_party_answer))
         .flatten();
     let revoked = state
         .revoked

@@ -1,5 +1,5 @@
 //! What only Anthropic's API does: the `count_tokens` endpoint and the refusals of a Claude
-//! subscription token used other than as Claude Code.
+//! subscription token on another client's (third-party) request.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -58,8 +58,40 @@ pub(super) async fn count_tokens(
     }
 }
 
-/// Why Anthropic would refuse a subscription token on this request, if it would.
-pub(super) fn claude_code_refusal(headers: &HeaderMap, request: &Value) -> Option<(u16, Value)> {
+/// The text block Claude Code opens every request's `system` with (Claude Code 2.1.332:
+/// `x-anthropic-billing-header: cc_version=2.1.332.<3 hex>; cc_entrypoint=sdk-cli;`), the
+/// block Anthropic looks for before it serves a subscription token on a non-Haiku model.
+pub const BILLING_BLOCK_OPENING: &str = "x-anthropic-billing-header:";
+
+/// Anthropic's 400 for third-party traffic on a subscription token, newest wording first
+/// (NousResearch/hermes-agent #48176, 2026-06-18); before 2026-04-08 the same refusal was a
+/// bare "Error" (anthropics/claude-code #35724, 2026-03-18).
+pub const THIRD_PARTY_MESSAGE: &str = "Third-party apps now draw from extra usage, not plan limits. Ask your workspace admin to add more and keep going.";
+
+/// How the fake words its refusal of third-party traffic on a subscription token.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ThirdPartyAnswer {
+    /// Since 2026-04-08: 400 `invalid_request_error` "Third-party apps now draw from extra usage…".
+    #[default]
+    ExtraUsage,
+    /// 2026-03-17 to early April: 400 `invalid_request_error` with the message "Error".
+    BareError,
+}
+
+/// Why Anthropic would refuse a Claude subscription (OAuth) token on this request, if it would
+/// (each rule and its public source: docs/SUBSCRIPTIONS.md, "What the upstreams enforce, and
+/// how we know"):
+/// - a bearer token without the `oauth-2025-04-20` beta: 401 "OAuth authentication is
+///   currently not supported.";
+/// - a non-Haiku model, and `system[0]` not Claude Code's billing block: the third-party 400.
+///
+/// Nothing else: what the rest of `system` says, the user agent, other betas are not checked,
+/// because no evidence shows a rule on them that a test here could hold.
+pub(super) fn claude_code_refusal(
+    headers: &HeaderMap,
+    request: &Value,
+    answer: ThirdPartyAnswer,
+) -> Option<(u16, Value)> {
     let betas = headers
         .get_all("anthropic-beta")
         .iter()
@@ -74,20 +106,31 @@ pub(super) fn claude_code_refusal(headers: &HeaderMap, request: &Value) -> Optio
             json!({"type": "error", "error": {"type": "authentication_error", "message": "OAuth authentication is currently not supported."}}),
         ));
     }
-    let first = match request.get("system") {
-        Some(Value::String(text)) => Some(text.as_str()),
-        Some(Value::Array(blocks)) => blocks
-            .first()
-            .and_then(|b| b.get("text"))
-            .and_then(Value::as_str),
-        _ => None,
-    };
-    let identity = "You are Claude Code, Anthropic's official CLI for Claude.";
-    if !first.is_some_and(|text| text.starts_with(identity)) {
-        return Some((
-            400,
-            json!({"type": "error", "error": {"type": "invalid_request_error", "message": "This credential is only authorized for use with Claude Code and cannot be used for other API requests."}}),
-        ));
+    let haiku = request
+        .get("model")
+        .and_then(Value::as_str)
+        .is_some_and(|model| model.contains("haiku"));
+    if haiku || opens_with_billing_block(request) {
+        return None;
     }
-    None
+    let message = match answer {
+        ThirdPartyAnswer::ExtraUsage => THIRD_PARTY_MESSAGE,
+        ThirdPartyAnswer::BareError => "Error",
+    };
+    Some((
+        400,
+        json!({"type": "error", "error": {"type": "invalid_request_error", "message": message}}),
+    ))
+}
+
+/// Whether `system[0]` is a text block that opens with Claude Code's billing header.
+pub fn opens_with_billing_block(request: &Value) -> bool {
+    request
+        .get("system")
+        .and_then(Value::as_array)
+        .and_then(|blocks| blocks.first())
+        .filter(|block| block.get("type").and_then(Value::as_str) == Some("text"))
+        .and_then(|block| block.get("text"))
+        .and_then(Value::as_str)
+        .is_some_and(|text| text.starts_with(BILLING_BLOCK_OPENING))
 }

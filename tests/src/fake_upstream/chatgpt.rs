@@ -29,9 +29,14 @@ pub fn fake_chatgpt_token(account_id: &str) -> String {
     )
 }
 
-/// The ChatGPT backend's Codex endpoint: refuses what the real one refuses (a missing or wrong
-/// `chatgpt-account-id`, no `OpenAI-Beta: responses=experimental`, no `originator` or
-/// `session_id`, `store` not false, `stream` not true), then answers as `/v1/responses`.
+/// The ChatGPT backend's Codex endpoint: refuses what the real one is shown to refuse (each
+/// rule's public source: docs/SUBSCRIPTIONS.md, "What the upstreams enforce, and how we know"):
+/// a `chatgpt-account-id` that is missing or not the token's, `store` not false
+/// ("Store must be set to false"), `stream` not true ("Stream must be set to true"); then
+/// answers as `/v1/responses`. Who the client is (`originator`, the user agent) it does not
+/// check: no evidence shows the backend refusing on it. Nor does it ask for `instructions`
+/// (reported as required in early 2026, yet Codex 0.171 sends its instructions as `input`
+/// items and no `instructions` member).
 pub(super) async fn chatgpt_codex(
     State(state): State<Arc<FakeState>>,
     uri: http::Uri,
@@ -46,12 +51,6 @@ pub(super) async fn chatgpt_codex(
     let claimed = poolgate_core::account::chatgpt_account_id(token);
     let problem = if claimed.is_none() || header("chatgpt-account-id") != claimed.as_deref() {
         Some("chatgpt-account-id does not match the token")
-    } else if header("openai-beta") != Some("responses=experimental") {
-        Some("OpenAI-Beta: responses=experimental is required")
-    } else if header("originator").is_none() {
-        Some("originator is required")
-    } else if header("session_id").is_none() {
-        Some("session_id is required")
     } else if request.get("store") != Some(&Value::Bool(false)) {
         Some("Store must be set to false")
     } else if request.get("stream") != Some(&Value::Bool(true)) {

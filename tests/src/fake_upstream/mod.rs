@@ -48,6 +48,9 @@ use axum::routing::post;
 use http::HeaderMap;
 use serde_json::Value;
 
+pub use anthropic::{
+    BILLING_BLOCK_OPENING, THIRD_PARTY_MESSAGE, ThirdPartyAnswer, opens_with_billing_block,
+};
 pub use chatgpt::fake_chatgpt_token;
 pub use probe::is_probe;
 pub use scripted::Scripted;
@@ -66,6 +69,8 @@ pub struct SeenRequest {
     pub query: Option<String>,
     pub headers: HeaderMap,
     pub body: Value,
+    /// The body's bytes as they arrived.
+    pub raw: bytes::Bytes,
     /// The selector's confirmation probe (one of its fixed bodies), not a client's request.
     pub probe: bool,
 }
@@ -108,9 +113,12 @@ struct FakeState {
     known_models: Mutex<Option<HashSet<String>>>,
     /// Credentials whose account has no credit left: every request gets the billing answer.
     out_of_credit: Mutex<HashSet<String>>,
-    /// Claude subscription (OAuth) tokens: served only on requests with the OAuth beta and
-    /// Claude Code's identity as the first system block, as Anthropic's API does.
+    /// Claude subscription (OAuth) tokens: served only with the OAuth beta, and on a non-Haiku
+    /// model only on requests that open `system` with Claude Code's billing block, as
+    /// Anthropic's API does since 2026-03-17 (`anthropic::claude_code_refusal`).
     claude_code_only: Mutex<HashSet<String>>,
+    /// How the third-party refusal is worded.
+    third_party_answer: Mutex<anthropic::ThirdPartyAnswer>,
     /// Revoked access tokens: every request with one gets a 401.
     revoked: Mutex<HashSet<String>>,
     /// Refresh tokens used at `/oauth/token` (each is good once, as upstream).
@@ -257,9 +265,20 @@ impl FakeUpstream {
         }
     }
 
+    /// How a third-party request on a subscription token is refused: the newest wording
+    /// (the default) or the bare "Error" of March 2026.
+    pub fn set_third_party_answer(&self, answer: ThirdPartyAnswer) {
+        *self
+            .state
+            .third_party_answer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = answer;
+    }
+
     /// `credential` is a Claude subscription token: Messages requests without the
-    /// `oauth-2025-04-20` beta get a 401, and those whose first system block is not Claude
-    /// Code's identity get Anthropic's 400 ("only authorized for use with Claude Code").
+    /// `oauth-2025-04-20` beta get a 401, and those on a non-Haiku model whose `system` does not
+    /// open with Claude Code's billing block get Anthropic's third-party 400
+    /// (`anthropic::claude_code_refusal`).
     pub fn set_claude_code_only(&self, credential: &str) {
         self.state
             .claude_code_only
