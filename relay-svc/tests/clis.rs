@@ -253,12 +253,8 @@ fn check_codex_on_chatgpt(seen: &[SeenRequest]) {
         .find(|r| r.path == "/backend-api/codex/responses")
         .unwrap_or_else(|| panic!("no request reached the ChatGPT backend: {seen:?}"));
     assert_eq!(header(request, "chatgpt-account-id"), Some("acct-cli"));
-    assert_eq!(
-        header(request, "openai-beta"),
-        Some("responses=experimental")
-    );
     assert_eq!(header(request, "originator"), Some("codex_exec"));
-    assert!(header(request, "session_id").is_some());
+    assert!(header(request, "session-id").is_some());
     assert_eq!(request.body["store"], false);
     assert_eq!(request.body["stream"], true);
 }
@@ -323,4 +319,246 @@ async fn codex_works_through_a_chatgpt_subscription_account_in_both_modes() {
     assert!(ok, "codex exec exits 0 (distributed)");
     assert!(stdout.contains("Hello there."), "{stdout}");
     check_codex_on_chatgpt(&upstream.seen_requests());
+}
+
+/// The pinned CLIs through both modes against an API-key and a subscription account of each
+/// platform, with a recording hop between the CLI and the relay (`common::recording_hop`): the
+/// upstream gets the CLI's body byte for byte and every header the CLI sent (but the credential,
+/// the hop-by-hop ones and `accept-encoding`) with its value, and nothing the relay adds beyond
+/// what docs/DESIGN.md §6 lists.
+mod transparency {
+    use super::*;
+    use common::recording_hop::{HOP_BY_HOP, HopRequest, RecordingHop};
+    use poolgate_core::account::{CredentialKind, OAuthState, Secret};
+    use poolgate_testkit::fake_upstream::fake_chatgpt_token;
+
+    const API_KEY_CLIENT: &str = "pgk-cli-api-accounts-0001";
+    const SUBSCRIPTION_CLIENT: &str = "pgk-cli-subscriptions-0001";
+    const CLAUDE_TOKEN: &str = "sk-ant-oat01-cli-subscription";
+
+    /// What the relay sets on its own, per upstream, besides the credential: the only headers
+    /// the upstream may see that the client did not send.
+    fn relay_sets(upstream_path: &str) -> &'static [&'static str] {
+        if upstream_path.starts_with("/backend-api/") {
+            &[
+                "authorization",
+                "chatgpt-account-id",
+                "accept-encoding",
+                "session-id",
+            ]
+        } else if upstream_path.starts_with("/v1/messages") {
+            &[
+                "x-api-key",
+                "authorization",
+                "anthropic-beta",
+                "accept-encoding",
+            ]
+        } else {
+            &["authorization", "accept-encoding"]
+        }
+    }
+
+    /// The relay changed nothing of `sent` on its way to `got`, but what DESIGN §6 allows.
+    fn assert_untouched(cli: &str, sent: &HopRequest, got: &SeenRequest, oauth_beta: bool) {
+        assert_eq!(
+            got.raw, sent.body,
+            "{cli}: the body reaches the upstream byte for byte"
+        );
+        let query = sent.target.split_once('?').map(|(_, q)| q.to_owned());
+        assert_eq!(got.query, query, "{cli}: the query string");
+        for name in sent.headers.keys() {
+            let name = name.as_str();
+            if HOP_BY_HOP.contains(&name)
+                || ["authorization", "x-api-key", "accept-encoding"].contains(&name)
+            {
+                continue;
+            }
+            let values = |headers: &http::HeaderMap| -> Vec<String> {
+                headers
+                    .get_all(name)
+                    .iter()
+                    .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                    .collect()
+            };
+            let mut expected = values(&sent.headers);
+            if name == "anthropic-beta" && oauth_beta {
+                let joined = expected.join(",");
+                if !joined.split(',').any(|b| b.trim() == "oauth-2025-04-20") {
+                    expected = vec![format!("{joined},oauth-2025-04-20")];
+                }
+            }
+            assert_eq!(
+                values(&got.headers),
+                expected,
+                "{cli}: header {name} reaches the upstream as sent"
+            );
+        }
+        for name in got.headers.keys() {
+            let name = name.as_str();
+            assert!(
+                sent.headers.contains_key(name)
+                    || HOP_BY_HOP.contains(&name)
+                    || relay_sets(&got.path).contains(&name),
+                "{cli}: the relay added {name}, which DESIGN §6 does not list"
+            );
+        }
+        assert_eq!(
+            header(got, "accept-encoding"),
+            Some("identity"),
+            "{cli}: the relay reads the answer"
+        );
+    }
+
+    /// The CLI's request the hop kept, and the one the upstream got with `credential`.
+    fn pair(
+        hop: &RecordingHop,
+        upstream: &FakeUpstream,
+        hop_path: &str,
+        credential: &str,
+    ) -> (HopRequest, SeenRequest) {
+        let sent = hop
+            .requests()
+            .into_iter()
+            .rev()
+            .find(|r| r.method == http::Method::POST && r.target.starts_with(hop_path))
+            .unwrap_or_else(|| panic!("the CLI sent no {hop_path}"));
+        let got = upstream
+            .seen_requests()
+            .into_iter()
+            .rev()
+            .find(|r| !r.probe && r.credential() == credential)
+            .unwrap_or_else(|| panic!("nothing reached the upstream with {credential}"));
+        (sent, got)
+    }
+
+    /// Runs both CLIs through `relay` with each client key and compares.
+    async fn check_all(bin: &Path, relay: &str, upstream: &FakeUpstream, keys: [&str; 2]) {
+        let hop = RecordingHop::start(relay).await.expect("hop starts");
+        let chatgpt = fake_chatgpt_token("acct-cli");
+        let [api_key_client, subscription_client] = keys;
+        for (client, claude_credential, codex_credential, subscription) in [
+            (api_key_client, "cred-claude-key", "cred-codex-key", false),
+            (subscription_client, CLAUDE_TOKEN, chatgpt.as_str(), true),
+        ] {
+            let (ok, stdout) = claude_code(bin, &hop.base_url, client).await;
+            assert!(ok, "claude -p exits 0 (subscription: {subscription})");
+            assert!(stdout.contains("Hello there."), "{stdout}");
+            let (sent, got) = pair(&hop, upstream, "/v1/messages", claude_credential);
+            assert_eq!(got.path, "/v1/messages");
+            assert_untouched("claude", &sent, &got, subscription);
+            let (ok, stdout) = codex(bin, &hop.base_url, client).await;
+            assert!(ok, "codex exec exits 0 (subscription: {subscription})");
+            assert!(stdout.contains("Hello there."), "{stdout}");
+            let (sent, got) = pair(&hop, upstream, "/v1/responses", codex_credential);
+            let expected_path = if subscription {
+                "/backend-api/codex/responses"
+            } else {
+                "/v1/responses"
+            };
+            assert_eq!(got.path, expected_path);
+            assert_untouched("codex", &sent, &got, false);
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_pinned_clis_reach_every_kind_of_account_untouched_standalone() {
+        let bin = clients_bin();
+        let upstream = FakeUpstream::start().await.expect("fake upstream");
+        upstream.set_claude_code_only(CLAUDE_TOKEN);
+        let chatgpt = fake_chatgpt_token("acct-cli");
+        let base = &upstream.base_url;
+        let yaml = format!(
+            "api_keys:\n  - {{key: {API_KEY_CLIENT}, user: cli, group: api}}\n  - {{key: {SUBSCRIPTION_CLIENT}, user: cli, group: sub}}\naccounts:\n  - {{name: claude-key, group: api, platform: anthropic, base_url: \"{base}\", credential: cred-claude-key, concurrency: 4}}\n  - {{name: codex-key, group: api, platform: openai, base_url: \"{base}\", credential: cred-codex-key, concurrency: 4}}\n  - {{name: claude-sub, group: sub, platform: anthropic, base_url: \"{base}\", oauth: {{access_token: {CLAUDE_TOKEN}}}, concurrency: 4}}\n  - {{name: chatgpt-sub, group: sub, platform: openai, base_url: \"{base}/backend-api\", chatgpt_oauth: {{access_token: \"{chatgpt}\"}}, concurrency: 4}}\n"
+        );
+        let (_relay, addr) =
+            common::standalone(&yaml, RelaySettings::default(), Default::default())
+                .await
+                .expect("standalone relay starts");
+        check_all(
+            &bin,
+            &format!("http://{addr}"),
+            &upstream,
+            [API_KEY_CLIENT, SUBSCRIPTION_CLIENT],
+        )
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_pinned_clis_reach_every_kind_of_account_untouched_distributed() {
+        let bin = clients_bin();
+        let backends = common::backends().await.expect("backends start");
+        let upstream = FakeUpstream::start().await.expect("fake upstream");
+        upstream.set_claude_code_only(CLAUDE_TOKEN);
+        let oauth = |refresh: &str| OAuthState {
+            refresh_token: Secret::new(refresh),
+            expires_at_ms: 4_102_444_800_000,
+            token_url: format!("{}/oauth/token", upstream.base_url),
+            client_id: String::new(),
+        };
+        let mut accounts = Vec::new();
+        for (name, platform) in [
+            ("claude-key", Platform::Anthropic),
+            ("codex-key", Platform::OpenAi),
+        ] {
+            let mut account = common::account(name, &upstream.base_url, 4, 0);
+            account.platform = platform;
+            account.group = "api".into();
+            accounts.push(account);
+        }
+        let mut claude = common::account("claude-sub", &upstream.base_url, 4, 0);
+        claude.group = "sub".into();
+        claude.credential_kind = CredentialKind::OAuth;
+        claude.credential = Some(Secret::new(CLAUDE_TOKEN));
+        claude.oauth = Some(oauth("rt-claude"));
+        accounts.push(claude);
+        let mut chatgpt = common::account(
+            "chatgpt-sub",
+            &format!("{}/backend-api", upstream.base_url),
+            4,
+            0,
+        );
+        chatgpt.group = "sub".into();
+        chatgpt.platform = Platform::OpenAi;
+        chatgpt.credential_kind = CredentialKind::ChatGptOAuth;
+        chatgpt.credential = Some(Secret::new(fake_chatgpt_token("acct-cli")));
+        chatgpt.oauth = Some(oauth("rt-chatgpt"));
+        accounts.push(chatgpt);
+        for account in &accounts {
+            backends
+                .store
+                .upsert_account(account)
+                .await
+                .expect("account");
+        }
+        let (_, api_key_client) = backends
+            .store
+            .create_api_key("cli-api", "cli", "api", 0)
+            .await
+            .expect("key");
+        let (_, subscription_client) = backends
+            .store
+            .create_api_key("cli-sub", "cli", "sub", 0)
+            .await
+            .expect("key");
+        let (_selector, selector_addr) =
+            common::selector(&backends).await.expect("selector starts");
+        let (_admission, admission_addr) =
+            common::admission(&backends.redis.url(), Default::default())
+                .await
+                .expect("admission starts");
+        let addr = common::relay(
+            vec![format!("http://{selector_addr}")],
+            vec![format!("http://{admission_addr}")],
+            RelaySettings::default(),
+        )
+        .await
+        .expect("relay starts");
+        check_all(
+            &bin,
+            &format!("http://{addr}"),
+            &upstream,
+            [api_key_client.expose(), subscription_client.expose()],
+        )
+        .await;
+    }
 }

@@ -53,41 +53,56 @@ async fn the_official_python_sdks_work_unchanged() {
     run_sdk_checks(&python, addr).await;
 }
 
+/// The Anthropic SDK in a group whose first account is a Claude subscription (OAuth) and whose
+/// second is an API key: Anthropic serves a subscription token on a non-Haiku model only for
+/// Claude Code's own requests (docs/SUBSCRIPTIONS.md), and the relay never presents the SDK as
+/// Claude Code. So each SDK request reaches the subscription as the SDK sent it, is refused as
+/// third-party traffic, and is served by the API key; the refusal damages nothing (the
+/// subscription is tried again by the next request: no block).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_anthropic_sdk_works_through_a_claude_subscription_account() {
+async fn the_anthropic_sdk_on_a_claude_subscription_is_served_by_the_groups_api_key_undisguised() {
     let python = sdk_python();
     let upstream = FakeUpstream::start().await.expect("fake upstream");
-    // The fake refuses this token unless the request is Claude Code's (as Anthropic does).
     upstream.set_claude_code_only("sk-ant-oat01-subscription");
     let yaml = format!(
-        "api_keys:\n  - {{key: sk-sdk-test, group: default, user: sdk}}\naccounts:\n  - {{name: a, platform: anthropic, base_url: \"{0}\", oauth: {{access_token: sk-ant-oat01-subscription}}, concurrency: 2}}\n  - {{name: o, platform: openai, base_url: \"{0}\", api_key: k-o, concurrency: 2}}\n",
+        "api_keys:\n  - {{key: sk-sdk-test, group: default, user: sdk}}\naccounts:\n  - {{name: sub, platform: anthropic, base_url: \"{0}\", oauth: {{access_token: sk-ant-oat01-subscription}}, concurrency: 2, priority: 0}}\n  - {{name: a, platform: anthropic, base_url: \"{0}\", api_key: k-a, concurrency: 2, priority: 1}}\n  - {{name: o, platform: openai, base_url: \"{0}\", api_key: k-o, concurrency: 2}}\n",
         upstream.base_url
     );
     let (_relay, addr) = common::standalone(&yaml, Default::default(), Default::default())
         .await
         .expect("standalone relay starts");
     run_sdk_checks(&python, addr).await;
-    let messages: Vec<_> = upstream
-        .seen_requests()
-        .into_iter()
-        .filter(|r| r.path == "/v1/messages")
-        .collect();
-    assert!(!messages.is_empty());
-    for request in messages {
+    let messages = |credential: &str| -> Vec<_> {
+        upstream
+            .seen_requests()
+            .into_iter()
+            .filter(|r| r.path == "/v1/messages" && r.credential() == credential)
+            .collect()
+    };
+    let refused = messages("sk-ant-oat01-subscription");
+    let served = messages("k-a");
+    assert!(!refused.is_empty(), "the subscription was tried");
+    assert_eq!(
+        refused.len(),
+        served.len(),
+        "every SDK request tried the subscription first (no block after a refusal) and was served by the API key"
+    );
+    for (tried, answered) in refused.iter().zip(&served) {
         assert_eq!(
-            request.body["system"][0]["text"],
-            poolgate_core::upstream::CLAUDE_CODE_IDENTITY,
-            "Claude Code's identity first"
+            tried.raw, answered.raw,
+            "the same bytes to both accounts: nothing added for the subscription"
         );
-        let betas = request
-            .headers
-            .get("anthropic-beta")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default();
         assert!(
-            betas.contains("oauth-2025-04-20") && betas.contains("claude-code-20250219"),
-            "{betas}"
+            !String::from_utf8_lossy(&tried.raw).contains("Claude Code"),
+            "no Claude Code identity"
         );
-        assert_eq!(request.headers.get_all("anthropic-beta").iter().count(), 1);
+        let betas: Vec<_> = tried
+            .headers
+            .get_all("anthropic-beta")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect();
+        assert_eq!(betas, ["oauth-2025-04-20"], "only the OAuth beta, once");
     }
+    assert!(upstream.token_requests().is_empty(), "no refresh");
 }

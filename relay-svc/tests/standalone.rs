@@ -1222,42 +1222,277 @@ async fn a_burst_of_429_and_529_on_every_account_leaves_all_of_them_selectable()
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn claude_code_requests_go_to_a_subscription_account_untouched_and_others_get_its_identity() {
+/// What Claude Code 2.1.332 opens `system` with (captured against a recording server; the three
+/// hex digits follow the first user message).
+const BILLING_BLOCK: &str =
+    "x-anthropic-billing-header: cc_version=2.1.332.1c9; cc_entrypoint=sdk-cli;";
+
+/// A subscription account (`sub`, tried first) and, when `with_api_key`, an API-key account of
+/// the same group (`key`); `group` is extra yaml for the group `default`.
+async fn subscription_pool(with_api_key: bool, group: &str) -> Harness {
     let upstream = FakeUpstream::start().await.expect("fake upstream");
     upstream.set_claude_code_only("tok-sub");
+    let mut yaml = format!(
+        "api_keys:\n  - {{key: {KEY}, user: alice, group: default}}\naccounts:\n  - {{name: sub, platform: anthropic, base_url: \"{}\", oauth: {{access_token: tok-sub}}, concurrency: 4, priority: 0}}\n",
+        upstream.base_url
+    );
+    if with_api_key {
+        yaml.push_str(&format!(
+            "  - {{name: key, platform: anthropic, base_url: \"{}\", credential: cred-key, concurrency: 4, priority: 1}}\n",
+            upstream.base_url
+        ));
+    }
+    yaml.push_str(group);
+    serve(upstream, &yaml, fast()).await
+}
+
+impl Harness {
+    /// Posts `body` as these exact bytes, with `headers`.
+    async fn raw_messages(&self, body: &[u8], headers: &[(&str, &str)]) -> (u16, Value) {
+        let mut request = self
+            .http
+            .post(format!("{}/v1/messages?beta=true", self.base))
+            .header("x-api-key", KEY)
+            .header("content-type", "application/json")
+            .body(body.to_vec());
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let response = request.send().await.expect("relay answers");
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    /// The client requests (not the probe's) the upstream saw with `credential`.
+    fn seen_with(&self, credential: &str) -> Vec<poolgate_testkit::fake_upstream::SeenRequest> {
+        self.upstream
+            .seen_requests()
+            .into_iter()
+            .filter(|r| !r.probe && r.credential() == credential)
+            .collect()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_codes_request_reaches_a_subscription_account_byte_for_byte() {
+    let h = subscription_pool(false, "").await;
+    // Claude Code's shape, written with the spacing, member order and escapes of no serializer
+    // the relay would use: the upstream must get exactly these bytes.
+    let body = format!(
+        "{{\"model\":\"claude-sonnet-4-5\", \"messages\":[{{\"role\":\"user\",\"content\":\"Say hello.\"}},{{\"role\":\"system\",\"content\":\"# Environment \\u00e9\"}}],\n \"system\":[{{\"type\":\"text\",\"text\":\"{BILLING_BLOCK}\"}},{{\"type\":\"text\",\"text\":\"You are a Claude agent, built on Anthropic's Claude Agent SDK.\",\"cache_control\":{{\"type\":\"ephemeral\"}}}}],\"metadata\":{{\"user_id\":\"{{\\\"device_id\\\":\\\"d\\\",\\\"session_id\\\":\\\"s\\\"}}\"}},\"max_tokens\":128000 ,\"stream\":false}}"
+    );
+    let (status, answer) = h
+        .raw_messages(
+            body.as_bytes(),
+            &[
+                (
+                    "anthropic-beta",
+                    "claude-code-20250219,interleaved-thinking-2025-05-14",
+                ),
+                ("anthropic-version", "2023-06-01"),
+                ("user-agent", "claude-cli/2.1.332 (external, sdk-cli)"),
+                ("x-app", "cli"),
+            ],
+        )
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    let seen = h.seen_with("tok-sub");
+    let last = seen.last().expect("the subscription account was asked");
+    assert_eq!(
+        String::from_utf8_lossy(&last.raw),
+        body,
+        "the body goes upstream as the client sent it"
+    );
+    assert_eq!(
+        last.headers
+            .get_all("anthropic-beta")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect::<Vec<_>>(),
+        ["claude-code-20250219,interleaved-thinking-2025-05-14,oauth-2025-04-20"],
+        "the client's betas, and the OAuth beta it lacked, once"
+    );
+    assert_eq!(
+        last.headers.get("user-agent").and_then(|v| v.to_str().ok()),
+        Some("claude-cli/2.1.332 (external, sdk-cli)")
+    );
+    assert_eq!(last.query.as_deref(), Some("beta=true"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_mapping_changes_the_models_bytes_and_nothing_else() {
+    let upstream = FakeUpstream::start().await.expect("fake upstream");
     let yaml = format!(
-        "api_keys:\n  - {{key: {KEY}, user: alice, group: default}}\naccounts:\n  - {{name: sub, platform: anthropic, base_url: \"{}\", oauth: {{access_token: tok-sub}}, concurrency: 4}}\n",
+        "api_keys:\n  - {{key: {KEY}, user: alice, group: default}}\naccounts:\n  - {{name: a, platform: anthropic, base_url: \"{}\", credential: cred-a, concurrency: 4, model_mapping: {{claude-x: claude-mapped}}}}\n",
         upstream.base_url
     );
     let h = serve(upstream, &yaml, fast()).await;
-    // Another client, with a system prompt of its own: served, identity first, its prompt kept.
-    let mut body = fresh_message();
-    body["system"] = json!("Be brief.");
-    let (status, answer) = h.messages(&body).await;
+    let body = "{ \"max_tokens\" : 16,\"model\" :\"claude-x\",\"messages\":[{\"role\":\"user\",\"content\":\"a \\\"model\\\": \\\"claude-x\\\"\"}],\"x\":{\"model\":\"claude-x\"} }";
+    let (status, answer) = h.raw_messages(body.as_bytes(), &[]).await;
     assert_eq!(status, 200, "{answer}");
-    let seen = h.upstream.seen_requests();
+    let seen = h.seen_with("cred-a");
     let last = seen.last().expect("a request");
     assert_eq!(
-        last.body["system"],
-        json!([
-            {"type": "text", "text": poolgate_core::upstream::CLAUDE_CODE_IDENTITY},
-            {"type": "text", "text": "Be brief."}
-        ])
+        String::from_utf8_lossy(&last.raw),
+        body.replacen("\"claude-x\",", "\"claude-mapped\",", 1),
+        "the top-level model's value changes, no other byte"
     );
-    // Claude Code's own request (identity already first): untouched.
-    let mut claude_code = fresh_message();
-    claude_code["system"] = json!([
-        {"type": "text", "text": poolgate_core::upstream::CLAUDE_CODE_IDENTITY, "cache_control": {"type": "ephemeral"}},
-        {"type": "text", "text": "You are an interactive CLI tool."}
-    ]);
-    let (status, answer) = h.messages(&claude_code).await;
-    assert_eq!(status, 200, "{answer}");
-    let seen = h.upstream.seen_requests();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_clients_request_on_a_subscription_is_not_dressed_up_and_the_groups_api_key_serves_it()
+ {
+    let h = subscription_pool(true, "").await;
+    for round in 0..3 {
+        // An SDK's request: no billing block, a system prompt of its own, a non-Haiku model.
+        let body = format!(
+            "{{\"model\":\"claude-sonnet-4-5\",\"max_tokens\":16,\"system\":\"Be brief.\",\"messages\":[{{\"role\":\"user\",\"content\":\"round {round}\"}}]}}"
+        );
+        let (status, answer) = h
+            .raw_messages(body.as_bytes(), &[("anthropic-version", "2023-06-01")])
+            .await;
+        assert_eq!(
+            status, 200,
+            "round {round}: the API-key account serves it: {answer}"
+        );
+        let refused = h.seen_with("tok-sub");
+        let last = refused
+            .last()
+            .expect("the subscription account was tried first");
+        assert_eq!(
+            String::from_utf8_lossy(&last.raw),
+            body,
+            "round {round}: not dressed up as Claude Code"
+        );
+        let betas = last
+            .headers
+            .get("anthropic-beta")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        assert_eq!(betas, "oauth-2025-04-20", "no client's beta added");
+        assert_eq!(
+            String::from_utf8_lossy(&h.seen_with("cred-key").last().expect("served").raw),
+            body
+        );
+    }
     assert_eq!(
-        seen.last().expect("a request").body["system"],
-        claude_code["system"]
+        h.seen_with("tok-sub").len(),
+        3,
+        "no block kept the subscription out: each request tried it (nothing was damaged)"
     );
+    assert!(
+        h.engines
+            .operator
+            .blocks()
+            .await
+            .expect("blocks")
+            .is_empty(),
+        "a third-party refusal blocks nothing"
+    );
+    assert_eq!(
+        h.upstream.token_requests().len(),
+        0,
+        "and refreshes nothing"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_only_subscriptions_another_clients_request_gets_the_upstreams_refusal() {
+    use poolgate_testkit::fake_upstream::{THIRD_PARTY_MESSAGE, ThirdPartyAnswer};
+    let h = subscription_pool(false, "").await;
+    for (answer, message) in [
+        (ThirdPartyAnswer::ExtraUsage, THIRD_PARTY_MESSAGE),
+        (ThirdPartyAnswer::BareError, "Error"),
+    ] {
+        h.upstream.set_third_party_answer(answer);
+        let mut body = fresh_message();
+        body["model"] = json!("claude-opus-4-5");
+        let (status, refusal) = h.messages(&body).await;
+        assert_eq!(status, 400, "{refusal}");
+        assert_eq!(refusal["type"], "error");
+        assert_eq!(refusal["error"]["type"], "invalid_request_error");
+        assert_eq!(refusal["error"]["message"], message);
+    }
+    // A Haiku model is served on the subscription without Claude Code's block.
+    let mut haiku = fresh_message();
+    haiku["model"] = json!("claude-haiku-4-5");
+    let (status, answer) = h.messages(&haiku).await;
+    assert_eq!(status, 200, "{answer}");
+    assert!(
+        h.engines
+            .operator
+            .blocks()
+            .await
+            .expect("blocks")
+            .is_empty()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_can_keep_its_subscriptions_for_the_platforms_own_cli() {
+    let h = subscription_pool(true, "groups:\n  default: {subscriptions_cli_only: true}\n").await;
+    let sdk = "{\"model\":\"claude-sonnet-4-5\",\"max_tokens\":16,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}";
+    for _ in 0..3 {
+        let (status, answer) = h.raw_messages(sdk.as_bytes(), &[]).await;
+        assert_eq!(status, 200, "{answer}");
+    }
+    assert!(
+        h.seen_with("tok-sub").is_empty(),
+        "no other client's request reaches the subscription"
+    );
+    assert_eq!(h.seen_with("cred-key").len(), 3);
+    let claude_code = format!(
+        "{{\"model\":\"claude-sonnet-4-5\",\"max_tokens\":16,\"system\":[{{\"type\":\"text\",\"text\":\"{BILLING_BLOCK}\"}}],\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}"
+    );
+    let (status, answer) = h
+        .raw_messages(
+            claude_code.as_bytes(),
+            &[("user-agent", "claude-cli/2.1.332 (external, sdk-cli)")],
+        )
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        h.seen_with("tok-sub").len(),
+        1,
+        "Claude Code's goes to the subscription"
+    );
+    // Without an API-key account, another client hears why.
+    let h = subscription_pool(
+        false,
+        "groups:\n  default: {subscriptions_cli_only: true}\n",
+    )
+    .await;
+    let (status, refusal) = h.raw_messages(sdk.as_bytes(), &[]).await;
+    assert_eq!(status, 403, "{refusal}");
+    assert_eq!(refusal["error"]["type"], "permission_error");
+    assert!(h.seen_with("tok-sub").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_try_on_the_responses_api_gets_426_and_a_plain_get_405() {
+    let h = start(&[("o", "openai", 2, "")], fast()).await;
+    let upgrade = h
+        .http
+        .get(format!("{}/v1/responses", h.base))
+        .header("connection", "Upgrade")
+        .header("upgrade", "websocket")
+        .header("sec-websocket-version", "13")
+        .header("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==")
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(upgrade.status().as_u16(), 426);
+    let body: Value = upgrade.json().await.expect("json error");
+    assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
+    let plain = h
+        .http
+        .get(format!("{}/v1/responses", h.base))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(plain.status().as_u16(), 405);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,5 +4,6 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod processes;
+pub mod recording_hop;
 
 pub use poolgate_stack::*;
