@@ -15,7 +15,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use poolgate_core::account::{
-    CredentialKind, LEGACY_ANTHROPIC_TOKEN_URL, Platform, Secret, default_oauth_token_url,
+    CredentialKind, LEGACY_ANTHROPIC_TOKEN_URL, Platform, Secret, default_oauth_client_id,
+    default_oauth_token_url,
 };
 use poolgate_select::crypto::Keyring;
 use poolgate_testkit::PostgresServer;
@@ -244,6 +245,42 @@ fn our_openai_default_is_codexs_token_url() {
         "default_oauth_token_url(OpenAi) is {ours}, the pinned Codex ({}) names {urls:?}",
         file.display()
     );
+}
+
+/// Whether any of `files` holds `needle`.
+fn holds(files: &[PathBuf], needle: &str) -> bool {
+    files
+        .iter()
+        .any(|file| !occurrences(file, needle.as_bytes()).is_empty())
+}
+
+#[test]
+fn our_client_ids_and_usage_endpoints_are_the_pinned_clis_own() {
+    let Some(bin) = clients_bin() else { return };
+    let claude = cli_files(
+        &bin,
+        "claude",
+        "@anthropic-ai",
+        &["claude", "claude.exe", "cli.js"],
+    );
+    let ours = default_oauth_client_id(Platform::Anthropic);
+    assert!(
+        holds(&claude, &format!("CLIENT_ID:\"{ours}\"")),
+        "Claude Code's CLIENT_ID is not {ours} ({claude:?})"
+    );
+    // What it reads its usage view from, with the OAuth beta (docs/SUBSCRIPTIONS.md).
+    for needle in ["\"/api/oauth/usage\"", "\"oauth-2025-04-20\""] {
+        assert!(
+            holds(&claude, needle),
+            "{needle} not in Claude Code ({claude:?})"
+        );
+    }
+    let codex = cli_files(&bin, "codex", "@openai", &["codex", "codex.exe"]);
+    let ours = default_oauth_client_id(Platform::OpenAi);
+    assert!(holds(&codex, ours), "{ours} not in Codex ({codex:?})");
+    for needle in ["/wham/usage", "chatgpt-account-id"] {
+        assert!(holds(&codex, needle), "{needle} not in Codex ({codex:?})");
+    }
 }
 
 #[test]
