@@ -491,6 +491,7 @@ async fn run(args: Args) -> Result<(), String> {
                 weekly: Some(Window::new(setup.duration(WEEK_S), WEEK_CAPACITY)),
                 weekly_anchor: Some(epoch(setup.anchor_ms(start_ms, index))),
                 per_minute: None,
+                models: Vec::new(),
             },
         );
         let prefill = (used * WEEK_CAPACITY as f64).round() as u64;

@@ -3,22 +3,32 @@
 //! `error.type`; OpenAI `error.type` / `error.code`) and documented headers.
 //!
 //! Message text is never enough on its own to change an account's health: upstreams echo the
-//! client's input into it ("model: insufficient_quota"). The one place a message is read is
-//! Anthropic's credit-balance answer (a 400 `invalid_request_error`), and then only its documented
-//! opening, and only to ask for a confirmation the client cannot shape (`confirm.rs`).
+//! client's input into it ("model: insufficient_quota"). It is read in two places only:
+//! - Anthropic's credit-balance answer (a 400 `invalid_request_error`), and then only its
+//!   documented opening and closing, and only to ask for a confirmation the client cannot shape
+//!   (`confirm.rs`);
+//! - the one stated exception: message text may make an answer *request-class* (nothing
+//!   written), never the reverse. The upstreams' subscription refusals (a bare "Error" 400, the
+//!   "Third-party apps now draw from … extra usage" and "only authorized for use with Claude
+//!   Code" 400s, a 429 whose message is the bare "Error" with no rate-limit header) are
+//!   `ClientError` / `subscription`: an echo that matches one only fails the request over.
 //!
 //! Who can change what:
 //! - client-caused answers (`invalid_request_error`, `not_found_error`, 400/404/413/422) never
 //!   touch account health;
 //! - billing-class answers (`QuotaGone`) fail over and ask for confirmation; they never retire
 //!   by themselves;
-//! - a 429 is a window exhaustion only when the upstream says so (`anthropic-ratelimit-unified-
-//!   status: rejected`, a Codex window at 100 %, `usage_limit_reached`); otherwise it is busy.
+//! - a 429 is a window exhaustion only when the upstream says an account-wide window is used up
+//!   (`anthropic-ratelimit-unified-status: rejected` about the 5h or 7d claim, a Codex primary
+//!   or secondary window at 100 %, `usage_limit_reached` naming no other limit); a model-scoped
+//!   limit (`windows::refused_by`: the Opus, Sonnet or Fable weekly claim, a Codex named limit)
+//!   is `ClientError` / `model_limit`, which writes nothing; otherwise it is busy.
 
 use http::HeaderMap;
 use serde_json::Value;
 
 use crate::outcome::OutcomeClass;
+use crate::windows::{RefusedBy, refused_by};
 
 /// A classified outcome, with the label failover metrics use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,6 +140,21 @@ impl UpstreamError {
             && message.ends_with(CREDIT_BALANCE_CLOSING)
     }
 
+    /// A 400 meaning "this token serves only its own CLI" or "this is third-party traffic"
+    /// (docs/SUBSCRIPTIONS.md): Anthropic's bare `invalid_request_error` "Error", its
+    /// "Third-party apps now draw from … extra usage" and its "only authorized for use with
+    /// Claude Code". Message text, read only to make an answer request-class (nothing written).
+    fn is_subscription_refusal(&self) -> bool {
+        let message = self.message.trim();
+        if message == "Error" {
+            return self.kind.as_deref() == Some("invalid_request_error");
+        }
+        let message = message.to_ascii_lowercase();
+        SUBSCRIPTION_OPENINGS
+            .iter()
+            .any(|opening| message.starts_with(opening))
+    }
+
     /// `type` and `code`, reduced to a safe alphabet: fit for a status reason or a log line
     /// (never the message, which can carry client input).
     pub fn summary(&self) -> String {
@@ -222,6 +247,28 @@ const BILLING: &[&str] = &[
 const CREDIT_BALANCE_OPENING: &str = "your credit balance is too low";
 const CREDIT_BALANCE_CLOSING: &str = "purchase credits.";
 
+/// How the upstream's subscription refusals open (lowercase): the third-party answer in both
+/// wordings seen since April 2026, and the older Claude-Code-only one (anthropics/claude-code
+/// #45911, NousResearch/hermes-agent #48176, anthropics/claude-code #8046).
+const SUBSCRIPTION_OPENINGS: &[&str] = &[
+    "third-party apps now draw from extra usage, not plan limits",
+    "third-party apps now draw from your extra usage, not your plan limits",
+    "this credential is only authorized for use with claude code",
+];
+
+/// Whether an answer carries any rate-limit header: a 429 with one is about a limit, never a
+/// subscription refusal.
+fn states_limits(headers: &HeaderMap) -> bool {
+    headers.keys().any(|name| {
+        let name = name.as_str();
+        name.starts_with("anthropic-ratelimit-")
+            || name.starts_with("x-codex-")
+            || name.starts_with("x-ratelimit-")
+            || name == "retry-after"
+            || name == "retry-after-ms"
+    })
+}
+
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name)?.to_str().ok().map(str::trim)
 }
@@ -252,73 +299,6 @@ pub fn retry_after_at_ms(headers: &HeaderMap, now_ms: i64) -> Option<i64> {
     Some(ms.max(now_ms))
 }
 
-/// Anthropic's subscription windows: the representative claim names the window that decided.
-fn unified_window(claim: &str) -> Option<&'static str> {
-    match claim {
-        "five_hour" | "5h" => Some("5h"),
-        "seven_day" | "7d" => Some("7d"),
-        "seven_day_opus" | "7d_opus" => Some("7d_opus"),
-        "seven_day_sonnet" | "7d_sonnet" => Some("7d_sonnet"),
-        _ => None,
-    }
-}
-
-/// When an exhausted Anthropic subscription window resets (`unified-status: rejected`): the
-/// representative claim's reset when present, else the overall reset, else every rejected
-/// window's, latest first.
-fn unified_rejected_reset_ms(headers: &HeaderMap) -> Option<Option<i64>> {
-    if header(headers, "anthropic-ratelimit-unified-status") != Some("rejected") {
-        return None;
-    }
-    let reset = |name: String| header_i64(headers, &name).map(|s| s.saturating_mul(1000));
-    if let Some(window) =
-        header(headers, "anthropic-ratelimit-unified-representative-claim").and_then(unified_window)
-        && let Some(at) = reset(format!("anthropic-ratelimit-unified-{window}-reset"))
-    {
-        return Some(Some(at));
-    }
-    if let Some(at) = reset("anthropic-ratelimit-unified-reset".into()) {
-        return Some(Some(at));
-    }
-    let latest = ["5h", "7d", "7d_opus", "7d_sonnet"]
-        .into_iter()
-        .filter(|w| {
-            header(headers, &format!("anthropic-ratelimit-unified-{w}-status")) == Some("rejected")
-        })
-        .filter_map(|w| reset(format!("anthropic-ratelimit-unified-{w}-reset")))
-        .max();
-    Some(latest)
-}
-
-/// A Codex (ChatGPT) window the headers say is used up, and when it resets.
-fn codex_exhausted_reset_ms(headers: &HeaderMap, now_ms: i64) -> Option<Option<i64>> {
-    let mut exhausted = false;
-    let mut resets = Vec::new();
-    for window in ["primary", "secondary"] {
-        let used = header_i64(headers, &format!("x-codex-{window}-used-percent")).unwrap_or(0);
-        if used >= 100 {
-            exhausted = true;
-            if let Some(seconds) =
-                header_i64(headers, &format!("x-codex-{window}-reset-after-seconds"))
-            {
-                resets.push(now_ms.saturating_add(seconds.max(0).saturating_mul(1000)));
-            }
-        }
-    }
-    exhausted.then(|| resets.into_iter().max())
-}
-
-/// Codex's `usage_limit_reached` body: `resets_at` (epoch s) or `resets_in_seconds`.
-fn usage_limit_reset_ms(body: &[u8], now_ms: i64) -> Option<i64> {
-    let json: Value = serde_json::from_slice(body).ok()?;
-    let error = json.get("error")?;
-    if let Some(at) = error.get("resets_at").and_then(Value::as_f64) {
-        return parse_number(&at.to_string()).map(|s| s.saturating_mul(1000));
-    }
-    let seconds = error.get("resets_in_seconds").and_then(Value::as_f64)?;
-    parse_number(&seconds.to_string()).map(|s| now_ms.saturating_add(s.max(0).saturating_mul(1000)))
-}
-
 /// Every reset the upstream announced, as ms since the epoch; the latest wins. Used for how long
 /// a busy account is moved back (soft block), never to decide a hard block on its own.
 pub fn reset_at_ms(headers: &HeaderMap, now_ms: i64) -> Option<i64> {
@@ -327,10 +307,12 @@ pub fn reset_at_ms(headers: &HeaderMap, now_ms: i64) -> Option<i64> {
     if let Some(ms) = header_i64(headers, "retry-after-ms") {
         resets.push(now_ms.saturating_add(ms.max(0)));
     }
-    if let Some(Some(at)) = unified_rejected_reset_ms(headers) {
-        resets.push(at);
-    }
-    if let Some(Some(at)) = codex_exhausted_reset_ms(headers, now_ms) {
+    // An account-wide window's reset; a model-scoped limit's is no reason to move the whole
+    // account back.
+    if let Some(RefusedBy::Account {
+        reset_at_ms: Some(at),
+    }) = refused_by(headers, b"", now_ms)
+    {
         resets.push(at);
     }
     resets.into_iter().max()
@@ -366,16 +348,20 @@ pub fn classify(
         };
     }
     match status {
+        429 if error.is_some_and(|e| e.message.trim() == "Error") && !states_limits(headers) => {
+            Classified::new(OutcomeClass::ClientError, "subscription")
+        }
         429 => {
-            let exhausted = unified_rejected_reset_ms(headers)
-                .or_else(|| codex_exhausted_reset_ms(headers, now_ms))
-                .or_else(|| {
-                    error
-                        .is_some_and(|e| e.is(&["usage_limit_reached"]))
-                        .then(|| usage_limit_reset_ms(body, now_ms))
-                });
-            match exhausted {
-                Some(reset) => Classified {
+            let body = &body[..body.len().min(64 * 1024)];
+            match refused_by(headers, body, now_ms) {
+                // A limit of one model family: the account serves every other model, so
+                // nothing is written; the answer's window reading keeps the family off it.
+                Some(RefusedBy::Models { reset_at_ms }) => Classified {
+                    class: OutcomeClass::ClientError,
+                    reset_at_ms,
+                    label: "model_limit",
+                },
+                Some(RefusedBy::Account { reset_at_ms: reset }) => Classified {
                     class: OutcomeClass::WindowExhausted,
                     reset_at_ms: reset.or_else(|| reset_at_ms(headers, now_ms)),
                     label: "429",
@@ -398,6 +384,9 @@ pub fn classify(
             // Suspected, never assumed: the selector's probe decides.
             Refusal::Unknown => Classified::new(OutcomeClass::Unauthorized, "401"),
         },
+        400 if error.is_some_and(UpstreamError::is_subscription_refusal) => {
+            Classified::new(OutcomeClass::ClientError, "subscription")
+        }
         500..=599 => Classified::new(OutcomeClass::Broken, "5xx"),
         _ => Classified::new(OutcomeClass::ClientError, "client"),
     }

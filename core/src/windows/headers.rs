@@ -1,21 +1,25 @@
 //! Reading usage windows from one upstream answer's headers (absent or malformed values are
 //! skipped, never guessed):
-//! - Anthropic subscriptions: `anthropic-ratelimit-unified-{5h,7d,7d_oi,overage}-{utilization,
-//!   reset,status}` (utilization a fraction, reset in epoch seconds), and the model-scoped weekly
-//!   claims the pinned Claude Code names (`seven_day_opus`, `seven_day_sonnet`), which arrive as
-//!   `anthropic-ratelimit-unified-representative-claim` with the overall `-status` and `-reset`
-//!   (and, should the upstream send them, as `7d_opus`/`7d_sonnet` families).
+//! - Anthropic subscriptions: `anthropic-ratelimit-unified-{5h,7d,overage}-{utilization,reset,
+//!   status}` (utilization a fraction, reset in epoch seconds) for the account, and the
+//!   model-scoped weekly limits of `scoped::ANTHROPIC_SCOPED`: the `7d_oi` family (Fable
+//!   models, claim `seven_day_overage_included`) and the claims `seven_day_opus` /
+//!   `seven_day_sonnet`, which arrive as `anthropic-ratelimit-unified-representative-claim`
+//!   with the overall `-status` and `-reset` (and, should the upstream send them, as
+//!   `7d_opus`/`7d_sonnet` families).
 //! - ChatGPT/Codex: `x-codex-{primary,secondary}-{used-percent,window-minutes,reset-at,
-//!   reset-after-seconds}` (percent 0–100) and the per-limit families `x-codex-<name>-…`.
+//!   reset-after-seconds}` (percent 0–100) for the account, and the named limits
+//!   `x-codex-<name>-…`, scoped to the models their `x-codex-<name>-limit-name` names.
 //! - API keys, per minute: Anthropic `anthropic-ratelimit-{requests,tokens,input-tokens,
 //!   output-tokens}-{limit,remaining,reset}` (RFC 3339 resets), OpenAI
 //!   `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` (Go-style durations: `6m0s`, `20ms`).
 
 use http::HeaderMap;
 
+use super::scoped::{ANTHROPIC_SCOPED, codex_scope};
 use super::{MINUTE_MS, MinuteLimit, Scope, WindowKind, WindowReading, WindowStatus};
 
-fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+pub(super) fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers
         .get(name)?
         .to_str()
@@ -25,7 +29,7 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 }
 
 /// A finite number; upstream headers are input, so it is clamped where it becomes arithmetic.
-fn number(headers: &HeaderMap, name: &str) -> Option<f64> {
+pub(super) fn number(headers: &HeaderMap, name: &str) -> Option<f64> {
     header(headers, name)?
         .parse::<f64>()
         .ok()
@@ -33,14 +37,14 @@ fn number(headers: &HeaderMap, name: &str) -> Option<f64> {
 }
 
 /// Epoch seconds to ms, refusing values no reset can have (before 2001 or past 2500).
-fn epoch_seconds_ms(seconds: f64) -> Option<i64> {
+pub(super) fn epoch_seconds_ms(seconds: f64) -> Option<i64> {
     (1e9..=1.7e10)
         .contains(&seconds)
         .then_some((seconds * 1000.0) as i64)
 }
 
 /// Seconds from now to ms since the epoch; negative or absurd (over a year) values are refused.
-fn after_seconds_ms(seconds: f64, now_ms: i64) -> Option<i64> {
+pub(super) fn after_seconds_ms(seconds: f64, now_ms: i64) -> Option<i64> {
     (0.0..=3.2e7)
         .contains(&seconds)
         .then(|| now_ms.saturating_add((seconds * 1000.0) as i64))
@@ -71,14 +75,12 @@ pub fn read_windows(headers: &HeaderMap, now_ms: i64) -> Vec<WindowReading> {
     readings
 }
 
-/// The unified families, by header tag.
-const UNIFIED: [(&str, WindowKind, Option<&str>); 6] = [
-    ("5h", WindowKind::FiveHour, None),
-    ("7d", WindowKind::SevenDay, None),
-    ("7d_oi", WindowKind::SevenDayOverageIncluded, None),
-    ("overage", WindowKind::Overage, None),
-    ("7d_opus", WindowKind::SevenDayModel, Some("opus")),
-    ("7d_sonnet", WindowKind::SevenDayModel, Some("sonnet")),
+/// The account-wide unified families, by header tag; the model-scoped ones are
+/// `scoped::ANTHROPIC_SCOPED`.
+const UNIFIED_ACCOUNT: [(&str, WindowKind); 3] = [
+    ("5h", WindowKind::FiveHour),
+    ("7d", WindowKind::SevenDay),
+    ("overage", WindowKind::Overage),
 ];
 
 fn scope_of(models: Option<&str>) -> Scope {
@@ -87,7 +89,15 @@ fn scope_of(models: Option<&str>) -> Scope {
 
 fn read_unified(headers: &HeaderMap, now_ms: i64, readings: &mut Vec<WindowReading>) {
     let family = |tag: &str, suffix: &str| format!("anthropic-ratelimit-unified-{tag}-{suffix}");
-    for (tag, kind, models) in UNIFIED {
+    let families = UNIFIED_ACCOUNT
+        .iter()
+        .map(|(tag, kind)| (*tag, *kind, None))
+        .chain(
+            ANTHROPIC_SCOPED
+                .iter()
+                .map(|(_, tag, kind, token)| (*tag, *kind, Some(*token))),
+        );
+    for (tag, kind, models) in families {
         let Some(reset_at_ms) = number(headers, &family(tag, "reset")).and_then(epoch_seconds_ms)
         else {
             continue;
@@ -107,18 +117,18 @@ fn read_unified(headers: &HeaderMap, now_ms: i64, readings: &mut Vec<WindowReadi
             observed_at_ms: now_ms,
         });
     }
-    // A claim names the window the overall status is about; without that window's own family
-    // it is the only reading of it (the model-scoped weekly claims come this way).
+    // A claim names the window the overall status and reset are about; without that window's
+    // own family it is the only reading of it (the Opus and Sonnet weekly claims come this way).
     let claim =
         header(headers, "anthropic-ratelimit-unified-representative-claim").and_then(|claim| {
             match claim {
                 "five_hour" => Some((WindowKind::FiveHour, None)),
                 "seven_day" => Some((WindowKind::SevenDay, None)),
-                "seven_day_overage_included" => Some((WindowKind::SevenDayOverageIncluded, None)),
-                "seven_day_opus" => Some((WindowKind::SevenDayModel, Some("opus"))),
-                "seven_day_sonnet" => Some((WindowKind::SevenDayModel, Some("sonnet"))),
                 "overage" => Some((WindowKind::Overage, None)),
-                _ => None,
+                _ => ANTHROPIC_SCOPED
+                    .iter()
+                    .find(|(name, ..)| *name == claim)
+                    .map(|(_, _, kind, token)| (*kind, Some(*token))),
             }
         });
     if let Some((kind, models)) = claim
@@ -128,8 +138,11 @@ fn read_unified(headers: &HeaderMap, now_ms: i64, readings: &mut Vec<WindowReadi
             number(headers, "anthropic-ratelimit-unified-reset").and_then(epoch_seconds_ms)
     {
         let scope = scope_of(models);
-        if !readings.iter().any(|r| r.kind == kind && r.scope == scope) {
-            readings.push(WindowReading {
+        match readings
+            .iter_mut()
+            .find(|r| r.kind == kind && r.scope == scope)
+        {
+            None => readings.push(WindowReading {
                 kind,
                 scope,
                 utilization: None,
@@ -137,14 +150,21 @@ fn read_unified(headers: &HeaderMap, now_ms: i64, readings: &mut Vec<WindowReadi
                 length_ms: kind.default_length_ms(),
                 status,
                 observed_at_ms: now_ms,
-            });
+            }),
+            // A scoped limit's reset is the latest of those that belong to it: its family's
+            // and, as the representative claim, the overall one (never an account-wide one).
+            Some(reading) if models.is_some() => {
+                reading.reset_at_ms = reading.reset_at_ms.max(reset_at_ms);
+                reading.status = reading.status.max(status);
+            }
+            Some(_) => {}
         }
     }
 }
 
 /// A Codex family name from a header: `x-codex-primary-…` is the account's own (`None`),
 /// `x-codex-<name>-primary-…` a named limit's.
-fn codex_families(headers: &HeaderMap) -> Vec<(Option<String>, &'static str)> {
+pub(super) fn codex_families(headers: &HeaderMap) -> Vec<(Option<String>, &'static str)> {
     let mut families = Vec::new();
     for name in headers.keys() {
         let Some(middle) = name
@@ -182,9 +202,14 @@ fn codex_families(headers: &HeaderMap) -> Vec<(Option<String>, &'static str)> {
 
 fn read_codex(headers: &HeaderMap, now_ms: i64, readings: &mut Vec<WindowReading>) {
     for (limit, side) in codex_families(headers) {
-        let prefix = match &limit {
-            None => format!("x-codex-{side}"),
-            Some(limit) => format!("x-codex-{limit}-{side}"),
+        let (prefix, scope) = match &limit {
+            None => (format!("x-codex-{side}"), Scope::Account),
+            // A named limit covers the models its limit name names; without one, they are
+            // unknown and the family is skipped.
+            Some(limit) => match codex_scope(headers, limit) {
+                Some(scope) => (format!("x-codex-{limit}-{side}"), scope),
+                None => continue,
+            },
         };
         let field = |suffix: &str| number(headers, &format!("{prefix}-{suffix}"));
         let Some(used) = field("used-percent").and_then(fraction_of_percent) else {
@@ -205,7 +230,7 @@ fn read_codex(headers: &HeaderMap, now_ms: i64, readings: &mut Vec<WindowReading
             } else {
                 WindowKind::CodexSecondary
             },
-            scope: scope_of(limit.as_deref()),
+            scope,
             utilization: Some(used),
             reset_at_ms,
             length_ms,
@@ -451,7 +476,8 @@ mod tests {
             (oi.utilization, oi.status),
             (Some(1.0), WindowStatus::Unknown)
         );
-        assert_eq!(oi.scope, Scope::Account);
+        // The Fable models' weekly limit: scoped to them, never the account's.
+        assert_eq!(oi.scope, Scope::Models("fable".into()));
         assert!(find(&readings, WindowKind::Overage).is_some());
     }
 
@@ -551,7 +577,7 @@ mod tests {
         assert_eq!(secondary.reset_at_ms, (NOW_S + 7_200) * 1000);
         assert_eq!(secondary.status, WindowStatus::Rejected);
         assert!(readings.iter().any(|r| r.kind == WindowKind::CodexPrimary
-            && r.scope == Scope::Models("bengalfox".into())
+            && r.scope == Scope::Models("gpt-5-codex-mini".into())
             && r.utilization == Some(0.12)));
     }
 

@@ -5,8 +5,10 @@
 use std::collections::HashMap;
 
 mod headers;
+mod scoped;
 
 pub use headers::read_windows;
+pub use scoped::{RefusedBy, refused_by};
 
 const MINUTE_MS: i64 = 60_000;
 const HOUR_MS: i64 = 60 * MINUTE_MS;
@@ -19,14 +21,16 @@ pub enum WindowKind {
     FiveHour,
     /// Anthropic's 7-day window (`7d`, claim `seven_day`).
     SevenDay,
-    /// "Seven day, overage included" (`7d_oi`): weekly, account-wide, not model-scoped.
+    /// "Seven day, overage included" (`7d_oi`, claim `seven_day_overage_included`): the weekly
+    /// limit of the Fable models, scoped to them (docs/DESIGN.md §5, "Model-scoped limits").
     SevenDayOverageIncluded,
     /// A model-scoped weekly limit (claims `seven_day_opus`, `seven_day_sonnet`); the reading's
     /// scope names the models.
     SevenDayModel,
     /// Extra usage the account pays for past its plan (`overage`): never headroom.
     Overage,
-    /// Codex's primary window (5 hours on today's plans); a named family's scope names it.
+    /// Codex's primary window (5 hours on today's plans); a named limit's reading is scoped to
+    /// the models its limit name names.
     CodexPrimary,
     /// Codex's secondary window (weekly on today's plans).
     CodexSecondary,
@@ -85,8 +89,8 @@ impl WindowKind {
 pub enum Scope {
     /// Every request the account serves.
     Account,
-    /// Only upstream models whose name contains this lowercase token (`opus`, `sonnet`, a Codex
-    /// limit's name).
+    /// Only upstream models whose name contains this lowercase token (`opus`, `sonnet`,
+    /// `fable`, a Codex limit's name such as `gpt-5.3-codex-spark`), `_` read as `-`.
     Models(String),
 }
 

@@ -167,7 +167,7 @@ pub(super) async fn answer(
     };
     let enforce = scripted.is_none() && refused_first.is_none();
     let (window_headers, window_refusal) =
-        match windows::admit(&state, &credential, dialect, enforce, serves) {
+        match windows::admit(&state, &credential, dialect, &model, enforce, serves) {
             Some(verdict) => (verdict.headers, verdict.refusal),
             None => (Vec::new(), None),
         };

@@ -65,7 +65,14 @@ pub(super) async fn chatgpt_codex(
         )
             .into_response();
         // Its windows' headers too (every answer carries them), counting nothing.
-        return match windows::admit(&state, &credential(&headers), Dialect::Codex, false, false) {
+        return match windows::admit(
+            &state,
+            &credential(&headers),
+            Dialect::Codex,
+            "",
+            false,
+            false,
+        ) {
             Some(verdict) => windows::stamp(refused, &verdict.headers),
             None => refused,
         };

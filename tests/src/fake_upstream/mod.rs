@@ -54,7 +54,7 @@ pub use anthropic::{
 pub use chatgpt::fake_chatgpt_token;
 pub use probe::is_probe;
 pub use scripted::Scripted;
-pub use windows::{WARNING_AT, Window, WindowBudgets, WindowUnit};
+pub use windows::{ModelFamily, ModelWindow, WARNING_AT, Window, WindowBudgets, WindowUnit};
 
 use answer::{chat, messages, responses};
 use anthropic::count_tokens;

@@ -28,6 +28,20 @@
 //!   `anthropic-ratelimit-requests-*`. OpenAI chat, Responses and the ChatGPT backend:
 //!   `x-codex-{primary,secondary}-*` and `x-ratelimit-*-requests` (the platform API has no such
 //!   windows, so the fake speaks the ChatGPT backend's dialect there too).
+//! - **Model-scoped limits** (`WindowBudgets::models`, opt-in): a weekly-like budget of one
+//!   model family, counted by the answers served for the models it covers (the upstream model's
+//!   name, lowercased, contains the family's token), besides the account's windows. A request
+//!   for a covered model on a used-up one gets the upstream's model-scoped 429, after the
+//!   account's own refusal and before the per-minute one; every other model is served as
+//!   before. As the sources show them (/tmp notes folded into docs/SUBSCRIPTIONS.md):
+//!   Anthropic answers `anthropic-ratelimit-unified-status: rejected` with the scoped
+//!   `-representative-claim` (`seven_day_opus`, `seven_day_sonnet`,
+//!   `seven_day_overage_included`) and the scoped `-reset`, the account's own 5h/7d families as
+//!   they stand (`allowed`); only the Fable bucket has a family of its own
+//!   (`anthropic-ratelimit-unified-7d_oi-{utilization,reset,status}`), sent on Fable answers.
+//!   Codex answers the named family `x-codex-<header>-primary-*` at 100 % with its
+//!   `x-codex-<header>-limit-name`, `x-codex-active-limit: codex_<header>` and the
+//!   `usage_limit_reached` body; the family is sent on the covered models' answers.
 //! - **Rounding.** Resets are rounded up to whole seconds (no client that waits for one comes
 //!   back early); `window-minutes` is rounded up, at least 1.
 
@@ -65,6 +79,50 @@ impl Window {
     }
 }
 
+/// A model family with a limit of its own, named as the upstream names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelFamily {
+    /// Anthropic's weekly Opus limit: claim `seven_day_opus`, no header family of its own.
+    Opus,
+    /// Anthropic's weekly Sonnet limit: claim `seven_day_sonnet`.
+    Sonnet,
+    /// Anthropic's `7d_oi` bucket (claim `seven_day_overage_included`): the Fable models.
+    Fable,
+    /// A Codex named limit: headers `x-codex-<header>-*` (`bengalfox`), limit id
+    /// `codex_<header>`, covering the models whose name contains `name` lowercased
+    /// (`GPT-5.3-Codex-Spark` covers `gpt-5.3-codex-spark`).
+    Codex { header: String, name: String },
+}
+
+impl ModelFamily {
+    fn token(&self) -> String {
+        match self {
+            ModelFamily::Opus => "opus".into(),
+            ModelFamily::Sonnet => "sonnet".into(),
+            ModelFamily::Fable => "fable".into(),
+            ModelFamily::Codex { name, .. } => name.to_ascii_lowercase().replace(' ', "-"),
+        }
+    }
+
+    fn dialect(&self) -> Dialect {
+        match self {
+            ModelFamily::Codex { .. } => Dialect::Codex,
+            _ => Dialect::Anthropic,
+        }
+    }
+
+    fn covers(&self, dialect: Dialect, model: &str) -> bool {
+        self.dialect() == dialect && model.to_ascii_lowercase().contains(&self.token())
+    }
+}
+
+/// A model family's own weekly-like limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelWindow {
+    pub family: ModelFamily,
+    pub window: Window,
+}
+
 /// A credential's usage windows (see the module's documentation for how they run).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WindowBudgets {
@@ -79,11 +137,16 @@ pub struct WindowBudgets {
     pub weekly_anchor: Option<SystemTime>,
     /// An API key's per-minute request limit (`capacity` requests per `length`, normally 60 s).
     pub per_minute: Option<Window>,
+    /// Model-scoped limits, each counting only the answers for the models it covers.
+    pub models: Vec<ModelWindow>,
 }
 
 impl WindowBudgets {
     pub(super) fn is_empty(&self) -> bool {
-        self.five_hour.is_none() && self.weekly.is_none() && self.per_minute.is_none()
+        self.five_hour.is_none()
+            && self.weekly.is_none()
+            && self.per_minute.is_none()
+            && self.models.is_empty()
     }
 }
 
@@ -113,11 +176,23 @@ pub(super) struct Account {
     five_hour: Option<Period>,
     weekly: Option<Period>,
     minute: Option<Period>,
+    /// One per `budgets.models`, in order.
+    models: Vec<Option<Period>>,
 }
 
 /// Where one window stands, for the headers.
 struct Standing {
     kind: Kind,
+    utilization: f64,
+    reset_ms: i64,
+    length_ms: i64,
+    exhausted: bool,
+}
+
+/// Where one model-scoped limit stands, for the headers.
+struct ModelStanding {
+    index: usize,
+    family: ModelFamily,
     utilization: f64,
     reset_ms: i64,
     length_ms: i64,
@@ -183,6 +258,38 @@ impl Account {
         if let Some(window) = &self.budgets.per_minute {
             roll(&mut self.minute, length_ms(window), None, now);
         }
+        self.models.resize(self.budgets.models.len(), None);
+        for (limit, period) in self.budgets.models.iter().zip(&mut self.models) {
+            roll(period, length_ms(&limit.window), None, now);
+        }
+    }
+
+    /// Where each model-scoped limit covering `model` stands: (its index, utilization, reset,
+    /// length, used up).
+    fn model_standings(&self, dialect: Dialect, model: &str) -> Vec<ModelStanding> {
+        self.budgets
+            .models
+            .iter()
+            .zip(&self.models)
+            .enumerate()
+            .filter(|(_, (limit, _))| limit.family.covers(dialect, model))
+            .filter_map(|(index, (limit, period))| {
+                let period = (*period)?;
+                let exhausted = period.used >= limit.window.capacity;
+                Some(ModelStanding {
+                    index,
+                    family: limit.family.clone(),
+                    utilization: if exhausted {
+                        1.0
+                    } else {
+                        period.used as f64 / limit.window.capacity as f64
+                    },
+                    reset_ms: period.start_ms.saturating_add(length_ms(&limit.window)),
+                    length_ms: length_ms(&limit.window),
+                    exhausted,
+                })
+            })
+            .collect()
     }
 
     fn standings(&self) -> Vec<Standing> {
@@ -215,7 +322,7 @@ impl Account {
         Some((self.budgets.per_minute?, self.minute?))
     }
 
-    fn charge(&mut self, serves: bool) {
+    fn charge(&mut self, serves: bool, covering: &[usize]) {
         if let Some(minute) = &mut self.minute {
             minute.used = minute.used.saturating_add(1);
         }
@@ -226,8 +333,15 @@ impl Account {
             WindowUnit::Requests => 1,
             WindowUnit::Tokens => INPUT_TOKENS + OUTPUT_TOKENS,
         };
+        let models = self
+            .models
+            .iter_mut()
+            .enumerate()
+            .filter(|(index, _)| covering.contains(index))
+            .map(|(_, period)| period);
         for period in [&mut self.five_hour, &mut self.weekly]
             .into_iter()
+            .chain(models)
             .flatten()
         {
             period.used = period.used.saturating_add(cost);
@@ -251,13 +365,14 @@ pub(super) fn set(state: &FakeState, credential: &str, budgets: WindowBudgets) {
     }
 }
 
-/// Takes one model request with `credential` through its windows: `None` when it has none.
-/// `enforce`: the request may be refused (nothing scripted or refused it first); `serves`: its
-/// answer is one the windows count. A refused request counts nowhere.
+/// Takes one model request with `credential` for upstream `model` through its windows: `None`
+/// when it has none. `enforce`: the request may be refused (nothing scripted or refused it
+/// first); `serves`: its answer is one the windows count. A refused request counts nowhere.
 pub(super) fn admit(
     state: &FakeState,
     credential: &str,
     dialect: Dialect,
+    model: &str,
     enforce: bool,
     serves: bool,
 ) -> Option<Verdict> {
@@ -280,6 +395,21 @@ pub(super) fn admit(
             refusal: Some(refusal),
         });
     }
+    let models = account.model_standings(dialect, model);
+    if enforce
+        && let Some(limit) = models
+            .iter()
+            .filter(|m| m.exhausted)
+            .max_by_key(|m| m.reset_ms)
+    {
+        let mut headers = window_headers(dialect, &standings, None, now);
+        headers.extend(minute_headers(dialect, account.minute(), now));
+        let refusal = model_refusal(dialect, limit, now, &mut headers);
+        return Some(Verdict {
+            headers,
+            refusal: Some(refusal),
+        });
+    }
     if enforce
         && let Some((window, period)) = account.minute()
         && period.used >= window.capacity
@@ -292,9 +422,13 @@ pub(super) fn admit(
             refusal: Some(refusal),
         });
     }
-    account.charge(serves);
+    let covering: Vec<usize> = models.iter().map(|m| m.index).collect();
+    account.charge(serves, &covering);
     let mut headers = window_headers(dialect, &account.standings(), None, now);
     headers.extend(minute_headers(dialect, account.minute(), now));
+    for limit in account.model_standings(dialect, model) {
+        headers.extend(model_headers(&limit, None, now));
+    }
     Some(Verdict {
         headers,
         refusal: None,
@@ -412,6 +546,95 @@ fn window_headers(
         }
     }
     headers
+}
+
+/// A model-scoped limit's own header family, where the upstream has one: Anthropic's `7d_oi`
+/// bucket and a Codex named limit (Opus and Sonnet have none: they show only as the claim of a
+/// refusal). `rejected`: this answer is its refusal.
+fn model_headers(limit: &ModelStanding, rejected: Option<()>, now: i64) -> Vec<(String, String)> {
+    let status = if rejected.is_some() {
+        "rejected"
+    } else if limit.utilization >= WARNING_AT {
+        "allowed_warning"
+    } else {
+        "allowed"
+    };
+    match &limit.family {
+        ModelFamily::Opus | ModelFamily::Sonnet => Vec::new(),
+        ModelFamily::Fable => {
+            let name = |field: &str| format!("anthropic-ratelimit-unified-7d_oi-{field}");
+            vec![
+                (name("utilization"), decimal(limit.utilization)),
+                (name("reset"), ceil_seconds(limit.reset_ms).to_string()),
+                (name("status"), status.to_owned()),
+            ]
+        }
+        ModelFamily::Codex { header, name } => {
+            let field = |suffix: &str| format!("x-codex-{header}-primary-{suffix}");
+            let minutes = (limit.length_ms + 59_999) / 60_000;
+            vec![
+                (field("used-percent"), decimal(limit.utilization * 100.0)),
+                (field("window-minutes"), minutes.max(1).to_string()),
+                (
+                    field("reset-after-seconds"),
+                    ceil_seconds(limit.reset_ms - now).max(0).to_string(),
+                ),
+                (field("reset-at"), ceil_seconds(limit.reset_ms).to_string()),
+                (format!("x-codex-{header}-limit-name"), name.clone()),
+            ]
+        }
+    }
+}
+
+/// The upstream's 429 of a used-up model-scoped limit: the overall status and claim say the
+/// scoped limit (replacing the account's), the account's own families stay as they stand.
+fn model_refusal(
+    dialect: Dialect,
+    limit: &ModelStanding,
+    now: i64,
+    headers: &mut Vec<(String, String)>,
+) -> (u16, Value) {
+    let after = ceil_seconds(limit.reset_ms - now).max(1);
+    let reset = ceil_seconds(limit.reset_ms).to_string();
+    headers.retain(|(name, _)| {
+        !matches!(
+            name.as_str(),
+            "anthropic-ratelimit-unified-status"
+                | "anthropic-ratelimit-unified-representative-claim"
+                | "anthropic-ratelimit-unified-reset"
+        )
+    });
+    headers.extend(model_headers(limit, Some(()), now));
+    match (dialect, &limit.family) {
+        (Dialect::Codex, ModelFamily::Codex { header, .. }) => {
+            headers.push(("x-codex-active-limit".into(), format!("codex_{header}")));
+            (
+                429,
+                json!({"error": {"type": "usage_limit_reached", "message": "The usage limit has been reached", "plan_type": "pro", "resets_at": ceil_seconds(limit.reset_ms), "resets_in_seconds": after}}),
+            )
+        }
+        (_, family) => {
+            let claim = match family {
+                ModelFamily::Opus => "seven_day_opus",
+                ModelFamily::Sonnet => "seven_day_sonnet",
+                _ => "seven_day_overage_included",
+            };
+            headers.push((
+                "anthropic-ratelimit-unified-status".into(),
+                "rejected".into(),
+            ));
+            headers.push((
+                "anthropic-ratelimit-unified-representative-claim".into(),
+                claim.into(),
+            ));
+            headers.push(("anthropic-ratelimit-unified-reset".into(), reset));
+            headers.push(("retry-after".into(), after.to_string()));
+            (
+                429,
+                json!({"type": "error", "error": {"type": "rate_limit_error", "message": "This request would exceed your account's rate limit. Please try again later."}}),
+            )
+        }
+    }
 }
 
 fn minute_headers(
@@ -579,12 +802,56 @@ pub(super) fn parse_budgets(request: &Value) -> Result<WindowBudgets, String> {
                 .ok_or("weekly.start: epoch seconds")?,
         ),
     };
+    let mut models = Vec::new();
+    for (index, limit) in request
+        .get("models")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let field = |name: &str| limit.get(name).and_then(Value::as_str).map(str::to_owned);
+        let family = match field("family").as_deref() {
+            Some("opus") => ModelFamily::Opus,
+            Some("sonnet") => ModelFamily::Sonnet,
+            Some("fable") => ModelFamily::Fable,
+            Some("codex") => ModelFamily::Codex {
+                header: field("header")
+                    .filter(|h| !h.is_empty())
+                    .ok_or_else(|| format!("models[{index}].header: the family's header name"))?,
+                name: field("name")
+                    .filter(|n| !n.is_empty())
+                    .ok_or_else(|| format!("models[{index}].name: the limit's name"))?,
+            },
+            _ => {
+                return Err(format!(
+                    "models[{index}].family: opus, sonnet, fable or codex"
+                ));
+            }
+        };
+        let seconds = limit
+            .get("seconds")
+            .and_then(Value::as_f64)
+            .unwrap_or(7.0 * 86_400.0);
+        if !(seconds.is_finite() && seconds > 0.0 && seconds < 1e10) {
+            return Err(format!("models[{index}].seconds: a positive number"));
+        }
+        let capacity = limit
+            .get("capacity")
+            .and_then(Value::as_u64)
+            .ok_or_else(|| format!("models[{index}].capacity: a whole number"))?;
+        models.push(ModelWindow {
+            family,
+            window: Window::new(Duration::from_secs_f64(seconds), capacity),
+        });
+    }
     Ok(WindowBudgets {
         unit,
         five_hour: window("five_hour", None)?,
         weekly: window("weekly", None)?,
         weekly_anchor,
         per_minute: window("per_minute", Some(60.0))?,
+        models,
     })
 }
 

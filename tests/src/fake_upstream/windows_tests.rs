@@ -7,9 +7,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use http::HeaderMap;
 use poolgate_core::classify::classify;
 use poolgate_core::outcome::OutcomeClass;
+use poolgate_core::windows::{Scope, Thresholds, WindowStatus, assess, read_windows};
 use serde_json::{Value, json};
 
-use super::{FakeUpstream, Scripted, Window, WindowBudgets, WindowUnit, fake_chatgpt_token};
+use super::{
+    FakeUpstream, ModelFamily, ModelWindow, Scripted, Window, WindowBudgets, WindowUnit,
+    fake_chatgpt_token,
+};
 
 struct Answer {
     status: u16,
@@ -577,4 +581,207 @@ async fn the_control_api_sets_and_clears_windows() {
     let answer = messages(&fake, "k", &client(false)).await;
     assert_eq!(answer.status, 200);
     assert_eq!(answer.rate_limit_headers(), Vec::<String>::new());
+}
+
+fn with_model_limit(family: ModelFamily, capacity: u64) -> WindowBudgets {
+    WindowBudgets {
+        models: vec![ModelWindow {
+            family,
+            window: Window::new(minutes(7 * 24 * 60), capacity),
+        }],
+        ..budgets(
+            Some(Window::new(minutes(300), 100)),
+            Some(Window::new(minutes(7 * 24 * 60), 1_000)),
+        )
+    }
+}
+
+fn model(name: &str) -> Value {
+    json!({"model": name, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]})
+}
+
+#[tokio::test]
+async fn a_used_up_opus_limit_refuses_opus_only_with_the_scoped_claim() {
+    let fake = FakeUpstream::start().await.expect("fake starts");
+    fake.set_windows("k", with_model_limit(ModelFamily::Opus, 2));
+    let opus = model("claude-opus-4-5-20251101");
+    for _ in 0..2 {
+        let served = messages(&fake, "k", &opus).await;
+        assert_eq!(served.status, 200);
+        // Opus has no header family of its own: only the account's.
+        assert!(
+            served
+                .rate_limit_headers()
+                .iter()
+                .all(|h| !h.contains("opus")),
+            "{:?}",
+            served.rate_limit_headers()
+        );
+    }
+    let refused = messages(&fake, "k", &opus).await;
+    assert_eq!(refused.status, 429);
+    assert_eq!(
+        refused.header("anthropic-ratelimit-unified-status"),
+        Some("rejected")
+    );
+    assert_eq!(
+        refused.header("anthropic-ratelimit-unified-representative-claim"),
+        Some("seven_day_opus")
+    );
+    assert_eq!(
+        refused.header("anthropic-ratelimit-unified-5h-status"),
+        Some("allowed")
+    );
+    assert_eq!(
+        refused.header("anthropic-ratelimit-unified-7d-status"),
+        Some("allowed")
+    );
+    let reset = refused.number("anthropic-ratelimit-unified-reset");
+    assert!(
+        (now_s() + 7.0 * 86_400.0 - 5.0..=now_s() + 7.0 * 86_400.0 + 1.0).contains(&reset),
+        "the Opus limit's own reset: {reset}"
+    );
+    let classified = classify(429, &refused.headers, &refused.body, now_ms(), 60_000);
+    assert!(classified.is_model_limit(), "{classified:?}");
+    let readings = read_windows(&refused.headers, now_ms());
+    let assessment = assess(&readings, now_ms(), Thresholds::default());
+    assert!(
+        assessment
+            .blocked_for_model("claude-opus-4-5-20251101")
+            .is_some()
+    );
+    assert_eq!(assessment.exhausted_until_ms, None);
+    // Every other model is served, and counts nowhere in the Opus limit.
+    for _ in 0..3 {
+        assert_eq!(
+            messages(&fake, "k", &model("claude-sonnet-4-5-20250929"))
+                .await
+                .status,
+            200
+        );
+    }
+    assert_eq!(messages(&fake, "k", &opus).await.status, 429);
+}
+
+#[tokio::test]
+async fn fable_answers_carry_the_7d_oi_bucket_and_a_used_up_one_refuses_fable_only() {
+    let fake = FakeUpstream::start().await.expect("fake starts");
+    fake.set_windows("k", with_model_limit(ModelFamily::Fable, 2));
+    let fable = model("claude-fable-5-1");
+    let first = messages(&fake, "k", &fable).await;
+    assert_eq!(first.status, 200);
+    assert_eq!(
+        first.number("anthropic-ratelimit-unified-7d_oi-utilization"),
+        0.5
+    );
+    assert_eq!(
+        first.header("anthropic-ratelimit-unified-7d_oi-status"),
+        Some("allowed")
+    );
+    let sonnet = messages(&fake, "k", &model("claude-sonnet-4-6")).await;
+    assert_eq!(
+        sonnet.header("anthropic-ratelimit-unified-7d_oi-status"),
+        None,
+        "the bucket shows on Fable answers only"
+    );
+    assert_eq!(messages(&fake, "k", &fable).await.status, 200);
+    let refused = messages(&fake, "k", &fable).await;
+    assert_eq!(refused.status, 429);
+    assert_eq!(
+        refused.header("anthropic-ratelimit-unified-7d_oi-status"),
+        Some("rejected")
+    );
+    assert_eq!(
+        refused.header("anthropic-ratelimit-unified-representative-claim"),
+        Some("seven_day_overage_included")
+    );
+    let classified = classify(429, &refused.headers, &refused.body, now_ms(), 60_000);
+    assert!(classified.is_model_limit(), "{classified:?}");
+    let readings = read_windows(&refused.headers, now_ms());
+    assert!(readings.iter().any(|r| r.scope == Scope::Models("fable".into())
+        && r.status == WindowStatus::Rejected));
+    assert_eq!(
+        messages(&fake, "k", &model("claude-opus-4-6")).await.status,
+        200
+    );
+}
+
+#[tokio::test]
+async fn a_used_up_codex_named_limit_refuses_its_models_with_the_active_limit() {
+    let fake = FakeUpstream::start().await.expect("fake starts");
+    let family = ModelFamily::Codex {
+        header: "bengalfox".into(),
+        name: "GPT-5.3-Codex-Spark".into(),
+    };
+    fake.set_windows("k", with_model_limit(family, 1));
+    let spark = || {
+        http()
+            .post(format!("{}/v1/chat/completions", fake.base_url))
+            .bearer_auth("k")
+            .json(&json!({"model": "gpt-5.3-codex-spark", "messages": [{"role": "user", "content": "hi"}]}))
+    };
+    let served = send(spark()).await;
+    assert_eq!(served.status, 200);
+    assert_eq!(
+        served.number("x-codex-bengalfox-primary-used-percent"),
+        100.0
+    );
+    assert_eq!(
+        served.header("x-codex-bengalfox-limit-name"),
+        Some("GPT-5.3-Codex-Spark")
+    );
+    let refused = send(spark()).await;
+    assert_eq!(refused.status, 429);
+    assert_eq!(
+        refused.header("x-codex-active-limit"),
+        Some("codex_bengalfox")
+    );
+    assert_eq!(
+        refused.json()["error"]["type"],
+        json!("usage_limit_reached")
+    );
+    assert!(refused.number("x-codex-primary-used-percent") < 100.0);
+    let classified = classify(429, &refused.headers, &refused.body, now_ms(), 60_000);
+    assert!(classified.is_model_limit(), "{classified:?}");
+    let readings = read_windows(&refused.headers, now_ms());
+    assert!(
+        readings
+            .iter()
+            .any(|r| r.scope == Scope::Models("gpt-5.3-codex-spark".into()))
+    );
+    // Another model (`chat` asks for `gpt-x`) is served.
+    assert_eq!(chat(&fake, "k").await.status, 200);
+}
+
+#[test]
+fn model_limits_parse_from_the_control_form_and_a_bad_one_is_named() {
+    let budgets = super::windows::parse_budgets(&json!({"models": [
+        {"family": "opus", "capacity": 3},
+        {"family": "codex", "header": "bengalfox", "name": "GPT-5.3-Codex-Spark", "seconds": 60, "capacity": 1}
+    ]}))
+    .expect("parses");
+    assert_eq!(
+        budgets.models,
+        vec![
+            ModelWindow {
+                family: ModelFamily::Opus,
+                window: Window::new(minutes(7 * 24 * 60), 3),
+            },
+            ModelWindow {
+                family: ModelFamily::Codex {
+                    header: "bengalfox".into(),
+                    name: "GPT-5.3-Codex-Spark".into(),
+                },
+                window: Window::new(minutes(1), 1),
+            },
+        ]
+    );
+    let error =
+        super::windows::parse_budgets(&json!({"models": [{"family": "haiku", "capacity": 1}]}))
+            .expect_err("unknown family");
+    assert!(error.starts_with("models[0].family"), "{error}");
+    let error =
+        super::windows::parse_budgets(&json!({"models": [{"family": "codex", "capacity": 1}]}))
+            .expect_err("no header");
+    assert!(error.starts_with("models[0].header"), "{error}");
 }
