@@ -215,7 +215,7 @@ async fn each_upstream_gets_its_own_platforms_headers_and_known_query_parameters
     }
     assert_eq!(openai.credential(), "cred-o");
 
-    // The ChatGPT backend: what Codex sends it, the relay's own session and beta.
+    // The ChatGPT backend: what Codex sends it, as sent; the account from the token.
     let response = with_extras(h.post("/v1/responses", CODEX_KEY))
         .header("originator", "codex_exec")
         .header("session-id", "codex-session")
@@ -238,13 +238,13 @@ async fn each_upstream_gets_its_own_platforms_headers_and_known_query_parameters
     let sent = |name: &str| header(&backend.headers, name);
     assert_eq!(sent("originator"), Some("codex_exec"));
     assert_eq!(sent("x-codex-window-id"), Some("w:0"));
-    assert_eq!(sent("session_id"), Some("codex-session"));
-    assert_eq!(sent("openai-beta"), Some("responses=experimental"));
+    assert_eq!(sent("session-id"), Some("codex-session"));
     assert_eq!(sent("chatgpt-account-id"), Some("acct-edge"));
     for name in [
         "x-stainless-lang",
         "x-claude-code-session-id",
-        "session-id",
+        "session_id",
+        "openai-beta",
         "cookie",
         "openai-organization",
         "x-unknown",

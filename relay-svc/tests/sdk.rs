@@ -57,8 +57,9 @@ async fn the_official_python_sdks_work_unchanged() {
 /// second is an API key: Anthropic serves a subscription token on a non-Haiku model only for
 /// Claude Code's own requests (docs/SUBSCRIPTIONS.md), and the relay never presents the SDK as
 /// Claude Code. So each SDK request reaches the subscription as the SDK sent it, is refused as
-/// third-party traffic, and is served by the API key; the refusal damages nothing (the
-/// subscription is tried again by the next request: no block).
+/// third-party traffic, and is served by the API key; the refusal damages nothing (no refresh;
+/// that no block follows is `standalone.rs`'s
+/// `another_clients_request_on_a_subscription_is_not_dressed_up_and_the_groups_api_key_serves_it`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_anthropic_sdk_on_a_claude_subscription_is_served_by_the_groups_api_key_undisguised() {
     let python = sdk_python();
@@ -82,15 +83,13 @@ async fn the_anthropic_sdk_on_a_claude_subscription_is_served_by_the_groups_api_
     let refused = messages("sk-ant-oat01-subscription");
     let served = messages("k-a");
     assert!(!refused.is_empty(), "the subscription was tried");
-    assert_eq!(
-        refused.len(),
-        served.len(),
-        "every SDK request tried the subscription first (no block after a refusal) and was served by the API key"
-    );
-    for (tried, answered) in refused.iter().zip(&served) {
-        assert_eq!(
-            tried.raw, answered.raw,
-            "the same bytes to both accounts: nothing added for the subscription"
+    // (The SDK's two requests open the same conversation: the second goes to the account the
+    // first was bound to, the API key, without trying the subscription again.)
+    assert!(!served.is_empty(), "the API key served the SDK");
+    for tried in &refused {
+        assert!(
+            served.iter().any(|answered| answered.raw == tried.raw),
+            "the same bytes reached the API key: nothing was added for the subscription"
         );
         assert!(
             !String::from_utf8_lossy(&tried.raw).contains("Claude Code"),

@@ -1550,8 +1550,16 @@ async fn a_chatgpt_subscription_account_serves_the_responses_api_through_the_cod
         assert_eq!(request.path, "/backend-api/codex/responses");
         let header = |name: &str| request.headers.get(name).and_then(|v| v.to_str().ok());
         assert_eq!(header("chatgpt-account-id"), Some("acct-123"));
-        assert_eq!(header("openai-beta"), Some("responses=experimental"));
-        assert!(header("originator").is_some() && header("session_id").is_some());
+        assert_eq!(header("openai-beta"), None, "Codex sends the backend none");
+        assert_eq!(
+            header("originator"),
+            None,
+            "no client is named for the client"
+        );
+        assert!(
+            header("session-id").is_some(),
+            "the relay's session hash, the client naming none"
+        );
         assert_eq!(request.body["store"], false);
         assert_eq!(request.body["stream"], true);
     }
