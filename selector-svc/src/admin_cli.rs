@@ -450,6 +450,14 @@ async fn configure(mut client: AdminClient, verb: &ConfigVerb) -> Result<(), Ope
                 KindArg::OAuth => CredentialKind::OAuth,
                 KindArg::ChatGptOAuth => CredentialKind::ChatGptOAuth,
             };
+            // Refused here too, before anything is sent (the service refuses it as well).
+            if let Some(problem) = poolgate_select::probe::probe_model_refusal(
+                platform,
+                kind,
+                &account.probe_model,
+            ) {
+                return Err(OperatorError::Invalid(format!("--probe-model: {problem}")));
+            }
             let answer = client
                 .upsert_account(pb::UpsertAccountRequest {
                     name: account.name.clone(),

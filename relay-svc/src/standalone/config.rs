@@ -31,6 +31,11 @@ pub struct StandaloneFile {
     /// Per-group settings by group name (a group not named has the defaults).
     #[serde(default)]
     pub groups: HashMap<String, GroupEntry>,
+    /// How often each OAuth account's usage endpoint (the one its CLI reads) is read for its
+    /// windows, in seconds, and at start (docs/SUBSCRIPTIONS.md, "Probes and usage
+    /// readings"). Default 300; 0: never.
+    #[serde(default)]
+    pub usage_read_every_secs: Option<u64>,
 }
 
 /// What a group sets (see `GroupSettings`).
@@ -321,6 +326,13 @@ impl StandaloneFile {
             };
             if credential.is_empty() {
                 return Err(at("the credential is empty"));
+            }
+            if let Some(problem) = poolgate_select::probe::probe_model_refusal(
+                platform,
+                credential_kind,
+                entry.probe_model.as_deref().unwrap_or_default(),
+            ) {
+                return Err(at(&format!("probe_model: {problem}")));
             }
             if !(entry.base_url.starts_with("http://") || entry.base_url.starts_with("https://")) {
                 return Err(at("base_url must be an http(s) URL"));
