@@ -492,6 +492,29 @@ impl Pool {
         all
     }
 
+    /// Account `name`'s stored usage windows as `(kind label, utilization)`, read fresh.
+    pub async fn windows_of(&self, name: &str) -> Vec<(String, Option<f64>)> {
+        let id = self.id(name);
+        match &self.engines {
+            Engines::Standalone { operator, .. } => operator
+                .windows(Some(id), None)
+                .await
+                .expect("windows readable")
+                .into_iter()
+                .map(|row| (row.kind, row.utilization))
+                .collect(),
+            Engines::Distributed { selectors, .. } => selectors[0]
+                .selector
+                .windows(Some(id), None)
+                .await
+                .expect("windows readable")
+                .into_iter()
+                .flat_map(|(_, readings)| readings)
+                .map(|r| (r.kind.label().to_owned(), r.utilization))
+                .collect(),
+        }
+    }
+
     pub async fn health_of(&self, name: &str) -> Health {
         self.health()
             .await
