@@ -354,10 +354,7 @@ impl Confirmations {
                     .with_label_values(&[suspicion, "not_confirmed"])
                     .inc();
                 if !usage.readings.is_empty()
-                    && let Err(error) = self
-                        .health
-                        .store_windows(account.id, &usage.readings)
-                        .await
+                    && let Err(error) = self.health.store_windows(account.id, &usage.readings).await
                 {
                     tracing::debug!(account_id = account.id, %error, "the usage endpoint's windows were not stored");
                 }

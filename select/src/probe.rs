@@ -344,12 +344,14 @@ pub(crate) mod tests {
             let request = probe_request(&client, &account, "claude-haiku-4-5")
                 .build()
                 .expect("builds");
-            let body: serde_json::Value = serde_json::from_slice(
-                request.body().and_then(|b| b.as_bytes()).expect("a body"),
-            )
-            .expect("json");
+            let body: serde_json::Value =
+                serde_json::from_slice(request.body().and_then(|b| b.as_bytes()).expect("a body"))
+                    .expect("json");
             assert!(body.get("system").is_none(), "{kind:?}: {body}");
-            assert!(!body.to_string().contains("Claude Code"), "{kind:?}: {body}");
+            assert!(
+                !body.to_string().contains("Claude Code"),
+                "{kind:?}: {body}"
+            );
             let betas = request
                 .headers()
                 .get("anthropic-beta")

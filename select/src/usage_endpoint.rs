@@ -53,7 +53,10 @@ fn claude_family(display_name: &str) -> Option<String> {
 /// A Codex named limit's scope: its `limit_name` as the headers' `-limit-name` is read
 /// (lowercase, `_` as `-`, so it covers the model of that name).
 fn codex_family(limit_name: &str) -> Option<String> {
-    let name = limit_name.trim().to_ascii_lowercase().replace(['_', ' '], "-");
+    let name = limit_name
+        .trim()
+        .to_ascii_lowercase()
+        .replace(['_', ' '], "-");
     (!name.is_empty() && name.len() <= 64).then_some(name)
 }
 
@@ -191,7 +194,11 @@ pub fn read_claude(body: &Value, now_ms: i64) -> Usage {
         ("five_hour", WindowKind::FiveHour, None),
         ("seven_day", WindowKind::SevenDay, None),
         ("seven_day_opus", WindowKind::SevenDayModel, Some("opus")),
-        ("seven_day_sonnet", WindowKind::SevenDayModel, Some("sonnet")),
+        (
+            "seven_day_sonnet",
+            WindowKind::SevenDayModel,
+            Some("sonnet"),
+        ),
         (
             "seven_day_overage_included",
             WindowKind::SevenDayOverageIncluded,
@@ -361,7 +368,12 @@ pub async fn read_usage(
             };
         }
     };
-    judge(account.credential_kind, status, &body[..body.len().min(MAX_BODY)], now_ms())
+    judge(
+        account.credential_kind,
+        status,
+        &body[..body.len().min(MAX_BODY)],
+        now_ms(),
+    )
 }
 
 /// What an answer of `status` with `body` means (`read_usage`'s verdict, without the network).
@@ -463,7 +475,10 @@ mod tests {
         let usage = read_claude(&body, NOW);
         assert_eq!(usage.readings.len(), 3, "{usage:?}");
         let five = &usage.readings[0];
-        assert_eq!((five.kind, &five.scope), (WindowKind::FiveHour, &Scope::Account));
+        assert_eq!(
+            (five.kind, &five.scope),
+            (WindowKind::FiveHour, &Scope::Account)
+        );
         assert_eq!(five.utilization, Some(0.19));
         assert_eq!(five.reset_at_ms, NOW + 3_600_000);
         let week = &usage.readings[1];
@@ -551,7 +566,12 @@ mod tests {
             UsageAnswer::NoEndpoint { status: 404 }
         );
         assert!(matches!(
-            judge(CredentialKind::ChatGptOAuth, 401, br#"{"detail":"Unauthorized"}"#, NOW),
+            judge(
+                CredentialKind::ChatGptOAuth,
+                401,
+                br#"{"detail":"Unauthorized"}"#,
+                NOW
+            ),
             UsageAnswer::Refused { status: 401, .. }
         ));
     }

@@ -507,6 +507,26 @@ mod tests {
         .snapshot()
     }
 
+    /// Issue 36: a Claude OAuth account may probe only on a Haiku model; the file naming
+    /// another fails at start, naming the account and `probe_model`.
+    #[test]
+    fn a_non_haiku_probe_model_on_a_claude_oauth_account_is_a_start_up_error() {
+        let oauth = |model: &str| {
+            format!(
+                "  - {{name: sub, platform: anthropic, base_url: \"https://api.anthropic.com\", \
+                 oauth: {{access_token: a, refresh_token: r}}, probe_model: {model}}}\n"
+            )
+        };
+        let error = file(&oauth("claude-sonnet-4-6")).expect_err("refused");
+        assert!(
+            error.contains("sub") && error.contains("probe_model"),
+            "{error}"
+        );
+        file(&oauth("claude-haiku-4-5")).expect("Haiku is taken");
+        file("  - {name: key, platform: anthropic, base_url: \"https://api.anthropic.com\", api_key: k, probe_model: claude-sonnet-4-6}\n")
+            .expect("an API key may probe on any model");
+    }
+
     #[test]
     fn account_names_are_required_to_be_unique_and_non_empty() {
         let account = |name: &str| {

@@ -125,7 +125,11 @@ impl Selector {
                 );
             }
             UsageAnswer::NoEndpoint { status } => {
-                tracing::debug!(account_id = id, status, "no usage endpoint for this account");
+                tracing::debug!(
+                    account_id = id,
+                    status,
+                    "no usage endpoint for this account"
+                );
             }
             UsageAnswer::Inconclusive { status, why } => {
                 tracing::debug!(account_id = id, status, why, "usage read inconclusive");

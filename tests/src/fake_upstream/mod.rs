@@ -120,6 +120,8 @@ struct FakeState {
     windows: Mutex<HashMap<String, windows::Account>>,
     /// Calls of the usage endpoints per credential (`usage_api`).
     usage_calls: Mutex<HashMap<String, u64>>,
+    /// The usage endpoints answer 404 (an upstream that has none).
+    no_usage_endpoints: Mutex<bool>,
 }
 
 /// A handle on a running fake upstream.
@@ -158,7 +160,10 @@ impl FakeUpstream {
             .route("/codex/responses", post(chatgpt_codex))
             .route("/oauth/token", post(oauth_token))
             .route("/backend-api/codex/responses", post(chatgpt_codex))
-            .route("/api/oauth/usage", axum::routing::get(usage_api::claude_usage))
+            .route(
+                "/api/oauth/usage",
+                axum::routing::get(usage_api::claude_usage),
+            )
             .route("/wham/usage", axum::routing::get(usage_api::chatgpt_usage))
             .route(
                 "/backend-api/wham/usage",
@@ -368,6 +373,16 @@ impl FakeUpstream {
             .get(credential)
             .copied()
             .unwrap_or(0)
+    }
+
+    /// `false`: the usage endpoints answer 404, as a base URL that is not the upstream's would
+    /// (its accounts' confirmations keep the inference probe).
+    pub fn set_usage_endpoints(&self, served: bool) {
+        *self
+            .state
+            .no_usage_endpoints
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = !served;
     }
 
     /// How many calls of the usage endpoints (Claude's `/api/oauth/usage`, ChatGPT's

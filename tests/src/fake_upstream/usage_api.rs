@@ -45,6 +45,17 @@ fn admit(state: &FakeState, headers: &HeaderMap, refusal: Value) -> Result<Strin
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .contains(&token);
+    if *state
+        .no_usage_endpoints
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+    {
+        return Err((
+            StatusCode::NOT_FOUND,
+            axum::Json(json!({"type": "error", "error": {"type": "not_found_error", "message": "Not Found"}})),
+        )
+            .into_response());
+    }
     if token.is_empty() || revoked {
         return Err((StatusCode::UNAUTHORIZED, axum::Json(refusal)).into_response());
     }
@@ -118,7 +129,9 @@ pub(super) async fn chatgpt_usage(
     };
     let primary = shown.iter().find(|w| w.five_hour).map(window);
     let secondary = shown.iter().find(|w| !w.five_hour).map(window);
-    let reached = shown.iter().any(|w| w.percent >= 100.0 && w.reset_ms.is_some());
+    let reached = shown
+        .iter()
+        .any(|w| w.percent >= 100.0 && w.reset_ms.is_some());
     axum::Json(json!({
         "plan_type": "pro",
         "rate_limit": {
