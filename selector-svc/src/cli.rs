@@ -259,7 +259,7 @@ impl ServeArgs {
             poolgate_core::account::CredentialKind::OAuth,
             &self.probe_model_anthropic,
         ) {
-            return Err(format!("--probe-model-anthropic: {problem}").into());
+            return Err(format!("--probe-model-anthropic: {problem}"));
         }
         Ok(Config {
             database_url: self.database.database_url()?,

@@ -32,7 +32,7 @@ fn now_ms() -> i64 {
 }
 
 /// The bearer token, counted; `Err`: the refusal to give.
-fn admit(state: &FakeState, headers: &HeaderMap, refusal: Value) -> Result<String, Response> {
+fn admit(state: &FakeState, headers: &HeaderMap, refusal: Value) -> Result<String, Box<Response>> {
     let token = credential(headers);
     *state
         .usage_calls
@@ -50,14 +50,18 @@ fn admit(state: &FakeState, headers: &HeaderMap, refusal: Value) -> Result<Strin
         .lock()
         .unwrap_or_else(|p| p.into_inner())
     {
-        return Err((
-            StatusCode::NOT_FOUND,
-            axum::Json(json!({"type": "error", "error": {"type": "not_found_error", "message": "Not Found"}})),
-        )
-            .into_response());
+        return Err(Box::new(
+            (
+                StatusCode::NOT_FOUND,
+                axum::Json(json!({"type": "error", "error": {"type": "not_found_error", "message": "Not Found"}})),
+            )
+                .into_response(),
+        ));
     }
     if token.is_empty() || revoked {
-        return Err((StatusCode::UNAUTHORIZED, axum::Json(refusal)).into_response());
+        return Err(Box::new(
+            (StatusCode::UNAUTHORIZED, axum::Json(refusal)).into_response(),
+        ));
     }
     Ok(token)
 }
@@ -76,7 +80,7 @@ pub(super) async fn claude_usage(
     let refusal = json!({"type": "error", "error": {"type": "authentication_error", "message": "OAuth token has been revoked. Please obtain a new token."}});
     let token = match admit(&state, &headers, refusal) {
         Ok(token) => token,
-        Err(refused) => return refused,
+        Err(refused) => return *refused,
     };
     let shown = windows::shown(&state, &token).unwrap_or_default();
     let bucket = |five_hour: bool| -> Value {
@@ -114,7 +118,7 @@ pub(super) async fn chatgpt_usage(
     let refusal = json!({"error": {"message": "Your authentication token has been invalidated. Please try signing in again.", "type": "invalid_request_error", "code": "token_invalidated", "param": null}});
     let token = match admit(&state, &headers, refusal) {
         Ok(token) => token,
-        Err(refused) => return refused,
+        Err(refused) => return *refused,
     };
     let shown = windows::shown(&state, &token).unwrap_or_default();
     let now = now_ms();
