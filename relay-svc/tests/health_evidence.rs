@@ -31,8 +31,9 @@ use std::time::{Duration, Instant};
 
 use poolgate_core::account::Platform;
 use poolgate_core::health::Breaker;
+use poolgate_select::engine::UsageReadSettings;
 use poolgate_testkit::eventually;
-use poolgate_testkit::fake_upstream::Scripted;
+use poolgate_testkit::fake_upstream::{FakeUpstream, Scripted, Window, WindowBudgets};
 use relay_svc::proxy::RelaySettings;
 use serde_json::{Value, json};
 use support::{Mode, Options, Pool, Spec, env_u64, quick_probe};
@@ -773,6 +774,16 @@ async fn converse(mode: Mode) -> Vec<String> {
             refreshes.len()
         ));
     }
+    // Confirmed by the usage endpoint the CLI reads, not by an inference probe (issue 36).
+    let (usage_calls, probes) = (
+        pool.upstream.usage_calls("access-csub"),
+        pool.upstream.probe_count("access-csub"),
+    );
+    if usage_calls == 0 || probes != 0 {
+        failed.push(format!(
+            "refused OAuth token: expected the usage endpoint to confirm it and no inference probe; got {usage_calls} usage call(s), {probes} probe(s)"
+        ));
+    }
     let sub = eventually(settle, || async {
         let h = pool.health_of("csub").await;
         h.hard_block().is_none().then_some(h)
@@ -852,4 +863,174 @@ async fn client_requests_never_take_a_healthy_account_out_of_service_standalone(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_requests_never_take_a_healthy_account_out_of_service_distributed() {
     hold(Mode::Distributed).await;
+}
+
+/// Issue 36: every OAuth account's windows are read from its usage endpoint at start (one no
+/// request has touched included), and a window block whose reset the endpoint shows passed (a
+/// later period, barely used) is lifted at once.
+async fn usage_read_at_start_and_a_passed_window_block_lifted(mode: Mode) {
+    const HOUR: Duration = Duration::from_secs(3600);
+    let upstream = FakeUpstream::start().await.expect("fake upstream");
+    upstream.set_windows(
+        "access-w",
+        WindowBudgets {
+            five_hour: Some(Window::new(5 * HOUR, 10)),
+            weekly: Some(Window::new(7 * 24 * HOUR, 100)),
+            ..WindowBudgets::default()
+        },
+    );
+    // One request straight to the upstream (not through the relay) starts both periods.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let started = reqwest::Client::new()
+        .post(format!("{}/v1/messages", upstream.base_url))
+        .bearer_auth("access-w")
+        .header("anthropic-beta", "oauth-2025-04-20")
+        .json(&json!({"model": "claude-x", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .expect("the fake answers");
+    assert_eq!(started.status(), 200);
+    let specs = [Spec {
+        base_url: Some(upstream.base_url.clone()),
+        ..Spec::oauth("w", "access-w", "rt-w", 0)
+    }];
+    let pool = Pool::start(
+        mode,
+        &specs,
+        Options {
+            usage_reads: UsageReadSettings {
+                every: Duration::from_secs(1),
+                ..UsageReadSettings::default()
+            },
+            ..options()
+        },
+    )
+    .await;
+    let read = eventually(Duration::from_secs(10), || async {
+        let windows = pool.windows_of("w").await;
+        windows
+            .iter()
+            .any(|(kind, used)| kind == "5h" && *used == Some(0.1))
+            .then_some(windows)
+    })
+    .await;
+    assert!(
+        read.is_ok(),
+        "{mode}: the untouched account's windows were not read at start: {:?} ({} usage calls)",
+        pool.windows_of("w").await,
+        upstream.usage_calls("access-w")
+    );
+    assert_eq!(
+        upstream.seen_requests().len(),
+        1,
+        "{mode}: no model request went out"
+    );
+
+    // A 429 naming an exhausted 5-hour window that resets in an hour: a window block.
+    let reset = poolgate_core::now_ms() / 1000 + 3600;
+    upstream.script_clients(
+        "access-w",
+        [Scripted::Fail {
+            status: 429,
+            headers: vec![
+                (
+                    "anthropic-ratelimit-unified-status".into(),
+                    "rejected".into(),
+                ),
+                (
+                    "anthropic-ratelimit-unified-representative-claim".into(),
+                    "five_hour".into(),
+                ),
+                (
+                    "anthropic-ratelimit-unified-reset".into(),
+                    reset.to_string(),
+                ),
+                (
+                    "anthropic-ratelimit-unified-5h-status".into(),
+                    "rejected".into(),
+                ),
+                (
+                    "anthropic-ratelimit-unified-5h-utilization".into(),
+                    "1.0".into(),
+                ),
+                (
+                    "anthropic-ratelimit-unified-5h-reset".into(),
+                    reset.to_string(),
+                ),
+            ],
+            body:
+                r#"{"type":"error","error":{"type":"rate_limit_error","message":"Rate limited"}}"#
+                    .into(),
+        }],
+    );
+    let (status, _) = pool
+        .send(0, "/v1/messages", &json!({"model": "claude-x", "max_tokens": 8, "messages": [{"role": "user", "content": "limit"}]}))
+        .await;
+    assert_ne!(status, 200, "{mode}: the scripted 429 was not met");
+    // The endpoint shows the 5-hour window in a later period, at 10 %: the block goes.
+    let lifted = eventually(Duration::from_secs(10), || async {
+        let h = pool.health_of("w").await;
+        h.hard_block().is_none().then_some(h)
+    })
+    .await;
+    assert!(
+        lifted.is_ok(),
+        "{mode}: the window block was not lifted after the usage endpoint showed the window open: {}",
+        pool.health_of("w").await
+    );
+}
+
+/// Issue 36: an OAuth account whose upstream has no usage endpoint (404) keeps the inference
+/// probe for its credential confirmations: a revoked token is probed, then refreshed once.
+async fn without_a_usage_endpoint_the_inference_probe_confirms(mode: Mode) {
+    let pool = Pool::start(
+        mode,
+        &[
+            Spec::oauth("n", "access-n", "rt-n", 0),
+            Spec::api_key("b", Platform::Anthropic, 9),
+        ],
+        options(),
+    )
+    .await;
+    pool.upstream.set_usage_endpoints(false);
+    pool.upstream.revoke("access-n");
+    let (status, body) = pool
+        .send(0, "/v1/messages", &json!({"model": "claude-x", "max_tokens": 8, "messages": [{"role": "user", "content": "no usage"}]}))
+        .await;
+    assert_eq!(status, 200, "{mode}: {body}");
+    let refreshed = eventually(Duration::from_secs(10), || async {
+        (pool.upstream.token_requests().len() == 1).then_some(())
+    })
+    .await;
+    assert!(refreshed.is_ok(), "{mode}: no refresh");
+    assert!(
+        pool.upstream.probe_count("access-n") >= 1,
+        "{mode}: the confirmation sent no inference probe ({} usage calls)",
+        pool.upstream.usage_calls("access-n")
+    );
+    assert_eq!(
+        pool.upstream.token_requests().len(),
+        1,
+        "{mode}: refreshed once"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_is_read_at_start_and_lifts_a_passed_window_block_standalone() {
+    usage_read_at_start_and_a_passed_window_block_lifted(Mode::Standalone).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_is_read_at_start_and_lifts_a_passed_window_block_distributed() {
+    usage_read_at_start_and_a_passed_window_block_lifted(Mode::Distributed).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_usage_endpoint_the_inference_probe_confirms_standalone() {
+    without_a_usage_endpoint_the_inference_probe_confirms(Mode::Standalone).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_usage_endpoint_the_inference_probe_confirms_distributed() {
+    without_a_usage_endpoint_the_inference_probe_confirms(Mode::Distributed).await;
 }

@@ -176,6 +176,12 @@ pub fn token_refresh_lock(account_id: i64) -> String {
     format!("{PREFIX}:sel:tokenlock:{account_id}")
 }
 
+/// Selector-only: lock one replica takes to read an account's usage endpoint; it lapses after
+/// the read cadence, so the replicas read each account once per cadence between them.
+pub fn usage_read_lock(account_id: i64) -> String {
+    format!("{PREFIX}:sel:usageread:{account_id}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

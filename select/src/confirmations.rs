@@ -14,6 +14,13 @@
 //! - `fresh:<fingerprint>:<owner>`: the token was just refreshed (to the one with that
 //!   fingerprint); a refusal of *that* token is probed, and a refused probe then blocks and
 //!   counts instead of refreshing again (`probe.refresh_floor`).
+//!
+//! A credential refusal of an OAuth account is confirmed by the usage endpoint its CLI reads
+//! (`usage_endpoint.rs`), not by inference: a 200 proves the credential (and its windows are
+//! kept), a refusal is the credential's (refreshed once per floor as below), a 429, 5xx or no
+//! answer changes nothing (the account stays, quiet). An account whose credential cannot read a
+//! usage endpoint (an API key; a 404 at its base) keeps the inference probe, as do the other
+//! suspicions (5xx, billing), which only inference can bear out.
 
 use poolgate_core::plan::Effect;
 use std::sync::{Arc, OnceLock};
@@ -29,6 +36,7 @@ use crate::metrics::Metrics;
 use crate::probe::{ProbeSettings, Probed, Suspicion, probe_under_lease};
 use crate::refresh::{RefreshError, RefreshResult, TokenRefresher};
 use crate::source::AccountSource;
+use crate::usage_endpoint::{UsageAnswer, read_usage};
 use poolgate_core::account::{Account, AccountStatus};
 use poolgate_core::outcome::{Outcome, OutcomeClass, RuntimeBlockSettings};
 use poolgate_core::{AccountId, millis, now_ms};
@@ -228,6 +236,20 @@ impl Confirmations {
             let _ = self.health.unlock_confirm(id, &owner).await;
             return;
         }
+        if suspicion == Suspicion::Unauthorized && account.credential_kind.is_oauth() {
+            let answer = read_usage(&self.http, &account, self.probe.timeout, now_ms).await;
+            if !matches!(answer, UsageAnswer::NoEndpoint { .. }) {
+                // Before the verdict writes: a block it sets must not be lifted with this one.
+                let _ = self.health.unblock_confirming(id, &block).await;
+                let ending = self.apply_usage(&account, answer, may_refresh).await;
+                self.finish(id, &owner, ending).await;
+                return;
+            }
+            tracing::debug!(
+                account_id = id,
+                "no usage endpoint for this credential; confirming with the inference probe"
+            );
+        }
         let threshold = millis(self.blocks.hard_block_threshold);
         let mut probed = probe_under_lease(
             &self.admission,
@@ -286,14 +308,19 @@ impl Confirmations {
                 Ending::Quiet
             }
         };
-        let tail = owner.strip_prefix(RUNNING).unwrap_or(&owner);
+        self.finish(id, &owner, ending).await;
+    }
+
+    /// Ends a confirmation: its lock goes, or says what the account's state now is.
+    async fn finish(&self, id: AccountId, owner: &str, ending: Ending) {
+        let tail = owner.strip_prefix(RUNNING).unwrap_or(owner);
         let _ = match ending {
-            Ending::Done => self.health.unlock_confirm(id, &owner).await,
+            Ending::Done => self.health.unlock_confirm(id, owner).await,
             Ending::Quiet => self
                 .health
                 .swap_confirm(
                     id,
-                    &owner,
+                    owner,
                     &format!("{QUIET}{tail}"),
                     millis(self.probe.quiet_after_unconfirmed),
                 )
@@ -303,13 +330,66 @@ impl Confirmations {
                 .health
                 .swap_confirm(
                     id,
-                    &owner,
+                    owner,
                     &format!("{FRESH}{fingerprint}:{tail}"),
                     millis(self.probe.refresh_floor),
                 )
                 .await
                 .map(drop),
         };
+    }
+
+    /// Applies what the usage endpoint answered a refused OAuth credential.
+    async fn apply_usage(
+        &self,
+        account: &Arc<Account>,
+        answer: UsageAnswer,
+        may_refresh: bool,
+    ) -> Ending {
+        let suspicion = Suspicion::Unauthorized.as_str();
+        match answer {
+            UsageAnswer::Read(usage) => {
+                self.metrics
+                    .confirmations
+                    .with_label_values(&[suspicion, "not_confirmed"])
+                    .inc();
+                if !usage.readings.is_empty()
+                    && let Err(error) = self.health.store_windows(account.id, &usage.readings).await
+                {
+                    tracing::debug!(account_id = account.id, %error, "the usage endpoint's windows were not stored");
+                }
+                tracing::info!(
+                    account_id = account.id,
+                    "the usage endpoint accepts the stored token; the account stays"
+                );
+                Ending::Quiet
+            }
+            UsageAnswer::Refused { status, summary } => {
+                self.metrics
+                    .confirmations
+                    .with_label_values(&[suspicion, "confirmed"])
+                    .inc();
+                self.credential_refused(account, status, &summary, may_refresh)
+                    .await
+            }
+            UsageAnswer::Inconclusive { status, why } => {
+                // A 429 or 5xx from the usage endpoint says nothing of the credential: the
+                // account stays as it was.
+                self.metrics
+                    .confirmations
+                    .with_label_values(&[suspicion, "inconclusive"])
+                    .inc();
+                tracing::info!(
+                    account_id = account.id,
+                    status,
+                    why,
+                    "the usage endpoint could not tell; the account stays"
+                );
+                Ending::Quiet
+            }
+            // Handled by the caller (the inference probe confirms instead).
+            UsageAnswer::NoEndpoint { .. } => Ending::Quiet,
+        }
     }
 
     /// Applies the probe's answer by its own class.
@@ -338,7 +418,8 @@ impl Confirmations {
         let (health, id) = (self.health.as_ref(), account.id);
         match (class, decide(&outcome, &self.blocks, now_ms())) {
             (OutcomeClass::Unauthorized, _) => {
-                self.credential_refused(account, probed, may_refresh).await
+                self.credential_refused(account, probed.status, &probed.summary, may_refresh)
+                    .await
             }
             (OutcomeClass::QuotaGone, _) => {
                 self.retire(account, probed).await;
@@ -386,12 +467,13 @@ impl Confirmations {
         }
     }
 
-    /// The probe's credential was refused: an OAuth token is refreshed (once per floor), any
-    /// other refusal blocks and counts.
+    /// The credential was refused (by the probe, or by the usage endpoint): an OAuth token is
+    /// refreshed (once per floor), any other refusal blocks and counts.
     async fn credential_refused(
         &self,
         account: &Arc<Account>,
-        probed: &Probed,
+        status: u16,
+        summary: &str,
         may_refresh: bool,
     ) -> Ending {
         let id = account.id;
@@ -427,8 +509,8 @@ impl Confirmations {
             self.source.as_ref(),
             &self.blocks,
             id,
-            probed.status,
-            &probed.summary,
+            status,
+            summary,
         )
         .await
         {

@@ -21,4 +21,5 @@ pub mod probe;
 pub mod refresh;
 pub mod snapshot;
 pub mod source;
+pub mod usage_endpoint;
 pub mod windows_cache;

@@ -16,6 +16,9 @@ pub struct Metrics {
     /// selector_confirmations_total{suspect, result}: suspect quota_gone, broken or unauthorized; result
     /// started, already_running, confirmed, not_confirmed, inconclusive.
     pub confirmations: IntCounterVec,
+    /// selector_usage_reads_total{result}: the usage endpoints' reads (`engine/usage_reads.rs`)
+    /// by result: read, refused, no_endpoint, inconclusive.
+    pub usage_reads: IntCounterVec,
     /// selector_sticky_total{result, platform}: hit, bound, rebind.
     pub sticky: IntCounterVec,
     /// selector_reloads_total{trigger}: notify, periodic, startup.
@@ -111,6 +114,12 @@ impl Metrics {
                 "selector_confirmations_total",
                 "Confirmation probes by what they suspect (quota_gone, broken, unauthorized) and result (started, already_running, confirmed, not_confirmed, inconclusive).",
                 &["suspect", "result"],
+            ),
+            usage_reads: counter_vec(
+                &registry,
+                "selector_usage_reads_total",
+                "Usage endpoint reads of OAuth accounts by result (read, refused, no_endpoint, inconclusive).",
+                &["result"],
             ),
             sticky: counter_vec(
                 &registry,

@@ -20,7 +20,7 @@ use poolgate_core::account::{Account, CredentialKind, Platform, chatgpt_account_
 use poolgate_core::classify::{Classified, UpstreamError, classify, network_failure};
 use poolgate_core::now_ms;
 use poolgate_core::outcome::OutcomeClass;
-use poolgate_core::upstream::{CLAUDE_CODE_IDENTITY, chatgpt_responses_url, upstream_url};
+use poolgate_core::upstream::{chatgpt_responses_url, upstream_url};
 use poolgate_core::windows::{WindowReading, read_windows};
 
 /// How a confirmation runs.
@@ -84,6 +84,30 @@ impl ProbeSettings {
     }
 }
 
+/// Why `probe_model` may not be the probe's model on an account of this platform and
+/// credential kind, or `None` when it may. Since 2026 Anthropic serves a subscription (OAuth)
+/// token on a non-Haiku model only to Claude Code's own requests (docs/SUBSCRIPTIONS.md), and
+/// the probe is no client's: a Claude OAuth account's probe model must be a Haiku model. Every
+/// place that sets an account's `probe_model` asks this (gRPC `UpsertAccount`, `selector-svc
+/// admin upsert-account`, the standalone config file).
+pub fn probe_model_refusal(
+    platform: Platform,
+    kind: CredentialKind,
+    probe_model: &str,
+) -> Option<String> {
+    let model = probe_model.trim();
+    if model.is_empty() || platform != Platform::Anthropic || kind != CredentialKind::OAuth {
+        return None;
+    }
+    if model.to_ascii_lowercase().contains("haiku") {
+        return None;
+    }
+    Some(format!(
+        "a Claude OAuth account's probe must use a Haiku model (Anthropic serves subscription \
+         tokens on other models only to Claude Code's own requests); got {model:?}"
+    ))
+}
+
 /// What the probe got.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Probed {
@@ -138,7 +162,7 @@ pub fn probe_request(
     let credential = account.credential.expose();
     match account.platform {
         Platform::Anthropic => {
-            let mut body = json!({
+            let body = json!({
                 "model": model,
                 "max_tokens": 1,
                 "messages": [{"role": "user", "content": "ping"}],
@@ -150,13 +174,14 @@ pub fn probe_request(
                 CredentialKind::ApiKey | CredentialKind::ChatGptOAuth => {
                     request.header("x-api-key", credential).json(&body)
                 }
-                CredentialKind::OAuth => {
-                    body["system"] = json!([{"type": "text", "text": CLAUDE_CODE_IDENTITY}]);
-                    request
-                        .bearer_auth(credential)
-                        .header("anthropic-beta", "claude-code-20250219,oauth-2025-04-20")
-                        .json(&body)
-                }
+                // No client's identity and no client's beta: the probe is poolgate's own request,
+                // on a Haiku model (`probe_model_refusal`), which Anthropic serves a subscription
+                // token without Claude Code's billing block (docs/SUBSCRIPTIONS.md, "Probes and
+                // usage readings").
+                CredentialKind::OAuth => request
+                    .bearer_auth(credential)
+                    .header("anthropic-beta", "oauth-2025-04-20")
+                    .json(&body),
             }
         }
         Platform::OpenAi if account.credential_kind == CredentialKind::ChatGptOAuth => {
@@ -269,8 +294,86 @@ pub fn breaker_closes(probed: &Probed) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use poolgate_core::account::{AccountStatus, Secret};
+
+    /// An active account for unit tests.
+    pub(crate) fn test_account(
+        platform: Platform,
+        kind: CredentialKind,
+        credential: &str,
+        base_url: &str,
+    ) -> Account {
+        Account {
+            id: 1,
+            name: "a1".into(),
+            group: "g".into(),
+            platform,
+            base_url: base_url.into(),
+            credential_kind: kind,
+            credential: Secret::new(credential),
+            oauth: None,
+            status: AccountStatus::Active,
+            status_reason: String::new(),
+            priority: 0,
+            weight: 1,
+            concurrency_limit: 0,
+            rpm_limit: 0,
+            session_window_limit_usd: 0.0,
+            allowed_models: vec![],
+            model_mapping: Default::default(),
+            proxy_url: None,
+            probe_model: None,
+            stream_usage: true,
+        }
+    }
+
+    fn account(platform: Platform, kind: CredentialKind) -> Account {
+        test_account(platform, kind, "tok", "http://127.0.0.1:9")
+    }
+
+    /// Issue 36: the probe is poolgate's own request; nothing in it presents it as Claude Code
+    /// (no identity line, no `claude-code-*` beta), on any account.
+    #[test]
+    fn the_probe_carries_no_clients_identity() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let client = reqwest::Client::new();
+        for kind in [CredentialKind::OAuth, CredentialKind::ApiKey] {
+            let account = account(Platform::Anthropic, kind);
+            let request = probe_request(&client, &account, "claude-haiku-4-5")
+                .build()
+                .expect("builds");
+            let body: serde_json::Value =
+                serde_json::from_slice(request.body().and_then(|b| b.as_bytes()).expect("a body"))
+                    .expect("json");
+            assert!(body.get("system").is_none(), "{kind:?}: {body}");
+            assert!(
+                !body.to_string().contains("Claude Code"),
+                "{kind:?}: {body}"
+            );
+            let betas = request
+                .headers()
+                .get("anthropic-beta")
+                .map(|v| v.to_str().unwrap_or_default().to_owned())
+                .unwrap_or_default();
+            assert!(!betas.contains("claude-code"), "{kind:?}: {betas}");
+            if kind == CredentialKind::OAuth {
+                assert_eq!(betas, "oauth-2025-04-20");
+            }
+        }
+    }
+
+    #[test]
+    fn a_claude_oauth_probe_model_must_be_haiku() {
+        let (a, o) = (Platform::Anthropic, Platform::OpenAi);
+        assert!(probe_model_refusal(a, CredentialKind::OAuth, "claude-sonnet-4-6").is_some());
+        assert!(probe_model_refusal(a, CredentialKind::OAuth, "claude-opus-4-1").is_some());
+        assert!(probe_model_refusal(a, CredentialKind::OAuth, "claude-haiku-4-5").is_none());
+        assert!(probe_model_refusal(a, CredentialKind::OAuth, "").is_none());
+        assert!(probe_model_refusal(a, CredentialKind::ApiKey, "claude-sonnet-4-6").is_none());
+        assert!(probe_model_refusal(o, CredentialKind::ChatGptOAuth, "gpt-5").is_none());
+    }
 
     #[test]
     fn urls_join_with_or_without_v1() {

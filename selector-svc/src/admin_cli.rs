@@ -322,6 +322,25 @@ enum PlatformArg {
     Openai,
 }
 
+impl From<PlatformArg> for Platform {
+    fn from(platform: PlatformArg) -> Self {
+        match platform {
+            PlatformArg::Anthropic => Platform::Anthropic,
+            PlatformArg::Openai => Platform::OpenAi,
+        }
+    }
+}
+
+impl From<KindArg> for CredentialKind {
+    fn from(kind: KindArg) -> Self {
+        match kind {
+            KindArg::ApiKey => CredentialKind::ApiKey,
+            KindArg::OAuth => CredentialKind::OAuth,
+            KindArg::ChatGptOAuth => CredentialKind::ChatGptOAuth,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum KindArg {
     #[value(name = "api_key")]
@@ -407,6 +426,17 @@ pub async fn run(args: &AdminArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // A flag the service would refuse is refused before anything is sent.
+    if let AdminCommand::Configure(ConfigVerb::UpsertAccount(account)) = &args.command
+        && let Some(problem) = poolgate_select::probe::probe_model_refusal(
+            account.platform.into(),
+            account.credential_kind.into(),
+            &account.probe_model,
+        )
+    {
+        eprintln!("{PROGRAM}: --probe-model: {problem}");
+        return ExitCode::from(2);
+    }
     let admin = match SelectorAdmin::connect(&args.endpoint, &admin_token, service_token.as_deref())
         .await
     {
@@ -441,15 +471,8 @@ fn print_account(view: &pb::AccountView) -> Result<(), OperatorError> {
 async fn configure(mut client: AdminClient, verb: &ConfigVerb) -> Result<(), OperatorError> {
     match verb {
         ConfigVerb::UpsertAccount(account) => {
-            let platform = match account.platform {
-                PlatformArg::Anthropic => Platform::Anthropic,
-                PlatformArg::Openai => Platform::OpenAi,
-            };
-            let kind = match account.credential_kind {
-                KindArg::ApiKey => CredentialKind::ApiKey,
-                KindArg::OAuth => CredentialKind::OAuth,
-                KindArg::ChatGptOAuth => CredentialKind::ChatGptOAuth,
-            };
+            let platform = Platform::from(account.platform);
+            let kind = CredentialKind::from(account.credential_kind);
             let answer = client
                 .upsert_account(pb::UpsertAccountRequest {
                     name: account.name.clone(),

@@ -17,7 +17,7 @@ use poolgate_rpc::telemetry::LogFormat;
 use poolgate_runtime::redis::{RedisOptions, RedisTarget};
 use poolgate_runtime::secret_flags::SecretFlag;
 use poolgate_select::crypto::Keyring;
-use poolgate_select::engine::SelectorSettings;
+use poolgate_select::engine::{SelectorSettings, UsageReadSettings};
 use poolgate_select::probe::ProbeSettings;
 use selector_svc::server::Config;
 
@@ -147,6 +147,12 @@ pub struct ServeArgs {
         default_value = "gpt-4o-mini"
     )]
     pub probe_model_openai: String,
+    /// How often each OAuth account's usage endpoint (the one its CLI reads: Claude
+    /// `/api/oauth/usage`, ChatGPT `/wham/usage`) is read for its windows, once per this across
+    /// every replica, and at start (docs/SUBSCRIPTIONS.md, "Probes and usage readings"). 0: never
+    /// (windows then come only from the answers' headers).
+    #[arg(long, env = "SELECTOR_USAGE_READ_EVERY_MS", default_value_t = 300_000)]
+    pub usage_read_every_ms: u64,
     /// Usage windows (docs/DESIGN.md §5): above this share of any plan window an account orders
     /// last for new sessions. A group's `window_shed_at` column wins.
     #[arg(long, env = "SELECTOR_WINDOW_SHED_AT", default_value_t = 0.9)]
@@ -246,6 +252,15 @@ impl ServeArgs {
                     .into(),
             );
         }
+        // The deployment's Anthropic probe model is every Claude OAuth account's unless it
+        // names its own: it must be one such an account may probe on (Haiku).
+        if let Some(problem) = poolgate_select::probe::probe_model_refusal(
+            poolgate_core::account::Platform::Anthropic,
+            poolgate_core::account::CredentialKind::OAuth,
+            &self.probe_model_anthropic,
+        ) {
+            return Err(format!("--probe-model-anthropic: {problem}"));
+        }
         Ok(Config {
             database_url: self.database.database_url()?,
             redis_target,
@@ -261,6 +276,10 @@ impl ServeArgs {
                 },
                 windows: Thresholds::new(self.window_shed_at, self.window_move_at)
                     .map_err(|problem| format!("--window-shed-at / --window-move-at: {problem}"))?,
+                usage_reads: UsageReadSettings {
+                    every: Duration::from_millis(self.usage_read_every_ms),
+                    ..UsageReadSettings::default()
+                },
                 ..SelectorSettings::default()
             },
             lease_settings: poolgate_core::lease::Settings {

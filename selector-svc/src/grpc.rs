@@ -474,6 +474,11 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
                 "at most 128 bytes, no control characters",
             ));
         }
+        if let Some(problem) =
+            poolgate_select::probe::probe_model_refusal(platform, kind, &r.probe_model)
+        {
+            return Err(invalid("probe_model", &problem));
+        }
         if r.oauth_client_id.len() > MAX_NAME_BYTES
             || r.oauth_client_id.chars().any(char::is_control)
         {

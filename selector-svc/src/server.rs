@@ -185,6 +185,8 @@ pub async fn build(config: &Config, metrics: Metrics) -> Result<Built, ServeErro
             Arc::downgrade(&selector),
             poolgate_select::engine::STATUS_GAUGES_EVERY,
         )),
+        // Every OAuth account's usage endpoint, at start and once per cadence cluster-wide.
+        tokio::spawn(Selector::read_usage_every(Arc::downgrade(&selector))),
     ];
     Ok(Built {
         selector,

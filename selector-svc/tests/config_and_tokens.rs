@@ -134,15 +134,27 @@ fn refusal(account_id: i64, token: &str) -> pb::ReportOutcomeRequest {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_refused_token_is_refreshed_only_when_the_probe_is_refused_too_and_only_once() {
+async fn a_refused_token_is_refreshed_only_when_the_usage_endpoint_refuses_it_too_and_only_once() {
     let backends = Backends::start().await;
     let upstream = FakeUpstream::start().await.expect("fake upstream starts");
     let url = token_endpoint(&upstream);
     // The revoked account's token is refused, and so is the one its refresh brings.
     upstream.revoke("revoked-access-token");
     upstream.revoke("refresh-1-access");
-    let refused_probes =
-        || upstream.probe_count("revoked-access-token") + upstream.probe_count("refresh-1-access");
+    // Issue 36: an OAuth credential refusal is confirmed by the usage endpoint the CLI reads,
+    // not by an inference probe (none is sent at all).
+    let refused_reads =
+        || upstream.usage_calls("revoked-access-token") + upstream.usage_calls("refresh-1-access");
+    let probes = || {
+        [
+            "revoked-access-token",
+            "refresh-1-access",
+            "good-access-token",
+        ]
+        .iter()
+        .map(|c| upstream.probe_count(c))
+        .sum::<u64>()
+    };
     let far = now_ms() + 10 * 3600 * 1000;
     let revoked = backends
         .account("revoked", "g", |a| {
@@ -160,8 +172,16 @@ async fn a_refused_token_is_refreshed_only_when_the_probe_is_refused_too_and_onl
             a.oauth = Some(oauth("refresh-2", far, &url));
         })
         .await;
-    let replica = Replica::start(backends.config(fast_settings())).await;
-    // A 401 the client shaped (a scope, a model): the probe with the stored token is answered.
+    // No periodic usage reads: every read counted below is a confirmation's.
+    let replica = Replica::start(backends.config(poolgate_select::engine::SelectorSettings {
+        usage_reads: poolgate_select::engine::UsageReadSettings {
+            every: Duration::ZERO,
+            ..Default::default()
+        },
+        ..fast_settings()
+    }))
+    .await;
+    // A 401 the client shaped (a scope, a model): the usage endpoint accepts the stored token.
     // Nothing is refreshed, nothing counts.
     let answer = replica
         .client
@@ -171,7 +191,7 @@ async fn a_refused_token_is_refreshed_only_when_the_probe_is_refused_too_and_onl
         .expect("report")
         .into_inner();
     assert_eq!(support::effect(&answer), "none", "{answer:?}");
-    assert_eq!(upstream.probe_count("good-access-token"), 1, "probed once");
+    assert_eq!(upstream.usage_calls("good-access-token"), 1, "read once");
     // Not near expiry, and refused by the probe too: refreshed once, for all five concurrent
     // refusals, each handed the new token.
     let reports = (0..5).map(|_| {
@@ -192,7 +212,7 @@ async fn a_refused_token_is_refreshed_only_when_the_probe_is_refused_too_and_onl
             ("refreshed", "refresh-1-access")
         );
     }
-    assert_eq!(refused_probes(), 1, "one probe for five refusals");
+    assert_eq!(refused_reads(), 1, "one usage read for five refusals");
     // A late refusal of the old token: handed the new one, nothing refreshed.
     let late = replica
         .client
@@ -214,7 +234,12 @@ async fn a_refused_token_is_refreshed_only_when_the_probe_is_refused_too_and_onl
         .expect("report")
         .into_inner();
     assert_eq!(support::effect(&fresh), "hard_block", "{fresh:?}");
-    assert_eq!(refused_probes(), 2);
+    assert_eq!(refused_reads(), 2);
+    assert_eq!(
+        probes(),
+        0,
+        "no inference probe confirms a credential with a usage endpoint"
+    );
     assert_eq!(upstream.token_requests().len(), 1, "floored");
     let metrics = replica.built.selector.metrics().render();
     assert!(

@@ -31,6 +31,11 @@ pub struct StandaloneFile {
     /// Per-group settings by group name (a group not named has the defaults).
     #[serde(default)]
     pub groups: HashMap<String, GroupEntry>,
+    /// How often each OAuth account's usage endpoint (the one its CLI reads) is read for its
+    /// windows, in seconds, and at start (docs/SUBSCRIPTIONS.md, "Probes and usage
+    /// readings"). Default 300; 0: never.
+    #[serde(default)]
+    pub usage_read_every_secs: Option<u64>,
 }
 
 /// What a group sets (see `GroupSettings`).
@@ -326,6 +331,13 @@ impl StandaloneFile {
             if credential.is_empty() {
                 return Err(at("the credential is empty"));
             }
+            if let Some(problem) = poolgate_select::probe::probe_model_refusal(
+                platform,
+                credential_kind,
+                entry.probe_model.as_deref().unwrap_or_default(),
+            ) {
+                return Err(at(&format!("probe_model: {problem}")));
+            }
             if !(entry.base_url.starts_with("http://") || entry.base_url.starts_with("https://")) {
                 return Err(at("base_url must be an http(s) URL"));
             }
@@ -498,6 +510,26 @@ mod tests {
             "api_keys:\n  - {{key: k1}}\naccounts:\n{accounts}"
         ))?
         .snapshot()
+    }
+
+    /// Issue 36: a Claude OAuth account may probe only on a Haiku model; the file naming
+    /// another fails at start, naming the account and `probe_model`.
+    #[test]
+    fn a_non_haiku_probe_model_on_a_claude_oauth_account_is_a_start_up_error() {
+        let oauth = |model: &str| {
+            format!(
+                "  - {{name: sub, platform: anthropic, base_url: \"https://api.anthropic.com\", \
+                 oauth: {{access_token: a, refresh_token: r}}, probe_model: {model}}}\n"
+            )
+        };
+        let error = file(&oauth("claude-sonnet-4-6")).expect_err("refused");
+        assert!(
+            error.contains("sub") && error.contains("probe_model"),
+            "{error}"
+        );
+        file(&oauth("claude-haiku-4-5")).expect("Haiku is taken");
+        file("  - {name: key, platform: anthropic, base_url: \"https://api.anthropic.com\", api_key: k, probe_model: claude-sonnet-4-6}\n")
+            .expect("an API key may probe on any model");
     }
 
     #[test]

@@ -72,6 +72,10 @@ pub fn build(
     let health: Arc<dyn poolgate_select::health::HealthStore> = in_process;
     let selector_metrics =
         poolgate_select::metrics::Metrics::registered_in(metrics.registry.clone());
+    let mut usage_reads = settings.usage_reads.clone();
+    if let Some(secs) = file.usage_read_every_secs {
+        usage_reads.every = std::time::Duration::from_secs(secs);
+    }
     let selector = Arc::new(Selector::new(SelectorParts {
         snapshot: snapshot.clone(),
         source: source.clone(),
@@ -80,6 +84,7 @@ pub fn build(
         // Keys' usage per period in the calendar admission counts their budgets in.
         settings: SelectorSettings {
             budget_calendar: Arc::new(budgets),
+            usage_reads,
             ..settings
         },
         metrics: selector_metrics.clone(),
@@ -103,6 +108,9 @@ pub fn build(
         Arc::downgrade(&selector),
         poolgate_select::engine::STATUS_GAUGES_EVERY,
     ));
+    // Every OAuth account's usage endpoint, read at start (an account no request has touched
+    // is read, not guessed) and then once per cadence.
+    tokio::spawn(Selector::read_usage_every(Arc::downgrade(&selector)));
     // The memory engine starts with no budget counter: each is set from the ledger before any
     // request can have finished (a request is charged when it ends), and never again (memory is
     // not flushed under a running relay).

@@ -15,7 +15,7 @@ use std::time::Duration;
 use poolgate_core::account::{CredentialKind, OAuthState, Platform, Secret};
 use poolgate_core::health::Breaker;
 use poolgate_core::outcome::RuntimeBlockSettings;
-use poolgate_select::engine::SelectorSettings;
+use poolgate_select::engine::{SelectorSettings, UsageReadSettings};
 use poolgate_select::probe::ProbeSettings;
 use poolgate_stack::{self as stack, Backends};
 use poolgate_testkit::fake_upstream::FakeUpstream;
@@ -92,6 +92,8 @@ pub struct Options {
     pub blocks: RuntimeBlockSettings,
     /// Distributed: this many selectors, each with a relay of its own (standalone: one relay).
     pub relays: usize,
+    /// How often the OAuth accounts' usage endpoints are read (and at start).
+    pub usage_reads: UsageReadSettings,
 }
 
 impl Default for Options {
@@ -105,6 +107,7 @@ impl Default for Options {
             probe: ProbeSettings::default(),
             blocks: RuntimeBlockSettings::default(),
             relays: 1,
+            usage_reads: UsageReadSettings::default(),
         }
     }
 }
@@ -227,6 +230,7 @@ fn selector_settings(options: &Options) -> SelectorSettings {
     SelectorSettings {
         blocks: options.blocks.clone(),
         probe: options.probe.clone(),
+        usage_reads: options.usage_reads.clone(),
         ..SelectorSettings::default()
     }
 }
@@ -490,6 +494,29 @@ impl Pool {
             }
         }
         all
+    }
+
+    /// Account `name`'s stored usage windows as `(kind label, utilization)`, read fresh.
+    pub async fn windows_of(&self, name: &str) -> Vec<(String, Option<f64>)> {
+        let id = self.id(name);
+        match &self.engines {
+            Engines::Standalone { operator, .. } => operator
+                .windows(Some(id), None)
+                .await
+                .expect("windows readable")
+                .into_iter()
+                .map(|row| (row.kind, row.utilization))
+                .collect(),
+            Engines::Distributed { selectors, .. } => selectors[0]
+                .selector
+                .windows(Some(id), None)
+                .await
+                .expect("windows readable")
+                .into_iter()
+                .flat_map(|(_, readings)| readings)
+                .map(|r| (r.kind.label().to_owned(), r.utilization))
+                .collect(),
+        }
     }
 
     pub async fn health_of(&self, name: &str) -> Health {

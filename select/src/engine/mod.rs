@@ -7,7 +7,8 @@
 //! `select.rs` (plans: candidates, load reads, ordering, half-open checks), `report.rs`
 //! (outcomes, and the bounded wait of an OAuth refusal), `bindings.rs` (sticky sessions and
 //! response bindings), `admin.rs` (client-key checks and the operator's reads and actions),
-//! `windows.rs` (the usage windows' intake), `status.rs` (the pool's status gauges, every few
+//! `windows.rs` (the usage windows' intake), `usage_reads.rs` (the OAuth accounts' usage
+//! endpoints read at start and once per cadence), `status.rs` (the pool's status gauges, every few
 //! seconds).
 
 use std::collections::{HashMap, HashSet};
@@ -35,6 +36,7 @@ mod report;
 mod select;
 mod status;
 mod usage;
+mod usage_reads;
 mod windows;
 
 pub use poolgate_core::plan::{Plan, PlannedAccount};
@@ -43,6 +45,7 @@ pub use report::{Applied, Reported};
 pub use select::SelectQuery;
 pub use status::{GroupStatus, STATUS_GAUGES_EVERY};
 pub use usage::{MAX_MODEL_BYTES, MAX_USAGE_RECORDS};
+pub use usage_reads::UsageReadSettings;
 pub use windows::MAX_WINDOW_READINGS;
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -90,6 +93,8 @@ pub struct SelectorSettings {
     pub probe: ProbeSettings,
     /// Where an account's usage windows shed it (docs/DESIGN.md §5).
     pub windows: Thresholds,
+    /// How often OAuth accounts' usage endpoints are read (`usage_reads.rs`).
+    pub usage_reads: UsageReadSettings,
     /// The deployment's budget calendar (time zone, week start), which a key's usage per
     /// period is summed in (`describe_key`, `key_usage`), as admission counts its budgets.
     /// Default: UTC, weeks from Monday.
@@ -106,6 +111,7 @@ impl Default for SelectorSettings {
             response_ttl: Duration::from_secs(3600),
             probe: ProbeSettings::default(),
             windows: Thresholds::default(),
+            usage_reads: UsageReadSettings::default(),
             budget_calendar: Arc::new(UtcCalendar),
         }
     }

@@ -209,6 +209,16 @@ pub trait Locks: Send + Sync + 'static {
 
     /// Releases the token-refresh lock, if this owner still holds it.
     async fn unlock_refresh(&self, id: AccountId, owner: &str) -> Result<(), BackendError>;
+
+    /// Takes the account's usage-read lock for `ttl_ms` (never released: it lapses), so one
+    /// replica reads an account's usage endpoint once per cadence for all
+    /// (`engine/usage_reads.rs`): whether this owner took it.
+    async fn lock_usage_read(
+        &self,
+        id: AccountId,
+        owner: &str,
+        ttl_ms: u64,
+    ) -> Result<bool, BackendError>;
 }
 
 /// An account's usage windows are kept this long after their last write: past the longest
@@ -267,7 +277,7 @@ fn merge_windows(stored: &mut Vec<WindowReading>, incoming: &[WindowReading], no
 
 /// How a block is recorded (the value of the cooldown / soft-block key): class, status, and
 /// the reason cut to 200 characters.
-fn block_value(class: &str, status: u16, reason: &str) -> String {
+pub(crate) fn block_value(class: &str, status: u16, reason: &str) -> String {
     let reason: String = reason.chars().take(200).collect();
     format!("{class}|{status}|{reason}")
 }

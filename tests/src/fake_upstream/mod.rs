@@ -35,6 +35,7 @@ mod scripted;
 mod stream;
 #[cfg(test)]
 mod tests;
+mod usage_api;
 mod windows;
 #[cfg(test)]
 mod windows_tests;
@@ -125,6 +126,10 @@ struct FakeState {
     refreshed: Mutex<Vec<Value>>,
     /// Usage windows per credential (only those given some).
     windows: Mutex<HashMap<String, windows::Account>>,
+    /// Calls of the usage endpoints per credential (`usage_api`).
+    usage_calls: Mutex<HashMap<String, u64>>,
+    /// The usage endpoints answer 404 (an upstream that has none).
+    no_usage_endpoints: Mutex<bool>,
 }
 
 /// A handle on a running fake upstream.
@@ -163,6 +168,15 @@ impl FakeUpstream {
             .route("/codex/responses", post(chatgpt_codex))
             .route("/oauth/token", post(oauth_token))
             .route("/backend-api/codex/responses", post(chatgpt_codex))
+            .route(
+                "/api/oauth/usage",
+                axum::routing::get(usage_api::claude_usage),
+            )
+            .route("/wham/usage", axum::routing::get(usage_api::chatgpt_usage))
+            .route(
+                "/backend-api/wham/usage",
+                axum::routing::get(usage_api::chatgpt_usage),
+            )
             .route("/_mock/script", post(control_script))
             .route("/_mock/stats", axum::routing::get(control_stats))
             .route("/_mock/reset", post(control_reset))
@@ -373,6 +387,28 @@ impl FakeUpstream {
     pub fn count_tokens_calls(&self, credential: &str) -> u64 {
         self.state
             .count_tokens
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(credential)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// `false`: the usage endpoints answer 404, as a base URL that is not the upstream's would
+    /// (its accounts' confirmations keep the inference probe).
+    pub fn set_usage_endpoints(&self, served: bool) {
+        *self
+            .state
+            .no_usage_endpoints
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = !served;
+    }
+
+    /// How many calls of the usage endpoints (Claude's `/api/oauth/usage`, ChatGPT's
+    /// `/wham/usage`) came with `credential`.
+    pub fn usage_calls(&self, credential: &str) -> u64 {
+        self.state
+            .usage_calls
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(credential)

@@ -3,11 +3,11 @@
 use serde_json::{Value, json};
 
 /// Whether `request` (sent to `path`) is the selector's confirmation probe: exactly one of the
-/// fixed bodies `selector-svc/src/confirm.rs` `probe_request` sends, nothing else in it.
-/// Anthropic: `max_tokens: 1` and one user "ping" (OAuth: Claude Code's identity as the only
-/// system block); OpenAI chat: `max_completion_tokens: 1` and the same message; ChatGPT: the
-/// "Answer in one word." instructions with the ping as input. A client could send the same
-/// bytes; it would then get the probe's answers, which is what the upstream would do too.
+/// fixed bodies `select/src/probe.rs` `probe_request` sends, nothing else in it. Anthropic:
+/// `max_tokens: 1` and one user "ping", no `system` (the probe carries no client's identity);
+/// OpenAI chat: `max_completion_tokens: 1` and the same message; ChatGPT: the "Answer in one
+/// word." instructions with the ping as input. A client could send the same bytes; it would
+/// then get the probe's answers, which is what the upstream would do too.
 pub fn is_probe(path: &str, request: &Value) -> bool {
     let Some(fields) = request.as_object() else {
         return false;
@@ -16,15 +16,10 @@ pub fn is_probe(path: &str, request: &Value) -> bool {
     let only = |allowed: &[&str]| fields.keys().all(|k| allowed.contains(&k.as_str()));
     let model = fields.get("model").is_some_and(Value::is_string);
     if path.ends_with("/v1/messages") {
-        let identity =
-            json!([{"type": "text", "text": poolgate_core::upstream::CLAUDE_CODE_IDENTITY}]);
         model
-            && only(&["model", "max_tokens", "messages", "system"])
+            && only(&["model", "max_tokens", "messages"])
             && fields.get("max_tokens") == Some(&json!(1))
             && fields.get("messages") == Some(&ping)
-            && fields
-                .get("system")
-                .is_none_or(|system| *system == identity)
     } else if path.ends_with("/chat/completions") {
         model
             && only(&["model", "max_completion_tokens", "messages"])

@@ -13,11 +13,12 @@ fn anthropic_probe() -> Value {
 
 #[test]
 fn the_probes_fixed_bodies_are_recognised_and_nothing_else() {
+    // The probe carries no client's identity (issue 36): a body with any `system` is a client's.
     assert!(is_probe("/v1/messages", &anthropic_probe()));
-    let mut oauth = anthropic_probe();
-    oauth["system"] =
+    let mut with_identity = anthropic_probe();
+    with_identity["system"] =
         json!([{"type": "text", "text": poolgate_core::upstream::CLAUDE_CODE_IDENTITY}]);
-    assert!(is_probe("/v1/messages", &oauth));
+    assert!(!is_probe("/v1/messages", &with_identity));
     assert!(is_probe(
         "/v1/chat/completions",
         &json!({"model": "gpt-4o-mini", "max_completion_tokens": 1, "messages": [{"role": "user", "content": "ping"}]})

@@ -349,6 +349,49 @@ impl Account {
     }
 }
 
+/// Where one of a credential's windows stands now, as its usage endpoint shows it.
+pub(super) struct Shown {
+    /// The 5-hour-like window (else the weekly-like one).
+    pub five_hour: bool,
+    /// Percent used, 0–100.
+    pub percent: f64,
+    /// Its reset, ms since the epoch; `None` while no period runs (not used since its last
+    /// reset), as the real endpoints show a window not started.
+    pub reset_ms: Option<i64>,
+    pub length_ms: i64,
+}
+
+/// `credential`'s windows as they stand now (`None`: it has none), read without starting a
+/// period: what the usage endpoints show (`usage_api`).
+pub(super) fn shown(state: &FakeState, credential: &str) -> Option<Vec<Shown>> {
+    let accounts = state.windows.lock().unwrap_or_else(|p| p.into_inner());
+    let account = accounts.get(credential)?;
+    let now = now_ms();
+    let windows = [
+        (true, account.budgets.five_hour, account.five_hour),
+        (false, account.budgets.weekly, account.weekly),
+    ];
+    Some(
+        windows
+            .into_iter()
+            .filter_map(|(five_hour, window, period)| {
+                let window = window?;
+                let length = length_ms(&window);
+                let running = period.filter(|p| now < p.start_ms.saturating_add(length));
+                let used = running.map_or(0, |p| p.used);
+                Some(Shown {
+                    five_hour,
+                    percent: (used.min(window.capacity) as f64 * 100.0
+                        / window.capacity.max(1) as f64)
+                        .min(100.0),
+                    reset_ms: running.map(|p| ceil_seconds(p.start_ms + length) * 1000),
+                    length_ms: length,
+                })
+            })
+            .collect(),
+    )
+}
+
 /// Gives `credential` these budgets, usage back to nothing; budgets with no window clear them.
 pub(super) fn set(state: &FakeState, credential: &str, budgets: WindowBudgets) {
     let mut accounts = state.windows.lock().unwrap_or_else(|p| p.into_inner());

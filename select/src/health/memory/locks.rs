@@ -94,4 +94,15 @@ impl Locks for InProcessHealth {
         });
         Ok(())
     }
+
+    async fn lock_usage_read(
+        &self,
+        id: AccountId,
+        owner: &str,
+        ttl_ms: u64,
+    ) -> Result<bool, BackendError> {
+        Ok(self.with_account(id, |account, now| {
+            lock(&mut account.usage_lock, now, owner, ttl_ms)
+        }))
+    }
 }

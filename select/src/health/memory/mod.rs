@@ -72,6 +72,7 @@ struct AccountState {
     unauthorized_until: i64,
     confirm_lock: Option<Expiring<String>>,
     refresh_lock: Option<Expiring<String>>,
+    usage_lock: Option<Expiring<String>>,
     /// The usage windows' newest readings (`Windows`).
     windows: Option<Expiring<Vec<WindowReading>>>,
 }

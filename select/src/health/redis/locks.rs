@@ -92,4 +92,13 @@ impl Locks for RedisHealth {
     async fn unlock_refresh(&self, id: AccountId, owner: &str) -> Result<(), BackendError> {
         self.delete_if(keys::token_refresh_lock(id), owner).await
     }
+
+    async fn lock_usage_read(
+        &self,
+        id: AccountId,
+        owner: &str,
+        ttl_ms: u64,
+    ) -> Result<bool, BackendError> {
+        self.lock(keys::usage_read_lock(id), owner, ttl_ms).await
+    }
 }
