@@ -188,9 +188,12 @@ pub fn splice(body: &[u8], changes: &[(&str, String)]) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// The top-level members of a JSON object as (decoded name, byte range of the raw value), and
-/// the index of its closing brace; `None` when `body` is not one.
-fn member_ranges(body: &[u8]) -> Option<(Vec<(String, Range<usize>)>, usize)> {
+/// Each top-level member: its decoded name, and the byte range of its raw value.
+type Members = Vec<(String, Range<usize>)>;
+
+/// The top-level members of a JSON object, and the index of its closing brace; `None` when
+/// `body` is not one.
+fn member_ranges(body: &[u8]) -> Option<(Members, usize)> {
     let mut members = Vec::new();
     let mut i = skip_space(body, 0);
     if body.get(i) != Some(&b'{') {
