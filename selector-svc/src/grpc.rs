@@ -19,6 +19,7 @@ use crate::store::{AccountInput, PostgresSource};
 use poolgate_core::account::{AccountStatus, CredentialKind, OAuthState, Platform, Secret};
 use poolgate_core::outcome::{Outcome, OutcomeClass};
 use poolgate_core::plan::UsageRecord;
+use poolgate_core::select::NoneReason;
 use poolgate_core::{AccountId, MAX_NAME_BYTES, now_ms};
 use poolgate_select::engine::{
     MAX_MODEL_BYTES, MAX_USAGE_RECORDS, Reported, SelectQuery, Selector, SelectorError,
@@ -119,6 +120,7 @@ impl pb::selector_server::Selector for SelectorGrpc {
         for &id in &request.exclude_account_ids {
             account_id("exclude_account_ids", id)?;
         }
+        let reads_confirming = request.reads_confirming;
         let query = SelectQuery {
             group: request.group,
             platform: Some(platform),
@@ -132,7 +134,12 @@ impl pb::selector_server::Selector for SelectorGrpc {
             max_accounts: request.max_accounts.min(64) as usize,
             api_key_id: client_key_id(request.api_key_id)?,
         };
-        let plan = self.selector.plan(&query).await.map_err(status)?;
+        let mut plan = self.selector.plan(&query).await.map_err(status)?;
+        if !reads_confirming && plan.none_reason == Some(NoneReason::Confirming) {
+            // An older relay refuses a reason it does not know as an unreadable plan; all_blocked
+            // with the short retry hint makes it wait and plan again, as the reason asks.
+            plan.none_reason = Some(NoneReason::AllBlocked);
+        }
         Ok(Response::new(pb::SelectResponse::from(&plan)))
     }
 

@@ -127,6 +127,7 @@ enum_pair!("reason", spb::NoneReason <=> NoneReason {
     AllBlocked <=> AllBlocked,
     AllExcluded <=> AllExcluded,
     BreakerOpen <=> BreakerOpen,
+    Confirming <=> Confirming,
 });
 
 enum_pair!("effect", spb::Effect <=> Effect {

@@ -69,6 +69,7 @@ fn every_enum_round_trips() {
             NoneReason::AllBlocked,
             NoneReason::AllExcluded,
             NoneReason::BreakerOpen,
+            NoneReason::Confirming,
         ],
         known::<spb::NoneReason>(),
     );
@@ -162,6 +163,22 @@ fn a_none_reason_sent_twice_takes_the_enum_else_the_string_and_refuses_a_disagre
         "none_reason"
     );
     assert_eq!(none_reason(77, "").unwrap_err().field, "reason");
+    // Issue 36: the confirmation's reason, both ways (a relay that does not know the value is
+    // never sent it: `SelectRequest.reads_confirming`).
+    let confirming = spb::NoneReason::Confirming as i32;
+    assert_eq!(confirming, 6, "an added value, never renumbered");
+    assert_eq!(
+        none_reason(confirming, "confirming"),
+        Ok(Some(NoneReason::Confirming))
+    );
+    assert_eq!(
+        none_reason(0, "confirming"),
+        Ok(Some(NoneReason::Confirming))
+    );
+    assert_eq!(
+        none_reason(confirming, "all_blocked").unwrap_err().field,
+        "reason"
+    );
 }
 
 #[test]
