@@ -19,7 +19,6 @@ use crate::store::{AccountInput, PostgresSource};
 use poolgate_core::account::{AccountStatus, CredentialKind, OAuthState, Platform, Secret};
 use poolgate_core::outcome::{Outcome, OutcomeClass};
 use poolgate_core::plan::UsageRecord;
-use poolgate_core::select::NoneReason;
 use poolgate_core::{AccountId, MAX_NAME_BYTES, now_ms};
 use poolgate_select::engine::{
     MAX_MODEL_BYTES, MAX_USAGE_RECORDS, Reported, SelectQuery, Selector, SelectorError,
@@ -134,13 +133,11 @@ impl pb::selector_server::Selector for SelectorGrpc {
             max_accounts: request.max_accounts.min(64) as usize,
             api_key_id: client_key_id(request.api_key_id)?,
         };
-        let mut plan = self.selector.plan(&query).await.map_err(status)?;
-        if !reads_confirming && plan.none_reason == Some(NoneReason::Confirming) {
-            // An older relay refuses a reason it does not know as an unreadable plan; all_blocked
-            // with the short retry hint makes it wait and plan again, as the reason asks.
-            plan.none_reason = Some(NoneReason::AllBlocked);
-        }
-        Ok(Response::new(pb::SelectResponse::from(&plan)))
+        let plan = self.selector.plan(&query).await.map_err(status)?;
+        Ok(Response::new(convert::select_response(
+            &plan,
+            reads_confirming,
+        )))
     }
 
     async fn report_outcome(
