@@ -21,7 +21,9 @@ use poolgate_runtime::redis::{RedisHandle, RedisOptions, RedisTarget};
 use poolgate_select::engine::{
     Plan, SelectQuery, Selector, SelectorError, SelectorParts, SelectorSettings,
 };
-use poolgate_select::health::{Breaker, BreakerChange, HealthStore, InProcessHealth, RedisHealth};
+use poolgate_select::health::{
+    Breaker, BreakerChange, HardBlock, HealthStore, InProcessHealth, RedisHealth,
+};
 use poolgate_select::load_cache::LoadCacheSettings;
 use poolgate_select::metrics::Metrics;
 use poolgate_select::probe::ProbeSettings;
@@ -777,6 +779,11 @@ async fn a_plan_empty_only_while_an_account_is_confirming_says_so_with_a_short_r
         .block_confirming(1, 90_000, "unauthorized", 401, "run:owner-1")
         .await
         .expect("blocked");
+    assert_eq!(
+        health.hard_blocks(&[1, 2, 3]).await.expect("read"),
+        vec![HardBlock::Confirming, HardBlock::Other, HardBlock::None],
+        "what each account's hard block is, in the order asked"
+    );
     let plan = engine.plan(&query("g")).await;
     assert_eq!(
         (plan.none_reason, plan.retry_after_ms),

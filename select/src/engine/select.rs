@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::confirmations::{keep_probe_windows, running_owner};
-use crate::health::{AccountHealth, BackendError, Breaker, BreakerChange};
+use crate::health::{AccountHealth, BackendError, Breaker, BreakerChange, HardBlock};
 use crate::load_cache::Reading;
 use crate::probe::{breaker_closes, probe_under_lease};
 use crate::windows_cache::Readings;
@@ -256,13 +256,10 @@ impl Selector {
         if hard.is_empty() {
             return false;
         }
-        match self.health.list_blocks(&hard).await {
-            Ok(blocks) => hard.iter().any(|id| {
-                let mut held = blocks
-                    .iter()
-                    .filter(|block| block.account_id == *id && block.kind == "hard");
-                held.clone().next().is_none() || held.any(|block| block.is_confirming())
-            }),
+        match self.health.hard_blocks(&hard).await {
+            Ok(blocks) => blocks
+                .iter()
+                .any(|block| matches!(block, HardBlock::Confirming | HardBlock::None)),
             Err(error) => {
                 tracing::debug!(%error, "blocks not read; an empty plan names no confirmation");
                 false
