@@ -13,8 +13,10 @@
 //!   over the confirmation of a revoked token (one at a time, a little apart), on a one-account
 //!   group over two relays and over one standalone relay, the race repeated `ROUNDS` times: the
 //!   plans made meanwhile say `confirming` with a short retry hint, the relays plan again, and
-//!   every request is served with the new token after one refresh (before the fix, a request
-//!   that met the "confirming" block got a 503 in most rounds).
+//!   every request is served with the new token after one refresh (before the fix, 5 of the 10
+//!   got a 503 in every round). A verdict that blocks the account (the refresh refused) ends the
+//!   requests that joined the confirmation at once with the block's 503, and none of them
+//!   reached the upstream meanwhile.
 
 mod support;
 
@@ -214,8 +216,8 @@ async fn a_late_refusal_gets_the_new_token(mode: Mode) {
     account_is_fine(&pool).await;
 }
 
-/// Races of `joining_the_confirmation`: enough that today's code (a 503 for a request that met
-/// the "confirming" block) fails in nearly every run.
+/// Races of `joining_the_confirmation`: the code before the relay joined confirmations (a 503 for
+/// a request that met the "confirming" block) failed every one of them.
 const ROUNDS: usize = 12;
 /// How long the upstream takes to refuse the confirmation's probe.
 const PROBE_TAKES: Duration = Duration::from_millis(400);
@@ -317,6 +319,81 @@ async fn joining_the_confirmation(mode: Mode) {
         confirming >= ROUNDS as f64,
         "{mode}: requests met the confirmations ({confirming} plans said `confirming`)"
     );
+}
+
+/// A confirmation whose verdict blocks the account (the token endpoint refuses the refresh): the
+/// requests that joined it end at the verdict with the block's answer, long before their
+/// deadline, and none of them reached the upstream meanwhile.
+async fn a_verdict_that_blocks_ends_the_joined_requests(mode: Mode) {
+    let pool = joining_pool(mode).await;
+    pool.upstream.set_token_delay(Duration::ZERO);
+    // The refresh token is spent already: the refresh after the refused probe is refused.
+    let spent = pool
+        .http
+        .post(format!("{}/oauth/token", pool.upstream.base_url))
+        .json(&json!({"grant_type": "refresh_token", "refresh_token": REFRESH, "client_id": "x"}))
+        .send()
+        .await
+        .expect("token endpoint");
+    assert!(spent.status().is_success());
+    pool.upstream.revoke(OLD);
+    pool.upstream
+        .script_clients(OLD, (0..2 * REQUESTS).map(|_| revoked_answer()));
+    pool.upstream.script(
+        OLD,
+        [Scripted::After(PROBE_TAKES, Box::new(revoked_answer()))],
+    );
+    let started = std::time::Instant::now();
+    let calls = (0..REQUESTS).map(|n| {
+        let pool = &pool;
+        async move {
+            tokio::time::sleep(STAGGER * n as u32 / 2).await;
+            pool.send(n, "/v1/messages", &message(n)).await
+        }
+    });
+    let answers = futures_util::future::join_all(calls).await;
+    let took = started.elapsed();
+    let max_wait = pool.options.relay.max_wait;
+    assert!(
+        took < max_wait / 2,
+        "{mode}: the verdict ends the requests that joined it, not their deadline ({max_wait:?}): \
+         {took:?}"
+    );
+    let refused_upstream = answers.iter().filter(|(status, _)| *status == 401).count();
+    let blocked: Vec<_> = answers
+        .iter()
+        .filter(|(status, body)| *status == 503 && body.contains("all_blocked"))
+        .collect();
+    assert_eq!(
+        refused_upstream + blocked.len(),
+        REQUESTS,
+        "{mode}: each request got the upstream's refusal or the block's 503: {answers:?}"
+    );
+    assert!(
+        !blocked.is_empty(),
+        "{mode}: requests met the confirmation and then its block: {answers:?}"
+    );
+    assert_eq!(
+        served_with(&pool, OLD),
+        refused_upstream,
+        "{mode}: only the requests sent before the confirming block reached the upstream"
+    );
+    let hard = pool.health_of("sub").await;
+    assert!(
+        hard.hard_block()
+            .is_some_and(|b| !b.reason.starts_with("confirming")),
+        "{mode}: the verdict's block is in place: {hard}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_verdict_that_blocks_ends_the_requests_that_joined_the_confirmation_distributed() {
+    a_verdict_that_blocks_ends_the_joined_requests(Mode::Distributed).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_verdict_that_blocks_ends_the_requests_that_joined_the_confirmation_standalone() {
+    a_verdict_that_blocks_ends_the_joined_requests(Mode::Standalone).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
