@@ -14,7 +14,8 @@ use crate::health::AccountHealth;
 use crate::windows::{Assessment, Shed};
 
 /// Why a plan is empty. The relay decides its answer from it (404 for a model no account
-/// allows, 503 otherwise), so it is an enum on the wire, not a string.
+/// allows, 503 otherwise; planning again a moment later for `Confirming`), so it is an enum on
+/// the wire, not a string.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum NoneReason {
     /// No active account of the group serves the platform (or the group is unknown).
@@ -27,7 +28,17 @@ pub enum NoneReason {
     AllExcluded,
     /// Every account's circuit breaker is open.
     BreakerOpen,
+    /// Every account is out, and one of them only while the selector confirms a suspicious
+    /// answer (its hard block is the "confirming" one), or its block was lifted since the
+    /// selector's reading (a verdict, most often): it may serve at any moment, so the plan's
+    /// retry hint is short ([`CONFIRMING_RETRY_MS`]) and the relay plans again within the
+    /// request's deadline instead of refusing it (docs/DESIGN.md §6).
+    Confirming,
 }
+
+/// The retry hint of a plan empty because of a confirmation: how often a waiting request asks
+/// again (a confirmation's verdict is one probe away, and its block lasts until the verdict).
+pub const CONFIRMING_RETRY_MS: u64 = 250;
 
 impl NoneReason {
     /// Stable lowercase name: metric labels, logs, and the deprecated string field.
@@ -38,6 +49,7 @@ impl NoneReason {
             NoneReason::AllBlocked => "all_blocked",
             NoneReason::AllExcluded => "all_excluded",
             NoneReason::BreakerOpen => "breaker_open",
+            NoneReason::Confirming => "confirming",
         }
     }
 
@@ -48,6 +60,7 @@ impl NoneReason {
             NoneReason::AllBlocked,
             NoneReason::AllExcluded,
             NoneReason::BreakerOpen,
+            NoneReason::Confirming,
         ]
         .into_iter()
         .find(|reason| reason.as_str() == text)

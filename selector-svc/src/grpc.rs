@@ -119,6 +119,7 @@ impl pb::selector_server::Selector for SelectorGrpc {
         for &id in &request.exclude_account_ids {
             account_id("exclude_account_ids", id)?;
         }
+        let reads_confirming = request.reads_confirming;
         let query = SelectQuery {
             group: request.group,
             platform: Some(platform),
@@ -133,7 +134,10 @@ impl pb::selector_server::Selector for SelectorGrpc {
             api_key_id: client_key_id(request.api_key_id)?,
         };
         let plan = self.selector.plan(&query).await.map_err(status)?;
-        Ok(Response::new(pb::SelectResponse::from(&plan)))
+        Ok(Response::new(convert::select_response(
+            &plan,
+            reads_confirming,
+        )))
     }
 
     async fn report_outcome(

@@ -21,7 +21,9 @@ use poolgate_runtime::redis::{RedisHandle, RedisOptions, RedisTarget};
 use poolgate_select::engine::{
     Plan, SelectQuery, Selector, SelectorError, SelectorParts, SelectorSettings,
 };
-use poolgate_select::health::{Breaker, BreakerChange, HealthStore, InProcessHealth, RedisHealth};
+use poolgate_select::health::{
+    Breaker, BreakerChange, HardBlock, HealthStore, InProcessHealth, RedisHealth,
+};
 use poolgate_select::load_cache::LoadCacheSettings;
 use poolgate_select::metrics::Metrics;
 use poolgate_select::probe::ProbeSettings;
@@ -78,6 +80,7 @@ health_suite!(
     a_nearly_full_week_orders_last_for_new_sessions_but_stays_in_the_plan_through_the_engine,
     an_account_with_no_window_readings_is_neither_empty_nor_full_through_the_engine,
     a_groups_own_window_thresholds_move_its_sessions_sooner_and_show_in_its_gauges,
+    a_plan_empty_only_while_an_account_is_confirming_says_so_with_a_short_retry_hint,
     an_account_whose_plan_window_is_used_up_is_left_out_until_its_reset,
 );
 
@@ -754,6 +757,56 @@ async fn selection_filters_and_orders_through_the_engine(store: Store) {
     assert!(plan.retry_after_ms > 50_000, "{}", plan.retry_after_ms);
     engine.selector.clear_blocks(2).await.expect("cleared");
     assert_eq!(ids(&engine.plan(&query("g")).await), vec![2]);
+}
+
+/// Issue 36 (5): a confirmation's block is held until its verdict, which may let the account back
+/// at any moment: an empty plan says `confirming` with a short retry hint (the relay plans again
+/// within the request's deadline), not the block's length; any other block keeps its reason and
+/// its end.
+async fn a_plan_empty_only_while_an_account_is_confirming_says_so_with_a_short_retry_hint(
+    store: Store,
+) {
+    let engine = Engine::new(
+        &store,
+        vec![account(1, "g", |_| {}), account(2, "g", |_| {})],
+    );
+    let health = &store.health;
+    health
+        .hard_block(2, 600_000, "window_exhausted", 429, "used up")
+        .await
+        .expect("blocked");
+    let confirming = health
+        .block_confirming(1, 90_000, "unauthorized", 401, "run:owner-1")
+        .await
+        .expect("blocked");
+    assert_eq!(
+        health.hard_blocks(&[1, 2, 3]).await.expect("read"),
+        vec![HardBlock::Confirming, HardBlock::Other, HardBlock::None],
+        "what each account's hard block is, in the order asked"
+    );
+    let plan = engine.plan(&query("g")).await;
+    assert_eq!(
+        (plan.none_reason, plan.retry_after_ms),
+        (
+            Some(NoneReason::Confirming),
+            poolgate_core::select::CONFIRMING_RETRY_MS
+        ),
+        "one account confirming, the other blocked for ten minutes"
+    );
+    // The verdict lets it back: the next plan has it.
+    health
+        .unblock_confirming(1, &confirming)
+        .await
+        .expect("lifted");
+    assert_eq!(ids(&engine.plan(&query("g")).await), vec![1]);
+    // A verdict that blocks it: the block's own reason and end.
+    health
+        .hard_block(1, 300_000, "unauthorized", 401, "refused")
+        .await
+        .expect("blocked");
+    let plan = engine.plan(&query("g")).await;
+    assert_eq!(plan.none_reason, Some(NoneReason::AllBlocked));
+    assert!(plan.retry_after_ms > 250_000, "{}", plan.retry_after_ms);
 }
 
 async fn busy_is_not_broken_through_the_engine(store: Store) {

@@ -207,8 +207,9 @@ async fn a_cached_reading_that_filters_everyone_triggers_exactly_one_fresh_read(
     );
     assert_eq!(
         trips(&replica) - before,
-        2,
-        "the miss, then one confirming fresh read"
+        3,
+        "the miss, then one confirming fresh read, then one read of what the blocks are (a \
+         confirmation's is waited for, issue 36)"
     );
     // The blocks go away; the cached reading still says "all blocked".
     for &id in &ids {

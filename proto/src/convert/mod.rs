@@ -127,6 +127,7 @@ enum_pair!("reason", spb::NoneReason <=> NoneReason {
     AllBlocked <=> AllBlocked,
     AllExcluded <=> AllExcluded,
     BreakerOpen <=> BreakerOpen,
+    Confirming <=> Confirming,
 });
 
 enum_pair!("effect", spb::Effect <=> Effect {
@@ -266,7 +267,7 @@ pub use lease::{
 };
 pub use selection::{
     MAX_WINDOW_ACCOUNTS, MAX_WINDOW_READINGS, read_report_answer, read_windows_request,
-    report_answer, windows_request,
+    report_answer, select_response, windows_request,
 };
 pub use status::{read_status_answer, status_answer};
 pub use windows::{

@@ -4,6 +4,7 @@
 use poolgate_core::AccountId;
 use poolgate_core::account::{Account, Platform, Price, Secret};
 use poolgate_core::plan::{Effect, Plan, PlannedAccount, UsageRecord};
+use poolgate_core::select::NoneReason;
 use poolgate_core::windows::{MinuteLimit, Scope, WindowKind, WindowReading, WindowStatus};
 
 use super::{ConvertError, EnumField, credential_kind, effect, none_reason};
@@ -101,6 +102,21 @@ impl From<&Plan> for spb::SelectResponse {
             subscriptions_cli_only: plan.subscriptions_cli_only,
         }
     }
+}
+
+/// The answer to a select: the plan, said so that the asking relay can read it. A relay that
+/// did not set `reads_confirming` (older than `NONE_REASON_CONFIRMING`, whose decoding refuses
+/// an enum value it does not know as an unreadable plan) is told `all_blocked` instead, with the
+/// same short retry hint, which it waits for and then plans again: what the reason asks.
+pub fn select_response(plan: &Plan, reads_confirming: bool) -> spb::SelectResponse {
+    if reads_confirming || plan.none_reason != Some(NoneReason::Confirming) {
+        return spb::SelectResponse::from(plan);
+    }
+    let older = Plan {
+        none_reason: Some(NoneReason::AllBlocked),
+        ..plan.clone()
+    };
+    spb::SelectResponse::from(&older)
 }
 
 /// A plan read strictly: an account whose credential kind or platform the reader cannot read

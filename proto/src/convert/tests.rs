@@ -69,6 +69,7 @@ fn every_enum_round_trips() {
             NoneReason::AllBlocked,
             NoneReason::AllExcluded,
             NoneReason::BreakerOpen,
+            NoneReason::Confirming,
         ],
         known::<spb::NoneReason>(),
     );
@@ -162,6 +163,22 @@ fn a_none_reason_sent_twice_takes_the_enum_else_the_string_and_refuses_a_disagre
         "none_reason"
     );
     assert_eq!(none_reason(77, "").unwrap_err().field, "reason");
+    // Issue 36: the confirmation's reason, both ways (a relay that does not know the value is
+    // never sent it: `SelectRequest.reads_confirming`).
+    let confirming = spb::NoneReason::Confirming as i32;
+    assert_eq!(confirming, 6, "an added value, never renumbered");
+    assert_eq!(
+        none_reason(confirming, "confirming"),
+        Ok(Some(NoneReason::Confirming))
+    );
+    assert_eq!(
+        none_reason(0, "confirming"),
+        Ok(Some(NoneReason::Confirming))
+    );
+    assert_eq!(
+        none_reason(confirming, "all_blocked").unwrap_err().field,
+        "reason"
+    );
 }
 
 #[test]
@@ -996,4 +1013,39 @@ fn key_limits_round_trip_and_bad_ones_name_their_field() {
         let error = LeaseTerms::try_from(acquire).expect_err(field);
         assert_eq!(error.field, field);
     }
+}
+
+#[test]
+fn a_confirming_plan_is_said_as_all_blocked_to_a_relay_that_does_not_read_it() {
+    let confirming = Plan {
+        none_reason: Some(NoneReason::Confirming),
+        retry_after_ms: 250,
+        ..Plan::default()
+    };
+    let answer = select_response(&confirming, true);
+    let plan = Plan::try_from(answer).expect("readable");
+    assert_eq!(
+        (plan.none_reason, plan.retry_after_ms),
+        (Some(NoneReason::Confirming), 250)
+    );
+    // An older relay: a value it does not know is an unreadable plan to it (a selector error,
+    // as 77 is here); all_blocked with the same short hint is one it waits for, then plans again.
+    assert_eq!(none_reason(77, "").unwrap_err().field, "reason");
+    let older = select_response(&confirming, false);
+    #[allow(deprecated)]
+    let legacy = older.none_reason.clone();
+    assert_eq!(
+        (older.reason, legacy.as_str(), older.retry_after_ms),
+        (spb::NoneReason::AllBlocked as i32, "all_blocked", 250)
+    );
+    // Every other reason is said as it is, to either.
+    let blocked = Plan {
+        none_reason: Some(NoneReason::AllBlocked),
+        retry_after_ms: 90_000,
+        ..Plan::default()
+    };
+    assert_eq!(
+        select_response(&blocked, false),
+        select_response(&blocked, true)
+    );
 }

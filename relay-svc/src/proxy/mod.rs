@@ -315,6 +315,20 @@ impl Relay {
             }
             if plan.accounts.is_empty() {
                 let blocked_for = Duration::from_millis(plan.retry_after_ms);
+                let remaining = deadline.saturating_duration_since(Instant::now());
+                if plan.none_reason == Some(NoneReason::Confirming) && !remaining.is_zero() {
+                    // An account is out only while the selector confirms a suspicious answer:
+                    // its verdict may bring it back (a refreshed token) at any moment, so the
+                    // request joins the confirmation, planning again shortly until the verdict
+                    // or its deadline; a verdict that blocks the account ends it as below.
+                    let pause = if blocked_for.is_zero() {
+                        Duration::from_millis(poolgate_core::select::CONFIRMING_RETRY_MS)
+                    } else {
+                        blocked_for
+                    };
+                    tokio::time::sleep(pause.min(remaining)).await;
+                    continue;
+                }
                 if last_failure.is_none()
                     && !blocked_for.is_zero()
                     && blocked_for <= deadline.saturating_duration_since(Instant::now())
@@ -722,7 +736,8 @@ fn user_rpm_refusal(api: Api, denial: Denial) -> Answer {
 }
 
 /// The answer to a request whose plan is empty, from why: 404 for a model no account of the
-/// group allows, 503 otherwise (retry when the earliest block ends, at least a second on).
+/// group allows, 503 otherwise (retry when the earliest block ends, at least a second on; a
+/// confirmation still running at the request's deadline included).
 fn no_plan(api: Api, model: &str, plan: &Plan) -> Answer {
     let (kind, message) = match plan.none_reason.unwrap_or(NoneReason::NoAccounts) {
         NoneReason::ModelNotAllowed => (
@@ -733,7 +748,10 @@ fn no_plan(api: Api, model: &str, plan: &Plan) -> Answer {
             ErrorKind::Overloaded,
             "no account in your group serves this API".to_owned(),
         ),
-        reason @ (NoneReason::AllBlocked | NoneReason::AllExcluded | NoneReason::BreakerOpen) => (
+        reason @ (NoneReason::AllBlocked
+        | NoneReason::AllExcluded
+        | NoneReason::BreakerOpen
+        | NoneReason::Confirming) => (
             ErrorKind::Overloaded,
             format!(
                 "no capacity in the pool ({}); try again later",

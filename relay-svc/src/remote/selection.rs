@@ -366,6 +366,8 @@ impl Selection for RemoteSelection {
                 exclude_account_ids: request.exclude.clone(),
                 max_accounts: 0,
                 api_key_id: request.api_key_id,
+                // `NoneReason::Confirming` is read (`proxy/mod.rs` plans again on it).
+                reads_confirming: true,
             })
             .await;
         let answer = match answer {

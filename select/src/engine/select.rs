@@ -7,13 +7,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::confirmations::{keep_probe_windows, running_owner};
-use crate::health::{AccountHealth, BackendError, Breaker, BreakerChange};
+use crate::health::{AccountHealth, BackendError, Breaker, BreakerChange, HardBlock};
 use crate::load_cache::Reading;
 use crate::probe::{breaker_closes, probe_under_lease};
 use crate::windows_cache::Readings;
 use poolgate_core::account::{Account, AccountStatus, Platform, group_models};
 use poolgate_core::plan::{Plan, PlannedAccount};
-use poolgate_core::select::{Candidate, NoneReason, order_first};
+use poolgate_core::select::{CONFIRMING_RETRY_MS, Candidate, NoneReason, order_first};
 use poolgate_core::windows::{Assessment, Shed, Thresholds, WindowKind, assess, left_by_window};
 use tokio::time::Instant;
 
@@ -119,6 +119,9 @@ impl Selector {
             candidates = self.eligible(&included, &reading).await;
         }
         if candidates.is_empty() {
+            if self.confirming_among(&included, &reading).await {
+                return Ok(no_plan(NoneReason::Confirming, CONFIRMING_RETRY_MS));
+            }
             let mut earliest = u64::MAX;
             let mut all_breakers = true;
             for account in &included {
@@ -172,6 +175,9 @@ impl Selector {
             }
         });
         if candidates.is_empty() {
+            if self.confirming_among(&included, &reading).await {
+                return Ok(no_plan(NoneReason::Confirming, CONFIRMING_RETRY_MS));
+            }
             let retry_after_ms =
                 model_blocked_until.map_or(0, |until| u64::try_from(until - now).unwrap_or(0));
             return Ok(no_plan(NoneReason::AllBlocked, retry_after_ms));
@@ -229,6 +235,36 @@ impl Selector {
             subscriptions_cli_only: group.subscriptions_cli_only,
             ..Plan::default()
         })
+    }
+
+    /// Whether an account an empty plan left out for its hard block is out only while a
+    /// confirmation runs (the block is the "confirming" one, `confirmations.rs`), or was let
+    /// back since the reading (its block lifted: most often the verdict of one): it may serve
+    /// at any moment, so the plan says `Confirming` with a short retry hint and the relay plans
+    /// again (docs/DESIGN.md §6) instead of refusing the request for the block's length. Asked
+    /// only when a plan is empty; blocks unreadable: no (the reading's blocks answer as before).
+    async fn confirming_among(&self, accounts: &[&Arc<Account>], reading: &Reading) -> bool {
+        let hard: Vec<AccountId> = accounts
+            .iter()
+            .filter(|account| {
+                reading
+                    .get(account.id)
+                    .is_some_and(|health| health.hard_block_ms > 0)
+            })
+            .map(|account| account.id)
+            .collect();
+        if hard.is_empty() {
+            return false;
+        }
+        match self.health.hard_blocks(&hard).await {
+            Ok(blocks) => blocks
+                .iter()
+                .any(|block| matches!(block, HardBlock::Confirming | HardBlock::None)),
+            Err(error) => {
+                tracing::debug!(%error, "blocks not read; an empty plan names no confirmation");
+                false
+            }
+        }
     }
 
     /// Drops hard-blocked and breaker-open accounts; a half-open one stays only if this select

@@ -54,6 +54,17 @@ impl BlockInfo {
     }
 }
 
+/// An account's hard block as it stands now ([`Health::hard_blocks`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HardBlock {
+    /// None (lifted, or never set).
+    None,
+    /// The "confirming" block of a running confirmation (`confirmations.rs`).
+    Confirming,
+    /// Any other hard block.
+    Other,
+}
+
 /// What selection, outcomes and the admin API keep per account outside the config: blocks,
 /// breakers and unauthorized counts. Times are the store's clock (Redis `TIME`, or the
 /// process's).
@@ -110,6 +121,26 @@ pub trait Health: Send + Sync + 'static {
 
     /// Every hard, soft and breaker block among `ids`.
     async fn list_blocks(&self, ids: &[AccountId]) -> Result<Vec<BlockInfo>, BackendError>;
+
+    /// The hard block each of `ids` holds now, in the order asked: what an empty plan asks, to
+    /// tell a confirmation (or a block lifted since the reading) from a block (one round trip
+    /// on Redis).
+    async fn hard_blocks(&self, ids: &[AccountId]) -> Result<Vec<HardBlock>, BackendError> {
+        let blocks = self.list_blocks(ids).await?;
+        Ok(ids
+            .iter()
+            .map(|id| {
+                match blocks
+                    .iter()
+                    .find(|block| block.account_id == *id && block.kind == "hard")
+                {
+                    None => HardBlock::None,
+                    Some(block) if block.is_confirming() => HardBlock::Confirming,
+                    Some(_) => HardBlock::Other,
+                }
+            })
+            .collect())
+    }
 
     /// Hard-blocks an account while its confirmation runs; returns the value to lift it with.
     async fn block_confirming(

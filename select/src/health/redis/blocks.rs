@@ -6,9 +6,10 @@ use poolgate_runtime::keys::{self, AccountKeys};
 
 use super::RedisHealth;
 use crate::health::{
-    AccountHealth, BackendError, BlockInfo, Breaker, BreakerChange, Health, block_value,
+    AccountHealth, BackendError, BlockInfo, Breaker, BreakerChange, HardBlock, Health, block_value,
     breaker_reason, parse_block_value,
 };
+use poolgate_core::health::is_confirming_reason;
 use poolgate_core::{AccountId, now_ms};
 
 /// One account's pipelined reads: live leases, hard block PTTL, soft block PTTL,
@@ -302,6 +303,48 @@ impl Health for RedisHealth {
             }
         }
         Ok(blocks)
+    }
+
+    async fn hard_blocks(&self, ids: &[AccountId]) -> Result<Vec<HardBlock>, BackendError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let of = |value: Option<String>| match value {
+            None => HardBlock::None,
+            Some(value) if is_confirming_reason(&parse_block_value(&value).2) => {
+                HardBlock::Confirming
+            }
+            Some(_) => HardBlock::Other,
+        };
+        let values: Vec<Option<String>> = if self.redis.is_cluster() {
+            // A cluster pipeline must stay on one slot: one concurrent read per account.
+            let reads = ids.iter().map(|&id| async move {
+                let mut conn = self.redis.conn().await?;
+                let value: Option<String> = self
+                    .redis
+                    .bounded(
+                        redis::cmd("GET")
+                            .arg(AccountKeys::new(id).cooldown)
+                            .query_async(&mut conn),
+                    )
+                    .await?;
+                Ok::<_, BackendError>(value)
+            });
+            futures_util::future::try_join_all(reads).await?
+        } else {
+            let mut pipeline = redis::pipe();
+            for &id in ids {
+                pipeline.cmd("GET").arg(AccountKeys::new(id).cooldown);
+            }
+            let mut conn = self.redis.conn().await?;
+            self.redis.bounded(pipeline.query_async(&mut conn)).await?
+        };
+        if values.len() != ids.len() {
+            return Err(BackendError::Failed(
+                "hard block reply has the wrong length".into(),
+            ));
+        }
+        Ok(values.into_iter().map(of).collect())
     }
 
     async fn block_confirming(
