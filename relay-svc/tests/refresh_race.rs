@@ -10,11 +10,13 @@
 //! - A refusal of the old token that arrives after the refresh (a request that went out before
 //!   it) gets the new token, and no second refresh.
 //! - Issue 36 (5): requests that arrive while the confirmation runs join it. Ten requests started
-//!   over the confirmation of a revoked token (one at a time, a little apart), on a one-account
-//!   group over two relays and over one standalone relay, the race repeated `ROUNDS` times: the
-//!   plans made meanwhile say `confirming` with a short retry hint, the relays plan again, and
-//!   every request is served with the new token after one refresh (before the fix, 5 of the 10
-//!   got a 503 in every round). A verdict that blocks the account (the refresh refused) ends the
+//!   over the confirmation of a revoked token (two at once, then one at a time, a little apart),
+//!   on a one-account group over two relays and over one standalone relay, the race repeated
+//!   `ROUNDS` times: the plans made meanwhile say `confirming` with a short retry hint (or, from
+//!   a selector whose reading predates the block, include the account, which admission then
+//!   refuses for its cooldown), the relays plan again, and every request is served with the new
+//!   token after one refresh (before the fix, 5 of the 10 got a 503 in every round; with only
+//!   the empty plans joined, 2 of the 10 still did over two relays, refused for the cooldown). A verdict that blocks the account (the refresh refused) ends the
 //!   requests that joined the confirmation at once with the block's 503, and none of them
 //!   reached the upstream meanwhile.
 
@@ -260,10 +262,12 @@ async fn joining_the_confirmation(mode: Mode) {
             [Scripted::After(PROBE_TAKES, Box::new(revoked_answer()))],
         );
         let refreshes_before = pool.upstream.token_requests().len();
+        // The first two at once, one on each relay (distributed: each selector reads the
+        // account's health just before the confirming block), the others one after another.
         let calls = (0..REQUESTS).map(|n| {
             let pool = &pool;
             async move {
-                tokio::time::sleep(STAGGER * n as u32).await;
+                tokio::time::sleep(STAGGER * n.saturating_sub(1) as u32).await;
                 pool.send(n, "/v1/messages", &message(n)).await
             }
         });

@@ -345,6 +345,8 @@ impl Relay {
             // The key at its concurrency limit: no other account has room for it either, so
             // the request waits (below) instead of failing over.
             let mut key_full = false;
+            // Accounts tried, and refused for a hard block admission holds (`cooled`).
+            let (mut tried, mut cooled) = (0u32, 0u32);
             // count_tokens: the user's own rate once, before any account's cap is asked.
             if inbound.ungoverned && !user_charged {
                 if let Some(refusal) = self.charge_count_tokens(&inbound, &plan.accounts[0]).await {
@@ -357,6 +359,7 @@ impl Relay {
                     break;
                 }
                 acquires += 1;
+                tried += 1;
                 let terms = self.terms(&inbound, account, !user_charged, sticky && index == 0);
                 match self.leases.acquire(terms, Duration::ZERO).await {
                     Ok(Acquired::Granted(lease)) => {
@@ -380,6 +383,7 @@ impl Relay {
                         break;
                     }
                     Ok(Acquired::Denied(denial)) => {
+                        cooled += u32::from(denial.reason == DenyReason::Cooling);
                         self.metrics.failover(denial.reason.as_str(), "local");
                     }
                     Err(error) => {
@@ -387,6 +391,15 @@ impl Relay {
                         self.metrics.failover("admission_unavailable", "local");
                     }
                 }
+            }
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if leased.is_none() && cooled > 0 && cooled == tried && !remaining.is_zero() {
+                // Every account tried was hard-blocked after the selector read its health (a
+                // block reaches every selector within a second): plan again shortly, and the
+                // next plan says why (a confirmation is joined, as above).
+                let pause = Duration::from_millis(poolgate_core::select::CONFIRMING_RETRY_MS);
+                tokio::time::sleep(pause.min(remaining)).await;
+                continue;
             }
             if leased.is_none() && refused_all {
                 // Everything is merely full: wait on the best candidate (the plan's first: the
