@@ -254,7 +254,9 @@ async fn joining_the_confirmation(mode: Mode) {
             pool.upstream.set_claude_code_only(token);
         }
         pool.upstream.revoke(&access);
-        // The probe takes a while to come back (a real one does), the clients' refusals none.
+        // The usage endpoint answers a confirmation at once; without it the inference probe
+        // confirms, and takes a while to come back (a real one does), the clients' refusals none.
+        pool.upstream.set_usage_endpoints(false);
         pool.upstream
             .script_clients(&access, (0..2 * REQUESTS).map(|_| revoked_answer()));
         pool.upstream.script(
