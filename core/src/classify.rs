@@ -155,6 +155,21 @@ impl UpstreamError {
             .any(|opening| message.starts_with(opening))
     }
 
+    /// Anthropic's answer to a revoked OAuth token: a `permission_error` (or
+    /// `authentication_error`) whose *whole* message is "OAuth token has been revoked. Please
+    /// obtain a new token." (anthropics/claude-code #9635, Wei-Shaw/sub2api #342). Its type alone
+    /// would read as the request's refusal, so the revoked token would never be refreshed. The
+    /// message only makes the credential *suspected*: the selector confirms with the stored
+    /// token before anything is written (docs/SECURITY.md, "Health writes"), and an echo of
+    /// client input never matches a whole fixed message.
+    fn is_revoked_oauth_token(&self) -> bool {
+        let message = self.message.trim().to_ascii_lowercase();
+        matches!(
+            self.kind.as_deref(),
+            Some("permission_error" | "authentication_error")
+        ) && REVOKED_TOKEN_MESSAGES.contains(&message.as_str())
+    }
+
     /// `type` and `code`, reduced to a safe alphabet: fit for a status reason or a log line
     /// (never the message, which can carry client input).
     pub fn summary(&self) -> String {
@@ -216,6 +231,9 @@ pub fn refusal(error: Option<&UpstreamError>) -> Refusal {
     let Some(error) = error else {
         return Refusal::Unknown;
     };
+    if error.is_revoked_oauth_token() {
+        return Refusal::Credential;
+    }
     if let Some(code) = error.code.as_deref() {
         if CREDENTIAL_CODES.contains(&code) {
             return Refusal::Credential;
@@ -233,6 +251,13 @@ pub fn refusal(error: Option<&UpstreamError>) -> Refusal {
         _ => Refusal::Unknown,
     }
 }
+
+/// Anthropic's whole message for a revoked OAuth token, lowercase (the short form is the
+/// older one).
+const REVOKED_TOKEN_MESSAGES: &[&str] = &[
+    "oauth token has been revoked. please obtain a new token.",
+    "oauth token has been revoked.",
+];
 
 /// Error types and codes that mean "the account's money or plan is gone" (either provider).
 const BILLING: &[&str] = &[
@@ -517,6 +542,24 @@ mod tests {
                 r#"{"type":"error","error":{"type":"authentication_error","message":"OAuth token has been revoked. Please obtain a new token."}}"#,
                 OutcomeClass::Unauthorized,
                 "401",
+            ),
+            // What Anthropic answers a revoked OAuth token with today (anthropics/claude-code
+            // #9635, 2025-10-16; vybestack/llxprt-code #1123, 2026-01-13; Wei-Shaw/sub2api #342,
+            // 2026-01-20): a permission_error, read as the credential's by its whole message.
+            (
+                403,
+                &json,
+                r#"{"type":"error","error":{"type":"permission_error","message":"OAuth token has been revoked. Please obtain a new token."},"request_id":"req_011CX6Cwz8rJqKAK3zdtL3aC"}"#,
+                OutcomeClass::Unauthorized,
+                "401",
+            ),
+            // An echo of the same words with the client's around them is not it.
+            (
+                403,
+                &json,
+                r#"{"type":"error","error":{"type":"permission_error","message":"model: OAuth token has been revoked. Please obtain a new token."}}"#,
+                OutcomeClass::ClientError,
+                "refused",
             ),
             (
                 403,

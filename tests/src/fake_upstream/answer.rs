@@ -126,10 +126,7 @@ pub(super) async fn answer(
         .contains(&credential);
     // Who the caller is comes before how much it may use; what it asked for after.
     let refused_first = if revoked {
-        Some((
-            401,
-            json!({"type": "error", "error": {"type": "authentication_error", "message": "OAuth token has been revoked."}}),
-        ))
+        Some(revoked_answer(shape))
     } else {
         refused_subscription
     };
@@ -250,4 +247,21 @@ async fn respond(
         chunk_delay,
         Some(guard),
     )
+}
+
+/// A revoked token's refusal. Anthropic: 403 `permission_error` "OAuth token has been revoked.
+/// Please obtain a new token." (anthropics/claude-code #9635, 2025-10-16; vybestack/llxprt-code
+/// #1123, 2026-01-13; Wei-Shaw/sub2api #342, 2026-01-20). The OpenAI shapes: a 401
+/// `authentication_error` (no report of the ChatGPT backend's exact answer was found).
+pub(super) fn revoked_answer(shape: Shape) -> (u16, Value) {
+    match shape {
+        Shape::Anthropic => (
+            403,
+            json!({"type": "error", "error": {"type": "permission_error", "message": "OAuth token has been revoked. Please obtain a new token."}}),
+        ),
+        Shape::Chat | Shape::Responses => (
+            401,
+            json!({"type": "error", "error": {"type": "authentication_error", "message": "OAuth token has been revoked."}}),
+        ),
+    }
 }

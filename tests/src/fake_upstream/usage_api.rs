@@ -32,7 +32,11 @@ fn now_ms() -> i64 {
 }
 
 /// The bearer token, counted; `Err`: the refusal to give.
-fn admit(state: &FakeState, headers: &HeaderMap, refusal: Value) -> Result<String, Box<Response>> {
+fn admit(
+    state: &FakeState,
+    headers: &HeaderMap,
+    refusal: (u16, Value),
+) -> Result<String, Box<Response>> {
     let token = credential(headers);
     *state
         .usage_calls
@@ -60,7 +64,11 @@ fn admit(state: &FakeState, headers: &HeaderMap, refusal: Value) -> Result<Strin
     }
     if token.is_empty() || revoked {
         return Err(Box::new(
-            (StatusCode::UNAUTHORIZED, axum::Json(refusal)).into_response(),
+            (
+                StatusCode::from_u16(refusal.0).unwrap_or(StatusCode::UNAUTHORIZED),
+                axum::Json(refusal.1),
+            )
+                .into_response(),
         ));
     }
     Ok(token)
@@ -77,7 +85,8 @@ pub(super) async fn claude_usage(
     State(state): State<Arc<FakeState>>,
     headers: HeaderMap,
 ) -> Response {
-    let refusal = json!({"type": "error", "error": {"type": "authentication_error", "message": "OAuth token has been revoked. Please obtain a new token."}});
+    // As the Messages API answers a revoked token (no report of this endpoint's own answer).
+    let refusal = super::answer::revoked_answer(super::answer::Shape::Anthropic);
     let token = match admit(&state, &headers, refusal) {
         Ok(token) => token,
         Err(refused) => return *refused,
@@ -116,7 +125,7 @@ pub(super) async fn chatgpt_usage(
     headers: HeaderMap,
 ) -> Response {
     let refusal = json!({"error": {"message": "Your authentication token has been invalidated. Please try signing in again.", "type": "invalid_request_error", "code": "token_invalidated", "param": null}});
-    let token = match admit(&state, &headers, refusal) {
+    let token = match admit(&state, &headers, (401, refusal)) {
         Ok(token) => token,
         Err(refused) => return *refused,
     };
