@@ -109,6 +109,33 @@ async fn codex(bin: &Path, relay: &str, key: &str) -> (bool, String) {
     .await
 }
 
+/// A selector, an admission replica and a relay over `backends` (the distributed mode), served
+/// on free ports; keep the `Distributed` for as long as they should run.
+struct Distributed {
+    relay: String,
+    _selector: selector_svc::server::Built,
+    _admission: std::sync::Arc<poolgate_lease::LeaseEngine>,
+}
+
+async fn distributed(backends: &common::Backends) -> Distributed {
+    let (selector, selector_addr) = common::selector(backends).await.expect("selector starts");
+    let (admission, admission_addr) = common::admission(&backends.redis.url(), Default::default())
+        .await
+        .expect("admission starts");
+    let addr = common::relay(
+        vec![format!("http://{selector_addr}")],
+        vec![format!("http://{admission_addr}")],
+        RelaySettings::default(),
+    )
+    .await
+    .expect("relay starts");
+    Distributed {
+        relay: format!("http://{addr}"),
+        _selector: selector,
+        _admission: admission,
+    }
+}
+
 fn header<'a>(request: &'a SeenRequest, name: &str) -> Option<&'a str> {
     request.headers.get(name).and_then(|v| v.to_str().ok())
 }
@@ -223,18 +250,8 @@ async fn claude_code_and_codex_work_through_the_distributed_relay() {
         .create_api_key("cli", "cli", "default", 0)
         .await
         .expect("key");
-    let (_selector, selector_addr) = common::selector(&backends).await.expect("selector starts");
-    let (_admission, admission_addr) = common::admission(&backends.redis.url(), Default::default())
-        .await
-        .expect("admission starts");
-    let addr = common::relay(
-        vec![format!("http://{selector_addr}")],
-        vec![format!("http://{admission_addr}")],
-        RelaySettings::default(),
-    )
-    .await
-    .expect("relay starts");
-    let relay = format!("http://{addr}");
+    let stack = distributed(&backends).await;
+    let relay = stack.relay.clone();
     let key = key.expose().to_owned();
     let (ok, stdout) = claude_code(&bin, &relay, &key).await;
     assert!(ok, "claude -p exits 0");
@@ -304,18 +321,8 @@ async fn codex_works_through_a_chatgpt_subscription_account_in_both_modes() {
         .create_api_key("cli", "cli", "default", 0)
         .await
         .expect("key");
-    let (_selector, selector_addr) = common::selector(&backends).await.expect("selector starts");
-    let (_admission, admission_addr) = common::admission(&backends.redis.url(), Default::default())
-        .await
-        .expect("admission starts");
-    let addr = common::relay(
-        vec![format!("http://{selector_addr}")],
-        vec![format!("http://{admission_addr}")],
-        RelaySettings::default(),
-    )
-    .await
-    .expect("relay starts");
-    let (ok, stdout) = codex(&bin, &format!("http://{addr}"), key.expose()).await;
+    let stack = distributed(&backends).await;
+    let (ok, stdout) = codex(&bin, &stack.relay, key.expose()).await;
     assert!(ok, "codex exec exits 0 (distributed)");
     assert!(stdout.contains("Hello there."), "{stdout}");
     check_codex_on_chatgpt(&upstream.seen_requests());
@@ -540,22 +547,10 @@ mod transparency {
             .create_api_key("cli-sub", "cli", "sub", 0)
             .await
             .expect("key");
-        let (_selector, selector_addr) =
-            common::selector(&backends).await.expect("selector starts");
-        let (_admission, admission_addr) =
-            common::admission(&backends.redis.url(), Default::default())
-                .await
-                .expect("admission starts");
-        let addr = common::relay(
-            vec![format!("http://{selector_addr}")],
-            vec![format!("http://{admission_addr}")],
-            RelaySettings::default(),
-        )
-        .await
-        .expect("relay starts");
+        let stack = distributed(&backends).await;
         check_all(
             &bin,
-            &format!("http://{addr}"),
+            &stack.relay,
             &upstream,
             [api_key_client.expose(), subscription_client.expose()],
         )

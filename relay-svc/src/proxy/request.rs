@@ -72,10 +72,11 @@ const ANTHROPIC_HEADERS: [&str; 6] = [
 ];
 const ANTHROPIC_PREFIXES: [&str; 1] = ["x-claude-code-"];
 
-/// The OpenAI API's own, and Codex's (`x-codex-*` as a prefix, as Claude Code's above).
-const OPENAI_HEADERS: [&str; 9] = [
-    "openai-beta",
-    "idempotency-key",
+/// Codex's (`x-codex-*` as a prefix, as Claude Code's above): to the OpenAI API and the ChatGPT
+/// backend alike. Codex 0.171 signed in with ChatGPT sends these and `chatgpt-account-id`, which
+/// the relay sets from the account's token; a client that names no session gets the relay's
+/// session hash as `session-id` on the ChatGPT backend.
+const CODEX_HEADERS: [&str; 7] = [
     "originator",
     "session-id",
     "session_id",
@@ -86,18 +87,8 @@ const OPENAI_HEADERS: [&str; 9] = [
 ];
 const CODEX_PREFIXES: [&str; 1] = ["x-codex-"];
 
-/// What the ChatGPT backend gets from Codex as sent (Codex 0.171 signed in with ChatGPT sends
-/// these and `chatgpt-account-id`, which the relay sets from the account's token); a client that
-/// names no session gets the relay's session hash as `session-id`.
-const CHATGPT_HEADERS: [&str; 7] = [
-    "originator",
-    "session-id",
-    "session_id",
-    "thread-id",
-    "x-client-request-id",
-    "x-openai-subagent",
-    "x-openai-internal-codex-responses-lite",
-];
+/// The OpenAI API's own (never to the ChatGPT backend, which Codex sends neither).
+const OPENAI_HEADERS: [&str; 2] = ["openai-beta", "idempotency-key"];
 
 /// Query parameters passed upstream: Claude Code's `?beta=true` to Anthropic, nothing else.
 const ANTHROPIC_QUERY: [&str; 1] = ["beta"];
@@ -108,11 +99,11 @@ const ANTHROPIC_QUERY: [&str; 1] = ["beta"];
 pub fn passes_upstream(upstream: Upstream, name: &str) -> bool {
     let (names, prefixes): (&[&str], &[&str]) = match upstream {
         Upstream::Anthropic => (&ANTHROPIC_HEADERS, &ANTHROPIC_PREFIXES),
-        Upstream::OpenAi => (&OPENAI_HEADERS, &CODEX_PREFIXES),
-        Upstream::ChatGpt => (&CHATGPT_HEADERS, &CODEX_PREFIXES),
+        Upstream::OpenAi | Upstream::ChatGpt => (&CODEX_HEADERS, &CODEX_PREFIXES),
     };
     COMMON_HEADERS.contains(&name)
         || names.contains(&name)
+        || (upstream == Upstream::OpenAi && OPENAI_HEADERS.contains(&name))
         || prefixes.iter().any(|p| name.starts_with(p))
         || (upstream != Upstream::ChatGpt && STAINLESS_HEADERS.contains(&name))
 }
