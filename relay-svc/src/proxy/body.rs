@@ -1,8 +1,9 @@
 //! A client's JSON request as the relay needs it: the top-level members as raw text, in order,
 //! parsed only where the relay reads them (model, stream, system, metadata, ids), and written
-//! back with the documented rewrites without building a DOM of the payload. A 30 MB request
-//! costs about its size twice (the bytes read and the raw members), and once more while the
-//! rewritten copy is on its way upstream.
+//! back with the documented rewrites without building a DOM of the payload; the body an
+//! account gets (`upstream_body`: the client's bytes, spliced only where DESIGN §6 says). A
+//! 30 MB request costs about its size twice (the bytes read and the raw members), and once more
+//! while the rewritten copy is on its way upstream.
 
 use std::fmt;
 use std::ops::Range;
@@ -11,6 +12,13 @@ use serde::de::{DeserializeOwned, DeserializeSeed, IgnoredAny, MapAccess, SeqAcc
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 use serde_json::value::RawValue;
+
+use bytes::Bytes;
+use poolgate_core::account::CredentialKind;
+
+use super::Inbound;
+use crate::client_api::Api;
+use crate::ports::PlannedAccount;
 
 /// The top level of a JSON object: each member's raw text.
 #[derive(Debug, Default)]
@@ -345,6 +353,74 @@ impl<'de> Visitor<'de> for SessionTurns {
     fn visit_unit<E>(self) -> Result<Value, E> {
         Ok(Value::Null)
     }
+}
+
+/// The body `account` gets: the client's bytes, with only what DESIGN §6 lists changed — the
+/// account's model mapping (`model`'s value), a ChatGPT subscription's `store: false` and
+/// `stream: true` where the client's value differs (the backend keeps nothing and always
+/// streams; a non-streaming client's answer is folded from the stream), and an OpenAI chat
+/// stream's `stream_options.include_usage` on an account that asks for usage. Every other byte
+/// is the client's (`body::splice`).
+pub(super) fn upstream_body(inbound: &Inbound, account: &PlannedAccount) -> Bytes {
+    let top = &inbound.top;
+    let mut changes: Vec<(&str, String)> = Vec::new();
+    if account.mapped_model != inbound.model {
+        changes.push((
+            "model",
+            Value::String(account.mapped_model.clone()).to_string(),
+        ));
+    }
+    if account.credential_kind == CredentialKind::ChatGptOAuth {
+        if top.bool("store") != Some(false) {
+            changes.push(("store", "false".into()));
+        }
+        if top.bool("stream") != Some(true) {
+            changes.push(("stream", "true".into()));
+        }
+    }
+    if asks_stream_usage(inbound, account) {
+        let options = match top.value("stream_options") {
+            Some(Value::Object(mut options)) => {
+                options.insert("include_usage".into(), Value::Bool(true));
+                Value::Object(options)
+            }
+            _ => serde_json::json!({"include_usage": true}),
+        };
+        changes.push(("stream_options", options.to_string()));
+    }
+    if changes.is_empty() {
+        return inbound.body.clone();
+    }
+    match splice(&inbound.body, &changes) {
+        Some(body) => Bytes::from(body),
+        // `TopLevel::parse` took these bytes as an object, so this does not happen; were it
+        // to, the object is rebuilt with the changes rather than sent without them.
+        None => {
+            let mut object: serde_json::Map<String, Value> =
+                serde_json::from_slice(&inbound.body).unwrap_or_default();
+            for (name, raw) in changes {
+                if let Ok(value) = serde_json::from_str(&raw) {
+                    object.insert(name.to_owned(), value);
+                }
+            }
+            Bytes::from(Value::Object(object).to_string())
+        }
+    }
+}
+
+/// An OpenAI chat stream whose client did not ask for usage, on an account that allows asking:
+/// the relay asks the upstream for it (so streamed spend is recorded) and strips it from what
+/// the client gets.
+pub(super) fn asks_stream_usage(inbound: &Inbound, account: &PlannedAccount) -> bool {
+    inbound.api == Api::OpenAi
+        && inbound.path == "/v1/chat/completions"
+        && inbound.stream
+        && account.stream_usage
+        && inbound
+            .top
+            .value("stream_options")
+            .and_then(|options| options.get("include_usage").and_then(Value::as_bool))
+            != Some(true)
 }
 
 #[cfg(test)]

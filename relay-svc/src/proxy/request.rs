@@ -6,13 +6,11 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use poolgate_core::account::{CredentialKind, chatgpt_account_id};
 use poolgate_core::upstream::{chatgpt_responses_url, upstream_url};
-use serde_json::Value;
 
-use super::body::splice;
+use super::body;
 use super::{Inbound, Relay};
 use crate::client_api::Api;
 use crate::ports::PlannedAccount;
@@ -304,60 +302,7 @@ impl Relay {
         if !inbound.headers.contains_key(http::header::CONTENT_TYPE) {
             request = request.header(http::header::CONTENT_TYPE, "application/json");
         }
-        request.body(upstream_body(inbound, account))
-    }
-}
-
-/// The body `account` gets: the client's bytes, with only what DESIGN §6 lists changed — the
-/// account's model mapping (`model`'s value), a ChatGPT subscription's `store: false` and
-/// `stream: true` where the client's value differs (the backend keeps nothing and always
-/// streams; a non-streaming client's answer is folded from the stream), and an OpenAI chat
-/// stream's `stream_options.include_usage` on an account that asks for usage. Every other byte
-/// is the client's (`body::splice`).
-pub(super) fn upstream_body(inbound: &Inbound, account: &PlannedAccount) -> Bytes {
-    let top = &inbound.top;
-    let mut changes: Vec<(&str, String)> = Vec::new();
-    if account.mapped_model != inbound.model {
-        changes.push((
-            "model",
-            Value::String(account.mapped_model.clone()).to_string(),
-        ));
-    }
-    if account.credential_kind == CredentialKind::ChatGptOAuth {
-        if top.bool("store") != Some(false) {
-            changes.push(("store", "false".into()));
-        }
-        if top.bool("stream") != Some(true) {
-            changes.push(("stream", "true".into()));
-        }
-    }
-    if asks_stream_usage(inbound, account) {
-        let options = match top.value("stream_options") {
-            Some(Value::Object(mut options)) => {
-                options.insert("include_usage".into(), Value::Bool(true));
-                Value::Object(options)
-            }
-            _ => serde_json::json!({"include_usage": true}),
-        };
-        changes.push(("stream_options", options.to_string()));
-    }
-    if changes.is_empty() {
-        return inbound.body.clone();
-    }
-    match splice(&inbound.body, &changes) {
-        Some(body) => Bytes::from(body),
-        // `TopLevel::parse` took these bytes as an object, so this does not happen; were it
-        // to, the object is rebuilt with the changes rather than sent without them.
-        None => {
-            let mut object: serde_json::Map<String, Value> =
-                serde_json::from_slice(&inbound.body).unwrap_or_default();
-            for (name, raw) in changes {
-                if let Ok(value) = serde_json::from_str(&raw) {
-                    object.insert(name.to_owned(), value);
-                }
-            }
-            Bytes::from(Value::Object(object).to_string())
-        }
+        request.body(body::upstream_body(inbound, account))
     }
 }
 
@@ -395,21 +340,6 @@ pub(super) fn from_platform_cli(inbound: &Inbound) -> bool {
         Api::Anthropic => header("user-agent").starts_with("claude-cli/"),
         Api::OpenAi => header("originator").starts_with("codex_"),
     }
-}
-
-/// An OpenAI chat stream whose client did not ask for usage, on an account that allows asking:
-/// the relay asks the upstream for it (so streamed spend is recorded) and strips it from what
-/// the client gets.
-pub(super) fn asks_stream_usage(inbound: &Inbound, account: &PlannedAccount) -> bool {
-    inbound.api == Api::OpenAi
-        && inbound.path == "/v1/chat/completions"
-        && inbound.stream
-        && account.stream_usage
-        && inbound
-            .top
-            .value("stream_options")
-            .and_then(|options| options.get("include_usage").and_then(Value::as_bool))
-            != Some(true)
 }
 
 /// `x-request-id` of every response.

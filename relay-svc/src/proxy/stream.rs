@@ -12,9 +12,9 @@ use poolgate_core::classify::{UpstreamError, classify_stream_error, network_fail
 use poolgate_core::outcome::OutcomeClass;
 use tokio::sync::mpsc;
 
+use super::body::asks_stream_usage;
 use super::call::{Answered, gone};
 use super::finish::Finish;
-use super::request::asks_stream_usage;
 use super::{Answer, Body, Called, Inbound, Relay, UpstreamTime};
 use crate::client_api::{Api, ErrorKind, RelayError};
 use crate::ports::{Lease, PlannedAccount};
