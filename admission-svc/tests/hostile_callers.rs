@@ -326,6 +326,7 @@ fn channel_acquire(tag: u64, account: i64) -> pb::ChannelRequest {
                 ..Default::default()
             })),
         })),
+        ..Default::default()
     }
 }
 

@@ -305,6 +305,7 @@ async fn bad_input_in_one_tag_ends_it_with_code_3_naming_the_field_while_the_oth
                 kind: Some(pb::channel_request::Kind::Request(pb::LeaseRequest {
                     kind: None
                 })),
+                ..Default::default()
             })
             .await
     );
@@ -464,8 +465,12 @@ async fn a_malformed_channel_message_fails_the_channel_and_orphans_its_leases() 
         pb::ChannelRequest {
             tag: 0,
             kind: Some(pb::channel_request::Kind::Close(pb::ChannelClose {})),
+            ..Default::default()
         },
-        pb::ChannelRequest { tag: 5, kind: None },
+        pb::ChannelRequest {
+            tag: 5,
+            ..Default::default()
+        },
     ] {
         let mut channel = LeaseChannel::open(&server.client).await;
         assert!(channel.acquire(1, acquire(account, 10)).await.is_granted());

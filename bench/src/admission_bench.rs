@@ -298,6 +298,7 @@ impl SharedChannel {
         let request = |kind| pb::ChannelRequest {
             tag,
             kind: Some(pb::channel_request::Kind::Request(message(kind))),
+            ..Default::default()
         };
         let start = Instant::now();
         let acquire = pb::Acquire {

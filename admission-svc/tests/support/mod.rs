@@ -519,6 +519,7 @@ impl LeaseChannel {
         self.send_raw(pb::ChannelRequest {
             tag,
             kind: Some(pb::channel_request::Kind::Request(request(kind))),
+            ..Default::default()
         })
         .await
     }
@@ -528,6 +529,7 @@ impl LeaseChannel {
         self.send_raw(pb::ChannelRequest {
             tag,
             kind: Some(pb::channel_request::Kind::Close(pb::ChannelClose {})),
+            ..Default::default()
         })
         .await
     }

@@ -326,6 +326,7 @@ impl Conn {
         let close = apb::ChannelRequest {
             tag,
             kind: Some(apb::channel_request::Kind::Close(apb::ChannelClose {})),
+            trace_context: Default::default(),
         };
         if let Err(mpsc::error::TrySendError::Full(close)) = self.writer.try_send(close)
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
@@ -385,6 +386,7 @@ impl Requests {
             .send(apb::ChannelRequest {
                 tag: self.tag,
                 kind: Some(apb::channel_request::Kind::Request(request)),
+                trace_context: Default::default(),
             })
             .await
             .map_err(|_| Status::unavailable("lease channel closed"))
