@@ -2,6 +2,7 @@
 //! `poolgate_proto::convert`), call the engine, encode the answer. The only module of this
 //! service that touches generated proto types.
 
+use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -14,6 +15,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::error::{invalid, status};
 use poolgate_core::AccountId;
+use poolgate_core::lease::{ChannelRequest, ChannelTag};
 use poolgate_core::money::micros_to_usd;
 use poolgate_lease::LeaseEngine;
 use poolgate_lease::channel::{
@@ -38,16 +40,50 @@ impl AdmissionGrpc {
 
 /// A lease channel message as the channel server reads it: validated as a lease stream's (bad
 /// input in the conversation's request names its field), a malformed channel message fails the
-/// channel.
+/// channel. A message that opens a conversation (`Acquire`, `Resume`) with the trace context of
+/// its request gets the conversation's span, a child of that request's span: one client request
+/// is one trace on the channel as on a `Lease` stream.
 fn channel_inbound(item: Result<pb::ChannelRequest, Status>) -> ChannelInbound {
     match item {
-        Ok(request) => match convert::channel_request(request) {
-            Ok((tag, asked)) => ChannelInbound::Tagged(tag, asked.map_err(invalid)),
-            Err(error) => ChannelInbound::Malformed(invalid(error)),
-        },
+        Ok(mut request) => {
+            let carried = std::mem::take(&mut request.trace_context);
+            match convert::channel_request(request) {
+                Ok((tag, asked)) => {
+                    let opens = matches!(
+                        asked,
+                        Ok(ChannelRequest::Message(
+                            ClientMessage::Acquire { .. } | ClientMessage::Resume { .. }
+                        ))
+                    );
+                    let span = if opens && !carried.is_empty() {
+                        conversation_span(tag, &carried)
+                    } else {
+                        tracing::Span::none()
+                    };
+                    ChannelInbound::Tagged {
+                        tag,
+                        asked: asked.map_err(invalid),
+                        span,
+                    }
+                }
+                Err(error) => ChannelInbound::Malformed(invalid(error)),
+            }
+        }
         // The holder's side broke (reset, cancelled, bad frame): every conversation is gone.
         Err(_) => ChannelInbound::Broken,
     }
+}
+
+/// The span one lease conversation runs in: named as a `Lease` stream's server span (the
+/// conversation is exactly one), parented on the request's carried trace context.
+fn conversation_span(tag: ChannelTag, carried: &HashMap<String, String>) -> tracing::Span {
+    let span = tracing::info_span!(
+        "grpc.server",
+        rpc.method = "/poolgate.admission.v1.Admission/LeaseChannel",
+        lease.tag = tag.get(),
+    );
+    poolgate_rpc::telemetry::span_with_parent(&span, carried);
+    span
 }
 
 /// One conversation's item as the channel's wire message; an error carries the code a lease

@@ -11,12 +11,17 @@
 //! conversation ends only that one; a malformed channel message fails the channel. The
 //! conversations open on one channel are bounded ([`ChannelSettings::max_conversations`]): a
 //! tag over it is answered `Exhausted` and ended at once.
+//!
+//! Tracing: the message that opens a conversation brings the span the conversation runs in (the
+//! transport makes it a child of the request the lease serves), so admission's work for a lease
+//! belongs to that request's trace, not to the channel's.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures_util::{Stream, StreamExt};
 use tokio::sync::mpsc;
+use tracing::Instrument;
 
 use crate::LeaseEngine;
 use crate::error::LeaseError;
@@ -49,8 +54,13 @@ impl Default for ChannelSettings {
 /// An inbound item of a lease channel.
 pub enum ChannelInbound {
     /// One conversation's message or close, or bad input in its request (which ends that
-    /// conversation with the error).
-    Tagged(ChannelTag, Result<ChannelRequest, LeaseError>),
+    /// conversation with the error). `span`: where the conversation runs when this message opens
+    /// it (`Span::none()`: nowhere in particular); ignored otherwise.
+    Tagged {
+        tag: ChannelTag,
+        asked: Result<ChannelRequest, LeaseError>,
+        span: tracing::Span,
+    },
     /// A malformed channel message (no tag, no kind): the channel fails with this error.
     Malformed(LeaseError),
     /// The channel broke (the holder went away).
@@ -148,8 +158,8 @@ pub async fn serve_channel(
             _ = out.closed() => break,
         };
         match item {
-            Some(ChannelInbound::Tagged(tag, asked)) => {
-                match route(&admission, &open, &out, &settings, tag, asked) {
+            Some(ChannelInbound::Tagged { tag, asked, span }) => {
+                match route(&admission, &open, &out, &settings, tag, asked, span) {
                     Route::Deliver(sender, item) => {
                         // A conversation that ended meanwhile drops its message: the holder
                         // sent it before reading the end.
@@ -195,6 +205,7 @@ fn route(
     settings: &ChannelSettings,
     tag: ChannelTag,
     asked: Result<ChannelRequest, LeaseError>,
+    span: tracing::Span,
 ) -> Route {
     let mut conversations = lock(open);
     let item = match asked {
@@ -236,7 +247,9 @@ fn route(
                 tag,
                 out: out.clone(),
             };
-            tokio::spawn(converse(admission.clone(), receiver, sink, open.clone()));
+            tokio::spawn(
+                converse(admission.clone(), receiver, sink, open.clone()).instrument(span),
+            );
             return Route::Done;
         }
     };

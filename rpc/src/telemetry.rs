@@ -2,14 +2,17 @@
 //! OpenTelemetry spans exported over OTLP when the standard `OTEL_EXPORTER_OTLP_ENDPOINT` is set
 //! (off otherwise). W3C trace context travels in gRPC metadata: [`TraceLayer`] continues it on
 //! every gRPC server, [`Inject`] adds it on the relay's clients, so one client request is one
-//! trace across relay, selector and admission.
+//! trace across relay, selector and admission. Where one gRPC stream carries many requests' work
+//! (a lease channel), each message carries its request's context itself: [`context_map`] writes
+//! it, [`span_with_parent`] continues it.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use opentelemetry::propagation::{Extractor, Injector};
-use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::trace::{TraceContextExt as _, TracerProvider as _};
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::layer::SubscriberExt;
@@ -197,5 +200,30 @@ where
             propagator.inject_context(&context, &mut HeaderInjector(request.headers_mut()))
         });
         self.inner.call(request)
+    }
+}
+
+/// The current span's W3C trace context as a message field carries it (`traceparent`, and
+/// `tracestate` when there is one); empty when the current span belongs to no exported trace, so
+/// a process that exports nothing sends nothing.
+pub fn context_map() -> HashMap<String, String> {
+    let context = tracing::Span::current().context();
+    let mut map = HashMap::new();
+    opentelemetry::global::get_text_map_propagator(|propagator| {
+        propagator.inject_context(&context, &mut map)
+    });
+    map
+}
+
+/// Makes `span` a child of the trace context a message carried ([`context_map`]'s). A context
+/// that is empty or does not parse leaves `span` where it was.
+pub fn span_with_parent(span: &tracing::Span, carried: &HashMap<String, String>) {
+    if carried.is_empty() {
+        return;
+    }
+    let parent =
+        opentelemetry::global::get_text_map_propagator(|propagator| propagator.extract(carried));
+    if parent.span().span_context().is_valid() {
+        let _ = span.set_parent(parent);
     }
 }

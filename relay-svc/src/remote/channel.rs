@@ -31,6 +31,7 @@ use tonic::transport::Endpoint;
 
 use super::Traced;
 use super::balancer::ReplicaSet;
+use super::leases::TraceContext;
 use crate::metrics::Metrics;
 
 /// Requests queued toward one channel before a sender waits for the stream to take them.
@@ -97,9 +98,14 @@ impl Channels {
         })
     }
 
-    /// Starts a conversation whose first message is `first`, or hands `first` back when
-    /// admission does not serve the channel (the caller opens a `Lease` stream instead).
-    pub async fn start(&self, first: apb::lease_request::Kind) -> Result<Started, Status> {
+    /// Starts a conversation whose first message is `first`, carrying `trace` (the request's
+    /// trace context), or hands `first` back when admission does not serve the channel (the
+    /// caller opens a `Lease` stream instead).
+    pub async fn start(
+        &self,
+        first: apb::lease_request::Kind,
+        trace: &TraceContext,
+    ) -> Result<Started, Status> {
         if self.falling_back() {
             return Ok(Started::NotServed(first));
         }
@@ -133,7 +139,7 @@ impl Channels {
                 over: false,
             };
             requests
-                .send(super::leases::message(first))
+                .send(super::leases::message(first), trace.clone())
                 .await
                 .map_err(|_| Status::unavailable("lease channel closed"))?;
             return Ok(Started::On(requests, events));
@@ -377,7 +383,14 @@ pub struct Requests {
 }
 
 impl Requests {
-    pub async fn send(&self, request: apb::LeaseRequest) -> Result<(), Status> {
+    /// Sends `request` with `trace`, the trace context of the request the lease serves (given
+    /// with an acquire, a resume, a release; empty otherwise): the channel's own gRPC metadata is
+    /// the channel's, not the request's.
+    pub async fn send(
+        &self,
+        request: apb::LeaseRequest,
+        trace: TraceContext,
+    ) -> Result<(), Status> {
         if self.conn.is_broken() {
             return Err(Status::unavailable("lease channel broke"));
         }
@@ -386,7 +399,7 @@ impl Requests {
             .send(apb::ChannelRequest {
                 tag: self.tag,
                 kind: Some(apb::channel_request::Kind::Request(request)),
-                trace_context: Default::default(),
+                trace_context: trace,
             })
             .await
             .map_err(|_| Status::unavailable("lease channel closed"))

@@ -11,7 +11,7 @@ use poolgate_proto::admission::v1 as apb;
 use poolgate_proto::convert::EnumField;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::leases::{Events, Link, Requests, acquire_pb, message};
+use super::leases::{Events, Link, Requests, TraceContext, acquire_pb, message};
 use crate::metrics::Metrics;
 use crate::ports::{BackendError, Lease};
 
@@ -24,6 +24,7 @@ pub(super) fn spawn(
     sender: Requests,
     events: Events,
     metrics: Metrics,
+    trace: TraceContext,
 ) -> RemoteLease {
     let (commands, receiver) = mpsc::channel(4);
     let (lost, lost_signal) = watch::channel(false);
@@ -34,6 +35,7 @@ pub(super) fn spawn(
         ttl: Duration::from_millis(u64::from(granted.ttl_ms.max(300))),
         metrics,
         lost,
+        trace,
     };
     tokio::spawn(keeper.run(sender, events, receiver));
     RemoteLease {
@@ -57,6 +59,8 @@ struct Keeper {
     metrics: Metrics,
     /// Set when the lease is gone for good (see `Lease::lost`).
     lost: watch::Sender<bool>,
+    /// The request's trace context, sent with the resumes and the release.
+    trace: TraceContext,
 }
 
 impl Keeper {
@@ -116,7 +120,7 @@ impl Keeper {
                         // The holder dropped the lease without releasing: release it now.
                         None => (apb::lease_request::Kind::Release(apb::Release { spend_usd: 0.0, tokens: 0 }), Reply::Dropped),
                     };
-                    let sent = sender.send(message(kind)).await.is_ok();
+                    let sent = sender.send_traced(message(kind), &self.trace).await.is_ok();
                     let answer = if sent { self.await_answer(events).await } else { None };
                     match reply {
                         Reply::Attempt(reply) => {
@@ -215,7 +219,7 @@ impl Keeper {
                 lease_id: self.lease_id.clone(),
                 terms: Some(acquire_pb(&self.terms, Duration::ZERO)),
             };
-            match self.link.resume(resume).await {
+            match self.link.resume(resume, &self.trace).await {
                 Ok((sender, events, Ok(_))) => {
                     tracing::info!(lease_id = %self.lease_id, "lease resumed after its stream broke");
                     self.metrics.leases_resumed.inc();

@@ -86,15 +86,31 @@ pub(super) enum Requests {
 
 impl Requests {
     pub(super) async fn send(&self, request: apb::LeaseRequest) -> Result<(), tonic::Status> {
+        self.send_traced(request, &TraceContext::new()).await
+    }
+
+    /// Sends `request` with the trace context of the request the lease serves: in the message
+    /// on a lease channel; a `Lease` stream carries it in its metadata already.
+    pub(super) async fn send_traced(
+        &self,
+        request: apb::LeaseRequest,
+        trace: &TraceContext,
+    ) -> Result<(), tonic::Status> {
         match self {
             Requests::Stream(sender) => sender
                 .send(request)
                 .await
                 .map_err(|_| tonic::Status::unavailable("lease stream closed")),
-            Requests::Channel(requests) => requests.send(request).await,
+            Requests::Channel(requests) => requests.send(request, trace.clone()).await,
         }
     }
 }
+
+/// The W3C trace context of the client request a lease serves (`traceparent`, `tracestate`),
+/// taken when the acquire starts, sent with the lease's acquire, resumes and release on a lease
+/// channel, so admission's spans for the lease join the request's trace. Empty when nothing is
+/// traced.
+pub(crate) type TraceContext = std::collections::HashMap<String, String>;
 
 /// Admission's half of a lease conversation: its events until it ends (`None`) or fails.
 pub(super) enum Events {
@@ -116,9 +132,10 @@ impl Link {
     async fn start(
         &self,
         first: apb::lease_request::Kind,
+        trace: &TraceContext,
     ) -> Result<(Requests, Events), tonic::Status> {
         let first = match &self.channels {
-            Some(channels) => match channels.start(first).await? {
+            Some(channels) => match channels.start(first, trace).await? {
                 Started::On(requests, events) => {
                     return Ok((Requests::Channel(requests), Events::Channel(events)));
                 }
@@ -141,16 +158,25 @@ impl Link {
     }
 
     /// Starts a conversation with `first` and reads until the answer.
-    async fn open(&self, first: apb::lease_request::Kind) -> Result<Opened, BackendError> {
-        let (requests, mut events) = self.start(first).await?;
+    async fn open(
+        &self,
+        first: apb::lease_request::Kind,
+        trace: &TraceContext,
+    ) -> Result<Opened, BackendError> {
+        let (requests, mut events) = self.start(first, trace).await?;
         let answer = answer(&mut events).await?;
         Ok((requests, events, answer))
     }
 
     /// [`open`](Self::open) with a `Resume`, in its turn (see [`ResumePacer`]).
-    pub(super) async fn resume(&self, resume: apb::Resume) -> Result<Opened, BackendError> {
+    pub(super) async fn resume(
+        &self,
+        resume: apb::Resume,
+        trace: &TraceContext,
+    ) -> Result<Opened, BackendError> {
         let _turn = self.pacer.admit().await;
-        self.open(apb::lease_request::Kind::Resume(resume)).await
+        self.open(apb::lease_request::Kind::Resume(resume), trace)
+            .await
     }
 }
 
@@ -208,9 +234,17 @@ async fn answer(events: &mut Events) -> Result<Result<apb::Granted, Denial>, Bac
 impl Leases for RemoteLeases {
     async fn acquire(&self, terms: LeaseTerms, wait: Duration) -> Result<Acquired, BackendError> {
         let (reply, answer) = oneshot::channel();
+        let trace = poolgate_rpc::telemetry::context_map();
         // In the request's span, so the lease call carries its trace context.
         tokio::spawn(tracing::Instrument::instrument(
-            acquire_task(self.link.clone(), self.metrics.clone(), terms, wait, reply),
+            acquire_task(
+                self.link.clone(),
+                self.metrics.clone(),
+                terms,
+                wait,
+                trace,
+                reply,
+            ),
             tracing::Span::current(),
         ));
         answer
@@ -253,6 +287,7 @@ async fn acquire_task(
     metrics: Metrics,
     terms: LeaseTerms,
     wait: Duration,
+    trace: TraceContext,
     mut reply: oneshot::Sender<Result<Acquired, BackendError>>,
 ) {
     let started = tokio::time::Instant::now();
@@ -268,7 +303,7 @@ async fn acquire_task(
         // Not raced with the caller's departure: once sent, the acquire must be answered (and
         // a grant released), or the lease would be left to the orphan grace.
         let first = apb::lease_request::Kind::Acquire(acquire_pb(&terms, left));
-        let error = match link.start(first).await {
+        let error = match link.start(first, &trace).await {
             Err(status) => BackendError::from(status),
             Ok((sender, mut events)) => {
                 let answer = tokio::select! {
@@ -276,12 +311,13 @@ async fn acquire_task(
                     _ = reply.closed() => None,
                 };
                 let Some(answer) = answer else {
-                    withdraw(&sender, &mut events).await;
+                    withdraw(&sender, &mut events, &trace).await;
                     return;
                 };
                 match answer {
                     Ok(Ok(granted)) => {
-                        let lease = keeper::spawn(link, terms, granted, sender, events, metrics);
+                        let lease =
+                            keeper::spawn(link, terms, granted, sender, events, metrics, trace);
                         // A caller that left just now drops the lease with the unsent reply;
                         // the keeper sees its commands end and releases.
                         let _ = reply.send(Ok(Acquired::Granted(Box::new(lease))));
@@ -316,12 +352,12 @@ async fn acquire_task(
 
 /// Withdraws an unanswered acquire (`Release` before the answer): admission cancels the wait or
 /// releases what it granted meanwhile, and answers `Released`.
-async fn withdraw(sender: &Requests, events: &mut Events) {
+async fn withdraw(sender: &Requests, events: &mut Events, trace: &TraceContext) {
     let release = apb::lease_request::Kind::Release(apb::Release {
         spend_usd: 0.0,
         tokens: 0,
     });
-    if sender.send(message(release)).await.is_err() {
+    if sender.send_traced(message(release), trace).await.is_err() {
         return;
     }
     let _ = tokio::time::timeout(Duration::from_secs(5), async {

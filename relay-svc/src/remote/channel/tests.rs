@@ -398,7 +398,8 @@ async fn conversation(leases: &RemoteLeases) -> (Requests, Events, u64) {
         &terms(),
         Duration::ZERO,
     ));
-    let Ok(Started::On(requests, mut events)) = channels.start(first).await else {
+    let Ok(Started::On(requests, mut events)) = channels.start(first, &Default::default()).await
+    else {
         panic!("a conversation on the channel");
     };
     match events.next().await {
@@ -435,7 +436,7 @@ async fn a_conversation_dropped_before_its_final_answer_is_closed_and_an_answere
         tokens: 0,
     });
     requests
-        .send(super::super::leases::message(release))
+        .send(super::super::leases::message(release), Default::default())
         .await
         .expect("sent");
     assert!(matches!(
