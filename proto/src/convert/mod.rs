@@ -4,6 +4,15 @@
 //! deny reason hides a refusal the caller should act on). Servers answer a `ConvertError` with
 //! `INVALID_ARGUMENT`; the relay treats one in an answer as a backend error.
 //!
+//! The exceptions are the declared fallbacks for a value a newer release may send (a number this
+//! build does not know; `UNSPECIFIED` stays an error), where a fallback cannot do harm
+//! (docs/DESIGN.md §8, "Enum values across releases"): a plan account whose platform or
+//! credential kind is newer is left out of the plan ([`newer_value`]); a newer none reason reads
+//! as `ALL_BLOCKED` ([`NONE_REASON_FALLBACK`]); a newer effect as `NONE` ([`EFFECT_FALLBACK`]); a
+//! window reading of a newer kind, limit or status is dropped; a newer lost reason is resumed
+//! (the relay's keeper). Every other enum has no fallback: deny reasons, outcome classes, and
+//! what the operator tools read.
+//!
 //! Enums on the wire are `i32`: decode them with [`EnumField::decode`], which names the field.
 //! Fields that carry a value twice while a string field is deprecated (`credential_kind`,
 //! `none_reason`) decode through [`credential_kind`] and [`none_reason`]: the enum when set, else
@@ -55,6 +64,20 @@ impl From<ConvertError> for tonic::Status {
         tonic::Status::invalid_argument(error.to_string())
     }
 }
+
+/// Whether `value` is a number the enum `P` does not have: a value a newer release added. (`0`,
+/// `UNSPECIFIED`, is known: it means "not set", which is not a newer value.)
+pub fn newer_value<P: TryFrom<i32>>(value: i32) -> bool {
+    P::try_from(value).is_err()
+}
+
+/// What a newer none reason reads as: the accounts are there but none serves now, so the client
+/// gets a retryable 503 with the answer's `retry_after_ms`, as for a reason this build knows.
+pub const NONE_REASON_FALLBACK: NoneReason = NoneReason::AllBlocked;
+
+/// What a newer report effect reads as: nothing the relay must act on (the relay acts only on
+/// the effects it knows: a new token, a confirmation).
+pub const EFFECT_FALLBACK: Effect = Effect::None;
 
 /// A proto enum field, as it is on the wire (`i32`), to its domain value.
 pub trait EnumField: Sized {
@@ -192,8 +215,12 @@ pub fn credential_kind(kind: i32, legacy: &str) -> Result<CredentialKind, Conver
 
 /// Why a select answer is empty, from a message that carries it twice while `none_reason` (the
 /// string) is deprecated: `reason` when set, else the string; `None` when neither is (the plan
-/// has accounts). Both set and naming different reasons is an error.
+/// has accounts). Both set and naming different reasons is an error. A reason newer than this
+/// build reads as [`NONE_REASON_FALLBACK`] (its string, newer too, is not compared).
 pub fn none_reason(reason: i32, legacy: &str) -> Result<Option<NoneReason>, ConvertError> {
+    if newer_value::<spb::NoneReason>(reason) {
+        return Ok(Some(NONE_REASON_FALLBACK));
+    }
     if reason == spb::NoneReason::Unspecified as i32 {
         if legacy.is_empty() {
             return Ok(None);
@@ -217,8 +244,11 @@ pub fn none_reason(reason: i32, legacy: &str) -> Result<Option<NoneReason>, Conv
 
 /// What an outcome report applied, from an answer that carries it twice while `applied` (the
 /// string) is deprecated: `effect` when set, else the string. Both set and disagreeing, or
-/// neither readable, is an error.
+/// neither readable, is an error. An effect newer than this build reads as [`EFFECT_FALLBACK`].
 pub fn effect(effect: i32, legacy: &str) -> Result<Effect, ConvertError> {
+    if newer_value::<spb::Effect>(effect) {
+        return Ok(EFFECT_FALLBACK);
+    }
     if effect == spb::Effect::Unspecified as i32 {
         return Effect::parse(legacy)
             .ok_or_else(|| ConvertError::new("applied", "not a known effect (or set effect)"));

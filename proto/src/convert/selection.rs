@@ -120,16 +120,24 @@ pub fn select_response(plan: &Plan, reads_confirming: bool) -> spb::SelectRespon
 }
 
 /// A plan read strictly: an account whose credential kind or platform the reader cannot read
-/// fails the whole answer (a credential is never sent the wrong way on a guess).
+/// fails the whole answer (a credential is never sent the wrong way on a guess). The declared
+/// fallback: an account whose platform or credential kind is a value newer than this build (a
+/// platform or sign-in a later release added) is left out of the plan, and the rest is served;
+/// a plan left empty by it reads as all excluded (a retryable 503).
 #[allow(deprecated)]
 impl TryFrom<spb::SelectResponse> for Plan {
     type Error = ConvertError;
 
     fn try_from(answer: spb::SelectResponse) -> Result<Self, ConvertError> {
         let usage_headers_to_clients = answer.usage_headers_to_clients;
+        let planned = answer.accounts.len();
         let accounts = answer
             .accounts
             .into_iter()
+            .filter(|account| {
+                !(super::newer_value::<spb::Platform>(account.platform)
+                    || super::newer_value::<spb::CredentialKind>(account.kind))
+            })
             .map(|account| {
                 let credential_kind = credential_kind(account.kind, &account.credential_kind)?;
                 Ok(PlannedAccount {
@@ -152,10 +160,14 @@ impl TryFrom<spb::SelectResponse> for Plan {
                 })
             })
             .collect::<Result<Vec<_>, ConvertError>>()?;
+        let mut none_reason = none_reason(answer.reason, &answer.none_reason)?;
+        if accounts.is_empty() && planned > 0 && none_reason.is_none() {
+            none_reason = Some(NoneReason::AllExcluded);
+        }
         Ok(Plan {
             accounts,
             sticky: answer.sticky,
-            none_reason: none_reason(answer.reason, &answer.none_reason)?,
+            none_reason,
             retry_after_ms: answer.retry_after_ms,
             previous_response_other_key: answer.previous_response_other_key,
             subscriptions_cli_only: answer.subscriptions_cli_only,
@@ -434,9 +446,16 @@ pub fn read_windows_request(
                     format!("at most {MAX_WINDOW_READINGS} readings per account"),
                 ));
             }
+            // The declared fallback: a reading of a kind, limit or status newer than this build
+            // is dropped (readings are advisory and read again), not the whole call.
             let readings = account
                 .readings
                 .into_iter()
+                .filter(|reading| {
+                    !(super::newer_value::<spb::WindowKind>(reading.kind)
+                        || super::newer_value::<spb::MinuteLimit>(reading.minute_limit)
+                        || super::newer_value::<spb::WindowStatus>(reading.status))
+                })
                 .map(|reading| {
                     WindowReading::try_from(reading)
                         .map_err(|error| error.within("accounts.readings"))

@@ -141,6 +141,46 @@ fn a_credential_kind_sent_twice_takes_the_enum_else_the_string_and_refuses_a_dis
     assert_eq!(credential_kind(42, "").unwrap_err().field, "kind");
 }
 
+/// The declared fallbacks for values a newer release may send (docs/DESIGN.md §8): only numbers
+/// this build does not know; `UNSPECIFIED` and disagreements stay errors.
+#[test]
+fn newer_values_read_as_their_declared_fallbacks() {
+    assert!(newer_value::<spb::NoneReason>(99));
+    assert!(!newer_value::<spb::NoneReason>(0), "unset is not newer");
+    assert!(!newer_value::<spb::NoneReason>(
+        spb::NoneReason::Confirming as i32
+    ));
+    assert_eq!(none_reason(99, ""), Ok(Some(NONE_REASON_FALLBACK)));
+    assert_eq!(
+        none_reason(99, "gone_fishing"),
+        Ok(Some(NoneReason::AllBlocked))
+    );
+    assert_eq!(effect(99, ""), Ok(EFFECT_FALLBACK));
+    assert_eq!(EFFECT_FALLBACK, Effect::None);
+    // A plan account of a newer platform or sign-in is left out; the rest is served.
+    let good = plan_entry(spb::CredentialKind::ApiKey as i32, "");
+    let newer_kind = plan_entry(42, "");
+    let newer_platform = spb::PlanAccount {
+        account_id: 4,
+        platform: 17,
+        ..plan_entry(spb::CredentialKind::ApiKey as i32, "")
+    };
+    let plan = Plan::try_from(select_answer(
+        vec![newer_kind.clone(), good, newer_platform.clone()],
+        0,
+        "",
+    ))
+    .expect("readable");
+    assert_eq!(plan.accounts.len(), 1);
+    assert_eq!(plan.accounts[0].credential_kind, CredentialKind::ApiKey);
+    assert_eq!(plan.none_reason, None);
+    // Left empty by it: a retryable refusal, not a plan with nothing and no reason.
+    let plan =
+        Plan::try_from(select_answer(vec![newer_kind, newer_platform], 0, "")).expect("readable");
+    assert!(plan.accounts.is_empty());
+    assert_eq!(plan.none_reason, Some(NoneReason::AllExcluded));
+}
+
 #[test]
 fn a_none_reason_sent_twice_takes_the_enum_else_the_string_and_refuses_a_disagreement() {
     let blocked = spb::NoneReason::AllBlocked as i32;
@@ -162,7 +202,6 @@ fn a_none_reason_sent_twice_takes_the_enum_else_the_string_and_refuses_a_disagre
         none_reason(0, "gone_fishing").unwrap_err().field,
         "none_reason"
     );
-    assert_eq!(none_reason(77, "").unwrap_err().field, "reason");
     // Issue 36: the confirmation's reason, both ways (a relay that does not know the value is
     // never sent it: `SelectRequest.reads_confirming`).
     let confirming = spb::NoneReason::Confirming as i32;
@@ -309,7 +348,6 @@ fn a_plan_reads_the_enums_and_an_older_selectors_strings() {
 #[test]
 fn a_plan_entry_whose_kind_the_relay_cannot_read_fails_the_plan_instead_of_a_guess() {
     for account in [
-        plan_entry(99, ""),
         plan_entry(0, ""),
         plan_entry(0, "bearer"),
         plan_entry(spb::CredentialKind::ApiKey as i32, "oauth"),
@@ -317,7 +355,6 @@ fn a_plan_entry_whose_kind_the_relay_cannot_read_fails_the_plan_instead_of_a_gue
         let good = plan_entry(spb::CredentialKind::ApiKey as i32, "api_key");
         assert!(Plan::try_from(select_answer(vec![good, account], 0, "")).is_err());
     }
-    assert!(Plan::try_from(select_answer(vec![], 42, "")).is_err());
     assert!(Plan::try_from(select_answer(vec![], 0, "everything_on_fire")).is_err());
 }
 
@@ -355,11 +392,6 @@ fn a_report_answer_reads_the_effect_and_an_older_selectors_string_and_never_gues
         ..Default::default()
     };
     assert!(read_report_answer(disagreeing).is_err());
-    let unknown = spb::ReportOutcomeResponse {
-        effect: 99,
-        ..Default::default()
-    };
-    assert!(read_report_answer(unknown).is_err());
     assert!(read_report_answer(spb::ReportOutcomeResponse::default()).is_err());
 }
 
@@ -538,6 +570,25 @@ mod windows {
             readings: Vec::new(),
         });
         assert_eq!(field(over), "accounts");
+    }
+
+    /// The declared fallback: a reading a newer relay sends of a kind, limit or status this
+    /// selector does not know is dropped; the call and the other readings are kept.
+    #[test]
+    fn a_reading_of_a_newer_kind_or_status_is_dropped_not_the_call() {
+        let readings = vec![reading(WindowKind::FiveHour), reading(WindowKind::SevenDay)];
+        let mut request = windows_request([(7, readings.clone())]);
+        let mut newer_kind = request.accounts[0].readings[0].clone();
+        newer_kind.kind = 99;
+        let mut newer_status = request.accounts[0].readings[0].clone();
+        newer_status.status = 42;
+        let mut newer_limit = request.accounts[0].readings[0].clone();
+        newer_limit.kind = spb::WindowKind::PerMinute as i32;
+        newer_limit.minute_limit = 31;
+        request.accounts[0]
+            .readings
+            .extend([newer_kind, newer_status, newer_limit]);
+        assert_eq!(read_windows_request(request), Ok(vec![(7, readings)]));
     }
 }
 
@@ -1028,9 +1079,10 @@ fn a_confirming_plan_is_said_as_all_blocked_to_a_relay_that_does_not_read_it() {
         (plan.none_reason, plan.retry_after_ms),
         (Some(NoneReason::Confirming), 250)
     );
-    // An older relay: a value it does not know is an unreadable plan to it (a selector error,
-    // as 77 is here); all_blocked with the same short hint is one it waits for, then plans again.
-    assert_eq!(none_reason(77, "").unwrap_err().field, "reason");
+    // An older relay: a value it does not know reads as its fallback, all_blocked (a 503 with
+    // the hint, no re-plan); all_blocked with the same short hint is one it waits for, then plans
+    // again.
+    assert_eq!(none_reason(77, ""), Ok(Some(NONE_REASON_FALLBACK)));
     let older = select_response(&confirming, false);
     #[allow(deprecated)]
     let legacy = older.none_reason.clone();
