@@ -172,6 +172,21 @@ pub fn parse_endpoints(names: &[String]) -> Result<Vec<Endpoint>, String> {
     Ok(endpoints)
 }
 
+/// An endpoint list as a reader of an older release reads one a newer release wrote
+/// (docs/DESIGN.md §8, "Enum values across releases"): the names it knows, and whether the list
+/// named only endpoints it does not know. Such a list reaches nothing this release serves; read
+/// as no list it would reach every endpoint, so the caller holds the key disabled instead.
+pub fn known_endpoints(names: &[String]) -> (Vec<Endpoint>, bool) {
+    let mut endpoints = Vec::new();
+    for endpoint in names.iter().filter_map(|name| Endpoint::parse(name)) {
+        if !endpoints.contains(&endpoint) {
+            endpoints.push(endpoint);
+        }
+    }
+    let only_newer = !names.is_empty() && endpoints.is_empty();
+    (endpoints, only_newer)
+}
+
 /// A stretch of time a key's usage is summed over (calendar periods in UTC, weeks from Monday).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UsagePeriod {

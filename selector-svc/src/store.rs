@@ -15,7 +15,7 @@ use poolgate_core::account::{
     Account, AccountStatus, ApiKeyRecord, CredentialKind, GroupSettings, OAuthState, Platform,
     Price, Secret, default_oauth_token_url,
 };
-use poolgate_core::keys::{KeyAccess, parse_endpoints};
+use poolgate_core::keys::{KeyAccess, known_endpoints};
 use poolgate_core::lease::KeyLimits;
 use poolgate_core::money::{micros_to_usd, usd_to_micros};
 use poolgate_proto::convert::keys::{KeyUpdate, endpoint_names, parse_key_status};
@@ -198,9 +198,11 @@ impl PostgresSource {
         for row in rows {
             match self.account_from_row(&row) {
                 Ok(account) => accounts.push(account),
+                // A credential that does not decrypt, or a platform, sign-in or status a newer
+                // release wrote (DESIGN §8): the account is left out, the rest served.
                 Err(error) => {
                     let id: i64 = row.try_get("id").unwrap_or_default();
-                    tracing::error!(account_id = id, %error, "account skipped: credential unreadable");
+                    tracing::error!(account_id = id, %error, "account skipped: unreadable by this release");
                 }
             }
         }
@@ -214,7 +216,17 @@ impl PostgresSource {
         let mut api_keys = HashMap::new();
         for row in key_rows {
             let hash: Vec<u8> = row.try_get("key_hash").map_err(convert)?;
-            api_keys.insert(hash, api_key_from_row(&row)?);
+            match api_key_from_row(&row) {
+                Ok(record) => {
+                    api_keys.insert(hash, record);
+                }
+                // A status a newer release wrote (DESIGN §8): the key is left out, so it is
+                // refused as unknown until this selector is upgraded; the others are served.
+                Err(error) => {
+                    let id: i64 = row.try_get("id").unwrap_or_default();
+                    tracing::error!(api_key_id = id, %error, "client key skipped: unreadable by this release");
+                }
+            }
         }
         let price_rows = sqlx::query(
             "SELECT model, input_per_mtok, output_per_mtok, cache_write_per_mtok, cache_read_per_mtok FROM model_prices",
@@ -918,12 +930,14 @@ fn api_key_from_row(row: &PgRow) -> Result<ApiKeyRecord, StoreError> {
     let (active, disabled) = parse_key_status(&status)
         .ok_or_else(|| StoreError::Conflict(format!("api key {id}: status {status}")))?;
     let endpoints: Vec<String> = row.try_get("allowed_endpoints").map_err(convert)?;
+    let (allowed_endpoints, only_newer) = known_endpoints(&endpoints);
     let access = KeyAccess {
         expires_at_ms: row.try_get("expires_at_ms").map_err(convert)?,
-        disabled,
+        // A list of only endpoints a newer release added reaches nothing this release serves;
+        // read as no list it would reach everything, so the key is held disabled instead.
+        disabled: disabled || only_newer,
         allowed_models: row.try_get("allowed_models").map_err(convert)?,
-        allowed_endpoints: parse_endpoints(&endpoints)
-            .map_err(|problem| StoreError::Conflict(format!("api key {id}: {problem}")))?,
+        allowed_endpoints,
     };
     Ok(ApiKeyRecord {
         id,

@@ -4,12 +4,14 @@
 //! and partial updates; with each, the key's own limits (concurrency, TPM, budgets: docs/DESIGN.md
 //! §4, "Client key limits"). Read strictly: an unknown endpoint name, a bad pattern, a negative
 //! expiry or limit, a budget that is not a finite amount, or an unknown period is an error naming
-//! the field, never dropped or guessed.
+//! the field, never dropped or guessed — except an endpoint name in the answers a relay reads
+//! (`Authenticate`, `DescribeKey`), which a newer selector may know and this release not: it is
+//! left out, and a list of only such names holds the key disabled (docs/DESIGN.md §8).
 
 use poolgate_core::account::ApiKeyRecord;
 use poolgate_core::keys::{
     Endpoint, KeyAccess, KeyDescription, KeyRefusal, PeriodUsage, UsagePeriod,
-    check_model_patterns, parse_endpoints,
+    check_model_patterns, known_endpoints, parse_endpoints,
 };
 use poolgate_core::lease::KeyLimits;
 use poolgate_core::money::{MAX_SPEND_USD, micros_to_usd, usd_to_micros};
@@ -79,6 +81,24 @@ pub fn model_patterns(
 /// per endpoint.
 pub fn endpoints(field: &'static str, names: &[String]) -> Result<Vec<Endpoint>, ConvertError> {
     parse_endpoints(names).map_err(|problem| ConvertError::new(field, problem))
+}
+
+/// A key's access as an answer of a newer release may carry it: an endpoint this release does not
+/// know is left out of the list, and a list of only such endpoints holds the key disabled, never
+/// reads as no list ([`known_endpoints`], DESIGN §8). Everything else is read strictly.
+fn answered_access(
+    expires_at_ms: i64,
+    disabled: bool,
+    allowed_models: Vec<String>,
+    allowed_endpoints: &[String],
+) -> Result<KeyAccess, ConvertError> {
+    let (known, only_newer) = known_endpoints(allowed_endpoints);
+    Ok(KeyAccess {
+        expires_at_ms: expiry("expires_at_ms", expires_at_ms)?,
+        disabled: disabled || only_newer,
+        allowed_models: model_patterns("allowed_models", allowed_models)?,
+        allowed_endpoints: known,
+    })
 }
 
 fn access(
@@ -193,9 +213,10 @@ impl From<&ApiKeyRecord> for spb::AuthenticateResponse {
 }
 
 /// What a key that `Authenticate` accepted may reach (never disabled: a disabled key is
-/// refused). An answer with a list the relay cannot read is an error, never a key without limits.
+/// refused). An answer with a list the relay cannot read is an error, never a key without limits;
+/// an endpoint a newer selector knows and this relay does not is left out ([`answered_access`]).
 pub fn authenticated_access(answer: &spb::AuthenticateResponse) -> Result<KeyAccess, ConvertError> {
-    access(
+    answered_access(
         answer.expires_at_ms,
         false,
         answer.allowed_models.clone(),
@@ -311,7 +332,7 @@ impl TryFrom<spb::DescribeKeyResponse> for KeyDescription {
                 format!("must be a positive key id, got {}", answer.api_key_id),
             ));
         }
-        let access = access(
+        let access = answered_access(
             answer.expires_at_ms,
             answer.disabled,
             answer.allowed_models,

@@ -799,10 +799,25 @@ mod keys {
     #[test]
     fn an_access_list_the_relay_cannot_read_is_an_error_naming_the_field_not_no_limit() {
         let good = spb::AuthenticateResponse::from(&record(limited()));
-        let mut unknown = good.clone();
-        unknown.allowed_endpoints.push("embeddings".into());
+        // An endpoint a newer selector knows: left out of the list (DESIGN §8), never widening it.
+        let mut newer = good.clone();
+        newer.allowed_endpoints.push("embeddings".into());
+        let read = authenticated_access(&newer).expect("readable");
+        assert_eq!(read, authenticated_access(&good).expect("readable"));
+        let mut only_newer = good.clone();
+        only_newer.allowed_endpoints = vec!["embeddings".into(), "rerank".into()];
+        let read = authenticated_access(&only_newer).expect("readable");
+        assert!(
+            read.disabled,
+            "a list of only newer endpoints holds the key disabled, never reads as every endpoint"
+        );
+        // An operator's request naming an endpoint this release does not know is refused.
+        let request = spb::CreateApiKeyRequest {
+            allowed_endpoints: vec!["embeddings".into()],
+            ..Default::default()
+        };
         assert_eq!(
-            authenticated_access(&unknown).map_err(|e| e.field),
+            new_key_access(&request).map_err(|e| e.field),
             Err("allowed_endpoints".into())
         );
         let mut blank = good.clone();
