@@ -10,6 +10,7 @@ use poolgate_core::lease::{
 use poolgate_core::money::micros_to_usd;
 use poolgate_core::{MAX_NAME_BYTES, millis};
 
+use super::keys::budget_micros;
 use super::{ConvertError, EnumField, account_id, spend_micros};
 use crate::admission::v1 as apb;
 
@@ -281,21 +282,6 @@ impl TryFrom<apb::Acquire> for LeaseTerms {
             key,
         })
     }
-}
-
-/// Most USD a key budget may name (a typo guard, far above any real budget).
-const MAX_BUDGET_USD: f64 = 1e9;
-
-/// A key budget in USD as micro-USD: 0 none; negative, not finite or above `MAX_BUDGET_USD`
-/// refused.
-fn budget_micros(field: &'static str, usd: f64) -> Result<i64, ConvertError> {
-    if !usd.is_finite() || !(0.0..=MAX_BUDGET_USD).contains(&usd) {
-        return Err(ConvertError::new(
-            field,
-            format!("must be a finite amount in [0, {MAX_BUDGET_USD}] USD, got {usd}"),
-        ));
-    }
-    Ok((usd * 1e6).round() as i64)
 }
 
 /// The `key_*` fields: `None` when no key limit is set; a limit without `api_key_id` or a

@@ -11,7 +11,8 @@ use poolgate_core::keys::{KeyDescription, PeriodUsage, UsagePeriod};
 use poolgate_core::lease::KeyLimits;
 
 use crate::crypto::api_key_hash;
-use crate::source::budgets::{BudgetCounters, spend_micros, usage_period_start};
+use crate::source::budgets::{BudgetCounters, usage_period_start};
+use poolgate_core::money::total_to_micros;
 
 use super::{Selector, SelectorError};
 
@@ -114,7 +115,7 @@ impl Selector {
                 if budget <= 0 {
                     continue;
                 }
-                let micros = spend_micros(spent.get(index).copied().unwrap_or(0.0));
+                let micros = total_to_micros(spent.get(index).copied().unwrap_or(0.0));
                 let set = counters
                     .seed_budget(key.api_key_id, period_ids[index], micros)
                     .await

@@ -38,15 +38,6 @@ impl BudgetCalendar for UtcCalendar {
     }
 }
 
-/// A spend in USD as a counter's micro-USD (never negative; a sum past what `i64` holds
-/// saturates rather than wrapping to a small one).
-pub fn spend_micros(usd: f64) -> i64 {
-    if usd.is_nan() || usd <= 0.0 {
-        return 0;
-    }
-    (usd * poolgate_core::money::MICROS_PER_USD).round() as i64
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -100,13 +91,5 @@ mod tests {
                 "{period:?}"
             );
         }
-    }
-
-    #[test]
-    fn spend_is_counted_in_micros_never_negative() {
-        assert_eq!(spend_micros(1.25), 1_250_000);
-        assert_eq!(spend_micros(-1.0), 0);
-        assert_eq!(spend_micros(f64::NAN), 0);
-        assert_eq!(spend_micros(f64::INFINITY), i64::MAX);
     }
 }
