@@ -223,8 +223,15 @@ impl UsagePeriod {
             // 1970-01-01 was a Thursday: Monday is three days later in the cycle.
             UsagePeriod::Week => (day - (day + 3).rem_euclid(7)) * DAY_MS,
             UsagePeriod::Month => {
-                let (year, month, _) = civil_from_days(day);
-                days_from_civil(year, month, 1) * DAY_MS
+                let utc = jiff::tz::TimeZone::UTC;
+                jiff::Timestamp::from_millisecond(now_ms)
+                    .and_then(|now| {
+                        let first = now.to_zoned_datetime(utc.clone()).date().first_of_month();
+                        first.to_zoned_datetime(utc)
+                    })
+                    .map(|start| start.timestamp().as_millisecond())
+                    // Out of jiff's range (±9999 years): the day's start stands in.
+                    .unwrap_or(day * DAY_MS)
             }
             UsagePeriod::Total => 0,
         }
@@ -307,42 +314,16 @@ pub fn glob_match(pattern: &str, text: &str) -> bool {
     p[pi..].iter().all(|&b| b == b'*')
 }
 
-/// `2026-12-02T16:09:05Z` for ms since the epoch.
+/// `2026-12-02T16:09:05Z` for ms since the epoch (whole seconds; an instant out of jiff's range,
+/// ±9999 years, prints as its nearest end).
 pub fn rfc3339_utc(ms: i64) -> String {
-    let secs = ms.div_euclid(1000);
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    let (year, month, day) = civil_from_days(days);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
-/// (year, month, day) of a day count since 1970-01-01, proleptic Gregorian (H. Hinnant's
-/// civil_from_days).
-fn civil_from_days(days: i64) -> (i64, i64, i64) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    (yoe + era * 400 + i64::from(month <= 2), month, day)
-}
-
-/// The day count since 1970-01-01 of a civil date (the inverse of `civil_from_days`).
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    let year = if month <= 2 { year - 1 } else { year };
-    let era = year.div_euclid(400);
-    let yoe = year.rem_euclid(400);
-    let mp = if month > 2 { month - 3 } else { month + 9 };
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
+    let seconds = ms.div_euclid(1000).clamp(
+        jiff::Timestamp::MIN.as_second(),
+        jiff::Timestamp::MAX.as_second(),
+    );
+    jiff::Timestamp::from_second(seconds)
+        .unwrap_or(jiff::Timestamp::UNIX_EPOCH)
+        .to_string()
 }
 
 #[cfg(test)]
@@ -449,10 +430,14 @@ mod tests {
             rfc3339_utc(UsagePeriod::Month.start_ms(leap_day)),
             "2000-02-01T00:00:00Z"
         );
-        for days in [-800_000, -1, 0, 59, 11_000, 20_789, 800_000] {
-            let (y, m, d) = civil_from_days(days);
-            assert_eq!(days_from_civil(y, m, d), days);
-        }
+        assert_eq!(
+            rfc3339_utc(UsagePeriod::Month.start_ms(1_796_227_745_000)),
+            "2026-12-01T00:00:00Z"
+        );
+        assert_eq!(
+            rfc3339_utc(UsagePeriod::Month.start_ms(-1)),
+            "1969-12-01T00:00:00Z"
+        );
     }
 
     #[test]
