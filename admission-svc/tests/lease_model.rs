@@ -1,4 +1,4 @@
-//! The randomized model test of the lease invariants (issue 12, ARCHITECTURE "Invariants").
+//! The randomized model test of the lease invariants (ARCHITECTURE "Invariants").
 //!
 //! Three admission replicas over one shared store (the memory backend, one real Redis, a
 //! 3-master Redis Cluster) are driven through their gRPC API by a random sequence of holder
@@ -1129,7 +1129,7 @@ async fn lease_invariants_hold_on_a_redis_cluster() {
     explore(Store::cluster().await).await;
 }
 
-// The sequences the model found on the code before issue 12's fix (shrunk), replayed as plain
+// The sequences the model found on the code before the invariants were fixed (shrunk), replayed as plain
 // tests. Both ended with the old holder's heartbeat answered `Renewed` for a released lease.
 
 /// Found on memory (seed 15494168160578800756) and on the Cluster (seed 15935339091107387932).
@@ -1265,7 +1265,7 @@ async fn a_dropped_channel_frees_its_leases_within_the_grace() {
     replay(Store::redis().await, &channel_dropped_under_held_leases()).await;
 }
 
-/// Issue 12's done-when: 50 leases held over 5 accounts (limit 10) on 3 replicas, the data
+/// A flush under held leases: 50 leases held over 5 accounts (limit 10) on 3 replicas, the data
 /// flushed, new acquires take part of the freed slots, then every old holder heartbeats: every
 /// account ends within its limit, the old holders that found room restored their lease, and the
 /// others were told `Lost{NO_ROOM}`.

@@ -696,7 +696,7 @@ async fn unary_release(server: &TestServer, lease_id: &str) -> bool {
         .released
 }
 
-/// Issue 12: on a limit of 1, L1 released by the unary RPC, L2 granted, then L1's holder
+/// On a limit of 1, L1 released by the unary RPC, L2 granted, then L1's holder
 /// heartbeats: it used to get `Renewed{restored}` and the account held 2 leases.
 async fn a_unary_release_is_not_undone_by_the_old_holders_heartbeat(store: Store) {
     let server = TestServer::on(&store).await;

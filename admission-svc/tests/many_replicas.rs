@@ -1,5 +1,4 @@
-//! Many admission replicas on one Redis never over-admit (docs/DESIGN.md §4; seed 000 §11
-//! problem 1): three admission-svc processes, 200 concurrent lease streams on one account with
+//! Many admission replicas on one Redis never over-admit (docs/DESIGN.md §4): three admission-svc processes, 200 concurrent lease streams on one account with
 //! limit 5, and an independent observer — the test's own count of granted-and-not-yet-released
 //! leases.
 

@@ -1,4 +1,4 @@
-//! What client connections cost the relay in memory (issue 23): the relay's peak resident set
+//! What client connections cost the relay in memory: the relay's peak resident set
 //! (`VmHWM`) in two scenarios, each on a fresh standalone relay process over the fake upstream:
 //!
 //! - `slow`: `--connections` connections without an API key, each announcing a 31 MB body and

@@ -1,4 +1,4 @@
-//! `window-sim`: the usage-window scenario of issue 25 in virtual time (docs/BENCHMARKS.md,
+//! `window-sim`: the usage-window scenario in virtual time (docs/BENCHMARKS.md,
 //! "Usage windows"). Deterministic: every seed draws the same sessions for both policies, which
 //! differ only in what `poolgate_core::select::order` is given: today's (priority + concurrency
 //! headroom; an account that answers 429 with an exhausted window is blocked until its reset)
@@ -211,7 +211,7 @@ fn arrivals(scenario: &Scenario, seed: u64) -> (Vec<Request>, usize) {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Policy {
-    /// Priority + concurrency headroom, blocked on a 429 until the reset (as before issue 25).
+    /// Priority + concurrency headroom, blocked on a 429 until the reset (the policy before usage windows were read).
     Today,
     /// The same, given each account's window assessment.
     Windows,

@@ -1,4 +1,4 @@
-//! `window-stack`: usage windows on the real stack (issue 25, docs/BENCHMARKS.md "Usage
+//! `window-stack`: usage windows on the real stack (docs/BENCHMARKS.md "Usage
 //! windows"), the simulation's scenario scaled down to two minutes. The fake upstream gives 4
 //! credentials short windows (a "5-hour" window of 25 requests per 20 s, a "week" of 40 requests
 //! per 120 s whose resets are staggered at 1/7, 3/7, 5/7 and 7/7 of a week from the start and

@@ -157,7 +157,7 @@ impl UpstreamError {
 
     /// Anthropic's answer to a revoked OAuth token: a `permission_error` (or
     /// `authentication_error`) whose *whole* message is "OAuth token has been revoked. Please
-    /// obtain a new token." (anthropics/claude-code #9635, Wei-Shaw/sub2api #342). Its type alone
+    /// obtain a new token." (docs/SUBSCRIPTIONS.md names the reports). Its type alone
     /// would read as the request's refusal, so the revoked token would never be refreshed. The
     /// message only makes the credential *suspected*: the selector confirms with the stored
     /// token before anything is written (docs/SECURITY.md, "Health writes"), and an echo of
@@ -273,8 +273,8 @@ const CREDIT_BALANCE_OPENING: &str = "your credit balance is too low";
 const CREDIT_BALANCE_CLOSING: &str = "purchase credits.";
 
 /// How the upstream's subscription refusals open (lowercase): the third-party answer in both
-/// wordings seen since April 2026, and the older Claude-Code-only one (anthropics/claude-code
-/// #45911, NousResearch/hermes-agent #48176, anthropics/claude-code #8046).
+/// wordings seen since April 2026, and the older Claude-Code-only one (the sources:
+/// docs/SUBSCRIPTIONS.md, "What the upstreams enforce, and how we know").
 const SUBSCRIPTION_OPENINGS: &[&str] = &[
     "third-party apps now draw from extra usage, not plan limits",
     "third-party apps now draw from your extra usage, not your plan limits",
@@ -543,9 +543,8 @@ mod tests {
                 OutcomeClass::Unauthorized,
                 "401",
             ),
-            // What Anthropic answers a revoked OAuth token with today (anthropics/claude-code
-            // #9635, 2025-10-16; vybestack/llxprt-code #1123, 2026-01-13; Wei-Shaw/sub2api #342,
-            // 2026-01-20): a permission_error, read as the credential's by its whole message.
+            // What Anthropic answers a revoked OAuth token with today (docs/SUBSCRIPTIONS.md): a
+            // permission_error, read as the credential's by its whole message.
             (
                 403,
                 &json,

@@ -530,7 +530,7 @@ mod tests {
     #[test]
     fn a_reading_from_before_the_last_reset_is_unknown_not_full() {
         // Full when read, but its week has reset since: the account is not avoided as full
-        // (nor preferred as empty) — sub2api #5482 paused an account for a week on this.
+        // (nor preferred as empty): a stale full reading would keep it out for a week.
         let stale = reading(1, 0, &[week(1.0, -1)]);
         assert!(!stale.windows.as_ref().is_some_and(|w| w.known));
         let candidates = [

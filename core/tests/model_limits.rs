@@ -113,8 +113,8 @@ fn the_opus_429s_reading_keeps_only_opus_off_the_account_at_once() {
     assert_eq!(assessment.exhausted_until_ms, None);
 }
 
-/// The headers of CLIProxyAPI's issue #5915 (quoted in its test
-/// `TestClassifyClaudeUpstreamError_OverageRejectionIsModelScoped_Issue5915`), with resets.
+/// The headers of a Fable-limit rejection as a peer recorded them (docs/SUBSCRIPTIONS.md,
+/// "Model-scoped limits"), with resets.
 fn fable_rejected() -> HeaderMap {
     headers(&[
         ("anthropic-ratelimit-unified-status", "rejected".into()),
@@ -176,8 +176,7 @@ fn a_fable_7d_oi_429_is_a_model_limit_and_its_reading_covers_only_fable_models()
         assessment.headroom.is_some_and(|h| h > 0.3),
         "{assessment:?}"
     );
-    // sub2api's `TestAnthropicFable429CreatesOnlyModelFamilyCooldown`: the 7d_oi family
-    // alone, no overall status or claim.
+    // The 7d_oi family alone, no overall status or claim (docs/SUBSCRIPTIONS.md).
     let only_bucket = headers(&[
         (
             "anthropic-ratelimit-unified-7d_oi-status",

@@ -29,11 +29,10 @@ fn anthropic_error(kind: &str, message: &str) -> String {
 fn the_upstreams_subscription_refusals_are_request_class() {
     let json = headers(&[("content-type", "application/json")]);
     let cases = [
-        // Since 2026-03-17, a non-Haiku model without Claude Code's billing block
-        // (anthropics/claude-code #35724, bytedance/deer-flow PR #1442).
+        // Since 2026-03-17, a non-Haiku model without Claude Code's billing block (the sources of
+        // every wording here: docs/SUBSCRIPTIONS.md).
         (400, anthropic_error("invalid_request_error", "Error")),
-        // Since April 2026, both wordings (anthropics/claude-code #45911,
-        // NousResearch/hermes-agent #48176).
+        // Since April 2026, both wordings.
         (
             400,
             anthropic_error(
@@ -48,7 +47,7 @@ fn the_upstreams_subscription_refusals_are_request_class() {
                 "Third-party apps now draw from extra usage, not plan limits. Ask your workspace admin to add more and keep going.",
             ),
         ),
-        // 2025 to early 2026 (anthropics/claude-code #8046).
+        // 2025 to early 2026.
         (
             400,
             anthropic_error(

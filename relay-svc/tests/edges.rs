@@ -1,4 +1,4 @@
-//! The relay's edges under hostile traffic (issue 23), end to end against the fake upstream:
+//! The relay's edges under hostile traffic, end to end against the fake upstream:
 //! headers by allow-list both ways and per platform (docs/DESIGN.md §6, "Headers, both ways"),
 //! session and response bindings scoped to the client key, and `count_tokens` at its own rates.
 //! Standalone, and the response and session scoping once more over gRPC with Redis.

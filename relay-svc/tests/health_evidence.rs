@@ -1,4 +1,4 @@
-//! Issue 22: account health changes only on evidence a client cannot shape (docs/DESIGN.md §1).
+//! Account health changes only on evidence a client cannot shape (docs/DESIGN.md §1).
 //!
 //! A randomized property test of the relay in both modes (standalone, engines in process; and
 //! distributed: Postgres, Redis, selector, admission over gRPC). Random sequences of client
@@ -774,7 +774,7 @@ async fn converse(mode: Mode) -> Vec<String> {
             refreshes.len()
         ));
     }
-    // Confirmed by the usage endpoint the CLI reads, not by an inference probe (issue 36).
+    // Confirmed by the usage endpoint the CLI reads, not by an inference probe.
     let (usage_calls, probes) = (
         pool.upstream.usage_calls("access-csub"),
         pool.upstream.probe_count("access-csub"),
@@ -865,7 +865,7 @@ async fn client_requests_never_take_a_healthy_account_out_of_service_distributed
     hold(Mode::Distributed).await;
 }
 
-/// Issue 36: every OAuth account's windows are read from its usage endpoint at start (one no
+/// Every OAuth account's windows are read from its usage endpoint at start (one no
 /// request has touched included), and a window block whose reset the endpoint shows passed (a
 /// later period, barely used) is lifted at once.
 async fn usage_read_at_start_and_a_passed_window_block_lifted(mode: Mode) {
@@ -980,7 +980,7 @@ async fn usage_read_at_start_and_a_passed_window_block_lifted(mode: Mode) {
     );
 }
 
-/// Issue 36: an OAuth account whose upstream has no usage endpoint (404) keeps the inference
+/// An OAuth account whose upstream has no usage endpoint (404) keeps the inference
 /// probe for its credential confirmations: a revoked token is probed, then refreshed once.
 async fn without_a_usage_endpoint_the_inference_probe_confirms(mode: Mode) {
     let pool = Pool::start(

@@ -1,5 +1,4 @@
-//! A client key's limits as a system (issue 26 Part B, "Tests"; docs/DESIGN.md §4 "Client key
-//! limits", §6): what key_limits.rs checks on one relay, here across relays, across a crash and
+//! A client key's limits as a system (docs/DESIGN.md §4 "Client key limits", §6): what key_limits.rs checks on one relay, here across relays, across a crash and
 //! through the official CLIs.
 //!
 //! 1. A total budget spent by concurrent clients over two relays on one admission/selector

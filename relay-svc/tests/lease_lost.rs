@@ -1,4 +1,4 @@
-//! What the relay does when admission answers `Lost` under a running request (issue 12): a
+//! What the relay does when admission answers `Lost` under a running request: a
 //! released lease is not resumed, the response finishes, and the loss is counted by reason.
 
 mod common;

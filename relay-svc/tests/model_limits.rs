@@ -1,4 +1,4 @@
-//! Issue 36, point 3: a one-model limit blocks one model, in both modes (standalone: engines in
+//! A one-model limit blocks one model, in both modes (standalone: engines in
 //! process; distributed: Postgres, Redis, selector and admission over gRPC).
 //!
 //! A Claude subscription (OAuth) account whose weekly Opus limit is used up gets the upstream's

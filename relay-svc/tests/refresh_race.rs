@@ -1,4 +1,4 @@
-//! Issue 22: a refused OAuth token is refreshed once, however many requests it was refused on
+//! A refused OAuth token is refreshed once, however many requests it was refused on
 //! (docs/DESIGN.md §1 and §5). The relay says which token the upstream refused; the selector
 //! refreshes only while that token is still the stored one, and refusals that arrive while the
 //! probe or refresh of that token runs wait for its result and get the new token.
@@ -9,7 +9,7 @@
 //!   succeeds, and the token endpoint sees exactly one refresh.
 //! - A refusal of the old token that arrives after the refresh (a request that went out before
 //!   it) gets the new token, and no second refresh.
-//! - Issue 36 (5): requests that arrive while the confirmation runs join it. Ten requests started
+//! - Requests that arrive while the confirmation runs join it. Ten requests started
 //!   over the confirmation of a revoked token (two at once, then one at a time, a little apart),
 //!   on a one-account group over two relays and over one standalone relay, the race repeated
 //!   `ROUNDS` times: the plans made meanwhile say `confirming` with a short retry hint (or, from

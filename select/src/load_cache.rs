@@ -1,10 +1,10 @@
-//! The load cache (docs/DESIGN.md §5, seed 001): live lease counts, blocks and breakers of a
+//! The load cache (docs/DESIGN.md §5): live lease counts, blocks and breakers of a
 //! candidate set, read from the health store (Redis) at most once per candidate set per cache
 //! period, however many selects ask.
 //!
 //! - pipelined reads in batches of 50 accounts, one round trip per batch;
 //! - results cached 200 ms per candidate-set fingerprint;
-//! - stale-while-revalidate (issue 27): a reading past its period but younger than
+//! - stale-while-revalidate: a reading past its period but younger than
 //!   `stale_periods` periods (3: 600 ms) is served at once while one background fetch replaces
 //!   it, so no select waits for Redis on a warm set; older, or invalidated, a select waits for
 //!   the fetch as on a miss. A block or breaker this replica writes (`wrote`) keeps the readings

@@ -333,7 +333,7 @@ pub(crate) mod tests {
         test_account(platform, kind, "tok", "http://127.0.0.1:9")
     }
 
-    /// Issue 36: the probe is poolgate's own request; nothing in it presents it as Claude Code
+    /// The probe is poolgate's own request; nothing in it presents it as Claude Code
     /// (no identity line, no `claude-code-*` beta), on any account.
     #[test]
     fn the_probe_carries_no_clients_identity() {

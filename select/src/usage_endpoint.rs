@@ -4,7 +4,7 @@
 //!
 //! - Claude subscriptions: `GET <origin of the base URL>/api/oauth/usage` with
 //!   `Authorization: Bearer <token>` and `anthropic-beta: oauth-2025-04-20` (the path Claude
-//!   Code 2.1.332 reads for `/usage`; claude-relay-service and OmniRoute read the same). Its
+//!   Code 2.1.332 reads for `/usage`; docs/SUBSCRIPTIONS.md names who else reads it). Its
 //!   buckets (`five_hour`, `seven_day`, `seven_day_opus`, `seven_day_sonnet`,
 //!   `seven_day_overage_included`) are `{utilization, resets_at}` with the utilization a
 //!   **percent** 0–100 (the headers' is a fraction) and `resets_at` RFC 3339, `null` while the
@@ -13,7 +13,7 @@
 //!   `percent`, `resets_at`): a model-scoped weekly window (the "Fable" limit) appears only
 //!   there.
 //! - ChatGPT subscriptions: `GET <base>/wham/usage` (default base
-//!   `https://chatgpt.com/backend-api`; openai/codex `backend-client`) with the bearer token and
+//!   `https://chatgpt.com/backend-api`, as Codex 0.171.0 calls it) with the bearer token and
 //!   `chatgpt-account-id` from the token's claim. Its `rate_limit.{primary,secondary}_window`
 //!   are `{used_percent, limit_window_seconds, reset_after_seconds, reset_at}` (percent 0–100,
 //!   epoch seconds), and `additional_rate_limits[]` `{limit_name, rate_limit{…}}` the per-model

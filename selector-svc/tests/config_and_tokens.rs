@@ -141,7 +141,7 @@ async fn a_refused_token_is_refreshed_only_when_the_usage_endpoint_refuses_it_to
     // The revoked account's token is refused, and so is the one its refresh brings.
     upstream.revoke("revoked-access-token");
     upstream.revoke("refresh-1-access");
-    // Issue 36: an OAuth credential refusal is confirmed by the usage endpoint the CLI reads,
+    // An OAuth credential refusal is confirmed by the usage endpoint the CLI reads,
     // not by an inference probe (none is sent at all).
     let refused_reads =
         || upstream.usage_calls("revoked-access-token") + upstream.usage_calls("refresh-1-access");

@@ -759,7 +759,7 @@ async fn selection_filters_and_orders_through_the_engine(store: Store) {
     assert_eq!(ids(&engine.plan(&query("g")).await), vec![2]);
 }
 
-/// Issue 36 (5): a confirmation's block is held until its verdict, which may let the account back
+/// A confirmation's block is held until its verdict, which may let the account back
 /// at any moment: an empty plan says `confirming` with a short retry hint (the relay plans again
 /// within the request's deadline), not the block's length; any other block keeps its reason and
 /// its end.

@@ -1,10 +1,10 @@
-//! Each load-cache mechanism (docs/DESIGN.md §5, seed 001), pinned by counting the Redis round
+//! Each load-cache mechanism (docs/DESIGN.md §5), pinned by counting the Redis round
 //! trips the selector makes through its counting connection wrapper (a pipeline or a script is one
 //! trip). A select that plans someone also reads its candidates' usage windows (docs/DESIGN.md
 //! §5), cached like the load for a period and served stale the same way: one more trip per miss,
 //! counted here as `WINDOWS`.
 //!
-//! Stale-while-revalidate (issue 27): a reading past its 200 ms period but younger than the
+//! Stale-while-revalidate: a reading past its 200 ms period but younger than the
 //! bound (3 periods) is served at once while one background fetch replaces it; a block this
 //! replica writes is never served stale, and one another replica writes reaches this one within
 //! a second.

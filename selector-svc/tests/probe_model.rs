@@ -1,4 +1,4 @@
-//! Issue 36: a `probe_model` a Claude OAuth account may not probe on (any non-Haiku model:
+//! A `probe_model` a Claude OAuth account may not probe on (any non-Haiku model:
 //! Anthropic serves subscription tokens on those only to Claude Code's own requests) is refused
 //! where it is set: gRPC `UpsertAccount` (`InvalidArgument` naming `probe_model`) and
 //! `selector-svc admin upsert-account` (a clear error exit). The standalone file's refusal is

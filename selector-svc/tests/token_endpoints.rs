@@ -1,4 +1,4 @@
-//! OAuth token endpoints (issue 22): our defaults are the ones the pinned official CLIs refresh
+//! OAuth token endpoints: our defaults are the ones the pinned official CLIs refresh
 //! at, an account without an endpoint of its own reads as its platform's default (so the
 //! refresher never skips it), and migration 0003 moves rows off the dead Anthropic endpoint.
 //!

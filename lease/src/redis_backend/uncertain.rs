@@ -11,7 +11,7 @@ use poolgate_core::lease::LeaseId;
 use poolgate_runtime::keys::AccountKeys;
 use poolgate_runtime::redis::Conn;
 
-/// How long the detached cleanup of an uncertain acquire may take (seed 001 item 7).
+/// How long the detached cleanup of an uncertain acquire may take.
 const UNCERTAIN_CLEANUP_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// After an acquire that timed out, removes the lease and its RPM events (account, and user

@@ -202,7 +202,7 @@ fn a_none_reason_sent_twice_takes_the_enum_else_the_string_and_refuses_a_disagre
         none_reason(0, "gone_fishing").unwrap_err().field,
         "none_reason"
     );
-    // Issue 36: the confirmation's reason, both ways (a relay that does not know the value is
+    // The confirmation's reason, both ways (a relay that does not know the value is
     // never sent it: `SelectRequest.reads_confirming`).
     let confirming = spb::NoneReason::Confirming as i32;
     assert_eq!(confirming, 6, "an added value, never renumbered");

@@ -46,7 +46,7 @@ pub use request::{HttpClientError, merged_betas, passes_upstream, request_id_hea
 pub struct RelaySettings {
     /// Upstream failures one request may fail over on (local refusals do not count).
     pub failover_budget: u32,
-    /// Acquire attempts per request, at most (seed 001).
+    /// Acquire attempts per request, at most.
     pub max_acquires: u32,
     /// How long a request may wait for capacity (a full pool, or blocks ending).
     pub max_wait: Duration,

@@ -512,7 +512,7 @@ mod tests {
         .snapshot()
     }
 
-    /// Issue 36: a Claude OAuth account may probe only on a Haiku model; the file naming
+    /// A Claude OAuth account may probe only on a Haiku model; the file naming
     /// another fails at start, naming the account and `probe_model`.
     #[test]
     fn a_non_haiku_probe_model_on_a_claude_oauth_account_is_a_start_up_error() {

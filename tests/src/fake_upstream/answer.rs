@@ -250,8 +250,8 @@ async fn respond(
 }
 
 /// A revoked token's refusal. Anthropic: 403 `permission_error` "OAuth token has been revoked.
-/// Please obtain a new token." (anthropics/claude-code #9635, 2025-10-16; vybestack/llxprt-code
-/// #1123, 2026-01-13; Wei-Shaw/sub2api #342, 2026-01-20). The OpenAI shapes: a 401
+/// Please obtain a new token." (reported from 2025-10 to 2026-01; the sources:
+/// docs/SUBSCRIPTIONS.md, "What the upstreams enforce, and how we know"). The OpenAI shapes: a 401
 /// `authentication_error` (no report of the ChatGPT backend's exact answer was found).
 pub(super) fn revoked_answer(shape: Shape) -> (u16, Value) {
     match shape {

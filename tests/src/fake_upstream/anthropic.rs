@@ -63,9 +63,9 @@ pub(super) async fn count_tokens(
 /// block Anthropic looks for before it serves a subscription token on a non-Haiku model.
 pub const BILLING_BLOCK_OPENING: &str = "x-anthropic-billing-header:";
 
-/// Anthropic's 400 for third-party traffic on a subscription token, newest wording first
-/// (NousResearch/hermes-agent #48176, 2026-06-18); before 2026-04-08 the same refusal was a
-/// bare "Error" (anthropics/claude-code #35724, 2026-03-18).
+/// Anthropic's 400 for third-party traffic on a subscription token, newest wording first; before
+/// 2026-04-08 the same refusal was a bare "Error" (the sources: docs/SUBSCRIPTIONS.md, "What the
+/// upstreams enforce, and how we know").
 pub const THIRD_PARTY_MESSAGE: &str = "Third-party apps now draw from extra usage, not plan limits. Ask your workspace admin to add more and keep going.";
 
 /// How the fake words its refusal of third-party traffic on a subscription token.

@@ -13,7 +13,7 @@ fn anthropic_probe() -> Value {
 
 #[test]
 fn the_probes_fixed_bodies_are_recognised_and_nothing_else() {
-    // The probe carries no client's identity (issue 36): a body with any `system` is a client's.
+    // The probe carries no client's identity: a body with any `system` is a client's.
     assert!(is_probe("/v1/messages", &anthropic_probe()));
     let mut with_identity = anthropic_probe();
     with_identity["system"] =
