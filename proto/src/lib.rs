@@ -1,8 +1,11 @@
 //! poolgate's shared contracts: the generated gRPC APIs, their conversions to and from the domain
-//! types of `poolgate-core` ([`convert`], the only place they are written). (The Redis key
+//! types of `poolgate-core` ([`convert`], the only place they are written), and the record of
+//! released protos ([`release`]) that new protos are checked against ([`compat`]). (The Redis key
 //! layout is `poolgate_runtime::keys`, where both engines read it.)
 
+pub mod compat;
 pub mod convert;
+pub mod release;
 
 /// `poolgate.admission.v1`: leases on upstream accounts.
 pub mod admission {
