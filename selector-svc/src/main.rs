@@ -10,7 +10,7 @@ use std::process::ExitCode;
 
 use poolgate_rpc::exit::{Failure, report};
 use poolgate_select::crypto::Keyring;
-use selector_svc::store::PostgresSource;
+use selector_svc::store::{PostgresSource, SchemaStatus};
 
 use crate::cli::{Cli, Command, DatabaseArgs, ServeArgs};
 
@@ -68,14 +68,23 @@ async fn store(args: &DatabaseArgs) -> Result<PostgresSource, Failure> {
 async fn migrate(args: &DatabaseArgs) -> Result<(), Failure> {
     let _telemetry = poolgate_rpc::telemetry::init("selector-svc", args.log_format.as_str());
     let store = store(args).await?;
-    store
+    let status = store
         .migrate()
         .await
         .map_err(|e| Failure::Runtime(e.to_string()))?;
-    println!(
-        "migrations applied (schema version {})",
-        selector_svc::store::known_schema_version()
-    );
+    match status {
+        SchemaStatus::Current { version } => {
+            println!("migrations applied (schema version {version})")
+        }
+        SchemaStatus::Newer {
+            found,
+            known,
+            oldest_release,
+        } => println!(
+            "schema version {found} is newer than this build's {known} and runs releases from \
+             {oldest_release} on: nothing applied"
+        ),
+    }
     Ok(())
 }
 

@@ -1,8 +1,10 @@
-//! Account config in Postgres: migrations, the schema check, loading a snapshot (credentials
-//! decrypted), and every write the selector makes (admin changes, token refreshes, retirements,
-//! usage). Queries are checked at run time, so a clean clone builds without a database.
+//! Account config in Postgres: loading a snapshot (credentials decrypted), and every write the
+//! selector makes (admin changes, token refreshes, retirements, usage); the migrations and the
+//! schema check at start are `store/schema.rs`'s. Queries are checked at run time, so a clean
+//! clone builds without a database.
 //!
-//! The only module that knows SQL (with its `store/reencrypt.rs`); `sqlx::Error` never leaves it.
+//! The only module that knows SQL (with its `store/reencrypt.rs` and `store/schema.rs`);
+//! `sqlx::Error` never leaves it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -25,7 +27,9 @@ use poolgate_select::source::AccountSource;
 pub use poolgate_select::source::{StoreError, UsageInput, UsageTotals};
 
 mod reencrypt;
+mod schema;
 pub use reencrypt::{ReencryptOutcome, ReencryptReport, StoredCiphertexts};
+pub use schema::SchemaStatus;
 
 /// The account columns every read uses (a macro so `concat!` can extend it).
 macro_rules! account_select {
@@ -127,41 +131,6 @@ impl PostgresSource {
 
     pub fn keyring(&self) -> &Keyring {
         &self.keyring
-    }
-
-    pub async fn migrate(&self) -> Result<(), StoreError> {
-        MIGRATOR
-            .run(&self.pool)
-            .await
-            .map_err(|e| StoreError::Unavailable(format!("migration failed: {e}")))
-    }
-
-    /// Refuses a schema this build does not know (older: run `migrate`; newer: upgrade).
-    pub async fn check_schema(&self) -> Result<(), StoreError> {
-        let known = known_schema_version();
-        let found: Option<i64> =
-            sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success")
-                .fetch_one(&self.pool)
-                .await
-                .or_else(|error| match &error {
-                    // No migrations table at all: an empty database.
-                    sqlx::Error::Database(db) if db.code().as_deref() == Some("42P01") => Ok(None),
-                    _ => Err(convert(error)),
-                })?;
-        let found = found.unwrap_or(0);
-        match found.cmp(&known) {
-            std::cmp::Ordering::Equal => Ok(()),
-            std::cmp::Ordering::Less => Err(StoreError::Schema {
-                found,
-                known,
-                hint: "run `selector-svc migrate` first",
-            }),
-            std::cmp::Ordering::Greater => Err(StoreError::Schema {
-                found,
-                known,
-                hint: "the database was migrated by a newer selector; upgrade this one",
-            }),
-        }
     }
 
     /// Loads every group, account (credentials decrypted), client key that is not revoked

@@ -21,11 +21,13 @@ pub use memory::{MemorySource, StateFile};
 pub enum StoreError {
     #[error("postgres unavailable: {0}")]
     Unavailable(String),
+    /// A schema the selector does not run on: older than it knows, or newer and needing a later
+    /// release (`hint` says which, and what to do).
     #[error("database schema is at version {found}, this selector knows version {known}: {hint}")]
     Schema {
         found: i64,
         known: i64,
-        hint: &'static str,
+        hint: String,
     },
     #[error("not found: {0}")]
     NotFound(String),
