@@ -16,7 +16,7 @@ use poolgate_lease::metrics::Metrics;
 use poolgate_lease::{LeaseEngine, LeaseStore};
 use poolgate_rpc::service_auth::CallerCheck;
 use poolgate_rpc::tls::TlsFiles;
-use poolgate_runtime::error::BackendError;
+use poolgate_runtime::error::StateError;
 
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -54,7 +54,7 @@ impl Default for Config {
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     #[error("cannot reach redis: {0}")]
-    Redis(#[from] BackendError),
+    Redis(#[from] StateError),
     #[error("grpc server failed: {0}")]
     Transport(#[from] tonic::transport::Error),
     #[error("reflection service failed: {0}")]

@@ -9,8 +9,8 @@ use std::time::Duration;
 use poolgate_lease::LeaseStore;
 use poolgate_lease::policy::{FailurePolicy, PolicySettings};
 use poolgate_proto::admission::v1 as pb;
-use poolgate_runtime::keys::AccountKeys;
 use poolgate_runtime::redis::{RedisOptions, RedisTarget};
+use poolgate_runtime::redis_keys::AccountKeys;
 use poolgate_testkit::{RedisServer, eventually, free_port};
 use support::{LeaseStream, TestServer, acquire, test_settings};
 

@@ -133,7 +133,7 @@ async fn refused_acquire_consumes_nothing_at_any_gate(store: Store) {
         assert_eq!(refused.denied_reason(), Some(pb::DenyReason::Concurrency));
     }
     if let Some(redis) = store.redis_server() {
-        let keys = poolgate_runtime::keys::AccountKeys::new(31);
+        let keys = poolgate_runtime::redis_keys::AccountKeys::new(31);
         let mut conn = redis.client().await.expect("redis client");
         let leases: u32 = redis::cmd("ZCARD")
             .arg(&keys.leases)
@@ -276,7 +276,7 @@ async fn user_rpm_is_charged_first_and_refunded_when_the_account_refuses(store: 
     if let Some(redis) = store.redis_server() {
         let mut conn = redis.client().await.expect("redis client");
         let events: u32 = redis::cmd("ZCARD")
-            .arg(poolgate_runtime::keys::user_rpm("alice"))
+            .arg(poolgate_runtime::redis_keys::user_rpm("alice"))
             .query_async(&mut conn)
             .await
             .expect("zcard");
@@ -468,8 +468,8 @@ async fn unlimited_account_is_granted_without_state(store: Store) {
         // The replica registry (and its replicas' reports) is admission's own; no key belongs to
         // the account.
         let registry = [
-            poolgate_runtime::keys::admission_replicas(),
-            poolgate_runtime::keys::admission_replica_reports(),
+            poolgate_runtime::redis_keys::admission_replicas(),
+            poolgate_runtime::redis_keys::admission_replica_reports(),
         ];
         let account_keys: Vec<&String> = keys.iter().filter(|k| !registry.contains(k)).collect();
         assert!(
@@ -859,12 +859,12 @@ async fn a_refused_acquire_is_one_round_trip_and_writes_nothing(store: Store) {
     if let Some(redis) = store.redis_server() {
         let mut conn = redis.client().await.expect("redis client");
         let user_events: u32 = redis::cmd("ZCARD")
-            .arg(poolgate_runtime::keys::user_rpm("bob"))
+            .arg(poolgate_runtime::redis_keys::user_rpm("bob"))
             .query_async(&mut conn)
             .await
             .expect("zcard");
         let account_events: u32 = redis::cmd("ZCARD")
-            .arg(poolgate_runtime::keys::AccountKeys::new(241).rpm)
+            .arg(poolgate_runtime::redis_keys::AccountKeys::new(241).rpm)
             .query_async(&mut conn)
             .await
             .expect("zcard");

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use poolgate_lease::LeaseStore;
 use poolgate_proto::admission::v1 as pb;
-use poolgate_runtime::keys::AccountKeys;
 use poolgate_runtime::redis::{RedisOptions, RedisTarget};
+use poolgate_runtime::redis_keys::AccountKeys;
 use poolgate_testkit::{RedisCluster, RedisServer, eventually};
 use support::{
     AdmissionProcess, Answer, LeaseStream, Store, TestServer, acquire, connect, inflight,
@@ -261,7 +261,7 @@ async fn on_a_cluster_a_waiting_acquire_charges_the_user_once_and_refunds_a_refu
         .get_async_connection()
         .await
         .expect("cluster connection");
-    let user_key = poolgate_runtime::keys::user_rpm("carol");
+    let user_key = poolgate_runtime::redis_keys::user_rpm("carol");
     // Refused after polling for 700 ms (the slot stays taken): nothing left charged.
     let (_, refused) = LeaseStream::acquire(&server.client, terms(700)).await;
     assert_eq!(refused.denied_reason(), Some(pb::DenyReason::Concurrency));

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use poolgate_lease::LeaseStore;
 use poolgate_proto::admission::v1 as pb;
-use poolgate_runtime::keys::LEASE_WAKE_CHANNEL;
 use poolgate_runtime::redis::{RedisOptions, RedisTarget};
+use poolgate_runtime::redis_keys::LEASE_WAKE_CHANNEL;
 use poolgate_testkit::{RedisCluster, RedisServer, eventually};
 use support::{LeaseStream, TestServer, acquire};
 

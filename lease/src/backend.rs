@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use poolgate_core::AccountId;
 use poolgate_core::lease::{Denial, LeaseId, LeaseTerms, Renewal, Resumption};
 use poolgate_core::status::AdmissionReport;
-use poolgate_runtime::error::BackendError;
+use poolgate_runtime::error::StateError;
 
 /// Everything admission keeps per account. Every method is one round trip on Redis.
 ///
@@ -22,11 +22,11 @@ pub trait LeaseBackend: Send + Sync + 'static {
         rpm_limit: i32,
         event_id: &str,
         window_ms: u64,
-    ) -> Result<Option<Denial>, BackendError>;
+    ) -> Result<Option<Denial>, StateError>;
 
     /// Removes a user RPM event again (the account refused the acquire it was charged for).
     /// Idempotent: removing an event that is not there does nothing.
-    async fn refund_user(&self, user_id: &str, event_id: &str) -> Result<(), BackendError>;
+    async fn refund_user(&self, user_id: &str, event_id: &str) -> Result<(), StateError>;
 
     /// Whether `acquire` checks and charges the user RPM in the same step as the account gates
     /// (one node, or one process). On a Redis Cluster the user's key lives in another slot, so
@@ -49,7 +49,7 @@ pub trait LeaseBackend: Send + Sync + 'static {
         lease_id: &LeaseId,
         limits: AcquireLimits,
         key: Option<&KeyGate>,
-    ) -> Result<Option<Denial>, BackendError>;
+    ) -> Result<Option<Denial>, StateError>;
 
     /// `acquire_keyed` without key gates (a lease id without a key).
     async fn acquire(
@@ -57,7 +57,7 @@ pub trait LeaseBackend: Send + Sync + 'static {
         terms: &LeaseTerms,
         lease_id: &LeaseId,
         limits: AcquireLimits,
-    ) -> Result<Option<Denial>, BackendError> {
+    ) -> Result<Option<Denial>, StateError> {
         self.acquire_keyed(terms, lease_id, limits, None).await
     }
 
@@ -73,7 +73,7 @@ pub trait LeaseBackend: Send + Sync + 'static {
         ttl_ms: u64,
         restore_within: Option<i32>,
         key_limit: i32,
-    ) -> Result<Renewal, BackendError>;
+    ) -> Result<Renewal, StateError>;
 
     /// Like `renew`, but only for a lease that is still live, and the caller becomes its holder
     /// (a new holder epoch, also when the lease already was resumed: the last `Resume` holds it).
@@ -84,7 +84,7 @@ pub trait LeaseBackend: Send + Sync + 'static {
         lease_id: &LeaseId,
         ttl_ms: u64,
         key_limit: i32,
-    ) -> Result<Resumption, BackendError>;
+    ) -> Result<Resumption, StateError>;
 
     /// Charges account RPM again for a same-account retry on a held lease. `None` = charged.
     async fn attempt(
@@ -93,7 +93,7 @@ pub trait LeaseBackend: Send + Sync + 'static {
         rpm_limit: i32,
         event_id: &str,
         window_ms: u64,
-    ) -> Result<Option<Denial>, BackendError>;
+    ) -> Result<Option<Denial>, StateError>;
 
     /// Removes the lease and adds `spend_micros` (if > 0) to the session window, in one step,
     /// and raises the lease's release fence for `fence_ms`: until it falls no renewal or resume
@@ -107,7 +107,7 @@ pub trait LeaseBackend: Send + Sync + 'static {
         session_window_ms: u64,
         fence_ms: u64,
         key: Option<&KeyCharge>,
-    ) -> Result<bool, BackendError>;
+    ) -> Result<bool, StateError>;
 
     /// `release_charged` without a key charge.
     async fn release(
@@ -116,7 +116,7 @@ pub trait LeaseBackend: Send + Sync + 'static {
         spend_micros: i64,
         session_window_ms: u64,
         fence_ms: u64,
-    ) -> Result<bool, BackendError> {
+    ) -> Result<bool, StateError> {
         self.release_charged(lease_id, spend_micros, session_window_ms, fence_ms, None)
             .await
     }
@@ -130,11 +130,11 @@ pub trait LeaseBackend: Send + Sync + 'static {
         period_id: &str,
         micros: i64,
         expires_in_ms: u64,
-    ) -> Result<bool, BackendError>;
+    ) -> Result<bool, StateError>;
 
     /// The time budgets' calendar periods are computed from: Redis time where the backend is
     /// Redis (from the offset learned from script replies), the local clock otherwise.
-    async fn wall_now_ms(&self) -> Result<i64, BackendError> {
+    async fn wall_now_ms(&self) -> Result<i64, StateError> {
         Ok(poolgate_runtime::clock::local_ms())
     }
 
@@ -149,14 +149,14 @@ pub trait LeaseBackend: Send + Sync + 'static {
         grace_ms: u64,
         holder_epoch: u64,
         fence_ms: u64,
-    ) -> Result<(), BackendError>;
+    ) -> Result<(), StateError>;
 
     /// Live lease counts, in the order asked.
-    async fn inflight(&self, account_ids: &[AccountId]) -> Result<Vec<u32>, BackendError>;
+    async fn inflight(&self, account_ids: &[AccountId]) -> Result<Vec<u32>, StateError>;
 
     /// Live lease counts of client keys' slots (their keyed leases across every account), in
     /// the order asked.
-    async fn key_inflight(&self, api_key_ids: &[i64]) -> Result<Vec<u32>, BackendError>;
+    async fn key_inflight(&self, api_key_ids: &[i64]) -> Result<Vec<u32>, StateError>;
 
     /// What accounts used of their rate limits, in the order asked: (RPM events in the rolling
     /// `rpm_window_ms`, spend in the current session window of `session_window_ms`, micro-USD).
@@ -166,7 +166,7 @@ pub trait LeaseBackend: Send + Sync + 'static {
         account_ids: &[AccountId],
         rpm_window_ms: u64,
         session_window_ms: u64,
-    ) -> Result<Vec<(u32, i64)>, BackendError>;
+    ) -> Result<Vec<(u32, i64)>, StateError>;
 
     /// Admission's state as the operator's status view shows it (see
     /// `poolgate_runtime::ports::ProbeLeases::admission_status`).
@@ -178,14 +178,14 @@ pub trait LeaseBackend: Send + Sync + 'static {
         account_id: AccountId,
         spend_micros: i64,
         session_window_ms: u64,
-    ) -> Result<i64, BackendError>;
+    ) -> Result<i64, StateError>;
 
     /// Hard-blocks the account for `ttl_ms` (keeping a later existing deadline).
-    async fn set_cooldown(&self, account_id: AccountId, ttl_ms: u64) -> Result<(), BackendError>;
+    async fn set_cooldown(&self, account_id: AccountId, ttl_ms: u64) -> Result<(), StateError>;
 
     /// Lifts the account's hard block, whatever its deadline (an operator cleared it, or the
     /// in-process selector lifted a block it set).
-    async fn clear_cooldown(&self, account_id: AccountId) -> Result<(), BackendError>;
+    async fn clear_cooldown(&self, account_id: AccountId) -> Result<(), StateError>;
 
     /// Registers a waiter, bounded by `max_waiting`. Returns its position, or `None` when the
     /// queue is full. The entry expires after `ttl_ms`.
@@ -195,13 +195,10 @@ pub trait LeaseBackend: Send + Sync + 'static {
         waiter_id: &str,
         max_waiting: u32,
         ttl_ms: u64,
-    ) -> Result<Option<u32>, BackendError>;
+    ) -> Result<Option<u32>, StateError>;
 
-    async fn remove_waiter(
-        &self,
-        account_id: AccountId,
-        waiter_id: &str,
-    ) -> Result<(), BackendError>;
+    async fn remove_waiter(&self, account_id: AccountId, waiter_id: &str)
+    -> Result<(), StateError>;
 }
 
 /// A client key's gates for one acquire, built by the engine from `LeaseTerms::key` and the

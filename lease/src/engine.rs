@@ -19,7 +19,13 @@ use poolgate_core::lease::{
     Denial, DenyReason, KeyLimits, LeaseId, LeaseTerms, Renewal, Resumption, Settings,
 };
 use poolgate_core::{AccountId, millis};
-use poolgate_runtime::error::BackendError;
+use poolgate_runtime::error::StateError;
+
+mod guards;
+mod release;
+
+use guards::{UserCharge, WaiterGuard};
+use release::PendingRelease;
 
 /// What an acquire came to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,13 +34,6 @@ pub enum AcquireOutcome {
     Denied(Denial),
     /// The caller went away while waiting; nothing is held.
     Cancelled,
-}
-
-/// A release the backend did not take; retried in the background so no slot stays until ttl.
-struct PendingRelease {
-    lease_id: LeaseId,
-    spend_micros: i64,
-    key: Option<KeyCharge>,
 }
 
 /// How long a key's budget counter outlives its period (so a late reader still sees the last
@@ -162,7 +161,7 @@ impl LeaseEngine {
         *self.wall_clock.lock().unwrap_or_else(|p| p.into_inner()) = Some(clock);
     }
 
-    async fn wall_now_ms(&self) -> Result<i64, BackendError> {
+    async fn wall_now_ms(&self) -> Result<i64, StateError> {
         let injected = self
             .wall_clock
             .lock()
@@ -175,7 +174,7 @@ impl LeaseEngine {
     }
 
     /// The key's gates for an acquire now: its limits and the budget periods of this instant.
-    async fn key_gate(&self, key: &KeyLimits) -> Result<KeyGate, BackendError> {
+    async fn key_gate(&self, key: &KeyLimits) -> Result<KeyGate, StateError> {
         let now = self.wall_now_ms().await?;
         let periods = self.calendar.periods(now);
         let resets = |ends_ms: i64| u64::try_from(ends_ms - now).unwrap_or(0).max(1);
@@ -298,7 +297,7 @@ impl LeaseEngine {
     /// One try at every gate. Where the backend joins the user gate (one Redis node, memory) it
     /// is one step that writes nothing when refused; otherwise `terms` carries no user here (the
     /// user was charged once for the whole acquire, see `acquire`).
-    async fn try_acquire(&self, terms: &LeaseTerms) -> Result<AcquireOutcome, BackendError> {
+    async fn try_acquire(&self, terms: &LeaseTerms) -> Result<AcquireOutcome, StateError> {
         let lease_id = self.lease_id_for(terms);
         if untracked(terms) {
             return Ok(AcquireOutcome::Granted(lease_id));
@@ -333,7 +332,7 @@ impl LeaseEngine {
         wait: Duration,
         cancel: &CancellationToken,
         on_queued: impl FnMut(u32),
-    ) -> Result<AcquireOutcome, BackendError> {
+    ) -> Result<AcquireOutcome, StateError> {
         let separate_user = terms
             .user
             .as_ref()
@@ -393,7 +392,7 @@ impl LeaseEngine {
         wait: Duration,
         cancel: &CancellationToken,
         mut on_queued: impl FnMut(u32),
-    ) -> Result<AcquireOutcome, BackendError> {
+    ) -> Result<AcquireOutcome, StateError> {
         let deadline = Instant::now() + wait;
         let mut waiter: Option<WaiterGuard> = None;
         let mut delay = self.settings.wait_poll_initial;
@@ -492,13 +491,13 @@ impl LeaseEngine {
         }
     }
 
-    fn record_decision(&self, outcome: &Result<AcquireOutcome, BackendError>) {
+    fn record_decision(&self, outcome: &Result<AcquireOutcome, StateError>) {
         let (result, reason) = match outcome {
             Ok(AcquireOutcome::Granted(_)) => ("granted", "none"),
             Ok(AcquireOutcome::Denied(denial)) => ("denied", denial.reason.as_str()),
             Ok(AcquireOutcome::Cancelled) => ("cancelled", "client_gone"),
-            Err(BackendError::Timeout) => ("error", "backend_timeout"),
-            Err(BackendError::Failed(_)) => ("error", "backend_error"),
+            Err(StateError::Timeout) => ("error", "backend_timeout"),
+            Err(StateError::Failed(_)) => ("error", "backend_error"),
         };
         self.metrics
             .decisions
@@ -512,7 +511,7 @@ impl LeaseEngine {
         &self,
         lease_id: &LeaseId,
         terms: &LeaseTerms,
-    ) -> Result<Resumption, BackendError> {
+    ) -> Result<Resumption, StateError> {
         if untracked(terms) {
             return Ok(Resumption::Resumed { holder_epoch: 0 });
         }
@@ -527,7 +526,7 @@ impl LeaseEngine {
         &self,
         lease_id: &LeaseId,
         terms: &LeaseTerms,
-    ) -> Result<Renewal, BackendError> {
+    ) -> Result<Renewal, StateError> {
         self.heartbeat(lease_id, terms, Duration::ZERO).await
     }
 
@@ -541,7 +540,7 @@ impl LeaseEngine {
         lease_id: &LeaseId,
         terms: &LeaseTerms,
         since_renewal: Duration,
-    ) -> Result<Renewal, BackendError> {
+    ) -> Result<Renewal, StateError> {
         if untracked(terms) {
             return Ok(Renewal::Renewed);
         }
@@ -569,7 +568,7 @@ impl LeaseEngine {
         lease_id: &LeaseId,
         terms: &LeaseTerms,
         attempt: u32,
-    ) -> Result<Option<Denial>, BackendError> {
+    ) -> Result<Option<Denial>, StateError> {
         if terms.rpm_limit <= 0 {
             return Ok(None);
         }
@@ -593,144 +592,14 @@ impl LeaseEngine {
         Ok(denial)
     }
 
-    /// Frees a lease (recording spend when the terms keep a window, or, without terms (the
-    /// unary `Release`), whenever it is given). A release the backend cannot take now is queued
-    /// and retried; the holder is done either way.
-    pub async fn release(
-        &self,
-        lease_id: &LeaseId,
-        terms: Option<&LeaseTerms>,
-        spend_micros: i64,
-    ) -> bool {
-        self.release_with(lease_id, terms, spend_micros, 0).await
-    }
-
-    /// `release`, with the request's tokens (input + output as the upstream reported them,
-    /// cache reads and writes as input): a keyed lease charges its key's TPM with them, and its
-    /// budgets with the spend, once per lease.
-    pub async fn release_with(
-        &self,
-        lease_id: &LeaseId,
-        terms: Option<&LeaseTerms>,
-        spend_micros: i64,
-        tokens: u64,
-    ) -> bool {
-        if terms.is_some_and(untracked) {
-            return true;
-        }
-        let key = match lease_id.api_key_id() {
-            Some(_) => Some(self.key_charge(spend_micros, tokens).await),
-            None => None,
-        };
-        let spend_micros = match terms {
-            Some(terms) if terms.session_window_limit_micros <= 0 => 0,
-            _ => spend_micros.max(0),
-        };
-        let session_window_ms = millis(self.settings.session_window);
-        match self
-            .backend
-            .release_charged(
-                lease_id,
-                spend_micros,
-                session_window_ms,
-                self.fence_ms(),
-                key.as_ref(),
-            )
-            .await
-        {
-            Ok(removed) => {
-                self.wake_for(lease_id);
-                removed
-            }
-            Err(error) => {
-                tracing::warn!(%error, lease_id = %lease_id, "release failed; queued for retry");
-                self.metrics.release_retries.inc();
-                let mut pending = self
-                    .pending_releases
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner());
-                pending.push(PendingRelease {
-                    lease_id: lease_id.clone(),
-                    spend_micros,
-                    key,
-                });
-                false
-            }
-        }
-    }
-
-    /// Retries releases that failed; returns how many are still pending.
-    pub async fn retry_pending_releases(&self) -> usize {
-        let batch: Vec<PendingRelease> = {
-            let mut pending = self
-                .pending_releases
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            std::mem::take(&mut *pending)
-        };
-        let session_window_ms = millis(self.settings.session_window);
-        let mut failed = Vec::new();
-        for release in batch {
-            match self
-                .backend
-                .release_charged(
-                    &release.lease_id,
-                    release.spend_micros,
-                    session_window_ms,
-                    self.fence_ms(),
-                    release.key.as_ref(),
-                )
-                .await
-            {
-                Ok(_) => self.wake_for(&release.lease_id),
-                Err(_) => failed.push(release),
-            }
-        }
-        let mut pending = self
-            .pending_releases
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        pending.extend(failed);
-        pending.len()
-    }
-
-    /// The stream that held the lease ended without `Release`: leave the lease resumable for
-    /// the orphan grace, then Redis reaps it.
-    pub async fn orphan(&self, lease_id: &LeaseId, terms: &LeaseTerms, holder_epoch: u64) {
-        if untracked(terms) {
-            return;
-        }
-        self.metrics.orphaned.inc();
-        if let Err(error) = self
-            .backend
-            .orphan(
-                lease_id,
-                millis(self.settings.orphan_grace),
-                holder_epoch,
-                self.fence_ms(),
-            )
-            .await
-        {
-            tracing::warn!(%error, lease_id = %lease_id, "orphan failed; the lease expires at its ttl");
-        }
-    }
-
-    /// The holder was told `Lost`: the lease is no longer this replica's (the failure policy
-    /// must not adopt it at the next outage).
-    pub fn forget_held(&self, lease_id: &LeaseId) {
-        if let Some(policy) = &self.policy {
-            policy.forget_held(lease_id);
-        }
-    }
-
-    pub async fn inflight(&self, account_ids: &[AccountId]) -> Result<Vec<u32>, BackendError> {
+    pub async fn inflight(&self, account_ids: &[AccountId]) -> Result<Vec<u32>, StateError> {
         self.backend.inflight(account_ids).await
     }
 
     /// What accounts used of their rate limits, in the order asked: (requests admitted in the
     /// rolling RPM window, spend in the current session window in micro-USD), over this engine's
     /// windows. For the operator's status view.
-    pub async fn usage(&self, account_ids: &[AccountId]) -> Result<Vec<(u32, i64)>, BackendError> {
+    pub async fn usage(&self, account_ids: &[AccountId]) -> Result<Vec<(u32, i64)>, StateError> {
         self.backend
             .usage(
                 account_ids,
@@ -747,7 +616,7 @@ impl LeaseEngine {
 
     /// Live leases of client keys' slots (keyed leases across every account), in the order
     /// asked: what a key's concurrency limit counts.
-    pub async fn key_inflight(&self, api_key_ids: &[i64]) -> Result<Vec<u32>, BackendError> {
+    pub async fn key_inflight(&self, api_key_ids: &[i64]) -> Result<Vec<u32>, StateError> {
         self.backend.key_inflight(api_key_ids).await
     }
 
@@ -755,7 +624,7 @@ impl LeaseEngine {
         &self,
         account_id: AccountId,
         spend_micros: i64,
-    ) -> Result<i64, BackendError> {
+    ) -> Result<i64, StateError> {
         self.metrics.spend_micros.inc_by(spend_micros.max(0) as u64);
         self.backend
             .record_spend(
@@ -777,7 +646,7 @@ impl LeaseEngine {
         api_key_id: i64,
         period_id: &str,
         micros: i64,
-    ) -> Result<bool, BackendError> {
+    ) -> Result<bool, StateError> {
         let expires_in_ms = match period_id {
             TOTAL_PERIOD => 0,
             _ => {
@@ -801,7 +670,7 @@ impl LeaseEngine {
     }
 
     /// The budget periods of this instant (day, week, month), as the engine names them.
-    pub async fn budget_periods(&self) -> Result<crate::calendar::Periods, BackendError> {
+    pub async fn budget_periods(&self) -> Result<crate::calendar::Periods, StateError> {
         Ok(self.calendar.periods(self.wall_now_ms().await?))
     }
 
@@ -811,7 +680,7 @@ impl LeaseEngine {
         &self,
         account_id: AccountId,
         duration: Duration,
-    ) -> Result<(), BackendError> {
+    ) -> Result<(), StateError> {
         self.backend
             .set_cooldown(account_id, millis(duration))
             .await
@@ -819,7 +688,7 @@ impl LeaseEngine {
 
     /// Lifts an account's hard block (the in-process selector's `clear` and the end of a
     /// confirmation it started).
-    pub async fn clear_cooldown(&self, account_id: AccountId) -> Result<(), BackendError> {
+    pub async fn clear_cooldown(&self, account_id: AccountId) -> Result<(), StateError> {
         self.backend.clear_cooldown(account_id).await
     }
 }
@@ -841,84 +710,4 @@ fn key_limit(terms: &LeaseTerms) -> i32 {
 /// (docs/DESIGN.md §4).
 fn untracked(terms: &LeaseTerms) -> bool {
     terms.account_unlimited() && key_of(terms).is_none()
-}
-
-/// A user RPM charge made apart from the account gates (a Cluster): refunded unless the
-/// acquire it was made for got a lease; dropped while armed (the caller went away), the refund
-/// runs detached.
-struct UserCharge {
-    backend: Arc<dyn LeaseBackend>,
-    user_id: String,
-    event_id: String,
-    armed: bool,
-}
-
-impl UserCharge {
-    fn keep(mut self) {
-        self.armed = false;
-    }
-
-    async fn refund(mut self) {
-        self.armed = false;
-        if let Err(error) = self
-            .backend
-            .refund_user(&self.user_id, &self.event_id)
-            .await
-        {
-            tracing::warn!(%error, "user rpm refund failed; the event ages out within the rpm window");
-        }
-    }
-}
-
-impl Drop for UserCharge {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let backend = self.backend.clone();
-        let user_id = std::mem::take(&mut self.user_id);
-        let event_id = std::mem::take(&mut self.event_id);
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                if let Err(error) = backend.refund_user(&user_id, &event_id).await {
-                    tracing::debug!(%error, "user rpm refund failed; the event ages out");
-                }
-            });
-        }
-    }
-}
-
-/// Removes a registered waiter when the wait ends for any reason (granted, refused, or the
-/// client went away and the future was dropped).
-struct WaiterGuard {
-    backend: Arc<dyn LeaseBackend>,
-    account_id: AccountId,
-    waiter_id: String,
-    metrics: Metrics,
-    local_waiting: Arc<Mutex<HashMap<AccountId, usize>>>,
-}
-
-impl Drop for WaiterGuard {
-    fn drop(&mut self) {
-        self.metrics.waiters.dec();
-        {
-            let mut waiting = self.local_waiting.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(count) = waiting.get_mut(&self.account_id) {
-                *count = count.saturating_sub(1);
-                if *count == 0 {
-                    waiting.remove(&self.account_id);
-                }
-            }
-        }
-        let backend = self.backend.clone();
-        let account_id = self.account_id;
-        let waiter_id = std::mem::take(&mut self.waiter_id);
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                if let Err(error) = backend.remove_waiter(account_id, &waiter_id).await {
-                    tracing::debug!(%error, "waiter removal failed; the entry expires by itself");
-                }
-            });
-        }
-    }
 }

@@ -1,7 +1,7 @@
 //! The lease engine's error: what a lease stream can fail with. Transport-free; admission-svc
 //! maps it to gRPC status codes in one place (`admission-svc/src/error.rs`).
 
-use poolgate_runtime::error::BackendError;
+use poolgate_runtime::error::StateError;
 use thiserror::Error;
 
 #[derive(Debug, Error)]
@@ -18,7 +18,7 @@ pub enum LeaseError {
     Exhausted(String),
     /// The backend could not answer (Redis down, timed out).
     #[error("backend unavailable: {0}")]
-    Unavailable(#[from] BackendError),
+    Unavailable(#[from] StateError),
 }
 
 impl LeaseError {

@@ -16,9 +16,11 @@ use poolgate_core::lease::{
     Denial, DenyReason, LeaseId, LeaseTerms, LostReason, Renewal, Resumption,
 };
 use poolgate_core::status::AdmissionReport;
-use poolgate_runtime::error::BackendError;
+use poolgate_runtime::error::StateError;
 
+mod client_keys;
 mod fences;
+use client_keys::KeyState;
 use fences::Fences;
 
 #[derive(Default)]
@@ -103,111 +105,6 @@ impl AccountState {
             }
         }
     }
-}
-
-/// A client key's slot and counters: its leases (mirroring the account's for keyed leases), their
-/// release fences, the tokens of the rolling minute and the budget counters.
-#[derive(Default)]
-struct KeyState {
-    /// lease id -> expiry (ms)
-    leases: HashMap<String, u64>,
-    released: Fences,
-    /// (time ms, tokens), oldest first.
-    tokens: VecDeque<(u64, u64)>,
-    /// period id -> (micro-USD, expiry ms; 0 = never)
-    spend: HashMap<String, (i64, u64)>,
-    /// Leases whose release charged the key already.
-    billed: Fences,
-}
-
-impl KeyState {
-    fn live_leases(&mut self, now: u64) -> usize {
-        self.leases.retain(|_, expiry| *expiry >= now);
-        self.leases.len()
-    }
-
-    fn is_fenced(&mut self, lease_id: &str, now: u64) -> bool {
-        self.released.prune(now);
-        self.released.contains(lease_id, now)
-    }
-
-    fn fence(&mut self, lease_id: &str, until: u64) {
-        self.released.raise(lease_id, until);
-    }
-
-    fn spent(&mut self, period_id: &str, now: u64) -> i64 {
-        self.spend
-            .retain(|_, (_, expiry)| *expiry == 0 || *expiry >= now);
-        self.spend.get(period_id).map_or(0, |(micros, _)| *micros)
-    }
-
-    /// The key's gates, in the order the Redis script checks them: budgets, TPM, concurrency.
-    fn check(&mut self, gate: &KeyGate, now: u64) -> Option<Denial> {
-        for budget in &gate.budgets {
-            if budget.limit_micros > 0 && self.spent(&budget.period_id, now) >= budget.limit_micros
-            {
-                return Some(Denial::new(DenyReason::KeyBudget, budget.resets_in_ms));
-            }
-        }
-        if gate.tpm_limit > 0
-            && let Some(retry) = tpm_full(&mut self.tokens, now, gate.tpm_limit, gate.tpm_window_ms)
-        {
-            return Some(Denial::new(DenyReason::KeyTpm, retry));
-        }
-        let held = self.live_leases(now);
-        if gate.concurrency_limit > 0 && held >= gate.concurrency_limit as usize {
-            return Some(Denial::new(DenyReason::KeyConcurrency, 0));
-        }
-        None
-    }
-
-    /// Charges a finished lease's tokens and spend, once per lease.
-    fn charge(&mut self, lease_id: &str, charge: &KeyCharge, now: u64, billed_ms: u64) {
-        self.billed.prune(now);
-        if self.billed.contains(lease_id, now) {
-            return;
-        }
-        self.billed.raise(lease_id, now + billed_ms);
-        if charge.tokens > 0 {
-            self.tokens.push_back((now, charge.tokens));
-        }
-        if charge.spend_micros > 0 {
-            for (period_id, ttl_ms) in &charge.periods {
-                self.spent(period_id, now);
-                let expiry = if *ttl_ms == 0 { 0 } else { now + ttl_ms };
-                let counter = self.spend.entry(period_id.clone()).or_insert((0, expiry));
-                counter.0 += charge.spend_micros;
-                if counter.1 != 0 {
-                    counter.1 = counter.1.max(expiry);
-                }
-            }
-        }
-    }
-}
-
-/// The rolling window's tokens: `None` below the limit, else how long until enough of them age
-/// out to go below it.
-fn tpm_full(
-    tokens: &mut VecDeque<(u64, u64)>,
-    now: u64,
-    limit: i64,
-    window_ms: u64,
-) -> Option<u64> {
-    let since = now.saturating_sub(window_ms);
-    while tokens.front().is_some_and(|(at, _)| *at < since) {
-        tokens.pop_front();
-    }
-    let mut sum: i64 = tokens.iter().map(|(_, n)| *n as i64).sum();
-    if sum < limit {
-        return None;
-    }
-    for (at, n) in tokens.iter() {
-        sum -= *n as i64;
-        if sum < limit {
-            return Some((at + window_ms).saturating_sub(now).max(1));
-        }
-    }
-    Some(window_ms.max(1))
 }
 
 /// Rolling-minute event log shared by account RPM and user RPM.
@@ -388,7 +285,7 @@ impl LeaseBackend for MemoryBackend {
         rpm_limit: i32,
         event_id: &str,
         window_ms: u64,
-    ) -> Result<Option<Denial>, BackendError> {
+    ) -> Result<Option<Denial>, StateError> {
         Ok(self.with_state(|state, now| {
             let events = state.users.entry(user_id.to_owned()).or_default();
             if events.iter().any(|(_, id)| id == event_id) {
@@ -402,7 +299,7 @@ impl LeaseBackend for MemoryBackend {
         }))
     }
 
-    async fn refund_user(&self, user_id: &str, event_id: &str) -> Result<(), BackendError> {
+    async fn refund_user(&self, user_id: &str, event_id: &str) -> Result<(), StateError> {
         self.with_state(|state, _| {
             if let Some(events) = state.users.get_mut(user_id) {
                 events.retain(|(_, id)| id != event_id);
@@ -420,7 +317,7 @@ impl LeaseBackend for MemoryBackend {
         lease_id: &LeaseId,
         limits: AcquireLimits,
         key: Option<&KeyGate>,
-    ) -> Result<Option<Denial>, BackendError> {
+    ) -> Result<Option<Denial>, StateError> {
         Ok(self.with_state(|state, now| {
             let State {
                 accounts,
@@ -499,7 +396,7 @@ impl LeaseBackend for MemoryBackend {
         ttl_ms: u64,
         restore_within: Option<i32>,
         key_limit: i32,
-    ) -> Result<Renewal, BackendError> {
+    ) -> Result<Renewal, StateError> {
         Ok(self.with_state(|state, now| {
             let State { accounts, keys, .. } = state;
             let account = accounts.entry(lease_id.account_id()).or_default();
@@ -544,7 +441,7 @@ impl LeaseBackend for MemoryBackend {
         lease_id: &LeaseId,
         ttl_ms: u64,
         _key_limit: i32,
-    ) -> Result<Resumption, BackendError> {
+    ) -> Result<Resumption, StateError> {
         Ok(self.with_state(|state, now| {
             // One process: the key slot holds exactly the account's keyed leases, so it follows.
             if let Some(api_key_id) = lease_id.api_key_id()
@@ -585,7 +482,7 @@ impl LeaseBackend for MemoryBackend {
         rpm_limit: i32,
         event_id: &str,
         window_ms: u64,
-    ) -> Result<Option<Denial>, BackendError> {
+    ) -> Result<Option<Denial>, StateError> {
         Ok(self.with_state(|state, now| {
             let account = state.accounts.entry(lease_id.account_id()).or_default();
             if let Some(denial) = rpm_check(&mut account.rpm_events, now, rpm_limit, window_ms) {
@@ -605,7 +502,7 @@ impl LeaseBackend for MemoryBackend {
         session_window_ms: u64,
         fence_ms: u64,
         key: Option<&KeyCharge>,
-    ) -> Result<bool, BackendError> {
+    ) -> Result<bool, StateError> {
         Ok(self.with_state(|state, now| {
             if let Some(api_key_id) = lease_id.api_key_id() {
                 let state_of_key = state.keys.entry(api_key_id).or_default();
@@ -642,7 +539,7 @@ impl LeaseBackend for MemoryBackend {
         grace_ms: u64,
         holder_epoch: u64,
         fence_ms: u64,
-    ) -> Result<(), BackendError> {
+    ) -> Result<(), StateError> {
         self.with_state(|state, now| {
             let id = lease_id.as_str();
             if let Some(account) = state.accounts.get_mut(&lease_id.account_id())
@@ -665,7 +562,7 @@ impl LeaseBackend for MemoryBackend {
         Ok(())
     }
 
-    async fn inflight(&self, account_ids: &[AccountId]) -> Result<Vec<u32>, BackendError> {
+    async fn inflight(&self, account_ids: &[AccountId]) -> Result<Vec<u32>, StateError> {
         Ok(self.with_state(|state, now| {
             account_ids
                 .iter()
@@ -687,7 +584,7 @@ impl LeaseBackend for MemoryBackend {
         account_ids: &[AccountId],
         rpm_window_ms: u64,
         session_window_ms: u64,
-    ) -> Result<Vec<(u32, i64)>, BackendError> {
+    ) -> Result<Vec<(u32, i64)>, StateError> {
         Ok(self.with_state(|state, now| {
             let since = now.saturating_sub(rpm_window_ms);
             account_ids
@@ -713,7 +610,7 @@ impl LeaseBackend for MemoryBackend {
         AdmissionReport::in_process()
     }
 
-    async fn key_inflight(&self, api_key_ids: &[i64]) -> Result<Vec<u32>, BackendError> {
+    async fn key_inflight(&self, api_key_ids: &[i64]) -> Result<Vec<u32>, StateError> {
         Ok(self.with_state(|state, now| {
             api_key_ids
                 .iter()
@@ -731,7 +628,7 @@ impl LeaseBackend for MemoryBackend {
         account_id: AccountId,
         spend_micros: i64,
         session_window_ms: u64,
-    ) -> Result<i64, BackendError> {
+    ) -> Result<i64, StateError> {
         Ok(self.with_state(|state, now| {
             state.accounts.entry(account_id).or_default().add_spend(
                 now,
@@ -747,7 +644,7 @@ impl LeaseBackend for MemoryBackend {
         period_id: &str,
         micros: i64,
         expires_in_ms: u64,
-    ) -> Result<bool, BackendError> {
+    ) -> Result<bool, StateError> {
         Ok(self.with_state(|state, now| {
             let key = state.keys.entry(api_key_id).or_default();
             key.spent(period_id, now);
@@ -768,7 +665,7 @@ impl LeaseBackend for MemoryBackend {
         }))
     }
 
-    async fn set_cooldown(&self, account_id: AccountId, ttl_ms: u64) -> Result<(), BackendError> {
+    async fn set_cooldown(&self, account_id: AccountId, ttl_ms: u64) -> Result<(), StateError> {
         self.with_state(|state, now| {
             let account = state.accounts.entry(account_id).or_default();
             account.cooldown_until = account.cooldown_until.max(now + ttl_ms);
@@ -776,7 +673,7 @@ impl LeaseBackend for MemoryBackend {
         Ok(())
     }
 
-    async fn clear_cooldown(&self, account_id: AccountId) -> Result<(), BackendError> {
+    async fn clear_cooldown(&self, account_id: AccountId) -> Result<(), StateError> {
         self.with_state(|state, _| {
             if let Some(account) = state.accounts.get_mut(&account_id) {
                 account.cooldown_until = 0;
@@ -794,7 +691,7 @@ impl LeaseBackend for MemoryBackend {
         waiter_id: &str,
         max_waiting: u32,
         ttl_ms: u64,
-    ) -> Result<Option<u32>, BackendError> {
+    ) -> Result<Option<u32>, StateError> {
         Ok(self.with_state(|state, now| {
             let account = state.accounts.entry(account_id).or_default();
             account.waiters.retain(|_, expiry| *expiry >= now);
@@ -812,7 +709,7 @@ impl LeaseBackend for MemoryBackend {
         &self,
         account_id: AccountId,
         waiter_id: &str,
-    ) -> Result<(), BackendError> {
+    ) -> Result<(), StateError> {
         self.with_state(|state, _| {
             if let Some(account) = state.accounts.get_mut(&account_id) {
                 account.waiters.remove(waiter_id);

@@ -8,7 +8,7 @@ use poolgate_core::AccountId;
 use poolgate_core::keys::{UsagePeriod, period_start};
 use poolgate_core::lease::{LeaseId, LeaseTerms};
 use poolgate_core::status::AdmissionReport;
-use poolgate_runtime::error::BackendError;
+use poolgate_runtime::error::StateError;
 use poolgate_runtime::ports::{
     BudgetCalendar, BudgetCounters, BudgetPeriod, BudgetPeriods, Cooldowns, ProbeLeases,
 };
@@ -23,7 +23,7 @@ impl ProbeLeases for LeaseEngine {
         &self,
         terms: &LeaseTerms,
         wait: Duration,
-    ) -> Result<Option<LeaseId>, BackendError> {
+    ) -> Result<Option<LeaseId>, StateError> {
         let cancel = CancellationToken::new();
         match self.acquire(terms, wait, &cancel, |_| {}).await? {
             AcquireOutcome::Granted(lease_id) => Ok(Some(lease_id)),
@@ -42,7 +42,7 @@ impl ProbeLeases for LeaseEngine {
     async fn account_usage(
         &self,
         account_ids: &[AccountId],
-    ) -> Result<Vec<(u32, i64)>, BackendError> {
+    ) -> Result<Vec<(u32, i64)>, StateError> {
         LeaseEngine::usage(self, account_ids).await
     }
 }
@@ -53,15 +53,15 @@ impl Cooldowns for LeaseEngine {
         &self,
         account_id: AccountId,
         duration: Duration,
-    ) -> Result<(), BackendError> {
+    ) -> Result<(), StateError> {
         LeaseEngine::set_cooldown(self, account_id, duration).await
     }
 
-    async fn clear_cooldown(&self, account_id: AccountId) -> Result<(), BackendError> {
+    async fn clear_cooldown(&self, account_id: AccountId) -> Result<(), StateError> {
         LeaseEngine::clear_cooldown(self, account_id).await
     }
 
-    async fn inflight(&self, account_ids: &[AccountId]) -> Result<Vec<u32>, BackendError> {
+    async fn inflight(&self, account_ids: &[AccountId]) -> Result<Vec<u32>, StateError> {
         LeaseEngine::inflight(self, account_ids).await
     }
 }
@@ -85,7 +85,7 @@ impl BudgetCalendar for Calendar {
 /// its clock and calendar, and the seed.
 #[async_trait]
 impl BudgetCounters for LeaseEngine {
-    async fn budget_periods(&self) -> Result<BudgetPeriods, BackendError> {
+    async fn budget_periods(&self) -> Result<BudgetPeriods, StateError> {
         let now = LeaseEngine::budget_periods(self).await?;
         let calendar = self.calendar();
         let period = |current: Period, kind: UsagePeriod| BudgetPeriod {
@@ -106,7 +106,7 @@ impl BudgetCounters for LeaseEngine {
         api_key_id: i64,
         period_id: &str,
         micros: i64,
-    ) -> Result<bool, BackendError> {
+    ) -> Result<bool, StateError> {
         LeaseEngine::seed_budget(self, api_key_id, period_id, micros).await
     }
 }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use poolgate_core::lease::Settings;
-use poolgate_runtime::error::BackendError;
+use poolgate_runtime::error::StateError;
 use poolgate_runtime::redis::{RedisHandle, RedisOptions, RedisTarget};
 
 use crate::backend::LeaseBackend;
@@ -60,7 +60,7 @@ pub async fn start(
     store: &LeaseStore,
     settings: Settings,
     metrics: Metrics,
-) -> Result<Arc<LeaseEngine>, BackendError> {
+) -> Result<Arc<LeaseEngine>, StateError> {
     let engine = match store {
         LeaseStore::Memory => {
             let backend: Arc<dyn LeaseBackend> = Arc::new(MemoryBackend::new());

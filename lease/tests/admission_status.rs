@@ -14,8 +14,8 @@ use poolgate_core::status::{AdmissionPolicy, AdmissionState};
 use poolgate_lease::metrics::Metrics;
 use poolgate_lease::policy::{FailurePolicy, PolicySettings};
 use poolgate_lease::{AcquireOutcome, LeaseEngine, LeaseStore};
-use poolgate_runtime::keys;
 use poolgate_runtime::redis::{RedisHandle, RedisOptions, RedisTarget};
+use poolgate_runtime::redis_keys;
 use poolgate_testkit::{RedisServer, eventually};
 use tokio_util::sync::CancellationToken;
 
@@ -64,7 +64,7 @@ async fn redis_now(redis: &RedisServer) -> i64 {
 async fn entry(redis: &RedisServer, member: &str, expiry_ms: i64, report: Option<String>) {
     let mut conn = redis.client().await.expect("redis client");
     let _: i64 = redis::cmd("ZADD")
-        .arg(keys::admission_replicas())
+        .arg(redis_keys::admission_replicas())
         .arg(expiry_ms)
         .arg(member)
         .query_async(&mut conn)
@@ -72,7 +72,7 @@ async fn entry(redis: &RedisServer, member: &str, expiry_ms: i64, report: Option
         .expect("zadd");
     if let Some(report) = report {
         let _: i64 = redis::cmd("HSET")
-            .arg(keys::admission_replica_reports())
+            .arg(redis_keys::admission_replica_reports())
             .arg(member)
             .arg(report)
             .query_async(&mut conn)
@@ -139,10 +139,10 @@ async fn admission_reads_ok_from_live_replicas_degraded_when_a_fresh_one_says_so
     let mut conn = redis.client().await.expect("redis client");
     let _: (i64, i64) = redis::pipe()
         .cmd("ZREM")
-        .arg(keys::admission_replicas())
+        .arg(redis_keys::admission_replicas())
         .arg("degraded-one")
         .cmd("HDEL")
-        .arg(keys::admission_replica_reports())
+        .arg(redis_keys::admission_replica_reports())
         .arg("degraded-one")
         .query_async(&mut conn)
         .await
@@ -153,7 +153,7 @@ async fn admission_reads_ok_from_live_replicas_degraded_when_a_fresh_one_says_so
     let status = reader.admission_status().await;
     assert_eq!(status.state, AdmissionState::Unknown, "{status:?}");
     let _: i64 = redis::cmd("ZREM")
-        .arg(keys::admission_replicas())
+        .arg(redis_keys::admission_replicas())
         .arg("older-replica")
         .query_async(&mut conn)
         .await

@@ -11,8 +11,8 @@ use poolgate_core::lease::{
 };
 use poolgate_lease::metrics::Metrics;
 use poolgate_lease::{AcquireOutcome, LeaseEngine, LeaseStore};
-use poolgate_runtime::keys::{AccountKeys, ClientKeyKeys};
 use poolgate_runtime::redis::{RedisOptions, RedisTarget};
+use poolgate_runtime::redis_keys::{AccountKeys, ClientKeyKeys};
 use poolgate_testkit::{RedisCluster, RedisServer, eventually};
 use tokio_util::sync::CancellationToken;
 

@@ -1,7 +1,7 @@
 //! poolgate's shared contracts: the generated gRPC APIs, their conversions to and from the domain
 //! types of `poolgate-core` ([`convert`], the only place they are written), and the record of
 //! released protos ([`release`]) that new protos are checked against ([`compat`]). (The Redis key
-//! layout is `poolgate_runtime::keys`, where both engines read it.)
+//! layout is `poolgate_runtime::redis_keys`, where both engines read it.)
 
 pub mod compat;
 pub mod convert;

@@ -3,25 +3,23 @@
 //! a refusal is an SSE error event instead of a status.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body as AxumBody;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use bytes::Bytes;
-use futures_util::StreamExt;
-use http::{HeaderMap, HeaderValue, StatusCode, Uri};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Uri};
 use poolgate_core::keys::Endpoint;
-use tokio::sync::mpsc;
 
 use crate::client_api::{Api, ErrorKind, RelayError};
 use crate::edge::{BodyError, BufferBudget, read_body};
-use crate::proxy::{
-    Answer, Body, BodyJsonError, Inbound, Relay, TopLevel, key_view, request_id_header,
-};
+use crate::proxy::{Answer, BodyJsonError, Inbound, Relay, TopLevel, key_view};
 use crate::session::session_hash;
+
+mod respond;
+
+use respond::{AbortOnDrop, pinged_stream, respond};
 
 /// Shared state of the HTTP front.
 #[derive(Clone)]
@@ -336,6 +334,15 @@ fn client_key(headers: &HeaderMap) -> Option<String> {
         .map(|k| k.trim().to_owned())
 }
 
+/// `x-request-id` of every response.
+fn request_id_header() -> (HeaderName, HeaderValue) {
+    let id = format!("req_{:016x}{:08x}", fastrand::u64(..), fastrand::u32(..));
+    (
+        HeaderName::from_static("x-request-id"),
+        HeaderValue::from_str(&id).unwrap_or_else(|_| HeaderValue::from_static("req_unknown")),
+    )
+}
+
 fn with_request_id(mut response: Response) -> Response {
     let (name, value) = request_id_header();
     response.headers_mut().insert(name, value);
@@ -478,125 +485,4 @@ async fn handle_inner(front: Front, route: Route, headers: HeaderMap, body: Axum
         answer = run.join() => respond(answer.unwrap_or_else(|| Answer::Error(RelayError::new(api, ErrorKind::Upstream, "internal error")))),
         _ = tokio::time::sleep(ping_after) => pinged_stream(api, run, ping_every),
     }
-}
-
-/// A request task that is cancelled when the client's connection (and with it this handle) goes
-/// away, so a gone client never holds a lease or an upstream call.
-struct AbortOnDrop(Option<tokio::task::JoinHandle<Answer>>);
-
-impl AbortOnDrop {
-    async fn join(&mut self) -> Option<Answer> {
-        let handle = self.0.as_mut()?;
-        let answer = handle.await.ok();
-        self.0 = None;
-        answer
-    }
-}
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        if let Some(handle) = self.0.take() {
-            handle.abort();
-        }
-    }
-}
-
-/// Turns an answer into a response.
-fn respond(answer: Answer) -> Response {
-    match answer {
-        Answer::Error(error) => error.into_response(),
-        Answer::Upstream {
-            status,
-            headers,
-            body,
-        } => {
-            let body = match body {
-                Body::Full(bytes) => AxumBody::from(bytes),
-                Body::Stream(receiver) => stream_body(receiver),
-            };
-            let mut response = Response::new(body);
-            *response.status_mut() = status;
-            *response.headers_mut() = headers;
-            response
-        }
-    }
-}
-
-fn stream_body(receiver: mpsc::Receiver<Bytes>) -> AxumBody {
-    let stream =
-        tokio_stream::wrappers::ReceiverStream::new(receiver).map(Ok::<Bytes, std::io::Error>);
-    AxumBody::from_stream(stream)
-}
-
-/// The status line goes out now (200, SSE); keep-alive comments follow until the answer comes,
-/// then its bytes — or, if it is a refusal or an upstream error, an SSE error event.
-fn pinged_stream(api: Api, mut run: AbortOnDrop, ping_every: Duration) -> Response {
-    let (sender, receiver) = mpsc::channel::<Bytes>(32);
-    tokio::spawn(async move {
-        if sender
-            .send(Bytes::from_static(b": keep-alive\n\n"))
-            .await
-            .is_err()
-        {
-            return;
-        }
-        let answer = loop {
-            tokio::select! {
-                answer = run.join() => break answer.unwrap_or_else(|| Answer::Error(RelayError::new(api, ErrorKind::Upstream, "internal error"))),
-                _ = tokio::time::sleep(ping_every) => {
-                    if sender.send(Bytes::from_static(b": keep-alive\n\n")).await.is_err() {
-                        // The client went away: dropping `run` cancels the wait (and any lease).
-                        return;
-                    }
-                }
-            }
-        };
-        match answer {
-            Answer::Error(error) => {
-                let _ = sender.send(error.sse_event()).await;
-            }
-            Answer::Upstream { status, body, .. } if !status.is_success() => {
-                let message = match body {
-                    Body::Full(bytes) => {
-                        String::from_utf8_lossy(&bytes[..bytes.len().min(2000)]).into_owned()
-                    }
-                    Body::Stream(_) => format!("upstream answered {status}"),
-                };
-                let kind = if status == StatusCode::TOO_MANY_REQUESTS {
-                    ErrorKind::RateLimited
-                } else {
-                    ErrorKind::Upstream
-                };
-                let _ = sender
-                    .send(RelayError::new(api, kind, message).sse_event())
-                    .await;
-            }
-            Answer::Upstream {
-                body: Body::Full(bytes),
-                ..
-            } => {
-                let _ = sender.send(bytes).await;
-            }
-            Answer::Upstream {
-                body: Body::Stream(mut upstream),
-                ..
-            } => {
-                while let Some(chunk) = upstream.recv().await {
-                    if sender.send(chunk).await.is_err() {
-                        return;
-                    }
-                }
-            }
-        }
-    });
-    let mut response = Response::new(stream_body(receiver));
-    response.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    response.headers_mut().insert(
-        http::header::CACHE_CONTROL,
-        HeaderValue::from_static("no-cache"),
-    );
-    response
 }

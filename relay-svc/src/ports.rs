@@ -27,7 +27,7 @@ pub enum BackendError {
     Convert(#[from] ConvertError),
     /// The in-process engine's storage failed (standalone mode).
     #[error(transparent)]
-    Storage(#[from] poolgate_runtime::error::BackendError),
+    Storage(#[from] poolgate_runtime::error::StateError),
     /// The in-process selection engine refused or failed (standalone mode).
     #[error(transparent)]
     Selection(#[from] poolgate_select::engine::SelectorError),

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 mod common;
 
 use common::processes::{Env, Process};
-use poolgate_runtime::keys::AccountKeys;
+use poolgate_runtime::redis_keys::AccountKeys;
 use poolgate_select::crypto::Keyring;
 use poolgate_testkit::fake_upstream::{FakeUpstream, Scripted};
 use poolgate_testkit::{PostgresServer, RedisServer, eventually, free_port};

@@ -8,7 +8,7 @@ use common::account;
 use std::sync::Arc;
 use std::time::Duration;
 
-use poolgate_runtime::keys::AccountKeys;
+use poolgate_runtime::redis_keys::AccountKeys;
 use poolgate_testkit::fake_upstream::{FakeUpstream, Scripted};
 use poolgate_testkit::{PostgresServer, RedisServer, eventually};
 

@@ -693,7 +693,7 @@ async fn over_grpc_response_and_session_bindings_are_the_keys_own() {
     // Alice's session is bound under her key, not under the bare session id.
     let mut redis = backends.redis.client().await.expect("redis");
     let scoped: Option<i64> = redis::cmd("GET")
-        .arg(poolgate_runtime::keys::sticky_binding(
+        .arg(poolgate_runtime::redis_keys::sticky_binding(
             "default",
             &format!("k{alice_id}:alice-session"),
         ))
@@ -702,7 +702,7 @@ async fn over_grpc_response_and_session_bindings_are_the_keys_own() {
         .expect("get");
     assert!(scoped.is_some(), "alice's session is bound under her key");
     let bare: Option<i64> = redis::cmd("GET")
-        .arg(poolgate_runtime::keys::sticky_binding(
+        .arg(poolgate_runtime::redis_keys::sticky_binding(
             "default",
             "alice-session",
         ))

@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::account;
-use poolgate_runtime::keys::AccountKeys;
+use poolgate_runtime::redis_keys::AccountKeys;
 use poolgate_testkit::eventually;
 use poolgate_testkit::fake_upstream::FakeUpstream;
 use relay_svc::proxy::RelaySettings;

@@ -14,7 +14,7 @@ use serde_json::json;
 /// The lease ids live on `account` in Redis.
 async fn lease_ids(conn: &mut redis::aio::MultiplexedConnection, account: i64) -> Vec<String> {
     redis::cmd("ZRANGE")
-        .arg(poolgate_runtime::keys::AccountKeys::new(account).leases)
+        .arg(poolgate_runtime::redis_keys::AccountKeys::new(account).leases)
         .arg(0)
         .arg(-1)
         .query_async(conn)

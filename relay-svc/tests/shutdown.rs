@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::processes::{Process, binary};
 use futures_util::StreamExt;
-use poolgate_runtime::keys::AccountKeys;
+use poolgate_runtime::redis_keys::AccountKeys;
 use poolgate_testkit::fake_upstream::FakeUpstream;
 use poolgate_testkit::{eventually, free_port};
 use relay_svc::proxy::RelaySettings;

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
-use crate::error::BackendError;
+use crate::error::StateError;
 use crate::redis::RedisHandle;
 
 /// Lua prelude: `now`, the Redis clock in ms.
@@ -37,7 +37,7 @@ impl RedisClock {
     }
 
     /// Redis time in ms: from the learned offset, or one `TIME` round trip the first time.
-    pub async fn now(&self, redis: &RedisHandle) -> Result<i64, BackendError> {
+    pub async fn now(&self, redis: &RedisHandle) -> Result<i64, StateError> {
         let offset = self.offset_ms.load(Ordering::Relaxed);
         if offset != i64::MIN {
             return Ok(local_ms() + offset);

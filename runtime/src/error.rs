@@ -1,11 +1,13 @@
-//! The storage error every service shares, translated once from the client's error type.
+//! The error of the state backends (Redis, or memory where a backend can fail), which every
+//! engine shares, translated once from the client's error type. (The relay's `BackendError` is
+//! another thing: a selection or lease backend's answer, gRPC or in process.)
 
 use thiserror::Error;
 
 /// A backend failure, already translated from the storage client's error type. Messages never
 /// carry credentials (the Redis URL's password is never formatted into them).
 #[derive(Debug, Clone, Error)]
-pub enum BackendError {
+pub enum StateError {
     /// The operation did not answer in time; it may or may not have been applied.
     #[error("backend timed out")]
     Timeout,
@@ -13,10 +15,10 @@ pub enum BackendError {
     Failed(String),
 }
 
-impl From<redis::RedisError> for BackendError {
+impl From<redis::RedisError> for StateError {
     fn from(error: redis::RedisError) -> Self {
         // `RedisError`'s display holds the command's error text and kind, never the URL.
-        BackendError::Failed(format!(
+        StateError::Failed(format!(
             "{:?}: {}",
             error.kind(),
             error.detail().unwrap_or("")

@@ -11,7 +11,7 @@ use poolgate_core::keys::UsagePeriod;
 use poolgate_core::lease::{LeaseId, LeaseTerms};
 use poolgate_core::status::AdmissionReport;
 
-use crate::error::BackendError;
+use crate::error::StateError;
 
 /// Leases for the selector's confirmation probe, counted against the account like the relays'
 /// leases (so a probe never exceeds the account's concurrency).
@@ -22,7 +22,7 @@ pub trait ProbeLeases: Send + Sync {
         &self,
         terms: &LeaseTerms,
         wait: Duration,
-    ) -> Result<Option<LeaseId>, BackendError>;
+    ) -> Result<Option<LeaseId>, StateError>;
 
     /// Frees the probe's lease. A release the backend cannot take now is the lease engine's to
     /// retry; the caller is done either way.
@@ -41,11 +41,9 @@ pub trait ProbeLeases: Send + Sync {
     async fn account_usage(
         &self,
         account_ids: &[AccountId],
-    ) -> Result<Vec<(u32, i64)>, BackendError> {
+    ) -> Result<Vec<(u32, i64)>, StateError> {
         let _ = account_ids;
-        Err(BackendError::Failed(
-            "account usage is not kept here".into(),
-        ))
+        Err(StateError::Failed("account usage is not kept here".into()))
     }
 }
 
@@ -58,10 +56,10 @@ pub trait Cooldowns: Send + Sync {
         &self,
         account_id: AccountId,
         duration: Duration,
-    ) -> Result<(), BackendError>;
-    async fn clear_cooldown(&self, account_id: AccountId) -> Result<(), BackendError>;
+    ) -> Result<(), StateError>;
+    async fn clear_cooldown(&self, account_id: AccountId) -> Result<(), StateError>;
     /// Live leases per account, in the order of `account_ids`.
-    async fn inflight(&self, account_ids: &[AccountId]) -> Result<Vec<u32>, BackendError>;
+    async fn inflight(&self, account_ids: &[AccountId]) -> Result<Vec<u32>, StateError>;
 }
 
 // --- client keys' budgets (docs/DESIGN.md §4, "Client key limits") --------------------------
@@ -89,7 +87,7 @@ pub struct BudgetPeriods {
 pub trait BudgetCounters: Send + Sync {
     /// The current periods, from the lease engine's clock and calendar (its time zone and week
     /// start), so the ledger is summed over exactly the periods admission counts.
-    async fn budget_periods(&self) -> Result<BudgetPeriods, BackendError>;
+    async fn budget_periods(&self) -> Result<BudgetPeriods, StateError>;
 
     /// Raises a key's counter for `period_id` to `micros` where it holds less (absent after a
     /// flush) and never lowers it; whether it was raised.
@@ -98,7 +96,7 @@ pub trait BudgetCounters: Send + Sync {
         api_key_id: i64,
         period_id: &str,
         micros: i64,
-    ) -> Result<bool, BackendError>;
+    ) -> Result<bool, StateError>;
 }
 
 /// The deployment's budget calendar as the selector engine reads it (its time zone and week

@@ -16,7 +16,7 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
 
-use crate::error::BackendError;
+use crate::error::StateError;
 
 /// How to reach Redis.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -159,11 +159,11 @@ impl RedisHandle {
         target: &RedisTarget,
         options: &RedisOptions,
         round_trips: IntCounter,
-    ) -> Result<Self, BackendError> {
+    ) -> Result<Self, StateError> {
         let backend = match target {
             RedisTarget::Single(url) => {
                 let manager = RedisConnectionManager::new(url.as_str())
-                    .map_err(|e| BackendError::Failed(format!("bad redis url: {:?}", e.kind())))?;
+                    .map_err(|e| StateError::Failed(format!("bad redis url: {:?}", e.kind())))?;
                 let pool = bb8::Pool::builder()
                     .max_size(options.pool_size.max(1))
                     .connection_timeout(options.timeout)
@@ -181,12 +181,12 @@ impl RedisHandle {
                         .response_timeout(options.timeout)
                         .retries(2)
                         .build()
-                        .map_err(BackendError::from)?;
+                        .map_err(StateError::from)?;
                 let connection =
                     tokio::time::timeout(options.timeout * 3, client.get_async_connection())
                         .await
-                        .map_err(|_| BackendError::Timeout)?
-                        .map_err(BackendError::from)?;
+                        .map_err(|_| StateError::Timeout)?
+                        .map_err(StateError::from)?;
                 Backend::Cluster(connection)
             }
         };
@@ -217,14 +217,14 @@ impl RedisHandle {
     /// A multiplexed connection serves many callers at once, so the pool only hands out a
     /// *clone* and gets its entry back at once: callers never queue behind each other for a
     /// pool slot, and the pool still replaces connections that broke (see [`TrackingManager`]).
-    pub async fn conn(&self) -> Result<Conn, BackendError> {
+    pub async fn conn(&self) -> Result<Conn, StateError> {
         let inner = match &self.backend {
             Backend::Single(pool) => {
                 let mut tries = pool.state().connections + 1;
                 loop {
                     let now = self.epoch.elapsed().as_millis() as u64;
                     if now < self.unreachable_until.load(Ordering::Relaxed) {
-                        return Err(BackendError::Failed(
+                        return Err(StateError::Failed(
                             "redis unreachable (a connect failed just now)".into(),
                         ));
                     }
@@ -233,9 +233,9 @@ impl RedisHandle {
                             self.epoch.elapsed().as_millis() as u64 + FAIL_FAST.as_millis() as u64;
                         self.unreachable_until.store(until, Ordering::Relaxed);
                         match e {
-                            bb8::RunError::User(e) => BackendError::from(e),
+                            bb8::RunError::User(e) => StateError::from(e),
                             bb8::RunError::TimedOut => {
-                                BackendError::Failed("no redis connection in time".into())
+                                StateError::Failed("no redis connection in time".into())
                             }
                         }
                     })?;
@@ -265,11 +265,11 @@ impl RedisHandle {
     pub async fn bounded<T>(
         &self,
         operation: impl Future<Output = Result<T, RedisError>>,
-    ) -> Result<T, BackendError> {
+    ) -> Result<T, StateError> {
         tokio::time::timeout(self.timeout, operation)
             .await
-            .map_err(|_| BackendError::Timeout)?
-            .map_err(BackendError::from)
+            .map_err(|_| StateError::Timeout)?
+            .map_err(StateError::from)
     }
 }
 

@@ -31,7 +31,7 @@ use poolgate_runtime::ports::ProbeLeases;
 use tokio::sync::Notify;
 
 use crate::engine::{Applied, apply_broken};
-use crate::health::{BackendError, Health, HealthStore};
+use crate::health::{Health, HealthStore, StateError};
 use crate::metrics::Metrics;
 use crate::probe::{ProbeSettings, Probed, Suspicion, probe_under_lease};
 use crate::refresh::{RefreshError, RefreshResult, TokenRefresher};
@@ -123,7 +123,7 @@ impl Confirmations {
         account: Arc<Account>,
         status: u16,
         suspicion: Suspicion,
-    ) -> Result<bool, BackendError> {
+    ) -> Result<bool, StateError> {
         let owner = running_owner();
         if !self
             .health
@@ -148,7 +148,7 @@ impl Confirmations {
         account: Arc<Account>,
         status: u16,
         fresh_value: &str,
-    ) -> Result<bool, BackendError> {
+    ) -> Result<bool, StateError> {
         let owner = running_owner();
         if !self
             .health
@@ -169,7 +169,7 @@ impl Confirmations {
         suspicion: Suspicion,
         owner: String,
         may_refresh: bool,
-    ) -> Result<(), BackendError> {
+    ) -> Result<(), StateError> {
         let block = match self
             .health
             .block_confirming(

@@ -14,14 +14,10 @@ use sqlx::{Row, migrate::Migrator};
 
 use poolgate_core::AccountId;
 use poolgate_core::account::{
-    Account, AccountStatus, ApiKeyRecord, CredentialKind, GroupSettings, OAuthState, Platform,
-    Price, Secret, default_oauth_token_url,
+    Account, AccountStatus, CredentialKind, GroupSettings, OAuthState, Platform, Price, Secret,
+    default_oauth_token_url,
 };
-use poolgate_core::keys::{KeyAccess, known_endpoints};
-use poolgate_core::lease::KeyLimits;
-use poolgate_core::money::{micros_to_usd, usd_to_micros};
-use poolgate_proto::convert::keys::{KeyUpdate, endpoint_names, parse_key_status};
-use poolgate_select::crypto::{BlobPlace, Keyring, api_key_hash, api_key_prefix, new_api_key};
+use poolgate_select::crypto::{BlobPlace, Keyring};
 use poolgate_select::snapshot::Snapshot;
 use poolgate_select::source::AccountSource;
 pub use poolgate_select::source::{StoreError, UsageInput, UsageTotals};
@@ -62,6 +58,11 @@ macro_rules! api_key_select {
         )
     };
 }
+
+mod api_keys;
+mod usage;
+
+use api_keys::api_key_from_row;
 
 /// The migrations in `migrations/`, embedded at build time.
 pub static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
@@ -395,40 +396,31 @@ impl PostgresSource {
                 ),
                 None => None,
             };
-            let inserted: Option<AccountId> = sqlx::query_scalar(
-                "INSERT INTO accounts (id, name, group_id, platform, base_url, credential_kind, \
-                   credential_ciphertext, credential_key_id, refresh_token_ciphertext, expires_at, token_url, \
-                   priority, weight, concurrency_limit, rpm_limit, session_window_limit_usd, allowed_models, \
-                   model_mapping, proxy_url, probe_model, stream_usage, oauth_client_id) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, to_timestamp($10::double precision / 1000), $11, \
-                   $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22) \
-                 ON CONFLICT (name) DO NOTHING RETURNING id",
-            )
-            .bind(id)
-            .bind(&input.name)
-            .bind(group_id)
-            .bind(input.platform.as_str())
-            .bind(&input.base_url)
-            .bind(input.credential_kind.as_str())
-            .bind(blob)
-            .bind(key_id)
-            .bind(refresh)
-            .bind(expires_at_ms)
-            .bind(token_url)
-            .bind(input.priority)
-            .bind(input.weight.max(1))
-            .bind(input.concurrency_limit)
-            .bind(input.rpm_limit)
-            .bind(input.session_window_limit_usd)
-            .bind(&input.allowed_models)
-            .bind(mapping)
-            .bind(&input.proxy_url)
-            .bind(&input.probe_model)
-            .bind(input.stream_usage)
-            .bind(&client_id)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(convert)?;
+            let params = AccountParams {
+                id,
+                input,
+                group_id,
+                blob: Some(blob),
+                key_id: Some(key_id),
+                refresh,
+                expires_at_ms,
+                token_url,
+                mapping,
+                client_id,
+            };
+            let inserted = params
+                .bind(sqlx::query(
+                    "INSERT INTO accounts (id, name, group_id, platform, base_url, credential_kind, \
+                       credential_ciphertext, credential_key_id, refresh_token_ciphertext, expires_at, token_url, \
+                       priority, weight, concurrency_limit, rpm_limit, session_window_limit_usd, allowed_models, \
+                       model_mapping, proxy_url, probe_model, stream_usage, oauth_client_id) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, to_timestamp($10::double precision / 1000), $11, \
+                       $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22) \
+                     ON CONFLICT (name) DO NOTHING RETURNING id",
+                ))
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(convert)?;
             if inserted.is_none() {
                 // Rolled back on drop; the sequence value is simply not used.
                 return Ok(None);
@@ -474,43 +466,38 @@ impl PostgresSource {
                 (Some(key_id), Some(blob), refresh)
             }
         };
-        sqlx::query(
-            "UPDATE accounts SET group_id = $2, platform = $3, base_url = $4, credential_kind = $5, \
-               credential_ciphertext = COALESCE($6, credential_ciphertext), \
-               credential_key_id = COALESCE($7, credential_key_id), \
-               refresh_token_ciphertext = COALESCE($8, refresh_token_ciphertext), \
-               expires_at = COALESCE(to_timestamp($9::double precision / 1000), expires_at), \
-               token_url = COALESCE($10, token_url), \
-               priority = $11, weight = $12, concurrency_limit = $13, rpm_limit = $14, \
-               session_window_limit_usd = $15, allowed_models = $16, model_mapping = $17, \
-               proxy_url = $18, probe_model = $19, stream_usage = $20, \
-               oauth_client_id = COALESCE($21, oauth_client_id), updated_at = now() \
-             WHERE id = $1",
-        )
-        .bind(id)
-        .bind(group_id)
-        .bind(input.platform.as_str())
-        .bind(&input.base_url)
-        .bind(input.credential_kind.as_str())
-        .bind(blob)
-        .bind(key_id)
-        .bind(refresh)
-        .bind(expires_at_ms)
-        .bind(token_url)
-        .bind(input.priority)
-        .bind(input.weight.max(1))
-        .bind(input.concurrency_limit)
-        .bind(input.rpm_limit)
-        .bind(input.session_window_limit_usd)
-        .bind(&input.allowed_models)
-        .bind(mapping)
-        .bind(&input.proxy_url)
-        .bind(&input.probe_model)
-        .bind(input.stream_usage)
-        .bind(&client_id)
-        .execute(&mut *tx)
-        .await
-        .map_err(convert)?;
+        let params = AccountParams {
+            id,
+            input,
+            group_id,
+            blob,
+            key_id,
+            refresh,
+            expires_at_ms,
+            token_url,
+            mapping,
+            client_id,
+        };
+        // The same parameters as the INSERT: `NULL` credential columns and OAuth fields keep
+        // the stored ones.
+        params
+            .bind(sqlx::query(
+                "UPDATE accounts SET name = $2, group_id = $3, platform = $4, base_url = $5, \
+                   credential_kind = $6, \
+                   credential_ciphertext = COALESCE($7, credential_ciphertext), \
+                   credential_key_id = COALESCE($8, credential_key_id), \
+                   refresh_token_ciphertext = COALESCE($9, refresh_token_ciphertext), \
+                   expires_at = COALESCE(to_timestamp($10::double precision / 1000), expires_at), \
+                   token_url = COALESCE($11, token_url), \
+                   priority = $12, weight = $13, concurrency_limit = $14, rpm_limit = $15, \
+                   session_window_limit_usd = $16, allowed_models = $17, model_mapping = $18, \
+                   proxy_url = $19, probe_model = $20, stream_usage = $21, \
+                   oauth_client_id = COALESCE($22, oauth_client_id), updated_at = now() \
+                 WHERE id = $1",
+            ))
+            .execute(&mut *tx)
+            .await
+            .map_err(convert)?;
         tx.commit().await.map_err(convert)?;
         Ok(Some(id))
     }
@@ -576,267 +563,6 @@ impl PostgresSource {
             .ok_or_else(|| StoreError::NotFound(format!("account {id}")))?;
         self.account_from_row(&row)
     }
-
-    /// Creates a client API key without limits; returns (id, the key — shown once).
-    pub async fn create_api_key(
-        &self,
-        name: &str,
-        user: &str,
-        group: &str,
-        user_rpm_limit: i32,
-    ) -> Result<(i64, Secret), StoreError> {
-        self.create_api_key_with_access(name, user, group, user_rpm_limit, &KeyAccess::default())
-            .await
-    }
-
-    /// Creates a client API key that may reach what `access` allows (its `disabled` is ignored:
-    /// a key is born active), without limits; returns (id, the key — shown once).
-    pub async fn create_api_key_with_access(
-        &self,
-        name: &str,
-        user: &str,
-        group: &str,
-        user_rpm_limit: i32,
-        access: &KeyAccess,
-    ) -> Result<(i64, Secret), StoreError> {
-        self.create_api_key_with_limits(
-            name,
-            user,
-            group,
-            user_rpm_limit,
-            access,
-            &KeyLimits::default(),
-        )
-        .await
-    }
-
-    /// Creates a client API key with what it may reach and its own limits (`limits.api_key_id`
-    /// is ignored: the new row's id is the key's); returns (id, the key — shown once).
-    pub async fn create_api_key_with_limits(
-        &self,
-        name: &str,
-        user: &str,
-        group: &str,
-        user_rpm_limit: i32,
-        access: &KeyAccess,
-        limits: &KeyLimits,
-    ) -> Result<(i64, Secret), StoreError> {
-        let group_id = self.group_id(group).await?;
-        let key = new_api_key();
-        let id = sqlx::query_scalar(
-            "INSERT INTO api_keys (name, key_hash, key_prefix, user_name, group_id, user_rpm_limit, \
-             expires_at, allowed_models, allowed_endpoints, concurrency_limit, tpm_limit, \
-             budget_total_usd, budget_day_usd, budget_week_usd, budget_month_usd) \
-             VALUES ($1, $2, $3, $4, $5, $6, to_timestamp($7::double precision / 1000), $8, $9, \
-             $10, $11, $12, $13, $14, $15) \
-             RETURNING id",
-        )
-        .bind(name)
-        .bind(api_key_hash(key.expose()))
-        .bind(api_key_prefix(key.expose()))
-        .bind(user)
-        .bind(group_id)
-        .bind(user_rpm_limit)
-        .bind(access.expires_at_ms.map(|ms| ms as f64))
-        .bind(&access.allowed_models)
-        .bind(endpoint_names(&access.allowed_endpoints))
-        .bind(limits.concurrency_limit.max(0))
-        .bind(limits.tpm_limit.max(0))
-        .bind(micros_to_usd(limits.budget_total_micros.max(0)))
-        .bind(micros_to_usd(limits.budget_day_micros.max(0)))
-        .bind(micros_to_usd(limits.budget_week_micros.max(0)))
-        .bind(micros_to_usd(limits.budget_month_micros.max(0)))
-        .fetch_one(&self.pool)
-        .await
-        .map_err(convert)?;
-        Ok((id, key))
-    }
-
-    /// Every client key, revoked ones included (`active: false`), ascending by id.
-    pub async fn list_api_keys(&self) -> Result<Vec<ApiKeyRecord>, StoreError> {
-        let rows = sqlx::query(concat!(api_key_select!("api_keys"), " ORDER BY k.id"))
-            .fetch_all(&self.pool)
-            .await
-            .map_err(convert)?;
-        rows.iter().map(api_key_from_row).collect()
-    }
-
-    /// Changes what a key may reach and its limits, only what `update` gives, in one statement;
-    /// the key after.
-    /// A revoked key is gone: `NotFound`, as an unknown one. The `api_keys` trigger notifies
-    /// every selector, which reloads within a second.
-    pub async fn update_api_key(
-        &self,
-        id: i64,
-        update: &KeyUpdate,
-    ) -> Result<ApiKeyRecord, StoreError> {
-        let row = sqlx::query(concat!(
-            "WITH updated AS (UPDATE api_keys SET \
-             status = CASE WHEN $2::boolean IS NULL THEN status \
-                           WHEN $2 THEN 'disabled' ELSE 'active' END, \
-             expires_at = CASE WHEN $3 THEN to_timestamp($4::double precision / 1000) \
-                               ELSE expires_at END, \
-             allowed_models = COALESCE($5::text[], allowed_models), \
-             allowed_endpoints = COALESCE($6::text[], allowed_endpoints), \
-             concurrency_limit = COALESCE($7::integer, concurrency_limit), \
-             tpm_limit = COALESCE($8::bigint, tpm_limit), \
-             budget_total_usd = COALESCE($9::double precision, budget_total_usd), \
-             budget_day_usd = COALESCE($10::double precision, budget_day_usd), \
-             budget_week_usd = COALESCE($11::double precision, budget_week_usd), \
-             budget_month_usd = COALESCE($12::double precision, budget_month_usd) \
-             WHERE id = $1 AND status <> 'revoked' RETURNING *) ",
-            api_key_select!("updated")
-        ))
-        .bind(id)
-        .bind(update.disabled)
-        .bind(update.expires_at_ms.is_some())
-        .bind(update.expires_at_ms.flatten().map(|ms| ms as f64))
-        .bind(update.allowed_models.as_ref())
-        .bind(update.allowed_endpoints.as_deref().map(endpoint_names))
-        .bind(update.concurrency_limit)
-        .bind(update.tpm_limit)
-        .bind(update.budget_total_micros.map(micros_to_usd))
-        .bind(update.budget_day_micros.map(micros_to_usd))
-        .bind(update.budget_week_micros.map(micros_to_usd))
-        .bind(update.budget_month_micros.map(micros_to_usd))
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(convert)?
-        .ok_or_else(|| StoreError::NotFound(format!("api key {id}")))?;
-        api_key_from_row(&row)
-    }
-
-    pub async fn revoke_api_key(&self, id: i64) -> Result<(), StoreError> {
-        let updated = sqlx::query("UPDATE api_keys SET status = 'revoked' WHERE id = $1")
-            .bind(id)
-            .execute(&self.pool)
-            .await
-            .map_err(convert)?;
-        if updated.rows_affected() == 0 {
-            return Err(StoreError::NotFound(format!("api key {id}")));
-        }
-        Ok(())
-    }
-
-    pub async fn set_price(&self, model: &str, price: Price) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO model_prices (model, input_per_mtok, output_per_mtok, cache_write_per_mtok, cache_read_per_mtok) \
-             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (model) DO UPDATE SET input_per_mtok = $2, \
-             output_per_mtok = $3, cache_write_per_mtok = $4, cache_read_per_mtok = $5",
-        )
-        .bind(model)
-        .bind(price.input_per_mtok)
-        .bind(price.output_per_mtok)
-        .bind(price.cache_write_per_mtok)
-        .bind(price.cache_read_per_mtok)
-        .execute(&self.pool)
-        .await
-        .map_err(convert)?;
-        Ok(())
-    }
-
-    /// Inserts a batch of usage records in one statement.
-    pub async fn insert_usage(&self, records: &[UsageInput]) -> Result<u64, StoreError> {
-        if records.is_empty() {
-            return Ok(0);
-        }
-        let mut builder = sqlx::QueryBuilder::new(
-            "INSERT INTO usage_records (at, api_key_id, user_name, account_id, model, input_tokens, \
-             output_tokens, cache_write_tokens, cache_read_tokens, cost_usd, status, latency_ms) ",
-        );
-        builder.push_values(records, |mut row, record| {
-            row.push("COALESCE(to_timestamp(")
-                .push_bind_unseparated(record.at_ms.map(|ms| ms as f64 / 1000.0))
-                .push_unseparated("), now())")
-                .push_bind(record.api_key_id)
-                .push_bind(&record.user)
-                .push_bind(record.account_id)
-                .push_bind(&record.model)
-                .push_bind(record.input_tokens)
-                .push_bind(record.output_tokens)
-                .push_bind(record.cache_write_tokens)
-                .push_bind(record.cache_read_tokens)
-                .push_bind(record.cost_usd)
-                .push_bind(record.status)
-                .push_bind(record.latency_ms);
-        });
-        let done = builder.build().execute(&self.pool).await.map_err(convert)?;
-        Ok(done.rows_affected())
-    }
-
-    pub async fn read_usage(
-        &self,
-        api_key_id: i64,
-        from_ms: i64,
-        to_ms: i64,
-    ) -> Result<UsageTotals, StoreError> {
-        let row = sqlx::query(
-            "SELECT count(*) AS requests, COALESCE(sum(input_tokens), 0)::bigint AS input_tokens, \
-             COALESCE(sum(output_tokens), 0)::bigint AS output_tokens, COALESCE(sum(cost_usd), 0) AS cost_usd \
-             FROM usage_records WHERE api_key_id = $1 \
-             AND at >= to_timestamp($2::double precision / 1000) AND at < to_timestamp($3::double precision / 1000)",
-        )
-        .bind(api_key_id)
-        .bind(from_ms as f64)
-        .bind(to_ms as f64)
-        .fetch_one(&self.pool)
-        .await
-        .map_err(convert)?;
-        Ok(UsageTotals {
-            requests: row.try_get("requests").map_err(convert)?,
-            input_tokens: row.try_get("input_tokens").map_err(convert)?,
-            output_tokens: row.try_get("output_tokens").map_err(convert)?,
-            cost_usd: row.try_get("cost_usd").map_err(convert)?,
-        })
-    }
-}
-
-impl PostgresSource {
-    /// The spend (USD) of each key in `api_key_ids` in `[since, to_ms)` for each of `since_ms`
-    /// (in that order), summed in one query over the `(api_key_id, at)` index: the usage
-    /// ledger's side of the budget rebuild (docs/DESIGN.md §4). A key without usage has zeros.
-    pub async fn spend_since(
-        &self,
-        api_key_ids: &[i64],
-        since_ms: &[i64],
-        to_ms: i64,
-    ) -> Result<HashMap<i64, Vec<f64>>, StoreError> {
-        let mut spend: HashMap<i64, Vec<f64>> = api_key_ids
-            .iter()
-            .map(|&id| (id, vec![0.0; since_ms.len()]))
-            .collect();
-        if api_key_ids.is_empty() || since_ms.is_empty() {
-            return Ok(spend);
-        }
-        let since: Vec<f64> = since_ms.iter().map(|&ms| ms as f64).collect();
-        let rows = sqlx::query(
-            "SELECT k.id AS api_key_id, s.n, COALESCE(sum(u.cost_usd), 0) AS cost_usd \
-             FROM unnest($1::bigint[]) AS k(id) \
-             CROSS JOIN unnest($2::double precision[]) WITH ORDINALITY AS s(since, n) \
-             JOIN usage_records u ON u.api_key_id = k.id \
-                 AND u.at >= to_timestamp(s.since / 1000) \
-                 AND u.at < to_timestamp($3::double precision / 1000) \
-             GROUP BY k.id, s.n",
-        )
-        .bind(api_key_ids)
-        .bind(&since)
-        .bind(to_ms as f64)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(convert)?;
-        for row in rows {
-            let id: i64 = row.try_get("api_key_id").map_err(convert)?;
-            let n: i64 = row.try_get("n").map_err(convert)?;
-            let cost: f64 = row.try_get("cost_usd").map_err(convert)?;
-            let slot = usize::try_from(n - 1)
-                .ok()
-                .and_then(|index| spend.get_mut(&id)?.get_mut(index));
-            if let Some(slot) = slot {
-                *slot = cost;
-            }
-        }
-        Ok(spend)
-    }
 }
 
 /// The engine's view of the store: the methods above, by name.
@@ -892,51 +618,49 @@ impl AccountSource for PostgresSource {
     }
 }
 
-fn api_key_from_row(row: &PgRow) -> Result<ApiKeyRecord, StoreError> {
-    let id: i64 = row.try_get("id").map_err(convert)?;
-    let status: String = row.try_get("status").map_err(convert)?;
-    // The schema's check allows no other; a newer schema's status is not guessed at.
-    let (active, disabled) = parse_key_status(&status)
-        .ok_or_else(|| StoreError::Conflict(format!("api key {id}: status {status}")))?;
-    let endpoints: Vec<String> = row.try_get("allowed_endpoints").map_err(convert)?;
-    let (allowed_endpoints, only_newer) = known_endpoints(&endpoints);
-    let access = KeyAccess {
-        expires_at_ms: row.try_get("expires_at_ms").map_err(convert)?,
-        // A list of only endpoints a newer release added reaches nothing this release serves;
-        // read as no list it would reach everything, so the key is held disabled instead.
-        disabled: disabled || only_newer,
-        allowed_models: row.try_get("allowed_models").map_err(convert)?,
-        allowed_endpoints,
-    };
-    Ok(ApiKeyRecord {
-        id,
-        name: row.try_get("name").map_err(convert)?,
-        prefix: row.try_get("key_prefix").map_err(convert)?,
-        user: row.try_get("user_name").map_err(convert)?,
-        group: row.try_get("group_name").map_err(convert)?,
-        user_rpm_limit: row.try_get("user_rpm_limit").map_err(convert)?,
-        limits: key_limits_from_row(id, row)?,
-        active,
-        access,
-    })
+/// An account's row as both statements of `upsert_account` bind it, `$1`..`$22` in this order
+/// (the UPDATE keeps the stored value where a credential column or an OAuth field is `NULL`).
+struct AccountParams<'a> {
+    id: AccountId,
+    input: &'a AccountInput,
+    group_id: i64,
+    blob: Option<Vec<u8>>,
+    key_id: Option<String>,
+    refresh: Option<Vec<u8>>,
+    expires_at_ms: Option<f64>,
+    token_url: Option<String>,
+    mapping: &'a serde_json::Value,
+    client_id: Option<String>,
 }
 
-/// A key's limits (migration 0007): the budgets are stored in USD and counted in micro-USD. A
-/// stored value the schema's checks should have refused is a conflict, never a key without
-/// limits.
-fn key_limits_from_row(id: i64, row: &PgRow) -> Result<KeyLimits, StoreError> {
-    let budget = |column: &str| -> Result<i64, StoreError> {
-        let usd: f64 = row.try_get(column).map_err(convert)?;
-        usd_to_micros(usd)
-            .ok_or_else(|| StoreError::Conflict(format!("api key {id}: {column} {usd}")))
-    };
-    Ok(KeyLimits {
-        api_key_id: id,
-        concurrency_limit: row.try_get("concurrency_limit").map_err(convert)?,
-        tpm_limit: row.try_get("tpm_limit").map_err(convert)?,
-        budget_total_micros: budget("budget_total_usd")?,
-        budget_day_micros: budget("budget_day_usd")?,
-        budget_week_micros: budget("budget_week_usd")?,
-        budget_month_micros: budget("budget_month_usd")?,
-    })
+impl<'a> AccountParams<'a> {
+    fn bind(
+        self,
+        query: sqlx::query::Query<'a, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    ) -> sqlx::query::Query<'a, sqlx::Postgres, sqlx::postgres::PgArguments> {
+        let input = self.input;
+        query
+            .bind(self.id)
+            .bind(&input.name)
+            .bind(self.group_id)
+            .bind(input.platform.as_str())
+            .bind(&input.base_url)
+            .bind(input.credential_kind.as_str())
+            .bind(self.blob)
+            .bind(self.key_id)
+            .bind(self.refresh)
+            .bind(self.expires_at_ms)
+            .bind(self.token_url)
+            .bind(input.priority)
+            .bind(input.weight.max(1))
+            .bind(input.concurrency_limit)
+            .bind(input.rpm_limit)
+            .bind(input.session_window_limit_usd)
+            .bind(&input.allowed_models)
+            .bind(self.mapping)
+            .bind(&input.proxy_url)
+            .bind(&input.probe_model)
+            .bind(input.stream_usage)
+            .bind(self.client_id)
+    }
 }

@@ -13,7 +13,7 @@ use poolgate_core::now_ms;
 use poolgate_lease::calendar::Calendar;
 use poolgate_proto::convert::keys::{KeyUpdate, authenticated_limits};
 use poolgate_proto::selector::v1 as pb;
-use poolgate_runtime::keys::client_key_spend;
+use poolgate_runtime::redis_keys::client_key_spend;
 use poolgate_select::crypto::api_key_hash;
 use poolgate_select::source::UsageInput;
 use poolgate_testkit::eventually;

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use poolgate_core::plan::Plan;
 use poolgate_proto::selector::v1 as pb;
-use poolgate_runtime::keys::AccountKeys;
+use poolgate_runtime::redis_keys::AccountKeys;
 use poolgate_select::engine::SelectQuery;
 use poolgate_testkit::eventually;
 use support::{Backends, Replica, fast_settings};

@@ -6,7 +6,7 @@ mod support;
 use std::time::Duration;
 
 use poolgate_proto::selector::v1 as pb;
-use poolgate_runtime::keys::AccountKeys;
+use poolgate_runtime::redis_keys::AccountKeys;
 use poolgate_testkit::eventually;
 use support::{Backends, Replica, admin, credential, fast_settings, select_request, upstream};
 
@@ -175,7 +175,7 @@ async fn a_429_with_a_reset_two_hours_ahead_hard_blocks_until_then() {
 async fn breaker_failures(backends: &Backends, id: i64) -> u32 {
     let mut conn = backends.redis.client().await.expect("redis");
     let failures: Option<u32> = redis::cmd("HGET")
-        .arg(poolgate_runtime::keys::breaker(id))
+        .arg(poolgate_runtime::redis_keys::breaker(id))
         .arg("failures")
         .query_async(&mut conn)
         .await
@@ -344,7 +344,7 @@ async fn a_failed_probe_reopens_the_breaker_for_twice_as_long() {
             // Selects notice the half-open breaker and start the probe.
             let _ = primary(replica).await;
             let open_ms: Option<u64> = redis::cmd("HGET")
-                .arg(poolgate_runtime::keys::breaker(id))
+                .arg(poolgate_runtime::redis_keys::breaker(id))
                 .arg("open_ms")
                 .query_async(&mut conn)
                 .await
@@ -537,7 +537,7 @@ async fn unauthorized_count(backends: &Backends, id: i64) -> u64 {
         return 0;
     };
     redis::cmd("ZCARD")
-        .arg(poolgate_runtime::keys::unauthorized_events(id))
+        .arg(poolgate_runtime::redis_keys::unauthorized_events(id))
         .query_async(&mut conn)
         .await
         .unwrap_or(0)

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use poolgate_core::lease::LeaseTerms;
 use poolgate_lease::start::RELEASE_RETRY_INTERVAL;
-use poolgate_runtime::keys::AccountKeys;
 use poolgate_runtime::ports::ProbeLeases;
+use poolgate_runtime::redis_keys::AccountKeys;
 use poolgate_select::metrics::Metrics;
 use poolgate_testkit::{RedisServer, eventually};
 use selector_svc::server;

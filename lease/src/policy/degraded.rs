@@ -3,7 +3,7 @@
 
 use std::sync::atomic::Ordering;
 
-use poolgate_runtime::error::BackendError;
+use poolgate_runtime::error::StateError;
 
 use super::PolicyBackend;
 
@@ -12,7 +12,7 @@ impl PolicyBackend {
         self.degraded.load(Ordering::SeqCst)
     }
 
-    pub(super) async fn enter_degraded(&self, operation: &'static str, error: &BackendError) {
+    pub(super) async fn enter_degraded(&self, operation: &'static str, error: &StateError) {
         if self.is_degraded() {
             return;
         }
@@ -35,9 +35,9 @@ impl PolicyBackend {
     pub(super) async fn guarded<T>(
         &self,
         operation: &'static str,
-        on_redis: impl Future<Output = Result<T, BackendError>>,
-        on_fallback: impl Future<Output = Result<T, BackendError>>,
-    ) -> Result<T, BackendError> {
+        on_redis: impl Future<Output = Result<T, StateError>>,
+        on_fallback: impl Future<Output = Result<T, StateError>>,
+    ) -> Result<T, StateError> {
         self.guarded_or(operation, on_redis, on_fallback, None)
             .await
     }
@@ -50,10 +50,10 @@ impl PolicyBackend {
     pub(super) async fn guarded_or<T>(
         &self,
         operation: &'static str,
-        on_redis: impl Future<Output = Result<T, BackendError>>,
-        on_fallback: impl Future<Output = Result<T, BackendError>>,
+        on_redis: impl Future<Output = Result<T, StateError>>,
+        on_fallback: impl Future<Output = Result<T, StateError>>,
         on_timeout: Option<T>,
-    ) -> Result<T, BackendError> {
+    ) -> Result<T, StateError> {
         if self.is_degraded() {
             let _gate = self.adoption.read().await;
             // Still degraded under the gate (recovery may have finished while this waited).
@@ -64,7 +64,7 @@ impl PolicyBackend {
         }
         match on_redis.await {
             Ok(value) => Ok(value),
-            Err(BackendError::Timeout) => {
+            Err(StateError::Timeout) => {
                 self.metrics
                     .redis_timeouts
                     .with_label_values(&[operation])
@@ -74,7 +74,7 @@ impl PolicyBackend {
                         self.count_fallback(operation, "timeout");
                         Ok(answer)
                     }
-                    None => Err(BackendError::Timeout),
+                    None => Err(StateError::Timeout),
                 }
             }
             Err(error) => {

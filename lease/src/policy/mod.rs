@@ -50,7 +50,7 @@ use poolgate_core::lease::{
 };
 use poolgate_core::status::AdmissionReport;
 use poolgate_core::{AccountId, millis};
-use poolgate_runtime::error::BackendError;
+use poolgate_runtime::error::StateError;
 
 use crate::backend::{AcquireLimits, KeyCharge, KeyGate, LeaseBackend};
 use crate::memory::MemoryBackend;
@@ -149,7 +149,7 @@ impl LeaseBackend for PolicyBackend {
         rpm_limit: i32,
         event_id: &str,
         window_ms: u64,
-    ) -> Result<Option<Denial>, BackendError> {
+    ) -> Result<Option<Denial>, StateError> {
         let fallback = async {
             if self.settings.policy == FailurePolicy::Closed {
                 return Ok(Some(Self::unavailable()));
@@ -172,7 +172,7 @@ impl LeaseBackend for PolicyBackend {
         .await
     }
 
-    async fn refund_user(&self, user_id: &str, event_id: &str) -> Result<(), BackendError> {
+    async fn refund_user(&self, user_id: &str, event_id: &str) -> Result<(), StateError> {
         self.guarded(
             "refund_user",
             self.redis.refund_user(user_id, event_id),
@@ -187,7 +187,7 @@ impl LeaseBackend for PolicyBackend {
         lease_id: &LeaseId,
         limits: AcquireLimits,
         key: Option<&KeyGate>,
-    ) -> Result<Option<Denial>, BackendError> {
+    ) -> Result<Option<Denial>, StateError> {
         // A key gets its share like an account: `open` the local limit, `divided` this
         // replica's share of its concurrency, TPM and budgets.
         let fallback = async {
@@ -242,13 +242,13 @@ impl LeaseBackend for PolicyBackend {
         ttl_ms: u64,
         restore_within: Option<i32>,
         key_limit: i32,
-    ) -> Result<Renewal, BackendError> {
+    ) -> Result<Renewal, StateError> {
         // A lease Redis granted before the outage moves into the fallback on its first renewal,
         // whatever the limit (the request is already running), so it is counted locally and
         // written back on recovery. Only a release made during the outage fences it there.
         let fallback = async {
             if self.settings.policy == FailurePolicy::Closed {
-                return Err(BackendError::Failed(
+                return Err(StateError::Failed(
                     "redis unavailable (policy closed)".into(),
                 ));
             }
@@ -280,10 +280,10 @@ impl LeaseBackend for PolicyBackend {
         lease_id: &LeaseId,
         ttl_ms: u64,
         key_limit: i32,
-    ) -> Result<Resumption, BackendError> {
+    ) -> Result<Resumption, StateError> {
         let fallback = async {
             if self.settings.policy == FailurePolicy::Closed {
-                return Err(BackendError::Failed(
+                return Err(StateError::Failed(
                     "redis unavailable (policy closed)".into(),
                 ));
             }
@@ -320,7 +320,7 @@ impl LeaseBackend for PolicyBackend {
         rpm_limit: i32,
         event_id: &str,
         window_ms: u64,
-    ) -> Result<Option<Denial>, BackendError> {
+    ) -> Result<Option<Denial>, StateError> {
         let fallback = async {
             if self.settings.policy == FailurePolicy::Closed {
                 return Ok(Some(Self::unavailable()));
@@ -348,7 +348,7 @@ impl LeaseBackend for PolicyBackend {
         session_window_ms: u64,
         fence_ms: u64,
         key: Option<&KeyCharge>,
-    ) -> Result<bool, BackendError> {
+    ) -> Result<bool, StateError> {
         self.unhold(lease_id);
         let fallback = async {
             // The fallback counts the key's tokens and spend for the rest of the outage; Redis
@@ -382,7 +382,7 @@ impl LeaseBackend for PolicyBackend {
         period_id: &str,
         micros: i64,
         expires_in_ms: u64,
-    ) -> Result<bool, BackendError> {
+    ) -> Result<bool, StateError> {
         self.guarded(
             "seed_budget",
             self.redis
@@ -393,7 +393,7 @@ impl LeaseBackend for PolicyBackend {
         .await
     }
 
-    async fn wall_now_ms(&self) -> Result<i64, BackendError> {
+    async fn wall_now_ms(&self) -> Result<i64, StateError> {
         if self.is_degraded() {
             return self.fallback.wall_now_ms().await;
         }
@@ -409,7 +409,7 @@ impl LeaseBackend for PolicyBackend {
         grace_ms: u64,
         holder_epoch: u64,
         fence_ms: u64,
-    ) -> Result<(), BackendError> {
+    ) -> Result<(), StateError> {
         // The stream is gone: the lease is the orphan grace's now, on Redis or the fallback.
         self.unhold(lease_id);
         self.guarded(
@@ -422,7 +422,7 @@ impl LeaseBackend for PolicyBackend {
         .await
     }
 
-    async fn inflight(&self, account_ids: &[AccountId]) -> Result<Vec<u32>, BackendError> {
+    async fn inflight(&self, account_ids: &[AccountId]) -> Result<Vec<u32>, StateError> {
         // Only this replica's view while degraded: the others' leases are in an unreachable Redis.
         self.guarded(
             "inflight",
@@ -437,7 +437,7 @@ impl LeaseBackend for PolicyBackend {
         account_ids: &[AccountId],
         rpm_window_ms: u64,
         session_window_ms: u64,
-    ) -> Result<Vec<(u32, i64)>, BackendError> {
+    ) -> Result<Vec<(u32, i64)>, StateError> {
         // A read for operators: it never switches the replica to its fallback.
         if self.is_degraded() {
             return self
@@ -454,7 +454,7 @@ impl LeaseBackend for PolicyBackend {
         self.redis.admission_status().await
     }
 
-    async fn key_inflight(&self, api_key_ids: &[i64]) -> Result<Vec<u32>, BackendError> {
+    async fn key_inflight(&self, api_key_ids: &[i64]) -> Result<Vec<u32>, StateError> {
         self.guarded(
             "key_inflight",
             self.redis.key_inflight(api_key_ids),
@@ -468,7 +468,7 @@ impl LeaseBackend for PolicyBackend {
         account_id: AccountId,
         spend_micros: i64,
         session_window_ms: u64,
-    ) -> Result<i64, BackendError> {
+    ) -> Result<i64, StateError> {
         let fallback = async {
             self.push_outage(OutageRecord::Spend {
                 account_id,
@@ -488,7 +488,7 @@ impl LeaseBackend for PolicyBackend {
         .await
     }
 
-    async fn set_cooldown(&self, account_id: AccountId, ttl_ms: u64) -> Result<(), BackendError> {
+    async fn set_cooldown(&self, account_id: AccountId, ttl_ms: u64) -> Result<(), StateError> {
         self.guarded(
             "set_cooldown",
             self.redis.set_cooldown(account_id, ttl_ms),
@@ -497,7 +497,7 @@ impl LeaseBackend for PolicyBackend {
         .await
     }
 
-    async fn clear_cooldown(&self, account_id: AccountId) -> Result<(), BackendError> {
+    async fn clear_cooldown(&self, account_id: AccountId) -> Result<(), StateError> {
         self.guarded(
             "clear_cooldown",
             self.redis.clear_cooldown(account_id),
@@ -512,7 +512,7 @@ impl LeaseBackend for PolicyBackend {
         waiter_id: &str,
         max_waiting: u32,
         ttl_ms: u64,
-    ) -> Result<Option<u32>, BackendError> {
+    ) -> Result<Option<u32>, StateError> {
         self.guarded(
             "register_waiter",
             self.redis
@@ -527,7 +527,7 @@ impl LeaseBackend for PolicyBackend {
         &self,
         account_id: AccountId,
         waiter_id: &str,
-    ) -> Result<(), BackendError> {
+    ) -> Result<(), StateError> {
         self.guarded(
             "remove_waiter",
             self.redis.remove_waiter(account_id, waiter_id),

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 
 use poolgate_core::millis;
 use poolgate_core::status::AdmissionPolicy;
-use poolgate_runtime::error::BackendError;
+use poolgate_runtime::error::StateError;
 
 use super::{FailurePolicy, PolicyBackend};
 use crate::redis_backend::OwnReport;
@@ -58,7 +58,7 @@ impl PolicyBackend {
                     self.start_transition(outage_view);
                 }
             }
-            Err(BackendError::Timeout)
+            Err(StateError::Timeout)
                 if self.registry_timeouts.fetch_add(1, Ordering::SeqCst) == 0 =>
             {
                 self.metrics

@@ -1,8 +1,8 @@
-//! A client key's slot in Redis: which of its keys (`poolgate_runtime::keys::ClientKeyKeys`,
+//! A client key's slot in Redis: which of its keys (`poolgate_runtime::redis_keys::ClientKeyKeys`,
 //! all in the hash slot of `{k:<api_key_id>}`) a script takes, and the script arguments of its
 //! gate and its charge.
 
-use poolgate_runtime::keys::ClientKeyKeys;
+use poolgate_runtime::redis_keys::ClientKeyKeys;
 
 use crate::backend::{KeyCharge, KeyGate};
 

@@ -4,7 +4,7 @@
 //! reading their replies in `reply.rs`, the cleanup after a timed-out script in `uncertain.rs`,
 //! and the failure policy's own operations in `registry.rs` and `restore.rs`.
 //!
-//! Only this module and `poolgate_runtime::keys` know Redis key names.
+//! Only this module and `poolgate_runtime::redis_keys` know Redis key names.
 
 mod key_slot;
 mod registry;
@@ -23,9 +23,9 @@ use poolgate_core::lease::{
 };
 use poolgate_core::status::AdmissionReport;
 use poolgate_runtime::clock::RedisClock;
-use poolgate_runtime::error::BackendError;
-use poolgate_runtime::keys::{self, AccountKeys, ClientKeyKeys};
+use poolgate_runtime::error::StateError;
 use poolgate_runtime::redis::RedisHandle;
+use poolgate_runtime::redis_keys::{self, AccountKeys, ClientKeyKeys};
 
 use crate::backend::{AcquireLimits, KeyCharge, KeyGate, LeaseBackend};
 pub use registry::{OwnReport, REPORTS_KEPT_MS};
@@ -67,7 +67,7 @@ impl RedisBackend {
         self.clock.learn(redis_now);
     }
 
-    async fn redis_now(&self) -> Result<i64, BackendError> {
+    async fn redis_now(&self) -> Result<i64, StateError> {
         self.clock.now(&self.redis).await
     }
 
@@ -76,7 +76,7 @@ impl RedisBackend {
     async fn script<T: redis::FromRedisValue>(
         &self,
         invocation: &redis::ScriptInvocation<'_>,
-    ) -> Result<T, BackendError> {
+    ) -> Result<T, StateError> {
         let mut conn = self.redis.conn().await?;
         self.redis.bounded(invocation.invoke_async(&mut conn)).await
     }
@@ -91,7 +91,7 @@ impl RedisBackend {
         key_keys: &ClientKeyKeys,
         lease_id: &LeaseId,
         limits: AcquireLimits,
-    ) -> Result<Option<Denial>, BackendError> {
+    ) -> Result<Option<Denial>, StateError> {
         let mut invocation = self.scripts.key_acquire.prepare_invoke();
         key_slot::push(key_keys, &mut invocation);
         invocation.arg(lease_id.as_str()).arg(limits.ttl_ms);
@@ -107,10 +107,10 @@ impl RedisBackend {
                 self.learn_clock(now);
                 reply::acquire_denial(&reason, retry)
             }
-            Ok(Err(error)) => Err(BackendError::from(error)),
+            Ok(Err(error)) => Err(StateError::from(error)),
             Err(_) => {
                 uncertain::remove_uncertain_key_slot(key_keys.leases.clone(), lease_id, conn);
-                Err(BackendError::Timeout)
+                Err(StateError::Timeout)
             }
         }
     }
@@ -134,7 +134,7 @@ impl RedisBackend {
         lease_id: &LeaseId,
         ttl_ms: u64,
         key_limit: i32,
-    ) -> Result<Renewal, BackendError> {
+    ) -> Result<Renewal, StateError> {
         let (state, now): (i64, i64) = self
             .script(
                 self.scripts
@@ -155,7 +155,7 @@ impl RedisBackend {
     /// Cluster: takes back the account's part of a lease its key's node refused (the key's
     /// release fence is up, or a restore found no room on the key), so the lease is not left
     /// running on the account alone.
-    async fn drop_account_part(&self, lease_id: &LeaseId) -> Result<(), BackendError> {
+    async fn drop_account_part(&self, lease_id: &LeaseId) -> Result<(), StateError> {
         let mut conn = self.redis.conn().await?;
         self.redis
             .bounded(
@@ -171,7 +171,7 @@ impl RedisBackend {
 
 impl RedisBackend {
     /// Live members (`ZCOUNT now +inf`) of lease ZSETs, in the order given.
-    async fn live_counts(&self, leases: &[String]) -> Result<Vec<u32>, BackendError> {
+    async fn live_counts(&self, leases: &[String]) -> Result<Vec<u32>, StateError> {
         if leases.is_empty() {
             return Ok(Vec::new());
         }
@@ -220,7 +220,7 @@ impl RedisBackend {
         &self,
         account_ids: &[AccountId],
         rpm_window_ms: u64,
-    ) -> Result<Vec<(u32, i64)>, BackendError> {
+    ) -> Result<Vec<(u32, i64)>, StateError> {
         if account_ids.is_empty() {
             return Ok(Vec::new());
         }
@@ -236,7 +236,7 @@ impl RedisBackend {
                 let mut conn = self.redis.conn().await?;
                 let one: (u32, Option<i64>) =
                     self.redis.bounded(pipeline.query_async(&mut conn)).await?;
-                Ok::<_, BackendError>(read(one))
+                Ok::<_, StateError>(read(one))
             });
             return futures_util::future::try_join_all(reads).await;
         }
@@ -247,7 +247,7 @@ impl RedisBackend {
         let mut conn = self.redis.conn().await?;
         let flat: Vec<redis::Value> = self.redis.bounded(pipeline.query_async(&mut conn)).await?;
         if flat.len() != 2 * account_ids.len() {
-            return Err(BackendError::Failed(
+            return Err(StateError::Failed(
                 "usage reply has the wrong length".into(),
             ));
         }
@@ -255,7 +255,7 @@ impl RedisBackend {
             .map(|pair| {
                 redis::from_redis_value::<(u32, Option<i64>)>(redis::Value::Array(pair.to_vec()))
                     .map(read)
-                    .map_err(|e| BackendError::Failed(format!("usage reply: {e}")))
+                    .map_err(|e| StateError::Failed(format!("usage reply: {e}")))
             })
             .collect()
     }
@@ -273,8 +273,8 @@ impl LeaseBackend for RedisBackend {
         rpm_limit: i32,
         event_id: &str,
         window_ms: u64,
-    ) -> Result<Option<Denial>, BackendError> {
-        let key = keys::user_rpm(user_id);
+    ) -> Result<Option<Denial>, StateError> {
+        let key = redis_keys::user_rpm(user_id);
         let mut invocation = self.scripts.charge_rpm.key(&key);
         invocation.arg(event_id).arg(rpm_limit).arg(window_ms);
         let mut conn = self.redis.conn().await?;
@@ -288,21 +288,21 @@ impl LeaseBackend for RedisBackend {
                 self.learn_clock(now);
                 Ok(reply::charge_denial(charged, retry, DenyReason::UserRpm))
             }
-            Ok(Err(error)) => Err(BackendError::from(error)),
+            Ok(Err(error)) => Err(StateError::from(error)),
             Err(_) => {
                 // The charge may have landed: take it back on the same connection (after it).
                 uncertain::refund_uncertain_charge(key, event_id, conn);
-                Err(BackendError::Timeout)
+                Err(StateError::Timeout)
             }
         }
     }
 
-    async fn refund_user(&self, user_id: &str, event_id: &str) -> Result<(), BackendError> {
+    async fn refund_user(&self, user_id: &str, event_id: &str) -> Result<(), StateError> {
         let mut conn = self.redis.conn().await?;
         self.redis
             .bounded(
                 redis::cmd("ZREM")
-                    .arg(keys::user_rpm(user_id))
+                    .arg(redis_keys::user_rpm(user_id))
                     .arg(event_id)
                     .query_async::<i64>(&mut conn),
             )
@@ -316,7 +316,7 @@ impl LeaseBackend for RedisBackend {
         lease_id: &LeaseId,
         limits: AcquireLimits,
         key: Option<&KeyGate>,
-    ) -> Result<Option<Denial>, BackendError> {
+    ) -> Result<Option<Denial>, StateError> {
         let keys = AccountKeys::new(terms.account_id);
         let cluster = self.redis.is_cluster();
         // On a Cluster the engine charges the user separately (see `joins_user_gate`).
@@ -324,7 +324,7 @@ impl LeaseBackend for RedisBackend {
             .user
             .as_ref()
             .filter(|user| user.rpm_limit > 0 && !cluster);
-        let user_rpm = user.map(|user| keys::user_rpm(&user.user_id));
+        let user_rpm = user.map(|user| redis_keys::user_rpm(&user.user_id));
         // The key's slot: joined to this script on one node; on a Cluster (another hash slot)
         // charged first by its own script and refunded below when the account refuses.
         let key_slot = lease_id.api_key_id().zip(key).map(|(_, gate)| gate);
@@ -370,13 +370,13 @@ impl LeaseBackend for RedisBackend {
                 self.learn_clock(now);
                 reply::acquire_denial(&reason, retry)
             }
-            Ok(Err(error)) => Err(BackendError::from(error)),
+            Ok(Err(error)) => Err(StateError::from(error)),
             Err(_) => {
                 let key_leases = joined
                     .then(|| key_keys.as_ref().map(|keys| keys.leases.clone()))
                     .flatten();
                 uncertain::remove_uncertain_lease(lease_id, user_rpm, key_leases, conn);
-                Err(BackendError::Timeout)
+                Err(StateError::Timeout)
             }
         };
         if cluster
@@ -397,7 +397,7 @@ impl LeaseBackend for RedisBackend {
         ttl_ms: u64,
         restore_within: Option<i32>,
         key_limit: i32,
-    ) -> Result<Renewal, BackendError> {
+    ) -> Result<Renewal, StateError> {
         let keys = AccountKeys::new(lease_id.account_id());
         let key_keys = lease_id.api_key_id().map(ClientKeyKeys::slot_only);
         let cluster = self.redis.is_cluster();
@@ -451,7 +451,7 @@ impl LeaseBackend for RedisBackend {
         lease_id: &LeaseId,
         ttl_ms: u64,
         key_limit: i32,
-    ) -> Result<Resumption, BackendError> {
+    ) -> Result<Resumption, StateError> {
         let keys = AccountKeys::new(lease_id.account_id());
         let key_keys = lease_id.api_key_id().map(ClientKeyKeys::slot_only);
         let cluster = self.redis.is_cluster();
@@ -492,7 +492,7 @@ impl LeaseBackend for RedisBackend {
         rpm_limit: i32,
         event_id: &str,
         window_ms: u64,
-    ) -> Result<Option<Denial>, BackendError> {
+    ) -> Result<Option<Denial>, StateError> {
         if rpm_limit <= 0 {
             return Ok(None);
         }
@@ -518,7 +518,7 @@ impl LeaseBackend for RedisBackend {
         session_window_ms: u64,
         fence_ms: u64,
         key: Option<&KeyCharge>,
-    ) -> Result<bool, BackendError> {
+    ) -> Result<bool, StateError> {
         let keys = AccountKeys::new(lease_id.account_id());
         let key_keys = lease_id
             .api_key_id()
@@ -555,6 +555,8 @@ impl LeaseBackend for RedisBackend {
         if !cluster && key_keys.is_some() {
             key_slot::charge_args(&mut invocation, key);
         }
+        // Last, wherever the key's arguments end.
+        invocation.arg(redis_keys::LEASE_WAKE_CHANNEL);
         let (removed, now): (i64, i64) = self.script(&invocation).await?;
         self.learn_clock(now);
         Ok(removed == 1)
@@ -566,8 +568,8 @@ impl LeaseBackend for RedisBackend {
         period_id: &str,
         micros: i64,
         expires_in_ms: u64,
-    ) -> Result<bool, BackendError> {
-        let key = keys::client_key_spend(api_key_id, period_id);
+    ) -> Result<bool, StateError> {
+        let key = redis_keys::client_key_spend(api_key_id, period_id);
         let (set, now): (i64, i64) = self
             .script(
                 self.scripts
@@ -581,7 +583,7 @@ impl LeaseBackend for RedisBackend {
         Ok(set == 1)
     }
 
-    async fn wall_now_ms(&self) -> Result<i64, BackendError> {
+    async fn wall_now_ms(&self) -> Result<i64, StateError> {
         self.redis_now().await
     }
 
@@ -591,7 +593,7 @@ impl LeaseBackend for RedisBackend {
         grace_ms: u64,
         holder_epoch: u64,
         fence_ms: u64,
-    ) -> Result<(), BackendError> {
+    ) -> Result<(), StateError> {
         let keys = AccountKeys::new(lease_id.account_id());
         let key_keys = lease_id.api_key_id().map(ClientKeyKeys::slot_only);
         let cluster = self.redis.is_cluster();
@@ -629,7 +631,7 @@ impl LeaseBackend for RedisBackend {
         Ok(())
     }
 
-    async fn inflight(&self, account_ids: &[AccountId]) -> Result<Vec<u32>, BackendError> {
+    async fn inflight(&self, account_ids: &[AccountId]) -> Result<Vec<u32>, StateError> {
         let leases: Vec<String> = account_ids
             .iter()
             .map(|&id| AccountKeys::new(id).leases)
@@ -642,7 +644,7 @@ impl LeaseBackend for RedisBackend {
         account_ids: &[AccountId],
         rpm_window_ms: u64,
         _session_window_ms: u64,
-    ) -> Result<Vec<(u32, i64)>, BackendError> {
+    ) -> Result<Vec<(u32, i64)>, StateError> {
         self.read_usage(account_ids, rpm_window_ms).await
     }
 
@@ -656,7 +658,7 @@ impl LeaseBackend for RedisBackend {
         }
     }
 
-    async fn key_inflight(&self, api_key_ids: &[i64]) -> Result<Vec<u32>, BackendError> {
+    async fn key_inflight(&self, api_key_ids: &[i64]) -> Result<Vec<u32>, StateError> {
         let leases: Vec<String> = api_key_ids
             .iter()
             .map(|&id| ClientKeyKeys::slot_only(id).leases)
@@ -669,7 +671,7 @@ impl LeaseBackend for RedisBackend {
         account_id: AccountId,
         spend_micros: i64,
         session_window_ms: u64,
-    ) -> Result<i64, BackendError> {
+    ) -> Result<i64, StateError> {
         let keys = AccountKeys::new(account_id);
         let (spend, now): (i64, i64) = self
             .script(
@@ -684,7 +686,7 @@ impl LeaseBackend for RedisBackend {
         Ok(spend)
     }
 
-    async fn set_cooldown(&self, account_id: AccountId, ttl_ms: u64) -> Result<(), BackendError> {
+    async fn set_cooldown(&self, account_id: AccountId, ttl_ms: u64) -> Result<(), StateError> {
         let keys = AccountKeys::new(account_id);
         let (_, now): (i64, i64) = self
             .script(
@@ -698,7 +700,7 @@ impl LeaseBackend for RedisBackend {
         Ok(())
     }
 
-    async fn clear_cooldown(&self, account_id: AccountId) -> Result<(), BackendError> {
+    async fn clear_cooldown(&self, account_id: AccountId) -> Result<(), StateError> {
         let mut conn = self.redis.conn().await?;
         let _: i64 = self
             .redis
@@ -717,7 +719,7 @@ impl LeaseBackend for RedisBackend {
         waiter_id: &str,
         max_waiting: u32,
         ttl_ms: u64,
-    ) -> Result<Option<u32>, BackendError> {
+    ) -> Result<Option<u32>, StateError> {
         let keys = AccountKeys::new(account_id);
         let (position, now): (u32, i64) = self
             .script(
@@ -737,7 +739,7 @@ impl LeaseBackend for RedisBackend {
         &self,
         account_id: AccountId,
         waiter_id: &str,
-    ) -> Result<(), BackendError> {
+    ) -> Result<(), StateError> {
         let keys = AccountKeys::new(account_id);
         let mut conn = self.redis.conn().await?;
         self.redis

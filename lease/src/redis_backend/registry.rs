@@ -4,8 +4,8 @@
 //! for the operator's status view.
 
 use poolgate_core::status::{AdmissionPolicy, AdmissionReport, AdmissionState, ReplicaReport};
-use poolgate_runtime::error::BackendError;
-use poolgate_runtime::keys;
+use poolgate_runtime::error::StateError;
+use poolgate_runtime::redis_keys;
 
 use super::RedisBackend;
 
@@ -102,13 +102,13 @@ impl RedisBackend {
         member: &str,
         ttl_ms: u64,
         report: OwnReport,
-    ) -> Result<Vec<String>, BackendError> {
+    ) -> Result<Vec<String>, StateError> {
         let (mut members, now): (Vec<String>, i64) = self
             .script(
                 self.scripts
                     .registry_heartbeat
-                    .key(keys::admission_replicas())
-                    .key(keys::admission_replica_reports())
+                    .key(redis_keys::admission_replicas())
+                    .key(redis_keys::admission_replica_reports())
                     .arg(member)
                     .arg(ttl_ms)
                     .arg(report.value())
@@ -122,16 +122,16 @@ impl RedisBackend {
 
     /// Leaves the registry (graceful shutdown), so the others' shares grow at once, and drops
     /// this replica's report.
-    pub async fn registry_leave(&self, member: &str) -> Result<(), BackendError> {
+    pub async fn registry_leave(&self, member: &str) -> Result<(), StateError> {
         let mut conn = self.redis.conn().await?;
         self.redis
             .bounded(
                 redis::pipe()
                     .cmd("ZREM")
-                    .arg(keys::admission_replicas())
+                    .arg(redis_keys::admission_replicas())
                     .arg(member)
                     .cmd("HDEL")
-                    .arg(keys::admission_replica_reports())
+                    .arg(redis_keys::admission_replica_reports())
                     .arg(member)
                     .query_async::<(i64, i64)>(&mut conn),
             )
@@ -140,13 +140,13 @@ impl RedisBackend {
     }
 
     /// Admission's state from the registry and the replicas' reports, in one read.
-    pub async fn registry_reports(&self) -> Result<AdmissionReport, BackendError> {
+    pub async fn registry_reports(&self) -> Result<AdmissionReport, StateError> {
         let (members, reports, now): RegistryRead = self
             .script(
                 self.scripts
                     .registry_read
-                    .key(keys::admission_replicas())
-                    .key(keys::admission_replica_reports()),
+                    .key(redis_keys::admission_replicas())
+                    .key(redis_keys::admission_replica_reports()),
             )
             .await?;
         self.learn_clock(now);

@@ -2,10 +2,10 @@
 //! error naming it, never a likely-looking answer.
 
 use poolgate_core::lease::{Denial, DenyReason, LostReason, Renewal, Resumption};
-use poolgate_runtime::error::BackendError;
+use poolgate_runtime::error::StateError;
 
 /// The acquire script's `{reason, retry_ms}`: `None` when granted, the denial otherwise.
-pub(super) fn acquire_denial(reason: &str, retry_ms: u64) -> Result<Option<Denial>, BackendError> {
+pub(super) fn acquire_denial(reason: &str, retry_ms: u64) -> Result<Option<Denial>, StateError> {
     let reason = match reason {
         "granted" => return Ok(None),
         "concurrency" => DenyReason::Concurrency,
@@ -18,7 +18,7 @@ pub(super) fn acquire_denial(reason: &str, retry_ms: u64) -> Result<Option<Denia
         "key_budget" => DenyReason::KeyBudget,
         unknown => {
             tracing::warn!(reply = unknown, "acquire script answered an unknown reply");
-            return Err(BackendError::Failed(format!(
+            return Err(StateError::Failed(format!(
                 "unknown acquire reply {unknown:?}"
             )));
         }
@@ -34,7 +34,7 @@ pub(super) fn charge_denial(charged: i64, retry_ms: u64, reason: DenyReason) -> 
 
 /// The renew script's state (see `scripts/renew.lua`): 1 renewed, 2 restored, 3 released
 /// (fenced), 4 no room to restore, 5 gone and not to be restored.
-pub(super) fn renewal(state: i64) -> Result<Renewal, BackendError> {
+pub(super) fn renewal(state: i64) -> Result<Renewal, StateError> {
     Ok(match state {
         1 => Renewal::Renewed,
         2 => Renewal::Restored,
@@ -43,16 +43,14 @@ pub(super) fn renewal(state: i64) -> Result<Renewal, BackendError> {
         5 => Renewal::Lost(LostReason::Expired),
         unknown => {
             tracing::warn!(reply = unknown, "renew script answered an unknown state");
-            return Err(BackendError::Failed(format!(
-                "unknown renew reply {unknown}"
-            )));
+            return Err(StateError::Failed(format!("unknown renew reply {unknown}")));
         }
     })
 }
 
 /// The resume script's holder epoch (see `scripts/resume.lua`): > 0 resumed, 0 unknown or
 /// expired, -1 released (fenced).
-pub(super) fn resumption(epoch: i64) -> Result<Resumption, BackendError> {
+pub(super) fn resumption(epoch: i64) -> Result<Resumption, StateError> {
     Ok(match epoch {
         epoch if epoch > 0 => Resumption::Resumed {
             holder_epoch: epoch.unsigned_abs(),
@@ -61,7 +59,7 @@ pub(super) fn resumption(epoch: i64) -> Result<Resumption, BackendError> {
         -1 => Resumption::Released,
         unknown => {
             tracing::warn!(reply = unknown, "resume script answered an unknown epoch");
-            return Err(BackendError::Failed(format!(
+            return Err(StateError::Failed(format!(
                 "unknown resume reply {unknown}"
             )));
         }
@@ -96,7 +94,7 @@ mod tests {
     fn an_unknown_acquire_reply_is_a_backend_error_not_a_guess() {
         for reply in ["queue_full", "Granted", ""] {
             match acquire_denial(reply, 0) {
-                Err(BackendError::Failed(message)) => {
+                Err(StateError::Failed(message)) => {
                     assert!(message.contains(&format!("{reply:?}")), "{message}")
                 }
                 other => panic!("{reply:?}: expected a backend error, got {other:?}"),

@@ -1,8 +1,8 @@
 //! Writing back into Redis what a replica admitted on its own while Redis was away (the failure
 //! policy's recovery, docs/DESIGN.md §4).
 
-use poolgate_runtime::error::BackendError;
-use poolgate_runtime::keys::{self, AccountKeys};
+use poolgate_runtime::error::StateError;
+use poolgate_runtime::redis_keys::{self, AccountKeys};
 
 use super::RedisBackend;
 use crate::memory::FallbackSnapshot;
@@ -10,7 +10,7 @@ use crate::memory::FallbackSnapshot;
 impl RedisBackend {
     /// Writes leases and RPM events admitted without Redis back into Redis (one script per
     /// account, one `ZADD` per user), keeping the later expiry where a lease is already there.
-    pub async fn restore(&self, snapshot: &FallbackSnapshot) -> Result<(), BackendError> {
+    pub async fn restore(&self, snapshot: &FallbackSnapshot) -> Result<(), StateError> {
         for account in &snapshot.accounts {
             let keys = AccountKeys::new(account.account_id);
             let mut invocation = self.scripts.restore.key(&keys.leases);
@@ -27,7 +27,8 @@ impl RedisBackend {
         for (api_key_id, leases) in &snapshot.keys {
             // The key's slot of the fallback's keyed leases: the restore script with the key's
             // leases as both keys and no RPM events.
-            let key_leases = poolgate_runtime::keys::ClientKeyKeys::slot_only(*api_key_id).leases;
+            let key_leases =
+                poolgate_runtime::redis_keys::ClientKeyKeys::slot_only(*api_key_id).leases;
             let mut invocation = self.scripts.restore.key(&key_leases);
             invocation.key(&key_leases).arg(leases.len());
             for (id, ttl) in leases {
@@ -39,7 +40,7 @@ impl RedisBackend {
         for (user, events) in &snapshot.users {
             let now = self.redis_now().await?;
             let mut cmd = redis::cmd("ZADD");
-            cmd.arg(keys::user_rpm(user));
+            cmd.arg(redis_keys::user_rpm(user));
             for (id, age) in events {
                 cmd.arg(now - *age as i64).arg(id);
             }

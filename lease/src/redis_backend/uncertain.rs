@@ -8,8 +8,8 @@
 use std::time::Duration;
 
 use poolgate_core::lease::LeaseId;
-use poolgate_runtime::keys::AccountKeys;
 use poolgate_runtime::redis::Conn;
+use poolgate_runtime::redis_keys::AccountKeys;
 
 /// How long the detached cleanup of an uncertain acquire may take.
 const UNCERTAIN_CLEANUP_TIMEOUT: Duration = Duration::from_millis(500);

@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use poolgate_core::lease::LeaseId;
-use poolgate_runtime::keys::LEASE_WAKE_CHANNEL;
 use poolgate_runtime::redis::RedisTarget;
+use poolgate_runtime::redis_keys::LEASE_WAKE_CHANNEL;
 
 use crate::engine::LeaseEngine;
 
@@ -110,12 +110,15 @@ mod tests {
         format!("{tag} {}", lease_id.as_str())
     }
 
+    /// The script spells no channel: it publishes on its last argument, which the backend sets
+    /// to the channel the replicas listen to (`wake_across_replicas` shows it end to end).
     #[test]
-    fn the_release_script_publishes_on_the_channel_the_replicas_listen_to() {
+    fn the_release_script_publishes_on_the_channel_it_is_given() {
         let script = include_str!("scripts/release.lua");
-        assert!(script.contains(&format!(
-            "redis.pcall('PUBLISH', '{LEASE_WAKE_CHANNEL}', ARGV[5] .. ' ' .. ARGV[1])"
-        )));
+        assert!(script.contains("redis.pcall('PUBLISH', ARGV[#ARGV], ARGV[5] .. ' ' .. ARGV[1])"));
+        assert!(!script.contains(LEASE_WAKE_CHANNEL));
+        let backend = include_str!("mod.rs");
+        assert!(backend.contains("invocation.arg(redis_keys::LEASE_WAKE_CHANNEL);"));
     }
 
     #[test]

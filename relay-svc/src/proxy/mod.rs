@@ -38,7 +38,7 @@ use crate::ports::{Caller, KeyCheck, KeyLimit, Lease, Leases, PlannedAccount, Se
 
 pub use body::{BodyJsonError, MAX_DEPTH as MAX_JSON_DEPTH, TopLevel};
 pub use keys::key_view;
-pub use request::{HttpClientError, merged_betas, passes_upstream, request_id_header};
+pub use request::{HttpClientError, merged_betas, passes_upstream};
 use run::{RequestRun, Step, overloaded};
 
 #[derive(Debug, Clone)]

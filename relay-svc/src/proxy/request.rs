@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderName, HeaderValue};
+use http::{HeaderMap, HeaderValue};
 use poolgate_core::account::{CredentialKind, chatgpt_account_id};
 use poolgate_core::upstream::{chatgpt_responses_url, upstream_url};
 
@@ -342,18 +342,10 @@ pub(super) fn from_platform_cli(inbound: &Inbound) -> bool {
     }
 }
 
-/// `x-request-id` of every response.
-pub fn request_id_header() -> (HeaderName, HeaderValue) {
-    let id = format!("req_{:016x}{:08x}", fastrand::u64(..), fastrand::u32(..));
-    (
-        HeaderName::from_static("x-request-id"),
-        HeaderValue::from_str(&id).unwrap_or_else(|_| HeaderValue::from_static("req_unknown")),
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderName;
 
     /// What Claude Code 2.1 and the Anthropic SDKs send (besides the credential).
     const CLAUDE_CODE: [&str; 15] = [

@@ -466,7 +466,7 @@ impl Pool {
                     let account = backends.store.load_account(*id).await.expect("account");
                     let health = selector.health().read_one(*id).await.expect("health");
                     let unauthorized: u64 = redis::cmd("ZCARD")
-                        .arg(poolgate_runtime::keys::unauthorized_events(*id))
+                        .arg(poolgate_runtime::redis_keys::unauthorized_events(*id))
                         .query_async(&mut redis)
                         .await
                         .expect("zcard");

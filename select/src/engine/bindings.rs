@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::health::BackendError;
+use crate::health::StateError;
 use poolgate_core::{AccountId, millis};
 
 use super::{SelectQuery, Selector, SelectorError};
@@ -179,7 +179,7 @@ impl Selector {
         account: AccountId,
     ) -> Result<(), SelectorError> {
         let ttl = millis(self.settings.response_ttl);
-        let unavailable = |e: BackendError| SelectorError::Unavailable(e.to_string());
+        let unavailable = |e: StateError| SelectorError::Unavailable(e.to_string());
         // The key's own binding first: a mark without it would refuse the key its own response.
         self.health
             .response_set(&scoped_response(api_key_id, response_id), account, ttl)
@@ -210,7 +210,7 @@ impl Selector {
         else {
             return Ok(false);
         };
-        let unavailable = |e: BackendError| SelectorError::Unavailable(e.to_string());
+        let unavailable = |e: StateError| SelectorError::Unavailable(e.to_string());
         let own = self
             .health
             .response_get(&scoped_response(query.api_key_id, response_id))

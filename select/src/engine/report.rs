@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::confirmations::LockState;
-use crate::health::{BackendError, Breaker, BreakerChange, Health};
+use crate::health::{Breaker, BreakerChange, Health, StateError};
 use crate::metrics::Metrics;
 use crate::probe::Suspicion;
 use poolgate_core::account::{Account, Secret};
@@ -71,7 +71,7 @@ impl Selector {
             .clone();
         let blocks = &self.settings.blocks;
         let class = outcome.class.as_str();
-        let unavailable = |e: BackendError| SelectorError::Unavailable(e.to_string());
+        let unavailable = |e: StateError| SelectorError::Unavailable(e.to_string());
         let applied = match decide(outcome, blocks, now_ms()) {
             Decision::Success
                 if self
@@ -192,7 +192,7 @@ impl Selector {
         account: Arc<Account>,
         status: u16,
         suspicion: Suspicion,
-    ) -> Result<Applied, BackendError> {
+    ) -> Result<Applied, StateError> {
         if !self.confirmations.start(account, status, suspicion).await? {
             return Ok(Applied::NONE);
         }
@@ -214,7 +214,7 @@ impl Selector {
         account: Arc<Account>,
         outcome: &Outcome,
     ) -> Result<Reported, SelectorError> {
-        let unavailable = |e: BackendError| SelectorError::Unavailable(e.to_string());
+        let unavailable = |e: StateError| SelectorError::Unavailable(e.to_string());
         let id = account.id;
         if !account.credential_kind.is_oauth() {
             let applied = self
@@ -335,7 +335,7 @@ pub(crate) async fn apply_broken(
     block_ms: u64,
     status: u16,
     reason: &str,
-) -> Result<Applied, BackendError> {
+) -> Result<Applied, StateError> {
     let left = health
         .hard_block(id, block_ms, "broken", status, reason)
         .await?;

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::confirmations::{keep_probe_windows, running_owner};
-use crate::health::{AccountHealth, BackendError, Breaker, BreakerChange, HardBlock};
+use crate::health::{AccountHealth, Breaker, BreakerChange, HardBlock, StateError};
 use crate::load_cache::Reading;
 use crate::probe::{breaker_closes, probe_under_lease};
 use crate::windows_cache::Readings;
@@ -369,7 +369,7 @@ impl Selector {
     /// Checks a half-open breaker with the probe, in the background, under the account's
     /// confirmation lock (so one check runs cluster-wide): closes the breaker unless the
     /// upstream itself failed, in which case it reopens for twice as long.
-    async fn start_half_open_check(&self, account: Arc<Account>) -> Result<(), BackendError> {
+    async fn start_half_open_check(&self, account: Arc<Account>) -> Result<(), StateError> {
         let owner = running_owner();
         let lock_ms = millis(self.settings.probe.block);
         if !self

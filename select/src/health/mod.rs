@@ -14,7 +14,7 @@ use poolgate_core::AccountId;
 use poolgate_core::windows::WindowReading;
 
 pub use poolgate_core::health::{AccountHealth, Breaker};
-pub use poolgate_runtime::error::BackendError;
+pub use poolgate_runtime::error::StateError;
 
 mod memory;
 mod redis;
@@ -71,13 +71,13 @@ pub enum HardBlock {
 #[async_trait]
 pub trait Health: Send + Sync + 'static {
     /// The store's clock, ms since the epoch.
-    async fn now(&self) -> Result<i64, BackendError>;
+    async fn now(&self) -> Result<i64, StateError>;
 
     /// Load, blocks and breakers of `ids`, in the order asked (one round trip on Redis).
-    async fn read_batch(&self, ids: &[AccountId]) -> Result<Vec<AccountHealth>, BackendError>;
+    async fn read_batch(&self, ids: &[AccountId]) -> Result<Vec<AccountHealth>, StateError>;
 
     /// One account (the fallback when a batch read fails).
-    async fn read_one(&self, id: AccountId) -> Result<AccountHealth, BackendError>;
+    async fn read_one(&self, id: AccountId) -> Result<AccountHealth, StateError>;
 
     /// Hard block (admission's cooldown), keeping a later deadline. Returns the block left.
     async fn hard_block(
@@ -87,7 +87,7 @@ pub trait Health: Send + Sync + 'static {
         class: &str,
         status: u16,
         reason: &str,
-    ) -> Result<u64, BackendError>;
+    ) -> Result<u64, StateError>;
 
     /// Soft block (reorders only), keeping a later deadline. Returns the block left.
     async fn soft_block(
@@ -97,7 +97,7 @@ pub trait Health: Send + Sync + 'static {
         class: &str,
         status: u16,
         reason: &str,
-    ) -> Result<u64, BackendError>;
+    ) -> Result<u64, StateError>;
 
     /// Counts a broken outcome toward the breaker: opens it at `threshold` for `open_ms`; a
     /// failure once the open period ended (half-open) reopens it for twice as long, capped at
@@ -108,24 +108,24 @@ pub trait Health: Send + Sync + 'static {
         threshold: u32,
         open_ms: u64,
         max_open_ms: u64,
-    ) -> Result<BreakerChange, BackendError>;
+    ) -> Result<BreakerChange, StateError>;
 
     /// A success closes the breaker and resets its count. Returns whether it was open/half-open.
-    async fn breaker_success(&self, id: AccountId) -> Result<bool, BackendError>;
+    async fn breaker_success(&self, id: AccountId) -> Result<bool, StateError>;
 
     /// Counts an unauthorized outcome; returns how many fell in the window.
-    async fn count_unauthorized(&self, id: AccountId, window_ms: u64) -> Result<u32, BackendError>;
+    async fn count_unauthorized(&self, id: AccountId, window_ms: u64) -> Result<u32, StateError>;
 
     /// Clears hard and soft blocks, the breaker and the unauthorized count.
-    async fn clear(&self, id: AccountId) -> Result<(), BackendError>;
+    async fn clear(&self, id: AccountId) -> Result<(), StateError>;
 
     /// Every hard, soft and breaker block among `ids`.
-    async fn list_blocks(&self, ids: &[AccountId]) -> Result<Vec<BlockInfo>, BackendError>;
+    async fn list_blocks(&self, ids: &[AccountId]) -> Result<Vec<BlockInfo>, StateError>;
 
     /// The hard block each of `ids` holds now, in the order asked: what an empty plan asks, to
     /// tell a confirmation (or a block lifted since the reading) from a block (one round trip
     /// on Redis).
-    async fn hard_blocks(&self, ids: &[AccountId]) -> Result<Vec<HardBlock>, BackendError> {
+    async fn hard_blocks(&self, ids: &[AccountId]) -> Result<Vec<HardBlock>, StateError> {
         let blocks = self.list_blocks(ids).await?;
         Ok(ids
             .iter()
@@ -150,20 +150,17 @@ pub trait Health: Send + Sync + 'static {
         class: &str,
         status: u16,
         owner: &str,
-    ) -> Result<String, BackendError>;
+    ) -> Result<String, StateError>;
 
     /// Lifts the "confirming" hard block, unless another block replaced it meanwhile.
-    async fn unblock_confirming(&self, id: AccountId, value: &str) -> Result<(), BackendError>;
+    async fn unblock_confirming(&self, id: AccountId, value: &str) -> Result<(), StateError>;
 }
 
 /// Which account a session or a response id is bound to.
 #[async_trait]
 pub trait Bindings: Send + Sync + 'static {
-    async fn sticky_get(
-        &self,
-        group: &str,
-        session: &str,
-    ) -> Result<Option<AccountId>, BackendError>;
+    async fn sticky_get(&self, group: &str, session: &str)
+    -> Result<Option<AccountId>, StateError>;
 
     /// Binds and returns the previous binding.
     async fn sticky_set(
@@ -172,27 +169,23 @@ pub trait Bindings: Send + Sync + 'static {
         session: &str,
         id: AccountId,
         ttl_ms: u64,
-    ) -> Result<Option<AccountId>, BackendError>;
+    ) -> Result<Option<AccountId>, StateError>;
 
     /// Refreshes a binding's TTL (nothing when there is no binding).
-    async fn sticky_touch(
-        &self,
-        group: &str,
-        session: &str,
-        ttl_ms: u64,
-    ) -> Result<(), BackendError>;
+    async fn sticky_touch(&self, group: &str, session: &str, ttl_ms: u64)
+    -> Result<(), StateError>;
 
     /// Drops a binding; returns whether there was one.
-    async fn sticky_drop(&self, group: &str, session: &str) -> Result<bool, BackendError>;
+    async fn sticky_drop(&self, group: &str, session: &str) -> Result<bool, StateError>;
 
-    async fn response_get(&self, response_id: &str) -> Result<Option<AccountId>, BackendError>;
+    async fn response_get(&self, response_id: &str) -> Result<Option<AccountId>, StateError>;
 
     async fn response_set(
         &self,
         response_id: &str,
         id: AccountId,
         ttl_ms: u64,
-    ) -> Result<(), BackendError>;
+    ) -> Result<(), StateError>;
 }
 
 /// The per-account locks that make one replica act for all: the confirmation lock (its value
@@ -205,20 +198,19 @@ pub trait Locks: Send + Sync + 'static {
         id: AccountId,
         owner: &str,
         ttl_ms: u64,
-    ) -> Result<bool, BackendError>;
+    ) -> Result<bool, StateError>;
 
     /// Releases the confirmation lock, if this owner still holds it.
-    async fn unlock_confirm(&self, id: AccountId, owner: &str) -> Result<(), BackendError>;
+    async fn unlock_confirm(&self, id: AccountId, owner: &str) -> Result<(), StateError>;
 
     /// Keeps the confirmation lock `ms` longer (from now) and then lets it lapse, if this owner
     /// still holds it: readings cached on every replica still show the old breaker state for a
     /// moment, and must not start a second check.
-    async fn linger_confirm(&self, id: AccountId, owner: &str, ms: u64)
-    -> Result<(), BackendError>;
+    async fn linger_confirm(&self, id: AccountId, owner: &str, ms: u64) -> Result<(), StateError>;
 
     /// The confirmation lock's value while it is held (`confirmations.rs` names its states:
     /// running, quiet, freshly refreshed), for reports that arrive meanwhile.
-    async fn confirm_state(&self, id: AccountId) -> Result<Option<String>, BackendError>;
+    async fn confirm_state(&self, id: AccountId) -> Result<Option<String>, StateError>;
 
     /// Replaces the confirmation lock's value `from` with `to`, held `ttl_ms` from now, if it
     /// still holds `from`: whether it did.
@@ -228,7 +220,7 @@ pub trait Locks: Send + Sync + 'static {
         from: &str,
         to: &str,
         ttl_ms: u64,
-    ) -> Result<bool, BackendError>;
+    ) -> Result<bool, StateError>;
 
     /// Takes the account's token-refresh lock: whether this owner took it.
     async fn lock_refresh(
@@ -236,10 +228,10 @@ pub trait Locks: Send + Sync + 'static {
         id: AccountId,
         owner: &str,
         ttl_ms: u64,
-    ) -> Result<bool, BackendError>;
+    ) -> Result<bool, StateError>;
 
     /// Releases the token-refresh lock, if this owner still holds it.
-    async fn unlock_refresh(&self, id: AccountId, owner: &str) -> Result<(), BackendError>;
+    async fn unlock_refresh(&self, id: AccountId, owner: &str) -> Result<(), StateError>;
 
     /// Takes the account's usage-read lock for `ttl_ms` (never released: it lapses), so one
     /// replica reads an account's usage endpoint once per cadence for all
@@ -249,7 +241,7 @@ pub trait Locks: Send + Sync + 'static {
         id: AccountId,
         owner: &str,
         ttl_ms: u64,
-    ) -> Result<bool, BackendError>;
+    ) -> Result<bool, StateError>;
 }
 
 /// An account's usage windows are kept this long after their last write: past the longest
@@ -275,14 +267,11 @@ pub trait Windows: Send + Sync + 'static {
         &self,
         id: AccountId,
         readings: &[WindowReading],
-    ) -> Result<(), BackendError>;
+    ) -> Result<(), StateError>;
 
     /// The stored readings of `ids`, in the order asked (one round trip on Redis); an account
     /// never written has none.
-    async fn read_windows(
-        &self,
-        ids: &[AccountId],
-    ) -> Result<Vec<Vec<WindowReading>>, BackendError>;
+    async fn read_windows(&self, ids: &[AccountId]) -> Result<Vec<Vec<WindowReading>>, StateError>;
 }
 
 /// The four kinds of state from one store: what the engine and its confirmations use (the load

@@ -10,9 +10,10 @@ local spend = tonumber(ARGV[2])
 if spend > 0 then add_spend(KEYS[2], spend, tonumber(ARGV[3])) end
 if removed == 1 and redis.call('ZCARD', KEYS[5]) > 0
     and redis.call('ZCOUNT', KEYS[5], now, '+inf') > 0 then
-  -- The channel is `poolgate_runtime::keys::LEASE_WAKE_CHANNEL`. pcall: a publish refused
-  -- (an ACL without the channel) must not fail the release; waiters then poll.
-  redis.pcall('PUBLISH', 'pg:lease:wake', ARGV[5] .. ' ' .. ARGV[1])
+  -- The channel is the last argument (`redis_keys::LEASE_WAKE_CHANNEL`: key names are spelled
+  -- in one place). pcall: a publish refused (an ACL without the channel) must not fail the
+  -- release; waiters then poll.
+  redis.pcall('PUBLISH', ARGV[#ARGV], ARGV[5] .. ' ' .. ARGV[1])
 end
 if #KEYS > 5 then
   redis.call('ZREM', KEYS[6], ARGV[1])

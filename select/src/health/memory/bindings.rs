@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use async_trait::async_trait;
 
 use super::{Expiring, InProcessHealth};
-use crate::health::{BackendError, Bindings};
+use crate::health::{Bindings, StateError};
 use poolgate_core::AccountId;
 
 /// Bindings are pruned of expired entries when their map grows past this (and then past twice
@@ -64,7 +64,7 @@ impl Bindings for InProcessHealth {
         &self,
         group: &str,
         session: &str,
-    ) -> Result<Option<AccountId>, BackendError> {
+    ) -> Result<Option<AccountId>, StateError> {
         Ok(self.with_state(|state, now| {
             state
                 .sticky
@@ -78,7 +78,7 @@ impl Bindings for InProcessHealth {
         session: &str,
         id: AccountId,
         ttl_ms: u64,
-    ) -> Result<Option<AccountId>, BackendError> {
+    ) -> Result<Option<AccountId>, StateError> {
         Ok(self.with_state(|state, now| {
             state
                 .sticky
@@ -91,7 +91,7 @@ impl Bindings for InProcessHealth {
         group: &str,
         session: &str,
         ttl_ms: u64,
-    ) -> Result<(), BackendError> {
+    ) -> Result<(), StateError> {
         self.with_state(|state, now| {
             state
                 .sticky
@@ -100,7 +100,7 @@ impl Bindings for InProcessHealth {
         Ok(())
     }
 
-    async fn sticky_drop(&self, group: &str, session: &str) -> Result<bool, BackendError> {
+    async fn sticky_drop(&self, group: &str, session: &str) -> Result<bool, StateError> {
         Ok(self.with_state(|state, now| {
             state
                 .sticky
@@ -108,7 +108,7 @@ impl Bindings for InProcessHealth {
         }))
     }
 
-    async fn response_get(&self, response_id: &str) -> Result<Option<AccountId>, BackendError> {
+    async fn response_get(&self, response_id: &str) -> Result<Option<AccountId>, StateError> {
         Ok(self.with_state(|state, now| state.responses.get(&response_id.to_owned(), now)))
     }
 
@@ -117,7 +117,7 @@ impl Bindings for InProcessHealth {
         response_id: &str,
         id: AccountId,
         ttl_ms: u64,
-    ) -> Result<(), BackendError> {
+    ) -> Result<(), StateError> {
         self.with_state(|state, now| state.responses.set(response_id.to_owned(), id, now, ttl_ms));
         Ok(())
     }

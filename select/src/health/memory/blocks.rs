@@ -7,7 +7,7 @@ use async_trait::async_trait;
 
 use super::{BreakerState, Expiring, InProcessHealth, delete_if, live};
 use crate::health::{
-    AccountHealth, BackendError, BlockInfo, BreakerChange, Health, block_value, breaker_reason,
+    AccountHealth, BlockInfo, BreakerChange, Health, StateError, block_value, breaker_reason,
     parse_block_value,
 };
 use poolgate_core::AccountId;
@@ -29,7 +29,7 @@ fn block(slot: &mut Option<Expiring<String>>, now: i64, ttl_ms: u64, value: Stri
 
 impl InProcessHealth {
     /// A hard block, here and as admission's cooldown. Returns the block left.
-    async fn hard(&self, id: AccountId, ttl_ms: u64, value: String) -> Result<u64, BackendError> {
+    async fn hard(&self, id: AccountId, ttl_ms: u64, value: String) -> Result<u64, StateError> {
         let _order = self.cooldown_writes.lock().await;
         let (left, set) = self.with_account(id, |account, now| {
             block(&mut account.hard, now, ttl_ms, value)
@@ -42,10 +42,10 @@ impl InProcessHealth {
         Ok(left)
     }
 
-    async fn reads(&self, ids: &[AccountId]) -> Result<Vec<AccountHealth>, BackendError> {
+    async fn reads(&self, ids: &[AccountId]) -> Result<Vec<AccountHealth>, StateError> {
         let inflight = self.admission.inflight(ids).await?;
         if inflight.len() != ids.len() {
-            return Err(BackendError::Failed(
+            return Err(StateError::Failed(
                 "admission answered the wrong number of lease counts".into(),
             ));
         }
@@ -66,19 +66,19 @@ impl InProcessHealth {
 
 #[async_trait]
 impl Health for InProcessHealth {
-    async fn now(&self) -> Result<i64, BackendError> {
+    async fn now(&self) -> Result<i64, StateError> {
         Ok(self.clock())
     }
 
-    async fn read_batch(&self, ids: &[AccountId]) -> Result<Vec<AccountHealth>, BackendError> {
+    async fn read_batch(&self, ids: &[AccountId]) -> Result<Vec<AccountHealth>, StateError> {
         self.reads(ids).await
     }
 
-    async fn read_one(&self, id: AccountId) -> Result<AccountHealth, BackendError> {
+    async fn read_one(&self, id: AccountId) -> Result<AccountHealth, StateError> {
         self.reads(&[id])
             .await?
             .pop()
-            .ok_or_else(|| BackendError::Failed("no reading".into()))
+            .ok_or_else(|| StateError::Failed("no reading".into()))
     }
 
     async fn hard_block(
@@ -88,7 +88,7 @@ impl Health for InProcessHealth {
         class: &str,
         status: u16,
         reason: &str,
-    ) -> Result<u64, BackendError> {
+    ) -> Result<u64, StateError> {
         self.hard(id, ttl_ms, block_value(class, status, reason))
             .await
     }
@@ -100,7 +100,7 @@ impl Health for InProcessHealth {
         class: &str,
         status: u16,
         reason: &str,
-    ) -> Result<u64, BackendError> {
+    ) -> Result<u64, StateError> {
         let value = block_value(class, status, reason);
         Ok(self.with_account(id, |account, now| {
             block(&mut account.soft, now, ttl_ms, value).0
@@ -113,7 +113,7 @@ impl Health for InProcessHealth {
         threshold: u32,
         open_ms: u64,
         max_open_ms: u64,
-    ) -> Result<BreakerChange, BackendError> {
+    ) -> Result<BreakerChange, StateError> {
         Ok(self.with_account(id, |account, now| {
             let mut breaker = account.breaker(now).unwrap_or(BreakerState {
                 failures: 0,
@@ -150,7 +150,7 @@ impl Health for InProcessHealth {
         }))
     }
 
-    async fn breaker_success(&self, id: AccountId) -> Result<bool, BackendError> {
+    async fn breaker_success(&self, id: AccountId) -> Result<bool, StateError> {
         Ok(self.with_account(id, |account, now| {
             let was_open = account.breaker(now).is_some_and(|b| b.open_until > 0);
             account.breaker = None;
@@ -158,7 +158,7 @@ impl Health for InProcessHealth {
         }))
     }
 
-    async fn count_unauthorized(&self, id: AccountId, window_ms: u64) -> Result<u32, BackendError> {
+    async fn count_unauthorized(&self, id: AccountId, window_ms: u64) -> Result<u32, StateError> {
         let window = i64::try_from(window_ms).unwrap_or(i64::MAX);
         Ok(self.with_account(id, |account, now| {
             if account.unauthorized_until <= now {
@@ -174,7 +174,7 @@ impl Health for InProcessHealth {
         }))
     }
 
-    async fn clear(&self, id: AccountId) -> Result<(), BackendError> {
+    async fn clear(&self, id: AccountId) -> Result<(), StateError> {
         let _order = self.cooldown_writes.lock().await;
         self.with_account(id, |account, _| {
             account.hard = None;
@@ -186,7 +186,7 @@ impl Health for InProcessHealth {
         self.admission.clear_cooldown(id).await
     }
 
-    async fn list_blocks(&self, ids: &[AccountId]) -> Result<Vec<BlockInfo>, BackendError> {
+    async fn list_blocks(&self, ids: &[AccountId]) -> Result<Vec<BlockInfo>, StateError> {
         Ok(self.with_state(|state, now| {
             let mut blocks = Vec::new();
             for id in ids {
@@ -230,7 +230,7 @@ impl Health for InProcessHealth {
         class: &str,
         status: u16,
         owner: &str,
-    ) -> Result<String, BackendError> {
+    ) -> Result<String, StateError> {
         let value = block_value(
             class,
             status,
@@ -240,7 +240,7 @@ impl Health for InProcessHealth {
         Ok(value)
     }
 
-    async fn unblock_confirming(&self, id: AccountId, value: &str) -> Result<(), BackendError> {
+    async fn unblock_confirming(&self, id: AccountId, value: &str) -> Result<(), StateError> {
         let _order = self.cooldown_writes.lock().await;
         let lifted = self.with_account(id, |account, now| delete_if(&mut account.hard, now, value));
         if lifted {

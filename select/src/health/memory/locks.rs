@@ -4,7 +4,7 @@
 use async_trait::async_trait;
 
 use super::{Expiring, InProcessHealth, delete_if, live};
-use crate::health::{BackendError, Locks};
+use crate::health::{Locks, StateError};
 use poolgate_core::AccountId;
 
 /// `SET NX PX`: whether `owner` took the lock.
@@ -23,25 +23,20 @@ impl Locks for InProcessHealth {
         id: AccountId,
         owner: &str,
         ttl_ms: u64,
-    ) -> Result<bool, BackendError> {
+    ) -> Result<bool, StateError> {
         Ok(self.with_account(id, |account, now| {
             lock(&mut account.confirm_lock, now, owner, ttl_ms)
         }))
     }
 
-    async fn unlock_confirm(&self, id: AccountId, owner: &str) -> Result<(), BackendError> {
+    async fn unlock_confirm(&self, id: AccountId, owner: &str) -> Result<(), StateError> {
         self.with_account(id, |account, now| {
             delete_if(&mut account.confirm_lock, now, owner)
         });
         Ok(())
     }
 
-    async fn linger_confirm(
-        &self,
-        id: AccountId,
-        owner: &str,
-        ms: u64,
-    ) -> Result<(), BackendError> {
+    async fn linger_confirm(&self, id: AccountId, owner: &str, ms: u64) -> Result<(), StateError> {
         self.with_account(id, |account, now| {
             if let Some(lock) = account
                 .confirm_lock
@@ -54,7 +49,7 @@ impl Locks for InProcessHealth {
         Ok(())
     }
 
-    async fn confirm_state(&self, id: AccountId) -> Result<Option<String>, BackendError> {
+    async fn confirm_state(&self, id: AccountId) -> Result<Option<String>, StateError> {
         Ok(self.with_account(id, |account, now| {
             live(&account.confirm_lock, now).map(|lock| lock.value.clone())
         }))
@@ -66,7 +61,7 @@ impl Locks for InProcessHealth {
         from: &str,
         to: &str,
         ttl_ms: u64,
-    ) -> Result<bool, BackendError> {
+    ) -> Result<bool, StateError> {
         Ok(self.with_account(id, |account, now| {
             if live(&account.confirm_lock, now).is_some_and(|lock| lock.value == from) {
                 account.confirm_lock = Some(Expiring::new(to.to_owned(), now, ttl_ms));
@@ -82,13 +77,13 @@ impl Locks for InProcessHealth {
         id: AccountId,
         owner: &str,
         ttl_ms: u64,
-    ) -> Result<bool, BackendError> {
+    ) -> Result<bool, StateError> {
         Ok(self.with_account(id, |account, now| {
             lock(&mut account.refresh_lock, now, owner, ttl_ms)
         }))
     }
 
-    async fn unlock_refresh(&self, id: AccountId, owner: &str) -> Result<(), BackendError> {
+    async fn unlock_refresh(&self, id: AccountId, owner: &str) -> Result<(), StateError> {
         self.with_account(id, |account, now| {
             delete_if(&mut account.refresh_lock, now, owner)
         });
@@ -100,7 +95,7 @@ impl Locks for InProcessHealth {
         id: AccountId,
         owner: &str,
         ttl_ms: u64,
-    ) -> Result<bool, BackendError> {
+    ) -> Result<bool, StateError> {
         Ok(self.with_account(id, |account, now| {
             lock(&mut account.usage_lock, now, owner, ttl_ms)
         }))

@@ -5,7 +5,7 @@
 use async_trait::async_trait;
 
 use super::{AccountState, Expiring, InProcessHealth, live};
-use crate::health::{BackendError, WINDOWS_TTL_MS, Windows, merge_windows, window_kept};
+use crate::health::{StateError, WINDOWS_TTL_MS, Windows, merge_windows, window_kept};
 use poolgate_core::AccountId;
 use poolgate_core::windows::WindowReading;
 
@@ -38,7 +38,7 @@ impl Windows for InProcessHealth {
         &self,
         id: AccountId,
         readings: &[WindowReading],
-    ) -> Result<(), BackendError> {
+    ) -> Result<(), StateError> {
         if readings.is_empty() {
             // As in Redis: nothing written, the account's lifetime not renewed.
             return Ok(());
@@ -50,10 +50,7 @@ impl Windows for InProcessHealth {
         Ok(())
     }
 
-    async fn read_windows(
-        &self,
-        ids: &[AccountId],
-    ) -> Result<Vec<Vec<WindowReading>>, BackendError> {
+    async fn read_windows(&self, ids: &[AccountId]) -> Result<Vec<Vec<WindowReading>>, StateError> {
         Ok(self.with_state(|state, now| {
             ids.iter()
                 .map(|id| {

@@ -1,10 +1,10 @@
 //! `Bindings` in Redis: sticky sessions and response ids, one key each with a TTL.
 
 use async_trait::async_trait;
-use poolgate_runtime::keys;
+use poolgate_runtime::redis_keys;
 
 use super::RedisHealth;
-use crate::health::{BackendError, Bindings};
+use crate::health::{Bindings, StateError};
 use poolgate_core::AccountId;
 
 #[async_trait]
@@ -13,12 +13,12 @@ impl Bindings for RedisHealth {
         &self,
         group: &str,
         session: &str,
-    ) -> Result<Option<AccountId>, BackendError> {
+    ) -> Result<Option<AccountId>, StateError> {
         let mut conn = self.redis.conn().await?;
         self.redis
             .bounded(
                 redis::cmd("GET")
-                    .arg(keys::sticky_binding(group, session))
+                    .arg(redis_keys::sticky_binding(group, session))
                     .query_async(&mut conn),
             )
             .await
@@ -30,12 +30,12 @@ impl Bindings for RedisHealth {
         session: &str,
         id: AccountId,
         ttl_ms: u64,
-    ) -> Result<Option<AccountId>, BackendError> {
+    ) -> Result<Option<AccountId>, StateError> {
         let mut conn = self.redis.conn().await?;
         self.redis
             .bounded(
                 redis::cmd("SET")
-                    .arg(keys::sticky_binding(group, session))
+                    .arg(redis_keys::sticky_binding(group, session))
                     .arg(id)
                     .arg("PX")
                     .arg(ttl_ms.max(1))
@@ -50,13 +50,13 @@ impl Bindings for RedisHealth {
         group: &str,
         session: &str,
         ttl_ms: u64,
-    ) -> Result<(), BackendError> {
+    ) -> Result<(), StateError> {
         let mut conn = self.redis.conn().await?;
         let _: i64 = self
             .redis
             .bounded(
                 redis::cmd("PEXPIRE")
-                    .arg(keys::sticky_binding(group, session))
+                    .arg(redis_keys::sticky_binding(group, session))
                     .arg(ttl_ms.max(1))
                     .query_async(&mut conn),
             )
@@ -64,25 +64,25 @@ impl Bindings for RedisHealth {
         Ok(())
     }
 
-    async fn sticky_drop(&self, group: &str, session: &str) -> Result<bool, BackendError> {
+    async fn sticky_drop(&self, group: &str, session: &str) -> Result<bool, StateError> {
         let mut conn = self.redis.conn().await?;
         let removed: i64 = self
             .redis
             .bounded(
                 redis::cmd("DEL")
-                    .arg(keys::sticky_binding(group, session))
+                    .arg(redis_keys::sticky_binding(group, session))
                     .query_async(&mut conn),
             )
             .await?;
         Ok(removed > 0)
     }
 
-    async fn response_get(&self, response_id: &str) -> Result<Option<AccountId>, BackendError> {
+    async fn response_get(&self, response_id: &str) -> Result<Option<AccountId>, StateError> {
         let mut conn = self.redis.conn().await?;
         self.redis
             .bounded(
                 redis::cmd("GET")
-                    .arg(keys::response_binding(response_id))
+                    .arg(redis_keys::response_binding(response_id))
                     .query_async(&mut conn),
             )
             .await
@@ -93,13 +93,13 @@ impl Bindings for RedisHealth {
         response_id: &str,
         id: AccountId,
         ttl_ms: u64,
-    ) -> Result<(), BackendError> {
+    ) -> Result<(), StateError> {
         let mut conn = self.redis.conn().await?;
         let _: () = self
             .redis
             .bounded(
                 redis::cmd("SET")
-                    .arg(keys::response_binding(response_id))
+                    .arg(redis_keys::response_binding(response_id))
                     .arg(id)
                     .arg("PX")
                     .arg(ttl_ms.max(1))

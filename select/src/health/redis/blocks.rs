@@ -2,11 +2,11 @@
 //! key) and soft blocks, breakers, unauthorized counts, and the blocks operators list and clear.
 
 use async_trait::async_trait;
-use poolgate_runtime::keys::{self, AccountKeys};
+use poolgate_runtime::redis_keys::{self, AccountKeys};
 
 use super::RedisHealth;
 use crate::health::{
-    AccountHealth, BackendError, BlockInfo, Breaker, BreakerChange, HardBlock, Health, block_value,
+    AccountHealth, BlockInfo, Breaker, BreakerChange, HardBlock, Health, StateError, block_value,
     breaker_reason, parse_block_value,
 };
 use poolgate_core::health::is_confirming_reason;
@@ -27,9 +27,9 @@ impl RedisHealth {
             .cmd("PTTL")
             .arg(&keys.cooldown)
             .cmd("PTTL")
-            .arg(keys::soft_block(id))
+            .arg(redis_keys::soft_block(id))
             .cmd("HMGET")
-            .arg(keys::breaker(id))
+            .arg(redis_keys::breaker(id))
             .arg("open_until")
             .arg("failures");
     }
@@ -53,12 +53,12 @@ impl RedisHealth {
 
 #[async_trait]
 impl Health for RedisHealth {
-    async fn now(&self) -> Result<i64, BackendError> {
+    async fn now(&self) -> Result<i64, StateError> {
         self.redis_now().await
     }
 
     /// Reads load, blocks and breakers of `ids` in ONE pipeline (one round trip).
-    async fn read_batch(&self, ids: &[AccountId]) -> Result<Vec<AccountHealth>, BackendError> {
+    async fn read_batch(&self, ids: &[AccountId]) -> Result<Vec<AccountHealth>, StateError> {
         if ids.is_empty() {
             // An empty pipeline is an error in the client, not an empty answer.
             return Ok(Vec::new());
@@ -76,7 +76,7 @@ impl Health for RedisHealth {
                 Self::add_reads(&mut pipeline, id, now);
                 let mut conn = self.redis.conn().await?;
                 let one: HealthRow = self.redis.bounded(pipeline.query_async(&mut conn)).await?;
-                Ok::<_, BackendError>(one)
+                Ok::<_, StateError>(one)
             });
             futures_util::future::try_join_all(reads).await?
         } else {
@@ -85,13 +85,13 @@ impl Health for RedisHealth {
             let mut out = Vec::with_capacity(ids.len());
             for chunk in flat.chunks(4) {
                 let tuple: HealthRow = redis::from_redis_value(redis::Value::Array(chunk.to_vec()))
-                    .map_err(|e| BackendError::Failed(format!("health reply: {e}")))?;
+                    .map_err(|e| StateError::Failed(format!("health reply: {e}")))?;
                 out.push(tuple);
             }
             out
         };
         if values.len() != ids.len() {
-            return Err(BackendError::Failed(
+            return Err(StateError::Failed(
                 "health reply has the wrong length".into(),
             ));
         }
@@ -102,7 +102,7 @@ impl Health for RedisHealth {
     }
 
     /// Reads one account (the fallback when a batch pipeline fails).
-    async fn read_one(&self, id: AccountId) -> Result<AccountHealth, BackendError> {
+    async fn read_one(&self, id: AccountId) -> Result<AccountHealth, StateError> {
         let now = self.redis_now().await?;
         let mut pipeline = redis::pipe();
         Self::add_reads(&mut pipeline, id, now);
@@ -119,7 +119,7 @@ impl Health for RedisHealth {
         class: &str,
         status: u16,
         reason: &str,
-    ) -> Result<u64, BackendError> {
+    ) -> Result<u64, StateError> {
         self.block(
             AccountKeys::new(id).cooldown,
             ttl_ms,
@@ -136,9 +136,9 @@ impl Health for RedisHealth {
         class: &str,
         status: u16,
         reason: &str,
-    ) -> Result<u64, BackendError> {
+    ) -> Result<u64, StateError> {
         self.block(
-            keys::soft_block(id),
+            redis_keys::soft_block(id),
             ttl_ms,
             block_value(class, status, reason),
         )
@@ -151,15 +151,15 @@ impl Health for RedisHealth {
         threshold: u32,
         open_ms: u64,
         max_open_ms: u64,
-    ) -> Result<BreakerChange, BackendError> {
+    ) -> Result<BreakerChange, StateError> {
         let mut conn = self.redis.conn().await?;
         let (change, value, now): (String, u64, i64) = self
             .redis
             .bounded(
                 self.scripts
                     .breaker_failure
-                    .key(keys::breaker(id))
-                    .key(keys::breaker_probe(id))
+                    .key(redis_keys::breaker(id))
+                    .key(redis_keys::breaker_probe(id))
                     .arg(threshold)
                     .arg(open_ms)
                     .arg(max_open_ms)
@@ -175,25 +175,25 @@ impl Health for RedisHealth {
         })
     }
 
-    async fn breaker_success(&self, id: AccountId) -> Result<bool, BackendError> {
+    async fn breaker_success(&self, id: AccountId) -> Result<bool, StateError> {
         let mut conn = self.redis.conn().await?;
         let (was_open, _): (Option<i64>, i64) = self
             .redis
             .bounded(
                 redis::pipe()
                     .cmd("HGET")
-                    .arg(keys::breaker(id))
+                    .arg(redis_keys::breaker(id))
                     .arg("open_until")
                     .cmd("DEL")
-                    .arg(keys::breaker(id))
-                    .arg(keys::breaker_probe(id))
+                    .arg(redis_keys::breaker(id))
+                    .arg(redis_keys::breaker_probe(id))
                     .query_async(&mut conn),
             )
             .await?;
         Ok(was_open.unwrap_or(0) > 0)
     }
 
-    async fn count_unauthorized(&self, id: AccountId, window_ms: u64) -> Result<u32, BackendError> {
+    async fn count_unauthorized(&self, id: AccountId, window_ms: u64) -> Result<u32, StateError> {
         let event = format!("{}-{}", now_ms(), fastrand::u32(..));
         let mut conn = self.redis.conn().await?;
         let (count, now): (u32, i64) = self
@@ -201,7 +201,7 @@ impl Health for RedisHealth {
             .bounded(
                 self.scripts
                     .count_event
-                    .key(keys::unauthorized_events(id))
+                    .key(redis_keys::unauthorized_events(id))
                     .arg(event)
                     .arg(window_ms)
                     .invoke_async(&mut conn),
@@ -211,7 +211,7 @@ impl Health for RedisHealth {
         Ok(count)
     }
 
-    async fn clear(&self, id: AccountId) -> Result<(), BackendError> {
+    async fn clear(&self, id: AccountId) -> Result<(), StateError> {
         let mut conn = self.redis.conn().await?;
         // The cooldown key is on the account's slot; the selector keys are not, so they are two
         // separate commands on a cluster.
@@ -224,10 +224,10 @@ impl Health for RedisHealth {
             )
             .await?;
         for key in [
-            keys::soft_block(id),
-            keys::breaker(id),
-            keys::breaker_probe(id),
-            keys::unauthorized_events(id),
+            redis_keys::soft_block(id),
+            redis_keys::breaker(id),
+            redis_keys::breaker_probe(id),
+            redis_keys::unauthorized_events(id),
         ] {
             let _: i64 = self
                 .redis
@@ -237,7 +237,7 @@ impl Health for RedisHealth {
         Ok(())
     }
 
-    async fn list_blocks(&self, ids: &[AccountId]) -> Result<Vec<BlockInfo>, BackendError> {
+    async fn list_blocks(&self, ids: &[AccountId]) -> Result<Vec<BlockInfo>, StateError> {
         let now = self.redis_now().await?;
         let mut blocks = Vec::new();
         for &id in ids {
@@ -254,7 +254,7 @@ impl Health for RedisHealth {
                         .query_async(&mut conn),
                 )
                 .await?;
-            let soft_key = keys::soft_block(id);
+            let soft_key = redis_keys::soft_block(id);
             let (soft_ms, soft_value, open_until, failures): (
                 i64,
                 Option<String>,
@@ -269,10 +269,10 @@ impl Health for RedisHealth {
                         .cmd("GET")
                         .arg(&soft_key)
                         .cmd("HGET")
-                        .arg(keys::breaker(id))
+                        .arg(redis_keys::breaker(id))
                         .arg("open_until")
                         .cmd("HGET")
-                        .arg(keys::breaker(id))
+                        .arg(redis_keys::breaker(id))
                         .arg("failures")
                         .query_async(&mut conn),
                 )
@@ -305,7 +305,7 @@ impl Health for RedisHealth {
         Ok(blocks)
     }
 
-    async fn hard_blocks(&self, ids: &[AccountId]) -> Result<Vec<HardBlock>, BackendError> {
+    async fn hard_blocks(&self, ids: &[AccountId]) -> Result<Vec<HardBlock>, StateError> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
@@ -328,7 +328,7 @@ impl Health for RedisHealth {
                             .query_async(&mut conn),
                     )
                     .await?;
-                Ok::<_, BackendError>(value)
+                Ok::<_, StateError>(value)
             });
             futures_util::future::try_join_all(reads).await?
         } else {
@@ -340,7 +340,7 @@ impl Health for RedisHealth {
             self.redis.bounded(pipeline.query_async(&mut conn)).await?
         };
         if values.len() != ids.len() {
-            return Err(BackendError::Failed(
+            return Err(StateError::Failed(
                 "hard block reply has the wrong length".into(),
             ));
         }
@@ -354,7 +354,7 @@ impl Health for RedisHealth {
         class: &str,
         status: u16,
         owner: &str,
-    ) -> Result<String, BackendError> {
+    ) -> Result<String, StateError> {
         let value = block_value(
             class,
             status,
@@ -365,7 +365,7 @@ impl Health for RedisHealth {
         Ok(value)
     }
 
-    async fn unblock_confirming(&self, id: AccountId, value: &str) -> Result<(), BackendError> {
+    async fn unblock_confirming(&self, id: AccountId, value: &str) -> Result<(), StateError> {
         self.delete_if(AccountKeys::new(id).cooldown, value).await
     }
 }

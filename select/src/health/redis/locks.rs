@@ -2,10 +2,10 @@
 //! `SET NX PX` and changed only by the owner it names.
 
 use async_trait::async_trait;
-use poolgate_runtime::keys;
+use poolgate_runtime::redis_keys;
 
 use super::RedisHealth;
-use crate::health::{BackendError, Locks};
+use crate::health::{Locks, StateError};
 use poolgate_core::AccountId;
 
 #[async_trait]
@@ -16,27 +16,22 @@ impl Locks for RedisHealth {
         id: AccountId,
         owner: &str,
         ttl_ms: u64,
-    ) -> Result<bool, BackendError> {
-        self.lock(keys::confirm_lock(id), owner, ttl_ms).await
+    ) -> Result<bool, StateError> {
+        self.lock(redis_keys::confirm_lock(id), owner, ttl_ms).await
     }
 
-    async fn unlock_confirm(&self, id: AccountId, owner: &str) -> Result<(), BackendError> {
-        self.delete_if(keys::confirm_lock(id), owner).await
+    async fn unlock_confirm(&self, id: AccountId, owner: &str) -> Result<(), StateError> {
+        self.delete_if(redis_keys::confirm_lock(id), owner).await
     }
 
-    async fn linger_confirm(
-        &self,
-        id: AccountId,
-        owner: &str,
-        ms: u64,
-    ) -> Result<(), BackendError> {
+    async fn linger_confirm(&self, id: AccountId, owner: &str, ms: u64) -> Result<(), StateError> {
         let mut conn = self.redis.conn().await?;
         let _: (i64, i64) = self
             .redis
             .bounded(
                 self.scripts
                     .linger
-                    .key(keys::confirm_lock(id))
+                    .key(redis_keys::confirm_lock(id))
                     .arg(owner)
                     .arg(ms.max(1))
                     .invoke_async(&mut conn),
@@ -45,12 +40,12 @@ impl Locks for RedisHealth {
         Ok(())
     }
 
-    async fn confirm_state(&self, id: AccountId) -> Result<Option<String>, BackendError> {
+    async fn confirm_state(&self, id: AccountId) -> Result<Option<String>, StateError> {
         let mut conn = self.redis.conn().await?;
         self.redis
             .bounded(
                 redis::cmd("GET")
-                    .arg(keys::confirm_lock(id))
+                    .arg(redis_keys::confirm_lock(id))
                     .query_async(&mut conn),
             )
             .await
@@ -62,14 +57,14 @@ impl Locks for RedisHealth {
         from: &str,
         to: &str,
         ttl_ms: u64,
-    ) -> Result<bool, BackendError> {
+    ) -> Result<bool, StateError> {
         let mut conn = self.redis.conn().await?;
         let (swapped, _now): (i64, i64) = self
             .redis
             .bounded(
                 self.scripts
                     .swap
-                    .key(keys::confirm_lock(id))
+                    .key(redis_keys::confirm_lock(id))
                     .arg(from)
                     .arg(to)
                     .arg(ttl_ms.max(1))
@@ -85,12 +80,14 @@ impl Locks for RedisHealth {
         id: AccountId,
         owner: &str,
         ttl_ms: u64,
-    ) -> Result<bool, BackendError> {
-        self.lock(keys::token_refresh_lock(id), owner, ttl_ms).await
+    ) -> Result<bool, StateError> {
+        self.lock(redis_keys::token_refresh_lock(id), owner, ttl_ms)
+            .await
     }
 
-    async fn unlock_refresh(&self, id: AccountId, owner: &str) -> Result<(), BackendError> {
-        self.delete_if(keys::token_refresh_lock(id), owner).await
+    async fn unlock_refresh(&self, id: AccountId, owner: &str) -> Result<(), StateError> {
+        self.delete_if(redis_keys::token_refresh_lock(id), owner)
+            .await
     }
 
     async fn lock_usage_read(
@@ -98,7 +95,8 @@ impl Locks for RedisHealth {
         id: AccountId,
         owner: &str,
         ttl_ms: u64,
-    ) -> Result<bool, BackendError> {
-        self.lock(keys::usage_read_lock(id), owner, ttl_ms).await
+    ) -> Result<bool, StateError> {
+        self.lock(redis_keys::usage_read_lock(id), owner, ttl_ms)
+            .await
     }
 }

@@ -3,7 +3,7 @@
 //! slot), soft blocks, circuit breakers, sticky and response bindings, confirmation and
 //! token-refresh locks; the live lease count is read from admission's lease keys.
 //!
-//! Key names come from `poolgate_runtime::keys`; time inside decisions is Redis `TIME`. This
+//! Key names come from `poolgate_runtime::redis_keys`; time inside decisions is Redis `TIME`. This
 //! file holds the store, its scripts and the writes they share; `blocks.rs` implements
 //! `Health`, `windows.rs` `Windows`, `bindings.rs` `Bindings`, `locks.rs` `Locks`.
 
@@ -13,7 +13,7 @@ use poolgate_runtime::clock::{RedisClock, TIME_PRELUDE};
 use poolgate_runtime::redis::RedisHandle;
 use redis::Script;
 
-use super::BackendError;
+use super::StateError;
 
 mod bindings;
 mod blocks;
@@ -189,11 +189,11 @@ impl RedisHealth {
     }
 
     /// Redis time in ms (learned offset; one `TIME` the first time).
-    pub async fn redis_now(&self) -> Result<i64, BackendError> {
+    pub async fn redis_now(&self) -> Result<i64, StateError> {
         self.clock.now(&self.redis).await
     }
 
-    async fn block(&self, key: String, ttl_ms: u64, value: String) -> Result<u64, BackendError> {
+    async fn block(&self, key: String, ttl_ms: u64, value: String) -> Result<u64, StateError> {
         let mut conn = self.redis.conn().await?;
         let (applied, now): (u64, i64) = self
             .redis
@@ -211,7 +211,7 @@ impl RedisHealth {
     }
 
     /// `SET key owner NX PX ttl`: whether this owner took the lock.
-    async fn lock(&self, key: String, owner: &str, ttl_ms: u64) -> Result<bool, BackendError> {
+    async fn lock(&self, key: String, owner: &str, ttl_ms: u64) -> Result<bool, StateError> {
         let mut conn = self.redis.conn().await?;
         let taken: Option<String> = self
             .redis
@@ -228,7 +228,7 @@ impl RedisHealth {
         Ok(taken.is_some())
     }
 
-    async fn delete_if(&self, key: String, value: &str) -> Result<(), BackendError> {
+    async fn delete_if(&self, key: String, value: &str) -> Result<(), StateError> {
         let mut conn = self.redis.conn().await?;
         let _: (i64, i64) = self
             .redis

@@ -1,13 +1,11 @@
-//! `Windows` in Redis: one hash per account (`keys::usage_windows`), merged by a script so
+//! `Windows` in Redis: one hash per account (`redis_keys::usage_windows`), merged by a script so
 //! replicas writing the same account at once keep the newest reading per window.
 
 use async_trait::async_trait;
-use poolgate_runtime::keys;
+use poolgate_runtime::redis_keys;
 
 use super::RedisHealth;
-use crate::health::{
-    BackendError, WINDOWS_KEPT_PAST_RESET_MS, WINDOWS_TTL_MS, Windows, window_kept,
-};
+use crate::health::{StateError, WINDOWS_KEPT_PAST_RESET_MS, WINDOWS_TTL_MS, Windows, window_kept};
 use poolgate_core::AccountId;
 use poolgate_core::windows::WindowReading;
 
@@ -33,19 +31,22 @@ impl Windows for RedisHealth {
         &self,
         id: AccountId,
         readings: &[WindowReading],
-    ) -> Result<(), BackendError> {
+    ) -> Result<(), StateError> {
         if readings.is_empty() {
             return Ok(());
         }
-        let mut invocation = self.scripts.store_windows.key(keys::usage_windows(id));
+        let mut invocation = self
+            .scripts
+            .store_windows
+            .key(redis_keys::usage_windows(id));
         invocation
             .arg(WINDOWS_TTL_MS)
             .arg(WINDOWS_KEPT_PAST_RESET_MS);
         for reading in readings {
             let field = serde_json::to_string(&(reading.kind, &reading.scope))
-                .map_err(|e| BackendError::Failed(format!("usage window field: {e}")))?;
+                .map_err(|e| StateError::Failed(format!("usage window field: {e}")))?;
             let value = serde_json::to_string(reading)
-                .map_err(|e| BackendError::Failed(format!("usage window value: {e}")))?;
+                .map_err(|e| StateError::Failed(format!("usage window value: {e}")))?;
             invocation.arg(field).arg(value);
         }
         let mut conn = self.redis.conn().await?;
@@ -59,10 +60,7 @@ impl Windows for RedisHealth {
 
     /// Every account's hash in ONE pipeline (one round trip; on a cluster, one per account,
     /// concurrently, as `read_batch`).
-    async fn read_windows(
-        &self,
-        ids: &[AccountId],
-    ) -> Result<Vec<Vec<WindowReading>>, BackendError> {
+    async fn read_windows(&self, ids: &[AccountId]) -> Result<Vec<Vec<WindowReading>>, StateError> {
         if ids.is_empty() {
             // An empty pipeline is an error in the client, not an empty answer.
             return Ok(Vec::new());
@@ -75,23 +73,23 @@ impl Windows for RedisHealth {
                     .redis
                     .bounded(
                         redis::cmd("HVALS")
-                            .arg(keys::usage_windows(id))
+                            .arg(redis_keys::usage_windows(id))
                             .query_async(&mut conn),
                     )
                     .await?;
-                Ok::<_, BackendError>(one)
+                Ok::<_, StateError>(one)
             });
             futures_util::future::try_join_all(reads).await?
         } else {
             let mut pipeline = redis::pipe();
             for &id in ids {
-                pipeline.cmd("HVALS").arg(keys::usage_windows(id));
+                pipeline.cmd("HVALS").arg(redis_keys::usage_windows(id));
             }
             let mut conn = self.redis.conn().await?;
             self.redis.bounded(pipeline.query_async(&mut conn)).await?
         };
         if values.len() != ids.len() {
-            return Err(BackendError::Failed(
+            return Err(StateError::Failed(
                 "usage windows reply has the wrong length".into(),
             ));
         }

@@ -1,0 +1,131 @@
+//! The usage ledger and prices in Postgres: a model's price, usage batches in, a key's usage
+//! read back, and the spend sums the budget rebuild seeds admission with.
+
+use std::collections::HashMap;
+
+use sqlx::Row;
+
+use poolgate_core::account::Price;
+pub use poolgate_select::source::{StoreError, UsageInput, UsageTotals};
+
+use super::*;
+
+impl PostgresSource {
+    pub async fn set_price(&self, model: &str, price: Price) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO model_prices (model, input_per_mtok, output_per_mtok, cache_write_per_mtok, cache_read_per_mtok) \
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (model) DO UPDATE SET input_per_mtok = $2, \
+             output_per_mtok = $3, cache_write_per_mtok = $4, cache_read_per_mtok = $5",
+        )
+        .bind(model)
+        .bind(price.input_per_mtok)
+        .bind(price.output_per_mtok)
+        .bind(price.cache_write_per_mtok)
+        .bind(price.cache_read_per_mtok)
+        .execute(&self.pool)
+        .await
+        .map_err(convert)?;
+        Ok(())
+    }
+
+    /// Inserts a batch of usage records in one statement.
+    pub async fn insert_usage(&self, records: &[UsageInput]) -> Result<u64, StoreError> {
+        if records.is_empty() {
+            return Ok(0);
+        }
+        let mut builder = sqlx::QueryBuilder::new(
+            "INSERT INTO usage_records (at, api_key_id, user_name, account_id, model, input_tokens, \
+             output_tokens, cache_write_tokens, cache_read_tokens, cost_usd, status, latency_ms) ",
+        );
+        builder.push_values(records, |mut row, record| {
+            row.push("COALESCE(to_timestamp(")
+                .push_bind_unseparated(record.at_ms.map(|ms| ms as f64 / 1000.0))
+                .push_unseparated("), now())")
+                .push_bind(record.api_key_id)
+                .push_bind(&record.user)
+                .push_bind(record.account_id)
+                .push_bind(&record.model)
+                .push_bind(record.input_tokens)
+                .push_bind(record.output_tokens)
+                .push_bind(record.cache_write_tokens)
+                .push_bind(record.cache_read_tokens)
+                .push_bind(record.cost_usd)
+                .push_bind(record.status)
+                .push_bind(record.latency_ms);
+        });
+        let done = builder.build().execute(&self.pool).await.map_err(convert)?;
+        Ok(done.rows_affected())
+    }
+
+    pub async fn read_usage(
+        &self,
+        api_key_id: i64,
+        from_ms: i64,
+        to_ms: i64,
+    ) -> Result<UsageTotals, StoreError> {
+        let row = sqlx::query(
+            "SELECT count(*) AS requests, COALESCE(sum(input_tokens), 0)::bigint AS input_tokens, \
+             COALESCE(sum(output_tokens), 0)::bigint AS output_tokens, COALESCE(sum(cost_usd), 0) AS cost_usd \
+             FROM usage_records WHERE api_key_id = $1 \
+             AND at >= to_timestamp($2::double precision / 1000) AND at < to_timestamp($3::double precision / 1000)",
+        )
+        .bind(api_key_id)
+        .bind(from_ms as f64)
+        .bind(to_ms as f64)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(convert)?;
+        Ok(UsageTotals {
+            requests: row.try_get("requests").map_err(convert)?,
+            input_tokens: row.try_get("input_tokens").map_err(convert)?,
+            output_tokens: row.try_get("output_tokens").map_err(convert)?,
+            cost_usd: row.try_get("cost_usd").map_err(convert)?,
+        })
+    }
+
+    /// The spend (USD) of each key in `api_key_ids` in `[since, to_ms)` for each of `since_ms`
+    /// (in that order), summed in one query over the `(api_key_id, at)` index: the usage
+    /// ledger's side of the budget rebuild (docs/DESIGN.md §4). A key without usage has zeros.
+    pub async fn spend_since(
+        &self,
+        api_key_ids: &[i64],
+        since_ms: &[i64],
+        to_ms: i64,
+    ) -> Result<HashMap<i64, Vec<f64>>, StoreError> {
+        let mut spend: HashMap<i64, Vec<f64>> = api_key_ids
+            .iter()
+            .map(|&id| (id, vec![0.0; since_ms.len()]))
+            .collect();
+        if api_key_ids.is_empty() || since_ms.is_empty() {
+            return Ok(spend);
+        }
+        let since: Vec<f64> = since_ms.iter().map(|&ms| ms as f64).collect();
+        let rows = sqlx::query(
+            "SELECT k.id AS api_key_id, s.n, COALESCE(sum(u.cost_usd), 0) AS cost_usd \
+             FROM unnest($1::bigint[]) AS k(id) \
+             CROSS JOIN unnest($2::double precision[]) WITH ORDINALITY AS s(since, n) \
+             JOIN usage_records u ON u.api_key_id = k.id \
+                 AND u.at >= to_timestamp(s.since / 1000) \
+                 AND u.at < to_timestamp($3::double precision / 1000) \
+             GROUP BY k.id, s.n",
+        )
+        .bind(api_key_ids)
+        .bind(&since)
+        .bind(to_ms as f64)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(convert)?;
+        for row in rows {
+            let id: i64 = row.try_get("api_key_id").map_err(convert)?;
+            let n: i64 = row.try_get("n").map_err(convert)?;
+            let cost: f64 = row.try_get("cost_usd").map_err(convert)?;
+            let slot = usize::try_from(n - 1)
+                .ok()
+                .and_then(|index| spend.get_mut(&id)?.get_mut(index));
+            if let Some(slot) = slot {
+                *slot = cost;
+            }
+        }
+        Ok(spend)
+    }
+}
