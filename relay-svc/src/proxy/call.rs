@@ -20,7 +20,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 
 use super::finish::Finish;
-use super::request::response_headers;
+use super::headers::response_headers;
 use super::{Answer, Body, Called, Inbound, Relay, UpstreamTime};
 use crate::client_api::{Api, ErrorKind, RelayError};
 use crate::ports::{Lease, PlannedAccount};

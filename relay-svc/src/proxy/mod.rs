@@ -14,6 +14,7 @@ mod auth;
 mod body;
 mod call;
 mod finish;
+mod headers;
 mod keys;
 mod request;
 mod run;
@@ -37,8 +38,9 @@ use crate::metrics::Metrics;
 use crate::ports::{Caller, KeyCheck, KeyLimit, Lease, Leases, PlannedAccount, Selection};
 
 pub use body::{BodyJsonError, MAX_DEPTH as MAX_JSON_DEPTH, TopLevel};
+pub use headers::{merged_betas, passes_upstream};
 pub use keys::key_view;
-pub use request::{HttpClientError, merged_betas, passes_upstream};
+pub use request::HttpClientError;
 use run::{RequestRun, Step, overloaded};
 
 #[derive(Debug, Clone)]

@@ -20,7 +20,7 @@ use poolgate_core::lease::{Denial, DenyReason};
 use poolgate_core::outcome::OutcomeClass;
 use poolgate_core::select::NoneReason;
 
-use super::{Answer, Body, Called, Inbound, Relay, auth, request};
+use super::{Answer, Body, Called, Inbound, Relay, auth, headers};
 use crate::client_api::{Api, ErrorKind, RelayError};
 use crate::ports::{Acquired, KeyLimit, Lease, Plan, PlanRequest, PlannedAccount};
 
@@ -148,7 +148,7 @@ impl<'a> RequestRun<'a> {
         }
         // A group that keeps its subscriptions for the platform's own CLI: any other client's
         // request goes to its API-key accounts only.
-        let cli_only = plan.subscriptions_cli_only && !request::from_platform_cli(inbound);
+        let cli_only = plan.subscriptions_cli_only && !headers::from_platform_cli(inbound);
         if cli_only && plan.accounts.iter().any(|a| a.credential_kind.is_oauth()) {
             plan.accounts.retain(|a| !a.credential_kind.is_oauth());
             if plan.accounts.is_empty() && self.last_failure.is_none() {
@@ -417,7 +417,7 @@ impl Failure {
     fn new(status: u16, upstream: &HeaderMap, body: Bytes, account: &PlannedAccount) -> Self {
         Failure {
             status,
-            headers: request::response_headers(upstream, account.usage_headers_to_clients),
+            headers: headers::response_headers(upstream, account.usage_headers_to_clients),
             body,
         }
     }
