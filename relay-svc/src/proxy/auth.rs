@@ -4,7 +4,7 @@
 //! only, and `count_tokens` at its own rates (docs/DESIGN.md §6, "What a client key reaches";
 //! its expiry, disable and lists are `keys.rs`).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
@@ -14,6 +14,10 @@ use poolgate_core::short_hash;
 use super::{Answer, Body, Inbound, Relay};
 use crate::client_api::{Api, ErrorKind, RelayError};
 use crate::ports::{Acquired, Caller, KeyCheck, KeyLimit, PlannedAccount};
+
+/// Key checks kept at once (`TtlCache`'s bound): a flood of distinct keys costs selector calls,
+/// never memory.
+pub(super) const MAX_CACHED_CHECKS: usize = 100_000;
 
 /// `count_tokens` requests one account takes a minute, from all clients together: Claude Code
 /// calls it alongside its messages, and it must not hammer an upstream that limits it apart.
@@ -91,13 +95,8 @@ impl Relay {
         key: Option<&str>,
     ) -> Result<KeyCheck, RelayError> {
         let key = valid_key(api, key)?;
-        {
-            let cache = self.auth_cache.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some((answer, at)) = cache.get(key)
-                && at.elapsed() < self.settings.auth_cache_ttl
-            {
-                return Ok(answer.clone());
-            }
+        if let Some(answer) = self.auth_cache.get(key) {
+            return Ok(answer);
         }
         let answer = {
             let _permit = self.key_lookup_permit(api).await?;
@@ -106,14 +105,7 @@ impl Relay {
                 unavailable(api, "authentication is unavailable; try again")
             })?
         };
-        {
-            let mut cache = self.auth_cache.lock().unwrap_or_else(|p| p.into_inner());
-            if cache.len() > 100_000 {
-                let ttl = self.settings.auth_cache_ttl;
-                cache.retain(|_, (_, at)| at.elapsed() < ttl);
-            }
-            cache.insert(key.to_owned(), (answer.clone(), Instant::now()));
-        }
+        self.auth_cache.insert(key, answer.clone());
         Ok(answer)
     }
 

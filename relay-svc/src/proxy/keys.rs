@@ -3,7 +3,7 @@
 //! reaches".
 
 use poolgate_core::keys::{Endpoint, KeyDescription, KeyRefusal, UsagePeriod, rfc3339_utc};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use poolgate_core::money::micros_to_usd;
 use serde_json::{Value, json};
@@ -17,7 +17,7 @@ use crate::ports::{Caller, KeyCheck, KeyRefused};
 /// ledger reads, so a holder polling the view reads Postgres at most once per this per relay.
 pub const DESCRIPTION_TTL: Duration = Duration::from_secs(2);
 /// Descriptions kept at once (past it, expired ones go; then all).
-const MAX_CACHED_DESCRIPTIONS: usize = 10_000;
+pub(super) const MAX_CACHED_DESCRIPTIONS: usize = 10_000;
 
 impl Relay {
     /// Checks a request of `caller` on `endpoint` for `model` (the model the client asked for,
@@ -57,25 +57,13 @@ impl Relay {
         if self.check_key(api, Some(key)).await? == KeyCheck::Unknown {
             return Err(invalid_key(api));
         }
-        {
-            let cache = self.descriptions.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some((description, at)) = cache.get(key)
-                && at.elapsed() < DESCRIPTION_TTL
-            {
-                return Ok(description.clone());
-            }
+        if let Some(description) = self.descriptions.get(key) {
+            return Ok(description);
         }
         let _permit = self.key_lookup_permit(api).await?;
         match self.selection.describe_key(key).await {
             Ok(Some(description)) => {
-                let mut cache = self.descriptions.lock().unwrap_or_else(|p| p.into_inner());
-                if cache.len() >= MAX_CACHED_DESCRIPTIONS {
-                    cache.retain(|_, (_, at)| at.elapsed() < DESCRIPTION_TTL);
-                    if cache.len() >= MAX_CACHED_DESCRIPTIONS {
-                        cache.clear();
-                    }
-                }
-                cache.insert(key.to_owned(), (description.clone(), Instant::now()));
+                self.descriptions.insert(key, description.clone());
                 Ok(description)
             }
             Ok(None) => Err(invalid_key(api)),

@@ -12,6 +12,7 @@
 
 mod auth;
 mod body;
+mod cache;
 mod call;
 mod finish;
 mod headers;
@@ -38,6 +39,7 @@ use crate::metrics::Metrics;
 use crate::ports::{Caller, KeyCheck, KeyLimit, Lease, Leases, PlannedAccount, Selection};
 
 pub use body::{BodyJsonError, MAX_DEPTH as MAX_JSON_DEPTH, TopLevel};
+use cache::TtlCache;
 pub use headers::{merged_betas, passes_upstream};
 pub use keys::key_view;
 pub use request::HttpClientError;
@@ -172,13 +174,14 @@ pub struct Relay {
     pub metrics: Metrics,
     http: reqwest::Client,
     proxied: Mutex<HashMap<String, reqwest::Client>>,
-    auth_cache: Mutex<HashMap<String, (KeyCheck, Instant)>>,
+    /// The selector's key checks, reused for `auth_cache_ttl` (`auth.rs`).
+    auth_cache: TtlCache<KeyCheck>,
     /// Key lookups in flight at the selector: a flood of random keys (each a cache miss) waits
     /// for a permit instead of multiplying selector calls (`auth.rs`).
     auth_lookups: tokio::sync::Semaphore,
     /// Self-service descriptions by key, reused for `keys::DESCRIPTION_TTL`: each costs the
     /// selector four ledger sums, and a key holder polling its view must not load Postgres.
-    descriptions: Mutex<HashMap<String, (KeyDescription, Instant)>>,
+    descriptions: TtlCache<KeyDescription>,
     /// Models already logged as having no price (each once; bounded).
     unpriced_models: Mutex<HashSet<String>>,
 }
@@ -210,12 +213,12 @@ impl Relay {
             http: request::build_client(settings.upstream_timeout, None)?,
             selection,
             leases: Arc::new(crate::ports::Lingering::new(leases, settings.cancel_linger)),
+            auth_cache: TtlCache::new(settings.auth_cache_ttl, auth::MAX_CACHED_CHECKS),
             settings,
             metrics,
             proxied: Mutex::new(HashMap::new()),
-            auth_cache: Mutex::new(HashMap::new()),
             auth_lookups: tokio::sync::Semaphore::new(auth::MAX_KEY_LOOKUPS),
-            descriptions: Mutex::new(HashMap::new()),
+            descriptions: TtlCache::new(keys::DESCRIPTION_TTL, keys::MAX_CACHED_DESCRIPTIONS),
             unpriced_models: Mutex::new(HashSet::new()),
         })
     }
