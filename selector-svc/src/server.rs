@@ -22,10 +22,11 @@ use crate::budgets::REBUILD_EVERY;
 use crate::grpc::{AdminAuth, AdminGrpc, SelectorGrpc};
 use crate::store::{PostgresSource, StoreError};
 use poolgate_select::crypto::Keyring;
+use poolgate_select::engine::{BudgetRebuild, EngineTasks};
 use poolgate_select::engine::{Selector, SelectorParts, SelectorSettings};
 use poolgate_select::health::RedisHealth;
 use poolgate_select::metrics::Metrics;
-use poolgate_select::refresh::{RefreshSettings, TokenRefresher, refresh_loop};
+use poolgate_select::refresh::{RefreshSettings, TokenRefresher};
 use poolgate_select::snapshot::SnapshotCell;
 
 #[derive(Debug, Clone)]
@@ -85,7 +86,9 @@ pub struct Built {
     /// Admission's budget counters (over `probe_leases`), which the budget rebuild seeds from
     /// the usage ledger; `selector.rebuild_budgets(&*built.budgets)` runs it at once.
     pub budgets: Arc<dyn BudgetCounters>,
-    background: Vec<tokio::task::JoinHandle<()>>,
+    /// The snapshot reload loop (the engine's own tasks stop with `_tasks`).
+    reload: tokio::task::JoinHandle<()>,
+    _tasks: EngineTasks,
 }
 
 impl Built {
@@ -106,9 +109,7 @@ pub struct Serving {
 
 impl Drop for Built {
     fn drop(&mut self) {
-        for task in &self.background {
-            task.abort();
-        }
+        self.reload.abort();
     }
 }
 
@@ -164,30 +165,19 @@ pub async fn build(config: &Config, metrics: Metrics) -> Result<Built, ServeErro
     .map_err(ServeError::Other)?;
     selector.set_refresher(refresher.clone());
     let budgets: Arc<dyn BudgetCounters> = probe_leases.clone();
-    let background = vec![
-        tokio::spawn(reload_loop(
-            store.clone(),
-            snapshot.clone(),
-            config.reload_interval,
-            metrics,
-        )),
-        tokio::spawn(refresh_loop(
-            refresher.clone(),
-            Arc::downgrade(&selector),
-            config.refresh_interval,
-        )),
-        tokio::spawn(Selector::rebuild_budgets_every(
-            Arc::downgrade(&selector),
-            budgets.clone(),
-            REBUILD_EVERY,
-        )),
-        tokio::spawn(Selector::status_gauges_every(
-            Arc::downgrade(&selector),
-            poolgate_select::engine::STATUS_GAUGES_EVERY,
-        )),
-        // Every OAuth account's usage endpoint, at start and once per cadence cluster-wide.
-        tokio::spawn(Selector::read_usage_every(Arc::downgrade(&selector))),
-    ];
+    let reload = tokio::spawn(reload_loop(
+        store.clone(),
+        snapshot.clone(),
+        config.reload_interval,
+        metrics,
+    ));
+    // The engine's own tasks (refreshes, gauges, usage reads at start and once per cadence
+    // cluster-wide, the budget rebuild every `REBUILD_EVERY`), stopped with `Built`.
+    let tasks = selector.start_tasks(
+        refresher.clone(),
+        config.refresh_interval,
+        BudgetRebuild::Every(budgets.clone(), REBUILD_EVERY),
+    );
     Ok(Built {
         selector,
         refresher,
@@ -195,7 +185,8 @@ pub async fn build(config: &Config, metrics: Metrics) -> Result<Built, ServeErro
         health,
         probe_leases,
         budgets,
-        background,
+        reload,
+        _tasks: tasks,
     })
 }
 

@@ -20,9 +20,10 @@ use async_trait::async_trait;
 use poolgate_core::lease::Settings;
 use poolgate_lease::LeaseEngine;
 use poolgate_lease::calendar::Calendar;
+use poolgate_select::engine::BudgetRebuild;
 use poolgate_select::engine::{Selector, SelectorError, SelectorParts, SelectorSettings};
 use poolgate_select::health::InProcessHealth;
-use poolgate_select::refresh::{RefreshSettings, TokenRefresher, refresh_loop};
+use poolgate_select::refresh::{RefreshSettings, TokenRefresher};
 use poolgate_select::snapshot::SnapshotCell;
 use poolgate_select::source::{MemorySource, StateFile};
 
@@ -97,38 +98,23 @@ pub fn build(
     )?;
     selector.set_refresher(refresher.clone());
     tokio::spawn(source.clone().reload_on_change(snapshot.clone()));
-    tokio::spawn(refresh_loop(
+    // The engine's own tasks: refreshes, the status gauges, every OAuth account's usage
+    // endpoint read at start (an account no request has touched is read, not guessed) and then
+    // once per cadence, and the budget counters, which the memory engine starts without: each
+    // is set from the ledger before any request can have finished (a request is charged when it
+    // ends), and never again (memory is not flushed under a running relay).
+    let tasks = selector.start_tasks(
         refresher,
-        Arc::downgrade(&selector),
         REFRESH_EVERY,
-    ));
-    // The pool's status gauges (`selector_accounts`, `selector_group_eligible`), every few
-    // seconds until the engine is gone.
-    tokio::spawn(Selector::status_gauges_every(
-        Arc::downgrade(&selector),
-        poolgate_select::engine::STATUS_GAUGES_EVERY,
-    ));
-    // Every OAuth account's usage endpoint, read at start (an account no request has touched
-    // is read, not guessed) and then once per cadence.
-    tokio::spawn(Selector::read_usage_every(Arc::downgrade(&selector)));
-    // The memory engine starts with no budget counter: each is set from the ledger before any
-    // request can have finished (a request is charged when it ends), and never again (memory is
-    // not flushed under a running relay).
-    let counters = admission.clone();
-    let rebuilding = selector.clone();
-    tokio::spawn(async move {
-        match rebuilding.rebuild_budgets(&*counters).await {
-            Ok(seeded) => tracing::debug!(seeded, "budget counters set from the usage ledger"),
-            Err(error) => tracing::warn!(%error, "budget counters not rebuilt from the ledger"),
-        }
-    });
+        BudgetRebuild::Once(admission.clone()),
+    );
     let usage = UsageSink::start(
         EngineUsage(selector.clone()),
         metrics.usage_lost.clone(),
         SinkSettings::default(),
     );
     Ok(Standalone {
-        selection: Arc::new(InProcessSelection::new(selector.clone(), usage)),
+        selection: Arc::new(InProcessSelection::new(selector.clone(), usage, tasks)),
         leases: Arc::new(LocalLeases::new(admission.clone())),
         operator: Arc::new(operator::EngineOperator::new(selector, source.clone())),
         source,

@@ -11,7 +11,7 @@ use poolgate_core::outcome::Outcome;
 use poolgate_core::select::NoneReason;
 use poolgate_core::short_hash;
 use poolgate_core::windows::WindowReading;
-use poolgate_select::engine::{Reported, SelectQuery, Selector, SelectorError};
+use poolgate_select::engine::{EngineTasks, Reported, SelectQuery, Selector, SelectorError};
 
 use crate::ports::{BackendError, Caller, KeyCheck, Plan, PlanRequest, Selection, UsageRecord};
 use crate::session::binding_key;
@@ -20,11 +20,17 @@ use crate::usage_sink::UsageSink;
 pub struct InProcessSelection {
     selector: Arc<Selector>,
     usage: UsageSink,
+    /// The engine's background tasks, stopped with the relay that holds this.
+    _tasks: EngineTasks,
 }
 
 impl InProcessSelection {
-    pub fn new(selector: Arc<Selector>, usage: UsageSink) -> Self {
-        InProcessSelection { selector, usage }
+    pub fn new(selector: Arc<Selector>, usage: UsageSink, tasks: EngineTasks) -> Self {
+        InProcessSelection {
+            selector,
+            usage,
+            _tasks: tasks,
+        }
     }
 
     /// The same outcome the selector's gRPC layer builds from a remote relay's report.

@@ -1,0 +1,81 @@
+//! The selection engine's background work, started in one place for both deployments and owned
+//! by what it returns: the token refresh loop, the pool's status gauges, the usage-endpoint
+//! reads, and the budget rebuild (once at start for a store nothing can flush, or every period
+//! for admission's Redis counters). The tasks hold the engine weakly, so a dropped engine ends
+//! them too; dropping [`EngineTasks`] (or [`EngineTasks::stop`]) aborts them at once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+
+use super::{STATUS_GAUGES_EVERY, Selector};
+use crate::refresh::{TokenRefresher, refresh_loop};
+use crate::source::budgets::BudgetCounters;
+
+/// How the budget counters are rebuilt from the usage ledger.
+pub enum BudgetRebuild {
+    /// Once, at start: the counters live in this process and are never flushed under it.
+    Once(Arc<dyn BudgetCounters>),
+    /// At start and every period: the counters are shared (Redis) and may be lost.
+    Every(Arc<dyn BudgetCounters>, Duration),
+}
+
+/// The engine's running background tasks; aborted when dropped.
+pub struct EngineTasks {
+    handles: Vec<JoinHandle<()>>,
+}
+
+impl EngineTasks {
+    /// Aborts every task now.
+    pub fn stop(self) {}
+}
+
+impl Drop for EngineTasks {
+    fn drop(&mut self) {
+        for handle in &self.handles {
+            handle.abort();
+        }
+    }
+}
+
+impl Selector {
+    /// Starts the engine's background tasks: token refreshes every `refresh_every`, the status
+    /// gauges, the usage-endpoint reads (at start, then at the engine's cadence) and the budget
+    /// rebuild as `budgets` says.
+    pub fn start_tasks(
+        self: &Arc<Self>,
+        refresher: TokenRefresher,
+        refresh_every: Duration,
+        budgets: BudgetRebuild,
+    ) -> EngineTasks {
+        let engine = Arc::downgrade(self);
+        let mut handles = vec![
+            tokio::spawn(refresh_loop(refresher, engine.clone(), refresh_every)),
+            tokio::spawn(Selector::status_gauges_every(
+                engine.clone(),
+                STATUS_GAUGES_EVERY,
+            )),
+            tokio::spawn(Selector::read_usage_every(engine.clone())),
+        ];
+        handles.push(match budgets {
+            BudgetRebuild::Every(counters, period) => {
+                tokio::spawn(Selector::rebuild_budgets_every(engine, counters, period))
+            }
+            BudgetRebuild::Once(counters) => tokio::spawn(async move {
+                let Some(engine) = engine.upgrade() else {
+                    return;
+                };
+                match engine.rebuild_budgets(&*counters).await {
+                    Ok(seeded) => {
+                        tracing::debug!(seeded, "budget counters set from the usage ledger")
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "budget counters not rebuilt from the ledger")
+                    }
+                }
+            }),
+        });
+        EngineTasks { handles }
+    }
+}
