@@ -11,13 +11,13 @@ use crate::error::{key_refused, status};
 use poolgate_core::account::Platform;
 use poolgate_core::outcome::{Outcome, OutcomeClass};
 use poolgate_core::plan::UsageRecord;
-use poolgate_core::{AccountId, MAX_NAME_BYTES, now_ms};
+use poolgate_core::{AccountId, MAX_NAME_BYTES};
 mod admin;
 
 pub use admin::{AdminAuth, AdminAuthService, AdminGrpc};
 
 use poolgate_select::engine::{
-    MAX_MODEL_BYTES, MAX_USAGE_RECORDS, Reported, SelectQuery, Selector, SelectorError,
+    KeyVerdict, MAX_MODEL_BYTES, MAX_USAGE_RECORDS, Reported, SelectQuery, Selector, SelectorError,
 };
 
 const MAX_EXCLUDED: usize = 256;
@@ -236,14 +236,14 @@ impl pb::selector_server::Selector for SelectorGrpc {
         request: Request<pb::AuthenticateRequest>,
     ) -> Result<Response<pb::AuthenticateResponse>, Status> {
         let key = client_key(request.into_inner().api_key)?;
-        let record = self.selector.authenticate(&key).map_err(status)?;
-        // The engine answers a disabled or expired key's record (the standalone relay checks it
-        // the same way); here it becomes the refusal the relay reads (docs/DESIGN.md §6).
-        record
-            .access
-            .check_key(now_ms())
-            .map_err(|refusal| key_refused(&refusal))?;
-        Ok(Response::new(pb::AuthenticateResponse::from(&record)))
+        // The engine judges the key; a refusal becomes the one the relay reads
+        // (docs/DESIGN.md §6).
+        match self.selector.check_key(&key).map_err(status)? {
+            KeyVerdict::Accepted(record) => {
+                Ok(Response::new(pb::AuthenticateResponse::from(&*record)))
+            }
+            KeyVerdict::Refused(refusal) => Err(key_refused(&refusal)),
+        }
     }
 
     async fn describe_key(

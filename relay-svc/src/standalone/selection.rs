@@ -11,7 +11,9 @@ use poolgate_core::outcome::Outcome;
 use poolgate_core::select::NoneReason;
 use poolgate_core::short_hash;
 use poolgate_core::windows::WindowReading;
-use poolgate_select::engine::{EngineTasks, Reported, SelectQuery, Selector, SelectorError};
+use poolgate_select::engine::{
+    EngineTasks, KeyVerdict, Reported, SelectQuery, Selector, SelectorError,
+};
 
 use crate::ports::{BackendError, Caller, KeyCheck, Plan, PlanRequest, Selection, UsageRecord};
 use crate::session::binding_key;
@@ -70,19 +72,20 @@ fn unavailable(error: SelectorError) -> BackendError {
 #[async_trait]
 impl Selection for InProcessSelection {
     async fn check_key(&self, api_key: &str) -> Result<KeyCheck, BackendError> {
-        match self.selector.authenticate(api_key) {
-            // One process, one clock: the key's expiry is judged here as the relay judges it.
-            Ok(record) => Ok(match record.access.check_key(poolgate_core::now_ms()) {
-                Ok(()) => KeyCheck::Known(Caller {
+        // The engine judges the key, as it does for the selector's `Authenticate`.
+        match self.selector.check_key(api_key) {
+            Ok(KeyVerdict::Accepted(record)) => {
+                let record = *record;
+                Ok(KeyCheck::Known(Caller {
                     api_key_id: record.id,
                     user: record.user,
                     group: record.group,
                     user_rpm_limit: record.user_rpm_limit,
                     access: record.access,
                     limits: record.limits,
-                }),
-                Err(refusal) => KeyCheck::Refused(refusal.into()),
-            }),
+                }))
+            }
+            Ok(KeyVerdict::Refused(refusal)) => Ok(KeyCheck::Refused(refusal.into())),
             Err(SelectorError::Unauthenticated(_)) => Ok(KeyCheck::Unknown),
             Err(error) => Err(unavailable(error)),
         }

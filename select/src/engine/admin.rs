@@ -9,11 +9,21 @@ use crate::crypto::api_key_hash;
 use crate::health::{AccountHealth, BlockInfo, Breaker};
 use poolgate_core::account::{Account, AccountStatus, ApiKeyRecord};
 use poolgate_core::health::LiveStatus;
+use poolgate_core::keys::KeyRefusal;
 use poolgate_core::status::{AccountStanding, BlockKind, BlockNote, StatusReport};
 use poolgate_core::windows::WindowReading;
 use poolgate_core::{AccountId, now_ms};
 
 use super::{Selector, SelectorError};
+
+/// What the engine says of a client key ([`Selector::check_key`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum KeyVerdict {
+    /// Active, enabled and not expired.
+    Accepted(Box<ApiKeyRecord>),
+    /// Disabled or expired: why, for its holder.
+    Refused(KeyRefusal),
+}
 
 impl Selector {
     /// Checks a client key against the snapshot (a revoked key is refused once the snapshot has
@@ -28,6 +38,19 @@ impl Selector {
             Some(_) => Err(SelectorError::Unauthenticated("api key revoked".into())),
             None => Err(SelectorError::Unauthenticated("unknown api key".into())),
         }
+    }
+
+    /// A client key as every transport answers it (docs/DESIGN.md §6, "What a client key
+    /// reaches"): unknown or revoked is `Unauthenticated`; a disabled or expired key is refused
+    /// with its reason (the selector's `Authenticate` answers `PERMISSION_DENIED` naming it, the
+    /// standalone relay refuses it itself); any other is accepted with its record. The one place
+    /// a key's expiry is judged against the engine's clock.
+    pub fn check_key(&self, api_key: &str) -> Result<KeyVerdict, SelectorError> {
+        let record = self.authenticate(api_key)?;
+        Ok(match record.access.check_key(now_ms()) {
+            Ok(()) => KeyVerdict::Accepted(Box::new(record)),
+            Err(refusal) => KeyVerdict::Refused(refusal),
+        })
     }
 
     /// Clears an account's blocks and breaker (operator action), and this replica's cached

@@ -40,6 +40,7 @@ mod usage;
 mod usage_reads;
 mod windows;
 
+pub use admin::KeyVerdict;
 pub use poolgate_core::plan::{Plan, PlannedAccount};
 pub(crate) use report::apply_broken;
 pub use report::{Applied, Reported};
