@@ -103,23 +103,7 @@ async fn relay_selector_and_admission_as_separate_processes() {
             "credential masked in the listing: {out}"
         );
     }
-    let created = env.run(
-        "selector-svc",
-        &[
-            "admin",
-            "create-key",
-            "--user",
-            "alice",
-            "--group",
-            "default",
-        ],
-        &[],
-    );
-    let key = created
-        .lines()
-        .find_map(|line| line.strip_prefix("api_key="))
-        .expect("the new key is printed once")
-        .to_owned();
+    let key = env.create_key("alice", "default");
     let _ = rustls::crypto::ring::default_provider().install_default();
     let http = reqwest::Client::new();
     let base = format!("http://127.0.0.1:{relay_port}");

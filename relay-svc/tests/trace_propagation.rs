@@ -222,23 +222,7 @@ async fn stack(receiver_port: u16, relay_args: &[&str]) -> Stack {
         ],
         &[("ACCOUNT_CREDENTIAL", "cred-traced")],
     );
-    let created = env.run(
-        "selector-svc",
-        &[
-            "admin",
-            "create-key",
-            "--user",
-            "alice",
-            "--group",
-            "default",
-        ],
-        &[],
-    );
-    let key = created
-        .lines()
-        .find_map(|line| line.strip_prefix("api_key="))
-        .expect("the new key is printed once")
-        .to_owned();
+    let key = env.create_key("alice", "default");
     Stack {
         base: format!("http://127.0.0.1:{relay_port}"),
         key,

@@ -6,25 +6,12 @@
 
 mod support;
 
-use std::sync::Arc;
-
 use poolgate_core::keys::{Endpoint, KeyAccess};
-use poolgate_select::crypto::Keyring;
-use selector_svc::store::PostgresSource;
 use support::api_account;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rows_a_newer_release_wrote_leave_out_only_themselves_and_never_widen_a_key() {
-    let postgres = poolgate_testkit::PostgresServer::start()
-        .await
-        .expect("postgres");
-    let keyring = Arc::new(
-        Keyring::parse(&format!("k1:{}", Keyring::generate_key()), None).expect("keyring"),
-    );
-    let store = PostgresSource::connect(&postgres.url(), keyring)
-        .await
-        .expect("connect");
-    store.migrate().await.expect("migrate");
+    let (_postgres, store) = support::migrated_store().await;
     let kept = store
         .upsert_account(&api_account("kept", "default"))
         .await

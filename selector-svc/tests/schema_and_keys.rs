@@ -497,16 +497,7 @@ async fn concurrent_upserts_of_a_new_name_make_one_row_whose_blobs_fit_it() {
 /// one (so no selector ever reads one).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_groups_window_thresholds_load_and_the_schema_refuses_bad_ones() {
-    let postgres = poolgate_testkit::PostgresServer::start()
-        .await
-        .expect("postgres");
-    let keyring = Arc::new(
-        Keyring::parse(&format!("k1:{}", Keyring::generate_key()), None).expect("keyring"),
-    );
-    let store = PostgresSource::connect(&postgres.url(), keyring)
-        .await
-        .expect("connect");
-    store.migrate().await.expect("migrate");
+    let (_postgres, store) = support::migrated_store().await;
     store
         .upsert_account(&api_account("a", "team"))
         .await

@@ -86,6 +86,21 @@ impl Env {
         )
     }
 
+    /// Creates a client key of `user` in `group` through `selector-svc admin create-key` and
+    /// answers the key, printed once.
+    pub fn create_key(&self, user: &str, group: &str) -> String {
+        let created = self.run(
+            "selector-svc",
+            &["admin", "create-key", "--user", user, "--group", group],
+            &[],
+        );
+        created
+            .lines()
+            .find_map(|line| line.strip_prefix("api_key="))
+            .expect("the new key is printed once")
+            .to_owned()
+    }
+
     /// Runs a command to completion; panics with its stderr when it fails.
     pub fn run(&self, name: &str, args: &[&str], extra_env: &[(&str, &str)]) -> String {
         let output = self

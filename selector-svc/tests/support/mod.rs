@@ -100,6 +100,20 @@ impl Backends {
 }
 
 /// The API key `api_account` gives account `name`.
+/// A private Postgres, migrated, and the store over it with a fresh key ring (the server stops
+/// when dropped).
+pub async fn migrated_store() -> (PostgresServer, PostgresSource) {
+    let postgres = PostgresServer::start().await.expect("postgres");
+    let keyring = Arc::new(
+        Keyring::parse(&format!("k1:{}", Keyring::generate_key()), None).expect("keyring"),
+    );
+    let store = PostgresSource::connect(&postgres.url(), keyring)
+        .await
+        .expect("connect");
+    store.migrate().await.expect("migrate");
+    (postgres, store)
+}
+
 pub fn credential(name: &str) -> String {
     format!("sk-ant-{name}-secret-credential")
 }
