@@ -245,3 +245,19 @@ impl Selector {
         Ok(bound.is_some())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_is_bound_per_client_key() {
+        assert_eq!(binding_key(7, "sess"), "k7:sess");
+        assert_ne!(binding_key(7, "sess"), binding_key(8, "sess"));
+        // The key's digits end at the first `:`: no other (key, session) pair gives the name.
+        assert_ne!(binding_key(1, "2:s"), binding_key(12, "s"));
+        let long = "s".repeat(MAX_BINDING_BYTES);
+        assert_eq!(binding_key(7, &long).len(), 32);
+        assert_ne!(binding_key(7, &long), binding_key(8, &long));
+    }
+}
