@@ -130,15 +130,26 @@ impl Finish {
     }
 }
 
+/// Models whose answers had tokens but no price, each logged once (bounded: past 1 000
+/// models only the counter grows).
+#[derive(Default)]
+pub struct UnpricedModels {
+    seen: std::sync::Mutex<std::collections::HashSet<String>>,
+}
+
+impl UnpricedModels {
+    /// Whether `model` is new here (and so worth a log line).
+    fn first_time(&self, model: &str) -> bool {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        seen.len() < 1000 && seen.insert(model.to_owned())
+    }
+}
+
 impl Relay {
     /// Counts an answer whose model has no price, and logs each such model once.
     fn note_unpriced(&self, model: &str) {
         self.metrics.unpriced_usage.inc();
-        let mut seen = self
-            .unpriced_models
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if seen.len() < 1000 && seen.insert(model.to_owned()) {
+        if self.unpriced_models.first_time(model) {
             tracing::warn!(
                 model,
                 "no price for this model: its usage is recorded at $0 (add a price)"

@@ -7,13 +7,16 @@
 //! request's state between its plans and its answer (what it learned, each step's decision),
 //! `auth` checks client keys, `keys` what a key
 //! may reach and its holder's view of it, `request` builds the upstream request (the header
-//! rules), `call` makes one upstream call and serves a whole answer, `stream` pumps a streamed
-//! one, `finish` does the bookkeeping after the last byte.
+//! rules in `headers`, the body's changes in `body`) on the HTTP clients of `clients`, `call`
+//! makes one upstream call and serves a whole answer, `stream` pumps a streamed one, `finish`
+//! does the bookkeeping after the last byte, `report` is everything the relay tells selection,
+//! `cache` the answer caches.
 
 mod auth;
 mod body;
 mod cache;
 mod call;
+mod clients;
 mod finish;
 mod headers;
 mod keys;
@@ -23,8 +26,7 @@ mod run;
 mod stream;
 
 use poolgate_core::keys::KeyDescription;
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -42,6 +44,8 @@ use crate::usage_sink::{ApiUsage, SinkSettings, UsageSink};
 
 pub use body::{BodyJsonError, MAX_DEPTH as MAX_JSON_DEPTH, TopLevel};
 use cache::TtlCache;
+use clients::HttpClients;
+use finish::UnpricedModels;
 pub use headers::{merged_betas, passes_upstream};
 pub use keys::key_view;
 pub use request::HttpClientError;
@@ -176,8 +180,8 @@ pub struct Relay {
     pub usage: UsageSink,
     pub settings: RelaySettings,
     pub metrics: Metrics,
-    http: reqwest::Client,
-    proxied: Mutex<HashMap<String, reqwest::Client>>,
+    /// The upstream HTTP clients, direct and per account proxy (`clients.rs`).
+    http: HttpClients,
     /// The selector's key checks, reused for `auth_cache_ttl` (`auth.rs`).
     auth_cache: TtlCache<KeyCheck>,
     /// Key lookups in flight at the selector: a flood of random keys (each a cache miss) waits
@@ -187,7 +191,7 @@ pub struct Relay {
     /// selector four ledger sums, and a key holder polling its view must not load Postgres.
     descriptions: TtlCache<KeyDescription>,
     /// Models already logged as having no price (each once; bounded).
-    unpriced_models: Mutex<HashSet<String>>,
+    unpriced_models: UnpricedModels,
 }
 
 /// What one upstream call came to.
@@ -214,7 +218,7 @@ impl Relay {
         metrics: Metrics,
     ) -> Result<Self, HttpClientError> {
         Ok(Relay {
-            http: request::build_client(settings.upstream_timeout, None)?,
+            http: HttpClients::new(settings.upstream_timeout)?,
             usage: UsageSink::start(
                 ApiUsage(selection.clone()),
                 metrics.usage_lost.clone(),
@@ -225,10 +229,9 @@ impl Relay {
             auth_cache: TtlCache::new(settings.auth_cache_ttl, auth::MAX_CACHED_CHECKS),
             settings,
             metrics,
-            proxied: Mutex::new(HashMap::new()),
             auth_lookups: tokio::sync::Semaphore::new(auth::MAX_KEY_LOOKUPS),
             descriptions: TtlCache::new(keys::DESCRIPTION_TTL, keys::MAX_CACHED_DESCRIPTIONS),
-            unpriced_models: Mutex::new(HashSet::new()),
+            unpriced_models: UnpricedModels::default(),
         })
     }
 

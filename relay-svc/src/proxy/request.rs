@@ -1,4 +1,4 @@
-//! The upstream request: the HTTP clients (one per account proxy), the URL and the headers
+//! The upstream request: the URL and the headers
 //! the header rules give it (`headers.rs`), the credential, and the body as the client sent it
 //! with only the documented changes (`body.rs`). The relay never presents one client as another
 //! (docs/SUBSCRIPTIONS.md).
@@ -43,34 +43,13 @@ pub(super) fn build_client(
 }
 
 impl Relay {
-    /// The client for an account's proxy (built once per proxy), or the direct one.
-    fn client_for(&self, proxy: Option<&str>) -> reqwest::Client {
-        let Some(proxy) = proxy.filter(|p| !p.is_empty()) else {
-            return self.http.clone();
-        };
-        let mut proxied = self.proxied.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(client) = proxied.get(proxy) {
-            return client.clone();
-        }
-        match build_client(self.settings.upstream_timeout, Some(proxy)) {
-            Ok(client) => {
-                proxied.insert(proxy.to_owned(), client.clone());
-                client
-            }
-            Err(error) => {
-                tracing::warn!(%error, "account proxy unusable; calling directly");
-                self.http.clone()
-            }
-        }
-    }
-
     /// The request `account` gets for `inbound`.
     pub(super) fn upstream_request(
         &self,
         inbound: &Inbound,
         account: &PlannedAccount,
     ) -> reqwest::RequestBuilder {
-        let client = self.client_for(account.proxy_url.as_deref());
+        let client = self.http.for_proxy(account.proxy_url.as_deref());
         let chatgpt = account.credential_kind == CredentialKind::ChatGptOAuth;
         let upstream = Upstream::of(inbound.api, account.credential_kind);
         let query = inbound
