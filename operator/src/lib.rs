@@ -3,12 +3,16 @@
 //! `enable-key ID`, `status`) are one clap subcommand enum
 //! ([`Verb`]), run by one [`execute`] against an [`AdminEndpoint`], and print the same output
 //! whichever endpoint answered: the selector's admin gRPC API ([`grpc::SelectorAdmin`],
-//! distributed) or the standalone relay's admin HTTP endpoint ([`http::HttpAdmin`]). The rows and
-//! the JSON envelopes are [`view`]'s, which the relay's endpoint serves as they are. Configuration
-//! verbs stay where configuration lives: the selector's admin RPCs (`selector-svc admin
-//! upsert-account …`), the standalone relay's YAML file; [`instant`] reads the instants both
-//! write (a key's expiry).
+//! distributed) or the standalone relay's admin HTTP endpoint ([`http::HttpAdmin`]). Both serve
+//! the one implementation over the selection engine, [`engine::EngineAdmin`]: the relay's admin
+//! routes ([`http::router`]) and both modes' status pages ([`page`]) take it as their
+//! `AdminEndpoint`, the selector's admin gRPC service calls its domain methods. A verb is one
+//! trait method, one engine implementation, one gRPC encode/decode ([`grpc`]'s rows) and one
+//! route. The rows and the JSON envelopes are [`view`]'s. Configuration verbs stay where
+//! configuration lives: the selector's admin RPCs (`selector-svc admin upsert-account …`), the
+//! standalone relay's YAML file; [`instant`] reads the instants both write (a key's expiry).
 
+pub mod engine;
 pub mod grpc;
 pub mod http;
 pub mod instant;
@@ -84,6 +88,22 @@ pub enum OperatorError {
     Unreadable(String),
     #[error("failed ({0})")]
     Failed(String),
+}
+
+impl OperatorError {
+    /// What went wrong without the kind's words around it (`no account 7`): the message an
+    /// answer carries next to its status.
+    pub fn detail(&self) -> &str {
+        match self {
+            OperatorError::Unauthenticated(detail)
+            | OperatorError::NotFound(detail)
+            | OperatorError::Invalid(detail)
+            | OperatorError::Unavailable(detail)
+            | OperatorError::Unreachable(detail)
+            | OperatorError::Unreadable(detail)
+            | OperatorError::Failed(detail) => detail,
+        }
+    }
 }
 
 /// Runs one verb and renders its answer as the verb's `--output` asks: one tab-separated line

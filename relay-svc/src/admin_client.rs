@@ -1,13 +1,14 @@
 //! `relay-svc admin …`: the operator CLI, a client of a running standalone relay's admin
-//! endpoint (`admin.rs`). Its flags and its one entry point live here alone, so the operator CLI
-//! can be replaced in one place.
+//! endpoint (`poolgate_operator::http`). Its flags and its one entry point live here alone, so the
+//! operator CLI can be replaced in one place.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use poolgate_runtime::secret_flags::SecretFlag;
 
-use crate::admin::Verb;
+use poolgate_operator::Verb;
+use poolgate_operator::http::HttpAdmin;
 
 /// The `admin` subcommand's flags.
 #[derive(Debug, clap::Args)]
@@ -51,13 +52,17 @@ pub async fn execute(args: &Args, token_on_command_line: bool) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match crate::admin::call(&args.url, &token, &args.verb).await {
+    let answer = match HttpAdmin::new(&args.url, &token) {
+        Ok(endpoint) => poolgate_operator::execute(&endpoint, &args.verb).await,
+        Err(error) => Err(error),
+    };
+    match answer {
         Ok(answer) => {
             println!("{answer}");
             ExitCode::SUCCESS
         }
-        Err(message) => {
-            eprintln!("relay-svc admin: {message}");
+        Err(error) => {
+            eprintln!("relay-svc admin: {error}");
             ExitCode::from(1)
         }
     }

@@ -8,11 +8,10 @@
 //! relay does not know which. `session` and `usage` are pure helpers.
 //!
 //! A process: `cli` (the flags) → [`run`] (the relay on its listeners, and in standalone mode the
-//! admin endpoint and the state file's last write); `admin_client` is the `admin` subcommand.
+//! admin endpoint — `poolgate-operator`'s routes over the engine's admin API — and the state
+//! file's last write); `admin_client` is the `admin` subcommand.
 
-pub mod admin;
 pub mod admin_client;
-pub mod admin_page;
 pub mod cli;
 pub mod client_api;
 pub mod edge;

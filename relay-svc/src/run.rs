@@ -176,7 +176,7 @@ fn serve_admin(
         return None;
     };
     tracing::info!(addr = ?listener.local_addr().ok(), "admin endpoint serving");
-    let router = crate::admin::router(engines.operator.clone(), token.expose());
+    let router = poolgate_operator::http::router(engines.operator.clone(), token.expose());
     Some(tokio::spawn(async move {
         if let Err(error) = axum::serve(listener, router).await {
             tracing::warn!(%error, "admin endpoint failed");

@@ -6,19 +6,30 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use poolgate_operator::view::UsageReport;
+use poolgate_operator::{
+    AccountRow, AdminEndpoint, BlockRow, KeyRow, OperatorError, StatusView, WindowRow,
+};
 use poolgate_runtime::failed_auth::{MAX_DELAYED_REFUSALS, REFUSAL_DELAY};
 use poolgate_testkit::delayed_per_flood;
-use relay_svc::admin::{AccountView, AdminError, BlockView, KeyUsage, Operator, WindowRow};
 
 const TOKEN: &str = "the-admin-token";
 
 /// An engine with one account and nothing else.
 struct OneAccount;
 
+fn unknown_account(account_id: i64) -> OperatorError {
+    OperatorError::NotFound(format!("no account {account_id}"))
+}
+
+fn not_served() -> OperatorError {
+    OperatorError::Unavailable("not served here".into())
+}
+
 #[async_trait]
-impl Operator for OneAccount {
-    async fn accounts(&self) -> Vec<AccountView> {
-        vec![AccountView {
+impl AdminEndpoint for OneAccount {
+    async fn accounts(&self, _group: Option<&str>) -> Result<Vec<AccountRow>, OperatorError> {
+        Ok(vec![AccountRow {
             id: 1,
             name: "acct-1".into(),
             group: "g".into(),
@@ -32,26 +43,48 @@ impl Operator for OneAccount {
             concurrency_limit: 0,
             rpm_limit: 0,
             session_window_limit_usd: 0.0,
-        }]
+        }])
     }
-    async fn blocks(&self) -> Result<Vec<BlockView>, AdminError> {
+    async fn blocks(&self) -> Result<Vec<BlockRow>, OperatorError> {
         Ok(vec![])
     }
     async fn windows(
         &self,
         _account_id: Option<i64>,
         _group: Option<&str>,
-    ) -> Result<Vec<WindowRow>, AdminError> {
+    ) -> Result<Vec<WindowRow>, OperatorError> {
         Ok(vec![])
     }
-    async fn restore(&self, account_id: i64) -> Result<AccountView, AdminError> {
-        Err(AdminError::UnknownAccount(account_id))
+    async fn restore(&self, account_id: i64) -> Result<AccountRow, OperatorError> {
+        Err(unknown_account(account_id))
     }
-    async fn clear_block(&self, account_id: i64) -> Result<(), AdminError> {
-        Err(AdminError::UnknownAccount(account_id))
+    async fn clear_block(&self, account_id: i64) -> Result<(), OperatorError> {
+        Err(unknown_account(account_id))
     }
-    async fn usage(&self, _from_ms: i64, _to_ms: i64) -> Result<Vec<KeyUsage>, AdminError> {
-        Ok(vec![])
+    async fn usage(
+        &self,
+        from_ms: i64,
+        to_ms: i64,
+        _api_key_id: Option<i64>,
+    ) -> Result<UsageReport, OperatorError> {
+        Ok(UsageReport {
+            from_ms,
+            to_ms,
+            keys: vec![],
+        })
+    }
+    async fn keys(&self) -> Result<Vec<KeyRow>, OperatorError> {
+        Err(not_served())
+    }
+    async fn set_key_disabled(
+        &self,
+        _api_key_id: i64,
+        _disabled: bool,
+    ) -> Result<KeyRow, OperatorError> {
+        Err(not_served())
+    }
+    async fn status(&self) -> Result<StatusView, OperatorError> {
+        Err(not_served())
     }
 }
 
@@ -60,7 +93,7 @@ async fn serve() -> String {
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let router = relay_svc::admin::router(Arc::new(OneAccount), TOKEN);
+    let router = poolgate_operator::http::router(Arc::new(OneAccount), TOKEN);
     tokio::spawn(async move {
         let _ = axum::serve(listener, router).await;
     });

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
+use poolgate_operator::AdminEndpoint;
 use poolgate_select::engine::SelectorSettings;
 use poolgate_testkit::eventually;
 use poolgate_testkit::fake_upstream::{FakeUpstream, Scripted};
@@ -161,9 +162,10 @@ impl Harness {
             let now = poolgate_core::now_ms();
             self.engines
                 .operator
-                .usage(now - 3_600_000, now + 3_600_000)
+                .usage(now - 3_600_000, now + 3_600_000, None)
                 .await
                 .expect("usage readable")
+                .keys
                 .iter()
                 .map(|key| key.requests)
                 .sum::<u64>()
@@ -556,7 +558,13 @@ async fn count_tokens_never_changes_account_health() {
             .is_empty(),
         "no block on either account"
     );
-    for account in h.engines.operator.accounts().await {
+    for account in h
+        .engines
+        .operator
+        .accounts(None)
+        .await
+        .expect("accounts readable")
+    {
         assert_eq!(account.status, "active", "{}", account.name);
     }
     let (a, b) = (

@@ -4,12 +4,11 @@
 //! `grpc` (transport, validation, admin token, the conversions of `poolgate-proto`) → the
 //! engine; `error` is the one map from the engine's errors to gRPC codes; `store` is the only
 //! SQL (the Postgres `AccountSource`); `server` the wiring; `budgets` rebuilds the budget
-//! counters Redis lost from the usage ledger; `admin_page` is the status page's in-process view
-//! of the admin service (`--admin-http-listen`); `migration_rules` holds the upgrade rules every
+//! counters Redis lost from the usage ledger (the status page on `--admin-http-listen` is
+//! `poolgate-operator`'s, over the engine's admin API the admin service serves); `migration_rules` holds the upgrade rules every
 //! migration follows (each records the oldest release that runs on its schema, which the store's
 //! schema check reads) and `release` compares release numbers.
 
-pub mod admin_page;
 pub mod budgets;
 pub mod error;
 pub mod grpc;

@@ -21,6 +21,7 @@ use poolgate_select::source::budgets::BudgetCounters;
 use crate::budgets::REBUILD_EVERY;
 use crate::grpc::{AdminAuth, AdminGrpc, SelectorGrpc};
 use crate::store::{PostgresSource, StoreError};
+use poolgate_operator::engine::EngineAdmin;
 use poolgate_select::crypto::Keyring;
 use poolgate_select::engine::BudgetRebuild;
 use poolgate_select::engine::{Selector, SelectorParts, SelectorSettings};
@@ -328,16 +329,13 @@ pub async fn serve_selector_with_page(
         let metrics = selector.metrics().clone();
         poolgate_rpc::metrics_http::spawn(listener, move || metrics.render())
     });
-    let admin_grpc = Arc::new(AdminGrpc::new(selector.clone(), store));
+    // One admin API over the engine: the gRPC admin service and the status page both serve it.
+    let engine_admin = Arc::new(EngineAdmin::new(selector.clone(), Arc::new(store.clone())));
+    let admin_grpc = Arc::new(AdminGrpc::new(engine_admin.clone(), store));
     // The page ends when gRPC serving ends, by shutdown or by failure (the sender is dropped).
     let (stop_page, page_stopped) = tokio::sync::watch::channel(());
     let page = match page_listener {
-        Some(listener) => Some(spawn_page(
-            listener,
-            config,
-            admin_grpc.clone(),
-            page_stopped,
-        )?),
+        Some(listener) => Some(spawn_page(listener, config, engine_admin, page_stopped)?),
         None => None,
     };
     let shutdown = async move {
@@ -383,12 +381,13 @@ pub async fn serve_selector_with_page(
     Ok(())
 }
 
-/// Starts the status page on `listener` over the in-process admin service, until `stopped`'s
-/// sender is dropped. Refused without an admin token: the page's login is that token.
+/// Starts the status page on `listener` over the engine's admin API, the one the admin gRPC
+/// service serves, until `stopped`'s sender is dropped. Refused without an admin token: the
+/// page's login is that token.
 fn spawn_page(
     listener: TcpListener,
     config: &Config,
-    admin: Arc<AdminGrpc>,
+    admin: Arc<EngineAdmin>,
     mut stopped: tokio::sync::watch::Receiver<()>,
 ) -> Result<tokio::task::JoinHandle<()>, ServeError> {
     use poolgate_operator::page;
@@ -406,8 +405,7 @@ fn spawn_page(
         ),
         None => (None, page::Scheme::Http),
     };
-    let endpoint = Arc::new(crate::admin_page::InProcessAdmin::new(admin));
-    let router = page::router(endpoint, token, scheme);
+    let router = page::router(admin, token, scheme);
     tracing::info!(addr = ?listener.local_addr().ok(), tls = tls.is_some(), "status page serving");
     Ok(tokio::spawn(page::serve(
         listener,

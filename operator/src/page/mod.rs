@@ -213,11 +213,7 @@ fn unauthenticated() -> Response {
 /// An endpoint's failure as the page's JSON: the message names the transport's code, never a
 /// credential.
 fn endpoint_error(error: OperatorError) -> Response {
-    let (status, kind) = match &error {
-        OperatorError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
-        OperatorError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
-        _ => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
-    };
+    let (status, kind) = crate::http::routes::error_status(&error);
     json_error(status, kind, error)
 }
 

@@ -8,7 +8,9 @@
 //! §4, "Client key limits"), so a restart does not reset a budget.
 
 mod config;
-mod operator;
+
+#[cfg(test)]
+mod admin_tests;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -18,6 +20,7 @@ use poolgate_core::lease::Settings;
 use poolgate_lease::LeaseEngine;
 use poolgate_lease::api::EngineLeases;
 use poolgate_lease::calendar::Calendar;
+use poolgate_operator::engine::EngineAdmin;
 use poolgate_select::engine::BudgetRebuild;
 use poolgate_select::engine::{Selector, SelectorParts, SelectorSettings};
 use poolgate_select::health::InProcessHealth;
@@ -27,7 +30,6 @@ use poolgate_select::source::{MemorySource, StateFile};
 
 pub use config::{AccountEntry, KeyEntry, OAuthEntry, PriceEntry, Prices, StandaloneFile};
 
-use crate::admin::Operator;
 use crate::metrics::Metrics;
 
 /// How often due OAuth tokens are refreshed ahead of their expiry.
@@ -39,7 +41,8 @@ const REFRESH_EVERY: Duration = Duration::from_secs(60);
 pub struct Standalone {
     pub selection: Arc<Selector>,
     pub leases: Arc<EngineLeases>,
-    pub operator: Arc<dyn Operator>,
+    /// The admin API over the engine: the admin endpoint and the status page serve it.
+    pub operator: Arc<EngineAdmin>,
     pub source: Arc<MemorySource>,
     pub admission: Arc<LeaseEngine>,
 }
@@ -110,7 +113,7 @@ pub fn build(
     Ok(Standalone {
         selection: selector.clone(),
         leases: Arc::new(EngineLeases::new(admission.clone())),
-        operator: Arc::new(operator::EngineOperator::new(selector, source.clone())),
+        operator: Arc::new(EngineAdmin::new(selector, source.clone())),
         source,
         admission,
     })

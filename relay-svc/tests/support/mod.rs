@@ -15,11 +15,11 @@ use std::time::Duration;
 use poolgate_core::account::{CredentialKind, OAuthState, Platform, Secret};
 use poolgate_core::health::Breaker;
 use poolgate_core::outcome::RuntimeBlockSettings;
+use poolgate_operator::AdminEndpoint;
 use poolgate_select::engine::{SelectorSettings, UsageReadSettings};
 use poolgate_select::probe::ProbeSettings;
 use poolgate_stack::{self as stack, Backends};
 use poolgate_testkit::fake_upstream::FakeUpstream;
-use relay_svc::admin::Operator;
 use relay_svc::metrics::Metrics;
 use relay_svc::proxy::{Relay, RelaySettings};
 use relay_svc::standalone::{Standalone, StandaloneFile};
@@ -171,7 +171,7 @@ impl fmt::Display for Health {
 
 enum Engines {
     Standalone {
-        operator: Arc<dyn Operator>,
+        operator: Arc<dyn AdminEndpoint>,
         _engines: Standalone,
     },
     Distributed {
@@ -428,7 +428,7 @@ impl Pool {
         let mut all = Vec::new();
         match &self.engines {
             Engines::Standalone { operator, .. } => {
-                let views = operator.accounts().await;
+                let views = operator.accounts(None).await.expect("accounts readable");
                 let blocks = operator.blocks().await.expect("blocks readable");
                 for (name, id) in &self.accounts {
                     let view = views.iter().find(|v| v.id == *id);

@@ -1,7 +1,8 @@
 //! Where accounts come from, behind one trait: what the engine, the token refresher and the
-//! snapshot reload need of the config. Two sources: Postgres (`store.rs`, the `postgres`
-//! feature: every selector replica) and memory (`memory.rs`: the relay's standalone mode, its
-//! config file plus an optional state file for what must survive a restart).
+//! snapshot reload need of the config ([`AccountSource`]), and what the operator's verbs read and
+//! write of it beyond that ([`AdminStore`]). Two sources: Postgres (`selector-svc`'s `store.rs`:
+//! every selector replica) and memory (`memory.rs`: the relay's standalone mode, its config file
+//! plus an optional state file for what must survive a restart).
 
 use std::collections::HashMap;
 
@@ -10,7 +11,7 @@ use async_trait::async_trait;
 use crate::crypto::CryptoError;
 use crate::snapshot::Snapshot;
 use poolgate_core::AccountId;
-use poolgate_core::account::{Account, AccountStatus, Secret};
+use poolgate_core::account::{Account, AccountStatus, ApiKeyRecord, Secret};
 
 pub mod budgets;
 mod memory;
@@ -124,4 +125,22 @@ pub trait AccountSource: Send + Sync + 'static {
         }
         Ok(spend)
     }
+}
+
+/// The config the operator's verbs read and write beyond what the engine itself needs: one
+/// implementation per source (Postgres, memory), called only by the engine's admin API
+/// (`poolgate_operator::engine::EngineAdmin`), which reloads the engine's snapshot after a write.
+#[async_trait]
+pub trait AdminStore: Send + Sync + 'static {
+    /// Every client key the operator lists, ascending by id (Postgres: revoked ones too, with
+    /// `active: false`).
+    async fn list_api_keys(&self) -> Result<Vec<ApiKeyRecord>, StoreError>;
+
+    /// Disables (`true`) or enables client key `api_key_id`; the record after. An unknown or
+    /// revoked key is `NotFound`.
+    async fn set_key_disabled(
+        &self,
+        api_key_id: i64,
+        disabled: bool,
+    ) -> Result<ApiKeyRecord, StoreError>;
 }

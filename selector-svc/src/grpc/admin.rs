@@ -1,12 +1,17 @@
 //! The selector's admin service over gRPC: the admin bearer-token check (`AdminAuth`, a delay on
 //! a wrong token), and the operator's verbs — accounts, client keys, blocks, windows, bindings,
-//! load, status, usage — validated (`InvalidArgument` naming the field) and answered.
+//! load, status, usage — validated (`InvalidArgument` naming the field) and answered. The read and
+//! repair verbs decode, call the engine's admin API (`poolgate_operator::engine::EngineAdmin`,
+//! the one the status page and the standalone relay serve) and encode; the configuration verbs
+//! write to Postgres and reload the engine.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures_util::future::BoxFuture;
+use poolgate_operator::engine::EngineAdmin;
+use poolgate_operator::grpc::block_view;
 use poolgate_proto::convert::keys::{KeyUpdate, api_key_view};
 use poolgate_proto::convert::{self, EnumField};
 use poolgate_proto::selector::v1 as pb;
@@ -114,19 +119,26 @@ where
 }
 
 pub struct AdminGrpc {
-    selector: Arc<Selector>,
-    /// The admin writes (accounts, keys, statuses) go to Postgres itself, not through the
+    /// The read and repair verbs, as every operator surface runs them.
+    engine: Arc<EngineAdmin>,
+    /// The configuration writes (accounts, keys, statuses) go to Postgres itself, not through the
     /// engine's account source.
     store: PostgresSource,
 }
 
 impl AdminGrpc {
-    pub fn new(selector: Arc<Selector>, store: PostgresSource) -> Self {
-        AdminGrpc { selector, store }
+    /// Over the engine's admin API (the status page serves the same value) and the store the
+    /// configuration writes go to.
+    pub fn new(engine: Arc<EngineAdmin>, store: PostgresSource) -> Self {
+        AdminGrpc { engine, store }
+    }
+
+    fn selector(&self) -> &Arc<Selector> {
+        self.engine.selector()
     }
 
     fn view(&self, id: AccountId) -> Result<pb::AccountView, Status> {
-        let snapshot = self.selector.snapshot().get();
+        let snapshot = self.selector().snapshot().get();
         let account = snapshot
             .account(id)
             .ok_or_else(|| Status::not_found(format!("account {id}")))?;
@@ -135,14 +147,7 @@ impl AdminGrpc {
 
     /// Reloads the snapshot now, so the answer shows the change just made.
     async fn reload(&self) -> Result<(), Status> {
-        let ticket = self.selector.snapshot().ticket();
-        let snapshot = self
-            .store
-            .load_snapshot()
-            .await
-            .map_err(|e| status(e.into()))?;
-        self.selector.snapshot().set(ticket, snapshot);
-        Ok(())
+        self.selector().reload().await.map_err(status)
     }
 }
 
@@ -250,13 +255,12 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
         request: Request<pb::ListAccountsRequest>,
     ) -> Result<Response<pb::ListAccountsResponse>, Status> {
         let group = request.into_inner().group;
-        let snapshot = self.selector.snapshot().get();
-        let mut accounts: Vec<pb::AccountView> = snapshot
-            .accounts()
-            .filter(|a| group.is_empty() || a.group == group)
-            .map(|a| pb::AccountView::from(a.as_ref()))
+        let accounts = self
+            .engine
+            .account_list(Some(group.as_str()).filter(|group| !group.is_empty()))
+            .iter()
+            .map(|account| pb::AccountView::from(account.as_ref()))
             .collect();
-        accounts.sort_by_key(|a| a.id);
         Ok(Response::new(pb::ListAccountsResponse { accounts }))
     }
 
@@ -292,7 +296,7 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
         request: Request<pb::RestoreAccountRequest>,
     ) -> Result<Response<pb::AccountView>, Status> {
         let id = account_id("account_id", request.into_inner().account_id)?;
-        let account = self.selector.restore(id).await.map_err(status)?;
+        let account = self.engine.restore_account(id).await.map_err(status)?;
         Ok(Response::new(pb::AccountView::from(account.as_ref())))
     }
 
@@ -331,19 +335,14 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
         &self,
         _request: Request<pb::ListApiKeysRequest>,
     ) -> Result<Response<pb::ListApiKeysResponse>, Status> {
-        let keys = self
-            .store
-            .list_api_keys()
-            .await
-            .map_err(|e| status(e.into()))?;
-        // Each key with its usage against its limits: one ledger read per period per key, the
-        // periods of the budget calendar admission counts in.
-        let mut views = Vec::with_capacity(keys.len());
-        for key in &keys {
-            let usage = self.selector.key_usage(key.id).await.map_err(status)?;
-            views.push(api_key_view(key, &usage));
-        }
-        Ok(Response::new(pb::ListApiKeysResponse { keys: views }))
+        // Each key with its usage against its limits, revoked ones too.
+        let keys = self.engine.key_list().await.map_err(status)?;
+        Ok(Response::new(pb::ListApiKeysResponse {
+            keys: keys
+                .iter()
+                .map(|(key, usage)| api_key_view(key, usage))
+                .collect(),
+        }))
     }
 
     async fn update_api_key(
@@ -357,7 +356,7 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
             .await
             .map_err(|e| status(e.into()))?;
         self.reload().await?;
-        let usage = self.selector.key_usage(record.id).await.map_err(status)?;
+        let usage = self.selector().key_usage(record.id).await.map_err(status)?;
         Ok(Response::new(api_key_view(&record, &usage)))
     }
 
@@ -381,24 +380,9 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
         &self,
         _request: Request<pb::ListBlocksRequest>,
     ) -> Result<Response<pb::ListBlocksResponse>, Status> {
-        let blocks = self.selector.blocks().await.map_err(status)?;
-        let snapshot = self.selector.snapshot().get();
+        let blocks = self.engine.block_list().await.map_err(status)?;
         Ok(Response::new(pb::ListBlocksResponse {
-            blocks: blocks
-                .into_iter()
-                .map(|b| pb::BlockView {
-                    account_name: snapshot
-                        .account(b.account_id)
-                        .map(|a| a.name.clone())
-                        .unwrap_or_default(),
-                    account_id: b.account_id,
-                    kind: b.kind.to_owned(),
-                    class: b.class,
-                    status: u32::from(b.status),
-                    reason: b.reason,
-                    remaining_ms: b.remaining_ms,
-                })
-                .collect(),
+            blocks: blocks.into_iter().map(block_view).collect(),
         }))
     }
 
@@ -407,26 +391,12 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
         request: Request<pb::ListWindowsRequest>,
     ) -> Result<Response<pb::ListWindowsResponse>, Status> {
         let (account, group) = convert::read_windows_query(request.into_inner())?;
-        let accounts = self
-            .selector
-            .windows(account, group.as_deref())
+        let answer = self
+            .engine
+            .window_list(account, group.as_deref())
             .await
             .map_err(status)?;
-        // Taken after the read: a reading stored just now is never ahead of it.
-        let now_ms = now_ms();
-        Ok(Response::new(convert::windows_answer(
-            convert::WindowsAnswer {
-                now_ms,
-                accounts: accounts
-                    .into_iter()
-                    .map(|(account, readings)| convert::AccountReadings {
-                        account_id: account.id,
-                        account_name: account.name.clone(),
-                        readings,
-                    })
-                    .collect(),
-            },
-        )))
+        Ok(Response::new(convert::windows_answer(answer)))
     }
 
     async fn clear_block(
@@ -434,7 +404,7 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
         request: Request<pb::ClearBlockRequest>,
     ) -> Result<Response<pb::ClearBlockResponse>, Status> {
         let id = account_id("account_id", request.into_inner().account_id)?;
-        self.selector.clear_blocks(id).await.map_err(status)?;
+        self.engine.clear_account_blocks(id).await.map_err(status)?;
         Ok(Response::new(pb::ClearBlockResponse {}))
     }
 
@@ -446,7 +416,7 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
         name("group", &r.group)?;
         name("session_hash", &r.session_hash)?;
         let dropped = self
-            .selector
+            .selector()
             .health()
             .sticky_drop(&r.group, &r.session_hash)
             .await
@@ -463,12 +433,12 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
         for &id in &ids {
             account_id("account_ids", id)?;
         }
-        let snapshot = self.selector.snapshot().get();
+        let snapshot = self.selector().snapshot().get();
         if ids.is_empty() {
             ids = snapshot.accounts().map(|a| a.id).collect();
             ids.sort_unstable();
         }
-        let loads = self.selector.load(&ids).await;
+        let loads = self.selector().load(&ids).await;
         Ok(Response::new(pb::ReadLoadResponse {
             accounts: ids
                 .into_iter()
@@ -489,7 +459,7 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
         &self,
         _request: Request<pb::ReadStatusRequest>,
     ) -> Result<Response<pb::ReadStatusResponse>, Status> {
-        let report = self.selector.status().await.map_err(status)?;
+        let report = self.engine.status_report().await.map_err(status)?;
         Ok(Response::new(convert::status_answer(&report)))
     }
 
@@ -509,14 +479,11 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
                 r.to_ms.min(i64::MAX as u64) as i64,
             )
         };
-        if to <= from {
-            return Err(invalid("to_ms", "must be after from_ms"));
-        }
         let totals = self
-            .store
-            .read_usage(r.api_key_id, from, to)
+            .engine
+            .usage_totals(r.api_key_id, from, to)
             .await
-            .map_err(|e| status(e.into()))?;
+            .map_err(status)?;
         Ok(Response::new(pb::ReadUsageResponse {
             requests: totals.requests.max(0) as u64,
             input_tokens: totals.input_tokens.max(0) as u64,

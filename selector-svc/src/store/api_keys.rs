@@ -1,5 +1,6 @@
 //! Client keys in Postgres: creating one (the key shown once, its hash stored), listing,
-//! partial updates of its access and limits, revoking, and reading a key's row.
+//! partial updates of its access and limits, revoking, and reading a key's row; the operator's
+//! key verbs of the engine's admin API (`AdminStore`) over them.
 
 use sqlx::Row;
 use sqlx::postgres::PgRow;
@@ -10,6 +11,7 @@ use poolgate_core::lease::KeyLimits;
 use poolgate_core::money::{micros_to_usd, usd_to_micros};
 use poolgate_proto::convert::keys::{KeyUpdate, endpoint_names, parse_key_status};
 use poolgate_select::crypto::{api_key_hash, api_key_prefix, new_api_key};
+use poolgate_select::source::AdminStore;
 pub use poolgate_select::source::StoreError;
 
 use super::*;
@@ -204,4 +206,24 @@ fn key_limits_from_row(id: i64, row: &PgRow) -> Result<KeyLimits, StoreError> {
         budget_week_micros: budget("budget_week_usd")?,
         budget_month_micros: budget("budget_month_usd")?,
     })
+}
+
+/// The engine's admin API's key verbs: the methods above, by name.
+#[async_trait::async_trait]
+impl AdminStore for PostgresSource {
+    async fn list_api_keys(&self) -> Result<Vec<ApiKeyRecord>, StoreError> {
+        PostgresSource::list_api_keys(self).await
+    }
+
+    async fn set_key_disabled(
+        &self,
+        api_key_id: i64,
+        disabled: bool,
+    ) -> Result<ApiKeyRecord, StoreError> {
+        let update = KeyUpdate {
+            disabled: Some(disabled),
+            ..KeyUpdate::default()
+        };
+        self.update_api_key(api_key_id, &update).await
+    }
 }

@@ -27,7 +27,7 @@ use poolgate_core::{hex, short_hash};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::{AccountSource, StoreError, UsageInput, UsageTotals};
+use super::{AccountSource, AdminStore, StoreError, UsageInput, UsageTotals};
 use crate::health::InProcessHealth;
 use crate::snapshot::{Snapshot, SnapshotCell};
 use poolgate_core::account::{Account, AccountStatus, ApiKeyRecord, OAuthState, Secret};
@@ -632,5 +632,24 @@ impl AccountSource for MemorySource {
                     sum
                 })
         }))
+    }
+}
+
+/// The operator's key verbs over the config file's keys (no key is ever revoked here).
+#[async_trait]
+impl AdminStore for MemorySource {
+    async fn list_api_keys(&self) -> Result<Vec<ApiKeyRecord>, StoreError> {
+        let mut keys: Vec<ApiKeyRecord> =
+            self.with_current(|current| current.snapshot.api_keys().cloned().collect());
+        keys.sort_by_key(|key| key.id);
+        Ok(keys)
+    }
+
+    async fn set_key_disabled(
+        &self,
+        api_key_id: i64,
+        disabled: bool,
+    ) -> Result<ApiKeyRecord, StoreError> {
+        MemorySource::set_key_disabled(self, api_key_id, disabled).await
     }
 }

@@ -1,6 +1,11 @@
-//! The standalone relay's admin HTTP endpoint as an [`AdminEndpoint`]: the routes
-//! `relay-svc/src/admin.rs` serves, the admin token as `Authorization: Bearer`, JSON in the
-//! envelopes of [`crate::view`].
+//! The standalone relay's admin HTTP endpoint, both ends: its routes over any
+//! [`AdminEndpoint`] ([`routes::router`], which the relay serves over the engine's admin API) and
+//! its client as an [`AdminEndpoint`] ([`HttpAdmin`]): the admin token as `Authorization:
+//! Bearer`, JSON in the envelopes of [`crate::view`].
+
+pub mod routes;
+
+pub use routes::router;
 
 use std::time::Duration;
 

@@ -1,0 +1,241 @@
+//! The operator's rows and the selector's admin protos, converted once: the gRPC client reads the
+//! selector's answers with these, the selector's admin service writes its blocks with
+//! [`block_view`], and the engine's own rows (`crate::engine`) go through the same readers, so
+//! both modes show the same. Answers are read strictly: a value the CLI cannot read is an
+//! unreadable answer, never a guess.
+
+use poolgate_core::account::{ApiKeyRecord, Platform};
+use poolgate_proto::convert::keys::usage_from_wire;
+use poolgate_proto::convert::{self, EnumField, WindowsAnswer};
+use poolgate_proto::selector::v1 as pb;
+
+use crate::view::{UsageReport, key_row, status_view, window_rows};
+use crate::{AccountRow, BlockRow, KeyRow, OperatorError, StatusView, UsageRow, WindowRow};
+
+fn unreadable(error: convert::ConvertError) -> OperatorError {
+    OperatorError::Unreadable(error.to_string())
+}
+
+/// The selector's account view as the shared row.
+pub fn account_row(view: &pb::AccountView) -> Result<AccountRow, OperatorError> {
+    let platform = Platform::decode("platform", view.platform).map_err(unreadable)?;
+    #[allow(deprecated)]
+    let kind = convert::credential_kind(view.kind, &view.credential_kind).map_err(unreadable)?;
+    Ok(AccountRow {
+        id: view.id,
+        name: view.name.clone(),
+        group: view.group.clone(),
+        platform: platform.as_str().to_owned(),
+        credential_kind: kind.as_str().to_owned(),
+        credential_masked: view.credential_masked.clone(),
+        status: view.status.clone(),
+        status_reason: view.status_reason.clone(),
+        priority: view.priority,
+        weight: view.weight,
+        concurrency_limit: view.concurrency_limit,
+        rpm_limit: view.rpm_limit,
+        session_window_limit_usd: view.session_window_limit_usd,
+    })
+}
+
+/// A key of the selector's list as the CLI shows it; one it cannot read is unreadable, never a
+/// key without limits.
+pub fn api_key_row(mut view: pb::ApiKeyView) -> Result<KeyRow, OperatorError> {
+    let usage = usage_from_wire(std::mem::take(&mut view.usage)).map_err(unreadable)?;
+    let record = ApiKeyRecord::try_from(view).map_err(unreadable)?;
+    Ok(key_row(&record, &usage))
+}
+
+/// `ListBlocks`' answer as rows.
+pub fn block_rows(answer: pb::ListBlocksResponse) -> Result<Vec<BlockRow>, OperatorError> {
+    answer.blocks.into_iter().map(block_row).collect()
+}
+
+/// A block as `ListBlocks` answers it.
+pub fn block_view(row: BlockRow) -> pb::BlockView {
+    pb::BlockView {
+        account_id: row.account_id,
+        account_name: row.account_name,
+        kind: row.kind,
+        class: row.class,
+        status: u32::from(row.status),
+        reason: row.reason,
+        remaining_ms: row.remaining_ms,
+    }
+}
+
+fn block_row(view: pb::BlockView) -> Result<BlockRow, OperatorError> {
+    let status = u16::try_from(view.status).map_err(|_| {
+        OperatorError::Unreadable(format!("invalid status: {} is no HTTP status", view.status))
+    })?;
+    Ok(BlockRow {
+        account_id: view.account_id,
+        account_name: view.account_name,
+        kind: view.kind,
+        class: view.class,
+        status,
+        reason: view.reason,
+        remaining_ms: view.remaining_ms,
+    })
+}
+
+/// Accounts' readings as rows, read at the answer's clock.
+pub fn rows_of_windows(answer: &WindowsAnswer) -> Vec<WindowRow> {
+    window_rows(
+        answer.now_ms,
+        answer.accounts.iter().map(|account| {
+            (
+                account.account_id,
+                account.account_name.as_str(),
+                account.readings.as_slice(),
+            )
+        }),
+    )
+}
+
+/// `ListWindows`' answer as rows.
+pub fn window_rows_of(answer: pb::ListWindowsResponse) -> Result<Vec<WindowRow>, OperatorError> {
+    let read = convert::read_windows_answer(answer).map_err(unreadable)?;
+    Ok(rows_of_windows(&read))
+}
+
+/// `ListApiKeys`' answer as rows, by id.
+pub fn key_rows(answer: pb::ListApiKeysResponse) -> Result<Vec<KeyRow>, OperatorError> {
+    let mut rows = answer
+        .keys
+        .into_iter()
+        .map(api_key_row)
+        .collect::<Result<Vec<_>, _>>()?;
+    rows.sort_by_key(|row| row.id);
+    Ok(rows)
+}
+
+/// `ReadStatus`' answer as the status view.
+pub fn status_of(answer: pb::ReadStatusResponse) -> Result<StatusView, OperatorError> {
+    let report = convert::read_status_answer(answer).map_err(unreadable)?;
+    Ok(status_view(&report))
+}
+
+/// The keys a usage report covers: every listed key, or the one asked for (`NotFound` when it
+/// is not listed).
+pub fn usage_keys<T>(
+    listed: Vec<T>,
+    id: impl Fn(&T) -> i64,
+    api_key_id: Option<i64>,
+) -> Result<Vec<T>, OperatorError> {
+    let Some(wanted) = api_key_id else {
+        return Ok(listed);
+    };
+    let keys: Vec<T> = listed.into_iter().filter(|key| id(key) == wanted).collect();
+    if keys.is_empty() {
+        return Err(OperatorError::NotFound(format!("no client key {wanted}")));
+    }
+    Ok(keys)
+}
+
+/// The `ReadUsage` request for one key; 0 / 0 means "the last 24 h" to the selector (a window
+/// always has a start past 0).
+pub fn usage_request(api_key_id: i64, from_ms: i64, to_ms: i64) -> pb::ReadUsageRequest {
+    pb::ReadUsageRequest {
+        api_key_id,
+        from_ms: from_ms.max(1) as u64,
+        to_ms: to_ms.max(2) as u64,
+    }
+}
+
+/// One key's `ReadUsage` answer as its row.
+pub fn usage_row(key: pb::ApiKeyView, totals: pb::ReadUsageResponse) -> UsageRow {
+    UsageRow {
+        api_key_id: key.id,
+        user: key.user,
+        requests: totals.requests,
+        input_tokens: totals.input_tokens,
+        output_tokens: totals.output_tokens,
+        cost_usd: totals.cost_usd,
+    }
+}
+
+/// The report over the rows, by key id.
+pub fn usage_report(from_ms: i64, to_ms: i64, mut rows: Vec<UsageRow>) -> UsageReport {
+    rows.sort_by_key(|row| row.api_key_id);
+    UsageReport {
+        from_ms,
+        to_ms,
+        keys: rows,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_account_view_the_cli_cannot_read_is_unreadable_not_a_guess() {
+        let view = pb::AccountView {
+            id: 1,
+            platform: pb::Platform::Anthropic as i32,
+            kind: pb::CredentialKind::Oauth as i32,
+            status: "active".into(),
+            priority: 2,
+            weight: 3,
+            concurrency_limit: 4,
+            rpm_limit: 50,
+            session_window_limit_usd: 7.5,
+            ..Default::default()
+        };
+        let row = account_row(&view).expect("readable");
+        assert_eq!(
+            (row.platform.as_str(), row.credential_kind.as_str()),
+            ("anthropic", "oauth")
+        );
+        assert_eq!(
+            (
+                row.priority,
+                row.weight,
+                row.concurrency_limit,
+                row.rpm_limit,
+                row.session_window_limit_usd
+            ),
+            (2, 3, 4, 50, 7.5),
+            "the limits come through"
+        );
+        let unknown = pb::AccountView {
+            platform: 99,
+            ..view.clone()
+        };
+        assert!(matches!(
+            account_row(&unknown),
+            Err(OperatorError::Unreadable(_))
+        ));
+        let unset = pb::AccountView {
+            platform: pb::Platform::Unspecified as i32,
+            ..view
+        };
+        assert!(matches!(
+            account_row(&unset),
+            Err(OperatorError::Unreadable(_))
+        ));
+        let block = pb::BlockView {
+            status: 70_000,
+            ..Default::default()
+        };
+        assert!(matches!(
+            block_row(block),
+            Err(OperatorError::Unreadable(_))
+        ));
+    }
+
+    #[test]
+    fn a_block_reads_back_as_the_row_it_was_written_from() {
+        let row = BlockRow {
+            account_id: 3,
+            account_name: "a".into(),
+            kind: "hard".into(),
+            class: "quota_gone".into(),
+            status: 402,
+            reason: "credit balance too low".into(),
+            remaining_ms: 5_000,
+        };
+        assert_eq!(block_row(block_view(row.clone())).expect("readable"), row);
+    }
+}
