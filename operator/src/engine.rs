@@ -17,11 +17,10 @@ use poolgate_core::keys::{PeriodUsage, UsagePeriod};
 use poolgate_core::status::StatusReport;
 use poolgate_core::{AccountId, now_ms};
 use poolgate_proto::convert::{AccountReadings, WindowsAnswer};
-use poolgate_proto::selector::v1 as pb;
 use poolgate_select::engine::{Selector, SelectorError};
 use poolgate_select::source::{AdminStore, UsageTotals};
 
-use crate::grpc::{account_row, rows_of_windows, usage_keys, usage_report};
+use crate::grpc::{row_of_account, rows_of_windows, usage_keys, usage_report};
 use crate::view::{UsageReport, key_row, status_view};
 use crate::{
     AccountRow, AdminEndpoint, BlockRow, KeyRow, OperatorError, StatusView, UsageRow, WindowRow,
@@ -185,9 +184,9 @@ fn engine_error(error: SelectorError) -> OperatorError {
     operator_error(error, || "not found".into())
 }
 
-/// An account's row, through the same view the selector's answer carries.
+/// An account's row, built as the gRPC client builds it from the selector's answer.
 fn row(account: &Account) -> Result<AccountRow, OperatorError> {
-    account_row(&pb::AccountView::from(account))
+    row_of_account(account)
 }
 
 #[async_trait]

@@ -19,8 +19,8 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 pub use rows::{
-    account_row, api_key_row, block_rows, block_view, key_rows, rows_of_windows, status_of,
-    usage_keys, usage_report, usage_request, usage_row, window_rows_of,
+    account_row, api_key_row, block_rows, block_view, key_rows, row_of_account, rows_of_windows,
+    status_of, usage_keys, usage_report, usage_request, usage_row, window_rows_of,
 };
 
 use crate::view::UsageReport;

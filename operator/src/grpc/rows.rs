@@ -4,7 +4,7 @@
 //! both modes show the same. Answers are read strictly: a value the CLI cannot read is an
 //! unreadable answer, never a guess.
 
-use poolgate_core::account::{ApiKeyRecord, Platform};
+use poolgate_core::account::{Account, ApiKeyRecord, Platform};
 use poolgate_proto::convert::keys::usage_from_wire;
 use poolgate_proto::convert::{self, EnumField, WindowsAnswer};
 use poolgate_proto::selector::v1 as pb;
@@ -36,6 +36,12 @@ pub fn account_row(view: &pb::AccountView) -> Result<AccountRow, OperatorError> 
         rpm_limit: view.rpm_limit,
         session_window_limit_usd: view.session_window_limit_usd,
     })
+}
+
+/// An engine's account as its row, through the view the selector answers with, so the engine's
+/// rows and the client's are built by one function.
+pub fn row_of_account(account: &Account) -> Result<AccountRow, OperatorError> {
+    account_row(&pb::AccountView::from(account))
 }
 
 /// A key of the selector's list as the CLI shows it; one it cannot read is unreadable, never a
