@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use poolgate_core::account::{Account, ApiKeyRecord};
-use poolgate_core::keys::{PeriodUsage, UsagePeriod};
+use poolgate_core::keys::{KeyUpdate, PeriodUsage, UsagePeriod};
 use poolgate_core::status::StatusReport;
 use poolgate_core::{AccountId, now_ms};
 use poolgate_proto::convert::{AccountReadings, WindowsAnswer};
@@ -126,14 +126,14 @@ impl EngineAdmin {
         Ok(keys)
     }
 
-    /// Disables (`true`) or enables a client key, served at once (the engine reloads); the key
-    /// after, with its usage.
-    pub async fn change_key_disabled(
+    /// Changes a client key as `update` gives (its disable, access, limits), served at once (the
+    /// engine reloads); the key after, with its usage.
+    pub async fn update_key(
         &self,
         api_key_id: i64,
-        disabled: bool,
+        update: &KeyUpdate,
     ) -> Result<(ApiKeyRecord, KeyUsage), SelectorError> {
-        let record = self.store.set_key_disabled(api_key_id, disabled).await?;
+        let record = self.store.update_api_key(api_key_id, update).await?;
         self.selector.reload().await?;
         let usage = self.selector.key_usage(record.id).await?;
         Ok((record, usage))
@@ -277,8 +277,12 @@ impl AdminEndpoint for EngineAdmin {
         api_key_id: i64,
         disabled: bool,
     ) -> Result<KeyRow, OperatorError> {
+        let update = KeyUpdate {
+            disabled: Some(disabled),
+            ..KeyUpdate::default()
+        };
         let (record, usage) = self
-            .change_key_disabled(api_key_id, disabled)
+            .update_key(api_key_id, &update)
             .await
             .map_err(|e| operator_error(e, no_key(api_key_id)))?;
         Ok(key_row(&record, &usage))

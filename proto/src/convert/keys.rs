@@ -9,6 +9,8 @@
 //! left out, and a list of only such names holds the key disabled (docs/DESIGN.md §8).
 
 use poolgate_core::account::ApiKeyRecord;
+/// An operator's partial change to a key, the domain type `UpdateApiKey` carries.
+pub use poolgate_core::keys::KeyUpdate;
 use poolgate_core::keys::{
     Endpoint, KeyAccess, KeyDescription, KeyRefusal, PeriodUsage, UsagePeriod,
     check_model_patterns, known_endpoints, parse_endpoints,
@@ -497,66 +499,6 @@ pub fn set_new_key_limits(request: &mut spb::CreateApiKeyRequest, limits: &KeyLi
     request.key_budget_day_usd = wire.day_usd;
     request.key_budget_week_usd = wire.week_usd;
     request.key_budget_month_usd = wire.month_usd;
-}
-
-/// An operator's change to a key: only what is `Some` changes.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct KeyUpdate {
-    /// `true`: disable; `false`: enable.
-    pub disabled: Option<bool>,
-    /// `Some(None)`: clear the expiry.
-    pub expires_at_ms: Option<Option<i64>>,
-    /// The new model list (empty: every model).
-    pub allowed_models: Option<Vec<String>>,
-    /// The new endpoint list (empty: every endpoint).
-    pub allowed_endpoints: Option<Vec<Endpoint>>,
-    /// The key's limits (`lease::KeyLimits`): each given one replaces the stored one; 0 clears.
-    pub concurrency_limit: Option<i32>,
-    pub tpm_limit: Option<i64>,
-    pub budget_total_micros: Option<i64>,
-    pub budget_day_micros: Option<i64>,
-    pub budget_week_micros: Option<i64>,
-    pub budget_month_micros: Option<i64>,
-}
-
-impl KeyUpdate {
-    /// Whether it changes nothing.
-    pub fn is_empty(&self) -> bool {
-        *self == KeyUpdate::default()
-    }
-
-    /// `access` with this change made.
-    pub fn apply(&self, access: &KeyAccess) -> KeyAccess {
-        KeyAccess {
-            expires_at_ms: self.expires_at_ms.unwrap_or(access.expires_at_ms),
-            disabled: self.disabled.unwrap_or(access.disabled),
-            allowed_models: self
-                .allowed_models
-                .clone()
-                .unwrap_or_else(|| access.allowed_models.clone()),
-            allowed_endpoints: self
-                .allowed_endpoints
-                .clone()
-                .unwrap_or_else(|| access.allowed_endpoints.clone()),
-        }
-    }
-
-    /// `limits` with this change made.
-    pub fn apply_limits(&self, limits: &KeyLimits) -> KeyLimits {
-        KeyLimits {
-            api_key_id: limits.api_key_id,
-            concurrency_limit: self.concurrency_limit.unwrap_or(limits.concurrency_limit),
-            tpm_limit: self.tpm_limit.unwrap_or(limits.tpm_limit),
-            budget_total_micros: self
-                .budget_total_micros
-                .unwrap_or(limits.budget_total_micros),
-            budget_day_micros: self.budget_day_micros.unwrap_or(limits.budget_day_micros),
-            budget_week_micros: self.budget_week_micros.unwrap_or(limits.budget_week_micros),
-            budget_month_micros: self
-                .budget_month_micros
-                .unwrap_or(limits.budget_month_micros),
-        }
-    }
 }
 
 /// The request of a partial update (`UpdateApiKey`): the key's id and the change. A list given

@@ -81,6 +81,9 @@ impl From<StoreError> for SelectorError {
         match error {
             StoreError::NotFound(what) => SelectorError::NotFound(what),
             StoreError::Conflict(what) => SelectorError::Conflict(what),
+            StoreError::Invalid { field, message } => {
+                SelectorError::InvalidArgument { field, message }
+            }
             other => SelectorError::Unavailable(other.to_string()),
         }
     }

@@ -12,6 +12,7 @@ use crate::crypto::CryptoError;
 use crate::snapshot::Snapshot;
 use poolgate_core::AccountId;
 use poolgate_core::account::{Account, AccountStatus, ApiKeyRecord, Secret};
+use poolgate_core::keys::KeyUpdate;
 
 pub mod budgets;
 mod memory;
@@ -34,6 +35,9 @@ pub enum StoreError {
     NotFound(String),
     #[error("conflict: {0}")]
     Conflict(String),
+    /// A change this store cannot make, naming the field.
+    #[error("invalid {field}: {message}")]
+    Invalid { field: String, message: String },
     #[error(transparent)]
     Crypto(#[from] CryptoError),
     /// The standalone state file could not be read or written.
@@ -136,11 +140,12 @@ pub trait AdminStore: Send + Sync + 'static {
     /// `active: false`).
     async fn list_api_keys(&self) -> Result<Vec<ApiKeyRecord>, StoreError>;
 
-    /// Disables (`true`) or enables client key `api_key_id`; the record after. An unknown or
-    /// revoked key is `NotFound`.
-    async fn set_key_disabled(
+    /// Changes what `update` gives of client key `api_key_id` (its disable, access, limits); the
+    /// record after. An unknown or revoked key is `NotFound`; a change the store cannot make is
+    /// `Invalid` naming the field.
+    async fn update_api_key(
         &self,
         api_key_id: i64,
-        disabled: bool,
+        update: &KeyUpdate,
     ) -> Result<ApiKeyRecord, StoreError>;
 }

@@ -350,13 +350,7 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
         request: Request<pb::UpdateApiKeyRequest>,
     ) -> Result<Response<pb::ApiKeyView>, Status> {
         let (id, update) = <(i64, KeyUpdate)>::try_from(request.into_inner())?;
-        let record = self
-            .store
-            .update_api_key(id, &update)
-            .await
-            .map_err(|e| status(e.into()))?;
-        self.reload().await?;
-        let usage = self.selector().key_usage(record.id).await.map_err(status)?;
+        let (record, usage) = self.engine.update_key(id, &update).await.map_err(status)?;
         Ok(Response::new(api_key_view(&record, &usage)))
     }
 

@@ -215,15 +215,11 @@ impl AdminStore for PostgresSource {
         PostgresSource::list_api_keys(self).await
     }
 
-    async fn set_key_disabled(
+    async fn update_api_key(
         &self,
         api_key_id: i64,
-        disabled: bool,
+        update: &KeyUpdate,
     ) -> Result<ApiKeyRecord, StoreError> {
-        let update = KeyUpdate {
-            disabled: Some(disabled),
-            ..KeyUpdate::default()
-        };
-        self.update_api_key(api_key_id, &update).await
+        PostgresSource::update_api_key(self, api_key_id, update).await
     }
 }

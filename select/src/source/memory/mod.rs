@@ -31,6 +31,7 @@ use super::{AccountSource, AdminStore, StoreError, UsageInput, UsageTotals};
 use crate::health::InProcessHealth;
 use crate::snapshot::{Snapshot, SnapshotCell};
 use poolgate_core::account::{Account, AccountStatus, ApiKeyRecord, OAuthState, Secret};
+use poolgate_core::keys::KeyUpdate;
 use poolgate_core::windows::WindowReading;
 use poolgate_core::{AccountId, now_ms};
 use state_file::{FORMAT, Persisted, StoredKey, StoredStatus, StoredTokens, UsageBucket};
@@ -635,7 +636,8 @@ impl AccountSource for MemorySource {
     }
 }
 
-/// The operator's key verbs over the config file's keys (no key is ever revoked here).
+/// The operator's key verbs over the config file's keys (no key is ever revoked here). Only a
+/// key's disable changes at run time; its access and limits are the config file's.
 #[async_trait]
 impl AdminStore for MemorySource {
     async fn list_api_keys(&self) -> Result<Vec<ApiKeyRecord>, StoreError> {
@@ -645,11 +647,34 @@ impl AdminStore for MemorySource {
         Ok(keys)
     }
 
-    async fn set_key_disabled(
+    async fn update_api_key(
         &self,
         api_key_id: i64,
-        disabled: bool,
+        update: &KeyUpdate,
     ) -> Result<ApiKeyRecord, StoreError> {
-        MemorySource::set_key_disabled(self, api_key_id, disabled).await
+        let only_disable = KeyUpdate {
+            disabled: update.disabled,
+            ..KeyUpdate::default()
+        };
+        if *update != only_disable {
+            return Err(StoreError::Invalid {
+                field: "update".into(),
+                message: "a standalone relay changes only a key's disable at run time; its \
+                          access and limits are the config file's"
+                    .into(),
+            });
+        }
+        match update.disabled {
+            Some(disabled) => MemorySource::set_key_disabled(self, api_key_id, disabled).await,
+            None => self
+                .with_current(|current| {
+                    current
+                        .snapshot
+                        .api_keys()
+                        .find(|key| key.id == api_key_id)
+                        .cloned()
+                })
+                .ok_or_else(|| StoreError::NotFound(format!("api key {api_key_id}"))),
+        }
     }
 }
