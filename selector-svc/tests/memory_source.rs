@@ -11,6 +11,7 @@ use poolgate_core::account::{
     Account, AccountStatus, ApiKeyRecord, CredentialKind, OAuthState, Platform, Secret,
 };
 use poolgate_core::hex;
+use poolgate_core::keys::KeyUpdate;
 use poolgate_core::lease::Settings;
 use poolgate_core::{AccountId, now_ms};
 use poolgate_select::crypto::api_key_hash;
@@ -18,7 +19,9 @@ use poolgate_select::health::InProcessHealth;
 use poolgate_select::metrics::Metrics;
 use poolgate_select::refresh::{RefreshResult, RefreshSettings, TokenRefresher};
 use poolgate_select::snapshot::{Snapshot, SnapshotCell};
-use poolgate_select::source::{AccountSource, MemorySource, StateFile, StoreError, UsageInput};
+use poolgate_select::source::{
+    AccountSource, AdminStore, MemorySource, StateFile, StoreError, UsageInput,
+};
 use poolgate_testkit::fake_upstream::FakeUpstream;
 use poolgate_testkit::{Scratch, eventually};
 
@@ -785,4 +788,49 @@ async fn a_key_disable_of_a_key_the_config_no_longer_lists_is_kept_for_when_it_r
         .cloned()
         .expect("configured");
     assert!(record.access.disabled, "b is disabled again");
+}
+
+/// The operator's key write (`AdminStore::update_api_key`, what the engine's admin API calls)
+/// changes a standalone key's disable and refuses, naming the field and changing nothing, what
+/// only the config file sets; the list is by id.
+#[tokio::test]
+async fn a_standalone_key_update_changes_its_disable_and_refuses_the_rest() {
+    let source = MemorySource::new(two_keys(vec![account(1, |_| {})], 2, 1), None).expect("source");
+    let listed: Vec<i64> = AdminStore::list_api_keys(&source)
+        .await
+        .expect("listed")
+        .iter()
+        .map(|key| key.id)
+        .collect();
+    assert_eq!(listed, [1, 2]);
+    let disable = KeyUpdate {
+        disabled: Some(true),
+        ..KeyUpdate::default()
+    };
+    let record = AdminStore::update_api_key(&source, 1, &disable)
+        .await
+        .expect("disabled");
+    assert!(record.access.disabled);
+    let models = KeyUpdate {
+        disabled: Some(false),
+        allowed_models: Some(vec!["claude-*".into()]),
+        ..KeyUpdate::default()
+    };
+    match AdminStore::update_api_key(&source, 1, &models).await {
+        Err(StoreError::Invalid { field, .. }) => assert_eq!(field, "update"),
+        other => panic!("refused, not {other:?}"),
+    }
+    let after = source
+        .snapshot()
+        .api_key(&api_key_hash("client-key-b"))
+        .expect("configured")
+        .clone();
+    assert!(
+        after.access.disabled && after.access.allowed_models.is_empty(),
+        "the refused update changed nothing"
+    );
+    assert!(matches!(
+        AdminStore::update_api_key(&source, 9, &disable).await,
+        Err(StoreError::NotFound(_))
+    ));
 }
