@@ -24,11 +24,16 @@ impl LocalLeases {
     }
 
     /// The lease engine on its memory backend, with its release-retry task, its metrics in
-    /// `registry`.
-    pub fn engine(settings: Settings, registry: &prometheus::Registry) -> Arc<LeaseEngine> {
+    /// `registry`, running on `clock`.
+    pub fn engine(
+        settings: Settings,
+        registry: &prometheus::Registry,
+        clock: poolgate_core::Clock,
+    ) -> Arc<LeaseEngine> {
         poolgate_lease::in_memory(
             settings,
             poolgate_lease::metrics::Metrics::registered_in(registry.clone()),
+            clock,
         )
     }
 }

@@ -26,6 +26,7 @@ use crate::snapshot::SnapshotCell;
 use crate::source::budgets::{BudgetCalendar, UtcCalendar};
 use crate::source::{AccountSource, StoreError};
 use crate::windows_cache::WindowsCache;
+use poolgate_core::Clock;
 use poolgate_core::outcome::RuntimeBlockSettings;
 use poolgate_core::windows::Thresholds;
 
@@ -132,6 +133,9 @@ pub struct SelectorParts {
     pub leases: Arc<dyn ProbeLeases>,
     pub settings: SelectorSettings,
     pub metrics: Metrics,
+    /// The process's clock (production: `Clock::system()`), shared with the memory health
+    /// store and the lease engine where they run in the same process.
+    pub clock: Clock,
 }
 
 pub struct Selector {
@@ -144,7 +148,7 @@ pub struct Selector {
     /// Usage-window readings per account, read at most once per load-cache period.
     windows_cache: WindowsCache,
     /// When each group's window gauges were last set.
-    window_gauges_at: Mutex<HashMap<String, tokio::time::Instant>>,
+    window_gauges_at: Mutex<HashMap<String, std::time::Instant>>,
     /// The groups the status gauges were last set for (`status.rs`): a group gone from the
     /// config loses its series.
     status_groups: Mutex<HashSet<String>>,
@@ -154,6 +158,8 @@ pub struct Selector {
     probe_http: reqwest::Client,
     /// Suspicious outcomes become writes only through these (`confirmations.rs`).
     confirmations: Confirmations,
+    /// Every time the engine reads: key expiries, upstream resets, cache and binding ages.
+    clock: Clock,
 }
 
 impl Selector {
@@ -165,6 +171,7 @@ impl Selector {
             leases: admission,
             settings,
             metrics,
+            clock,
         } = parts;
         let _ = rustls::crypto::ring::default_provider().install_default();
         let probe_http = reqwest::Client::builder()
@@ -181,14 +188,16 @@ impl Selector {
             blocks: settings.blocks.clone(),
             refresher: Arc::new(std::sync::OnceLock::new()),
             ended: Arc::new(tokio::sync::Notify::new()),
+            clock: clock.clone(),
         };
         Selector {
             admission,
             probe_http,
             confirmations,
-            windows_cache: WindowsCache::new(health.clone(), &settings.load_cache),
-            load_cache: LoadCache::new(health.clone(), settings.load_cache.clone())
+            windows_cache: WindowsCache::new(health.clone(), &settings.load_cache, clock.clone()),
+            load_cache: LoadCache::new(health.clone(), settings.load_cache.clone(), clock.clone())
                 .with_active_blocks_gauge(metrics.active_blocks.clone()),
+            clock,
             snapshot,
             source,
             health,
@@ -214,6 +223,11 @@ impl Selector {
 
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    /// The clock the engine runs on.
+    pub fn clock(&self) -> &Clock {
+        &self.clock
     }
 
     /// Hands the engine the token refresher (once).
