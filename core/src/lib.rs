@@ -6,6 +6,8 @@
 use std::time::Duration;
 
 pub mod account;
+pub mod api;
+pub mod caller;
 pub mod classify;
 pub mod clock;
 pub mod health;

@@ -63,6 +63,43 @@ impl Outcome {
             before_send: false,
         }
     }
+
+    /// The report of an upstream answer as the relay classified it (never a local refusal):
+    /// the class and reset time of `classified`, the status (0: no answer), the reason, and the
+    /// fingerprint of the credential the upstream refused (`short_hash`, never the credential).
+    /// `before_send` only for a connect failure without an answer (DNS, TCP, TLS): nothing of
+    /// the request left the relay. Built here once, for every implementation of the selection
+    /// API (the engine applies it, the gRPC client sends it).
+    pub fn observed(
+        account_id: AccountId,
+        classified: &crate::classify::Classified,
+        status: u16,
+        reason: &str,
+        refused: Option<&crate::account::Secret>,
+    ) -> Self {
+        Outcome {
+            reset_at_ms: classified.reset_at_ms,
+            reason: bounded_reason(reason).to_owned(),
+            refused_fingerprint: refused.map(|credential| crate::short_hash(credential.expose())),
+            before_send: status == 0 && classified.is_connect_failure(),
+            ..Outcome::new(account_id, classified.class, status)
+        }
+    }
+}
+
+/// The longest reason a report carries, in bytes (the selector refuses a longer one).
+pub const MAX_REASON_BYTES: usize = 512;
+
+/// `reason` cut to [`MAX_REASON_BYTES`] at a character boundary.
+pub fn bounded_reason(reason: &str) -> &str {
+    if reason.len() <= MAX_REASON_BYTES {
+        return reason;
+    }
+    let mut end = MAX_REASON_BYTES;
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    &reason[..end]
 }
 
 /// Durations of runtime blocks and the breaker (docs/DESIGN.md §1 and §5). All configurable.
@@ -172,6 +209,36 @@ mod tests {
             reset_at_ms,
             ..Outcome::new(1, class, status)
         }
+    }
+
+    #[test]
+    fn an_observed_outcome_carries_a_fingerprint_and_a_reason_the_selector_accepts() {
+        let refused = crate::account::Secret::new("sk-ant-oat01-secret".to_owned());
+        let classified = crate::classify::Classified {
+            class: OutcomeClass::Unauthorized,
+            reset_at_ms: Some(5),
+            label: "401",
+        };
+        let long = "é".repeat(MAX_REASON_BYTES);
+        let outcome = Outcome::observed(7, &classified, 401, &long, Some(&refused));
+        assert_eq!(outcome.account_id, 7);
+        assert_eq!(outcome.reset_at_ms, Some(5));
+        assert!(
+            outcome.reason.len() <= MAX_REASON_BYTES,
+            "{}",
+            outcome.reason.len()
+        );
+        assert!(outcome.reason.starts_with('é'));
+        let fingerprint = outcome.refused_fingerprint.expect("a fingerprint");
+        assert_eq!(fingerprint, crate::short_hash("sk-ant-oat01-secret"));
+        assert!(!outcome.before_send, "an answer was received");
+        let connect = crate::classify::Classified {
+            class: OutcomeClass::Broken,
+            reset_at_ms: None,
+            label: "connect",
+        };
+        assert!(Outcome::observed(7, &connect, 0, "", None).before_send);
+        assert!(!Outcome::observed(7, &connect, 502, "", None).before_send);
     }
 
     #[test]

@@ -32,6 +32,21 @@ pub struct PlannedAccount {
     pub usage_headers_to_clients: bool,
 }
 
+/// What a request asks the selection API for: a plan of accounts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlanRequest {
+    /// The caller's key: session and response bindings are the key's own.
+    pub api_key_id: i64,
+    pub group: String,
+    pub platform: Platform,
+    pub model: String,
+    /// The request's session, as the client named it (the engine scopes it to the key).
+    pub session_hash: Option<String>,
+    pub previous_response_id: Option<String>,
+    /// Accounts already tried.
+    pub exclude: Vec<AccountId>,
+}
+
 /// The accounts that may serve a request, in the order to try them.
 #[derive(Debug, Clone, Default)]
 pub struct Plan {
@@ -49,6 +64,18 @@ pub struct Plan {
     /// (`GroupSettings::subscriptions_cli_only`): the relay leaves them out of the plan for any
     /// other client's request.
     pub subscriptions_cli_only: bool,
+}
+
+impl Plan {
+    /// The plan for a group nobody configured: empty, nothing to serve it; not an outage. (The
+    /// selector's gRPC API answers it as `NOT_FOUND`, as its proto documents; its client reads
+    /// that back as this plan.)
+    pub fn for_unknown_group() -> Plan {
+        Plan {
+            none_reason: Some(NoneReason::NoAccounts),
+            ..Plan::default()
+        }
+    }
 }
 
 /// What an outcome report applied to the account.

@@ -8,6 +8,7 @@
 //! release retries, orphaning) → `backend` (`memory`, or `redis_backend` behind the failure
 //! `policy`). `start` is the one constructor.
 
+pub mod api;
 pub mod backend;
 pub mod calendar;
 pub mod channel;

@@ -217,7 +217,11 @@ async fn models(State(front): State<Front>, headers: HeaderMap) -> Response {
         .relay
         .selection
         .models(&caller.group, api.platform())
-        .await;
+        .await
+        .unwrap_or_else(|error| {
+            tracing::warn!(%error, "model list unavailable");
+            Vec::new()
+        });
     models.retain(|model| caller.access.allows_model(model));
     let body = match api {
         Api::Anthropic => {

@@ -2,10 +2,10 @@
 //! the pooled accounts (docs/DESIGN.md §6).
 //!
 //! `http` (routes, auth, parsing, SSE keep-alive) → `proxy` (the per-request orchestration) over
-//! two traits in `backends`: `remote` (gRPC to selector and admission) or `standalone` (all in
-//! this process). `session` and `usage` are pure helpers. The standalone mode embeds
-//! the engines (`poolgate-select`, `poolgate-lease`); the remote mode speaks their gRPC
-//! services through `poolgate-proto`.
+//! the engines' two APIs (`ports`: `poolgate_select::api::SelectionApi`,
+//! `poolgate_lease::api::LeaseApi`), implemented by the engines in this process (`standalone`
+//! builds them) or by their gRPC clients (`poolgate-client`, re-exported as `remote`). The
+//! relay does not know which. `session` and `usage` are pure helpers.
 //!
 //! A process: `cli` (the flags) → [`run`] (the relay on its listeners, and in standalone mode the
 //! admin endpoint and the state file's last write); `admin_client` is the `admin` subcommand.
@@ -20,7 +20,6 @@ pub mod http;
 pub mod metrics;
 pub mod ports;
 pub mod proxy;
-pub mod remote;
 pub mod run;
 pub mod server;
 pub mod session;
@@ -29,3 +28,6 @@ pub mod usage;
 pub mod usage_sink;
 
 pub use run::run;
+
+/// The gRPC clients of the two APIs (distributed mode).
+pub use poolgate_client as remote;

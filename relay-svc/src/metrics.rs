@@ -17,27 +17,14 @@ pub struct Metrics {
     pub failovers: IntCounterVec,
     pub same_account_retries: IntCounter,
     pub client_disconnects: IntCounter,
-    /// relay_lease_lost_total{reason}: leases lost while their request ran (the upstream call
-    /// finished anyway): `released`, `no_room`, `expired` (admission answered `Lost`; never
-    /// resumed),
-    /// `not_resumed` (the stream broke or the backend was unavailable, and no replica resumed
-    /// it).
-    pub leases_lost: IntCounterVec,
-    /// relay_lease_resumed_total: lease streams that broke and were resumed on a replica.
-    pub leases_resumed: IntCounter,
-    /// relay_lease_channel_events_total{event}: the lease channels toward admission: `opened`,
-    /// `broken` (every lease on it resumes), `fallback` (admission does not serve the channel:
-    /// one stream per lease for a while), `resume_paced` (a resume waited for its turn).
-    pub lease_channel: IntCounterVec,
+    /// The gRPC clients' counters (`relay_lease_lost_total`, `relay_lease_resumed_total`,
+    /// `relay_lease_channel_events_total`, `relay_window_writes_total`), in this registry.
+    pub client: poolgate_client::metrics::Metrics,
     pub spend_micros: IntCounter,
     /// relay_unpriced_usage_total: answers with tokens whose model has no price (spend 0).
     pub unpriced_usage: IntCounter,
     /// relay_usage_records_lost_total: usage records that never reached the selector.
     pub usage_lost: IntCounter,
-    /// relay_window_writes_total{outcome}: `RecordWindows` calls to the selector (distributed
-    /// mode), `sent` or `failed` (that batch of readings is dropped: the next answers refresh
-    /// them).
-    pub window_writes: IntCounterVec,
     /// relay_key_refusals_total{reason}: requests refused for what their key may reach
     /// (`disabled`, `expired`, `endpoint`, `model`), before any account is asked, or by the
     /// key's own admission limits (`concurrency`, `tpm`, `budget`); never the key.
@@ -87,20 +74,6 @@ impl Metrics {
                 "relay_client_disconnects_total",
                 "Streams the client left before the end (upstream call cancelled, lease released).",
             ),
-            leases_lost: counter_vec(
-                "relay_lease_lost_total",
-                "Leases lost while their request ran, by reason (released, no_room, expired, not_resumed); the upstream call finished anyway.",
-                &["reason"],
-            ),
-            leases_resumed: counter(
-                "relay_lease_resumed_total",
-                "Lease streams that broke and were resumed on an admission replica.",
-            ),
-            lease_channel: counter_vec(
-                "relay_lease_channel_events_total",
-                "Lease channels toward admission by event: opened, broken (its leases resume), fallback (admission does not serve the channel: one stream per lease for a while), resume_paced (a resume waited for its turn after a break).",
-                &["event"],
-            ),
             spend_micros: counter(
                 "relay_spend_recorded_micro_usd_total",
                 "Spend recorded with lease releases, in micro-USD.",
@@ -108,11 +81,6 @@ impl Metrics {
             usage_lost: counter(
                 "relay_usage_records_lost_total",
                 "Usage records that never reached the selector (refused, or past the bound kept through an outage).",
-            ),
-            window_writes: counter_vec(
-                "relay_window_writes_total",
-                "RecordWindows calls to the selector (usage-window readings, coalesced per account), by outcome (sent, failed: dropped).",
-                &["outcome"],
             ),
             key_refusals: counter_vec(
                 "relay_key_refusals_total",
@@ -141,16 +109,13 @@ impl Metrics {
                     30.0,
                 ],
             ),
+            client: poolgate_client::metrics::Metrics::registered_in(registry.clone()),
             registry,
         }
     }
 
     pub fn failover(&self, reason: &str, outcome: &str) {
         self.failovers.with_label_values(&[reason, outcome]).inc();
-    }
-
-    pub fn lease_channel_event(&self, event: &str) {
-        self.lease_channel.with_label_values(&[event]).inc();
     }
 
     pub fn key_refused(&self, reason: &crate::ports::RefusedFor) {

@@ -79,7 +79,7 @@ pub fn assemble(config: &Config, metrics: Metrics) -> Result<Assembled, String> 
             selector,
             admission,
             client,
-        } => crate::remote::remote_backends(selector, admission, client, metrics.clone())
+        } => crate::remote::remote_backends(selector, admission, client, metrics.client.clone())
             .map_err(|error| error.to_string())?,
     };
     let relay = Arc::new(

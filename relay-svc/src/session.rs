@@ -3,7 +3,7 @@
 //! then the `session-id` / `session_id` header (Codex sends the first), then
 //! `client_metadata.session_id`; the `x-session-id` header; else a hash of the system prompt and
 //! the first user turn. At most 128 bytes (longer ones are hashed). Bindings are made under
-//! [`binding_key`]: the session of one client key, never another's.
+//! `poolgate_select::engine::binding_key`: the session of one client key, never another's.
 
 use http::HeaderMap;
 use poolgate_core::short_hash as hashed;
@@ -29,15 +29,6 @@ fn header(headers: &HeaderMap, name: &str) -> Option<String> {
         .get(name)
         .and_then(|v| v.to_str().ok())
         .and_then(bounded)
-}
-
-/// The name a session is bound under: the session of client key `api_key_id`. Two keys sending
-/// the same session id, or the same system prompt and first turn, never share a binding (a
-/// client cannot steer its requests onto the account another key's conversation uses). At most
-/// 128 bytes: a longer name is hashed (hex, so never of the `k<id>:` form).
-pub fn binding_key(api_key_id: i64, session: &str) -> String {
-    let key = format!("k{api_key_id}:{session}");
-    if key.len() > MAX { hashed(&key) } else { key }
 }
 
 /// Derives the session hash; `None` only when the body has nothing to hash.
@@ -120,17 +111,6 @@ pub fn session_hash(api: Api, headers: &HeaderMap, body: &Value) -> Option<Strin
 mod tests {
     use super::*;
     use serde_json::json;
-
-    #[test]
-    fn a_session_is_bound_per_client_key() {
-        assert_eq!(binding_key(7, "sess"), "k7:sess");
-        assert_ne!(binding_key(7, "sess"), binding_key(8, "sess"));
-        // The key's digits end at the first `:`: no other (key, session) pair gives the name.
-        assert_ne!(binding_key(1, "2:s"), binding_key(12, "s"));
-        let long = "s".repeat(MAX);
-        assert_eq!(binding_key(7, &long).len(), 32);
-        assert_ne!(binding_key(7, &long), binding_key(8, &long));
-    }
 
     #[test]
     fn anthropic_metadata_session_part_first() {

@@ -12,7 +12,9 @@ use async_trait::async_trait;
 use prometheus::IntCounter;
 use tokio::sync::mpsc;
 
-use crate::ports::UsageRecord;
+use poolgate_core::api::ApiError;
+
+use crate::ports::{SelectionApi, UsageRecord};
 
 /// Why a batch was not written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,6 +29,23 @@ pub enum WriteError {
 #[async_trait]
 pub trait UsageWriter: Send + Sync + 'static {
     async fn write(&self, records: Vec<UsageRecord>) -> Result<(), WriteError>;
+}
+
+/// The selection API's usage intake as the writer, whichever implementation is behind it.
+pub struct ApiUsage(pub Arc<dyn SelectionApi>);
+
+#[async_trait]
+impl UsageWriter for ApiUsage {
+    async fn write(&self, records: Vec<UsageRecord>) -> Result<(), WriteError> {
+        match self.0.record_usage(records).await {
+            Ok(()) => Ok(()),
+            Err(error @ ApiError::Invalid { .. }) => {
+                tracing::warn!(%error, "the selector refused a usage batch");
+                Err(WriteError::Refused)
+            }
+            Err(_) => Err(WriteError::Retry),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]

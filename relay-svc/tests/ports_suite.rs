@@ -1,7 +1,8 @@
-//! The relay's two ports, `Selection` and `Leases` (`relay-svc/src/ports.rs`), held to one
-//! contract: every case is written once and runs on both implementations, the engines in this
-//! process (`standalone/`, memory stores) and the gRPC clients (`remote/`) against a real
-//! selector and admission over private Postgres and Redis. The relay's behaviour rests on these
+//! The engines' two APIs, `SelectionApi` and `LeaseApi` (`select/src/api.rs`,
+//! `lease/src/api.rs`), held to one contract: every case is written once and runs on both
+//! implementations, the engines in this process (built as the standalone relay builds them,
+//! memory stores) and the gRPC clients (`poolgate-client`) against a real selector and
+//! admission over private Postgres and Redis. The relay's behaviour rests on these
 //! answers being the same whichever way it is deployed.
 
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use poolgate_core::account::{CredentialKind, Platform};
 use poolgate_core::classify::{Classified, classify};
 use poolgate_core::lease::{DenyReason, LeaseTerms, Settings};
 use poolgate_core::now_ms;
+use poolgate_core::outcome::Outcome;
 use poolgate_core::select::NoneReason;
 use poolgate_select::engine::SelectorSettings;
 use poolgate_select::source::{AccountSource, UsageTotals};
@@ -18,7 +20,7 @@ use poolgate_stack::{self as stack, SERVICE_TOKEN};
 use poolgate_testkit::eventually;
 use relay_svc::metrics::Metrics;
 use relay_svc::ports::{
-    Acquired, Caller, Lease, Leases, Plan, PlanRequest, Selection, UsageRecord,
+    Acquired, Caller, KeyCheck, Lease, LeaseApi, Plan, PlanRequest, SelectionApi, UsageRecord,
 };
 use relay_svc::remote::{GrpcClient, remote_backends};
 use relay_svc::standalone::{Standalone, StandaloneFile};
@@ -81,8 +83,8 @@ struct GrpcStack {
 
 /// The two ports of one deployment, over a pool of `Spec`s.
 struct Ports {
-    selection: Arc<dyn Selection>,
-    leases: Arc<dyn Leases>,
+    selection: Arc<dyn SelectionApi>,
+    leases: Arc<dyn LeaseApi>,
     /// The client key.
     key: String,
     /// Account names and ids.
@@ -165,7 +167,7 @@ async fn grpc(specs: &[Spec]) -> Ports {
             service_token: Some(SERVICE_TOKEN.into()),
             ..Default::default()
         },
-        Metrics::new(),
+        relay_svc::remote::metrics::Metrics::new(),
     )
     .expect("the clients are configured");
     Ports {
@@ -200,9 +202,10 @@ impl Ports {
 
     async fn caller(&self) -> Caller {
         self.selection
-            .authenticate(&self.key)
+            .check_key(&self.key)
             .await
             .expect("the selection answers")
+            .caller()
             .expect("the pool's key is known")
     }
 
@@ -210,7 +213,7 @@ impl Ports {
     async fn plan(&self, request: &PlanRequest) -> (Plan, Vec<&'static str>) {
         let plan = self
             .selection
-            .select(request)
+            .plan(request)
             .await
             .expect("the selection answers");
         let names = plan.accounts.iter().map(|a| self.name(a.id)).collect();
@@ -308,10 +311,10 @@ async fn a_known_key_authenticates_as_its_user_and_an_unknown_one_is_none(ports:
     for unknown in ["pgk-nobody-0001", "", "not a key at all"] {
         let answer = ports
             .selection
-            .authenticate(unknown)
+            .check_key(unknown)
             .await
             .expect("an unknown key is an answer, not an error");
-        assert_eq!(answer, None, "{unknown:?}");
+        assert_eq!(answer, KeyCheck::Unknown, "{unknown:?}");
     }
 }
 
@@ -348,11 +351,19 @@ async fn select_orders_the_groups_accounts_by_tier_with_what_calling_them_needs(
     assert_eq!(names, ["second", "third"]);
     // The group's model list: allow-lists and mapping keys.
     assert_eq!(
-        ports.selection.models("default", Platform::Anthropic).await,
+        ports
+            .selection
+            .models("default", Platform::Anthropic)
+            .await
+            .expect("the selection answers"),
         ["claude-x", "claude-z"]
     );
     assert_eq!(
-        ports.selection.models("default", Platform::OpenAi).await,
+        ports
+            .selection
+            .models("default", Platform::OpenAi)
+            .await
+            .expect("the selection answers"),
         Vec::<String>::new()
     );
 }
@@ -388,8 +399,15 @@ async fn a_busy_report_soft_blocks_the_account_last_in_its_tier(ports: Ports) {
     assert_eq!(busy.class, poolgate_core::outcome::OutcomeClass::Busy);
     ports
         .selection
-        .report(ports.id("first"), busy, 429, "rate_limit_error")
-        .await;
+        .report(Outcome::observed(
+            ports.id("first"),
+            &busy,
+            429,
+            "rate_limit_error",
+            None,
+        ))
+        .await
+        .expect("the selection applies it");
     eventually(Duration::from_secs(5), || async {
         let (plan, names) = ports.plan(&plan_request).await;
         (names == ["second", "first"] && plan.accounts[1].soft_blocked).then_some(())
@@ -427,12 +445,13 @@ async fn a_bound_session_puts_its_account_first_for_its_own_key_only(ports: Port
     ports
         .selection
         .bind_session(
-            "default",
             caller.api_key_id,
+            "default",
             "session-ports-1",
             ports.id("second"),
         )
-        .await;
+        .await
+        .expect("the binding is written");
     for _ in 0..5 {
         let (plan, names) = ports.plan(&in_session).await;
         assert_eq!(
@@ -542,19 +561,23 @@ async fn usage_records_reach_the_ledger(ports: Ports) {
     let caller = ports.caller().await;
     assert_eq!(ports.usage(caller.api_key_id).await, UsageTotals::default());
     for (input, output) in [(11, 5), (20, 2)] {
-        ports.selection.record_usage(UsageRecord {
-            api_key_id: caller.api_key_id,
-            user: caller.user.clone(),
-            account_id: ports.id("first"),
-            model: "claude-x".into(),
-            input_tokens: input,
-            output_tokens: output,
-            cost_usd: 0.25,
-            status: 200,
-            latency_ms: 40,
-            at_ms: now_ms() as u64,
-            ..UsageRecord::default()
-        });
+        ports
+            .selection
+            .record_usage(vec![UsageRecord {
+                api_key_id: caller.api_key_id,
+                user: caller.user.clone(),
+                account_id: ports.id("first"),
+                model: "claude-x".into(),
+                input_tokens: input,
+                output_tokens: output,
+                cost_usd: 0.25,
+                status: 200,
+                latency_ms: 40,
+                at_ms: now_ms() as u64,
+                ..UsageRecord::default()
+            }])
+            .await
+            .expect("the ledger takes them");
     }
     let written = eventually(Duration::from_secs(10), || async {
         let totals = ports.usage(caller.api_key_id).await;

@@ -11,6 +11,7 @@
 //! suspicious outcome becomes a health write; `refresh` keeps OAuth tokens fresh. Leases and
 //! cooldowns are reached through the ports of `poolgate_runtime::ports`.
 
+pub mod api;
 pub mod confirmations;
 pub mod crypto;
 pub mod engine;

@@ -9,7 +9,7 @@ use tonic::{Request, Response, Status};
 
 use crate::error::{key_refused, status};
 use poolgate_core::account::Platform;
-use poolgate_core::outcome::{Outcome, OutcomeClass};
+use poolgate_core::outcome::MAX_REASON_BYTES;
 use poolgate_core::plan::UsageRecord;
 use poolgate_core::{AccountId, MAX_NAME_BYTES};
 mod admin;
@@ -21,7 +21,6 @@ use poolgate_select::engine::{
 };
 
 const MAX_EXCLUDED: usize = 256;
-const MAX_REASON_BYTES: usize = 512;
 
 fn invalid(field: &str, message: impl Into<String>) -> Status {
     status(SelectorError::invalid(field, message))
@@ -140,47 +139,7 @@ impl pb::selector_server::Selector for SelectorGrpc {
         &self,
         request: Request<pb::ReportOutcomeRequest>,
     ) -> Result<Response<pb::ReportOutcomeResponse>, Status> {
-        let request = request.into_inner();
-        let id = account_id("account_id", request.account_id)?;
-        let class = OutcomeClass::decode("class", request.class)?;
-        if request.status > 999 {
-            return Err(invalid(
-                "status",
-                "must be an HTTP status (0 for a network error)",
-            ));
-        }
-        if request.reason.len() > MAX_REASON_BYTES {
-            return Err(invalid(
-                "reason",
-                format!("must be at most {MAX_REASON_BYTES} bytes"),
-            ));
-        }
-        let reset_at_ms = match request.reset_at_ms {
-            0 => None,
-            ms => Some(i64::try_from(ms).map_err(|_| invalid("reset_at_ms", "out of range"))?),
-        };
-        let refused_fingerprint = match request.refused_credential_fingerprint.as_str() {
-            "" => None,
-            fingerprint
-                if fingerprint.len() == 32
-                    && fingerprint.bytes().all(|b| b.is_ascii_hexdigit()) =>
-            {
-                Some(fingerprint.to_ascii_lowercase())
-            }
-            _ => {
-                return Err(invalid(
-                    "refused_credential_fingerprint",
-                    "must be 32 hex digits (the first 16 bytes of the credential's SHA-256)",
-                ));
-            }
-        };
-        let outcome = Outcome {
-            reset_at_ms,
-            reason: request.reason,
-            refused_fingerprint,
-            before_send: request.before_send && request.status == 0,
-            ..Outcome::new(id, class, request.status as u16)
-        };
+        let outcome = convert::read_outcome(request.into_inner())?;
         Ok(Response::new(
             match self
                 .selector

@@ -23,7 +23,7 @@ use crate::budgets::REBUILD_EVERY;
 use crate::grpc::{AdminAuth, AdminGrpc, SelectorGrpc};
 use crate::store::{PostgresSource, StoreError};
 use poolgate_select::crypto::Keyring;
-use poolgate_select::engine::{BudgetRebuild, EngineTasks};
+use poolgate_select::engine::BudgetRebuild;
 use poolgate_select::engine::{Selector, SelectorParts, SelectorSettings};
 use poolgate_select::health::RedisHealth;
 use poolgate_select::metrics::Metrics;
@@ -87,9 +87,8 @@ pub struct Built {
     /// Admission's budget counters (over `probe_leases`), which the budget rebuild seeds from
     /// the usage ledger; `selector.rebuild_budgets(&*built.budgets)` runs it at once.
     pub budgets: Arc<dyn BudgetCounters>,
-    /// The snapshot reload loop (the engine's own tasks stop with `_tasks`).
+    /// The snapshot reload loop (stopped with `Built`, as the engine's own tasks are).
     reload: tokio::task::JoinHandle<()>,
-    _tasks: EngineTasks,
 }
 
 impl Built {
@@ -111,6 +110,7 @@ pub struct Serving {
 impl Drop for Built {
     fn drop(&mut self) {
         self.reload.abort();
+        self.selector.stop_tasks();
     }
 }
 
@@ -179,7 +179,7 @@ pub async fn build(config: &Config, metrics: Metrics) -> Result<Built, ServeErro
     ));
     // The engine's own tasks (refreshes, gauges, usage reads at start and once per cadence
     // cluster-wide, the budget rebuild every `REBUILD_EVERY`), stopped with `Built`.
-    let tasks = selector.start_tasks(
+    selector.start_tasks(
         refresher.clone(),
         config.refresh_interval,
         BudgetRebuild::Every(budgets.clone(), REBUILD_EVERY),
@@ -192,7 +192,6 @@ pub async fn build(config: &Config, metrics: Metrics) -> Result<Built, ServeErro
         probe_leases,
         budgets,
         reload,
-        _tasks: tasks,
     })
 }
 

@@ -296,8 +296,8 @@ pub use lease::{
     channel_end, channel_error, channel_event, channel_request, lease_id, wait, wait_ms,
 };
 pub use selection::{
-    MAX_WINDOW_ACCOUNTS, MAX_WINDOW_READINGS, read_report_answer, read_windows_request,
-    report_answer, select_response, windows_request,
+    MAX_WINDOW_ACCOUNTS, MAX_WINDOW_READINGS, read_outcome, read_report_answer,
+    read_windows_request, report_answer, select_response, windows_request,
 };
 pub use status::{read_status_answer, status_answer};
 pub use windows::{

@@ -3,12 +3,81 @@
 
 use poolgate_core::AccountId;
 use poolgate_core::account::{Account, Platform, Price, Secret};
+use poolgate_core::outcome::{MAX_REASON_BYTES, Outcome, OutcomeClass, bounded_reason};
 use poolgate_core::plan::{Effect, Plan, PlannedAccount, UsageRecord};
 use poolgate_core::select::NoneReason;
 use poolgate_core::windows::{MinuteLimit, Scope, WindowKind, WindowReading, WindowStatus};
 
 use super::{ConvertError, EnumField, credential_kind, effect, none_reason};
 use crate::selector::v1 as spb;
+
+impl From<&Outcome> for spb::ReportOutcomeRequest {
+    fn from(outcome: &Outcome) -> Self {
+        spb::ReportOutcomeRequest {
+            account_id: outcome.account_id,
+            class: spb::OutcomeClass::from(outcome.class) as i32,
+            status: u32::from(outcome.status),
+            reset_at_ms: outcome.reset_at_ms.map_or(0, |ms| ms.max(0) as u64),
+            reason: bounded_reason(&outcome.reason).to_owned(),
+            after_refresh: false,
+            refused_credential_fingerprint: outcome.refused_fingerprint.clone().unwrap_or_default(),
+            before_send: outcome.before_send,
+        }
+    }
+}
+
+/// An outcome report read strictly, each field named when it is refused: a positive account
+/// id, a known class, an HTTP status (0: no answer), a reason of at most
+/// [`MAX_REASON_BYTES`], the refused credential's fingerprint as 32 hex digits. `before_send`
+/// holds only without an answer.
+pub fn read_outcome(request: spb::ReportOutcomeRequest) -> Result<Outcome, ConvertError> {
+    if request.account_id <= 0 {
+        return Err(ConvertError::new(
+            "account_id",
+            format!("must be a positive account id, got {}", request.account_id),
+        ));
+    }
+    let class = OutcomeClass::decode("class", request.class)?;
+    let status = u16::try_from(request.status)
+        .ok()
+        .filter(|status| *status <= 999)
+        .ok_or_else(|| {
+            ConvertError::new("status", "must be an HTTP status (0 for a network error)")
+        })?;
+    if request.reason.len() > MAX_REASON_BYTES {
+        return Err(ConvertError::new(
+            "reason",
+            format!("must be at most {MAX_REASON_BYTES} bytes"),
+        ));
+    }
+    let reset_at_ms = match request.reset_at_ms {
+        0 => None,
+        ms => {
+            Some(i64::try_from(ms).map_err(|_| ConvertError::new("reset_at_ms", "out of range"))?)
+        }
+    };
+    let refused_fingerprint = match request.refused_credential_fingerprint.as_str() {
+        "" => None,
+        fingerprint
+            if fingerprint.len() == 32 && fingerprint.bytes().all(|b| b.is_ascii_hexdigit()) =>
+        {
+            Some(fingerprint.to_ascii_lowercase())
+        }
+        _ => {
+            return Err(ConvertError::new(
+                "refused_credential_fingerprint",
+                "must be 32 hex digits (the first 16 bytes of the credential's SHA-256)",
+            ));
+        }
+    };
+    Ok(Outcome {
+        reset_at_ms,
+        reason: request.reason,
+        refused_fingerprint,
+        before_send: request.before_send && status == 0,
+        ..Outcome::new(request.account_id, class, status)
+    })
+}
 
 /// The answer to an outcome report: what was applied, its block length, and with
 /// [`Effect::Refreshed`] the fresh credential to retry with.

@@ -189,7 +189,7 @@ impl Relay {
         // path: the port queues it, nothing here waits for the selector.
         let readings = read_windows(&headers, now_ms());
         if !readings.is_empty() {
-            self.selection.record_windows(account.id, readings);
+            self.record_windows(account.id, readings);
         }
         if !status.is_success() {
             let body = read_bounded(response, self.settings.max_body_bytes).await;

@@ -57,10 +57,9 @@ impl Finish {
         }
         if let Some(session) = &self.session_hash {
             self.relay
-                .selection
                 .bind_session(
-                    &self.caller.group,
                     self.caller.api_key_id,
+                    &self.caller.group,
                     session,
                     self.account.id,
                 )
@@ -75,7 +74,6 @@ impl Finish {
             return;
         }
         self.relay
-            .selection
             .bind_response(self.caller.api_key_id, response_id, self.account.id)
             .await;
     }
@@ -101,22 +99,21 @@ impl Finish {
         // Spend and tokens travel with the release, in the same script: the account's session
         // window and the client key's budgets and TPM are charged from them.
         lease.release(cost, usage.tokens()).await;
-        let selection = &self.relay.selection;
         if succeeded && self.governed {
             let success = Classified {
                 class: OutcomeClass::Success,
                 reset_at_ms: None,
                 label: "success",
             };
-            selection
-                .report(self.account.id, success, self.status, "")
+            self.relay
+                .report(self.account.id, &success, self.status, "", None)
                 .await;
         }
         self.relay
             .metrics
             .spend_micros
             .inc_by(usd_to_micros(cost).unwrap_or(0).max(0) as u64);
-        selection.record_usage(UsageRecord {
+        self.relay.usage.record(UsageRecord {
             api_key_id: self.caller.api_key_id,
             user: self.caller.user.clone(),
             account_id: self.account.id,

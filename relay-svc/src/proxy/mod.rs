@@ -17,6 +17,7 @@ mod call;
 mod finish;
 mod headers;
 mod keys;
+mod report;
 mod request;
 mod run;
 mod stream;
@@ -36,7 +37,8 @@ use tokio::sync::mpsc;
 
 use crate::client_api::{Api, RelayError};
 use crate::metrics::Metrics;
-use crate::ports::{Caller, KeyCheck, KeyLimit, Lease, Leases, PlannedAccount, Selection};
+use crate::ports::{Caller, KeyCheck, KeyLimit, Lease, LeaseApi, PlannedAccount, SelectionApi};
+use crate::usage_sink::{ApiUsage, SinkSettings, UsageSink};
 
 pub use body::{BodyJsonError, MAX_DEPTH as MAX_JSON_DEPTH, TopLevel};
 use cache::TtlCache;
@@ -168,8 +170,10 @@ pub struct Inbound {
 }
 
 pub struct Relay {
-    pub selection: Arc<dyn Selection>,
-    pub leases: Arc<dyn Leases>,
+    pub selection: Arc<dyn SelectionApi>,
+    pub leases: Arc<dyn LeaseApi>,
+    /// Usage records on their way to the selection API, in batches (`usage_sink.rs`).
+    pub usage: UsageSink,
     pub settings: RelaySettings,
     pub metrics: Metrics,
     http: reqwest::Client,
@@ -204,13 +208,18 @@ enum Called {
 
 impl Relay {
     pub fn new(
-        selection: Arc<dyn Selection>,
-        leases: Arc<dyn Leases>,
+        selection: Arc<dyn SelectionApi>,
+        leases: Arc<dyn LeaseApi>,
         settings: RelaySettings,
         metrics: Metrics,
     ) -> Result<Self, HttpClientError> {
         Ok(Relay {
             http: request::build_client(settings.upstream_timeout, None)?,
+            usage: UsageSink::start(
+                ApiUsage(selection.clone()),
+                metrics.usage_lost.clone(),
+                SinkSettings::default(),
+            ),
             selection,
             leases: Arc::new(crate::ports::Lingering::new(leases, settings.cancel_linger)),
             auth_cache: TtlCache::new(settings.auth_cache_ttl, auth::MAX_CACHED_CHECKS),

@@ -119,7 +119,7 @@ impl<'a> RequestRun<'a> {
             previous_response_id: inbound.previous_response_id.clone(),
             exclude: self.exclude.clone(),
         };
-        let mut plan = match self.relay.selection.select(&asked).await {
+        let mut plan = match self.relay.selection.plan(&asked).await {
             Ok(plan) => plan,
             Err(error) => {
                 tracing::warn!(%error, "selector unavailable");
@@ -363,33 +363,21 @@ impl<'a> RequestRun<'a> {
                     .unwrap_or_default()
             };
             let reported = if no_answer { 0 } else { status };
-            if classified.class == OutcomeClass::Unauthorized {
-                // Which credential was refused goes with the report (as its fingerprint): the
-                // selector refreshes only a token still stored.
-                let fresh = relay
-                    .selection
-                    .report_refused(
-                        account.id,
-                        classified,
-                        reported,
-                        &reason,
-                        &account.credential,
-                    )
-                    .await;
-                let retries = self.refreshed.get(&account.id).map_or(0, |(_, n)| *n);
-                if let Some(fresh) = fresh
-                    .filter(|fresh| *fresh != account.credential && retries < REFRESHED_RETRIES)
-                {
-                    // The same account again, with the stored token; no budget spent.
-                    self.refreshed.insert(account.id, (fresh, retries + 1));
-                    relay.metrics.failover("401", "retry_refreshed");
-                    return None;
-                }
-            } else {
-                relay
-                    .selection
-                    .report(account.id, classified, reported, &reason)
-                    .await;
+            // Which credential was refused goes with an unauthorized report (as its
+            // fingerprint): the selector refreshes only a token still stored.
+            let refused =
+                (classified.class == OutcomeClass::Unauthorized).then_some(&account.credential);
+            let fresh = relay
+                .report(account.id, &classified, reported, &reason, refused)
+                .await;
+            let retries = self.refreshed.get(&account.id).map_or(0, |(_, n)| *n);
+            if let Some(fresh) =
+                fresh.filter(|fresh| *fresh != account.credential && retries < REFRESHED_RETRIES)
+            {
+                // The same account again, with the stored token; no budget spent.
+                self.refreshed.insert(account.id, (fresh, retries + 1));
+                relay.metrics.failover("401", "retry_refreshed");
+                return None;
             }
         }
         self.failures += 1;

@@ -136,7 +136,7 @@ impl Pump {
                         let _ = sender.send(error.sse_event()).await;
                         complete = false;
                         if finish.governed {
-                            finish.relay.selection.report(finish.account.id, network_failure(), 0, "stream broke mid-way").await;
+                            finish.relay.report(finish.account.id, &network_failure(), 0, "stream broke mid-way", None).await;
                         }
                     }
                     None => {
@@ -179,8 +179,7 @@ impl Pump {
                     .unwrap_or_default();
                 finish
                     .relay
-                    .selection
-                    .report(finish.account.id, classified, 200, &reason)
+                    .report(finish.account.id, &classified, 200, &reason, None)
                     .await;
             }
         }

@@ -8,41 +8,37 @@
 //! §4, "Client key limits"), so a restart does not reset a budget.
 
 mod config;
-mod leases;
 mod operator;
-mod selection;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use poolgate_core::lease::Settings;
 use poolgate_lease::LeaseEngine;
+use poolgate_lease::api::EngineLeases;
 use poolgate_lease::calendar::Calendar;
 use poolgate_select::engine::BudgetRebuild;
-use poolgate_select::engine::{Selector, SelectorError, SelectorParts, SelectorSettings};
+use poolgate_select::engine::{Selector, SelectorParts, SelectorSettings};
 use poolgate_select::health::InProcessHealth;
 use poolgate_select::refresh::{RefreshSettings, TokenRefresher};
 use poolgate_select::snapshot::SnapshotCell;
 use poolgate_select::source::{MemorySource, StateFile};
 
 pub use config::{AccountEntry, KeyEntry, OAuthEntry, PriceEntry, Prices, StandaloneFile};
-pub use leases::LocalLeases;
-pub use selection::InProcessSelection;
 
 use crate::admin::Operator;
 use crate::metrics::Metrics;
-use crate::ports::UsageRecord;
-use crate::usage_sink::{SinkSettings, UsageSink, UsageWriter, WriteError};
 
 /// How often due OAuth tokens are refreshed ahead of their expiry.
 const REFRESH_EVERY: Duration = Duration::from_secs(60);
 
-/// The in-process engines of a standalone relay.
+/// The in-process engines of a standalone relay: the selection engine (its background tasks
+/// its own, stopped when it is dropped) and the lease engine, each the implementation of its
+/// API the relay takes.
 pub struct Standalone {
-    pub selection: Arc<InProcessSelection>,
-    pub leases: Arc<LocalLeases>,
+    pub selection: Arc<Selector>,
+    pub leases: Arc<EngineLeases>,
     pub operator: Arc<dyn Operator>,
     pub source: Arc<MemorySource>,
     pub admission: Arc<LeaseEngine>,
@@ -62,7 +58,11 @@ pub fn build(
     // One clock for every engine and store of the process (core/src/clock.rs): admission's
     // cooldowns and the health store's blocks end at the same instant.
     let clock = poolgate_core::Clock::system();
-    let admission = LocalLeases::engine(admission, &metrics.registry, clock.clone());
+    let admission = poolgate_lease::in_memory(
+        admission,
+        poolgate_lease::metrics::Metrics::registered_in(metrics.registry.clone()),
+        clock.clone(),
+    );
     let source = Arc::new(
         MemorySource::new(
             file.snapshot()?,
@@ -112,19 +112,14 @@ pub fn build(
     // once per cadence, and the budget counters, which the memory engine starts without: each
     // is set from the ledger before any request can have finished (a request is charged when it
     // ends), and never again (memory is not flushed under a running relay).
-    let tasks = selector.start_tasks(
+    selector.start_tasks(
         refresher,
         REFRESH_EVERY,
         BudgetRebuild::Once(admission.clone()),
     );
-    let usage = UsageSink::start(
-        EngineUsage(selector.clone()),
-        metrics.usage_lost.clone(),
-        SinkSettings::default(),
-    );
     Ok(Standalone {
-        selection: Arc::new(InProcessSelection::new(selector.clone(), usage, tasks)),
-        leases: Arc::new(LocalLeases::new(admission.clone())),
+        selection: selector.clone(),
+        leases: Arc::new(EngineLeases::new(admission.clone())),
         operator: Arc::new(operator::EngineOperator::new(selector, source.clone())),
         source,
         admission,
@@ -153,28 +148,6 @@ fn tempfile_probe(directory: &Path) -> bool {
     let created = std::fs::File::create(&probe).is_ok();
     let _ = std::fs::remove_file(&probe);
     created
-}
-
-/// The selection engine's usage intake (over the memory source's ledger), as the usage sink's
-/// writer.
-struct EngineUsage(Arc<Selector>);
-
-#[async_trait]
-impl UsageWriter for EngineUsage {
-    async fn write(&self, records: Vec<UsageRecord>) -> Result<(), WriteError> {
-        match self.0.record_usage(records).await {
-            Ok(_) => Ok(()),
-            Err(error @ SelectorError::InvalidArgument { .. }) => {
-                tracing::warn!(%error, "the engine refused a usage batch");
-                Err(WriteError::Refused)
-            }
-            // Kept in memory; the next write carries it to the file again.
-            Err(error) => {
-                tracing::warn!(%error, "usage kept in memory only");
-                Ok(())
-            }
-        }
-    }
 }
 
 #[cfg(test)]

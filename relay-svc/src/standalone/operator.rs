@@ -216,7 +216,7 @@ mod tests {
     use poolgate_select::engine::SelectorSettings;
     use tower::ServiceExt;
 
-    use crate::ports::Selection;
+    use crate::ports::SelectionApi;
     use crate::standalone::{Standalone, StandaloneFile};
 
     use poolgate_core::account::{AccountStatus, CredentialKind, Platform, Secret};
@@ -342,8 +342,8 @@ mod tests {
         assert_eq!(answer["key"]["user"], "alice");
         assert!(disabled(&relay, "key-a"), "served disabled at once");
         let caller = |key: &'static str| {
-            let selection = relay.selection.clone();
-            async move { selection.authenticate(key).await.expect("answers") }
+            let selection: Arc<dyn SelectionApi> = relay.selection.clone();
+            async move { selection.check_key(key).await.expect("answers").caller() }
         };
         assert!(
             caller("key-a").await.is_none(),
@@ -429,10 +429,18 @@ mod tests {
             reset_at_ms: Some(poolgate_core::now_ms() + 60_000),
             label: "429",
         };
-        relay
-            .selection
-            .report(2, exhausted, 429, "usage window used up")
-            .await;
+        SelectionApi::report(
+            &*relay.selection,
+            poolgate_core::outcome::Outcome::observed(
+                2,
+                &exhausted,
+                429,
+                "usage window used up",
+                None,
+            ),
+        )
+        .await
+        .expect("applied");
 
         let (status, _) = call(&relay, "GET", "/admin/status", "wrong").await;
         assert_eq!(status, StatusCode::UNAUTHORIZED);
@@ -533,9 +541,7 @@ mod tests {
         );
 
         // The holder's own view sums the same day.
-        let described = relay
-            .selection
-            .describe_key("key-a")
+        let described = SelectionApi::describe_key(&*relay.selection, "key-a")
             .await
             .expect("answers")
             .expect("a known key");

@@ -34,6 +34,24 @@ fn marked_response(response_id: &str) -> String {
     format!("any:{response_id}")
 }
 
+/// Session bindings are at most this many bytes.
+const MAX_BINDING_BYTES: usize = 128;
+
+/// The name a session is bound under: the session of client key `api_key_id`. Two keys sending
+/// the same session id, or the same system prompt and first turn, never share a binding (a
+/// client cannot steer its requests onto the account another key's conversation uses). At most
+/// 128 bytes: a longer name is hashed (hex, so never of the `k<id>:` form). The one place a
+/// binding's scope is decided: the engine's API applies it, and the gRPC client sends the name
+/// it gives (the selector's wire carries the scoped name, `SelectRequest.session_hash`).
+pub fn binding_key(api_key_id: i64, session: &str) -> String {
+    let key = format!("k{api_key_id}:{session}");
+    if key.len() > MAX_BINDING_BYTES {
+        poolgate_core::short_hash(&key)
+    } else {
+        key
+    }
+}
+
 impl Selector {
     /// The account bound to this request: the previous response's account (a binding of the
     /// request's own client key), else the session's. A Redis failure means "no binding", never
@@ -224,5 +242,21 @@ impl Selector {
             .await
             .map_err(unavailable)?;
         Ok(bound.is_some())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_is_bound_per_client_key() {
+        assert_eq!(binding_key(7, "sess"), "k7:sess");
+        assert_ne!(binding_key(7, "sess"), binding_key(8, "sess"));
+        // The key's digits end at the first `:`: no other (key, session) pair gives the name.
+        assert_ne!(binding_key(1, "2:s"), binding_key(12, "s"));
+        let long = "s".repeat(MAX_BINDING_BYTES);
+        assert_eq!(binding_key(7, &long).len(), 32);
+        assert_ne!(binding_key(7, &long), binding_key(8, &long));
     }
 }

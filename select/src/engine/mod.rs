@@ -31,6 +31,7 @@ use poolgate_core::outcome::RuntimeBlockSettings;
 use poolgate_core::windows::Thresholds;
 
 mod admin;
+mod api;
 mod bindings;
 mod keys;
 mod report;
@@ -42,12 +43,13 @@ mod usage_reads;
 mod windows;
 
 pub use admin::KeyVerdict;
+pub use bindings::binding_key;
 pub use poolgate_core::plan::{Plan, PlannedAccount};
 pub(crate) use report::apply_broken;
 pub use report::{Applied, Reported};
 pub use select::SelectQuery;
 pub use status::{GroupStatus, STATUS_GAUGES_EVERY};
-pub use tasks::{BudgetRebuild, EngineTasks};
+pub use tasks::BudgetRebuild;
 pub use usage::{MAX_MODEL_BYTES, MAX_USAGE_RECORDS};
 pub use usage_reads::UsageReadSettings;
 pub use windows::MAX_WINDOW_READINGS;
@@ -160,6 +162,9 @@ pub struct Selector {
     confirmations: Confirmations,
     /// Every time the engine reads: key expiries, upstream resets, cache and binding ages.
     clock: Clock,
+    /// The background tasks `start_tasks` started (`tasks.rs`): the engine owns them, and
+    /// stops them when it is dropped or `stop_tasks` is called.
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
 impl Selector {
@@ -206,6 +211,7 @@ impl Selector {
             window_gauges_at: Mutex::new(HashMap::new()),
             status_groups: Mutex::new(HashSet::new()),
             metrics,
+            tasks: Mutex::new(Vec::new()),
         }
     }
 

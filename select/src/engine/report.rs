@@ -27,7 +27,7 @@ pub struct Applied {
 }
 
 impl Applied {
-    const NONE: Applied = Applied {
+    pub const NONE: Applied = Applied {
         what: Effect::None,
         block_ms: 0,
     };

@@ -1,13 +1,11 @@
 //! The selection engine's background work, started in one place for both deployments and owned
-//! by what it returns: the token refresh loop, the pool's status gauges, the usage-endpoint
-//! reads, and the budget rebuild (once at start for a store nothing can flush, or every period
-//! for admission's Redis counters). The tasks hold the engine weakly, so a dropped engine ends
-//! them too; dropping [`EngineTasks`] (or [`EngineTasks::stop`]) aborts them at once.
+//! by the engine: the token refresh loop, the pool's status gauges, the usage-endpoint reads,
+//! and the budget rebuild (once at start for a store nothing can flush, or every period for
+//! admission's Redis counters). The tasks hold the engine weakly; the engine aborts them when it
+//! is dropped (the last holder let it go) or at [`Selector::stop_tasks`] (shutdown).
 
 use std::sync::Arc;
 use std::time::Duration;
-
-use tokio::task::JoinHandle;
 
 use super::{STATUS_GAUGES_EVERY, Selector};
 use crate::refresh::{TokenRefresher, refresh_loop};
@@ -21,34 +19,22 @@ pub enum BudgetRebuild {
     Every(Arc<dyn BudgetCounters>, Duration),
 }
 
-/// The engine's running background tasks; aborted when dropped.
-pub struct EngineTasks {
-    handles: Vec<JoinHandle<()>>,
-}
-
-impl EngineTasks {
-    /// Aborts every task now.
-    pub fn stop(self) {}
-}
-
-impl Drop for EngineTasks {
+impl Drop for Selector {
     fn drop(&mut self) {
-        for handle in &self.handles {
-            handle.abort();
-        }
+        self.stop_tasks();
     }
 }
 
 impl Selector {
     /// Starts the engine's background tasks: token refreshes every `refresh_every`, the status
     /// gauges, the usage-endpoint reads (at start, then at the engine's cadence) and the budget
-    /// rebuild as `budgets` says.
+    /// rebuild as `budgets` says. The engine owns them.
     pub fn start_tasks(
         self: &Arc<Self>,
         refresher: TokenRefresher,
         refresh_every: Duration,
         budgets: BudgetRebuild,
-    ) -> EngineTasks {
+    ) {
         let engine = Arc::downgrade(self);
         let mut handles = vec![
             tokio::spawn(refresh_loop(refresher, engine.clone(), refresh_every)),
@@ -76,6 +62,21 @@ impl Selector {
                 }
             }),
         });
-        EngineTasks { handles }
+        self.tasks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(handles);
+    }
+
+    /// Aborts the engine's background tasks now.
+    pub fn stop_tasks(&self) {
+        for handle in self
+            .tasks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
+            handle.abort();
+        }
     }
 }

@@ -614,8 +614,10 @@ impl AccountSource for MemorySource {
             current.usage_dirty = true;
         });
         let due = self.writes.lock().await.elapsed() >= WRITE_EVERY;
-        if due {
-            self.persist().await?;
+        // The records are taken (in memory, marked dirty): a failed file write is retried by
+        // the next write, never by the caller sending them again (that would count them twice).
+        if due && let Err(error) = self.persist().await {
+            tracing::warn!(%error, "usage kept in memory; written to the state file later");
         }
         Ok(records.len() as u64)
     }

@@ -29,9 +29,9 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 use tonic::transport::Endpoint;
 
-use super::Traced;
-use super::balancer::ReplicaSet;
-use super::leases::TraceContext;
+use crate::Traced;
+use crate::balancer::ReplicaSet;
+use crate::leases::TraceContext;
 use crate::metrics::Metrics;
 
 /// Requests queued toward one channel before a sender waits for the stream to take them.

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use poolgate_core::api::ApiError;
 use poolgate_core::lease::{Denial, DenyReason, LeaseTerms};
 use poolgate_proto::admission::v1 as apb;
 use poolgate_proto::admission::v1::admission_client::AdmissionClient;
@@ -18,12 +19,13 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, Endpoint};
 
-use super::balancer::ReplicaSet;
-use super::channel::{self, Channels, ResumePacer, Started};
-use super::keeper;
-use super::{Traced, traced};
+use crate::balancer::ReplicaSet;
+use crate::channel::{self, Channels, ResumePacer, Started};
+use crate::error::CallError;
+use crate::keeper;
 use crate::metrics::Metrics;
-use crate::ports::{Acquired, BackendError, Leases};
+use crate::{Traced, traced};
+use poolgate_lease::api::{Acquired, LeaseApi};
 
 /// Admission over gRPC.
 pub struct RemoteLeases {
@@ -162,7 +164,7 @@ impl Link {
         &self,
         first: apb::lease_request::Kind,
         trace: &TraceContext,
-    ) -> Result<Opened, BackendError> {
+    ) -> Result<Opened, CallError> {
         let (requests, mut events) = self.start(first, trace).await?;
         let answer = answer(&mut events).await?;
         Ok((requests, events, answer))
@@ -173,7 +175,7 @@ impl Link {
         &self,
         resume: apb::Resume,
         trace: &TraceContext,
-    ) -> Result<Opened, BackendError> {
+    ) -> Result<Opened, CallError> {
         let _turn = self.pacer.admit().await;
         self.open(apb::lease_request::Kind::Resume(resume), trace)
             .await
@@ -198,7 +200,7 @@ pub(super) fn message(kind: apb::lease_request::Kind) -> apb::LeaseRequest {
 /// Reads a lease conversation until the answer to its first message (`Queued` events skipped). A
 /// denial whose reason this relay cannot read is an error (it would otherwise be acted on as a
 /// guess: a user-RPM refusal taken for a full account fails over instead of answering 429).
-async fn answer(events: &mut Events) -> Result<Result<apb::Granted, Denial>, BackendError> {
+async fn answer(events: &mut Events) -> Result<Result<apb::Granted, Denial>, CallError> {
     loop {
         match events.next().await {
             Some(Ok(apb::LeaseEvent {
@@ -212,7 +214,7 @@ async fn answer(events: &mut Events) -> Result<Result<apb::Granted, Denial>, Bac
             })) => {
                 return Denial::try_from(denied).map(Err).map_err(|error| {
                     tracing::warn!(%error, "admission's denial is unreadable; treated as an admission error");
-                    BackendError::from(error)
+                    CallError::from(error)
                 });
             }
             // The answer to a `Resume` of a released lease: it is gone for good.
@@ -231,8 +233,8 @@ async fn answer(events: &mut Events) -> Result<Result<apb::Granted, Denial>, Bac
 }
 
 #[async_trait]
-impl Leases for RemoteLeases {
-    async fn acquire(&self, terms: LeaseTerms, wait: Duration) -> Result<Acquired, BackendError> {
+impl LeaseApi for RemoteLeases {
+    async fn acquire(&self, terms: LeaseTerms, wait: Duration) -> Result<Acquired, ApiError> {
         let (reply, answer) = oneshot::channel();
         let trace = poolgate_rpc::telemetry::context_map();
         // In the request's span, so the lease call carries its trace context.
@@ -247,9 +249,9 @@ impl Leases for RemoteLeases {
             ),
             tracing::Span::current(),
         ));
-        answer
+        Ok(answer
             .await
-            .unwrap_or(Err(BackendError::NoAnswer("the lease task ended")))
+            .unwrap_or(Err(CallError::NoAnswer("the lease task ended")))?)
     }
 }
 
@@ -262,10 +264,10 @@ pub(super) const ACQUIRE_RETRY_FOR: Duration = Duration::from_secs(2);
 /// replica may answer. (A lease the broken call may have been granted is reaped at its TTL.) A
 /// lease channel holding as many conversations as admission allows on one (`RESOURCE_EXHAUSTED`)
 /// leaves the next try to the next channel.
-fn worth_another_replica(error: &BackendError) -> bool {
+fn worth_another_replica(error: &CallError) -> bool {
     matches!(
         error,
-        BackendError::Status {
+        CallError::Status {
             code: tonic::Code::Unavailable
                 | tonic::Code::Unknown
                 | tonic::Code::Cancelled
@@ -288,7 +290,7 @@ async fn acquire_task(
     terms: LeaseTerms,
     wait: Duration,
     trace: TraceContext,
-    mut reply: oneshot::Sender<Result<Acquired, BackendError>>,
+    mut reply: oneshot::Sender<Result<Acquired, CallError>>,
 ) {
     let started = tokio::time::Instant::now();
     let deadline = started + wait;
@@ -304,7 +306,7 @@ async fn acquire_task(
         // a grant released), or the lease would be left to the orphan grace.
         let first = apb::lease_request::Kind::Acquire(acquire_pb(&terms, left));
         let error = match link.start(first, &trace).await {
-            Err(status) => BackendError::from(status),
+            Err(status) => CallError::from(status),
             Ok((sender, mut events)) => {
                 let answer = tokio::select! {
                     answer = answer(&mut events) => Some(answer),
@@ -382,7 +384,7 @@ mod tests {
     use tonic::{Request, Response, Status, Streaming};
 
     use super::*;
-    use crate::remote::{GrpcClient, balanced_channel_with_replicas};
+    use crate::{GrpcClient, balanced_channel_with_replicas};
 
     /// An admission that denies every lease with `reason` as it is on the wire.
     struct Denying {
@@ -439,7 +441,7 @@ mod tests {
         }
     }
 
-    async fn acquire_from(reason: i32) -> Result<Acquired, BackendError> {
+    async fn acquire_from(reason: i32) -> Result<Acquired, ApiError> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -473,7 +475,9 @@ mod tests {
         }
         for unreadable in [99, apb::DenyReason::Unspecified as i32] {
             match acquire_from(unreadable).await {
-                Err(BackendError::Convert(error)) => assert_eq!(error.field, "reason"),
+                Err(ApiError::Unreadable(error)) => {
+                    assert!(error.contains("invalid reason"), "{error}")
+                }
                 Err(error) => panic!("{unreadable}: not a conversion error: {error}"),
                 Ok(Acquired::Denied(denial)) => panic!("{unreadable} read as {denial:?}"),
                 Ok(Acquired::Granted(_)) => panic!("granted"),

@@ -11,9 +11,10 @@ use poolgate_proto::admission::v1 as apb;
 use poolgate_proto::convert::EnumField;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::leases::{Events, Link, Requests, TraceContext, acquire_pb, message};
+use crate::error::CallError;
+use crate::leases::{Events, Link, Requests, TraceContext, acquire_pb, message};
 use crate::metrics::Metrics;
-use crate::ports::{BackendError, Lease};
+use poolgate_lease::api::Lease;
 
 /// Starts the keeper of a lease admission just granted on `events`; the returned handle is the
 /// holder's.
@@ -226,7 +227,7 @@ impl Keeper {
                     return Some((sender, events));
                 }
                 // Refused, or an answer this relay cannot read: trying again changes neither.
-                Ok((_, _, Err(_))) | Err(BackendError::Convert(_)) => break,
+                Ok((_, _, Err(_))) | Err(CallError::Convert(_)) => break,
                 Err(_) => {
                     tokio::time::sleep(Duration::from_millis((100 * attempt).min(1000))).await
                 }

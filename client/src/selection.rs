@@ -1,39 +1,34 @@
-//! [`Selection`] over the selector's gRPC API: plans decoded strictly (an entry the relay cannot
-//! read is a backend error, never a guess), success reports and usage-window readings coalesced
-//! per account, other outcomes sent at once, usage records through the batching sink.
+//! [`SelectionApi`] over the selector's gRPC API: plans decoded strictly (an entry the relay
+//! cannot read is a backend error, never a guess), success reports and usage-window readings
+//! coalesced per account, other outcomes sent at once.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use poolgate_core::account::{Platform, Secret};
-use poolgate_core::classify::Classified;
+use poolgate_core::account::Platform;
+use poolgate_core::api::ApiError;
+use poolgate_core::caller::{Caller, KeyCheck, KeyRefused, RefusedFor};
 use poolgate_core::keys::KeyDescription;
-use poolgate_core::outcome::OutcomeClass;
-use poolgate_core::select::NoneReason;
-use poolgate_core::short_hash;
+use poolgate_core::outcome::{Outcome, OutcomeClass};
 use poolgate_core::windows::WindowReading;
 use poolgate_proto::convert::keys::KEY_REFUSAL_METADATA;
 use poolgate_proto::convert::{self, ConvertError};
 use poolgate_proto::selector::v1 as spb;
 use poolgate_proto::selector::v1::selector_client::SelectorClient;
 use poolgate_rpc::service_auth::WithToken;
+use poolgate_select::api::{Applied, Plan, PlanRequest, Reported, SelectionApi, UsageRecord};
+use poolgate_select::engine::binding_key;
 use tonic::transport::Channel;
 
-use super::throttle::Throttle;
-use super::{Traced, traced};
-use crate::ports::{
-    BackendError, Caller, KeyCheck, KeyRefused, Plan, PlanRequest, RefusedFor, Selection,
-    UsageRecord,
-};
-use crate::session::binding_key;
-use crate::usage_sink::{SinkSettings, UsageSink, UsageWriter, WriteError};
+use crate::error::{CallError, api_error};
+use crate::throttle::Throttle;
+use crate::{Traced, traced};
 
 /// The selector over gRPC.
 pub struct RemoteSelection {
     client: SelectorClient<Traced>,
-    usage: UsageSink,
     report_failures: Arc<Throttle>,
     /// Successes waiting to be reported, per account (the last status). Most outcomes are
     /// successes and most change nothing, so they are coalesced: at most one report per account
@@ -56,15 +51,9 @@ impl RemoteSelection {
     pub fn new(
         channel: WithToken<Channel>,
         grpc_metrics: &poolgate_rpc::grpc_metrics::GrpcMetrics,
-        usage_lost: prometheus::IntCounter,
         window_writes: prometheus::IntCounterVec,
     ) -> Self {
         let client = SelectorClient::new(traced(channel, grpc_metrics));
-        let usage = UsageSink::start(
-            SelectorUsage(client.clone()),
-            usage_lost,
-            SinkSettings::default(),
-        );
         let successes = Arc::new(Mutex::new(HashMap::new()));
         let windows = Arc::new(Mutex::new(HashMap::new()));
         let report_failures = Arc::new(Throttle::new(Duration::from_secs(5)));
@@ -80,7 +69,6 @@ impl RemoteSelection {
         ));
         RemoteSelection {
             client,
-            usage,
             report_failures,
             successes,
             windows,
@@ -181,70 +169,33 @@ async fn flush_successes(
 
 impl RemoteSelection {
     /// Sends a non-success outcome, after a success of the account held back for coalescing
-    /// (in order: it happened first). `None` when the selector could not be reached.
-    async fn send_report(
-        &self,
-        account_id: i64,
-        outcome: Classified,
-        status: u16,
-        reason: &str,
-        refused: Option<&Secret>,
-    ) -> Option<spb::ReportOutcomeResponse> {
+    /// (in order: it happened first).
+    async fn send_report(&self, outcome: &Outcome) -> Result<spb::ReportOutcomeResponse, ApiError> {
         let pending_success = self
             .successes
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(&account_id);
+            .remove(&outcome.account_id);
         if let Some(success_status) = pending_success {
             let _ = self
                 .client
                 .clone()
-                .report_outcome(success_report(account_id, success_status))
+                .report_outcome(success_report(outcome.account_id, success_status))
                 .await;
         }
-        let request = spb::ReportOutcomeRequest {
-            account_id,
-            class: spb::OutcomeClass::from(outcome.class) as i32,
-            status: u32::from(status),
-            reset_at_ms: outcome.reset_at_ms.map(|ms| ms.max(0) as u64).unwrap_or(0),
-            reason: reason.chars().take(400).collect(),
-            after_refresh: false,
-            refused_credential_fingerprint: refused
-                .map(|credential| short_hash(credential.expose()))
-                .unwrap_or_default(),
-            before_send: status == 0 && outcome.is_connect_failure(),
-        };
-        match self.client.clone().report_outcome(request).await {
-            Ok(answer) => Some(answer.into_inner()),
-            Err(status) => {
-                if let Some(held_back) = self.report_failures.allow() {
-                    tracing::warn!(account_id, code = ?status.code(), held_back, "outcome report failed (held_back: failures not logged since the last line)");
-                }
-                None
-            }
-        }
-    }
-}
-
-/// The selector's `RecordUsage`, as the usage sink's writer.
-struct SelectorUsage(SelectorClient<Traced>);
-
-#[async_trait]
-impl UsageWriter for SelectorUsage {
-    async fn write(&self, records: Vec<UsageRecord>) -> Result<(), WriteError> {
-        let records = records.into_iter().map(spb::UsageRecord::from).collect();
         match self
-            .0
+            .client
             .clone()
-            .record_usage(spb::RecordUsageRequest { records })
+            .report_outcome(spb::ReportOutcomeRequest::from(outcome))
             .await
         {
-            Ok(_) => Ok(()),
-            Err(status) if status.code() == tonic::Code::InvalidArgument => {
-                tracing::warn!(code = ?status.code(), "the selector refused a usage batch");
-                Err(WriteError::Refused)
+            Ok(answer) => Ok(answer.into_inner()),
+            Err(status) => {
+                if let Some(held_back) = self.report_failures.allow() {
+                    tracing::warn!(account_id = outcome.account_id, code = ?status.code(), held_back, "outcome report failed (held_back: failures not logged since the last line)");
+                }
+                Err(api_error(status))
             }
-            Err(_) => Err(WriteError::Retry),
         }
     }
 }
@@ -253,7 +204,7 @@ impl UsageWriter for SelectorUsage {
 /// entry names why (`disabled`, `expired`); the status message, the selector's words for it, is
 /// what the client reads. A refusal without a reason this relay knows is the selector's error,
 /// never a guess.
-fn key_refusal(status: &tonic::Status) -> Result<KeyRefused, BackendError> {
+fn key_refusal(status: &tonic::Status) -> Result<KeyRefused, CallError> {
     let reason = status
         .metadata()
         .get(KEY_REFUSAL_METADATA)
@@ -263,7 +214,7 @@ fn key_refusal(status: &tonic::Status) -> Result<KeyRefused, BackendError> {
         Some("expired") => RefusedFor::Expired,
         other => {
             tracing::warn!(reason = ?other, "the selector refused a key for a reason this relay cannot read; treated as a selector error");
-            return Err(BackendError::from(status.clone()));
+            return Err(CallError::from(status.clone()));
         }
     };
     Ok(KeyRefused {
@@ -274,10 +225,10 @@ fn key_refusal(status: &tonic::Status) -> Result<KeyRefused, BackendError> {
 
 /// The caller of a key `Authenticate` accepted. Lists or limits this relay cannot read are the
 /// selector's error (with a log line), never a key without them: that would lift them.
-fn known_caller(answer: spb::AuthenticateResponse) -> Result<Caller, BackendError> {
+fn known_caller(answer: spb::AuthenticateResponse) -> Result<Caller, CallError> {
     let unreadable = |error: ConvertError| {
         tracing::warn!(%error, "the selector's key answer is unreadable; treated as a selector error");
-        BackendError::from(error)
+        CallError::from(error)
     };
     let access = convert::keys::authenticated_access(&answer).map_err(unreadable)?;
     let limits = convert::keys::authenticated_limits(&answer).map_err(unreadable)?;
@@ -296,8 +247,8 @@ fn platform_pb(platform: Platform) -> i32 {
 }
 
 #[async_trait]
-impl Selection for RemoteSelection {
-    async fn check_key(&self, api_key: &str) -> Result<KeyCheck, BackendError> {
+impl SelectionApi for RemoteSelection {
+    async fn check_key(&self, api_key: &str) -> Result<KeyCheck, ApiError> {
         match self
             .client
             .clone()
@@ -306,9 +257,9 @@ impl Selection for RemoteSelection {
             })
             .await
         {
-            Ok(answer) => known_caller(answer.into_inner()).map(KeyCheck::Known),
+            Ok(answer) => Ok(known_caller(answer.into_inner()).map(KeyCheck::Known)?),
             Err(status) if status.code() == tonic::Code::PermissionDenied => {
-                key_refusal(&status).map(KeyCheck::Refused)
+                Ok(key_refusal(&status).map(KeyCheck::Refused)?)
             }
             Err(status)
                 if matches!(
@@ -318,11 +269,11 @@ impl Selection for RemoteSelection {
             {
                 Ok(KeyCheck::Unknown)
             }
-            Err(status) => Err(status.into()),
+            Err(status) => Err(api_error(status)),
         }
     }
 
-    async fn describe_key(&self, api_key: &str) -> Result<Option<KeyDescription>, BackendError> {
+    async fn describe_key(&self, api_key: &str) -> Result<Option<KeyDescription>, ApiError> {
         let answer = self
             .client
             .clone()
@@ -335,7 +286,7 @@ impl Selection for RemoteSelection {
                 .map(Some)
                 .map_err(|error| {
                     tracing::warn!(%error, "the selector's key description is unreadable; treated as a selector error");
-                    BackendError::from(error)
+                    CallError::from(error).into()
                 }),
             Err(status)
                 if matches!(
@@ -345,11 +296,11 @@ impl Selection for RemoteSelection {
             {
                 Ok(None)
             }
-            Err(status) => Err(status.into()),
+            Err(status) => Err(api_error(status)),
         }
     }
 
-    async fn select(&self, request: &PlanRequest) -> Result<Plan, BackendError> {
+    async fn plan(&self, request: &PlanRequest) -> Result<Plan, ApiError> {
         let answer = self
             .client
             .clone()
@@ -357,6 +308,7 @@ impl Selection for RemoteSelection {
                 group: request.group.clone(),
                 platform: platform_pb(request.platform),
                 model: request.model.clone(),
+                // The wire carries the binding's name, scoped by the engine's rule.
                 session_hash: request
                     .session_hash
                     .as_deref()
@@ -366,101 +318,107 @@ impl Selection for RemoteSelection {
                 exclude_account_ids: request.exclude.clone(),
                 max_accounts: 0,
                 api_key_id: request.api_key_id,
-                // `NoneReason::Confirming` is read (`proxy/mod.rs` plans again on it).
+                // `NoneReason::Confirming` is read (the relay plans again on it).
                 reads_confirming: true,
             })
             .await;
         let answer = match answer {
             Ok(answer) => answer.into_inner(),
-            // An unknown group is "nothing eligible" to the client, not an outage.
+            // The selector's encoding of an unknown group's plan (its proto).
             Err(status) if status.code() == tonic::Code::NotFound => {
-                return Ok(Plan {
-                    none_reason: Some(NoneReason::NoAccounts),
-                    ..Plan::default()
-                });
+                return Ok(Plan::for_unknown_group());
             }
-            Err(status) => return Err(status.into()),
+            Err(status) => return Err(api_error(status)),
         };
         Plan::try_from(answer).map_err(|error| {
             tracing::warn!(%error, "the selector's plan is unreadable; treated as a selector error");
-            BackendError::from(error)
+            CallError::from(error).into()
         })
     }
 
-    async fn report(&self, account_id: i64, outcome: Classified, status: u16, reason: &str) {
+    async fn report(&self, outcome: Outcome) -> Result<Reported, ApiError> {
         if outcome.class == OutcomeClass::Success {
             self.successes
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .insert(account_id, status);
-            return;
+                .insert(outcome.account_id, outcome.status);
+            return Ok(Reported::Applied(Applied::NONE));
         }
-        let _ = self
-            .send_report(account_id, outcome, status, reason, None)
-            .await;
-    }
-
-    async fn report_refused(
-        &self,
-        account_id: i64,
-        outcome: Classified,
-        status: u16,
-        reason: &str,
-        refused: &Secret,
-    ) -> Option<Secret> {
-        let answer = self
-            .send_report(account_id, outcome, status, reason, Some(refused))
-            .await?;
+        let answer = self.send_report(&outcome).await?;
+        let block_ms = answer.block_ms;
         match convert::read_report_answer(answer) {
-            Ok((_, fresh)) => fresh,
+            Ok((_, Some(fresh))) => Ok(Reported::Refreshed(fresh)),
+            Ok((what, None)) => Ok(Reported::Applied(Applied { what, block_ms })),
             Err(error) => {
-                tracing::warn!(account_id, %error, "the selector's report answer is unreadable");
-                None
+                tracing::warn!(account_id = outcome.account_id, %error, "the selector's report answer is unreadable");
+                Err(CallError::from(error).into())
             }
         }
     }
 
     async fn bind_session(
         &self,
-        group: &str,
         api_key_id: i64,
-        session_hash: &str,
+        group: &str,
+        session: &str,
         account_id: i64,
-    ) {
+    ) -> Result<(), ApiError> {
         let request = spb::BindSessionRequest {
             group: group.to_owned(),
-            session_hash: binding_key(api_key_id, session_hash),
+            session_hash: binding_key(api_key_id, session),
             account_id,
         };
-        if let Err(status) = self.client.clone().bind_session(request).await {
-            tracing::debug!(code = ?status.code(), "session bind failed");
-        }
+        self.client
+            .clone()
+            .bind_session(request)
+            .await
+            .map_err(api_error)?;
+        Ok(())
     }
 
-    async fn bind_response(&self, api_key_id: i64, response_id: &str, account_id: i64) {
+    async fn bind_response(
+        &self,
+        api_key_id: i64,
+        response_id: &str,
+        account_id: i64,
+    ) -> Result<(), ApiError> {
         let request = spb::BindResponseRequest {
             response_id: response_id.to_owned(),
             account_id,
             api_key_id,
         };
-        if let Err(status) = self.client.clone().bind_response(request).await {
-            tracing::debug!(code = ?status.code(), "response bind failed");
-        }
+        self.client
+            .clone()
+            .bind_response(request)
+            .await
+            .map_err(api_error)?;
+        Ok(())
     }
 
-    fn record_usage(&self, record: UsageRecord) {
-        self.usage.record(record);
+    async fn record_usage(&self, records: Vec<UsageRecord>) -> Result<(), ApiError> {
+        let records = records.into_iter().map(spb::UsageRecord::from).collect();
+        self.client
+            .clone()
+            .record_usage(spb::RecordUsageRequest { records })
+            .await
+            .map_err(api_error)?;
+        Ok(())
     }
 
-    fn record_windows(&self, account_id: i64, readings: Vec<WindowReading>) {
+    async fn record_windows(
+        &self,
+        account_id: i64,
+        readings: Vec<WindowReading>,
+    ) -> Result<(), ApiError> {
         // Answers of one flush period merge as the store merges them: a late answer's older
         // figures never replace a later one's.
         let mut pending = self.windows.lock().unwrap_or_else(|p| p.into_inner());
         poolgate_core::windows::merge_readings(pending.entry(account_id).or_default(), &readings);
+        Ok(())
     }
 
-    async fn models(&self, group: &str, platform: Platform) -> Vec<String> {
-        match self
+    async fn models(&self, group: &str, platform: Platform) -> Result<Vec<String>, ApiError> {
+        let answer = self
             .client
             .clone()
             .list_models(spb::ListModelsRequest {
@@ -468,13 +426,8 @@ impl Selection for RemoteSelection {
                 platform: platform_pb(platform),
             })
             .await
-        {
-            Ok(answer) => answer.into_inner().models,
-            Err(status) => {
-                tracing::warn!(code = ?status.code(), "model list unavailable");
-                Vec::new()
-            }
-        }
+            .map_err(api_error)?;
+        Ok(answer.into_inner().models)
     }
 }
 
@@ -513,7 +466,7 @@ mod tests {
             assert!(
                 matches!(
                     error,
-                    BackendError::Status {
+                    CallError::Status {
                         code: tonic::Code::PermissionDenied,
                         ..
                     }
@@ -560,7 +513,7 @@ mod tests {
             },
         ] {
             let error = known_caller(unreadable).expect_err("not a key without limits");
-            assert!(matches!(error, BackendError::Convert(_)), "{error:?}");
+            assert!(matches!(error, CallError::Convert(_)), "{error:?}");
         }
     }
 }

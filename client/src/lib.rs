@@ -1,25 +1,30 @@
-//! The gRPC-client backends: the selector (with usage records batched) and admission (leases
-//! multiplexed on a few lease channels, or one lease per stream with `--lease-channels 0` or an
-//! admission that does not serve the channel; heartbeats every ttl/3, `Resume` on another
-//! replica when a conversation breaks, and the upstream call finishing anyway when that fails).
-//! Channels balance over every endpoint given.
+//! poolgate-client: the selection API and the lease API over the selector's and admission's gRPC
+//! services — the same APIs their engines implement in process
+//! (`poolgate_select::api::SelectionApi`, `poolgate_lease::api::LeaseApi`), so a relay holds
+//! either and does not know which. The proto conversions are at this crate's edge
+//! (`poolgate_proto::convert`); no domain decision is made here: a plan, a key's verdict, what an
+//! outcome applies are the selector's answers, read strictly.
 //!
-//! - `balancer`: the balanced channel over every replica of an endpoint (resolved and probed).
-//! - `selection`: [`Selection`](crate::ports::Selection) over the selector, successes
-//!   coalesced, usage batched.
-//! - `leases`: [`Leases`](crate::ports::Leases) over admission: one acquire per task, retried
-//!   on another replica, withdrawn when the caller leaves; a lease conversation's two halves,
-//!   the same on a channel and on a stream.
+//! - `selection`: [`RemoteSelection`], the selector: success reports and usage-window readings
+//!   coalesced per account (they change nothing the caller acts on), other outcomes at once.
+//! - `leases`: [`RemoteLeases`], admission: leases multiplexed on a few lease channels, or one
+//!   lease per stream (`lease_channels` 0, or an admission that does not serve the channel);
+//!   one acquire per task, retried on another replica, withdrawn when the caller leaves.
 //! - `channel`: the lease channel multiplexer (tags, one reader per channel, close on drop,
 //!   reopened after a break, the fallback to streams) and the resume pacer.
-//! - `keeper`: the task that owns a granted lease's conversation (heartbeats, attempts,
-//!   release, resume) and the [`Lease`](crate::ports::Lease) handle that talks to it.
+//! - `keeper`: the task that owns a granted lease's conversation (heartbeats every ttl/3,
+//!   attempts, release, `Resume` on another replica when it breaks) and the lease handle.
+//! - `balancer`: the balanced channel over every replica of an endpoint (resolved and probed).
+//! - `error`: a call's error inside the crate, and the APIs' error at its edge.
+//! - `metrics`: the clients' counters (leases lost and resumed, channel events, window writes).
 //! - `throttle`: a warning let through once per period.
 
 mod balancer;
 mod channel;
+pub mod error;
 mod keeper;
 mod leases;
+pub mod metrics;
 mod selection;
 mod throttle;
 
@@ -28,8 +33,10 @@ use std::sync::Arc;
 use poolgate_rpc::service_auth::WithToken;
 use tonic::transport::Channel;
 
+use poolgate_lease::api::LeaseApi;
+use poolgate_select::api::SelectionApi;
+
 use crate::metrics::Metrics;
-use crate::ports::Backends;
 
 pub use balancer::{
     ChannelError, DEFAULT_LEASE_CHANNELS, GrpcClient, ReplicaSet, balanced_channel,
@@ -60,7 +67,11 @@ pub enum RemoteConfigError {
     Admission(ChannelError),
 }
 
-/// Shared by both backends' constructors.
+/// The two APIs over gRPC.
+pub type Backends = (Arc<dyn SelectionApi>, Arc<dyn LeaseApi>);
+
+/// The selection API over the selector at `selector`, the lease API over admission at
+/// `admission` (each balanced over every replica its endpoints resolve to).
 pub fn remote_backends(
     selector: &[String],
     admission: &[String],
@@ -75,7 +86,6 @@ pub fn remote_backends(
             token,
         ),
         &grpc_metrics,
-        metrics.usage_lost.clone(),
         metrics.window_writes.clone(),
     );
     let (channel, replicas) =

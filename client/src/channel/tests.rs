@@ -10,8 +10,9 @@ use poolgate_testkit::eventually;
 use tonic::{Request, Response, Streaming};
 
 use super::*;
-use crate::ports::{Acquired, BackendError, Lease, Leases};
-use crate::remote::{GrpcClient, RemoteLeases, balanced_channel_with_replicas};
+use crate::{GrpcClient, RemoteLeases, balanced_channel_with_replicas};
+use poolgate_core::api::ApiError;
+use poolgate_lease::api::{Acquired, Lease, LeaseApi};
 
 type Outbound = mpsc::Sender<Result<apb::ChannelEvent, Status>>;
 
@@ -521,8 +522,8 @@ async fn a_conversation_error_is_the_status_its_lease_stream_would_fail_with() {
     };
     let (leases, _metrics) = serve(fake.clone(), 1).await;
     match leases.acquire(terms(), Duration::ZERO).await {
-        Err(BackendError::Status { code, message }) => {
-            assert_eq!(code, tonic::Code::InvalidArgument);
+        // The stream's INVALID_ARGUMENT, with its words.
+        Err(ApiError::Invalid { message, .. }) => {
             assert!(message.contains("account_id"), "{message}");
         }
         Err(error) => panic!("another error: {error}"),
