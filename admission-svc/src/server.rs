@@ -10,6 +10,7 @@ use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
 
 use crate::grpc::AdmissionGrpc;
+use poolgate_core::Clock;
 use poolgate_core::lease::Settings;
 use poolgate_lease::channel::ChannelSettings;
 use poolgate_lease::metrics::Metrics;
@@ -35,6 +36,8 @@ pub struct Config {
     pub tls: Option<TlsFiles>,
     /// How callers prove who they are (service token, mutual TLS, or open for development).
     pub callers: CallerCheck,
+    /// The clock the engine runs on: the system's, or a test's manual clock.
+    pub clock: Clock,
 }
 
 impl Default for Config {
@@ -47,6 +50,7 @@ impl Default for Config {
             shutdown_grace: Duration::from_secs(30),
             tls: None,
             callers: CallerCheck::Open,
+            clock: Clock::system(),
         }
     }
 }
@@ -68,7 +72,13 @@ pub async fn build_engine(
     config: &Config,
     metrics: Metrics,
 ) -> Result<Arc<LeaseEngine>, ServeError> {
-    Ok(poolgate_lease::start(&config.backend, config.settings.clone(), metrics).await?)
+    Ok(poolgate_lease::start(
+        &config.backend,
+        config.settings.clone(),
+        metrics,
+        config.clock.clone(),
+    )
+    .await?)
 }
 
 /// Serves admission on `listener` (and `/metrics` on `metrics_listener`) until `shutdown`.

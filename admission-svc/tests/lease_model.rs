@@ -19,6 +19,10 @@
 //! slot back at once, an orphaned one after the grace, a fenced one is not restored), and a
 //! `KEY_CONCURRENCY` refusal is only answered when the key's limit may really be taken.
 //!
+//! The memory store runs on a manual clock: `Op::Sleep` advances it instead of sleeping, and the
+//! model reads its time from the same clock. The Redis stores keep real time. Each run prints
+//! its steps per second.
+//!
 //! Every run prints its seed; a failure prints the seed and the operation sequence. Replay with
 //! `POOLGATE_MODEL_SEED=<seed>`; bound the wall time per backend with `POOLGATE_MODEL_SECS`
 //! (default 40). A failing sequence worth keeping becomes a plain test calling [`replay`].
@@ -40,6 +44,7 @@ use std::time::{Duration, Instant};
 
 use admission_svc::server::{self, Config};
 use poolgate_core::lease::Settings;
+use poolgate_core::{Clock, ManualClock, millis};
 use poolgate_lease::LeaseEngine;
 use poolgate_lease::LeaseStore;
 use poolgate_lease::backend::LeaseBackend;
@@ -76,14 +81,16 @@ fn model_settings() -> Settings {
 
 /// The shared store under the replicas.
 pub enum Store {
-    Memory(Arc<MemoryBackend>),
+    /// The memory backend on a manual clock (`Op::Sleep` advances it).
+    Memory(Arc<MemoryBackend>, ManualClock),
     Redis(RedisServer),
     Cluster(RedisCluster),
 }
 
 impl Store {
     pub async fn memory() -> Self {
-        Store::Memory(Arc::new(MemoryBackend::new()))
+        let clock = ManualClock::starting_now();
+        Store::Memory(Arc::new(MemoryBackend::new(clock.clock())), clock)
     }
 
     pub async fn redis() -> Self {
@@ -96,7 +103,7 @@ impl Store {
 
     fn name(&self) -> &'static str {
         match self {
-            Store::Memory(_) => "memory",
+            Store::Memory(..) => "memory",
             Store::Redis(_) => "redis",
             Store::Cluster(_) => "cluster",
         }
@@ -119,14 +126,30 @@ impl Store {
                     .expect("cluster node restarts");
                 true
             }
-            Store::Memory(_) => false,
+            Store::Memory(..) => false,
+        }
+    }
+
+    /// The clock the store (and the model) run on.
+    fn clock(&self) -> Clock {
+        match self {
+            Store::Memory(_, manual) => manual.clock(),
+            Store::Redis(_) | Store::Cluster(_) => Clock::system(),
+        }
+    }
+
+    /// Lets `time` pass: the manual clock moves on memory; Redis' time is real.
+    async fn pass(&self, time: Duration) {
+        match self {
+            Store::Memory(_, manual) => manual.advance(time),
+            Store::Redis(_) | Store::Cluster(_) => tokio::time::sleep(time).await,
         }
     }
 
     /// Drops all data; `false` when the store cannot lose data (memory).
     async fn flush(&self) -> bool {
         match self {
-            Store::Memory(_) => false,
+            Store::Memory(..) => false,
             Store::Redis(server) => {
                 server.flush().await.expect("flush");
                 true
@@ -140,15 +163,17 @@ impl Store {
 
     async fn engine(&self, settings: &Settings) -> (Arc<LeaseEngine>, Config) {
         let target = match self {
-            Store::Memory(backend) => {
+            Store::Memory(backend, manual) => {
                 let backend: Arc<dyn LeaseBackend> = backend.clone();
                 let config = Config {
                     settings: settings.clone(),
                     backend: LeaseStore::Memory,
                     shutdown_grace: Duration::ZERO,
+                    clock: manual.clock(),
                     ..Config::default()
                 };
-                let engine = LeaseEngine::new(backend, settings.clone(), Metrics::new());
+                let engine =
+                    LeaseEngine::new(backend, settings.clone(), Metrics::new(), manual.clock());
                 return (engine, config);
             }
             Store::Redis(server) => RedisTarget::Single(server.url()),
@@ -539,6 +564,40 @@ impl<'a> Run<'a> {
         self.settings.lease_ttl
     }
 
+    /// The model's time: the store's clock (manual on memory).
+    fn now(&self) -> Instant {
+        self.store.clock().now()
+    }
+
+    /// On the manual clock, waits (in real time, bounded) until the store shows the cut of each
+    /// of `ids`, orphaned just now: time must not move on before the replica noticed the end
+    /// of the stream, or the grace would run from a later instant than the model's
+    /// `orphaned_at` (in real time `ORPHAN_SLACK` covers the notice). Best effort: a cut that
+    /// never shows is left to the checks.
+    async fn settle_cuts(&self, ids: &[String]) {
+        let Store::Memory(backend, _) = &*self.store else {
+            return;
+        };
+        if ids.is_empty() {
+            return;
+        }
+        let grace_ms = millis(self.grace());
+        let rpm_window_ms = millis(self.settings.rpm_window);
+        let _ = poolgate_testkit::eventually(Duration::from_secs(1), || async {
+            let snapshot = backend.snapshot(rpm_window_ms);
+            let cut = ids.iter().all(|id| {
+                snapshot
+                    .accounts
+                    .iter()
+                    .flat_map(|account| &account.leases)
+                    .find(|(lease, _)| lease == id)
+                    .is_none_or(|(_, remaining_ms)| *remaining_ms <= grace_ms)
+            });
+            cut.then_some(())
+        })
+        .await;
+    }
+
     fn fenced(&self, lease: usize) -> bool {
         !self.outage && self.leases[lease].released_in == Some(self.generation)
     }
@@ -640,7 +699,7 @@ impl<'a> Run<'a> {
                 via,
             } => {
                 let acquire = self.lease_terms(account, key, wait_ms);
-                let sent_at = Instant::now();
+                let sent_at = self.now();
                 let Ok((stream, answer)) = self
                     .open(replica, via, pb::lease_request::Kind::Acquire(acquire))
                     .await
@@ -678,7 +737,7 @@ impl<'a> Run<'a> {
                             serial,
                         }],
                         released_in: None,
-                        renewed_at: Instant::now(),
+                        renewed_at: self.now(),
                         orphaned_at: None,
                         current: Some(serial),
                     });
@@ -698,7 +757,7 @@ impl<'a> Run<'a> {
                             );
                         }
                         self.leases[lease].released_in = None;
-                        self.leases[lease].renewed_at = Instant::now();
+                        self.leases[lease].renewed_at = self.now();
                         self.leases[lease].orphaned_at = None;
                     }
                     // The backend did not answer (not with `open` on Redis, which falls back).
@@ -710,7 +769,7 @@ impl<'a> Run<'a> {
                     // bound).
                     Ok(None) | Err(_) => {
                         self.leases[lease].holders.remove(stream);
-                        self.leases[lease].renewed_at = Instant::now();
+                        self.leases[lease].renewed_at = self.now();
                         self.leases[lease].orphaned_at = None;
                     }
                     Ok(Some(other)) => violation!("heartbeat answered {other:?}"),
@@ -752,7 +811,11 @@ impl<'a> Run<'a> {
                 // Only the current holder's end cuts the lease (holder epochs); an older
                 // stream's end leaves it as it is.
                 if current && self.leases[lease].orphaned_at.is_none() {
-                    self.leases[lease].orphaned_at = Some(Instant::now());
+                    self.leases[lease].orphaned_at = Some(self.now());
+                }
+                if current {
+                    let id = self.leases[lease].id.clone();
+                    self.settle_cuts(&[id]).await;
                 }
             }
             Op::Resume {
@@ -767,16 +830,16 @@ impl<'a> Run<'a> {
                     lease_id: found.id.clone(),
                     terms: Some(self.lease_terms(found.account, found.key, 0)),
                 });
-                let sent_at = Instant::now();
+                let sent_at = self.now();
                 let Ok((stream, answer)) = self.open(replica, via, resume).await else {
                     // The resume may have been applied before the call failed.
-                    self.leases[lease].renewed_at = Instant::now();
+                    self.leases[lease].renewed_at = self.now();
                     self.leases[lease].orphaned_at = None;
                     self.leases[lease].current = None;
                     return Ok(false);
                 };
                 if let Answer::Error(..) = answer {
-                    self.leases[lease].renewed_at = Instant::now();
+                    self.leases[lease].renewed_at = self.now();
                     self.leases[lease].orphaned_at = None;
                     self.leases[lease].current = None;
                 }
@@ -788,7 +851,7 @@ impl<'a> Run<'a> {
                     {
                         violation!("expired lease {} resumed", self.leases[lease].id);
                     }
-                    self.leases[lease].renewed_at = Instant::now();
+                    self.leases[lease].renewed_at = self.now();
                     let serial = self.serial();
                     self.leases[lease].orphaned_at = None;
                     self.leases[lease].current = Some(serial);
@@ -819,7 +882,8 @@ impl<'a> Run<'a> {
                     return Ok(false);
                 };
                 dropped.lock().await.drop_channel();
-                let now = Instant::now();
+                let now = self.now();
+                let mut cut = Vec::new();
                 for lease in &mut self.leases {
                     let (gone, kept) = std::mem::take(&mut lease.holders).into_iter().partition(
                         |holder: &Holder| {
@@ -834,9 +898,13 @@ impl<'a> Run<'a> {
                     if current && lease.orphaned_at.is_none() {
                         lease.orphaned_at = Some(now);
                     }
+                    if current {
+                        cut.push(lease.id.clone());
+                    }
                 }
+                self.settle_cuts(&cut).await;
             }
-            Op::Sleep { ms } => tokio::time::sleep(Duration::from_millis(ms)).await,
+            Op::Sleep { ms } => self.store.pass(Duration::from_millis(ms)).await,
             Op::Flush => {
                 if !self.store.flush().await {
                     return Ok(false);
@@ -867,7 +935,7 @@ impl<'a> Run<'a> {
         if self.outage {
             return Ok(());
         }
-        let asked_at = Instant::now();
+        let asked_at = self.now();
         let counts = self.replicas[0]
             .admission
             .inflight(&self.accounts)
@@ -1108,9 +1176,11 @@ async fn explore(store: Store) {
     }
     let mut applied: Vec<_> = harness.applied.iter().collect();
     applied.sort();
+    let elapsed = started.elapsed();
     println!(
-        "lease model on {name}: {runs} runs, {steps} steps in {:?}, no violation; applied: {applied:?}",
-        started.elapsed()
+        "lease model on {name}: {runs} runs, {steps} steps in {elapsed:?} ({:.1} steps/s), no \
+         violation; applied: {applied:?}",
+        steps as f64 / elapsed.as_secs_f64().max(f64::EPSILON)
     );
 }
 

@@ -13,12 +13,18 @@ use support::{
 };
 
 macro_rules! backend_suite {
-    ($($name:ident),* $(,)?) => {
+    (manual_clock: [$($name:ident),* $(,)?], real_time: [$($real:ident),* $(,)?] $(,)?) => {
         mod on_memory {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
-                    super::$name(super::Store::memory().await).await;
+                    super::$name(super::Store::memory_on_a_manual_clock().await).await;
+                }
+            )*
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $real() {
+                    super::$real(super::Store::memory().await).await;
                 }
             )*
         }
@@ -29,40 +35,53 @@ macro_rules! backend_suite {
                     super::$name(super::Store::redis().await).await;
                 }
             )*
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $real() {
+                    super::$real(super::Store::redis().await).await;
+                }
+            )*
         }
     };
 }
 
+// On memory, the cases run on a manual clock that `Store::pass` advances. On the system clock:
+// those that wait, with a sleep or an `eventually`, for the server to notice a stream's end as
+// much as for time to pass (the orphan grace runs from when the server cuts the lease).
 backend_suite!(
-    concurrency_gate_grants_up_to_the_limit_then_denies,
-    release_frees_the_slot_at_once,
-    refused_acquire_consumes_nothing_at_any_gate,
-    rpm_gate_denies_with_a_retry_after,
-    cooling_account_is_refused,
-    a_cleared_cooldown_admits_at_once,
-    session_window_refuses_unbound_sessions_and_bound_ones_use_the_reserve,
-    user_rpm_is_charged_first_and_refunded_when_the_account_refuses,
-    attempt_charges_account_rpm_and_a_refusal_keeps_the_lease,
-    abandoned_stream_frees_the_slot_after_the_orphan_grace,
-    resume_within_the_grace_keeps_the_lease,
-    resume_of_an_unknown_lease_is_denied,
-    an_old_stream_ending_after_a_resume_does_not_cut_the_resumed_lease,
-    unary_release_is_idempotent,
-    unlimited_account_is_granted_without_state,
-    inflight_reads_many_accounts_in_request_order,
-    waiter_is_woken_by_a_release,
-    full_wait_queue_is_denied_queue_full,
-    waiter_that_goes_away_leaves_the_queue,
-    a_release_before_the_answer_withdraws_the_acquire_and_leaves_no_orphan,
-    a_new_acquire_does_not_take_the_slot_a_waiter_is_waiting_for,
-    a_unary_release_is_not_undone_by_the_old_holders_heartbeat,
-    a_lost_lease_comes_back_only_with_room_and_a_recent_heartbeat,
-    a_second_resume_of_a_held_lease_takes_it_over_and_one_release_ends_it_for_all,
-    a_lease_reaped_after_the_orphan_grace_stays_released,
-    a_refused_acquire_is_one_round_trip_and_writes_nothing,
-    a_unary_release_keeps_the_spend,
-    attempts_after_a_resume_are_charged_as_new_events,
-    a_key_at_its_limit_is_refused_key_concurrency_across_accounts_until_a_release,
+    manual_clock: [
+        concurrency_gate_grants_up_to_the_limit_then_denies,
+        release_frees_the_slot_at_once,
+        refused_acquire_consumes_nothing_at_any_gate,
+        rpm_gate_denies_with_a_retry_after,
+        cooling_account_is_refused,
+        a_cleared_cooldown_admits_at_once,
+        session_window_refuses_unbound_sessions_and_bound_ones_use_the_reserve,
+        user_rpm_is_charged_first_and_refunded_when_the_account_refuses,
+        attempt_charges_account_rpm_and_a_refusal_keeps_the_lease,
+        resume_within_the_grace_keeps_the_lease,
+        resume_of_an_unknown_lease_is_denied,
+        unary_release_is_idempotent,
+        unlimited_account_is_granted_without_state,
+        inflight_reads_many_accounts_in_request_order,
+        waiter_is_woken_by_a_release,
+        full_wait_queue_is_denied_queue_full,
+        a_release_before_the_answer_withdraws_the_acquire_and_leaves_no_orphan,
+        a_unary_release_is_not_undone_by_the_old_holders_heartbeat,
+        a_lost_lease_comes_back_only_with_room_and_a_recent_heartbeat,
+        a_refused_acquire_is_one_round_trip_and_writes_nothing,
+        a_unary_release_keeps_the_spend,
+        attempts_after_a_resume_are_charged_as_new_events,
+        a_key_at_its_limit_is_refused_key_concurrency_across_accounts_until_a_release,
+    ],
+    real_time: [
+        abandoned_stream_frees_the_slot_after_the_orphan_grace,
+        an_old_stream_ending_after_a_resume_does_not_cut_the_resumed_lease,
+        waiter_that_goes_away_leaves_the_queue,
+        a_new_acquire_does_not_take_the_slot_a_waiter_is_waiting_for,
+        a_second_resume_of_a_held_lease_takes_it_over_and_one_release_ends_it_for_all,
+        a_lease_reaped_after_the_orphan_grace_stays_released,
+    ],
 );
 
 async fn a_key_at_its_limit_is_refused_key_concurrency_across_accounts_until_a_release(
@@ -360,7 +379,7 @@ async fn resume_within_the_grace_keeps_the_lease(store: Store) {
     let (mut resumed, answer) = LeaseStream::resume(&server.client, &lease_id, terms.clone()).await;
     assert_eq!(answer, Answer::Granted(lease_id.clone()));
     // Well past the grace, the resumed lease still holds the slot.
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    store.pass(Duration::from_millis(600)).await;
     assert_eq!(inflight_one(&server.client, 101).await, 1);
     let (_, refused) = LeaseStream::acquire(&server.client, terms).await;
     assert_eq!(refused.denied_reason(), Some(pb::DenyReason::Concurrency));
@@ -500,7 +519,7 @@ async fn waiter_is_woken_by_a_release(store: Store) {
     let mut settings = support::test_settings();
     settings.wait_poll_initial = Duration::from_secs(5);
     settings.wait_poll_max = Duration::from_secs(5);
-    let server = TestServer::start(store.backend_config(), settings).await;
+    let server = TestServer::on_with(&store, settings).await;
     let (holder, answer) = LeaseStream::acquire(&server.client, acquire(151, 1)).await;
     assert!(answer.is_granted());
     let (mut waiter, position) = LeaseStream::queued(
@@ -527,7 +546,7 @@ async fn waiter_is_woken_by_a_release(store: Store) {
 async fn full_wait_queue_is_denied_queue_full(store: Store) {
     let mut settings = support::test_settings();
     settings.max_waiting = 2;
-    let server = TestServer::start(store.backend_config(), settings).await;
+    let server = TestServer::on_with(&store, settings).await;
     let (_holder, answer) = LeaseStream::acquire(&server.client, acquire(161, 1)).await;
     assert!(answer.is_granted());
     let mut waiters = Vec::new();
@@ -564,7 +583,7 @@ async fn full_wait_queue_is_denied_queue_full(store: Store) {
 async fn waiter_that_goes_away_leaves_the_queue(store: Store) {
     let mut settings = support::test_settings();
     settings.max_waiting = 1;
-    let server = TestServer::start(store.backend_config(), settings).await;
+    let server = TestServer::on_with(&store, settings).await;
     let (_holder, answer) = LeaseStream::acquire(&server.client, acquire(171, 1)).await;
     assert!(answer.is_granted());
     let client = server.client.clone();
@@ -640,7 +659,7 @@ async fn a_new_acquire_does_not_take_the_slot_a_waiter_is_waiting_for(store: Sto
     let mut settings = support::test_settings();
     settings.wait_poll_initial = Duration::from_secs(2);
     settings.wait_poll_max = Duration::from_secs(2);
-    let server = TestServer::start(store.backend_config(), settings).await;
+    let server = TestServer::on_with(&store, settings).await;
     let (holder, answer) = LeaseStream::acquire(&server.client, acquire(191, 1)).await;
     assert!(answer.is_granted());
     let client = server.client.clone();
@@ -733,10 +752,10 @@ async fn a_unary_release_is_not_undone_by_the_old_holders_heartbeat(store: Store
 async fn a_lost_lease_comes_back_only_with_room_and_a_recent_heartbeat(store: Store) {
     let mut settings = support::test_settings();
     settings.lease_ttl = Duration::from_millis(800);
-    let server = TestServer::start(store.backend_config(), settings).await;
+    let server = TestServer::on_with(&store, settings).await;
     let (mut silent, answer) = LeaseStream::acquire(&server.client, acquire(211, 2)).await;
     assert!(answer.is_granted());
-    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    store.pass(Duration::from_millis(1_000)).await;
     assert_eq!(
         lost_reason(silent.heartbeat().await),
         pb::LostReason::Expired

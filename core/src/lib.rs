@@ -9,6 +9,7 @@ pub mod account;
 pub mod api;
 pub mod caller;
 pub mod classify;
+pub mod clock;
 pub mod health;
 pub mod keys;
 pub mod lease;
@@ -70,13 +71,12 @@ pub fn short_hash_json<T: serde::Serialize + ?Sized>(value: &T) -> String {
     hex(&feed.0.finalize()[..16])
 }
 
-/// Wall-clock ms since the epoch (used only where Redis `TIME` cannot be: Postgres timestamps,
-/// upstream reset headers).
+pub use clock::{Clock, ManualClock, SystemClock, TimeSource};
+
+/// The system's wall-clock ms since the epoch. Engines and backends read the [`Clock`] they are
+/// given instead; this is for code outside them that has none (the relay's proxy, CLIs).
 pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
+    clock::TimeSource::wall_ms(&SystemClock)
 }
 
 #[cfg(test)]

@@ -133,10 +133,8 @@ pub trait LeaseBackend: Send + Sync + 'static {
     ) -> Result<bool, StateError>;
 
     /// The time budgets' calendar periods are computed from: Redis time where the backend is
-    /// Redis (from the offset learned from script replies), the local clock otherwise.
-    async fn wall_now_ms(&self) -> Result<i64, StateError> {
-        Ok(poolgate_runtime::clock::local_ms())
-    }
+    /// Redis (from the offset learned from script replies), the backend's clock in memory.
+    async fn wall_now_ms(&self) -> Result<i64, StateError>;
 
     /// Cuts a lease's expiry to now + grace (never lengthens it), only if `holder_epoch` is still
     /// the lease's holder (0: the stream that acquired it; a resume makes a new holder). So a

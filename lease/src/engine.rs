@@ -18,7 +18,7 @@ use crate::policy::PolicyBackend;
 use poolgate_core::lease::{
     Denial, DenyReason, KeyLimits, LeaseId, LeaseTerms, Renewal, Resumption, Settings,
 };
-use poolgate_core::{AccountId, millis};
+use poolgate_core::{AccountId, Clock, millis};
 use poolgate_runtime::error::StateError;
 
 mod guards;
@@ -40,9 +40,6 @@ pub enum AcquireOutcome {
 /// period, and a clock a little behind Redis' never writes into a counter that expired).
 const BUDGET_COUNTER_MARGIN_MS: u64 = 7 * 24 * 3_600_000;
 
-/// A wall clock in ms since the epoch (tests inject one to cross a day or a DST change).
-pub type WallClock = Arc<dyn Fn() -> i64 + Send + Sync>;
-
 pub struct LeaseEngine {
     backend: Arc<dyn LeaseBackend>,
     settings: Settings,
@@ -62,8 +59,9 @@ pub struct LeaseEngine {
     key_wakeups: Mutex<HashMap<i64, Arc<Notify>>>,
     /// The budgets' calendar (time zone, week start).
     calendar: Calendar,
-    /// Replaces the backend's time for budget periods (tests).
-    wall_clock: Mutex<Option<WallClock>>,
+    /// The process's clock (docs/DESIGN.md §4): a holder's time since its last renewal, and
+    /// budget periods where the backend has no clock of its own.
+    clock: Clock,
 }
 
 /// A random per-process instance id: 12 lowercase hex digits.
@@ -72,8 +70,13 @@ fn new_instance_id() -> String {
 }
 
 impl LeaseEngine {
-    pub fn new(backend: Arc<dyn LeaseBackend>, settings: Settings, metrics: Metrics) -> Arc<Self> {
-        Self::build(backend, None, settings, metrics)
+    pub fn new(
+        backend: Arc<dyn LeaseBackend>,
+        settings: Settings,
+        metrics: Metrics,
+        clock: Clock,
+    ) -> Arc<Self> {
+        Self::build(backend, None, settings, metrics, clock)
     }
 
     /// An engine on Redis behind its failure policy.
@@ -81,8 +84,9 @@ impl LeaseEngine {
         policy: Arc<PolicyBackend>,
         settings: Settings,
         metrics: Metrics,
+        clock: Clock,
     ) -> Arc<Self> {
-        Self::build(policy.clone(), Some(policy), settings, metrics)
+        Self::build(policy.clone(), Some(policy), settings, metrics, clock)
     }
 
     fn build(
@@ -90,6 +94,7 @@ impl LeaseEngine {
         policy: Option<Arc<PolicyBackend>>,
         settings: Settings,
         metrics: Metrics,
+        clock: Clock,
     ) -> Arc<Self> {
         let calendar = Calendar::new(&settings.budget_time_zone, settings.budget_week_start)
             .unwrap_or_else(|error| {
@@ -101,7 +106,7 @@ impl LeaseEngine {
         Arc::new(LeaseEngine {
             key_wakeups: Mutex::new(HashMap::new()),
             calendar,
-            wall_clock: Mutex::new(None),
+            clock,
             policy,
             backend,
             settings,
@@ -155,22 +160,19 @@ impl LeaseEngine {
         }
     }
 
-    /// Replaces the time budget periods are computed from (tests cross a day or a DST change
-    /// with it). The backend's time (Redis time on Redis) otherwise.
-    pub fn set_wall_clock(&self, clock: WallClock) {
-        *self.wall_clock.lock().unwrap_or_else(|p| p.into_inner()) = Some(clock);
+    /// The clock the engine and its memory backend run on.
+    pub fn clock(&self) -> &Clock {
+        &self.clock
     }
 
+    /// The time budget periods are computed from: the backend's (Redis time on Redis, a shared
+    /// decision), or a manual clock's, which stands in for Redis' too so a test crosses a day
+    /// or a DST change on every store.
     async fn wall_now_ms(&self) -> Result<i64, StateError> {
-        let injected = self
-            .wall_clock
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        match injected {
-            Some(clock) => Ok(clock()),
-            None => self.backend.wall_now_ms().await,
+        if self.clock.is_manual() {
+            return Ok(self.clock.wall_ms());
         }
+        self.backend.wall_now_ms().await
     }
 
     /// The key's gates for an acquire now: its limits and the budget periods of this instant.
@@ -215,7 +217,7 @@ impl LeaseEngine {
         let now = self
             .wall_now_ms()
             .await
-            .unwrap_or_else(|_| poolgate_runtime::clock::local_ms());
+            .unwrap_or_else(|_| self.clock.wall_ms());
         let periods = self.calendar.periods(now);
         let ttl =
             |ends_ms: i64| u64::try_from(ends_ms - now).unwrap_or(0) + BUDGET_COUNTER_MARGIN_MS;
@@ -393,6 +395,8 @@ impl LeaseEngine {
         cancel: &CancellationToken,
         mut on_queued: impl FnMut(u32),
     ) -> Result<AcquireOutcome, StateError> {
+        // A wait, on Tokio's timer, not the engine's clock (core/src/clock.rs: a clock tells the
+        // time, it does not sleep).
         let deadline = Instant::now() + wait;
         let mut waiter: Option<WaiterGuard> = None;
         let mut delay = self.settings.wait_poll_initial;

@@ -2,20 +2,20 @@
 //! embedded default (`admission-svc` without `--redis-url`) and the fallback of the `open` and
 //! `divided` Redis failure policies.
 //!
-//! Time is `tokio::time::Instant`, so tests may pause and advance it.
+//! Time is the [`Clock`] it is given: tests move a manual clock instead of sleeping.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
-use tokio::time::Instant;
+use std::time::Instant;
 
 use crate::backend::{AcquireLimits, KeyCharge, KeyGate, LeaseBackend};
-use poolgate_core::AccountId;
 use poolgate_core::lease::{
     Denial, DenyReason, LeaseId, LeaseTerms, LostReason, Renewal, Resumption,
 };
 use poolgate_core::status::AdmissionReport;
+use poolgate_core::{AccountId, Clock};
 use poolgate_runtime::error::StateError;
 
 mod client_keys;
@@ -130,6 +130,7 @@ fn rpm_check(
 
 /// LeaseEngine state of one process.
 pub struct MemoryBackend {
+    clock: Clock,
     epoch: Instant,
     state: Mutex<State>,
 }
@@ -141,23 +142,19 @@ struct State {
     keys: HashMap<i64, KeyState>,
 }
 
-impl Default for MemoryBackend {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl MemoryBackend {
-    pub fn new() -> Self {
+    /// An empty backend on `clock` (its TTLs, windows and cool-downs run on it).
+    pub fn new(clock: Clock) -> Self {
         MemoryBackend {
-            epoch: Instant::now(),
+            epoch: clock.now(),
+            clock,
             state: Mutex::new(State::default()),
         }
     }
 
     /// Milliseconds since the backend was made; starts at 1 so 0 can mean "never".
     fn now(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX) + 1
+        u64::try_from(self.clock.since(self.epoch).as_millis()).unwrap_or(u64::MAX) + 1
     }
 
     fn with_state<T>(&self, f: impl FnOnce(&mut State, u64) -> T) -> T {
@@ -279,6 +276,10 @@ pub struct AccountSnapshot {
 
 #[async_trait]
 impl LeaseBackend for MemoryBackend {
+    async fn wall_now_ms(&self) -> Result<i64, StateError> {
+        Ok(self.clock.wall_ms())
+    }
+
     async fn charge_user(
         &self,
         user_id: &str,

@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use futures_util::{Stream, StreamExt};
 use tokio::sync::mpsc;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::engine::{AcquireOutcome, LeaseEngine};
@@ -231,7 +230,8 @@ async fn hold(
     terms: &LeaseTerms,
 ) -> HoldEnd {
     let ttl = admission.settings().lease_ttl;
-    let mut renewed_at = Instant::now();
+    let clock = admission.clock();
+    let mut renewed_at = clock.now();
     let mut attempts = 0u32;
     loop {
         let message = tokio::select! {
@@ -241,11 +241,11 @@ async fn hold(
         let event = match message {
             Some(Inbound::Message(ClientMessage::Heartbeat)) => {
                 match admission
-                    .heartbeat(lease_id, terms, renewed_at.elapsed())
+                    .heartbeat(lease_id, terms, clock.since(renewed_at))
                     .await
                 {
                     Ok(renewal @ (Renewal::Renewed | Renewal::Restored)) => {
-                        renewed_at = Instant::now();
+                        renewed_at = clock.now();
                         LeaseEvent::Renewed {
                             ttl,
                             // The backend had lost the lease and the account had room for it.

@@ -7,6 +7,7 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use poolgate_core::Clock;
 use poolgate_core::lease::Settings;
 use poolgate_runtime::error::StateError;
 use poolgate_runtime::redis::{RedisHandle, RedisOptions, RedisTarget};
@@ -54,21 +55,22 @@ impl std::fmt::Debug for LeaseStore {
     }
 }
 
-/// Builds the engine on `store` and starts its background tasks. They end when the engine is
-/// dropped. Call inside a Tokio runtime.
+/// Builds the engine on `store`, running on `clock` (production: `Clock::system()`), and starts
+/// its background tasks. They end when the engine is dropped. Call inside a Tokio runtime.
 pub async fn start(
     store: &LeaseStore,
     settings: Settings,
     metrics: Metrics,
+    clock: Clock,
 ) -> Result<Arc<LeaseEngine>, StateError> {
     let engine = match store {
         LeaseStore::Memory => {
-            let backend: Arc<dyn LeaseBackend> = Arc::new(MemoryBackend::new());
-            LeaseEngine::new(backend, settings, metrics)
+            let backend: Arc<dyn LeaseBackend> = Arc::new(MemoryBackend::new(clock.clone()));
+            LeaseEngine::new(backend, settings, metrics, clock)
         }
         LeaseStore::SharedRedis(handle) => {
             let backend: Arc<dyn LeaseBackend> = Arc::new(RedisBackend::new(handle.clone()));
-            LeaseEngine::new(backend, settings, metrics)
+            LeaseEngine::new(backend, settings, metrics, clock)
         }
         LeaseStore::Redis {
             target,
@@ -79,15 +81,20 @@ pub async fn start(
                 RedisHandle::connect(target, options, metrics.redis_round_trips.clone()).await?;
             let redis = RedisBackend::new(handle);
             let wake_tag = redis.wake_tag().to_owned();
-            let backend =
-                PolicyBackend::new(redis, policy.clone(), settings.rpm_window, metrics.clone());
+            let backend = PolicyBackend::new(
+                redis,
+                policy.clone(),
+                settings.rpm_window,
+                metrics.clone(),
+                clock.clone(),
+            );
             // The first heartbeat registers this replica before it serves.
             backend.tick().await;
             tokio::spawn(registry_loop(
                 Arc::downgrade(&backend),
                 policy.registry_interval,
             ));
-            let engine = LeaseEngine::with_policy(backend, settings, metrics);
+            let engine = LeaseEngine::with_policy(backend, settings, metrics, clock);
             tokio::spawn(wake::listen(
                 Arc::downgrade(&engine),
                 target.clone(),
@@ -101,11 +108,11 @@ pub async fn start(
     Ok(engine)
 }
 
-/// An engine on the memory backend (one process, nothing shared), with its release-retry task.
-/// Call inside a Tokio runtime.
-pub fn in_memory(settings: Settings, metrics: Metrics) -> Arc<LeaseEngine> {
-    let backend: Arc<dyn LeaseBackend> = Arc::new(MemoryBackend::new());
-    let engine = LeaseEngine::new(backend, settings, metrics);
+/// An engine on the memory backend (one process, nothing shared) running on `clock`, with its
+/// release-retry task. Call inside a Tokio runtime.
+pub fn in_memory(settings: Settings, metrics: Metrics, clock: Clock) -> Arc<LeaseEngine> {
+    let backend: Arc<dyn LeaseBackend> = Arc::new(MemoryBackend::new(clock.clone()));
+    let engine = LeaseEngine::new(backend, settings, metrics, clock);
     tokio::spawn(retry_releases(Arc::downgrade(&engine)));
     engine
 }

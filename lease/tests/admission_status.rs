@@ -9,6 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use poolgate_core::Clock;
 use poolgate_core::lease::{LeaseTerms, Settings};
 use poolgate_core::status::{AdmissionPolicy, AdmissionState};
 use poolgate_lease::metrics::Metrics;
@@ -45,6 +46,7 @@ async fn reader(redis: &RedisServer) -> Arc<LeaseEngine> {
         &LeaseStore::SharedRedis(handle),
         Settings::default(),
         Metrics::new(),
+        Clock::system(),
     )
     .await
     .expect("engine starts")
@@ -96,6 +98,7 @@ async fn admission_reads_ok_from_live_replicas_degraded_when_a_fresh_one_says_so
         &replica_store(&redis, FailurePolicy::Divided),
         Settings::default(),
         Metrics::new(),
+        Clock::system(),
     )
     .await
     .expect("replica starts");
@@ -103,6 +106,7 @@ async fn admission_reads_ok_from_live_replicas_degraded_when_a_fresh_one_says_so
         &replica_store(&redis, FailurePolicy::Divided),
         Settings::default(),
         Metrics::new(),
+        Clock::system(),
     )
     .await
     .expect("replica starts");
@@ -215,6 +219,7 @@ async fn admission_is_unknown_when_redis_cannot_be_read_and_memory_in_process() 
         &replica_store(&redis, FailurePolicy::Open),
         Settings::default(),
         Metrics::new(),
+        Clock::system(),
     )
     .await
     .expect("replica starts");
@@ -229,7 +234,8 @@ async fn admission_is_unknown_when_redis_cannot_be_read_and_memory_in_process() 
     assert!(status.replicas.is_empty());
     redis.start_again().await.expect("redis starts again");
 
-    let in_process = poolgate_lease::in_memory(Settings::default(), Metrics::new());
+    let in_process =
+        poolgate_lease::in_memory(Settings::default(), Metrics::new(), Clock::system());
     let status = in_process.admission_status().await;
     assert_eq!(
         (status.state, status.policy),
@@ -277,6 +283,7 @@ async fn usage_counts_the_minutes_requests_and_the_windows_spend_in_memory() {
     usage_is_counted(poolgate_lease::in_memory(
         Settings::default(),
         Metrics::new(),
+        Clock::system(),
     ))
     .await;
 }
@@ -288,6 +295,7 @@ async fn usage_counts_the_minutes_requests_and_the_windows_spend_on_redis() {
         &replica_store(&redis, FailurePolicy::Open),
         Settings::default(),
         Metrics::new(),
+        Clock::system(),
     )
     .await
     .expect("engine starts");

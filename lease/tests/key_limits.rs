@@ -1,14 +1,18 @@
 //! Client key limits (docs/DESIGN.md §4), written once against the engine and run on every
 //! store: the memory backend, one Redis node and a 3-master Redis Cluster (where the key's slot
 //! is another hash slot, charged first and refunded on refusal).
+//!
+//! The memory store runs on a manual clock: its TTLs and windows pass by `Store::pass`, which
+//! advances the clock there and sleeps on Redis. The calendar cases move a manual clock on every
+//! store (it stands in for Redis' clock where budget periods are computed).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use poolgate_core::lease::{
     DenyReason, KeyLimits, LeaseId, LeaseTerms, LostReason, Renewal, Settings,
 };
+use poolgate_core::{Clock, ManualClock};
 use poolgate_lease::metrics::Metrics;
 use poolgate_lease::{AcquireOutcome, LeaseEngine, LeaseStore};
 use poolgate_runtime::redis::{RedisOptions, RedisTarget};
@@ -17,14 +21,14 @@ use poolgate_testkit::{RedisCluster, RedisServer, eventually};
 use tokio_util::sync::CancellationToken;
 
 enum Store {
-    Memory,
+    Memory(ManualClock),
     Redis(RedisServer),
     Cluster(RedisCluster),
 }
 
 impl Store {
     async fn memory() -> Self {
-        Store::Memory
+        Store::Memory(ManualClock::starting_now())
     }
 
     async fn redis() -> Self {
@@ -35,9 +39,26 @@ impl Store {
         Store::Cluster(RedisCluster::start().await.expect("cluster starts"))
     }
 
+    /// An engine on the store: on memory on the store's manual clock, on Redis on the system's.
     async fn engine(&self, settings: Settings) -> Arc<LeaseEngine> {
+        let clock = match self {
+            Store::Memory(clock) => clock.clock(),
+            Store::Redis(_) | Store::Cluster(_) => Clock::system(),
+        };
+        self.engine_on(settings, clock).await
+    }
+
+    /// Lets `time` pass for the store: the manual clock moves on memory, Redis' time is real.
+    async fn pass(&self, time: Duration) {
+        match self {
+            Store::Memory(clock) => clock.advance(time),
+            Store::Redis(_) | Store::Cluster(_) => tokio::time::sleep(time).await,
+        }
+    }
+
+    async fn engine_on(&self, settings: Settings, clock: Clock) -> Arc<LeaseEngine> {
         let store = match self {
-            Store::Memory => LeaseStore::Memory,
+            Store::Memory(_) => LeaseStore::Memory,
             Store::Redis(server) => LeaseStore::Redis {
                 target: RedisTarget::Single(server.url()),
                 options: RedisOptions::default(),
@@ -49,7 +70,7 @@ impl Store {
                 policy: Default::default(),
             },
         };
-        poolgate_lease::start(&store, settings, Metrics::new())
+        poolgate_lease::start(&store, settings, Metrics::new(), clock)
             .await
             .expect("engine starts")
     }
@@ -57,7 +78,7 @@ impl Store {
     /// Drops every key (both Redis stores; `false` on memory, which cannot lose data).
     async fn flush(&self) -> bool {
         match self {
-            Store::Memory => false,
+            Store::Memory(_) => false,
             Store::Redis(server) => {
                 server.flush().await.expect("flush");
                 true
@@ -76,7 +97,7 @@ impl Store {
             del.arg(*key);
         }
         match self {
-            Store::Memory => false,
+            Store::Memory(_) => false,
             Store::Redis(server) => {
                 let client = redis::Client::open(server.url()).expect("client");
                 let mut conn = client
@@ -227,12 +248,11 @@ fn ms(text: &str) -> i64 {
         .as_millisecond()
 }
 
-/// An injected wall clock the test moves.
-fn clock_at(engine: &LeaseEngine, start: &str) -> Arc<AtomicI64> {
-    let now = Arc::new(AtomicI64::new(ms(start)));
-    let read = now.clone();
-    engine.set_wall_clock(Arc::new(move || read.load(Ordering::SeqCst)));
-    now
+/// An engine on a manual clock at `start`, which the test moves (on every store: budget
+/// periods follow a manual clock even on Redis).
+async fn engine_at(store: &Store, start: &str) -> (Arc<LeaseEngine>, ManualClock) {
+    let now = ManualClock::starting_at(ms(start));
+    (store.engine_on(settings(), now.clock()).await, now)
 }
 
 async fn a_key_at_its_concurrency_limit_across_accounts_waits_then_is_refused(store: Store) {
@@ -295,6 +315,9 @@ async fn an_orphaned_keyed_lease_frees_the_key_slot_after_the_grace(store: Store
         "within the grace the orphan still holds the key's slot"
     );
     let started = Instant::now();
+    store
+        .pass(settings().orphan_grace + Duration::from_millis(50))
+        .await;
     eventually(Duration::from_secs(3), || async {
         matches!(
             acquire(&engine, &next, Duration::ZERO).await,
@@ -373,6 +396,7 @@ async fn the_key_tpm_refuses_over_a_rolling_window_with_a_retry_after(store: Sto
         (1..=3_000).contains(&retry_after_ms),
         "retry after the window: {retry_after_ms}"
     );
+    store.pass(Duration::from_millis(3_050)).await;
     eventually(Duration::from_secs(6), || async {
         matches!(
             acquire(&engine, &request, Duration::ZERO).await,
@@ -385,9 +409,8 @@ async fn the_key_tpm_refuses_over_a_rolling_window_with_a_retry_after(store: Sto
 }
 
 async fn a_day_budget_resets_at_local_midnight_across_a_dst_change(store: Store) {
-    let engine = store.engine(settings()).await;
     // 23:30 in Berlin on Saturday 28 March 2026; that night the clocks go forward.
-    let now = clock_at(&engine, "2026-03-28T22:30:00Z");
+    let (engine, now) = engine_at(&store, "2026-03-28T22:30:00Z").await;
     let limits = KeyLimits {
         budget_day_micros: 1_000_000,
         ..key(67, 0)
@@ -405,7 +428,7 @@ async fn a_day_budget_resets_at_local_midnight_across_a_dst_change(store: Store)
         "the budget resets at local midnight"
     );
     // Local midnight: a new day, a new budget.
-    now.store(ms("2026-03-28T23:00:00Z"), Ordering::SeqCst);
+    now.set_wall_ms(ms("2026-03-28T23:00:00Z"));
     let lease = granted(&engine, &request).await;
     engine
         .release_with(&lease, Some(&request), 1_500_000, 0)
@@ -417,21 +440,20 @@ async fn a_day_budget_resets_at_local_midnight_across_a_dst_change(store: Store)
         23 * 3_600_000,
         "the day of the DST change has 23 hours"
     );
-    now.store(ms("2026-03-29T21:59:59Z"), Ordering::SeqCst);
+    now.set_wall_ms(ms("2026-03-29T21:59:59Z"));
     assert_eq!(
         denied(acquire(&engine, &request, Duration::ZERO).await).0,
         DenyReason::KeyBudget
     );
-    now.store(ms("2026-03-29T22:00:00Z"), Ordering::SeqCst);
+    now.set_wall_ms(ms("2026-03-29T22:00:00Z"));
     granted(&engine, &request).await;
 }
 
 async fn the_total_budget_never_resets_and_week_and_month_budgets_follow_the_calendar(
     store: Store,
 ) {
-    let engine = store.engine(settings()).await;
     // Wednesday 2 December 2026, noon in Berlin.
-    let now = clock_at(&engine, "2026-12-02T11:00:00Z");
+    let (engine, now) = engine_at(&store, "2026-12-02T11:00:00Z").await;
     let week = terms(
         171,
         0,
@@ -449,10 +471,10 @@ async fn the_total_budget_never_resets_and_week_and_month_budgets_follow_the_cal
         retry_after_ms as i64,
         ms("2026-12-06T23:00:00Z") - ms("2026-12-02T11:00:00Z")
     );
-    now.store(ms("2026-12-06T23:00:00Z"), Ordering::SeqCst);
+    now.set_wall_ms(ms("2026-12-06T23:00:00Z"));
     granted(&engine, &week).await;
 
-    now.store(ms("2026-12-02T11:00:00Z"), Ordering::SeqCst);
+    now.set_wall_ms(ms("2026-12-02T11:00:00Z"));
     let month = terms(
         172,
         0,
@@ -473,14 +495,14 @@ async fn the_total_budget_never_resets_and_week_and_month_budgets_follow_the_cal
         ms("2026-12-31T23:00:00Z") - ms("2026-12-02T11:00:00Z")
     );
     for month_start in ["2026-12-31T23:00:00Z", "2027-01-31T23:00:00Z"] {
-        now.store(ms(month_start), Ordering::SeqCst);
+        now.set_wall_ms(ms(month_start));
         let lease = granted(&engine, &month).await;
         engine
             .release_with(&lease, Some(&month), 1_000_000, 0)
             .await;
     }
     // Three months of 1 USD: the total of 3 USD is gone, and stays gone.
-    now.store(ms("2027-03-01T00:00:00Z"), Ordering::SeqCst);
+    now.set_wall_ms(ms("2027-03-01T00:00:00Z"));
     assert_eq!(
         denied(acquire(&engine, &month, Duration::ZERO).await),
         (DenyReason::KeyBudget, 0)
@@ -488,8 +510,7 @@ async fn the_total_budget_never_resets_and_week_and_month_budgets_follow_the_cal
 }
 
 async fn a_seeded_budget_counts_only_where_the_counter_was_lost(store: Store) {
-    let engine = store.engine(settings()).await;
-    clock_at(&engine, "2026-12-02T11:00:00Z");
+    let (engine, _now) = engine_at(&store, "2026-12-02T11:00:00Z").await;
     let request = terms(
         181,
         0,
@@ -524,8 +545,7 @@ async fn a_seeded_budget_counts_only_where_the_counter_was_lost(store: Store) {
 /// the ledger's larger sum raises it (the spend before the flush counts again), and a smaller
 /// one leaves it.
 async fn a_seed_raises_a_counter_recreated_after_a_flush(store: Store) {
-    let engine = store.engine(settings()).await;
-    clock_at(&engine, "2026-12-02T11:00:00Z");
+    let (engine, _now) = engine_at(&store, "2026-12-02T11:00:00Z").await;
     let request = terms(
         183,
         0,
@@ -555,8 +575,7 @@ async fn a_seed_raises_a_counter_recreated_after_a_flush(store: Store) {
 }
 
 async fn a_keyed_release_charges_the_key_once(store: Store) {
-    let engine = store.engine(settings()).await;
-    clock_at(&engine, "2026-12-02T11:00:00Z");
+    let (engine, _now) = engine_at(&store, "2026-12-02T11:00:00Z").await;
     let request = terms(
         191,
         0,

@@ -39,7 +39,7 @@ use crate::source::AccountSource;
 use crate::usage_endpoint::{UsageAnswer, read_usage};
 use poolgate_core::account::{Account, AccountStatus};
 use poolgate_core::outcome::{Outcome, OutcomeClass, RuntimeBlockSettings};
-use poolgate_core::{AccountId, millis, now_ms};
+use poolgate_core::{AccountId, Clock, millis};
 
 const RUNNING: &str = "run:";
 const QUIET: &str = "quiet:";
@@ -98,6 +98,8 @@ pub struct Confirmations {
     pub(crate) refresher: Arc<OnceLock<TokenRefresher>>,
     /// Woken whenever a confirmation ends, for the reports waiting on one.
     pub(crate) ended: Arc<Notify>,
+    /// Upstream resets in the probe's answer are read against it.
+    pub(crate) clock: Clock,
 }
 
 /// Stores what a probe's answer said about the account's usage windows (docs/DESIGN.md §5),
@@ -237,7 +239,9 @@ impl Confirmations {
             return;
         }
         if suspicion == Suspicion::Unauthorized && account.credential_kind.is_oauth() {
-            let answer = read_usage(&self.http, &account, self.probe.timeout, now_ms).await;
+            let clock = self.clock.clone();
+            let answer =
+                read_usage(&self.http, &account, self.probe.timeout, || clock.wall_ms()).await;
             if !matches!(answer, UsageAnswer::NoEndpoint { .. }) {
                 // Before the verdict writes: a block it sets must not be lifted with this one.
                 let _ = self.health.unblock_confirming(id, &block).await;
@@ -257,6 +261,7 @@ impl Confirmations {
             &account,
             &self.probe,
             threshold,
+            &self.clock,
         )
         .await;
         let mut lifted = false;
@@ -283,6 +288,7 @@ impl Confirmations {
                 &account,
                 &self.probe,
                 threshold,
+                &self.clock,
             )
             .await;
         }
@@ -416,7 +422,7 @@ impl Confirmations {
             ..Outcome::new(account.id, class, probed.status)
         };
         let (health, id) = (self.health.as_ref(), account.id);
-        match (class, decide(&outcome, &self.blocks, now_ms())) {
+        match (class, decide(&outcome, &self.blocks, self.clock.wall_ms())) {
             (OutcomeClass::Unauthorized, _) => {
                 self.credential_refused(account, probed.status, &probed.summary, may_refresh)
                     .await

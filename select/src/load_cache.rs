@@ -24,11 +24,11 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use std::time::Instant;
 use tokio::sync::{Semaphore, watch};
-use tokio::time::Instant;
 
 use crate::health::{AccountHealth, Health};
-use poolgate_core::AccountId;
+use poolgate_core::{AccountId, Clock};
 
 /// Past this many cached sets, the ones too old to serve are dropped on the next insert.
 const CACHE_PRUNE_AT: usize = 10_000;
@@ -108,6 +108,8 @@ type Flight = watch::Receiver<Option<Arc<Reading>>>;
 struct Shared {
     health: Arc<dyn Health>,
     settings: LoadCacheSettings,
+    /// Readings age on it (fetches are bounded by Tokio's timer: a wait, not an age).
+    clock: Clock,
     cache: Mutex<HashMap<u64, Cached>>,
     flights: Mutex<HashMap<u64, Flight>>,
     permits: Arc<Semaphore>,
@@ -134,10 +136,12 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl LoadCache {
-    pub fn new(health: Arc<dyn Health>, settings: LoadCacheSettings) -> Self {
+    /// A cache over `health`; readings age on `clock`.
+    pub fn new(health: Arc<dyn Health>, settings: LoadCacheSettings, clock: Clock) -> Self {
         LoadCache {
             shared: Arc::new(Shared {
                 health,
+                clock,
                 permits: Arc::new(Semaphore::new(settings.max_fetches.max(1))),
                 settings,
                 cache: Mutex::new(HashMap::new()),
@@ -169,17 +173,19 @@ impl LoadCache {
     /// as it did before stale-while-revalidate).
     pub fn wrote(&self, id: AccountId) {
         let keep = self.shared.settings.stale_bound() + self.shared.settings.fetch_timeout;
+        let now = self.shared.clock.now();
         let mut written = lock(&self.shared.written);
-        written.retain(|_, at| at.elapsed() <= keep);
-        written.insert(id, Instant::now());
+        written.retain(|_, at| now.saturating_duration_since(*at) <= keep);
+        written.insert(id, now);
     }
 
     /// The latest health read of one account, if it is at most `max_age` old.
     pub fn latest(&self, id: AccountId, max_age: Duration) -> Option<AccountHealth> {
+        let now = self.shared.clock.now();
         let latest = lock(&self.shared.latest);
         latest
             .get(&id)
-            .filter(|(at, _)| at.elapsed() <= max_age)
+            .filter(|(at, _)| now.saturating_duration_since(*at) <= max_age)
             .map(|(_, health)| *health)
     }
 
@@ -210,14 +216,14 @@ impl LoadCache {
             }
         }
         match Shared::flight(&self.shared, key, &sorted, fresh) {
-            Ok(flight) => wait(flight, sorted).await,
+            Ok(flight) => wait(flight, sorted, &self.shared.clock).await,
             Err(reading) => reading,
         }
     }
 }
 
 /// A flight's reading; every account unknown should its task be gone.
-async fn wait(mut flight: Flight, ids: Vec<AccountId>) -> Arc<Reading> {
+async fn wait(mut flight: Flight, ids: Vec<AccountId>, clock: &Clock) -> Arc<Reading> {
     if let Ok(reading) = flight.wait_for(Option::is_some).await
         && let Some(reading) = reading.as_ref()
     {
@@ -226,7 +232,7 @@ async fn wait(mut flight: Flight, ids: Vec<AccountId>) -> Arc<Reading> {
     Arc::new(Reading {
         health: vec![None; ids.len()],
         ids,
-        started: Instant::now(),
+        started: clock.now(),
     })
 }
 
@@ -236,7 +242,7 @@ impl Shared {
         let Some(cached) = cache.get(&key).filter(|cached| !cached.invalidated) else {
             return Lookup::Expired;
         };
-        let age = cached.at.elapsed();
+        let age = self.clock.since(cached.at);
         if age < self.settings.cache_ttl {
             Lookup::Fresh(cached.reading.clone())
         } else if age < self.settings.stale_bound() && !self.written_since(&cached.reading) {
@@ -294,7 +300,7 @@ impl Shared {
         ids: Vec<AccountId>,
         sender: watch::Sender<Option<Arc<Reading>>>,
     ) {
-        let started = Instant::now();
+        let started = shared.clock.now();
         let previous = lock(&shared.cache)
             .get(&key)
             .map(|cached| cached.reading.clone());
@@ -341,15 +347,16 @@ impl Shared {
     }
 
     fn store(&self, key: u64, reading: Arc<Reading>) {
+        let now = self.clock.now();
         let mut cache = lock(&self.cache);
         if cache.len() > CACHE_PRUNE_AT {
             let bound = self.settings.stale_bound();
-            cache.retain(|_, cached| cached.at.elapsed() < bound);
+            cache.retain(|_, cached| now.saturating_duration_since(cached.at) < bound);
         }
         cache.insert(
             key,
             Cached {
-                at: Instant::now(),
+                at: now,
                 reading,
                 invalidated: false,
             },
@@ -358,8 +365,8 @@ impl Shared {
 
     /// Records each read account's health as its latest, and sets the blocks gauge from them.
     fn note_latest(&self, reading: &Reading) {
+        let now = self.clock.now();
         let mut latest = lock(&self.latest);
-        let now = Instant::now();
         for (id, health) in reading.ids.iter().zip(&reading.health) {
             if let Some(health) = health.filter(|h| h.inflight.is_some()) {
                 latest.insert(*id, (now, health));

@@ -16,9 +16,9 @@ use poolgate_core::lease::LeaseTerms;
 use poolgate_runtime::ports::ProbeLeases;
 use serde_json::json;
 
+use poolgate_core::Clock;
 use poolgate_core::account::{Account, CredentialKind, Platform, chatgpt_account_id};
 use poolgate_core::classify::{Classified, UpstreamError, classify, network_failure};
-use poolgate_core::now_ms;
 use poolgate_core::outcome::OutcomeClass;
 use poolgate_core::upstream::{chatgpt_responses_url, upstream_url};
 use poolgate_core::windows::{WindowReading, read_windows};
@@ -218,12 +218,13 @@ pub fn probe_request(
     }
 }
 
-/// Sends the probe and classifies its answer with the relay's rules.
+/// Sends the probe and classifies its answer with the relay's rules, at `clock`'s time.
 pub async fn send_probe(
     client: &reqwest::Client,
     account: &Account,
     settings: &ProbeSettings,
     hard_block_threshold_ms: u64,
+    clock: &Clock,
 ) -> Probed {
     let model = settings.model_for(account);
     let request = probe_request(client, account, &model).timeout(settings.timeout);
@@ -241,13 +242,19 @@ pub async fn send_probe(
     };
     let status = response.status().as_u16();
     let headers: HeaderMap = response.headers().clone();
-    let windows = read_windows(response.headers(), now_ms());
+    let windows = read_windows(response.headers(), clock.wall_ms());
     let body = response.bytes().await.unwrap_or_default();
     let body = &body[..body.len().min(64 * 1024)];
     Probed {
         status,
         windows,
-        classified: classify(status, &headers, body, now_ms(), hard_block_threshold_ms),
+        classified: classify(
+            status,
+            &headers,
+            body,
+            clock.wall_ms(),
+            hard_block_threshold_ms,
+        ),
         summary: UpstreamError::parse(body)
             .map(|e| e.summary())
             .unwrap_or_default(),
@@ -262,6 +269,7 @@ pub async fn probe_under_lease(
     account: &Account,
     settings: &ProbeSettings,
     hard_block_threshold_ms: u64,
+    clock: &Clock,
 ) -> Result<Probed, &'static str> {
     let terms = LeaseTerms {
         account_id: account.id,
@@ -282,7 +290,7 @@ pub async fn probe_under_lease(
             return Err("admission_unavailable");
         }
     };
-    let probed = send_probe(client, account, settings, hard_block_threshold_ms).await;
+    let probed = send_probe(client, account, settings, hard_block_threshold_ms, clock).await;
     leases.release_probe(&lease, &terms).await;
     Ok(probed)
 }

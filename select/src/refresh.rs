@@ -13,7 +13,7 @@ use crate::health::Locks;
 use crate::metrics::Metrics;
 use crate::source::AccountSource;
 use poolgate_core::account::{Platform, Secret};
-use poolgate_core::{AccountId, now_ms};
+use poolgate_core::{AccountId, Clock};
 
 #[derive(Debug, Clone)]
 pub struct RefreshSettings {
@@ -86,6 +86,8 @@ pub struct TokenRefresher {
     settings: RefreshSettings,
     owner: String,
     metrics: Metrics,
+    /// Token expiries are judged and written on it.
+    clock: Clock,
 }
 
 impl TokenRefresher {
@@ -94,6 +96,7 @@ impl TokenRefresher {
         locks: Arc<dyn Locks>,
         settings: RefreshSettings,
         metrics: Metrics,
+        clock: Clock,
     ) -> Result<Self, String> {
         // reqwest is built without a bundled TLS provider; ring is the one in the tree already.
         let _ = rustls::crypto::ring::default_provider().install_default();
@@ -108,6 +111,7 @@ impl TokenRefresher {
             settings,
             owner: format!("{:016x}", fastrand::u64(..)),
             metrics,
+            clock,
         })
     }
 
@@ -141,7 +145,8 @@ impl TokenRefresher {
         else {
             return Ok(RefreshResult::NotNeeded);
         };
-        let expiring = oauth.expires_at_ms <= now_ms() + self.settings.ahead.as_millis() as i64;
+        let expiring =
+            oauth.expires_at_ms <= self.clock.wall_ms() + self.settings.ahead.as_millis() as i64;
         if !(force || expiring) || oauth.token_url.is_empty() {
             return Ok(RefreshResult::NotNeeded);
         }
@@ -187,7 +192,7 @@ impl TokenRefresher {
         };
         let refreshed_meanwhile = match due {
             Due::Expiring => {
-                oauth.expires_at_ms > now_ms() + self.settings.ahead.as_millis() as i64
+                oauth.expires_at_ms > self.clock.wall_ms() + self.settings.ahead.as_millis() as i64
             }
             Due::Refused(refused) => account.credential != *refused,
             Due::Forced => false,
@@ -228,7 +233,7 @@ impl TokenRefresher {
             .refresh_token
             .map(Secret::new)
             .unwrap_or(oauth.refresh_token);
-        let expires_at = now_ms() + answer.expires_in.unwrap_or(3600).max(0) * 1000;
+        let expires_at = self.clock.wall_ms() + answer.expires_in.unwrap_or(3600).max(0) * 1000;
         self.source
             .store_tokens(id, &access, &refresh, expires_at)
             .await
@@ -243,6 +248,7 @@ impl TokenRefresher {
         id: AccountId,
         old: &Secret,
     ) -> Result<RefreshResult, RefreshError> {
+        // A wait, on Tokio's timer (core/src/clock.rs: the clock does not sleep).
         let deadline = tokio::time::Instant::now() + self.settings.lock_ttl;
         while tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(100)).await;

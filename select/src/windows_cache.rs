@@ -8,9 +8,10 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use poolgate_core::AccountId;
+use std::time::{Duration, Instant};
+
 use poolgate_core::windows::WindowReading;
-use tokio::time::{Duration, Instant};
+use poolgate_core::{AccountId, Clock};
 
 use crate::health::HealthStore;
 use crate::load_cache::LoadCacheSettings;
@@ -28,6 +29,7 @@ pub struct WindowsCache {
 
 struct Shared {
     health: Arc<dyn HealthStore>,
+    clock: Clock,
     /// Younger than this: fresh.
     ttl: Duration,
     /// Younger than this: served, and read again in the background.
@@ -47,10 +49,12 @@ struct Lookup {
 }
 
 impl WindowsCache {
-    pub fn new(health: Arc<dyn HealthStore>, settings: &LoadCacheSettings) -> Self {
+    /// A cache over `health`; entries age on `clock`.
+    pub fn new(health: Arc<dyn HealthStore>, settings: &LoadCacheSettings, clock: Clock) -> Self {
         WindowsCache {
             shared: Arc::new(Shared {
                 health,
+                clock,
                 ttl: settings.cache_ttl,
                 stale_bound: settings.stale_bound(),
                 entries: Mutex::new(HashMap::new()),
@@ -116,6 +120,7 @@ impl WindowsCache {
 impl Shared {
     fn lookup(&self, ids: &[AccountId]) -> Lookup {
         let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let now = self.clock.now();
         let mut lookup = Lookup {
             known: HashMap::with_capacity(ids.len()),
             stale: Vec::new(),
@@ -123,8 +128,8 @@ impl Shared {
         };
         for id in ids {
             match entries.get(id) {
-                Some((at, readings)) if at.elapsed() < self.stale_bound => {
-                    if at.elapsed() >= self.ttl {
+                Some((at, readings)) if now.saturating_duration_since(*at) < self.stale_bound => {
+                    if now.saturating_duration_since(*at) >= self.ttl {
                         lookup.stale.push(*id);
                     }
                     lookup.known.insert(*id, readings.clone());
@@ -139,11 +144,11 @@ impl Shared {
     async fn read_into_cache(&self, ids: &[AccountId]) -> Option<HashMap<AccountId, Readings>> {
         match self.health.read_windows(ids).await {
             Ok(readings) if readings.len() == ids.len() => {
-                let now = Instant::now();
+                let now = self.clock.now();
                 let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
                 if entries.len() > PRUNE_AT {
                     let bound = self.stale_bound;
-                    entries.retain(|_, (at, _)| at.elapsed() < bound);
+                    entries.retain(|_, (at, _)| now.saturating_duration_since(*at) < bound);
                 }
                 let mut read = HashMap::with_capacity(ids.len());
                 for (id, readings) in ids.iter().zip(readings) {

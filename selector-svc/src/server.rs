@@ -14,6 +14,7 @@ use poolgate_runtime::redis::{RedisHandle, RedisOptions, RedisTarget};
 use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
 
+use poolgate_core::Clock;
 use poolgate_lease::calendar::Calendar;
 use poolgate_lease::{LeaseEngine, LeaseStore};
 use poolgate_select::source::budgets::BudgetCounters;
@@ -129,6 +130,8 @@ pub async fn build(config: &Config, metrics: Metrics) -> Result<Built, ServeErro
     .await
     .map_err(|e| ServeError::Redis(e.to_string()))?;
     let health = RedisHealth::new(redis.clone());
+    // The one clock of the process (core/src/clock.rs); shared decisions use Redis `TIME`.
+    let clock = Clock::system();
     // The probe's leases come from admission's scripts on the same Redis, so they count against
     // the account like the relays' leases. Built by the lease engine's one constructor: its
     // failed releases are retried, its metrics are served with the selector's.
@@ -136,6 +139,7 @@ pub async fn build(config: &Config, metrics: Metrics) -> Result<Built, ServeErro
         &LeaseStore::SharedRedis(redis),
         config.lease_settings.clone(),
         poolgate_lease::metrics::Metrics::registered_in(metrics.registry.clone()),
+        clock.clone(),
     )
     .await
     .map_err(|e| ServeError::Redis(e.to_string()))?;
@@ -156,12 +160,14 @@ pub async fn build(config: &Config, metrics: Metrics) -> Result<Built, ServeErro
             ..config.settings.clone()
         },
         metrics: metrics.clone(),
+        clock: clock.clone(),
     }));
     let refresher = TokenRefresher::new(
         Arc::new(store.clone()),
         Arc::new(health.clone()),
         config.refresh.clone(),
         metrics.clone(),
+        clock,
     )
     .map_err(ServeError::Other)?;
     selector.set_refresher(refresher.clone());

@@ -9,6 +9,7 @@ mod support;
 use std::time::Duration;
 
 use clap::Parser;
+use poolgate_core::Clock;
 use poolgate_core::account::AccountStatus;
 use poolgate_core::lease::{LeaseTerms, Settings};
 use poolgate_core::windows::{Scope, WindowKind, WindowReading, WindowStatus};
@@ -77,6 +78,7 @@ async fn read_status_shows_each_accounts_live_status_load_windows_and_block_and_
         },
         Settings::default(),
         Metrics::new(),
+        Clock::system(),
     )
     .await
     .expect("an admission replica starts");

@@ -15,7 +15,7 @@ use poolgate_core::lease::{DenyReason, LeaseTerms, Settings};
 use poolgate_core::outcome::{Outcome, OutcomeClass, RuntimeBlockSettings};
 use poolgate_core::select::NoneReason;
 use poolgate_core::windows::{Scope, WindowKind, WindowReading, WindowStatus};
-use poolgate_core::{AccountId, now_ms};
+use poolgate_core::{AccountId, Clock, ManualClock, now_ms};
 use poolgate_lease::engine::{AcquireOutcome, LeaseEngine};
 use poolgate_runtime::redis::{RedisHandle, RedisOptions, RedisTarget};
 use poolgate_select::engine::{
@@ -36,12 +36,18 @@ mod support;
 use support::upstream;
 
 macro_rules! health_suite {
-    ($($name:ident),* $(,)?) => {
+    (manual_clock: [$($name:ident),* $(,)?], real_time: [$($real:ident),* $(,)?] $(,)?) => {
         mod on_memory {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
                     super::$name(super::Store::memory().await).await;
+                }
+            )*
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $real() {
+                    super::$real(super::Store::memory_in_real_time().await).await;
                 }
             )*
         }
@@ -52,53 +58,97 @@ macro_rules! health_suite {
                     super::$name(super::Store::redis().await).await;
                 }
             )*
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $real() {
+                    super::$real(super::Store::redis().await).await;
+                }
+            )*
         }
     };
 }
 
+// On memory, the cases run on a manual clock that `Store::pass` advances. On the system clock:
+// those whose confirmation probes run in the background against real upstreams (their waits are
+// `eventually`s over locks and blocks that lapse meanwhile), and those that stamp readings with
+// the system's wall time and expect it back to the millisecond.
 health_suite!(
-    a_hard_block_keeps_the_later_deadline_and_admission_refuses_the_account_until_cleared,
-    a_soft_block_only_reorders_and_admission_still_grants,
-    unauthorized_outcomes_are_counted_within_the_window_only,
-    the_breaker_opens_at_the_threshold_reopens_for_twice_as_long_and_a_success_closes_it,
-    sticky_and_response_bindings_expire_and_a_touch_keeps_a_binding,
-    locks_are_taken_once_released_only_by_their_owner_and_linger_then_lapse,
-    a_confirming_block_is_lifted_only_while_it_is_the_block_in_place,
-    the_load_is_admissions_live_lease_count_in_the_order_asked,
-    selection_filters_and_orders_through_the_engine,
-    busy_is_not_broken_through_the_engine,
-    connect_failures_open_the_breaker_and_a_success_closes_it_through_the_engine,
-    no_answer_after_the_request_started_is_confirmed_by_the_probe_first_through_the_engine,
-    unauthorized_outcomes_mark_the_account_error_only_when_the_probe_is_refused_through_the_engine,
-    the_confirmation_lock_names_its_state_and_swaps_only_from_the_value_it_holds,
-    a_probe_with_no_slot_retries_with_the_account_selectable_then_applies_its_answer_through_the_engine,
-    a_refusal_reported_after_the_account_was_retired_sends_no_second_probe,
-    a_model_scoped_limit_that_ran_out_keeps_the_account_from_those_models_only,
-    a_relay_clock_ahead_or_a_far_reset_cannot_pin_a_window_reading,
-    sessions_and_responses_stick_to_their_account_through_the_engine,
-    usage_windows_keep_the_newest_reading_per_window_and_drop_long_past_resets,
-    a_nearly_full_week_orders_last_for_new_sessions_but_stays_in_the_plan_through_the_engine,
-    an_account_with_no_window_readings_is_neither_empty_nor_full_through_the_engine,
-    a_groups_own_window_thresholds_move_its_sessions_sooner_and_show_in_its_gauges,
-    a_plan_empty_only_while_an_account_is_confirming_says_so_with_a_short_retry_hint,
-    an_account_whose_plan_window_is_used_up_is_left_out_until_its_reset,
+    manual_clock: [
+        a_hard_block_keeps_the_later_deadline_and_admission_refuses_the_account_until_cleared,
+        a_soft_block_only_reorders_and_admission_still_grants,
+        unauthorized_outcomes_are_counted_within_the_window_only,
+        the_breaker_opens_at_the_threshold_reopens_for_twice_as_long_and_a_success_closes_it,
+        sticky_and_response_bindings_expire_and_a_touch_keeps_a_binding,
+        locks_are_taken_once_released_only_by_their_owner_and_linger_then_lapse,
+        a_confirming_block_is_lifted_only_while_it_is_the_block_in_place,
+        the_load_is_admissions_live_lease_count_in_the_order_asked,
+        selection_filters_and_orders_through_the_engine,
+        busy_is_not_broken_through_the_engine,
+        the_confirmation_lock_names_its_state_and_swaps_only_from_the_value_it_holds,
+        a_relay_clock_ahead_or_a_far_reset_cannot_pin_a_window_reading,
+        sessions_and_responses_stick_to_their_account_through_the_engine,
+        usage_windows_keep_the_newest_reading_per_window_and_drop_long_past_resets,
+        a_nearly_full_week_orders_last_for_new_sessions_but_stays_in_the_plan_through_the_engine,
+        an_account_with_no_window_readings_is_neither_empty_nor_full_through_the_engine,
+        a_groups_own_window_thresholds_move_its_sessions_sooner_and_show_in_its_gauges,
+        a_plan_empty_only_while_an_account_is_confirming_says_so_with_a_short_retry_hint,
+    ],
+    real_time: [
+        an_account_whose_plan_window_is_used_up_is_left_out_until_its_reset,
+        a_model_scoped_limit_that_ran_out_keeps_the_account_from_those_models_only,
+        connect_failures_open_the_breaker_and_a_success_closes_it_through_the_engine,
+        no_answer_after_the_request_started_is_confirmed_by_the_probe_first_through_the_engine,
+        unauthorized_outcomes_mark_the_account_error_only_when_the_probe_is_refused_through_the_engine,
+        a_probe_with_no_slot_retries_with_the_account_selectable_then_applies_its_answer_through_the_engine,
+        a_refusal_reported_after_the_account_was_retired_sends_no_second_probe,
+    ],
 );
 
 /// A health store under test, with the admission engine its hard blocks and loads belong to.
 pub struct Store {
     health: Arc<dyn HealthStore>,
     admission: Arc<LeaseEngine>,
+    /// The clock the store, admission and the engine run on.
+    clock: Clock,
+    /// Set on memory's manual clock: `pass` advances it.
+    manual: Option<ManualClock>,
     _redis: Option<RedisServer>,
 }
 
 impl Store {
+    /// The memory store and admission on a manual clock.
     async fn memory() -> Self {
-        let admission =
-            poolgate_lease::in_memory(Settings::default(), poolgate_lease::metrics::Metrics::new());
+        let manual = ManualClock::starting_now();
+        let mut store = Self::memory_on(manual.clock());
+        store.manual = Some(manual);
+        store
+    }
+
+    /// The memory store and admission on the system clock.
+    async fn memory_in_real_time() -> Self {
+        Self::memory_on(Clock::system())
+    }
+
+    fn memory_on(clock: Clock) -> Self {
+        let admission = poolgate_lease::in_memory(
+            Settings::default(),
+            poolgate_lease::metrics::Metrics::new(),
+            clock.clone(),
+        );
         Store {
-            health: Arc::new(InProcessHealth::new(admission.clone())),
+            health: Arc::new(InProcessHealth::new(admission.clone(), clock.clone())),
             admission,
+            clock,
+            manual: None,
             _redis: None,
+        }
+    }
+
+    /// Lets `time` pass: a manual clock is advanced, otherwise (Redis) the test sleeps.
+    async fn pass(&self, time: Duration) {
+        match &self.manual {
+            Some(manual) => manual.advance(time),
+            None => tokio::time::sleep(time).await,
         }
     }
 
@@ -115,12 +165,15 @@ impl Store {
             &poolgate_lease::LeaseStore::SharedRedis(handle.clone()),
             Settings::default(),
             poolgate_lease::metrics::Metrics::new(),
+            Clock::system(),
         )
         .await
         .expect("lease engine");
         Store {
             health: Arc::new(RedisHealth::new(handle)),
             admission,
+            clock: Clock::system(),
+            manual: None,
             _redis: Some(server),
         }
     }
@@ -222,6 +275,7 @@ async fn a_hard_block_keeps_the_later_deadline_and_admission_refuses_the_account
         .await
         .expect("blocked");
     assert_eq!(store.admits(3).await, Err(DenyReason::Cooling));
+    store.pass(Duration::from_millis(150)).await;
     eventually(Duration::from_secs(3), || async {
         (store.read(3).await.hard_block_ms == 0 && store.admits(3).await.is_ok()).then_some(())
     })
@@ -270,7 +324,7 @@ async fn unauthorized_outcomes_are_counted_within_the_window_only(store: Store) 
     // A short window forgets what fell out of it.
     assert_eq!(health.count_unauthorized(3, 200).await.expect("counted"), 1);
     assert_eq!(health.count_unauthorized(3, 200).await.expect("counted"), 2);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    store.pass(Duration::from_millis(300)).await;
     assert_eq!(health.count_unauthorized(3, 200).await.expect("counted"), 1);
     // A clear resets the count.
     health.clear(1).await.expect("cleared");
@@ -308,6 +362,7 @@ async fn the_breaker_opens_at_the_threshold_reopens_for_twice_as_long_and_a_succ
         ("breaker", "broken")
     );
     assert_eq!(blocks[0].reason, "4 consecutive broken outcomes");
+    store.pass(Duration::from_millis(300)).await;
     eventually(Duration::from_secs(3), || async {
         (store.read(1).await.breaker == Breaker::HalfOpen).then_some(())
     })
@@ -336,6 +391,7 @@ async fn the_breaker_opens_at_the_threshold_reopens_for_twice_as_long_and_a_succ
             .await
             .expect("counted");
     }
+    store.pass(Duration::from_millis(300)).await;
     eventually(Duration::from_secs(3), || async {
         (store.read(2).await.breaker == Breaker::HalfOpen).then_some(())
     })
@@ -380,7 +436,7 @@ async fn sticky_and_response_bindings_expire_and_a_touch_keeps_a_binding(store: 
         .await
         .expect("bound");
     health.sticky_set("g", "kept", 4, 300).await.expect("bound");
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    store.pass(Duration::from_millis(150)).await;
     health
         .sticky_touch("g", "kept", 1_000)
         .await
@@ -390,7 +446,7 @@ async fn sticky_and_response_bindings_expire_and_a_touch_keeps_a_binding(store: 
         .sticky_touch("g", "never", 1_000)
         .await
         .expect("touched");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    store.pass(Duration::from_millis(300)).await;
     assert_eq!(
         health.sticky_get("g", "short").await.expect("read"),
         None,
@@ -411,7 +467,7 @@ async fn sticky_and_response_bindings_expire_and_a_touch_keeps_a_binding(store: 
     health.response_set("resp-2", 6, 200).await.expect("bound");
     assert_eq!(health.response_get("resp-1").await.expect("read"), Some(5));
     assert_eq!(health.response_get("resp-2").await.expect("read"), Some(6));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    store.pass(Duration::from_millis(300)).await;
     assert_eq!(
         health.response_get("resp-2").await.expect("read"),
         None,
@@ -452,7 +508,7 @@ async fn locks_are_taken_once_released_only_by_their_owner_and_linger_then_lapse
         .await
         .expect("not the owner");
     health.linger_confirm(2, "b", 150).await.expect("lingered");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    store.pass(Duration::from_millis(300)).await;
     assert!(
         !health
             .lock_confirm(1, "c", 60_000)
@@ -474,7 +530,7 @@ async fn locks_are_taken_once_released_only_by_their_owner_and_linger_then_lapse
             .expect("free again")
     );
     assert!(health.lock_refresh(3, "t", 100).await.expect("locked"));
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    store.pass(Duration::from_millis(200)).await;
     assert!(health.lock_refresh(3, "u", 100).await.expect("lapsed"));
 }
 
@@ -630,7 +686,8 @@ impl Engine {
     ) -> Self {
         let snapshot = Snapshot::new(vec![], accounts, HashMap::new(), HashMap::new())
             .with_group_settings(groups);
-        let source = Arc::new(MemorySource::new(snapshot, None).expect("source"));
+        let source =
+            Arc::new(MemorySource::new(snapshot, None, store.clock.clone()).expect("source"));
         let cell = Arc::new(SnapshotCell::new(source.snapshot()));
         let reload = tokio::spawn(source.clone().reload_on_change(cell.clone()));
         let selector = Selector::new(SelectorParts {
@@ -640,6 +697,7 @@ impl Engine {
             leases: store.admission.clone(),
             settings: engine_settings(),
             metrics: Metrics::new(),
+            clock: store.clock.clone(),
         });
         Engine {
             selector,
@@ -1022,6 +1080,7 @@ async fn the_confirmation_lock_names_its_state_and_swaps_only_from_the_value_it_
         !health.lock_confirm(1, "run:c", 5_000).await.expect("lock"),
         "still held"
     );
+    store.pass(Duration::from_secs(1)).await;
     eventually(Duration::from_secs(3), || async {
         health.confirm_state(1).await.ok()?.is_none().then_some(())
     })
@@ -1506,7 +1565,7 @@ async fn a_relay_clock_ahead_or_a_far_reset_cannot_pin_a_window_reading(store: S
         stored[0].observed_at_ms <= now_ms(),
         "a stamp ahead of the selector's clock is kept as the selector's now"
     );
-    tokio::time::sleep(Duration::from_millis(5)).await;
+    store.pass(Duration::from_millis(5)).await;
     // The next period's first answer (less used, a later reset) replaces it.
     let next = reading(WindowKind::SevenDay, Scope::Account, 0.1, 7 * DAY_MS);
     engine

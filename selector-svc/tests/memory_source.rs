@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use poolgate_core::Clock;
 use poolgate_core::account::{
     Account, AccountStatus, ApiKeyRecord, CredentialKind, OAuthState, Platform, Secret,
 };
@@ -104,7 +105,8 @@ async fn refreshed_tokens_survive_a_restart_and_the_file_is_the_owners_only() {
             account(2, |_| {}),
         ]
     };
-    let source = MemorySource::new(config(accounts()), Some(file.clone())).expect("source");
+    let source =
+        MemorySource::new(config(accounts()), Some(file.clone()), Clock::system()).expect("source");
     source
         .store_tokens(
             1,
@@ -118,7 +120,8 @@ async fn refreshed_tokens_survive_a_restart_and_the_file_is_the_owners_only() {
     assert_eq!(live.credential.expose(), "fresh-access");
     drop(source);
 
-    let restarted = MemorySource::new(config(accounts()), Some(file.clone())).expect("source");
+    let restarted =
+        MemorySource::new(config(accounts()), Some(file.clone()), Clock::system()).expect("source");
     let account = restarted.load_account(1).await.expect("account");
     assert_eq!(account.credential.expose(), "fresh-access");
     let oauth = account.oauth.as_ref().expect("oauth");
@@ -173,6 +176,7 @@ async fn a_config_that_names_another_credential_wins_over_tokens_refreshed_from_
     let source = MemorySource::new(
         config(vec![subscription(1, "old-login", "old-refresh", "")]),
         Some(file.clone()),
+        Clock::system(),
     )
     .expect("source");
     source
@@ -183,6 +187,7 @@ async fn a_config_that_names_another_credential_wins_over_tokens_refreshed_from_
     let restarted = MemorySource::new(
         config(vec![subscription(1, "new-login", "new-refresh", "")]),
         Some(file),
+        Clock::system(),
     )
     .expect("source");
     let account = restarted.load_account(1).await.expect("account");
@@ -204,7 +209,8 @@ async fn status_changes_survive_a_restart_and_a_restore_hands_the_account_back_t
             account(3, |a| a.status = AccountStatus::Disabled),
         ]
     };
-    let source = MemorySource::new(config(accounts()), Some(file.clone())).expect("source");
+    let source =
+        MemorySource::new(config(accounts()), Some(file.clone()), Clock::system()).expect("source");
     source
         .set_status(1, AccountStatus::Retired, "quota gone: confirmed by probe")
         .await
@@ -217,7 +223,8 @@ async fn status_changes_survive_a_restart_and_a_restore_hands_the_account_back_t
         source.set_status(99, AccountStatus::Retired, "x").await,
         Err(StoreError::NotFound(_))
     ));
-    let restarted = MemorySource::new(config(accounts()), Some(file.clone())).expect("source");
+    let restarted =
+        MemorySource::new(config(accounts()), Some(file.clone()), Clock::system()).expect("source");
     let retired = restarted.load_account(1).await.expect("account");
     assert_eq!(retired.status, AccountStatus::Retired);
     assert_eq!(retired.status_reason, "quota gone: confirmed by probe");
@@ -239,7 +246,8 @@ async fn status_changes_survive_a_restart_and_a_restore_hands_the_account_back_t
     );
     drop(restarted);
     // The config says active again, and the config is in charge of it again.
-    let again = MemorySource::new(config(accounts()), Some(file.clone())).expect("source");
+    let again =
+        MemorySource::new(config(accounts()), Some(file.clone()), Clock::system()).expect("source");
     assert_eq!(
         again.load_account(1).await.expect("account").status,
         AccountStatus::Active
@@ -268,6 +276,7 @@ async fn entries_of_accounts_the_config_does_not_name_are_ignored_and_kept() {
             subscription(7, "b", "s", ""),
         ]),
         Some(file.clone()),
+        Clock::system(),
     )
     .expect("source");
     source
@@ -283,6 +292,7 @@ async fn entries_of_accounts_the_config_does_not_name_are_ignored_and_kept() {
     let without = MemorySource::new(
         config(vec![subscription(1, "a", "r", "")]),
         Some(file.clone()),
+        Clock::system(),
     )
     .expect("loads despite entries for an unknown account");
     assert!(without.load_account(7).await.is_err());
@@ -307,6 +317,7 @@ async fn entries_of_accounts_the_config_does_not_name_are_ignored_and_kept() {
             subscription(7, "b", "s", ""),
         ]),
         Some(file),
+        Clock::system(),
     )
     .expect("source");
     let seven = back.load_account(7).await.expect("account");
@@ -343,8 +354,12 @@ fn usage(api_key_id: Option<i64>, at_ms: i64, tokens: i64, cost_usd: f64) -> Usa
 async fn the_usage_ledger_sums_a_keys_hours_in_range_and_survives_a_restart() {
     let scratch = Scratch::new("memory-source").expect("scratch");
     let file = state_in(&scratch);
-    let source =
-        MemorySource::new(config(vec![account(1, |_| {})]), Some(file.clone())).expect("source");
+    let source = MemorySource::new(
+        config(vec![account(1, |_| {})]),
+        Some(file.clone()),
+        Clock::system(),
+    )
+    .expect("source");
     let hour = 3_600_000;
     let base = 1_700_000_000_000 / hour * hour;
     let accepted = source
@@ -388,8 +403,12 @@ async fn the_usage_ledger_sums_a_keys_hours_in_range_and_survives_a_restart() {
     );
     source.flush().await.expect("flushed");
     drop(source);
-    let restarted =
-        MemorySource::new(config(vec![account(1, |_| {})]), Some(file)).expect("source");
+    let restarted = MemorySource::new(
+        config(vec![account(1, |_| {})]),
+        Some(file),
+        Clock::system(),
+    )
+    .expect("source");
     let kept = restarted
         .read_usage(1, base, base + 2 * hour)
         .await
@@ -442,6 +461,7 @@ async fn a_config_whose_entries_moved_applies_each_saved_entry_to_its_own_accoun
     let source = MemorySource::new(
         two_keys(vec![named(1, "alpha"), named(2, "beta")], 1, 2),
         Some(file.clone()),
+        Clock::system(),
     )
     .expect("source");
     source
@@ -464,6 +484,7 @@ async fn a_config_whose_entries_moved_applies_each_saved_entry_to_its_own_accoun
             3,
         ),
         Some(file.clone()),
+        Clock::system(),
     )
     .expect("source");
     let moved = &moved;
@@ -508,6 +529,7 @@ async fn a_state_file_of_the_first_format_is_read_by_id_and_written_back_by_name
     let source = MemorySource::new(
         config(vec![account(1, |_| {}), account(2, |_| {})]),
         Some(file.clone()),
+        Clock::system(),
     )
     .expect("source");
     assert_eq!(
@@ -549,9 +571,13 @@ async fn a_state_file_of_a_newer_format_stops_the_start() {
     let scratch = Scratch::new("memory-source").expect("scratch");
     let file = state_in(&scratch);
     std::fs::write(file.path(), r#"{"format": 99}"#).expect("file");
-    let error = MemorySource::new(config(vec![account(1, |_| {})]), Some(file))
-        .err()
-        .expect("refused");
+    let error = MemorySource::new(
+        config(vec![account(1, |_| {})]),
+        Some(file),
+        Clock::system(),
+    )
+    .err()
+    .expect("refused");
     assert!(error.to_string().contains("format 99"), "{error}");
 }
 
@@ -564,7 +590,11 @@ async fn an_unreadable_state_file_stops_the_start_without_printing_its_content()
         r#"{"tokens": {"1": {"access_token": "leaked-secret-token", "refresh_token": 5}}}"#,
     )
     .expect("written");
-    let error = match MemorySource::new(config(vec![account(1, |_| {})]), Some(file)) {
+    let error = match MemorySource::new(
+        config(vec![account(1, |_| {})]),
+        Some(file),
+        Clock::system(),
+    ) {
         Ok(_) => panic!("a damaged state file must not be skipped"),
         Err(error) => error.to_string(),
     };
@@ -574,6 +604,7 @@ async fn an_unreadable_state_file_stops_the_start_without_printing_its_content()
     let fresh = MemorySource::new(
         config(vec![account(1, |_| {})]),
         Some(StateFile::new(scratch.path().join("none-yet.json"))),
+        Clock::system(),
     );
     assert!(fresh.is_ok());
 }
@@ -582,8 +613,12 @@ async fn an_unreadable_state_file_stops_the_start_without_printing_its_content()
 async fn a_state_file_that_cannot_be_written_is_an_error_but_the_change_is_served() {
     let scratch = Scratch::new("memory-source").expect("scratch");
     let file = StateFile::new(scratch.path().join("missing-dir").join("state.json"));
-    let source =
-        MemorySource::new(config(vec![subscription(1, "a", "r", "")]), Some(file)).expect("source");
+    let source = MemorySource::new(
+        config(vec![subscription(1, "a", "r", "")]),
+        Some(file),
+        Clock::system(),
+    )
+    .expect("source");
     let stored = source
         .store_tokens(1, &Secret::new("a2"), &Secret::new("r2"), 1)
         .await;
@@ -604,8 +639,9 @@ async fn a_state_file_that_cannot_be_written_is_an_error_but_the_change_is_serve
 
 #[tokio::test]
 async fn the_snapshot_cell_follows_the_sources_changes() {
-    let source =
-        Arc::new(MemorySource::new(config(vec![account(1, |_| {})]), None).expect("source"));
+    let source = Arc::new(
+        MemorySource::new(config(vec![account(1, |_| {})]), None, Clock::system()).expect("source"),
+    );
     let cell = Arc::new(SnapshotCell::new(source.snapshot()));
     let follow = tokio::spawn(source.clone().reload_on_change(cell.clone()));
     source
@@ -625,13 +661,17 @@ async fn the_snapshot_cell_follows_the_sources_changes() {
 }
 
 fn refresher(source: Arc<MemorySource>) -> TokenRefresher {
-    let admission =
-        poolgate_lease::in_memory(Settings::default(), poolgate_lease::metrics::Metrics::new());
+    let admission = poolgate_lease::in_memory(
+        Settings::default(),
+        poolgate_lease::metrics::Metrics::new(),
+        Clock::system(),
+    );
     TokenRefresher::new(
         source,
-        Arc::new(InProcessHealth::new(admission)),
+        Arc::new(InProcessHealth::new(admission, Clock::system())),
         RefreshSettings::default(),
         Metrics::new(),
+        Clock::system(),
     )
     .expect("refresher")
 }
@@ -645,8 +685,9 @@ async fn a_relay_that_refreshed_and_restarted_refreshes_again_with_the_rotated_t
     let upstream = FakeUpstream::start().await.expect("fake upstream starts");
     let url = format!("{}/oauth/token", upstream.base_url);
     let accounts = || vec![subscription(1, "config-access", "refresh-1", &url)];
-    let source =
-        Arc::new(MemorySource::new(config(accounts()), Some(file.clone())).expect("source"));
+    let source = Arc::new(
+        MemorySource::new(config(accounts()), Some(file.clone()), Clock::system()).expect("source"),
+    );
     let refused = Secret::new("config-access");
     assert_eq!(
         refresher(source.clone())
@@ -657,7 +698,9 @@ async fn a_relay_that_refreshed_and_restarted_refreshes_again_with_the_rotated_t
     );
     drop(source);
     // Restarted with the config's token, whose refresh token the endpoint already took.
-    let source = Arc::new(MemorySource::new(config(accounts()), Some(file)).expect("source"));
+    let source = Arc::new(
+        MemorySource::new(config(accounts()), Some(file), Clock::system()).expect("source"),
+    );
     let account = source.load_account(1).await.expect("account");
     assert_eq!(account.credential.expose(), "refresh-1-access");
     assert_eq!(
@@ -717,7 +760,8 @@ async fn a_key_disable_survives_a_restart_by_the_keys_hash_and_an_enable_hands_b
             HashMap::new(),
         )
     };
-    let source = MemorySource::new(with_b_disabled(1, 2), Some(file.clone())).expect("source");
+    let source = MemorySource::new(with_b_disabled(1, 2), Some(file.clone()), Clock::system())
+        .expect("source");
     let changes = source.changes();
     let record = source.set_key_disabled(1, true).await.expect("disabled");
     assert!(record.access.disabled && record.id == 1);
@@ -742,7 +786,8 @@ async fn a_key_disable_survives_a_restart_by_the_keys_hash_and_an_enable_hands_b
     drop(source);
 
     // Restarted with every key moved by one: each change follows its key.
-    let moved = MemorySource::new(with_b_disabled(2, 3), Some(file.clone())).expect("source");
+    let moved = MemorySource::new(with_b_disabled(2, 3), Some(file.clone()), Clock::system())
+        .expect("source");
     assert!(disabled(&moved, "client-key-a"), "a stays disabled");
     assert!(
         !disabled(&moved, "client-key-b"),
@@ -756,7 +801,8 @@ async fn a_key_disable_survives_a_restart_by_the_keys_hash_and_an_enable_hands_b
             .expect("json");
     assert!(saved.get("keys").is_none(), "{saved}");
     drop(moved);
-    let again = MemorySource::new(with_b_disabled(1, 2), Some(file)).expect("source");
+    let again =
+        MemorySource::new(with_b_disabled(1, 2), Some(file), Clock::system()).expect("source");
     assert!(!disabled(&again, "client-key-a"));
     assert!(
         disabled(&again, "client-key-b"),
@@ -768,20 +814,32 @@ async fn a_key_disable_survives_a_restart_by_the_keys_hash_and_an_enable_hands_b
 async fn a_key_disable_of_a_key_the_config_no_longer_lists_is_kept_for_when_it_returns() {
     let scratch = Scratch::new("memory-source").expect("scratch");
     let file = state_in(&scratch);
-    let source = MemorySource::new(two_keys(vec![account(1, |_| {})], 1, 2), Some(file.clone()))
-        .expect("source");
+    let source = MemorySource::new(
+        two_keys(vec![account(1, |_| {})], 1, 2),
+        Some(file.clone()),
+        Clock::system(),
+    )
+    .expect("source");
     source.set_key_disabled(2, true).await.expect("disabled");
     drop(source);
     // Key b left the config for a while; a status write rewrites the file meanwhile.
-    let without_b =
-        MemorySource::new(config(vec![account(1, |_| {})]), Some(file.clone())).expect("source");
+    let without_b = MemorySource::new(
+        config(vec![account(1, |_| {})]),
+        Some(file.clone()),
+        Clock::system(),
+    )
+    .expect("source");
     without_b
         .set_status(1, AccountStatus::Disabled, "x")
         .await
         .expect("status");
     drop(without_b);
-    let back =
-        MemorySource::new(two_keys(vec![account(1, |_| {})], 1, 2), Some(file)).expect("source");
+    let back = MemorySource::new(
+        two_keys(vec![account(1, |_| {})], 1, 2),
+        Some(file),
+        Clock::system(),
+    )
+    .expect("source");
     let record = back
         .snapshot()
         .api_key(&api_key_hash("client-key-b"))

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::PathBuf;
 
+use poolgate_core::Clock;
 use poolgate_core::account::{
     Account, AccountStatus, CredentialKind, OAuthState, Platform, Secret,
 };
@@ -80,6 +81,7 @@ async fn symlinks_planted_at_predictable_temporary_paths_are_not_followed() {
             HashMap::new(),
         ),
         Some(file.clone()),
+        Clock::system(),
     )
     .expect("source");
     source
@@ -132,6 +134,7 @@ async fn symlinks_planted_at_predictable_temporary_paths_are_not_followed() {
             HashMap::new(),
         ),
         Some(file),
+        Clock::system(),
     )
     .expect("restarted");
     let account = restarted.load_account(1).await.expect("account");

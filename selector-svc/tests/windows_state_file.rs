@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use poolgate_core::Clock;
 use poolgate_core::account::{Account, AccountStatus, CredentialKind, Platform, Secret};
 use poolgate_core::lease::Settings;
 use poolgate_core::windows::{Scope, WindowKind, WindowReading, WindowStatus};
@@ -68,10 +69,14 @@ fn reading(kind: WindowKind, used: f64, reset_in_ms: i64) -> WindowReading {
 
 /// A relay's start: the source over `names` and the file, and a health store it keeps.
 fn start(names: &[&str], file: &StateFile) -> (MemorySource, Arc<InProcessHealth>) {
-    let source = MemorySource::new(config(names), Some(file.clone())).expect("the source loads");
-    let admission =
-        poolgate_lease::in_memory(Settings::default(), poolgate_lease::metrics::Metrics::new());
-    let health = Arc::new(InProcessHealth::new(admission));
+    let source = MemorySource::new(config(names), Some(file.clone()), Clock::system())
+        .expect("the source loads");
+    let admission = poolgate_lease::in_memory(
+        Settings::default(),
+        poolgate_lease::metrics::Metrics::new(),
+        Clock::system(),
+    );
+    let health = Arc::new(InProcessHealth::new(admission, Clock::system()));
     source.keep_windows(health.clone());
     (source, health)
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use admission_svc::server::{self, Config};
 use poolgate_core::lease::Settings;
+use poolgate_core::{Clock, ManualClock};
 use poolgate_lease::LeaseEngine;
 use poolgate_lease::LeaseStore;
 use poolgate_lease::metrics::Metrics;
@@ -42,6 +43,8 @@ pub fn test_settings() -> Settings {
 /// Which backend a suite run uses.
 pub enum Store {
     Memory,
+    /// The memory backend on a manual clock, which `pass` advances.
+    MemoryOnAManualClock(ManualClock),
     Redis(RedisServer),
 }
 
@@ -50,13 +53,33 @@ impl Store {
         Store::Memory
     }
 
+    pub async fn memory_on_a_manual_clock() -> Self {
+        Store::MemoryOnAManualClock(ManualClock::starting_now())
+    }
+
+    /// The clock a server on this store runs on.
+    pub fn clock(&self) -> Clock {
+        match self {
+            Store::MemoryOnAManualClock(manual) => manual.clock(),
+            Store::Memory | Store::Redis(_) => Clock::system(),
+        }
+    }
+
+    /// Lets `time` pass: a manual clock is advanced, otherwise the test sleeps.
+    pub async fn pass(&self, time: Duration) {
+        match self {
+            Store::MemoryOnAManualClock(manual) => manual.advance(time),
+            Store::Memory | Store::Redis(_) => tokio::time::sleep(time).await,
+        }
+    }
+
     pub async fn redis() -> Self {
         Store::Redis(RedisServer::start().await.expect("redis starts"))
     }
 
     pub fn backend_config(&self) -> LeaseStore {
         match self {
-            Store::Memory => LeaseStore::Memory,
+            Store::Memory | Store::MemoryOnAManualClock(_) => LeaseStore::Memory,
             Store::Redis(server) => LeaseStore::Redis {
                 target: RedisTarget::Single(server.url()),
                 options: RedisOptions::default(),
@@ -67,7 +90,7 @@ impl Store {
 
     pub fn redis_server(&self) -> Option<&RedisServer> {
         match self {
-            Store::Memory => None,
+            Store::Memory | Store::MemoryOnAManualClock(_) => None,
             Store::Redis(server) => Some(server),
         }
     }
@@ -128,8 +151,21 @@ impl TestServer {
         }
     }
 
+    /// A server on `store` (on its clock) with the test settings.
     pub async fn on(store: &Store) -> Self {
-        Self::start(store.backend_config(), test_settings()).await
+        Self::on_with(store, test_settings()).await
+    }
+
+    /// A server on `store` (on its clock) with `settings`.
+    pub async fn on_with(store: &Store, settings: Settings) -> Self {
+        Self::start_with(Config {
+            settings,
+            backend: store.backend_config(),
+            callers: CallerCheck::Token(SERVICE_TOKEN.into()),
+            clock: store.clock(),
+            ..Config::default()
+        })
+        .await
     }
 }
 

@@ -118,6 +118,8 @@ impl PolicyBackend {
         if self.settings.policy != FailurePolicy::Divided {
             return;
         }
+        // A wait for the other replicas' recoveries (real processes), so Tokio's timer, not the
+        // engine's clock.
         *self.transition.lock().unwrap_or_else(|p| p.into_inner()) = Some(Transition {
             until: tokio::time::Instant::now() + self.settings.registry_ttl,
             view: outage_view,

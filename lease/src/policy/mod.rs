@@ -49,7 +49,7 @@ use poolgate_core::lease::{
     Denial, DenyReason, LeaseId, LeaseTerms, LostReason, Renewal, Resumption,
 };
 use poolgate_core::status::AdmissionReport;
-use poolgate_core::{AccountId, millis};
+use poolgate_core::{AccountId, Clock, millis};
 use poolgate_runtime::error::StateError;
 
 use crate::backend::{AcquireLimits, KeyCharge, KeyGate, LeaseBackend};
@@ -100,11 +100,12 @@ impl PolicyBackend {
         settings: PolicySettings,
         rpm_window: Duration,
         metrics: Metrics,
+        clock: Clock,
     ) -> Arc<Self> {
         let expected = settings.expected_replicas.max(1);
         Arc::new(PolicyBackend {
             redis,
-            fallback: MemoryBackend::new(),
+            fallback: MemoryBackend::new(clock),
             member: format!("{:016x}", fastrand::u64(..)),
             settings,
             degraded: AtomicBool::new(false),

@@ -58,16 +58,24 @@ pub fn build(
 ) -> Result<Standalone, String> {
     let budgets = Calendar::new(&admission.budget_time_zone, admission.budget_week_start)
         .map_err(|e| format!("budget calendar: {e}"))?;
+    // One clock for every engine and store of the process (core/src/clock.rs): admission's
+    // cooldowns and the health store's blocks end at the same instant.
+    let clock = poolgate_core::Clock::system();
     let admission = poolgate_lease::in_memory(
         admission,
         poolgate_lease::metrics::Metrics::registered_in(metrics.registry.clone()),
+        clock.clone(),
     );
     let source = Arc::new(
-        MemorySource::new(file.snapshot()?, state_file.map(StateFile::new))
-            .map_err(|e| e.to_string())?,
+        MemorySource::new(
+            file.snapshot()?,
+            state_file.map(StateFile::new),
+            clock.clone(),
+        )
+        .map_err(|e| e.to_string())?,
     );
     let snapshot = Arc::new(SnapshotCell::new(source.snapshot()));
-    let in_process = Arc::new(InProcessHealth::new(admission.clone()));
+    let in_process = Arc::new(InProcessHealth::new(admission.clone(), clock.clone()));
     // The readings saved before a restart are back before the first select; new ones reach the
     // file every few seconds and at shutdown, never on a request's path.
     source.keep_windows(in_process.clone());
@@ -91,12 +99,14 @@ pub fn build(
             ..settings
         },
         metrics: selector_metrics.clone(),
+        clock: clock.clone(),
     }));
     let refresher = TokenRefresher::new(
         source.clone(),
         health,
         RefreshSettings::default(),
         selector_metrics,
+        clock,
     )?;
     selector.set_refresher(refresher.clone());
     tokio::spawn(source.clone().reload_on_change(snapshot.clone()));

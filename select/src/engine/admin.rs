@@ -7,12 +7,12 @@ use std::sync::Arc;
 
 use crate::crypto::api_key_hash;
 use crate::health::{AccountHealth, BlockInfo, Breaker};
+use poolgate_core::AccountId;
 use poolgate_core::account::{Account, AccountStatus, ApiKeyRecord};
 use poolgate_core::health::LiveStatus;
 use poolgate_core::keys::KeyRefusal;
 use poolgate_core::status::{AccountStanding, BlockKind, BlockNote, StatusReport};
 use poolgate_core::windows::WindowReading;
-use poolgate_core::{AccountId, now_ms};
 
 use super::{Selector, SelectorError};
 
@@ -47,7 +47,7 @@ impl Selector {
     /// a key's expiry is judged against the engine's clock.
     pub fn check_key(&self, api_key: &str) -> Result<KeyVerdict, SelectorError> {
         let record = self.authenticate(api_key)?;
-        Ok(match record.access.check_key(now_ms()) {
+        Ok(match record.access.check_key(self.clock.wall_ms()) {
             Ok(()) => KeyVerdict::Accepted(Box::new(record)),
             Err(refusal) => KeyVerdict::Refused(refusal),
         })
@@ -175,7 +175,7 @@ impl Selector {
         let windows = fitted("usage windows", windows, ids.len()).unwrap_or_default();
         let usage = fitted("account usage", usage, ids.len()).unwrap_or_default();
         let blocks = self.blocks_of(&ids, &health).await;
-        let now_ms = now_ms();
+        let now_ms = self.clock.wall_ms();
         let accounts = accounts
             .iter()
             .enumerate()

@@ -2,9 +2,7 @@
 //! short local cache, its TTL touched at most once a minute), binding a session or a response
 //! to the account that served it, and refusing a response id bound for another client key.
 
-use std::time::Duration;
-
-use tokio::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::health::StateError;
 use poolgate_core::{AccountId, millis};
@@ -70,12 +68,13 @@ impl Selector {
         let session = query.session_hash.as_ref()?;
         let key = (query.group.clone(), session.clone());
         {
+            let now = self.clock.now();
             let mut cache = self.sticky_cache.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(entry) = cache.get_mut(&key)
-                && entry.fetched.elapsed() < STICKY_LOCAL
+                && now.saturating_duration_since(entry.fetched) < STICKY_LOCAL
             {
-                if entry.touched.elapsed() >= STICKY_TOUCH {
-                    entry.touched = Instant::now();
+                if now.saturating_duration_since(entry.touched) >= STICKY_TOUCH {
+                    entry.touched = now;
                     let (health, ttl) = (self.health.clone(), millis(self.settings.sticky_ttl));
                     let (group, session) = key.clone();
                     tokio::spawn(async move {
@@ -87,19 +86,17 @@ impl Selector {
         }
         match self.health.sticky_get(&query.group, session).await {
             Ok(Some(account)) => {
+                let now = self.clock.now();
                 let mut cache = self.sticky_cache.lock().unwrap_or_else(|p| p.into_inner());
-                let touched = cache
-                    .get(&key)
-                    .map(|e| e.touched)
-                    .unwrap_or_else(Instant::now);
+                let touched = cache.get(&key).map_or(now, |e| e.touched);
                 if cache.len() > 100_000 {
-                    cache.retain(|_, e| e.fetched.elapsed() < STICKY_LOCAL);
+                    cache.retain(|_, e| now.saturating_duration_since(e.fetched) < STICKY_LOCAL);
                 }
                 cache.insert(
                     key,
                     StickyEntry {
                         account,
-                        fetched: Instant::now(),
+                        fetched: now,
                         touched,
                     },
                 );
@@ -122,12 +119,14 @@ impl Selector {
     ) -> Result<&'static str, SelectorError> {
         // Bound here already and refreshed within a minute: a hit, no write (the binding's TTL is
         // refreshed at most once a minute).
+        let now = self.clock.now();
         let cached_hit = {
             let cache = self.sticky_cache.lock().unwrap_or_else(|p| p.into_inner());
             cache
                 .get(&(group.to_owned(), session.to_owned()))
                 .is_some_and(|entry| {
-                    entry.account == account && entry.touched.elapsed() < STICKY_TOUCH
+                    entry.account == account
+                        && now.saturating_duration_since(entry.touched) < STICKY_TOUCH
                 })
         };
         if cached_hit {
@@ -159,8 +158,8 @@ impl Selector {
                 (group.to_owned(), session.to_owned()),
                 StickyEntry {
                     account,
-                    fetched: Instant::now(),
-                    touched: Instant::now(),
+                    fetched: self.clock.now(),
+                    touched: self.clock.now(),
                 },
             );
         }

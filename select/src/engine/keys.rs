@@ -39,7 +39,7 @@ impl Selector {
         &self,
         api_key_id: i64,
     ) -> Result<Vec<(UsagePeriod, i64, PeriodUsage)>, SelectorError> {
-        let now = poolgate_core::now_ms();
+        let now = self.clock.wall_ms();
         let calendar = self.settings.budget_calendar.as_ref();
         let mut usage = Vec::with_capacity(UsagePeriod::ALL.len());
         for period in UsagePeriod::ALL {

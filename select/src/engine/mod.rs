@@ -26,6 +26,7 @@ use crate::snapshot::SnapshotCell;
 use crate::source::budgets::{BudgetCalendar, UtcCalendar};
 use crate::source::{AccountSource, StoreError};
 use crate::windows_cache::WindowsCache;
+use poolgate_core::Clock;
 use poolgate_core::outcome::RuntimeBlockSettings;
 use poolgate_core::windows::Thresholds;
 
@@ -137,6 +138,9 @@ pub struct SelectorParts {
     pub leases: Arc<dyn ProbeLeases>,
     pub settings: SelectorSettings,
     pub metrics: Metrics,
+    /// The process's clock (production: `Clock::system()`), shared with the memory health
+    /// store and the lease engine where they run in the same process.
+    pub clock: Clock,
 }
 
 pub struct Selector {
@@ -149,7 +153,7 @@ pub struct Selector {
     /// Usage-window readings per account, read at most once per load-cache period.
     windows_cache: WindowsCache,
     /// When each group's window gauges were last set.
-    window_gauges_at: Mutex<HashMap<String, tokio::time::Instant>>,
+    window_gauges_at: Mutex<HashMap<String, std::time::Instant>>,
     /// The groups the status gauges were last set for (`status.rs`): a group gone from the
     /// config loses its series.
     status_groups: Mutex<HashSet<String>>,
@@ -159,6 +163,8 @@ pub struct Selector {
     probe_http: reqwest::Client,
     /// Suspicious outcomes become writes only through these (`confirmations.rs`).
     confirmations: Confirmations,
+    /// Every time the engine reads: key expiries, upstream resets, cache and binding ages.
+    clock: Clock,
     /// The background tasks `start_tasks` started (`tasks.rs`): the engine owns them, and
     /// stops them when it is dropped or `stop_tasks` is called.
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
@@ -173,6 +179,7 @@ impl Selector {
             leases: admission,
             settings,
             metrics,
+            clock,
         } = parts;
         let _ = rustls::crypto::ring::default_provider().install_default();
         let probe_http = reqwest::Client::builder()
@@ -189,14 +196,16 @@ impl Selector {
             blocks: settings.blocks.clone(),
             refresher: Arc::new(std::sync::OnceLock::new()),
             ended: Arc::new(tokio::sync::Notify::new()),
+            clock: clock.clone(),
         };
         Selector {
             admission,
             probe_http,
             confirmations,
-            windows_cache: WindowsCache::new(health.clone(), &settings.load_cache),
-            load_cache: LoadCache::new(health.clone(), settings.load_cache.clone())
+            windows_cache: WindowsCache::new(health.clone(), &settings.load_cache, clock.clone()),
+            load_cache: LoadCache::new(health.clone(), settings.load_cache.clone(), clock.clone())
                 .with_active_blocks_gauge(metrics.active_blocks.clone()),
+            clock,
             snapshot,
             source,
             health,
@@ -223,6 +232,11 @@ impl Selector {
 
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    /// The clock the engine runs on.
+    pub fn clock(&self) -> &Clock {
+        &self.clock
     }
 
     /// Hands the engine the token refresher (once).

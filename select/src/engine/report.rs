@@ -15,7 +15,7 @@ use crate::probe::Suspicion;
 use poolgate_core::account::{Account, Secret};
 use poolgate_core::outcome::{Decision, Outcome, RuntimeBlockSettings, decide};
 use poolgate_core::short_hash;
-use poolgate_core::{AccountId, millis, now_ms};
+use poolgate_core::{AccountId, millis};
 
 use super::{Selector, SelectorError};
 
@@ -72,7 +72,7 @@ impl Selector {
         let blocks = &self.settings.blocks;
         let class = outcome.class.as_str();
         let unavailable = |e: StateError| SelectorError::Unavailable(e.to_string());
-        let applied = match decide(outcome, blocks, now_ms()) {
+        let applied = match decide(outcome, blocks, self.clock.wall_ms()) {
             Decision::Success
                 if self
                     .load_cache
@@ -231,12 +231,13 @@ impl Selector {
         if stored
             .oauth
             .as_ref()
-            .is_some_and(|oauth| oauth.expires_at_ms <= now_ms())
+            .is_some_and(|oauth| oauth.expires_at_ms <= self.clock.wall_ms())
             && short_hash(stored.credential.expose()) == refused
             && let Some(fresh) = self.refresh_expired(&stored).await
         {
             return Ok(Reported::Refreshed(fresh));
         }
+        // A wait, on Tokio's timer (core/src/clock.rs: the clock does not sleep).
         let deadline = Instant::now() + self.settings.probe.refusal_wait;
         let mut stored = stored;
         loop {

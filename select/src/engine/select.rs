@@ -15,13 +15,12 @@ use poolgate_core::account::{Account, AccountStatus, Platform, group_models};
 use poolgate_core::plan::{Plan, PlannedAccount};
 use poolgate_core::select::{CONFIRMING_RETRY_MS, Candidate, NoneReason, order_first};
 use poolgate_core::windows::{Assessment, Shed, Thresholds, WindowKind, assess, left_by_window};
-use tokio::time::Instant;
 
 /// How often a group's window gauges are recomputed, at most.
 const WINDOW_GAUGE_PERIOD: std::time::Duration = std::time::Duration::from_secs(1);
 /// Groups whose gauge times are remembered before the map starts over.
 const WINDOW_GAUGE_GROUPS: usize = 1024;
-use poolgate_core::{AccountId, millis, now_ms};
+use poolgate_core::{AccountId, millis};
 
 use super::{Selector, SelectorError};
 
@@ -157,7 +156,7 @@ impl Selector {
         // until its reset; the account still serves every other model. A plan window the
         // upstream reported used up, with no overage paying for more, keeps it from every model
         // until that reset: it cannot serve, so asking it only earns a 429 (docs/DESIGN.md §5).
-        let now = now_ms();
+        let now = self.clock.wall_ms();
         let mut model_blocked_until: Option<i64> = None;
         candidates.retain(|candidate| {
             let mapped = candidate.account.mapped_model(&query.model);
@@ -308,7 +307,7 @@ impl Selector {
         let Some(known) = self.windows_cache.read(&ids).await else {
             return;
         };
-        let now = now_ms();
+        let now = self.clock.wall_ms();
         for candidate in candidates.iter_mut() {
             if let Some(readings) = known.get(&candidate.account.id) {
                 candidate.windows = Some(assess(readings, now, thresholds));
@@ -331,16 +330,17 @@ impl Selector {
                 .window_gauges_at
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
+            let at_now = self.clock.now();
             let due = updated
                 .get(group)
-                .is_none_or(|at| at.elapsed() >= WINDOW_GAUGE_PERIOD);
+                .is_none_or(|at| at_now.saturating_duration_since(*at) >= WINDOW_GAUGE_PERIOD);
             if !due {
                 return;
             }
             if updated.len() > WINDOW_GAUGE_GROUPS {
                 updated.clear();
             }
-            updated.insert(group.to_owned(), Instant::now());
+            updated.insert(group.to_owned(), at_now);
         }
         let shed = candidates
             .iter()
@@ -387,9 +387,11 @@ impl Selector {
         );
         let (probe, blocks) = (self.settings.probe.clone(), self.settings.blocks.clone());
         let linger = millis(self.settings.load_cache.cache_ttl * 3).max(1000);
+        let clock = self.clock.clone();
         tokio::spawn(async move {
             let threshold = millis(blocks.hard_block_threshold);
-            let probed = probe_under_lease(&admission, &http, &account, &probe, threshold).await;
+            let probed =
+                probe_under_lease(&admission, &http, &account, &probe, threshold, &clock).await;
             if let Ok(probed) = &probed {
                 keep_probe_windows(&health, account.id, probed).await;
             }

@@ -20,7 +20,6 @@ use std::time::Duration;
 use poolgate_core::AccountId;
 use poolgate_core::account::AccountStatus;
 use poolgate_core::health::{AccountHealth, LiveStatus};
-use poolgate_core::now_ms;
 use poolgate_core::windows::{WindowReading, assess};
 
 use super::Selector;
@@ -131,7 +130,7 @@ impl Selector {
                 // Unread windows: no account counts as used up (as selection orders them).
                 _ => HashMap::new(),
             };
-        let now = now_ms();
+        let now = self.clock.wall_ms();
         let mut groups = HashMap::new();
         for group in snapshot.groups() {
             let thresholds = {

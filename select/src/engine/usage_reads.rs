@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use poolgate_core::account::AccountStatus;
 use poolgate_core::outcome::OutcomeClass;
-use poolgate_core::{AccountId, millis, now_ms};
+use poolgate_core::{AccountId, millis};
 use tokio::time::Instant;
 
 use super::Selector;
@@ -69,6 +69,7 @@ impl Selector {
     /// Reads the accounts this replica has not tried within `every` (whose lock it takes).
     async fn read_usage_due(&self, last: &mut HashMap<AccountId, Instant>, every: Duration) {
         let snapshot = self.snapshot.get();
+        // The task's own schedule, on Tokio's timer like its interval (core/src/clock.rs).
         let now = Instant::now();
         let due: Vec<_> = snapshot
             .accounts()
@@ -108,7 +109,7 @@ impl Selector {
             &self.probe_http,
             &account,
             self.settings.usage_reads.timeout,
-            now_ms,
+            || self.clock.wall_ms(),
         )
         .await;
         self.metrics

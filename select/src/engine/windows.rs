@@ -2,8 +2,8 @@
 //! upstream answer said about an account's windows, stored for every replica's selection. One
 //! entry for both transports (the relay's reports, the gRPC service) and the selector's probes.
 
+use poolgate_core::AccountId;
 use poolgate_core::windows::WindowReading;
-use poolgate_core::{AccountId, now_ms};
 
 use super::{Selector, SelectorError};
 
@@ -44,7 +44,7 @@ impl Selector {
         // their own clocks: one ahead would pin its reading over every later answer. A stamp past
         // this selector's now counts as now. A reset further out than the longest upstream
         // window (a week) is no upstream's answer: refused, not kept as a block for months.
-        let now = now_ms();
+        let now = self.clock.wall_ms();
         if readings
             .iter()
             .any(|r| r.reset_at_ms > now + MAX_RESET_AHEAD_MS)

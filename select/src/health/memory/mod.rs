@@ -6,8 +6,9 @@
 //! the probe's `ignore_cooldown` lease still goes through), and the live lease count is
 //! admission's. Admission keeps only a deadline, so the block's class and reason live here.
 //!
-//! Time is `tokio::time::Instant` counted from the wall clock at construction, as in admission's
-//! memory backend, so tests may pause and advance it and both agree on when a block ends.
+//! Time is the [`Clock`]'s monotonic time counted from its wall time at construction; the
+//! standalone relay gives admission's memory backend the same clock, so both agree on when a
+//! block ends, and tests advance a manual clock instead of sleeping.
 //!
 //! This file holds the store, its per-account state and the clock; `blocks.rs` implements
 //! `Health`, `windows.rs` `Windows`, `bindings.rs` `Bindings`, `locks.rs` `Locks`.
@@ -15,13 +16,14 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
+use std::time::Instant;
+
 use poolgate_runtime::ports::Cooldowns;
-use tokio::time::Instant;
 
 use super::{AccountHealth, Breaker};
 use bindings::BindingMap;
 use poolgate_core::windows::WindowReading;
-use poolgate_core::{AccountId, now_ms};
+use poolgate_core::{AccountId, Clock};
 
 mod bindings;
 mod blocks;
@@ -124,14 +126,15 @@ pub struct InProcessHealth {
     /// changes cannot reach admission in the other order than they were made here (a clear
     /// overtaken by the block it cleared would leave admission refusing an unblocked account).
     cooldown_writes: tokio::sync::Mutex<()>,
+    clock: Clock,
     started: Instant,
     started_ms: i64,
 }
 
 impl InProcessHealth {
     /// Health over `admission`, the engine the process's leases are taken from (its memory
-    /// backend: hard blocks become its cooldowns, its leases are the load).
-    pub fn new(admission: Arc<dyn Cooldowns>) -> Self {
+    /// backend: hard blocks become its cooldowns, its leases are the load), on `clock`.
+    pub fn new(admission: Arc<dyn Cooldowns>, clock: Clock) -> Self {
         InProcessHealth {
             admission,
             state: Mutex::new(State {
@@ -141,13 +144,14 @@ impl InProcessHealth {
                 windows_version: 0,
             }),
             cooldown_writes: tokio::sync::Mutex::new(()),
-            started: Instant::now(),
-            started_ms: now_ms(),
+            started: clock.now(),
+            started_ms: clock.wall_ms(),
+            clock,
         }
     }
 
     fn clock(&self) -> i64 {
-        let elapsed = i64::try_from(self.started.elapsed().as_millis()).unwrap_or(i64::MAX);
+        let elapsed = i64::try_from(self.clock.since(self.started).as_millis()).unwrap_or(i64::MAX);
         self.started_ms.saturating_add(elapsed)
     }
 

@@ -33,7 +33,7 @@ use crate::snapshot::{Snapshot, SnapshotCell};
 use poolgate_core::account::{Account, AccountStatus, ApiKeyRecord, OAuthState, Secret};
 use poolgate_core::keys::KeyUpdate;
 use poolgate_core::windows::WindowReading;
-use poolgate_core::{AccountId, now_ms};
+use poolgate_core::{AccountId, Clock};
 use state_file::{FORMAT, Persisted, StoredKey, StoredStatus, StoredTokens, UsageBucket};
 
 mod state_file;
@@ -78,8 +78,13 @@ struct Current {
 }
 
 impl Current {
-    /// What the file holds now; `windows`: the health store's readings, when it keeps them.
-    fn to_persisted(&self, windows: Option<Vec<(AccountId, Vec<WindowReading>)>>) -> Persisted {
+    /// What the file holds at `now` (ms since the epoch); `windows`: the health store's
+    /// readings, when it keeps them.
+    fn to_persisted(
+        &self,
+        windows: Option<Vec<(AccountId, Vec<WindowReading>)>>,
+        now: i64,
+    ) -> Persisted {
         let mut persisted = Persisted {
             format: FORMAT,
             usage: self
@@ -115,7 +120,6 @@ impl Current {
             }
         }
         // A window whose reset passed reads as empty (docs/DESIGN.md §5): nothing to keep.
-        let now = now_ms();
         for readings in persisted.windows.values_mut() {
             readings.retain(|reading| reading.reset_at_ms > now);
         }
@@ -191,13 +195,19 @@ pub struct MemorySource {
     changes: watch::Sender<u64>,
     /// The health store whose window readings the file keeps ([`MemorySource::keep_windows`]).
     windows: OnceLock<Arc<InProcessHealth>>,
+    /// Usage records' default time, and which window readings are still worth keeping.
+    clock: Clock,
 }
 
 impl MemorySource {
     /// The source of `snapshot` (the config), with `state_file`'s tokens, statuses and usage
     /// over it when given. Entries for accounts the config does not have are ignored (and kept
     /// in the file); tokens refreshed from a credential the config no longer names are dropped.
-    pub fn new(snapshot: Snapshot, state_file: Option<StateFile>) -> Result<Self, StoreError> {
+    pub fn new(
+        snapshot: Snapshot,
+        state_file: Option<StateFile>,
+        clock: Clock,
+    ) -> Result<Self, StoreError> {
         let configured: HashMap<AccountId, Configured> = snapshot
             .accounts()
             .map(|account| {
@@ -268,6 +278,7 @@ impl MemorySource {
             writes: tokio::sync::Mutex::new(Instant::now()),
             changes: watch::channel(0).0,
             windows: OnceLock::new(),
+            clock,
         })
     }
 
@@ -350,7 +361,7 @@ impl MemorySource {
         let version = windows.as_ref().map(|(version, _)| *version);
         let state = self.with_current(|current| {
             current.usage_dirty = false;
-            current.to_persisted(windows.map(|(_, readings)| readings))
+            current.to_persisted(windows.map(|(_, readings)| readings), self.clock.wall_ms())
         });
         let file = file.clone();
         let written = tokio::task::spawn_blocking(move || file.write(&state))
@@ -585,7 +596,7 @@ impl AccountSource for MemorySource {
         if records.is_empty() {
             return Ok(0);
         }
-        let now = now_ms();
+        let now = self.clock.wall_ms();
         self.with_current(|current| {
             // Records without a client key count toward no key's totals, as in Postgres (where
             // they are stored but no read asks for them).
