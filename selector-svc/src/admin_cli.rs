@@ -84,7 +84,8 @@ enum ConfigVerb {
         user: String,
         #[arg(long)]
         group: String,
-        #[arg(long, default_value_t = 0)]
+        /// Requests per minute of the key's user (0: no limit).
+        #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(0..))]
         user_rpm: i32,
         #[arg(long, default_value = "")]
         name: String,
@@ -118,22 +119,22 @@ enum ConfigVerb {
 #[derive(Debug, Args)]
 struct NewKeyLimits {
     /// Requests of the key in flight at once.
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i32).range(0..))]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(0..))]
     concurrency: i32,
     /// Input + output tokens over a rolling minute.
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i64).range(0..))]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(0..))]
     tpm: i64,
     /// Spend budget in USD, in total.
-    #[arg(long, value_name = "USD", default_value = "0", value_parser = budget)]
+    #[arg(long, value_name = "USD", default_value = "0", allow_negative_numbers = true, value_parser = budget)]
     budget_total: i64,
     /// Spend budget in USD per calendar day (the deployment's time zone).
-    #[arg(long, value_name = "USD", default_value = "0", value_parser = budget)]
+    #[arg(long, value_name = "USD", default_value = "0", allow_negative_numbers = true, value_parser = budget)]
     budget_day: i64,
     /// Spend budget in USD per calendar week (the deployment's week start).
-    #[arg(long, value_name = "USD", default_value = "0", value_parser = budget)]
+    #[arg(long, value_name = "USD", default_value = "0", allow_negative_numbers = true, value_parser = budget)]
     budget_week: i64,
     /// Spend budget in USD per calendar month.
-    #[arg(long, value_name = "USD", default_value = "0", value_parser = budget)]
+    #[arg(long, value_name = "USD", default_value = "0", allow_negative_numbers = true, value_parser = budget)]
     budget_month: i64,
 }
 
@@ -148,6 +149,14 @@ impl NewKeyLimits {
             budget_week_micros: self.budget_week,
             budget_month_micros: self.budget_month,
         }
+    }
+}
+
+/// A session window's limit in USD: a finite amount, 0 or more (0: none).
+fn window_usd(usd: &str) -> Result<f64, String> {
+    match usd.parse::<f64>() {
+        Ok(usd) if usd.is_finite() && usd >= 0.0 => Ok(usd),
+        _ => Err(format!("{usd:?} is not an amount in USD, 0 or more")),
     }
 }
 
@@ -199,22 +208,22 @@ struct UpdateKey {
     #[arg(long, group = "change")]
     any_endpoint: bool,
     /// Requests of the key in flight at once (0: no limit).
-    #[arg(long, group = "change", value_parser = clap::value_parser!(i32).range(0..))]
+    #[arg(long, group = "change", allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(0..))]
     concurrency: Option<i32>,
     /// Input + output tokens over a rolling minute (0: no limit).
-    #[arg(long, group = "change", value_parser = clap::value_parser!(i64).range(0..))]
+    #[arg(long, group = "change", allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(0..))]
     tpm: Option<i64>,
     /// Spend budget in USD, in total (0: none).
-    #[arg(long, group = "change", value_name = "USD", value_parser = budget)]
+    #[arg(long, group = "change", value_name = "USD", allow_negative_numbers = true, value_parser = budget)]
     budget_total: Option<i64>,
     /// Spend budget in USD per calendar day (0: none).
-    #[arg(long, group = "change", value_name = "USD", value_parser = budget)]
+    #[arg(long, group = "change", value_name = "USD", allow_negative_numbers = true, value_parser = budget)]
     budget_day: Option<i64>,
     /// Spend budget in USD per calendar week (0: none).
-    #[arg(long, group = "change", value_name = "USD", value_parser = budget)]
+    #[arg(long, group = "change", value_name = "USD", allow_negative_numbers = true, value_parser = budget)]
     budget_week: Option<i64>,
     /// Spend budget in USD per calendar month (0: none).
-    #[arg(long, group = "change", value_name = "USD", value_parser = budget)]
+    #[arg(long, group = "change", value_name = "USD", allow_negative_numbers = true, value_parser = budget)]
     budget_month: Option<i64>,
 }
 
@@ -274,15 +283,19 @@ struct UpsertAccount {
         default_value = ""
     )]
     credential: String,
-    #[arg(long, default_value_t = 0)]
+    /// Lower first; negative is allowed.
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     priority: i32,
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(0..))]
     weight: i32,
-    #[arg(long, default_value_t = 0)]
+    /// Requests in flight at once (0: no limit).
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(0..))]
     concurrency: i32,
-    #[arg(long, default_value_t = 0)]
+    /// Requests per minute (0: no limit).
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(0..))]
     rpm: i32,
-    #[arg(long, default_value_t = 0.0)]
+    /// Spend per 5-hour session window in USD (0: no limit).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true, value_parser = window_usd)]
     session_window_usd: f64,
     /// OAuth accounts: the refresh token (read from ACCOUNT_REFRESH_TOKEN when absent).
     #[arg(
@@ -609,6 +622,71 @@ mod tests {
             Ok(ConfigVerb::UpdateKey(update)) => update.update(),
             other => panic!("{args:?}: {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_negative_number_is_a_range_error_naming_its_flag() {
+        let key = ["create-key", "--user", "u", "--group", "g"];
+        for (args, flag) in [
+            (
+                vec!["update-key", "3", "--concurrency", "-1"],
+                "--concurrency",
+            ),
+            (vec!["update-key", "3", "--tpm", "-5"], "--tpm"),
+            (
+                vec!["update-key", "3", "--budget-day", "-1.5"],
+                "--budget-day",
+            ),
+            (
+                [&key[..], &["--concurrency", "-1"]].concat(),
+                "--concurrency",
+            ),
+            ([&key[..], &["--user-rpm", "-3"]].concat(), "--user-rpm"),
+            (
+                [&key[..], &["--budget-month", "-2"]].concat(),
+                "--budget-month",
+            ),
+        ] {
+            let error = parse(&args).expect_err("refused");
+            assert_eq!(
+                error.kind(),
+                clap::error::ErrorKind::ValueValidation,
+                "{args:?}: {error}"
+            );
+            let message = error.to_string();
+            assert!(message.contains(flag), "{args:?}: {message}");
+            assert!(
+                !message.contains("-- -1"),
+                "no tip that does not work: {message}"
+            );
+        }
+        let account = [
+            "upsert-account",
+            "--name",
+            "a",
+            "--group",
+            "g",
+            "--platform",
+            "anthropic",
+            "--base-url",
+            "http://x",
+        ];
+        for (flag, value) in [
+            ("--concurrency", "-1"),
+            ("--rpm", "-1"),
+            ("--weight", "-1"),
+            ("--session-window-usd", "-1"),
+        ] {
+            let error = parse(&[&account[..], &[flag, value]].concat()).expect_err("refused");
+            assert_eq!(
+                error.kind(),
+                clap::error::ErrorKind::ValueValidation,
+                "{flag}: {error}"
+            );
+            assert!(error.to_string().contains(flag), "{error}");
+        }
+        // A negative priority is a priority (lower first).
+        assert!(parse(&[&account[..], &["--priority", "-1"]].concat()).is_ok());
     }
 
     #[test]
