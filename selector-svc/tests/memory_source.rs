@@ -853,7 +853,12 @@ async fn a_key_disable_of_a_key_the_config_no_longer_lists_is_kept_for_when_it_r
 /// only the config file sets; the list is by id.
 #[tokio::test]
 async fn a_standalone_key_update_changes_its_disable_and_refuses_the_rest() {
-    let source = MemorySource::new(two_keys(vec![account(1, |_| {})], 2, 1), None).expect("source");
+    let source = MemorySource::new(
+        two_keys(vec![account(1, |_| {})], 2, 1),
+        None,
+        Clock::system(),
+    )
+    .expect("source");
     let listed: Vec<i64> = AdminStore::list_api_keys(&source)
         .await
         .expect("listed")
