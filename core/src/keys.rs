@@ -160,6 +160,42 @@ pub fn check_model_patterns(patterns: &[String]) -> Result<(), String> {
     Ok(())
 }
 
+/// The characters a model pattern is written with (docs/DESIGN.md §6): what model names hold,
+/// and `*` for any run of characters.
+fn pattern_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | ':' | '/' | '@' | '+' | '*')
+}
+
+/// Checks a model list an operator writes now (a key created or changed, a config file
+/// loaded): [`check_model_patterns`], and only the documented syntax — letters, digits,
+/// `- . _ : / @ +` and `*` — so a glob character poolgate does not implement (`?`, `[…]`,
+/// `{…}`, `!`) is refused naming it instead of matching itself, which no model name would. A
+/// list stored by an older release is read with [`check_model_patterns`] alone.
+pub fn check_new_model_patterns(patterns: &[String]) -> Result<(), String> {
+    check_model_patterns(patterns)?;
+    for pattern in patterns {
+        if let Some(c) = pattern.chars().find(|c| !pattern_char(*c)) {
+            return Err(format!(
+                "the pattern {pattern:?} holds {c:?}: patterns are letters, digits and - . _ : / @ +, with * for any run of characters"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A new expiry (a key created or changed): not in the past at `now_ms`. A key that should
+/// stop now is disabled instead.
+pub fn check_new_expiry(expires_at_ms: Option<i64>, now_ms: i64) -> Result<(), String> {
+    match expires_at_ms {
+        Some(at) if at <= now_ms => Err(format!(
+            "{} is in the past (now {}); disable the key to stop it now",
+            rfc3339_utc(at),
+            rfc3339_utc(now_ms)
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Parses an endpoint list as an operator wrote it; the error names the unknown entry.
 pub fn parse_endpoints(names: &[String]) -> Result<Vec<Endpoint>, String> {
     let mut endpoints = Vec::with_capacity(names.len());
@@ -452,6 +488,41 @@ mod tests {
             KeyAccess::default().check(now, Endpoint::Responses, Some("x")),
             Ok(())
         );
+    }
+
+    #[test]
+    fn a_new_pattern_holds_only_the_documented_syntax_and_a_refusal_names_the_character() {
+        assert!(
+            check_new_model_patterns(&[
+                "claude-*".into(),
+                "gpt-4o".into(),
+                "claude-3-5-sonnet@20240620".into(),
+                "models/gemini-1.5-pro:latest".into(),
+                "a_b+c".into(),
+            ])
+            .is_ok()
+        );
+        for (pattern, c) in [
+            ("claude-?", '?'),
+            ("claude-[34]*", '['),
+            ("gpt-{4o,5}", '{'),
+            ("!gpt", '!'),
+        ] {
+            let error = check_new_model_patterns(&[pattern.to_owned()]).expect_err(pattern);
+            assert!(error.contains(&format!("{c:?}")), "{error}");
+            // What an older release stored is still read.
+            assert!(check_model_patterns(&[pattern.to_owned()]).is_ok());
+        }
+        assert!(check_new_model_patterns(&["has space".into()]).is_err());
+    }
+
+    #[test]
+    fn a_new_expiry_in_the_past_is_refused() {
+        assert_eq!(check_new_expiry(None, 1_000), Ok(()));
+        assert_eq!(check_new_expiry(Some(1_001), 1_000), Ok(()));
+        let error = check_new_expiry(Some(1_000), 1_000).expect_err("now is not ahead");
+        assert!(error.contains("in the past"), "{error}");
+        assert!(check_new_expiry(Some(0), 1_000).is_err());
     }
 
     #[test]

@@ -41,6 +41,12 @@ impl EngineAdmin {
         EngineAdmin { selector, store }
     }
 
+    /// A key's new expiry (created or changed) is not in the past on the engine's clock.
+    pub fn check_new_expiry(&self, expires_at_ms: Option<i64>) -> Result<(), SelectorError> {
+        poolgate_core::keys::check_new_expiry(expires_at_ms, self.selector.clock().wall_ms())
+            .map_err(|problem| SelectorError::invalid("expires_at_ms", problem))
+    }
+
     /// The engine the verbs run on (the selector's configuration RPCs reload it).
     pub fn selector(&self) -> &Arc<Selector> {
         &self.selector
@@ -133,6 +139,7 @@ impl EngineAdmin {
         api_key_id: i64,
         update: &KeyUpdate,
     ) -> Result<(ApiKeyRecord, KeyUsage), SelectorError> {
+        self.check_new_expiry(update.expires_at_ms.flatten())?;
         let record = self.store.update_api_key(api_key_id, update).await?;
         self.selector.reload().await?;
         let usage = self.selector.key_usage(record.id).await?;

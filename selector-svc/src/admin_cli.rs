@@ -93,7 +93,7 @@ enum ConfigVerb {
         /// or seconds since the epoch. None: never.
         #[arg(long, value_parser = parse_instant)]
         expires_at: Option<i64>,
-        /// The models the key may ask for, comma-separated glob patterns (`claude-*,gpt-4o`).
+        /// The models the key may ask for, comma-separated patterns (`*` for any run: `claude-*,gpt-4o`).
         /// None: every model.
         #[arg(long, value_delimiter = ',')]
         models: Vec<String>,
@@ -184,7 +184,7 @@ struct UpdateKey {
     /// Clear the expiry.
     #[arg(long, group = "change")]
     no_expiry: bool,
-    /// The new model list, comma-separated glob patterns (replaces the old one).
+    /// The new model list, comma-separated patterns, `*` for any run (replaces the old one).
     #[arg(
         long,
         group = "change",

@@ -303,6 +303,15 @@ impl PostgresSource {
         })
     }
 
+    /// Whether the group exists (made by an account, or by the operator), without making it.
+    pub async fn group_exists(&self, name: &str) -> Result<bool, StoreError> {
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM groups WHERE name = $1)")
+            .bind(name)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(convert)
+    }
+
     async fn group_id(&self, name: &str) -> Result<i64, StoreError> {
         sqlx::query_scalar(
             "INSERT INTO groups (name) VALUES ($1) ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name RETURNING id",

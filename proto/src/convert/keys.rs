@@ -13,7 +13,7 @@ use poolgate_core::account::ApiKeyRecord;
 pub use poolgate_core::keys::KeyUpdate;
 use poolgate_core::keys::{
     Endpoint, KeyAccess, KeyDescription, KeyRefusal, PeriodUsage, UsagePeriod,
-    check_model_patterns, known_endpoints, parse_endpoints,
+    check_model_patterns, check_new_model_patterns, known_endpoints, parse_endpoints,
 };
 use poolgate_core::lease::KeyLimits;
 use poolgate_core::money::{MAX_SPEND_USD, micros_to_usd, usd_to_micros};
@@ -68,6 +68,16 @@ pub fn expiry(field: &'static str, expires_at_ms: i64) -> Result<Option<i64>, Co
 /// An endpoint list as names (`messages`, `models`), as the wire and the database keep it.
 pub fn endpoint_names(endpoints: &[Endpoint]) -> Vec<String> {
     endpoints.iter().map(|e| e.as_str().to_owned()).collect()
+}
+
+/// A new model pattern list from the wire (a key created or changed): only the documented
+/// syntax ([`check_new_model_patterns`]).
+pub fn new_model_patterns(
+    field: &'static str,
+    patterns: Vec<String>,
+) -> Result<Vec<String>, ConvertError> {
+    check_new_model_patterns(&patterns).map_err(|problem| ConvertError::new(field, problem))?;
+    Ok(patterns)
 }
 
 /// A model pattern list from the wire, checked as an operator's ([`check_model_patterns`]).
@@ -469,12 +479,12 @@ impl TryFrom<spb::ApiKeyView> for ApiKeyRecord {
 
 /// The limits a `CreateApiKey` request gives its new key (never disabled at birth).
 pub fn new_key_access(request: &spb::CreateApiKeyRequest) -> Result<KeyAccess, ConvertError> {
-    access(
-        request.expires_at_ms.unwrap_or(0),
-        false,
-        request.allowed_models.clone(),
-        &request.allowed_endpoints,
-    )
+    Ok(KeyAccess {
+        expires_at_ms: expiry("expires_at_ms", request.expires_at_ms.unwrap_or(0))?,
+        disabled: false,
+        allowed_models: new_model_patterns("allowed_models", request.allowed_models.clone())?,
+        allowed_endpoints: endpoints("allowed_endpoints", &request.allowed_endpoints)?,
+    })
 }
 
 /// The limits a `CreateApiKey` request gives its new key (`api_key_id` 0: not yet known).
@@ -542,7 +552,7 @@ impl TryFrom<spb::UpdateApiKeyRequest> for (i64, KeyUpdate) {
                 .map(|ms| expiry("expires_at_ms", ms))
                 .transpose()?,
             allowed_models: models
-                .then(|| model_patterns("allowed_models", request.allowed_models))
+                .then(|| new_model_patterns("allowed_models", request.allowed_models))
                 .transpose()?,
             allowed_endpoints: endpoint_list
                 .then(|| endpoints("allowed_endpoints", &request.allowed_endpoints))

@@ -7,7 +7,7 @@ use poolgate_core::account::{
     Account, AccountStatus, ApiKeyRecord, CredentialKind, GroupSettings, OAuthState, Platform,
     Price, Secret, default_oauth_token_url,
 };
-use poolgate_core::keys::{KeyAccess, check_model_patterns, parse_endpoints};
+use poolgate_core::keys::{KeyAccess, check_new_model_patterns, parse_endpoints};
 use poolgate_core::lease::KeyLimits;
 use poolgate_core::money::{MAX_SPEND_USD, usd_to_micros};
 use poolgate_core::windows::Thresholds;
@@ -126,7 +126,7 @@ impl KeyEntry {
                 );
             }
         };
-        check_model_patterns(&self.models).map_err(|problem| format!("models: {problem}"))?;
+        check_new_model_patterns(&self.models).map_err(|problem| format!("models: {problem}"))?;
         let endpoints =
             parse_endpoints(&self.endpoints).map_err(|problem| format!("endpoints: {problem}"))?;
         Ok(KeyAccess {
@@ -388,6 +388,16 @@ impl StandaloneFile {
         for (index, entry) in self.api_keys.iter().enumerate() {
             if entry.key.is_empty() {
                 return Err(format!("config: api_keys[{index}]: the key is empty"));
+            }
+            // A key's group must exist: an account's, or declared under `groups:` (a typo would
+            // leave every request of the key without an account).
+            if !self.accounts.iter().any(|a| a.group == entry.group)
+                && !self.groups.contains_key(&entry.group)
+            {
+                return Err(format!(
+                    "config: api_keys[{index}].group: no account is in the group {:?} and it is not declared under groups:",
+                    entry.group
+                ));
             }
             let id = index as i64 + 1;
             let (access, limits) = entry

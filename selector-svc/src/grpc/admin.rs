@@ -312,6 +312,25 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
         }
         let access = convert::keys::new_key_access(&r)?;
         let limits = convert::keys::new_key_limits(&r)?;
+        self.engine
+            .check_new_expiry(access.expires_at_ms)
+            .map_err(status)?;
+        // A key's group must exist (an account's, or one the operator made): a typo would leave
+        // every request of the key without an account.
+        if !self
+            .store
+            .group_exists(&r.group)
+            .await
+            .map_err(|e| status(e.into()))?
+        {
+            return Err(invalid(
+                "group",
+                format!(
+                    "no group {:?}: a group is made by its first account (upsert-account --group)",
+                    r.group
+                ),
+            ));
+        }
         let (id, key) = self
             .store
             .create_api_key_with_limits(

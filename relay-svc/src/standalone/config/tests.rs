@@ -154,6 +154,12 @@ fn a_bad_key_field_is_refused_at_start_naming_the_entry_and_the_field() {
             "  - {key: k1, endpoints: [embeddings]}\n",
             "api_keys[0].endpoints",
         ),
+        // Only the documented pattern syntax, and a group that exists (issue 39).
+        (
+            "  - {key: k1, models: [\"claude-?\"]}\n",
+            "api_keys[0].models",
+        ),
+        ("  - {key: k1, group: defualt}\n", "api_keys[0].group"),
         (
             "  - {key: k0}\n  - {key: k1, concurrency: -1}\n",
             "api_keys[1].concurrency",
@@ -191,6 +197,17 @@ fn a_bad_key_field_is_refused_at_start_naming_the_entry_and_the_field() {
         unknown.contains("\"embeddings\""),
         "names the entry: {unknown}"
     );
+}
+
+#[test]
+fn a_key_may_name_a_declared_group_and_an_expired_key_in_the_file_still_loads() {
+    let declared = StandaloneFile::parse(
+        "api_keys:\n  - {key: k1, group: later}\naccounts:\n  - {name: a, platform: anthropic, base_url: \"http://127.0.0.1:9\", api_key: sk-x}\ngroups:\n  later: {}\n",
+    )
+    .and_then(|file| file.snapshot());
+    assert!(declared.is_ok(), "{:?}", declared.err());
+    let expired = keys("  - {key: k1, expires_at: 1000}\n").expect("an expired key loads");
+    assert_eq!(access_of(&expired, "k1").expires_at_ms, Some(1_000_000));
 }
 
 #[test]
