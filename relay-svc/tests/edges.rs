@@ -26,12 +26,12 @@ struct Harness {
 }
 
 /// A standalone relay: keys of alice and mallory (group `default`), bob (`user_rpm: 2`) and a
-/// Codex user (group `chatgpt`); `accounts`: (name, platform, extra yaml), in group `default`
-/// unless the extra yaml says otherwise.
+/// Codex user (group `chatgpt`, declared: not every test has an account in it); `accounts`:
+/// (name, platform, extra yaml), in group `default` unless the extra yaml says otherwise.
 async fn start(accounts: &[(&str, &str, &str)]) -> Harness {
     let upstream = FakeUpstream::start().await.expect("fake upstream");
     let mut yaml = format!(
-        "api_keys:\n  - {{key: {KEY}, user: alice, group: default}}\n  - {{key: {OTHER_KEY}, user: mallory, group: default}}\n  - {{key: {LIMITED_KEY}, user: bob, group: default, user_rpm: 2}}\n  - {{key: {CODEX_KEY}, user: codex, group: chatgpt}}\naccounts:\n"
+        "api_keys:\n  - {{key: {KEY}, user: alice, group: default}}\n  - {{key: {OTHER_KEY}, user: mallory, group: default}}\n  - {{key: {LIMITED_KEY}, user: bob, group: default, user_rpm: 2}}\n  - {{key: {CODEX_KEY}, user: codex, group: chatgpt}}\ngroups:\n  chatgpt: {{}}\naccounts:\n"
     );
     for (name, platform, extra) in accounts {
         yaml.push_str(&format!(

@@ -163,7 +163,8 @@ async fn distributed() -> Pool {
         };
         match key {
             Key::Open | Key::Disabled => {}
-            Key::Expired => request.expires_at_ms = Some(EXPIRED_AT_MS),
+            // Made without an expiry: one in the past is refused at creation. It expires below.
+            Key::Expired => {}
             Key::Limited => {
                 request.allowed_models = LIMITED_MODELS.map(str::to_owned).to_vec();
                 request.allowed_endpoints = LIMITED_ENDPOINTS.map(str::to_owned).to_vec();
@@ -174,6 +175,30 @@ async fn distributed() -> Pool {
             .await
             .expect("the key is created")
             .into_inner();
+        if key == Key::Expired {
+            // A key that has expired since it was made: the expiry written to the store as it
+            // stands after the fact, then the selector's snapshot reloaded by an admin update
+            // that changes nothing else.
+            backends
+                .store
+                .update_api_key(
+                    created.id,
+                    &poolgate_core::keys::KeyUpdate {
+                        expires_at_ms: Some(Some(EXPIRED_AT_MS)),
+                        ..Default::default()
+                    },
+                )
+                .await
+                .expect("the key's expiry is written");
+            admin
+                .update_api_key(spb::UpdateApiKeyRequest {
+                    id: created.id,
+                    disabled: Some(false),
+                    ..Default::default()
+                })
+                .await
+                .expect("the selector reloads");
+        }
         if key == Key::Disabled {
             admin
                 .update_api_key(spb::UpdateApiKeyRequest {
