@@ -12,10 +12,10 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use poolgate_core::AccountId;
 use poolgate_core::account::{Account, ApiKeyRecord};
 use poolgate_core::keys::{KeyUpdate, PeriodUsage, UsagePeriod};
 use poolgate_core::status::StatusReport;
-use poolgate_core::{AccountId, now_ms};
 use poolgate_proto::convert::{AccountReadings, WindowsAnswer};
 use poolgate_select::engine::{Selector, SelectorError};
 use poolgate_select::source::{AdminStore, UsageTotals};
@@ -94,7 +94,7 @@ impl EngineAdmin {
     ) -> Result<WindowsAnswer, SelectorError> {
         let accounts = self.selector.windows(account, group).await?;
         Ok(WindowsAnswer {
-            now_ms: now_ms(),
+            now_ms: self.selector.clock().wall_ms(),
             accounts: accounts
                 .into_iter()
                 .map(|(account, readings)| AccountReadings {

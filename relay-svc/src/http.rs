@@ -252,7 +252,7 @@ async fn own_key(State(front): State<Front>, headers: HeaderMap) -> Response {
         .await
     {
         Ok(description) => {
-            axum::Json(key_view(&description, poolgate_core::now_ms())).into_response()
+            axum::Json(key_view(&description, front.relay.clock.wall_ms())).into_response()
         }
         Err(error) => error.into_response(),
     };

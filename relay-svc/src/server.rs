@@ -82,10 +82,12 @@ pub fn assemble(config: &Config, metrics: Metrics) -> Result<Assembled, String> 
         } => crate::remote::remote_backends(selector, admission, client, metrics.client.clone())
             .map_err(|error| error.to_string())?,
     };
-    let relay = Arc::new(
-        Relay::new(selection, leases, config.relay.clone(), metrics)
-            .map_err(|error| error.to_string())?,
-    );
+    let relay = Relay::new(selection, leases, config.relay.clone(), metrics)
+        .map_err(|error| error.to_string())?;
+    let relay = Arc::new(match &standalone {
+        Some(engines) => relay.with_clock(engines.selection.clock().clone()),
+        None => relay,
+    });
     Ok(Assembled { relay, standalone })
 }
 

@@ -78,7 +78,7 @@ impl Relay {
     /// again with the relay's clock, so it takes effect between two lookups too.
     pub async fn authenticate(&self, api: Api, key: Option<&str>) -> Result<Caller, RelayError> {
         match self.check_key(api, key).await? {
-            KeyCheck::Known(caller) => match caller.access.check_key(poolgate_core::now_ms()) {
+            KeyCheck::Known(caller) => match caller.access.check_key(self.clock.wall_ms()) {
                 Ok(()) => Ok(caller),
                 Err(refusal) => Err(self.key_refused(api, refusal.into())),
             },

@@ -13,7 +13,6 @@ use poolgate_core::account::CredentialKind;
 use poolgate_core::classify::{
     Classified, UpstreamError, classify, classify_stream_error, connect_failure, network_failure,
 };
-use poolgate_core::now_ms;
 use poolgate_core::outcome::OutcomeClass;
 use poolgate_core::windows::read_windows;
 use serde_json::Value;
@@ -187,7 +186,7 @@ impl Relay {
         // Every answer head (success or error, stream or not) says where the account stands in
         // its usage windows; selection orders by it (docs/DESIGN.md §5). Sent off the latency
         // path: the port queues it, nothing here waits for the selector.
-        let readings = read_windows(&headers, now_ms());
+        let readings = read_windows(&headers, self.clock.wall_ms());
         if !readings.is_empty() {
             self.record_windows(account.id, readings);
         }
@@ -198,7 +197,7 @@ impl Relay {
                 status.as_u16(),
                 &headers,
                 &body,
-                now_ms(),
+                self.clock.wall_ms(),
                 self.settings.hard_block_threshold.as_millis() as u64,
             );
             return Called::Failed {

@@ -8,7 +8,6 @@ use std::time::Instant;
 use poolgate_core::account::Price;
 use poolgate_core::classify::Classified;
 use poolgate_core::money::usd_to_micros;
-use poolgate_core::now_ms;
 use poolgate_core::outcome::OutcomeClass;
 
 use super::{Inbound, Relay};
@@ -125,7 +124,7 @@ impl Finish {
             cost_usd: cost,
             status: self.status,
             latency_ms: self.started.elapsed().as_millis().min(u32::MAX as u128) as u32,
-            at_ms: now_ms().max(0) as u64,
+            at_ms: self.relay.clock.wall_ms().max(0) as u64,
         });
     }
 }

@@ -33,7 +33,7 @@ impl Relay {
     ) -> Result<(), RelayError> {
         caller
             .access
-            .check(poolgate_core::now_ms(), endpoint, model)
+            .check(self.clock.wall_ms(), endpoint, model)
             .map_err(|refusal| self.key_refused(api, refusal.into()))
     }
 

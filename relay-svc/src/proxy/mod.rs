@@ -27,6 +27,8 @@ mod stream;
 
 use poolgate_core::keys::KeyDescription;
 use std::sync::Arc;
+
+use poolgate_core::Clock;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -178,6 +180,9 @@ pub struct Relay {
     pub leases: Arc<dyn LeaseApi>,
     /// Usage records on their way to the selection API, in batches (`usage_sink.rs`).
     pub usage: UsageSink,
+    /// Wall time for what the relay judges itself (a cached key's expiry, an answer's reset
+    /// times, usage records): the engines' clock in standalone mode, the system's otherwise.
+    pub clock: Clock,
     pub settings: RelaySettings,
     pub metrics: Metrics,
     /// The upstream HTTP clients, direct and per account proxy (`clients.rs`).
@@ -225,6 +230,7 @@ impl Relay {
                 SinkSettings::default(),
             ),
             selection,
+            clock: Clock::system(),
             leases: Arc::new(crate::ports::Lingering::new(leases, settings.cancel_linger)),
             auth_cache: TtlCache::new(settings.auth_cache_ttl, auth::MAX_CACHED_CHECKS),
             settings,
@@ -233,6 +239,12 @@ impl Relay {
             descriptions: TtlCache::new(keys::DESCRIPTION_TTL, keys::MAX_CACHED_DESCRIPTIONS),
             unpriced_models: UnpricedModels::default(),
         })
+    }
+
+    /// The same relay on `clock` (the standalone engines' own).
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// Runs the request to its answer; one that reached an upstream is timed in
@@ -348,7 +360,7 @@ impl Relay {
             api,
             limit,
             denial.retry_after_ms,
-            poolgate_core::now_ms(),
+            self.clock.wall_ms(),
         ))
     }
 
