@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use poolgate_core::account::{CredentialKind, Platform};
 use poolgate_core::classify::{Classified, classify};
+use poolgate_core::keys::KeyAccess;
 use poolgate_core::lease::{DenyReason, LeaseTerms, Settings};
 use poolgate_core::now_ms;
 use poolgate_core::outcome::Outcome;
@@ -20,7 +21,8 @@ use poolgate_stack::{self as stack, SERVICE_TOKEN};
 use poolgate_testkit::eventually;
 use relay_svc::metrics::Metrics;
 use relay_svc::ports::{
-    Acquired, Caller, KeyCheck, Lease, LeaseApi, Plan, PlanRequest, SelectionApi, UsageRecord,
+    Acquired, Caller, KeyCheck, Lease, LeaseApi, Plan, PlanRequest, RefusedFor, SelectionApi,
+    UsageRecord,
 };
 use relay_svc::remote::{GrpcClient, remote_backends};
 use relay_svc::standalone::{Standalone, StandaloneFile};
@@ -31,6 +33,11 @@ const NOWHERE: &str = "http://127.0.0.1:9";
 
 /// The client key of the in-process pool (the gRPC one has the selector make its own).
 const IN_PROCESS_KEY: &str = "pgk-ports-key-0001";
+
+/// A second key of the pool, expired since long ago (1970-01-01T00:16:40Z): both
+/// implementations refuse it as a whole, naming when.
+const EXPIRED_KEY: &str = "pgk-ports-expired-0001";
+const EXPIRED_AT_MS: i64 = 1_000_000;
 
 /// The user and per-user limit of the one client key.
 const USER: &str = "alice";
@@ -87,6 +94,8 @@ struct Ports {
     leases: Arc<dyn LeaseApi>,
     /// The client key.
     key: String,
+    /// A key of the pool that expired long ago.
+    expired_key: String,
     /// Account names and ids.
     accounts: Vec<(&'static str, i64)>,
     running: Running,
@@ -94,7 +103,8 @@ struct Ports {
 
 async fn in_process(specs: &[Spec]) -> Ports {
     let mut yaml = format!(
-        "api_keys:\n  - {{key: {IN_PROCESS_KEY}, user: {USER}, group: default, user_rpm: {USER_RPM}}}\naccounts:\n"
+        "api_keys:\n  - {{key: {IN_PROCESS_KEY}, user: {USER}, group: default, user_rpm: {USER_RPM}}}\n  - {{key: {EXPIRED_KEY}, user: {USER}, group: default, expires_at: {}}}\naccounts:\n",
+        EXPIRED_AT_MS / 1000
     );
     for spec in specs {
         let mut extra = spec
@@ -128,6 +138,7 @@ async fn in_process(specs: &[Spec]) -> Ports {
         selection: engines.selection.clone(),
         leases: engines.leases.clone(),
         key: IN_PROCESS_KEY.into(),
+        expired_key: EXPIRED_KEY.into(),
         accounts,
         running: Running::InProcess(engines),
     }
@@ -155,6 +166,20 @@ async fn grpc(specs: &[Spec]) -> Ports {
         .create_api_key("ports", USER, "default", USER_RPM)
         .await
         .expect("client key stored");
+    let (_, expired) = backends
+        .store
+        .create_api_key_with_access(
+            "ports-expired",
+            USER,
+            "default",
+            0,
+            &KeyAccess {
+                expires_at_ms: Some(EXPIRED_AT_MS),
+                ..KeyAccess::default()
+            },
+        )
+        .await
+        .expect("expired key stored");
     // The accounts are in Postgres before the selector starts: its first snapshot has them.
     let (selector, selector_addr) = stack::selector(&backends).await.expect("selector starts");
     let (admission, admission_addr) = stack::admission(&backends.redis.url(), admission_settings())
@@ -174,6 +199,7 @@ async fn grpc(specs: &[Spec]) -> Ports {
         selection,
         leases,
         key: key.expose().to_owned(),
+        expired_key: expired.expose().to_owned(),
         accounts,
         running: Running::Grpc(Box::new(GrpcStack {
             backends,
@@ -316,6 +342,30 @@ async fn a_known_key_authenticates_as_its_user_and_an_unknown_one_is_none(ports:
             .expect("an unknown key is an answer, not an error");
         assert_eq!(answer, KeyCheck::Unknown, "{unknown:?}");
     }
+}
+
+async fn an_expired_key_is_refused_as_a_whole_naming_when_and_still_described(ports: Ports) {
+    let answer = ports
+        .selection
+        .check_key(&ports.expired_key)
+        .await
+        .expect("a refused key is an answer, not an error");
+    let KeyCheck::Refused(refused) = answer else {
+        panic!("refused: {answer:?}");
+    };
+    assert_eq!(refused.reason, RefusedFor::Expired);
+    assert!(
+        refused.message.contains("1970-01-01T00:16:40Z"),
+        "names when: {}",
+        refused.message
+    );
+    let described = ports
+        .selection
+        .describe_key(&ports.expired_key)
+        .await
+        .expect("the selection answers")
+        .expect("its holder may still read it");
+    assert_eq!(described.record.access.expires_at_ms, Some(EXPIRED_AT_MS));
 }
 
 async fn select_orders_the_groups_accounts_by_tier_with_what_calling_them_needs(ports: Ports) {
@@ -602,6 +652,14 @@ macro_rules! ports_suite {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn a_known_key_authenticates_as_its_user_and_an_unknown_one_is_none() {
                 super::a_known_key_authenticates_as_its_user_and_an_unknown_one_is_none(
+                    super::$mode(&tiered()).await,
+                )
+                .await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn an_expired_key_is_refused_as_a_whole_naming_when_and_still_described() {
+                super::an_expired_key_is_refused_as_a_whole_naming_when_and_still_described(
                     super::$mode(&tiered()).await,
                 )
                 .await;
