@@ -77,16 +77,7 @@ impl RemoteSelection {
 }
 
 fn success_report(account_id: i64, status: u16) -> spb::ReportOutcomeRequest {
-    spb::ReportOutcomeRequest {
-        account_id,
-        class: spb::OutcomeClass::Success as i32,
-        status: u32::from(status),
-        reset_at_ms: 0,
-        reason: String::new(),
-        after_refresh: false,
-        refused_credential_fingerprint: String::new(),
-        before_send: false,
-    }
+    spb::ReportOutcomeRequest::from(&Outcome::new(account_id, OutcomeClass::Success, status))
 }
 
 /// The usage-window half of the flush: what is pending, and how the calls went.
@@ -304,23 +295,14 @@ impl SelectionApi for RemoteSelection {
         let answer = self
             .client
             .clone()
-            .select(spb::SelectRequest {
-                group: request.group.clone(),
-                platform: platform_pb(request.platform),
-                model: request.model.clone(),
+            .select(convert::select_request(
+                request,
                 // The wire carries the binding's name, scoped by the engine's rule.
-                session_hash: request
+                request
                     .session_hash
                     .as_deref()
-                    .map(|session| binding_key(request.api_key_id, session))
-                    .unwrap_or_default(),
-                previous_response_id: request.previous_response_id.clone().unwrap_or_default(),
-                exclude_account_ids: request.exclude.clone(),
-                max_accounts: 0,
-                api_key_id: request.api_key_id,
-                // `NoneReason::Confirming` is read (the relay plans again on it).
-                reads_confirming: true,
-            })
+                    .map(|session| binding_key(request.api_key_id, session)),
+            ))
             .await;
         let answer = match answer {
             Ok(answer) => answer.into_inner(),

@@ -297,7 +297,7 @@ pub use lease::{
 };
 pub use selection::{
     MAX_WINDOW_ACCOUNTS, MAX_WINDOW_READINGS, read_outcome, read_report_answer,
-    read_windows_request, report_answer, select_response, windows_request,
+    read_windows_request, report_answer, select_request, select_response, windows_request,
 };
 pub use status::{read_status_answer, status_answer};
 pub use windows::{

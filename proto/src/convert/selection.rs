@@ -4,12 +4,28 @@
 use poolgate_core::AccountId;
 use poolgate_core::account::{Account, Platform, Price, Secret};
 use poolgate_core::outcome::{MAX_REASON_BYTES, Outcome, OutcomeClass, bounded_reason};
-use poolgate_core::plan::{Effect, Plan, PlannedAccount, UsageRecord};
+use poolgate_core::plan::{Effect, Plan, PlanRequest, PlannedAccount, UsageRecord};
 use poolgate_core::select::NoneReason;
 use poolgate_core::windows::{MinuteLimit, Scope, WindowKind, WindowReading, WindowStatus};
 
 use super::{ConvertError, EnumField, credential_kind, effect, none_reason};
 use crate::selector::v1 as spb;
+
+/// A relay's `Select` for `request`, its session named as the selector binds it (`binding`,
+/// the engine's scoped name); the relay reads `NONE_REASON_CONFIRMING`.
+pub fn select_request(request: &PlanRequest, binding: Option<String>) -> spb::SelectRequest {
+    spb::SelectRequest {
+        group: request.group.clone(),
+        platform: spb::Platform::from(request.platform) as i32,
+        model: request.model.clone(),
+        session_hash: binding.unwrap_or_default(),
+        previous_response_id: request.previous_response_id.clone().unwrap_or_default(),
+        exclude_account_ids: request.exclude.clone(),
+        max_accounts: 0,
+        api_key_id: request.api_key_id,
+        reads_confirming: true,
+    }
+}
 
 impl From<&Outcome> for spb::ReportOutcomeRequest {
     fn from(outcome: &Outcome) -> Self {
