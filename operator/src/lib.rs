@@ -91,6 +91,15 @@ pub enum OperatorError {
 }
 
 impl OperatorError {
+    /// The exit status of a verb that ended with this error: 2 for a request the endpoint
+    /// refused as invalid (the operator's input, as a bad flag is), 1 for any other failure.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            OperatorError::Invalid(_) => 2,
+            _ => 1,
+        }
+    }
+
     /// What went wrong without the kind's words around it (`no account 7`): the message an
     /// answer carries next to its status.
     pub fn detail(&self) -> &str {
@@ -154,7 +163,8 @@ pub async fn execute(endpoint: &dyn AdminEndpoint, verb: &Verb) -> Result<String
 }
 
 /// [`execute`], printed: the answer on stdout, an error on stderr as `<program>: <error>` with
-/// exit status 1 (a call that failed; a bad flag is clap's 2 before this runs).
+/// [`OperatorError::exit_code`]'s status (2 for a request refused as invalid, as clap's 2 for a
+/// bad flag before this runs; 1 for a call that failed).
 pub async fn run(program: &str, endpoint: &dyn AdminEndpoint, verb: &Verb) -> ExitCode {
     match execute(endpoint, verb).await {
         Ok(text) => {
@@ -165,7 +175,7 @@ pub async fn run(program: &str, endpoint: &dyn AdminEndpoint, verb: &Verb) -> Ex
         }
         Err(error) => {
             eprintln!("{program}: {error}");
-            ExitCode::from(1)
+            ExitCode::from(error.exit_code())
         }
     }
 }

@@ -143,6 +143,22 @@ async fn relay_selector_and_admission_as_separate_processes() {
     }
     let blocks = env.run("selector-svc", &["admin", "blocks"], &[]);
     assert!(blocks.trim().is_empty(), "no account was blocked: {blocks}");
+    // A refused configuration verb exits 2 naming the field, and writes nothing (issue 39):
+    // a key for a group nobody made.
+    let keys_before = env.run("selector-svc", &["admin", "keys"], &[]);
+    let refused = env
+        .command("selector-svc")
+        .args(["admin", "create-key", "--user", "u", "--group", "defualt"])
+        .output()
+        .expect("command runs");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("group"), "names the field: {stderr}");
+    assert_eq!(
+        env.run("selector-svc", &["admin", "keys"], &[]),
+        keys_before,
+        "no key was created"
+    );
     // The relay's metrics are on their own port, not on the clients'.
     let metrics = http
         .get(format!("http://127.0.0.1:{relay_metrics_port}/metrics"))

@@ -469,7 +469,8 @@ pub async fn run(args: &AdminArgs) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("{PROGRAM}: {error}");
-            ExitCode::from(1)
+            // A refusal of the operator's input exits 2, as a bad flag does.
+            ExitCode::from(error.exit_code())
         }
     }
 }
