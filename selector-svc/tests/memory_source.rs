@@ -433,6 +433,33 @@ async fn the_usage_ledger_sums_a_keys_hours_in_range_and_survives_a_restart() {
     );
 }
 
+/// Usage the source took is taken once, even when the state file cannot be written at that
+/// moment: the call answers what it took (a caller that saw an error would send the records
+/// again and count them twice), and the file gets them at a later write.
+#[tokio::test(start_paused = true)]
+async fn usage_taken_while_the_state_file_cannot_be_written_is_not_an_error_and_counts_once() {
+    let scratch = Scratch::new("usage-unwritable").expect("scratch");
+    let file = StateFile::new(scratch.path().join("no-such-directory").join("state.json"));
+    let source = MemorySource::new(
+        two_keys(vec![account(1, |_| {})], 1, 2),
+        Some(file),
+        Clock::system(),
+    )
+    .expect("source");
+    // Past the write interval: this insert writes the file, and the write fails.
+    tokio::time::advance(Duration::from_secs(10)).await;
+    let hour = 3_600_000;
+    let base = 1_700_000_000_000 / hour * hour;
+    let taken = source.insert_usage(&[usage(Some(1), base, 10, 1.0)]).await;
+    assert_eq!(taken.ok(), Some(1), "taken, to be written later");
+    let totals = source.read_usage(1, base, base + hour).await.expect("read");
+    assert_eq!(totals.requests, 1);
+    assert!(
+        source.flush().await.is_err(),
+        "the file is still unwritable"
+    );
+}
+
 /// A config with two client keys, `client-key-a` and `client-key-b`, with the ids given.
 fn two_keys(accounts: Vec<Account>, a: i64, b: i64) -> Snapshot {
     let record = |id: i64| ApiKeyRecord {
