@@ -257,6 +257,7 @@ impl Upstream {
                 proxy_url: None,
                 probe_model: None,
                 stream_usage: true,
+                identity: Default::default(),
             }),
             five_limit: spec.five_hour,
             seven_limit: spec.seven_day,

@@ -226,6 +226,38 @@ pub struct Account {
     pub probe_model: Option<String>,
     /// OpenAI chat streams: ask the upstream for usage when the client did not (default on).
     pub stream_usage: bool,
+    /// Who the upstream says this account is, when it was signed in (or imported) through
+    /// poolgate; empty for an account configured by hand.
+    pub identity: AccountIdentity,
+}
+
+/// Who an upstream says a subscription account is, from what its sign-in returned: the id that
+/// makes it one account (signing the same one in again updates it in place), the email and the
+/// plan operators see. Empty fields: not known.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AccountIdentity {
+    /// The upstream's ids of the signed-in user and of the organisation or workspace whose
+    /// subscription it uses, as `<user>/<organisation>`: Anthropic's account and organization
+    /// uuids; ChatGPT's `chatgpt_user_id` and `chatgpt_account_id` (a Team workspace is one
+    /// account id for all its members, each with limits of their own). Unique per platform.
+    pub upstream_id: String,
+    pub email: String,
+    /// The subscription as the upstream names it (`max`, `pro`, `plus`, `team`, …).
+    pub plan: String,
+}
+
+impl AccountIdentity {
+    /// The `<user>/<organisation>` id of an account; either part may be empty, not both.
+    pub fn upstream_id(user: &str, organisation: &str) -> Option<String> {
+        if user.is_empty() && organisation.is_empty() {
+            return None;
+        }
+        Some(format!("{user}/{organisation}"))
+    }
+
+    pub fn is_known(&self) -> bool {
+        !self.upstream_id.is_empty()
+    }
 }
 
 impl Account {
@@ -316,4 +348,146 @@ mod tests {
         assert_eq!(Secret::new("short").masked(), "…");
         assert_eq!(Secret::new("").masked(), "");
     }
+}
+
+/// Where a platform's accounts are called when a sign-in or an import names no base URL: the
+/// API for keys and Claude subscriptions, the ChatGPT backend for ChatGPT subscriptions
+/// (docs/SUBSCRIPTIONS.md).
+pub fn default_base_url(platform: Platform, kind: CredentialKind) -> &'static str {
+    match (platform, kind) {
+        (Platform::Anthropic, _) => "https://api.anthropic.com",
+        (Platform::OpenAi, CredentialKind::ChatGptOAuth) => "https://chatgpt.com/backend-api",
+        (Platform::OpenAi, _) => "https://api.openai.com",
+    }
+}
+
+/// Settings an import carries from its source (CLIProxyAPI, sub2api, claude-relay-service);
+/// `None`: keep the account's (a new account: the defaults).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ImportedSettings {
+    pub priority: Option<i32>,
+    pub concurrency_limit: Option<i32>,
+    pub rpm_limit: Option<i32>,
+    pub proxy_url: Option<String>,
+    pub model_mapping: Option<HashMap<String, String>>,
+}
+
+/// What a sign-in (`login`) or an import puts into the pool: the tokens the upstream returned
+/// and who it says the account is. The account is found by `account_id` when given (signing
+/// that one in again), else by platform and identity; found, its tokens are replaced in place
+/// (id, limits, group and history kept; an account in `error` comes back to `active`);
+/// otherwise a new account is created.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SignIn {
+    pub platform: Platform,
+    pub kind: CredentialKind,
+    /// The API key or the OAuth access token.
+    pub access_token: Secret,
+    /// Empty: none. Claude Code's `setup-token` makes a year-long inference-only token with no
+    /// refresh token: the account is signed in again before `expires_at_ms`.
+    pub refresh_token: Secret,
+    /// Access token expiry, ms since the epoch (0: unknown).
+    pub expires_at_ms: i64,
+    /// Where the token is refreshed; empty: the platform's default.
+    pub token_url: String,
+    /// The client id refreshes carry; empty: the platform's default.
+    pub client_id: String,
+    pub identity: AccountIdentity,
+    pub account_id: Option<AccountId>,
+    /// A new account's name; `None`: [`SignIn::default_name`].
+    pub name: Option<String>,
+    /// A new account's group (an existing account keeps its own); `None`: `default`.
+    pub group: Option<String>,
+    /// A new account's base URL; `None`: [`default_base_url`].
+    pub base_url: Option<String>,
+    pub settings: ImportedSettings,
+}
+
+/// The group a signed-in account joins when none is named.
+pub const DEFAULT_GROUP: &str = "default";
+
+impl SignIn {
+    /// The name a new account gets when none is given: the platform's short name and the email
+    /// (`claude-ada@example.com`, `chatgpt-ada@example.com`), else the start of the upstream id.
+    pub fn default_name(&self) -> String {
+        let prefix = match (self.platform, self.kind) {
+            (Platform::Anthropic, CredentialKind::ApiKey) => "anthropic",
+            (Platform::Anthropic, _) => "claude",
+            (Platform::OpenAi, CredentialKind::ChatGptOAuth) => "chatgpt",
+            (Platform::OpenAi, _) => "openai",
+        };
+        let who = if self.identity.email.is_empty() {
+            self.identity.upstream_id.chars().take(12).collect()
+        } else {
+            self.identity.email.clone()
+        };
+        format!("{prefix}-{who}")
+    }
+
+    /// The first field that cannot be stored, and why.
+    pub fn problem(&self) -> Option<(&'static str, String)> {
+        let oauth = self.kind.is_oauth();
+        if self.kind == CredentialKind::ChatGptOAuth && self.platform != Platform::OpenAi {
+            return Some(("platform", "a ChatGPT account is on platform openai".into()));
+        }
+        if self.access_token.is_empty() || self.access_token.expose().len() > 16_384 {
+            return Some(("access_token", "must be 1..=16384 bytes".into()));
+        }
+        if self.refresh_token.expose().len() > 16_384 {
+            return Some(("refresh_token", "must be at most 16384 bytes".into()));
+        }
+        if !oauth && !self.refresh_token.is_empty() {
+            return Some(("refresh_token", "an API key has none".into()));
+        }
+        if self.expires_at_ms < 0 {
+            return Some(("expires_at", "must not be negative".into()));
+        }
+        for (field, value, max) in [
+            ("upstream_id", &self.identity.upstream_id, 512),
+            ("email", &self.identity.email, 320),
+            ("plan", &self.identity.plan, 64),
+        ] {
+            if value.len() > max || value.chars().any(char::is_control) {
+                return Some((
+                    field,
+                    format!("must be at most {max} bytes, no control characters"),
+                ));
+            }
+        }
+        if !self.identity.is_known() {
+            return Some((
+                "upstream_id",
+                "the sign-in named no account or organisation id".into(),
+            ));
+        }
+        for (field, value) in [("name", &self.name), ("group", &self.group)] {
+            if let Some(value) = value
+                && (value.trim().is_empty() || value.len() > 128)
+            {
+                return Some((field, "must be 1..=128 bytes".into()));
+            }
+        }
+        if let Some(url) = &self.base_url
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            return Some(("base_url", "must be an http(s) URL".into()));
+        }
+        for (field, url) in [("token_url", &self.token_url)] {
+            if !url.is_empty() && !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Some((field, "must be an http(s) URL".into()));
+            }
+        }
+        None
+    }
+}
+
+/// What a sign-in did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SignedIn {
+    /// The account after.
+    pub account: Account,
+    /// A new account (`false`: an existing one's tokens were replaced).
+    pub created: bool,
+    /// It was in `error` and is `active` again.
+    pub reactivated: bool,
 }

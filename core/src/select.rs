@@ -270,6 +270,7 @@ mod tests {
             proxy_url: None,
             probe_model: None,
             stream_usage: true,
+            identity: Default::default(),
         })
     }
 

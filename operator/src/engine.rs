@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use poolgate_core::AccountId;
-use poolgate_core::account::{Account, ApiKeyRecord};
+use poolgate_core::account::{Account, ApiKeyRecord, SignIn, SignedIn};
 use poolgate_core::keys::{KeyUpdate, PeriodUsage, UsagePeriod};
 use poolgate_core::status::StatusReport;
 use poolgate_proto::convert::{AccountReadings, WindowsAnswer};
@@ -23,7 +23,8 @@ use poolgate_select::source::{AdminStore, UsageTotals};
 use crate::grpc::{row_of_account, rows_of_windows, usage_keys, usage_report};
 use crate::view::{UsageReport, key_row, status_view};
 use crate::{
-    AccountRow, AdminEndpoint, BlockRow, KeyRow, OperatorError, StatusView, UsageRow, WindowRow,
+    AccountRow, AdminEndpoint, BlockRow, KeyRow, OperatorError, SignedInRow, StatusView, UsageRow,
+    WindowRow,
 };
 
 /// A key's usage per period of the deployment's budget calendar (`Selector::key_usage`).
@@ -163,6 +164,27 @@ impl EngineAdmin {
             .await?)
     }
 
+    /// Puts a sign-in's tokens into the pool through the store ([`AdminStore::sign_in`]),
+    /// served at once (the engine reloads); an account that came back from `error` has its
+    /// blocks and breaker cleared, as `restore` does.
+    pub async fn sign_in_account(&self, sign_in: &SignIn) -> Result<SignedIn, SelectorError> {
+        if let Some((field, message)) = sign_in.problem() {
+            return Err(SelectorError::invalid(field, message));
+        }
+        let signed_in = self.store.sign_in(sign_in).await?;
+        self.selector.reload().await?;
+        if signed_in.reactivated {
+            self.selector.clear_blocks(signed_in.account.id).await?;
+        }
+        tracing::info!(
+            account_id = signed_in.account.id,
+            created = signed_in.created,
+            reactivated = signed_in.reactivated,
+            "account signed in"
+        );
+        Ok(signed_in)
+    }
+
     /// The pool at a glance (`Selector::status`).
     pub async fn status_report(&self) -> Result<StatusReport, SelectorError> {
         self.selector.status().await
@@ -175,6 +197,8 @@ pub fn operator_error(error: SelectorError, not_found: impl FnOnce() -> String) 
     match error {
         SelectorError::NotFound(_) => OperatorError::NotFound(not_found()),
         SelectorError::InvalidArgument { .. } => OperatorError::Invalid(error.to_string()),
+        // A name or an identity another account has: the operator's input, as a bad field is.
+        SelectorError::Conflict(what) => OperatorError::Invalid(what),
         other => OperatorError::Unavailable(format!("backend unavailable: {other}")),
     }
 }
@@ -299,6 +323,19 @@ impl AdminEndpoint for EngineAdmin {
         let report = self.status_report().await.map_err(engine_error)?;
         Ok(status_view(&report))
     }
+
+    async fn sign_in(&self, sign_in: &SignIn) -> Result<SignedInRow, OperatorError> {
+        let account_id = sign_in.account_id.unwrap_or_default();
+        let signed_in = self
+            .sign_in_account(sign_in)
+            .await
+            .map_err(|e| operator_error(e, no_account(account_id)))?;
+        Ok(SignedInRow {
+            account: row(&signed_in.account)?,
+            created: signed_in.created,
+            reactivated: signed_in.reactivated,
+        })
+    }
 }
 
 #[cfg(test)]
@@ -332,6 +369,7 @@ mod tests {
             proxy_url: None,
             probe_model: None,
             stream_usage: true,
+            identity: Default::default(),
         };
         let row = row(&account).expect("a row");
         assert_eq!(

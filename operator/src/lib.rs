@@ -23,11 +23,12 @@ pub mod view;
 use std::process::ExitCode;
 
 use async_trait::async_trait;
+use poolgate_core::account::SignIn;
 
 pub use verb::{Format, Output, Verb};
 pub use view::{
-    AccountRow, AccountStatusRow, BlockRow, KeyRow, ReplicaRow, StatusView, UsageReport, UsageRow,
-    WindowRow,
+    AccountRow, AccountStatusRow, BlockRow, KeyRow, ReplicaRow, SignedInRow, StatusView,
+    UsageReport, UsageRow, WindowRow,
 };
 
 /// An admin endpoint the read and repair verbs run against.
@@ -68,6 +69,9 @@ pub trait AdminEndpoint: Send + Sync {
     /// The pool at a glance: every account's live state, load and windows, and admission's state
     /// (the `status` verb and the status page).
     async fn status(&self) -> Result<StatusView, OperatorError>;
+    /// Puts a sign-in's or an import's tokens into the pool (docs/DESIGN.md §5, "Signing
+    /// accounts in"): the account named, or the one with its identity, or a new one.
+    async fn sign_in(&self, sign_in: &SignIn) -> Result<SignedInRow, OperatorError>;
 }
 
 /// Why a verb did not run. The detail keeps the transport's own code (`401 Unauthorized`,

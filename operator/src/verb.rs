@@ -511,6 +511,11 @@ mod tests {
             concurrency_limit: 3,
             rpm_limit: 60,
             session_window_limit_usd: 12.5,
+            upstream_id: String::new(),
+            email: String::new(),
+            plan: String::new(),
+            token_expires_at_ms: 0,
+            refreshable: false,
         }
     }
 

@@ -2,7 +2,9 @@
 //! JSON envelopes the standalone relay's admin endpoint answers with (the CLI's `--output json`
 //! prints the same envelopes, whichever endpoint answered).
 
-use poolgate_core::account::ApiKeyRecord;
+use poolgate_core::account::{
+    AccountIdentity, ApiKeyRecord, CredentialKind, ImportedSettings, Platform, Secret, SignIn,
+};
 use poolgate_core::keys::{PeriodUsage, UsagePeriod};
 use poolgate_core::money::micros_to_usd;
 use poolgate_core::status::{AccountStanding, AdmissionPolicy, BlockNote, StatusReport};
@@ -39,6 +41,149 @@ pub struct AccountRow {
     /// Spend per session window, USD; 0: no limit.
     #[serde(default)]
     pub session_window_limit_usd: f64,
+    /// Who the upstream says the account is (`<user>/<organisation>` ids, email, plan), when it
+    /// was signed in or imported; empty: not known.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub upstream_id: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub email: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub plan: String,
+    /// OAuth: when the access token expires (ms since the epoch; 0: unknown), and whether a
+    /// refresh token keeps it alive (without one the account is signed in again before then).
+    #[serde(default)]
+    pub token_expires_at_ms: u64,
+    #[serde(default)]
+    pub refreshable: bool,
+}
+
+/// A sign-in or an import as the standalone relay's admin endpoint takes it
+/// (`POST /admin/accounts/sign-in`): [`SignIn`]'s fields, tokens in clear (the endpoint is
+/// behind the admin token; nothing answers them back).
+#[derive(Clone, Serialize, Deserialize)]
+pub struct SignInBody {
+    pub platform: String,
+    pub kind: String,
+    pub access_token: String,
+    #[serde(default)]
+    pub refresh_token: String,
+    #[serde(default)]
+    pub expires_at_ms: i64,
+    #[serde(default)]
+    pub token_url: String,
+    #[serde(default)]
+    pub client_id: String,
+    pub upstream_id: String,
+    #[serde(default)]
+    pub email: String,
+    #[serde(default)]
+    pub plan: String,
+    #[serde(default)]
+    pub account_id: Option<i64>,
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub group: Option<String>,
+    #[serde(default)]
+    pub base_url: Option<String>,
+    #[serde(default)]
+    pub priority: Option<i32>,
+    #[serde(default)]
+    pub concurrency_limit: Option<i32>,
+    #[serde(default)]
+    pub rpm_limit: Option<i32>,
+    #[serde(default)]
+    pub proxy_url: Option<String>,
+    #[serde(default)]
+    pub model_mapping: Option<std::collections::HashMap<String, String>>,
+}
+
+impl std::fmt::Debug for SignInBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SignInBody")
+            .field("platform", &self.platform)
+            .field("kind", &self.kind)
+            .field("upstream_id", &self.upstream_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl From<&SignIn> for SignInBody {
+    fn from(sign_in: &SignIn) -> Self {
+        let settings = &sign_in.settings;
+        SignInBody {
+            platform: sign_in.platform.as_str().to_owned(),
+            kind: sign_in.kind.as_str().to_owned(),
+            access_token: sign_in.access_token.expose().to_owned(),
+            refresh_token: sign_in.refresh_token.expose().to_owned(),
+            expires_at_ms: sign_in.expires_at_ms,
+            token_url: sign_in.token_url.clone(),
+            client_id: sign_in.client_id.clone(),
+            upstream_id: sign_in.identity.upstream_id.clone(),
+            email: sign_in.identity.email.clone(),
+            plan: sign_in.identity.plan.clone(),
+            account_id: sign_in.account_id,
+            name: sign_in.name.clone(),
+            group: sign_in.group.clone(),
+            base_url: sign_in.base_url.clone(),
+            priority: settings.priority,
+            concurrency_limit: settings.concurrency_limit,
+            rpm_limit: settings.rpm_limit,
+            proxy_url: settings.proxy_url.clone(),
+            model_mapping: settings.model_mapping.clone(),
+        }
+    }
+}
+
+impl SignInBody {
+    /// The sign-in, or the first field it cannot be (named, never quoting a token).
+    pub fn to_sign_in(self) -> Result<SignIn, (&'static str, String)> {
+        let platform = Platform::parse(&self.platform)
+            .ok_or(("platform", "must be anthropic or openai".to_owned()))?;
+        let kind = CredentialKind::parse(&self.kind)
+            .ok_or(("kind", "must be api_key, oauth or chatgpt_oauth".to_owned()))?;
+        if self.account_id.is_some_and(|id| id <= 0) {
+            return Err(("account_id", "must be positive".into()));
+        }
+        let sign_in = SignIn {
+            platform,
+            kind,
+            access_token: Secret::new(self.access_token),
+            refresh_token: Secret::new(self.refresh_token),
+            expires_at_ms: self.expires_at_ms,
+            token_url: self.token_url,
+            client_id: self.client_id,
+            identity: AccountIdentity {
+                upstream_id: self.upstream_id,
+                email: self.email,
+                plan: self.plan,
+            },
+            account_id: self.account_id,
+            name: self.name,
+            group: self.group,
+            base_url: self.base_url,
+            settings: ImportedSettings {
+                priority: self.priority,
+                concurrency_limit: self.concurrency_limit,
+                rpm_limit: self.rpm_limit,
+                proxy_url: self.proxy_url,
+                model_mapping: self.model_mapping,
+            },
+        };
+        match sign_in.problem() {
+            Some(problem) => Err(problem),
+            None => Ok(sign_in),
+        }
+    }
+}
+
+/// What a sign-in did: the account after, and whether it is new or came back from `error`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SignedInRow {
+    pub account: AccountRow,
+    pub created: bool,
+    #[serde(default)]
+    pub reactivated: bool,
 }
 
 /// One block on one account.

@@ -52,6 +52,11 @@ fn accounts() -> Vec<AccountRow> {
         concurrency_limit: 3,
         rpm_limit: 60,
         session_window_limit_usd: 12.5,
+        upstream_id: String::new(),
+        email: String::new(),
+        plan: String::new(),
+        token_expires_at_ms: 0,
+        refreshable: false,
     };
     vec![
         row(1, "a", "g", "active", ""),
@@ -481,6 +486,12 @@ fn unused<T>() -> Result<tonic::Response<T>, Status> {
 
 #[tonic::async_trait]
 impl AdminService for FakeSelector {
+    async fn sign_in_account(
+        &self,
+        _: Request<pb::SignInAccountRequest>,
+    ) -> Result<tonic::Response<pb::SignInAccountResponse>, Status> {
+        unused()
+    }
     async fn upsert_account(
         &self,
         _: Request<pb::UpsertAccountRequest>,

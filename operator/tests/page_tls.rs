@@ -60,6 +60,12 @@ impl AdminEndpoint for Empty {
     async fn set_key_disabled(&self, _: i64, _: bool) -> Result<KeyRow, OperatorError> {
         none()
     }
+    async fn sign_in(
+        &self,
+        _: &poolgate_core::account::SignIn,
+    ) -> Result<poolgate_operator::SignedInRow, OperatorError> {
+        Err(OperatorError::Unavailable("not served here".into()))
+    }
     async fn status(&self) -> Result<StatusView, OperatorError> {
         Ok(StatusView {
             generated_at_ms: poolgate_core::now_ms(),

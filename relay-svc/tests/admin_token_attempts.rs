@@ -43,6 +43,11 @@ impl AdminEndpoint for OneAccount {
             concurrency_limit: 0,
             rpm_limit: 0,
             session_window_limit_usd: 0.0,
+            upstream_id: String::new(),
+            email: String::new(),
+            plan: String::new(),
+            token_expires_at_ms: 0,
+            refreshable: false,
         }])
     }
     async fn blocks(&self) -> Result<Vec<BlockRow>, OperatorError> {
@@ -84,6 +89,12 @@ impl AdminEndpoint for OneAccount {
         Err(not_served())
     }
     async fn status(&self) -> Result<StatusView, OperatorError> {
+        Err(not_served())
+    }
+    async fn sign_in(
+        &self,
+        _sign_in: &poolgate_core::account::SignIn,
+    ) -> Result<poolgate_operator::SignedInRow, OperatorError> {
         Err(not_served())
     }
 }

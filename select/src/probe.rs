@@ -334,6 +334,7 @@ pub(crate) mod tests {
             proxy_url: None,
             probe_model: None,
             stream_usage: true,
+            identity: Default::default(),
         }
     }
 

@@ -74,6 +74,18 @@ impl Snapshot {
         }
     }
 
+    /// Adds an account (the in-memory source's accounts signed in at run time); its group
+    /// exists from now on. An account with the same id is replaced.
+    pub(crate) fn add_account(&mut self, account: Account) {
+        self.groups.insert(account.group.clone());
+        let ids = self.by_group.entry(account.group.clone()).or_default();
+        if !ids.contains(&account.id) {
+            ids.push(account.id);
+            ids.sort_unstable();
+        }
+        self.accounts.insert(account.id, Arc::new(account));
+    }
+
     /// Replaces a client key's record by id, keeping its hash (the in-memory source's key
     /// disable). `false` when there is no such key.
     pub(crate) fn replace_api_key(&mut self, record: ApiKeyRecord) -> bool {

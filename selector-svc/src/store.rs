@@ -14,8 +14,8 @@ use sqlx::{Row, migrate::Migrator};
 
 use poolgate_core::AccountId;
 use poolgate_core::account::{
-    Account, AccountStatus, CredentialKind, GroupSettings, OAuthState, Platform, Price, Secret,
-    default_oauth_token_url,
+    Account, AccountIdentity, AccountStatus, CredentialKind, GroupSettings, OAuthState, Platform,
+    Price, Secret, default_oauth_token_url,
 };
 use poolgate_select::crypto::{BlobPlace, Keyring};
 use poolgate_select::snapshot::Snapshot;
@@ -36,12 +36,21 @@ macro_rules! account_select {
     a.oauth_client_id, a.status, \
     a.status_reason, a.priority, a.weight, a.concurrency_limit, a.rpm_limit, \
     a.session_window_limit_usd, a.allowed_models, a.model_mapping, a.proxy_url, \
-    a.probe_model, a.stream_usage \
+    a.probe_model, a.stream_usage, a.upstream_id, a.email, a.plan \
     FROM accounts a JOIN groups g ON g.id = a.group_id"
     };
 }
 
 const ACCOUNT_SELECT: &str = account_select!();
+
+/// A new account's row, `AccountParams` bound; nothing when the name is taken.
+const INSERT_ACCOUNT: &str = "INSERT INTO accounts (id, name, group_id, platform, base_url, credential_kind, \
+       credential_ciphertext, credential_key_id, refresh_token_ciphertext, expires_at, token_url, \
+       priority, weight, concurrency_limit, rpm_limit, session_window_limit_usd, allowed_models, \
+       model_mapping, proxy_url, probe_model, stream_usage, oauth_client_id) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, to_timestamp($10::double precision / 1000), $11, \
+       $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22) \
+     ON CONFLICT (name) DO NOTHING RETURNING id";
 
 /// The client key columns every read uses: the record, its status, what it may reach (migration
 /// 0006) and its limits (migration 0007), with its group's name.
@@ -60,6 +69,7 @@ macro_rules! api_key_select {
 }
 
 mod api_keys;
+mod sign_in;
 mod usage;
 
 use api_keys::api_key_from_row;
@@ -222,7 +232,7 @@ impl PostgresSource {
     /// An account as stored. A blob that does not decrypt for this row and field (wrong key, or
     /// moved here from another row or column) fails the whole account: the snapshot load skips
     /// it with an error log, `load_account` returns the error; it never yields a credential.
-    fn account_from_row(&self, row: &PgRow) -> Result<Account, StoreError> {
+    pub(crate) fn account_from_row(&self, row: &PgRow) -> Result<Account, StoreError> {
         let id: AccountId = row.try_get("id").map_err(convert)?;
         let key_id: String = row.try_get("credential_key_id").map_err(convert)?;
         let blob: Vec<u8> = row.try_get("credential_ciphertext").map_err(convert)?;
@@ -300,6 +310,20 @@ impl PostgresSource {
             proxy_url: row.try_get("proxy_url").map_err(convert)?,
             probe_model: row.try_get("probe_model").map_err(convert)?,
             stream_usage: row.try_get("stream_usage").map_err(convert)?,
+            identity: AccountIdentity {
+                upstream_id: row
+                    .try_get::<Option<String>, _>("upstream_id")
+                    .map_err(convert)?
+                    .unwrap_or_default(),
+                email: row
+                    .try_get::<Option<String>, _>("email")
+                    .map_err(convert)?
+                    .unwrap_or_default(),
+                plan: row
+                    .try_get::<Option<String>, _>("plan")
+                    .map_err(convert)?
+                    .unwrap_or_default(),
+            },
         })
     }
 
@@ -312,7 +336,7 @@ impl PostgresSource {
             .map_err(convert)
     }
 
-    async fn group_id(&self, name: &str) -> Result<i64, StoreError> {
+    pub(crate) async fn group_id(&self, name: &str) -> Result<i64, StoreError> {
         sqlx::query_scalar(
             "INSERT INTO groups (name) VALUES ($1) ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name RETURNING id",
         )
@@ -418,15 +442,7 @@ impl PostgresSource {
                 client_id,
             };
             let inserted = params
-                .bind(sqlx::query(
-                    "INSERT INTO accounts (id, name, group_id, platform, base_url, credential_kind, \
-                       credential_ciphertext, credential_key_id, refresh_token_ciphertext, expires_at, token_url, \
-                       priority, weight, concurrency_limit, rpm_limit, session_window_limit_usd, allowed_models, \
-                       model_mapping, proxy_url, probe_model, stream_usage, oauth_client_id) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, to_timestamp($10::double precision / 1000), $11, \
-                       $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22) \
-                     ON CONFLICT (name) DO NOTHING RETURNING id",
-                ))
+                .bind(sqlx::query(INSERT_ACCOUNT))
                 .fetch_optional(&mut *tx)
                 .await
                 .map_err(convert)?;
@@ -629,7 +645,7 @@ impl AccountSource for PostgresSource {
 
 /// An account's row as both statements of `upsert_account` bind it, `$1`..`$22` in this order
 /// (the UPDATE keeps the stored value where a credential column or an OAuth field is `NULL`).
-struct AccountParams<'a> {
+pub(crate) struct AccountParams<'a> {
     id: AccountId,
     input: &'a AccountInput,
     group_id: i64,

@@ -638,6 +638,7 @@ fn account(id: AccountId, group: &str, tweak: impl FnOnce(&mut Account)) -> Acco
         proxy_url: None,
         probe_model: None,
         stream_usage: true,
+        identity: Default::default(),
     };
     tweak(&mut account);
     account

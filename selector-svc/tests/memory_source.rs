@@ -48,6 +48,7 @@ fn account(id: AccountId, tweak: impl FnOnce(&mut Account)) -> Account {
         proxy_url: None,
         probe_model: None,
         stream_usage: true,
+        identity: Default::default(),
     };
     tweak(&mut account);
     account

@@ -43,6 +43,7 @@ fn subscription() -> Account {
         proxy_url: None,
         probe_model: None,
         stream_usage: true,
+        identity: Default::default(),
     }
 }
 

@@ -41,6 +41,7 @@ fn account(id: AccountId, name: &str) -> Account {
         proxy_url: None,
         probe_model: None,
         stream_usage: true,
+        identity: Default::default(),
     }
 }
 

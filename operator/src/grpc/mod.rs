@@ -8,7 +8,9 @@ mod rows;
 
 use std::time::Duration;
 
+use crate::SignedInRow;
 use async_trait::async_trait;
+use poolgate_core::account::SignIn;
 use poolgate_proto::convert;
 use poolgate_proto::selector::v1 as pb;
 use poolgate_proto::selector::v1::selector_admin_client::SelectorAdminClient;
@@ -90,9 +92,9 @@ impl From<tonic::Status> for OperatorError {
                 OperatorError::Unauthenticated(detail)
             }
             tonic::Code::NotFound => OperatorError::NotFound(detail),
-            tonic::Code::InvalidArgument | tonic::Code::FailedPrecondition => {
-                OperatorError::Invalid(detail)
-            }
+            tonic::Code::InvalidArgument
+            | tonic::Code::FailedPrecondition
+            | tonic::Code::AlreadyExists => OperatorError::Invalid(detail),
             tonic::Code::Unavailable | tonic::Code::DeadlineExceeded => {
                 OperatorError::Unavailable(detail)
             }
@@ -195,6 +197,14 @@ impl AdminEndpoint for SelectorAdmin {
     async fn status(&self) -> Result<StatusView, OperatorError> {
         let answer = self.client().read_status(pb::ReadStatusRequest {}).await?;
         status_of(answer.into_inner())
+    }
+
+    async fn sign_in(&self, sign_in: &SignIn) -> Result<SignedInRow, OperatorError> {
+        let answer = self
+            .client()
+            .sign_in_account(pb::SignInAccountRequest::from(sign_in))
+            .await?;
+        rows::signed_in_row(answer.get_ref())
     }
 }
 

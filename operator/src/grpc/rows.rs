@@ -10,7 +10,9 @@ use poolgate_proto::convert::{self, EnumField, WindowsAnswer};
 use poolgate_proto::selector::v1 as pb;
 
 use crate::view::{UsageReport, key_row, status_view, window_rows};
-use crate::{AccountRow, BlockRow, KeyRow, OperatorError, StatusView, UsageRow, WindowRow};
+use crate::{
+    AccountRow, BlockRow, KeyRow, OperatorError, SignedInRow, StatusView, UsageRow, WindowRow,
+};
 
 fn unreadable(error: convert::ConvertError) -> OperatorError {
     OperatorError::Unreadable(error.to_string())
@@ -35,6 +37,24 @@ pub fn account_row(view: &pb::AccountView) -> Result<AccountRow, OperatorError> 
         concurrency_limit: view.concurrency_limit,
         rpm_limit: view.rpm_limit,
         session_window_limit_usd: view.session_window_limit_usd,
+        upstream_id: view.upstream_id.clone(),
+        email: view.email.clone(),
+        plan: view.plan.clone(),
+        token_expires_at_ms: view.token_expires_at_ms,
+        refreshable: view.refreshable,
+    })
+}
+
+/// `SignInAccount`'s answer as the CLI shows it.
+pub fn signed_in_row(answer: &pb::SignInAccountResponse) -> Result<SignedInRow, OperatorError> {
+    let account = answer
+        .account
+        .as_ref()
+        .ok_or_else(|| OperatorError::Unreadable("the answer carries no account".into()))?;
+    Ok(SignedInRow {
+        account: account_row(account)?,
+        created: answer.created,
+        reactivated: answer.reactivated,
     })
 }
 

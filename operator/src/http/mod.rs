@@ -10,14 +10,18 @@ pub use routes::router;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use poolgate_core::account::SignIn;
 use reqwest::{Method, Url};
 use serde::de::DeserializeOwned;
 
+use crate::view::SignInBody;
 use crate::view::{
     AccountList, BlockList, ErrorBody, KeyChanged, KeyList, Restored, StatusAnswer, UsageReport,
     WindowList,
 };
-use crate::{AccountRow, AdminEndpoint, BlockRow, KeyRow, OperatorError, StatusView, WindowRow};
+use crate::{
+    AccountRow, AdminEndpoint, BlockRow, KeyRow, OperatorError, SignedInRow, StatusView, WindowRow,
+};
 
 /// A client of one relay's admin endpoint. Not `Debug`: it holds the admin token.
 pub struct HttpAdmin {
@@ -73,15 +77,25 @@ impl HttpAdmin {
         method: Method,
         url: Url,
     ) -> Result<T, OperatorError> {
-        let response = self
-            .client
-            .request(method, url)
-            .bearer_auth(&self.token)
-            .send()
-            .await
-            .map_err(|error| {
-                OperatorError::Unreachable(format!("{}: {}", self.shown, error.without_url()))
-            })?;
+        self.call_with(method, url, None).await
+    }
+
+    /// [`HttpAdmin::call`] with a JSON body.
+    async fn call_with<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        url: Url,
+        body: Option<Vec<u8>>,
+    ) -> Result<T, OperatorError> {
+        let mut request = self.client.request(method, url).bearer_auth(&self.token);
+        if let Some(body) = body {
+            request = request
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(body);
+        }
+        let response = request.send().await.map_err(|error| {
+            OperatorError::Unreachable(format!("{}: {}", self.shown, error.without_url()))
+        })?;
         let status = response.status();
         let body = response.bytes().await.map_err(|error| {
             OperatorError::Unreachable(format!("{}: {}", self.shown, error.without_url()))
@@ -189,6 +203,13 @@ impl AdminEndpoint for HttpAdmin {
         let url = self.url(&["admin", "status"], &[])?;
         let answer: StatusAnswer = self.call(Method::GET, url).await?;
         Ok(answer.status)
+    }
+
+    async fn sign_in(&self, sign_in: &SignIn) -> Result<SignedInRow, OperatorError> {
+        let url = self.url(&["admin", "accounts", "sign-in"], &[])?;
+        let body = serde_json::to_vec(&SignInBody::from(sign_in))
+            .map_err(|error| OperatorError::Failed(format!("encoding the sign-in: {error}")))?;
+        self.call_with(Method::POST, url, Some(body)).await
     }
 }
 

@@ -20,8 +20,8 @@ use poolgate_runtime::failed_auth::FailedAttempts;
 use serde::Deserialize;
 
 use crate::view::{
-    AccountList, BlockList, Cleared, ErrorBody, KeyChanged, KeyList, Restored, StatusAnswer,
-    WindowList,
+    AccountList, BlockList, Cleared, ErrorBody, KeyChanged, KeyList, Restored, SignInBody,
+    StatusAnswer, WindowList,
 };
 use crate::{AdminEndpoint, OperatorError};
 
@@ -44,6 +44,7 @@ pub fn router(endpoint: Arc<dyn AdminEndpoint>, token: &str) -> Router {
         .route("/admin/accounts", get(accounts))
         .route("/admin/blocks", get(blocks))
         .route("/admin/windows", get(windows))
+        .route("/admin/accounts/sign-in", post(sign_in))
         .route("/admin/accounts/{id}/restore", post(restore))
         .route("/admin/accounts/{id}/clear-block", post(clear_block))
         .route("/admin/usage", get(usage))
@@ -177,6 +178,24 @@ async fn clear_block(State(admin): State<Admin>, Path(id): Path<String>) -> Answ
     let id = positive_id("account_id", &id)?;
     admin.endpoint.clear_block(id).await?;
     Ok(axum::Json(Cleared { cleared: id }).into_response())
+}
+
+/// A sign-in or an import ([`SignInBody`]); a body that is no sign-in is 400 naming the field.
+async fn sign_in(State(admin): State<Admin>, body: axum::body::Bytes) -> Answer {
+    let body: SignInBody = serde_json::from_slice(&body).map_err(|error| {
+        // serde's message may quote a value (a token): the position is enough.
+        OperatorError::Invalid(format!(
+            "the body is not a sign-in ({:?} error at line {} column {})",
+            error.classify(),
+            error.line(),
+            error.column()
+        ))
+    })?;
+    let sign_in = body.to_sign_in().map_err(|(field, problem)| {
+        OperatorError::Invalid(format!("invalid {field}: {problem}"))
+    })?;
+    let signed_in = admin.endpoint.sign_in(&sign_in).await?;
+    Ok(axum::Json(signed_in).into_response())
 }
 
 async fn status(State(admin): State<Admin>) -> Answer {

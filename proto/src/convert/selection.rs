@@ -2,7 +2,9 @@
 //! account views, prices.
 
 use poolgate_core::AccountId;
-use poolgate_core::account::{Account, Platform, Price, Secret};
+use poolgate_core::account::{
+    Account, AccountIdentity, CredentialKind, ImportedSettings, Platform, Price, Secret, SignIn,
+};
 use poolgate_core::outcome::{MAX_REASON_BYTES, Outcome, OutcomeClass, bounded_reason};
 use poolgate_core::plan::{Effect, Plan, PlanRequest, PlannedAccount, UsageRecord};
 use poolgate_core::select::NoneReason;
@@ -327,6 +329,17 @@ impl From<&Account> for spb::AccountView {
             proxy_url: account.proxy_url.clone().unwrap_or_default(),
             probe_model: account.probe_model.clone().unwrap_or_default(),
             disable_stream_usage: !account.stream_usage,
+            upstream_id: account.identity.upstream_id.clone(),
+            email: account.identity.email.clone(),
+            plan: account.identity.plan.clone(),
+            token_expires_at_ms: account
+                .oauth
+                .as_ref()
+                .map_or(0, |oauth| oauth.expires_at_ms.max(0) as u64),
+            refreshable: account
+                .oauth
+                .as_ref()
+                .is_some_and(|oauth| !oauth.refresh_token.is_empty()),
         }
     }
 }
@@ -549,4 +562,83 @@ pub fn read_windows_request(
             Ok((account_id, readings))
         })
         .collect()
+}
+
+impl From<&SignIn> for spb::SignInAccountRequest {
+    fn from(sign_in: &SignIn) -> Self {
+        let settings = &sign_in.settings;
+        spb::SignInAccountRequest {
+            platform: spb::Platform::from(sign_in.platform) as i32,
+            kind: spb::CredentialKind::from(sign_in.kind) as i32,
+            access_token: sign_in.access_token.expose().to_owned(),
+            refresh_token: sign_in.refresh_token.expose().to_owned(),
+            expires_at_ms: sign_in.expires_at_ms.max(0) as u64,
+            token_url: sign_in.token_url.clone(),
+            oauth_client_id: sign_in.client_id.clone(),
+            upstream_id: sign_in.identity.upstream_id.clone(),
+            email: sign_in.identity.email.clone(),
+            plan: sign_in.identity.plan.clone(),
+            account_id: sign_in.account_id.unwrap_or(0),
+            name: sign_in.name.clone().unwrap_or_default(),
+            group: sign_in.group.clone().unwrap_or_default(),
+            base_url: sign_in.base_url.clone().unwrap_or_default(),
+            priority: settings.priority,
+            concurrency_limit: settings.concurrency_limit,
+            rpm_limit: settings.rpm_limit,
+            proxy_url: settings.proxy_url.clone(),
+            set_model_mapping: settings.model_mapping.is_some(),
+            model_mapping: settings
+                .model_mapping
+                .clone()
+                .unwrap_or_default()
+                .into_iter()
+                .collect(),
+        }
+    }
+}
+
+impl TryFrom<spb::SignInAccountRequest> for SignIn {
+    type Error = ConvertError;
+
+    /// A sign-in as the selector reads it; a field it cannot store is named
+    /// ([`SignIn::problem`]).
+    fn try_from(request: spb::SignInAccountRequest) -> Result<Self, ConvertError> {
+        let text = |value: String| Some(value).filter(|v| !v.is_empty());
+        let sign_in = SignIn {
+            platform: Platform::decode("platform", request.platform)?,
+            kind: CredentialKind::decode("kind", request.kind)?,
+            access_token: Secret::new(request.access_token),
+            refresh_token: Secret::new(request.refresh_token),
+            expires_at_ms: i64::try_from(request.expires_at_ms)
+                .map_err(|_| ConvertError::new("expires_at_ms", "out of range"))?,
+            token_url: request.token_url,
+            client_id: request.oauth_client_id,
+            identity: AccountIdentity {
+                upstream_id: request.upstream_id,
+                email: request.email,
+                plan: request.plan,
+            },
+            account_id: match request.account_id {
+                0 => None,
+                id if id > 0 => Some(id),
+                _ => return Err(ConvertError::new("account_id", "must not be negative")),
+            },
+            name: text(request.name),
+            group: text(request.group),
+            base_url: text(request.base_url),
+            settings: ImportedSettings {
+                priority: request.priority,
+                concurrency_limit: request.concurrency_limit,
+                rpm_limit: request.rpm_limit,
+                proxy_url: request.proxy_url,
+                model_mapping: request
+                    .set_model_mapping
+                    .then(|| request.model_mapping.into_iter().collect()),
+            },
+        };
+        if let Some((field, problem)) = sign_in.problem() {
+            return Err(ConvertError::new(field, problem));
+        }
+        Ok(sign_in)
+    }
 }

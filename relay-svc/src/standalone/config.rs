@@ -376,6 +376,7 @@ impl StandaloneFile {
                 proxy_url: entry.proxy_url.clone().filter(|p| !p.is_empty()),
                 probe_model: entry.probe_model.clone().filter(|m| !m.is_empty()),
                 stream_usage: entry.stream_usage,
+                identity: Default::default(),
             });
         }
         Ok(accounts)

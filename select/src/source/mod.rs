@@ -11,7 +11,9 @@ use async_trait::async_trait;
 use crate::crypto::CryptoError;
 use crate::snapshot::Snapshot;
 use poolgate_core::AccountId;
-use poolgate_core::account::{Account, AccountStatus, ApiKeyRecord, Secret};
+use poolgate_core::account::{
+    Account, AccountStatus, ApiKeyRecord, OAuthState, Secret, SignIn, SignedIn,
+};
 use poolgate_core::keys::KeyUpdate;
 
 pub mod budgets;
@@ -148,4 +150,77 @@ pub trait AdminStore: Send + Sync + 'static {
         api_key_id: i64,
         update: &KeyUpdate,
     ) -> Result<ApiKeyRecord, StoreError>;
+
+    /// Puts a sign-in's tokens into the pool (docs/DESIGN.md §5, "Signing accounts in"): into
+    /// `sign_in.account_id` when given, else into the account of the same platform and identity,
+    /// else into a new account. Signing in another identity than an account's is `Invalid`
+    /// (field `account`); a new account's name taken by another is `Conflict`. Nothing changes
+    /// on an error.
+    async fn sign_in(&self, sign_in: &SignIn) -> Result<SignedIn, StoreError>;
+}
+
+/// Why `sign_in` cannot go into `account` (another platform, kind or identity), in words naming
+/// both; `None` when it can.
+pub fn sign_in_mismatch(account: &Account, sign_in: &SignIn) -> Option<String> {
+    if account.platform != sign_in.platform || account.credential_kind != sign_in.kind {
+        return Some(format!(
+            "account {} is an {} {} account; this sign-in is {} {}",
+            account.id,
+            account.platform.as_str(),
+            account.credential_kind.as_str(),
+            sign_in.platform.as_str(),
+            sign_in.kind.as_str()
+        ));
+    }
+    let stored = &account.identity;
+    if stored.is_known() && stored.upstream_id != sign_in.identity.upstream_id {
+        let who = |email: &str, id: &str| {
+            if email.is_empty() {
+                id.to_owned()
+            } else {
+                format!("{email} ({id})")
+            }
+        };
+        return Some(format!(
+            "account {} is {}; this sign-in is {}: sign that one in without --account",
+            account.id,
+            who(&stored.email, &stored.upstream_id),
+            who(&sign_in.identity.email, &sign_in.identity.upstream_id)
+        ));
+    }
+    None
+}
+
+/// `account` with `sign_in`'s tokens and identity, and the settings the sign-in carries.
+pub fn apply_sign_in(account: &mut Account, sign_in: &SignIn) {
+    account.credential = sign_in.access_token.clone();
+    if account.credential_kind.is_oauth() {
+        let oauth = account.oauth.get_or_insert_with(|| OAuthState {
+            refresh_token: Secret::default(),
+            expires_at_ms: 0,
+            token_url: poolgate_core::account::default_oauth_token_url(account.platform).to_owned(),
+            client_id: String::new(),
+        });
+        oauth.refresh_token = sign_in.refresh_token.clone();
+        oauth.expires_at_ms = sign_in.expires_at_ms;
+        if !sign_in.token_url.is_empty() {
+            oauth.token_url = sign_in.token_url.clone();
+        }
+        if !sign_in.client_id.is_empty() {
+            oauth.client_id = sign_in.client_id.clone();
+        }
+    }
+    account.identity = sign_in.identity.clone();
+    let settings = &sign_in.settings;
+    account.priority = settings.priority.unwrap_or(account.priority);
+    account.concurrency_limit = settings
+        .concurrency_limit
+        .unwrap_or(account.concurrency_limit);
+    account.rpm_limit = settings.rpm_limit.unwrap_or(account.rpm_limit);
+    if let Some(proxy) = &settings.proxy_url {
+        account.proxy_url = Some(proxy.clone()).filter(|p| !p.is_empty());
+    }
+    if let Some(mapping) = &settings.model_mapping {
+        account.model_mapping = mapping.clone();
+    }
 }

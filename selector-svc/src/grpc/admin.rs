@@ -476,6 +476,23 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
         Ok(Response::new(convert::status_answer(&report)))
     }
 
+    async fn sign_in_account(
+        &self,
+        request: Request<pb::SignInAccountRequest>,
+    ) -> Result<Response<pb::SignInAccountResponse>, Status> {
+        let sign_in = poolgate_core::account::SignIn::try_from(request.into_inner())?;
+        let signed_in = self
+            .engine
+            .sign_in_account(&sign_in)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(pb::SignInAccountResponse {
+            account: Some(pb::AccountView::from(&signed_in.account)),
+            created: signed_in.created,
+            reactivated: signed_in.reactivated,
+        }))
+    }
+
     async fn read_usage(
         &self,
         request: Request<pb::ReadUsageRequest>,

@@ -222,4 +222,11 @@ impl AdminStore for PostgresSource {
     ) -> Result<ApiKeyRecord, StoreError> {
         PostgresSource::update_api_key(self, api_key_id, update).await
     }
+
+    async fn sign_in(
+        &self,
+        sign_in: &poolgate_core::account::SignIn,
+    ) -> Result<poolgate_core::account::SignedIn, StoreError> {
+        PostgresSource::sign_in(self, sign_in).await
+    }
 }

@@ -30,11 +30,17 @@ use tokio::time::Instant;
 use super::{AccountSource, AdminStore, StoreError, UsageInput, UsageTotals};
 use crate::health::InProcessHealth;
 use crate::snapshot::{Snapshot, SnapshotCell};
-use poolgate_core::account::{Account, AccountStatus, ApiKeyRecord, OAuthState, Secret};
+use poolgate_core::account::{
+    Account, AccountIdentity, AccountStatus, ApiKeyRecord, CredentialKind, DEFAULT_GROUP,
+    OAuthState, Platform, Secret, SignIn, SignedIn, default_base_url, default_oauth_token_url,
+};
 use poolgate_core::keys::KeyUpdate;
 use poolgate_core::windows::WindowReading;
 use poolgate_core::{AccountId, Clock};
-use state_file::{FORMAT, Persisted, StoredKey, StoredStatus, StoredTokens, UsageBucket};
+use state_file::{
+    FORMAT, FORMAT_WITH_ACCOUNTS, Persisted, StoredAccount, StoredIdentity, StoredKey,
+    StoredStatus, StoredTokens, UsageBucket,
+};
 
 mod state_file;
 
@@ -47,11 +53,15 @@ const WRITE_EVERY: Duration = Duration::from_secs(5);
 /// The ledger keeps totals per client key and hour; a range counts the hours that start in it.
 const USAGE_BUCKET_MS: i64 = 3_600_000;
 
-/// What the config itself says of an account, to tell the state file's changes from it.
+/// What the config itself says of an account, to tell the state file's changes from it (for an
+/// account signed in at run time: what its sign-in stored).
+#[derive(Clone)]
 struct Configured {
     name: String,
     status: AccountStatus,
     credential: String,
+    /// Signed in at run time: kept in the state file's `accounts`, not in the config.
+    runtime: bool,
 }
 
 struct Current {
@@ -85,8 +95,13 @@ impl Current {
         windows: Option<Vec<(AccountId, Vec<WindowReading>)>>,
         now: i64,
     ) -> Persisted {
+        let format = if self.persisted.accounts.is_empty() {
+            FORMAT
+        } else {
+            FORMAT_WITH_ACCOUNTS
+        };
         let mut persisted = Persisted {
-            format: FORMAT,
+            format,
             usage: self
                 .usage
                 .iter()
@@ -172,6 +187,9 @@ impl Current {
 
 fn with_tokens(mut account: Account, tokens: &StoredTokens) -> Account {
     account.credential = tokens.access_token.clone();
+    if let Some(identity) = &tokens.identity {
+        account.identity = identity.to_identity();
+    }
     let oauth = account.oauth.get_or_insert_with(|| OAuthState {
         refresh_token: Secret::default(),
         expires_at_ms: 0,
@@ -217,6 +235,7 @@ impl MemorySource {
                         name: account.name.clone(),
                         status: account.status,
                         credential: short_hash(account.credential.expose()),
+                        runtime: false,
                     },
                 )
             })
@@ -244,9 +263,9 @@ impl MemorySource {
             Some(file) => file.read()?.unwrap_or_default(),
             None => Persisted::default(),
         };
-        if persisted.format > FORMAT {
+        if persisted.format > FORMAT_WITH_ACCOUNTS {
             return Err(StoreError::StateFile(format!(
-                "{} is in format {}, newer than this build reads ({FORMAT}); start the newer \
+                "{} is in format {}, newer than this build reads ({FORMAT_WITH_ACCOUNTS}); start the newer \
                  build, or move the file away to start without it",
                 state_file
                     .as_ref()
@@ -418,12 +437,313 @@ impl MemorySource {
     }
 }
 
+impl StoredIdentity {
+    fn to_identity(&self) -> AccountIdentity {
+        AccountIdentity {
+            upstream_id: self.upstream_id.clone(),
+            email: self.email.clone(),
+            plan: self.plan.clone(),
+        }
+    }
+
+    fn of(identity: &AccountIdentity) -> Self {
+        StoredIdentity {
+            upstream_id: identity.upstream_id.clone(),
+            email: identity.email.clone(),
+            plan: identity.plan.clone(),
+        }
+    }
+}
+
+impl StoredAccount {
+    fn to_account(&self, name: &str) -> Result<Account, String> {
+        let platform = Platform::parse(&self.platform)
+            .ok_or_else(|| format!("platform {:?}", self.platform))?;
+        let kind =
+            CredentialKind::parse(&self.kind).ok_or_else(|| format!("kind {:?}", self.kind))?;
+        Ok(Account {
+            id: self.id,
+            name: name.to_owned(),
+            group: self.group.clone(),
+            platform,
+            base_url: self.base_url.clone(),
+            credential_kind: kind,
+            credential: self.access_token.clone(),
+            oauth: kind.is_oauth().then(|| OAuthState {
+                refresh_token: self.refresh_token.clone(),
+                expires_at_ms: self.expires_at_ms,
+                token_url: if self.token_url.is_empty() {
+                    default_oauth_token_url(platform).to_owned()
+                } else {
+                    self.token_url.clone()
+                },
+                client_id: self.client_id.clone(),
+            }),
+            status: AccountStatus::Active,
+            status_reason: String::new(),
+            priority: self.priority,
+            weight: 1,
+            concurrency_limit: self.concurrency_limit,
+            rpm_limit: self.rpm_limit,
+            session_window_limit_usd: 0.0,
+            allowed_models: Vec::new(),
+            model_mapping: self.model_mapping.clone().into_iter().collect(),
+            proxy_url: self.proxy_url.clone(),
+            probe_model: None,
+            stream_usage: true,
+            identity: self.identity.to_identity(),
+        })
+    }
+}
+
+/// Who the config's or the file's account `other` is, for a refusal naming it.
+fn describe(id: AccountId, configured: &Configured) -> String {
+    let place = if configured.runtime {
+        "signed in at run time"
+    } else {
+        "in the config file"
+    };
+    format!("account {id} {:?} ({place})", configured.name)
+}
+
 impl Current {
+    /// Serves a run-time account of the state file: refused when the config now has its name
+    /// or its identity (the config wins; the entry stays in the file). Its id is the stored one,
+    /// or the next free one when the config took it.
+    fn add_runtime_account(&mut self, name: &str, stored: &StoredAccount) -> Result<(), String> {
+        let mut account = stored.to_account(name)?;
+        if let Some(Some(other)) = self.names.get(name) {
+            return Err(format!(
+                "its name is {}'s",
+                describe(*other, &self.configured[other])
+            ));
+        }
+        if let Some(other) = self.find_identity(account.platform, &account.identity.upstream_id) {
+            return Err(format!(
+                "its identity is {}'s",
+                describe(other, &self.configured[&other])
+            ));
+        }
+        if self.configured.contains_key(&account.id) || account.id <= 0 {
+            account.id = self.next_id();
+        }
+        self.configured.insert(
+            account.id,
+            Configured {
+                name: name.to_owned(),
+                status: AccountStatus::Active,
+                credential: short_hash(account.credential.expose()),
+                runtime: true,
+            },
+        );
+        self.names.insert(name.to_owned(), Some(account.id));
+        self.snapshot.add_account(account);
+        Ok(())
+    }
+
+    fn next_id(&self) -> AccountId {
+        self.configured.keys().max().copied().unwrap_or(0) + 1
+    }
+
+    /// The account of `platform` whose identity is `upstream_id`.
+    fn find_identity(&self, platform: Platform, upstream_id: &str) -> Option<AccountId> {
+        if upstream_id.is_empty() {
+            return None;
+        }
+        self.snapshot
+            .accounts()
+            .find(|a| a.platform == platform && a.identity.upstream_id == upstream_id)
+            .map(|a| a.id)
+    }
+
+    /// Puts a sign-in's tokens into the pool (docs/DESIGN.md §5, "Signing accounts in"): into
+    /// the account it names or whose identity it has, else into a new run-time account.
+    fn sign_in(&mut self, sign_in: &SignIn) -> Result<SignedIn, StoreError> {
+        let target = match sign_in.account_id {
+            Some(id) => Some(self.account(id)?.id),
+            None => self.find_identity(sign_in.platform, &sign_in.identity.upstream_id),
+        };
+        match target {
+            Some(id) => self.sign_in_again(id, sign_in),
+            None => self.create_account(sign_in),
+        }
+    }
+
+    fn sign_in_again(&mut self, id: AccountId, sign_in: &SignIn) -> Result<SignedIn, StoreError> {
+        let mut account = self.account(id)?;
+        if let Some(problem) = crate::source::sign_in_mismatch(&account, sign_in) {
+            return Err(StoreError::Invalid {
+                field: "account".into(),
+                message: problem,
+            });
+        }
+        if let Some(other) = self
+            .find_identity(sign_in.platform, &sign_in.identity.upstream_id)
+            .filter(|other| *other != id)
+        {
+            return Err(StoreError::Conflict(format!(
+                "this sign-in is {}, not account {id}",
+                describe(other, &self.configured[&other])
+            )));
+        }
+        let name = self.entry_name(id)?;
+        let reactivated = account.status == AccountStatus::Error;
+        let before = account.clone();
+        crate::source::apply_sign_in(&mut account, sign_in);
+        let configured = self
+            .configured
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| StoreError::NotFound(format!("account {id}")))?;
+        if configured.runtime {
+            let stored = self
+                .persisted
+                .accounts
+                .get_mut(&name)
+                .ok_or_else(|| StoreError::NotFound(format!("account {id}")))?;
+            stored.access_token = sign_in.access_token.clone();
+            stored.refresh_token = sign_in.refresh_token.clone();
+            stored.expires_at_ms = sign_in.expires_at_ms;
+            if !sign_in.token_url.is_empty() {
+                stored.token_url = sign_in.token_url.clone();
+            }
+            if !sign_in.client_id.is_empty() {
+                stored.client_id = sign_in.client_id.clone();
+            }
+            stored.identity = StoredIdentity::of(&sign_in.identity);
+            let settings = &sign_in.settings;
+            stored.priority = settings.priority.unwrap_or(stored.priority);
+            stored.concurrency_limit = settings
+                .concurrency_limit
+                .unwrap_or(stored.concurrency_limit);
+            stored.rpm_limit = settings.rpm_limit.unwrap_or(stored.rpm_limit);
+            if let Some(proxy) = &settings.proxy_url {
+                stored.proxy_url = Some(proxy.clone()).filter(|p| !p.is_empty());
+            }
+            if let Some(mapping) = &settings.model_mapping {
+                stored.model_mapping = mapping.clone().into_iter().collect();
+            }
+            if let Some(configured) = self.configured.get_mut(&id) {
+                configured.credential = short_hash(sign_in.access_token.expose());
+            }
+            self.persisted.tokens.remove(&name);
+        } else {
+            // A configured account keeps its settings (the config file's); its new tokens are
+            // kept as a refresh's are, replacing the config's credential until it names another.
+            self.persisted.tokens.insert(
+                name.clone(),
+                StoredTokens {
+                    access_token: sign_in.access_token.clone(),
+                    refresh_token: sign_in.refresh_token.clone(),
+                    expires_at_ms: sign_in.expires_at_ms,
+                    replaces: configured.credential.clone(),
+                    identity: Some(StoredIdentity::of(&sign_in.identity)),
+                },
+            );
+            account.priority = before.priority;
+            account.concurrency_limit = before.concurrency_limit;
+            account.rpm_limit = before.rpm_limit;
+            account.proxy_url = before.proxy_url;
+            account.model_mapping = before.model_mapping;
+        }
+        if reactivated {
+            account.status = AccountStatus::Active;
+            account.status_reason = String::new();
+            if configured.status == AccountStatus::Active {
+                self.persisted.statuses.remove(&name);
+            } else {
+                self.persisted.statuses.insert(
+                    name,
+                    StoredStatus {
+                        status: AccountStatus::Active.as_str().to_owned(),
+                        reason: String::new(),
+                    },
+                );
+            }
+        }
+        self.snapshot.replace_account(account.clone());
+        Ok(SignedIn {
+            account,
+            created: false,
+            reactivated,
+        })
+    }
+
+    fn create_account(&mut self, sign_in: &SignIn) -> Result<SignedIn, StoreError> {
+        let name = sign_in
+            .name
+            .clone()
+            .unwrap_or_else(|| sign_in.default_name());
+        if let Some(taken) = self.names.get(&name) {
+            let by = match taken {
+                Some(other) => describe(*other, &self.configured[other]),
+                None => "two accounts of the config file".to_owned(),
+            };
+            return Err(StoreError::Conflict(format!(
+                "the name {name:?} is taken by {by}; give the new account another (--name)"
+            )));
+        }
+        let stored = StoredAccount {
+            id: self.next_id(),
+            group: sign_in
+                .group
+                .clone()
+                .unwrap_or_else(|| DEFAULT_GROUP.to_owned()),
+            platform: sign_in.platform.as_str().to_owned(),
+            kind: sign_in.kind.as_str().to_owned(),
+            base_url: sign_in
+                .base_url
+                .clone()
+                .unwrap_or_else(|| default_base_url(sign_in.platform, sign_in.kind).to_owned())
+                .trim_end_matches('/')
+                .to_owned(),
+            access_token: sign_in.access_token.clone(),
+            refresh_token: sign_in.refresh_token.clone(),
+            expires_at_ms: sign_in.expires_at_ms,
+            token_url: sign_in.token_url.clone(),
+            client_id: sign_in.client_id.clone(),
+            identity: StoredIdentity::of(&sign_in.identity),
+            priority: sign_in.settings.priority.unwrap_or(0),
+            concurrency_limit: sign_in.settings.concurrency_limit.unwrap_or(0),
+            rpm_limit: sign_in.settings.rpm_limit.unwrap_or(0),
+            proxy_url: sign_in.settings.proxy_url.clone().filter(|p| !p.is_empty()),
+            model_mapping: sign_in
+                .settings
+                .model_mapping
+                .clone()
+                .unwrap_or_default()
+                .into_iter()
+                .collect(),
+        };
+        self.add_runtime_account(&name, &stored)
+            .map_err(StoreError::Conflict)?;
+        let id = self
+            .names
+            .get(&name)
+            .copied()
+            .flatten()
+            .unwrap_or(stored.id);
+        self.persisted
+            .accounts
+            .insert(name, StoredAccount { id, ..stored });
+        Ok(SignedIn {
+            account: self.account(id)?,
+            created: true,
+            reactivated: false,
+        })
+    }
+
     /// Applies a saved state over the config. Entries for accounts or keys the config does not
     /// name are ignored and kept in the file (an account taken out of the config for a while
     /// finds its tokens again).
-    fn load(&mut self, persisted: Persisted) {
+    fn load(&mut self, mut persisted: Persisted) {
         let format = persisted.format;
+        for (name, stored) in std::mem::take(&mut persisted.accounts) {
+            if let Err(why) = self.add_runtime_account(&name, &stored) {
+                tracing::warn!(account = %name, %why, "a signed-in account of the state file is not served; kept in the file");
+            }
+            self.persisted.accounts.insert(name, stored);
+        }
         for (key, tokens) in persisted.tokens {
             let Some(id) = self.resolve(&key, format) else {
                 tracing::warn!(
@@ -581,6 +901,11 @@ impl AccountSource for MemorySource {
                 refresh_token: refresh_token.clone(),
                 expires_at_ms,
                 replaces,
+                identity: current
+                    .persisted
+                    .tokens
+                    .get(&name)
+                    .and_then(|tokens| tokens.identity.clone()),
             };
             current
                 .snapshot
@@ -656,6 +981,42 @@ impl AdminStore for MemorySource {
             self.with_current(|current| current.snapshot.api_keys().cloned().collect());
         keys.sort_by_key(|key| key.id);
         Ok(keys)
+    }
+
+    async fn sign_in(&self, sign_in: &SignIn) -> Result<SignedIn, StoreError> {
+        if self.state_file.is_none() {
+            return Err(StoreError::Invalid {
+                field: "state_file".into(),
+                message: "a standalone relay keeps signed-in accounts in its state file, and \
+                          this one runs without (start it with --state-file)"
+                    .into(),
+            });
+        }
+        // Kept on failure: what was in memory before, for the file write that did not happen.
+        let before = self.with_current(|current| {
+            (
+                current.snapshot.clone(),
+                current.persisted.clone(),
+                current.configured.clone(),
+                current.names.clone(),
+            )
+        });
+        let signed_in = self.with_current(|current| current.sign_in(sign_in))?;
+        self.changed();
+        if let Err(error) = self.persist().await {
+            // Nothing changes unless it is kept: the previous state is served again.
+            self.with_current(|current| {
+                (
+                    current.snapshot,
+                    current.persisted,
+                    current.configured,
+                    current.names,
+                ) = before;
+            });
+            self.changed();
+            return Err(error);
+        }
+        Ok(signed_in)
     }
 
     async fn update_api_key(

@@ -45,6 +45,53 @@ pub(super) struct StoredTokens {
     pub(super) refresh_token: Secret,
     pub(super) expires_at_ms: i64,
     pub(super) replaces: String,
+    /// Who the upstream says the account is, when these tokens came from a sign-in (`login`,
+    /// `import`) rather than a refresh. Added within format 1: absent reads as not known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) identity: Option<StoredIdentity>,
+}
+
+/// An account's identity (`poolgate_core::account::AccountIdentity`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct StoredIdentity {
+    pub(super) upstream_id: String,
+    #[serde(default)]
+    pub(super) email: String,
+    #[serde(default)]
+    pub(super) plan: String,
+}
+
+/// An account signed in (or imported) at run time, kept here rather than in the config: all of
+/// it, since the config does not name it. Its refreshed tokens and status are kept as a
+/// configured account's are (`tokens`, `statuses`, by name).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(super) struct StoredAccount {
+    pub(super) id: i64,
+    pub(super) group: String,
+    pub(super) platform: String,
+    pub(super) kind: String,
+    pub(super) base_url: String,
+    #[serde(with = "secret_text")]
+    pub(super) access_token: Secret,
+    #[serde(with = "secret_text", default)]
+    pub(super) refresh_token: Secret,
+    #[serde(default)]
+    pub(super) expires_at_ms: i64,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub(super) token_url: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub(super) client_id: String,
+    pub(super) identity: StoredIdentity,
+    #[serde(default)]
+    pub(super) priority: i32,
+    #[serde(default)]
+    pub(super) concurrency_limit: i32,
+    #[serde(default)]
+    pub(super) rpm_limit: i32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) proxy_url: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub(super) model_mapping: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -80,6 +127,12 @@ pub(super) struct UsageBucket {
 /// it is read, and written back as format 1.
 pub(super) const FORMAT: u32 = 1;
 
+/// The format of a file that keeps accounts signed in at run time: format 1 plus `accounts`. A
+/// file without them is still written as format 1, so a downgrade reads it; one with them is
+/// refused by an older build (which would otherwise drop them, and their refresh tokens, on its
+/// first write) with a message naming the format.
+pub(super) const FORMAT_WITH_ACCOUNTS: u32 = 2;
+
 /// The state file's content.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub(super) struct Persisted {
@@ -107,6 +160,11 @@ pub(super) struct Persisted {
         deserialize_with = "readable_windows"
     )]
     pub(super) windows: BTreeMap<String, Vec<WindowReading>>,
+    /// Accounts signed in or imported at run time, by name. Added within format 1: a file
+    /// without them reads as none; a build without them ignores them (and would drop them on its
+    /// next write: a downgrade loses run-time accounts, CHANGELOG says so).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub(super) accounts: BTreeMap<String, StoredAccount>,
 }
 
 /// The readings this build can read, the others skipped: a reading is worth an answer or two
