@@ -472,10 +472,9 @@ impl SignIn {
         {
             return Some(("base_url", "must be an http(s) URL".into()));
         }
-        for (field, url) in [("token_url", &self.token_url)] {
-            if !url.is_empty() && !(url.starts_with("http://") || url.starts_with("https://")) {
-                return Some((field, "must be an http(s) URL".into()));
-            }
+        let url = &self.token_url;
+        if !(url.is_empty() || url.starts_with("http://") || url.starts_with("https://")) {
+            return Some(("token_url", "must be an http(s) URL".into()));
         }
         None
     }

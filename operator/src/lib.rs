@@ -17,6 +17,7 @@ pub mod grpc;
 pub mod http;
 pub mod instant;
 pub mod page;
+pub mod signin;
 pub mod verb;
 pub mod view;
 

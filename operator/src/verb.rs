@@ -213,7 +213,28 @@ pub fn account_line(account: &AccountRow) -> String {
         account.rpm_limit,
         account.session_window_limit_usd,
         account.credential_masked
-    )
+    ) + &identity_columns(account)
+}
+
+/// `\temail=…\tplan=…\ttoken_expires=<RFC 3339>[ (no refresh: sign in again before)]`: who a
+/// signed-in account is, and when a token without a refresh token must be replaced.
+fn identity_columns(account: &AccountRow) -> String {
+    let mut columns = String::new();
+    for (key, value) in [("email", &account.email), ("plan", &account.plan)] {
+        if !value.is_empty() {
+            columns.push_str(&format!("\t{key}={value}"));
+        }
+    }
+    if account.credential_kind != "api_key" && account.token_expires_at_ms > 0 {
+        columns.push_str(&format!(
+            "\ttoken_expires={}",
+            rfc3339_utc(account.token_expires_at_ms as i64)
+        ));
+        if !account.refreshable {
+            columns.push_str(" (no refresh token: sign in again before)");
+        }
+    }
+    columns
 }
 
 /// `<id>\t<prefix>…\tname=…\tuser=…\tgroup=…\tuser_rpm=…\tstatus=…\texpires=<RFC 3339>|never`

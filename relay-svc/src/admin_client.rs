@@ -9,6 +9,7 @@ use poolgate_runtime::secret_flags::SecretFlag;
 
 use poolgate_operator::Verb;
 use poolgate_operator::http::HttpAdmin;
+use poolgate_operator::signin::{SignInVerb, Terminal};
 
 /// The `admin` subcommand's flags.
 #[derive(Debug, clap::Args)]
@@ -24,7 +25,16 @@ pub struct Args {
     #[arg(long, env = "RELAY_ADMIN_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
     #[command(subcommand)]
-    pub verb: Verb,
+    pub verb: AdminVerb,
+}
+
+/// The read and repair verbs, and the sign-in and import verbs.
+#[derive(Debug, clap::Subcommand)]
+pub enum AdminVerb {
+    #[command(flatten)]
+    Verb(Verb),
+    #[command(flatten)]
+    SignIn(SignInVerb),
 }
 
 /// Runs one verb and prints its JSON answer. Exit codes: 2 for a missing or unreadable token, 1
@@ -52,18 +62,17 @@ pub async fn execute(args: &Args, token_on_command_line: bool) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let answer = match HttpAdmin::new(&args.url, &token) {
-        Ok(endpoint) => poolgate_operator::execute(&endpoint, &args.verb).await,
-        Err(error) => Err(error),
-    };
-    match answer {
-        Ok(answer) => {
-            println!("{answer}");
-            ExitCode::SUCCESS
-        }
+    let endpoint = match HttpAdmin::new(&args.url, &token) {
+        Ok(endpoint) => endpoint,
         Err(error) => {
             eprintln!("relay-svc admin: {error}");
-            ExitCode::from(1)
+            return ExitCode::from(error.exit_code());
+        }
+    };
+    match &args.verb {
+        AdminVerb::Verb(verb) => poolgate_operator::run("relay-svc admin", &endpoint, verb).await,
+        AdminVerb::SignIn(verb) => {
+            poolgate_operator::signin::run("relay-svc admin", &endpoint, verb, &mut Terminal).await
         }
     }
 }

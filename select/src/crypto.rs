@@ -174,6 +174,15 @@ impl Keyring {
         Ok(Keyring { keys, active })
     }
 
+    /// `N` bytes from the operating system's random source (what keys, nonces and the sign-in
+    /// flows' PKCE verifiers and states are made of).
+    pub fn random_bytes<const N: usize>() -> [u8; N] {
+        use aes_gcm::aead::rand_core::RngCore;
+        let mut bytes = [0u8; N];
+        OsRng.fill_bytes(&mut bytes);
+        bytes
+    }
+
     /// A fresh random key, base64: for `selector-svc genkey` and tests.
     pub fn generate_key() -> String {
         STANDARD.encode(Aes256Gcm::generate_key(&mut OsRng))

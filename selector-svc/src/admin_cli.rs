@@ -62,6 +62,8 @@ enum AdminCommand {
     #[command(flatten)]
     Verb(Verb),
     #[command(flatten)]
+    SignIn(poolgate_operator::signin::SignInVerb),
+    #[command(flatten)]
     Configure(ConfigVerb),
 }
 
@@ -463,6 +465,10 @@ pub async fn run(args: &AdminArgs) -> ExitCode {
     };
     let verb = match &args.command {
         AdminCommand::Verb(verb) => return poolgate_operator::run(PROGRAM, &admin, verb).await,
+        AdminCommand::SignIn(verb) => {
+            let mut terminal = poolgate_operator::signin::Terminal;
+            return poolgate_operator::signin::run(PROGRAM, &admin, verb, &mut terminal).await;
+        }
         AdminCommand::Configure(verb) => verb,
     };
     match configure(admin.client(), verb).await {

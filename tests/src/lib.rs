@@ -7,6 +7,7 @@
 //! another. Binaries come from `PATH` (or `REDIS_SERVER` / `REDIS_CLI`); `bash .ci/run` installs
 //! them on a fresh machine.
 
+pub mod fake_oauth;
 pub mod fake_upstream;
 
 use std::future::Future;
