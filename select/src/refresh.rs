@@ -147,7 +147,10 @@ impl TokenRefresher {
         };
         let expiring =
             oauth.expires_at_ms <= self.clock.wall_ms() + self.settings.ahead.as_millis() as i64;
-        if !(force || expiring) || oauth.token_url.is_empty() {
+        // Without a refresh token (Claude Code's `setup-token`: a year-long inference-only
+        // token) there is nothing to refresh with: the operator signs the account in again
+        // before its expiry (`accounts` shows it), and a refusal is counted as it stands.
+        if !(force || expiring) || oauth.token_url.is_empty() || oauth.refresh_token.is_empty() {
             return Ok(RefreshResult::NotNeeded);
         }
         let lock_ms = self.settings.lock_ttl.as_millis() as u64;

@@ -925,3 +925,36 @@ async fn a_standalone_key_update_changes_its_disable_and_refuses_the_rest() {
         Err(StoreError::NotFound(_))
     ));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_without_a_refresh_token_is_never_sent_to_the_token_endpoint() {
+    // Claude Code's `setup-token`: a year-long token and no refresh token. Due, forced or
+    // refused, there is nothing to refresh with: no call that could only fail.
+    let upstream = FakeUpstream::start().await.expect("fake upstream starts");
+    let url = format!("{}/oauth/token", upstream.base_url);
+    let source = Arc::new(
+        MemorySource::new(
+            config(vec![subscription(1, "setup-token-access", "", &url)]),
+            None,
+            Clock::system(),
+        )
+        .expect("source"),
+    );
+    let refresher = refresher(source.clone());
+    assert_eq!(
+        refresher.refresh(1, true).await.expect("answered"),
+        RefreshResult::NotNeeded
+    );
+    assert_eq!(
+        refresher
+            .refresh_refused(1, &Secret::new("setup-token-access"))
+            .await
+            .expect("answered"),
+        RefreshResult::NotNeeded
+    );
+    assert!(
+        upstream.token_requests().is_empty(),
+        "{:?}",
+        upstream.token_requests()
+    );
+}

@@ -475,3 +475,76 @@ async fn migration_0003_moves_rows_off_the_old_anthropic_endpoint() {
         );
     }
 }
+
+/// The sign-in flows (`poolgate_operator::signin`): Claude Code's authorize URL, paste-the-code
+/// redirect, scopes (the list it joins, each one), `setup-token`'s one scope and year, the
+/// profile it reads; the Codex CLI's scopes, local redirect, PKCE parameters and device-code
+/// endpoints. A new pinned CLI that changes any of them fails here.
+#[test]
+fn our_sign_in_flows_use_the_pinned_clis_endpoints_redirects_and_scopes() {
+    use poolgate_operator::signin::{chatgpt, claude};
+    let Some(bin) = clients_bin() else { return };
+    let claude_files = cli_files(
+        &bin,
+        "claude",
+        "@anthropic-ai",
+        &["claude", "claude.exe", "cli.js"],
+    );
+    let mut needles = vec![
+        format!("CLAUDE_AI_AUTHORIZE_URL:\"{}\"", claude::AUTHORIZE_URL),
+        format!("MANUAL_REDIRECT_URL:\"{}\"", claude::REDIRECT_URI),
+        format!("\"{}\"", claude::SETUP_TOKEN_SCOPES),
+        format!("={}", claude::SETUP_TOKEN_SECONDS),
+        "/api/oauth/profile".to_owned(),
+    ];
+    needles.extend(
+        claude::SCOPES
+            .split(' ')
+            .map(|scope| format!("\"{scope}\"")),
+    );
+    for needle in &needles {
+        assert!(
+            holds(&claude_files, needle),
+            "{needle} not in Claude Code ({claude_files:?})"
+        );
+    }
+    assert!(
+        claude::PROFILE_URL.starts_with("https://api.anthropic.com/"),
+        "{}",
+        claude::PROFILE_URL
+    );
+    let codex = cli_files(&bin, "codex", "@openai", &["codex", "codex.exe"]);
+    let path = |url: &str| {
+        url.strip_prefix(chatgpt::ISSUER)
+            .unwrap_or_else(|| panic!("{url} is not under {}", chatgpt::ISSUER))
+            .to_owned()
+    };
+    // The device flow's endpoints are `<issuer>/api/accounts` (one literal) and their paths.
+    let accounts_api = format!("{}/api/accounts", chatgpt::ISSUER);
+    let device = |url: &str| {
+        url.strip_prefix(&accounts_api)
+            .unwrap_or_else(|| panic!("{url} is not under {accounts_api}"))
+            .to_owned()
+    };
+    let needles = [
+        chatgpt::ISSUER.to_owned(),
+        chatgpt::SCOPES.to_owned(),
+        path(chatgpt::AUTHORIZE_URL),
+        accounts_api.clone(),
+        device(chatgpt::DEVICE_CODE_URL),
+        device(chatgpt::DEVICE_TOKEN_URL),
+        path(chatgpt::DEVICE_VERIFY_URL),
+        path(chatgpt::DEVICE_REDIRECT_URI),
+        "/auth/callback".to_owned(),
+        "id_token_add_organizations".to_owned(),
+        "codex_cli_simplified_flow".to_owned(),
+    ];
+    for needle in &needles {
+        assert!(holds(&codex, needle), "{needle} not in Codex ({codex:?})");
+    }
+    assert_eq!(
+        chatgpt::REDIRECT_URI,
+        "http://localhost:1455/auth/callback",
+        "Codex's registered default port"
+    );
+}
