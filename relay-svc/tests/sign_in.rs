@@ -666,3 +666,201 @@ async fn a_selector_signs_accounts_in_by_identity_and_brings_an_errored_one_back
     assert!(wrong.stderr.contains("account"), "{}", wrong.stderr);
     assert_eq!(accounts(), listed, "nothing changed");
 }
+
+// ---- imports ----------------------------------------------------------------------------------
+
+fn fixture(name: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../operator/tests/fixtures/import")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+/// Runs `command` to its end: exit code, stdout, stderr.
+fn finish(command: &mut Command) -> (Option<i32>, String, String) {
+    let output = command.stdin(Stdio::null()).output().expect("runs");
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_imports_each_format_once_by_identity_and_reports_what_it_cannot() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let dir = scratch("signin-import");
+    let upstream = FakeUpstream::start().await.expect("upstream");
+    let oauth = FakeOAuth::start().await.expect("oauth");
+    let config = write_config(&dir, &upstream);
+    let relay = start_relay(&config, &dir.join("state.json")).await;
+    let files = [
+        fixture("claude-credentials.json"),
+        fixture("codex-auth.json"),
+        fixture("cliproxy-codex-noor@example.com-pro.json"),
+        fixture("sub2api-export.json"),
+        fixture("crs-export-encrypted.json"),
+    ];
+    let import = |dry_run: bool| {
+        let mut command = relay.admin();
+        command.arg("import").args(&files).args([
+            "--base-url",
+            &upstream.base_url,
+            "--oauth-base",
+            oauth.base(),
+        ]);
+        if dry_run {
+            command.arg("--dry-run");
+        }
+        command
+    };
+    // A dry run says what would change, tokens masked, and changes nothing.
+    let (code, stdout, stderr) = finish(&mut import(true));
+    assert_eq!(
+        code,
+        Some(2),
+        "entries it cannot import: exit 2\n{stdout}\n{stderr}"
+    );
+    assert_eq!(stdout.matches("would create\t").count(), 6, "{stdout}");
+    assert!(
+        !stdout.contains("fixture-claude-code-access"),
+        "masked: {stdout}"
+    );
+    assert!(
+        stdout.contains("accounts[2]\t") && stdout.contains("gemini"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("--decrypt=true"), "{stdout}");
+    assert_eq!(relay.accounts().len(), 1, "a dry run changes nothing");
+
+    // The import: the rest go in, with what the sources say of them.
+    let (code, stdout, stderr) = finish(&mut import(false));
+    assert_eq!(code, Some(2), "{stdout}\n{stderr}");
+    assert!(stderr.contains("2 of 8 entries not imported"), "{stderr}");
+    assert_eq!(stdout.matches("created\t").count(), 6, "{stdout}");
+    let accounts = relay.accounts();
+    assert_eq!(accounts.len(), 7, "{accounts:?}");
+    let max = accounts
+        .iter()
+        .find(|a| a["name"] == "max-1")
+        .expect("sub2api's account");
+    assert_eq!(
+        (max["concurrency_limit"].as_i64(), max["priority"].as_i64()),
+        (Some(3), Some(5))
+    );
+    let setup = accounts
+        .iter()
+        .find(|a| a["name"] == "st-1")
+        .expect("the setup token");
+    assert_eq!(setup["refreshable"], false);
+
+    // Again: every account updated in place, none duplicated.
+    let (_, stdout, _) = finish(&mut import(false));
+    assert_eq!(stdout.matches("updated\t").count(), 6, "{stdout}");
+    assert_eq!(relay.accounts().len(), 7);
+
+    // A Claude Code file that names no account: the profile says who it is, and it is the
+    // account signed in through `login` (updated, not a second one).
+    oauth.sign_in_as(claude_user());
+    let ran = login(
+        relay.login(&oauth, &upstream, &["claude"]),
+        &oauth,
+        Browser::Claude { tamper: false },
+    )
+    .await;
+    assert!(ran.ok, "{}", ran.stderr);
+    let token = issued_to(&oauth, "ada@example.com").pop().expect("a token");
+    let bare = dir.join(".credentials.json");
+    std::fs::write(
+        &bare,
+        json!({"claudeAiOauth": {"accessToken": token, "refreshToken": "rt-from-file", "expiresAt": 1_896_390_400_000_i64, "subscriptionType": "max"}}).to_string(),
+    )
+    .expect("written");
+    let (code, stdout, stderr) = finish(
+        relay
+            .admin()
+            .arg("import")
+            .arg(&bare)
+            .args(["--oauth-base", oauth.base()]),
+    );
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    assert!(stdout.starts_with("updated\t"), "{stdout}");
+    assert_eq!(relay.accounts().len(), 8);
+    relay.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_selector_imports_by_identity_and_a_second_run_updates() {
+    let (postgres, redis) = tokio::join!(PostgresServer::start(), RedisServer::start());
+    let (postgres, redis) = (postgres.expect("postgres"), redis.expect("redis"));
+    let selector_port = free_port().expect("port");
+    let keys = format!("k1:{}", poolgate_select::crypto::Keyring::generate_key());
+    let env = Env {
+        vars: vec![
+            ("POOLGATE_DATABASE_URL".into(), postgres.url()),
+            ("POOLGATE_REDIS_URL".into(), redis.url()),
+            ("POOLGATE_CREDENTIAL_KEYS".into(), keys),
+            ("SELECTOR_ADMIN_TOKEN".into(), "admin-token".into()),
+            (
+                "SELECTOR_LISTEN".into(),
+                format!("127.0.0.1:{selector_port}"),
+            ),
+            (
+                "SELECTOR_METRICS_LISTEN".into(),
+                format!("127.0.0.1:{}", free_port().expect("port")),
+            ),
+            (
+                "SELECTOR_ENDPOINT".into(),
+                format!("http://127.0.0.1:{selector_port}"),
+            ),
+        ],
+    };
+    env.run("selector-svc", &["migrate"], &[]);
+    let _selector = env.spawn("selector-svc", "selector", &[]);
+    eventually(Duration::from_secs(20), || async {
+        tokio::net::TcpStream::connect(("127.0.0.1", selector_port))
+            .await
+            .ok()
+            .map(|_| ())
+    })
+    .await
+    .expect("selector listens");
+    let files = [
+        fixture("claude-credentials.json"),
+        fixture("codex-auth-api-key.json"),
+        fixture("cliproxy-claude-mo@example.com.json"),
+        fixture("crs-export.json"),
+    ];
+    let run = || {
+        let mut command = env.command("selector-svc");
+        command
+            .args(["admin", "import", "--group", "imported"])
+            .args(&files);
+        finish(&mut command)
+    };
+    // crs-export.json's first account names no uuid and there is no profile endpoint to ask
+    // here (the default is the real one, unreachable): refused by position; the dead one too.
+    let (code, stdout, stderr) = run();
+    assert_eq!(code, Some(2), "{stdout}\n{stderr}");
+    assert_eq!(stdout.matches("created\t").count(), 3, "{stdout}");
+    assert!(stdout.contains("claudeAccounts[1]"), "{stdout}");
+    let listed = env.run(
+        "selector-svc",
+        &["admin", "accounts", "--output", "json"],
+        &[],
+    );
+    let listed: Value = serde_json::from_str(&listed).expect("json");
+    let accounts = listed["accounts"].as_array().cloned().unwrap_or_default();
+    assert_eq!(accounts.len(), 3);
+    assert!(accounts.iter().all(|a| a["group"] == "imported"));
+    let (_, stdout, _) = run();
+    assert_eq!(stdout.matches("updated\t").count(), 3, "{stdout}");
+    let again = env.run(
+        "selector-svc",
+        &["admin", "accounts", "--output", "json"],
+        &[],
+    );
+    let again: Value = serde_json::from_str(&again).expect("json");
+    assert_eq!(again["accounts"].as_array().map(Vec::len), Some(3));
+}

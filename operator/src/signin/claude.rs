@@ -182,6 +182,34 @@ pub async fn exchange(
     })
 }
 
+/// Who an access token's account is, from the profile (an import whose file names no account:
+/// Claude Code's `.credentials.json` keeps only the tokens). Needs the `user:profile` scope.
+pub async fn profile_identity(
+    http: &reqwest::Client,
+    base: Option<&str>,
+    access_token: &str,
+) -> Result<AccountIdentity, SignInError> {
+    let profile = call_json(
+        "reading the profile",
+        http.get(rebase(PROFILE_URL, base)?)
+            .bearer_auth(access_token),
+    )
+    .await?;
+    let upstream_id = AccountIdentity::upstream_id(
+        &text(&profile, &["account", "uuid"]),
+        &text(&profile, &["organization", "uuid"]),
+    )
+    .ok_or(SignInError::Unreadable {
+        step: "reading the profile",
+        detail: "it names no account or organization".into(),
+    })?;
+    Ok(AccountIdentity {
+        upstream_id,
+        email: text(&profile, &["account", "email"]),
+        plan: plan_of(&profile),
+    })
+}
+
 /// The subscription a profile names: its organisation's type without the `claude_` prefix
 /// (`claude_max` → `max`), else what the account flags say.
 pub fn plan_of(profile: &serde_json::Value) -> String {
