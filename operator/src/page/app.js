@@ -135,6 +135,14 @@
     const badge = el('span', 'badge status-' + token(a.status), STATUS_NAMES[a.status] || a.status);
     const statusNodes = [badge];
     if (a.status_reason) statusNodes.push(el('div', 'sub', a.status_reason));
+    if (a.status === 'error') {
+      // Its refresh was refused: signing it in again brings it back, in place.
+      const again = el('button', 'again', 'Sign in again');
+      again.type = 'button';
+      again.dataset.accountId = String(Number(a.id));
+      again.addEventListener('click', () => openSignIn(Number(a.id), a.platform === 'openai' ? 'chatgpt' : 'claude'));
+      statusNodes.push(again);
+    }
     fill(cell(row, 'status'), ...statusNodes);
     fill(cell(row, 'leases'), limited(a.leases, a.concurrency_limit, count, 'unknown'));
     fill(cell(row, 'rpm'), limited(a.rpm_used, a.rpm_limit, count, '–'));
@@ -291,7 +299,90 @@
     history.replaceState(null, '', view === 'keys' ? '#keys' : window.location.pathname);
   }
 
+  // ---- Add account / Sign in again: the flows of the CLI's `login`, run by the server ----
+
+  let signIn = null;
+
+  function openSignIn(accountId, subscription) {
+    const panel = $('sign-in');
+    panel.hidden = false;
+    $('sign-in-account').value = accountId ? String(accountId) : '';
+    $('sign-in-title').textContent = accountId ? 'Sign account #' + accountId + ' in again' : 'Add account';
+    $('sign-in-subscription').value = subscription || 'claude';
+    $('sign-in-name').disabled = Boolean(accountId);
+    $('sign-in-group').disabled = Boolean(accountId);
+    $('sign-in-step').hidden = true;
+    $('sign-in-result').textContent = '';
+    signIn = null;
+  }
+
+  async function post(path, body) {
+    const response = await fetch(path, {
+      method: 'POST',
+      credentials: 'same-origin',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify(body),
+    });
+    const answer = await response.json().catch(() => null);
+    if (!response.ok) {
+      const message = answer && answer.error && answer.error.message ? answer.error.message : 'HTTP ' + response.status;
+      throw new Error(message);
+    }
+    return answer;
+  }
+
+  async function startSignIn(event) {
+    event.preventDefault();
+    const accountId = Number($('sign-in-account').value) || null;
+    const body = { subscription: $('sign-in-subscription').value, account_id: accountId };
+    if (!accountId) {
+      body.name = $('sign-in-name').value.trim() || null;
+      body.group = $('sign-in-group').value.trim() || null;
+    }
+    $('sign-in-result').textContent = '';
+    try {
+      const started = await post('/api/sign-in/start', body);
+      if (!/^https?:\/\//.test(started.url)) throw new Error('the server gave no sign-in address');
+      signIn = started;
+      const link = $('sign-in-url');
+      link.href = started.url;
+      link.textContent = started.url;
+      $('sign-in-instructions').textContent = started.paste === 'code'
+        ? 'Open the address below, sign in with the Claude account, and paste the code the page shows.'
+        : 'Open the address below and sign in with the ChatGPT account. The browser then goes to a localhost address that shows an error: copy that whole address and paste it here.';
+      $('sign-in-paste-label').textContent = started.paste === 'code' ? 'Code' : 'Address';
+      $('sign-in-pasted').value = '';
+      $('sign-in-step').hidden = false;
+    } catch (error) {
+      $('sign-in-result').textContent = error.message;
+    }
+  }
+
+  async function finishSignIn(event) {
+    event.preventDefault();
+    if (!signIn) return;
+    const pasted = $('sign-in-pasted').value.trim();
+    try {
+      const done = await post('/api/sign-in/finish', { id: signIn.id, pasted: pasted });
+      const a = done.account;
+      const who = a.email ? ' (' + a.email + (a.plan ? ', ' + a.plan : '') + ')' : '';
+      $('sign-in-result').textContent = (done.created ? 'Created account #' : 'Signed in again: account #') + a.id + ' ' + a.name + who;
+      $('sign-in-step').hidden = true;
+      await refresh();
+    } catch (error) {
+      $('sign-in-result').textContent = error.message;
+    } finally {
+      // A sign-in is used once, whatever its end: a new attempt starts again.
+      signIn = null;
+      $('sign-in-pasted').value = '';
+    }
+  }
+
   function start() {
+    $('add-account').addEventListener('click', () => openSignIn(null, 'claude'));
+    $('sign-in-cancel').addEventListener('click', () => { $('sign-in').hidden = true; signIn = null; });
+    $('sign-in-start').addEventListener('submit', startSignIn);
+    $('sign-in-finish').addEventListener('submit', finishSignIn);
     for (const tab of document.querySelectorAll('[role=tab]')) {
       tab.addEventListener('click', async () => {
         show(tab.dataset.view);

@@ -13,6 +13,7 @@
 
 pub mod serve;
 pub mod session;
+pub mod sign_in;
 
 use std::sync::Arc;
 
@@ -64,6 +65,7 @@ struct Page {
     token: Arc<str>,
     sessions: Sessions,
     failed: FailedAttempts,
+    sign_ins: sign_in::PendingSignIns,
 }
 
 /// `/api/keys`: every client key with its usage against its budgets per period, and each key's
@@ -89,6 +91,13 @@ pub fn router(endpoint: Arc<dyn AdminEndpoint>, admin_token: &str, scheme: Schem
         token: Arc::from(admin_token),
         sessions: Sessions::new(admin_token, scheme == Scheme::Https),
         failed: FailedAttempts::default(),
+        // The authorization servers are the real ones unless a test points them elsewhere (the
+        // CLI's `--oauth-base` reads the same variable).
+        sign_ins: sign_in::PendingSignIns::new(
+            std::env::var("POOLGATE_OAUTH_BASE")
+                .ok()
+                .filter(|base| !base.is_empty()),
+        ),
     };
     Router::new()
         .route("/", get(index))
@@ -98,6 +107,8 @@ pub fn router(endpoint: Arc<dyn AdminEndpoint>, admin_token: &str, scheme: Schem
         .route("/style.css", get(style_css))
         .route("/api/status", get(status))
         .route("/api/keys", get(keys))
+        .route("/api/sign-in/start", post(sign_in::start))
+        .route("/api/sign-in/finish", post(sign_in::finish))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(axum::middleware::map_response(security_headers))
         .with_state(page)
