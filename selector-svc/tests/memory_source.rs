@@ -958,3 +958,92 @@ async fn a_token_without_a_refresh_token_is_never_sent_to_the_token_endpoint() {
         upstream.token_requests()
     );
 }
+
+fn signed_in(upstream_id: &str, name: Option<&str>) -> poolgate_core::account::SignIn {
+    poolgate_core::account::SignIn {
+        platform: Platform::Anthropic,
+        kind: CredentialKind::OAuth,
+        access_token: Secret::new(format!("access-{upstream_id}")),
+        refresh_token: Secret::new(format!("refresh-{upstream_id}")),
+        expires_at_ms: now_ms() + 3_600_000,
+        token_url: String::new(),
+        client_id: String::new(),
+        identity: poolgate_core::account::AccountIdentity {
+            upstream_id: upstream_id.into(),
+            email: "ada@example.com".into(),
+            plan: "max".into(),
+        },
+        account_id: None,
+        name: name.map(str::to_owned),
+        group: Some("g".into()),
+        base_url: None,
+        settings: Default::default(),
+    }
+}
+
+#[tokio::test]
+async fn a_run_time_account_is_kept_and_the_config_wins_a_later_clash_without_losing_it() {
+    let scratch = Scratch::new("memory-runtime").expect("scratch");
+    let file = state_in(&scratch);
+    let source = MemorySource::new(
+        config(vec![account(1, |_| {})]),
+        Some(file.clone()),
+        Clock::system(),
+    )
+    .expect("source");
+    let created = source
+        .sign_in(&signed_in("u1/o1", Some("signed")))
+        .await
+        .expect("created");
+    assert!(created.created);
+    let id = created.account.id;
+    assert_ne!(id, 1, "an id of its own");
+    // The same identity again: in place, no second account.
+    let again = source
+        .sign_in(&signed_in("u1/o1", None))
+        .await
+        .expect("again");
+    assert!(!again.created);
+    assert_eq!(again.account.id, id);
+    assert_eq!(source.snapshot().accounts().count(), 2);
+    // A name the config has is refused naming it, and changes nothing.
+    let clash = source.sign_in(&signed_in("u2/o2", Some("acct-1"))).await;
+    assert!(
+        matches!(&clash, Err(StoreError::Conflict(why)) if why.contains("acct-1") && why.contains("config")),
+        "{clash:?}"
+    );
+    assert_eq!(source.snapshot().accounts().count(), 2);
+    drop(source);
+
+    // Restarted: the run-time account is back, with its tokens.
+    let source = MemorySource::new(
+        config(vec![account(1, |_| {})]),
+        Some(file.clone()),
+        Clock::system(),
+    )
+    .expect("source");
+    let back = source.load_account(id).await.expect("kept");
+    assert_eq!(back.credential.expose(), "access-u1/o1");
+    assert_eq!(back.identity.upstream_id, "u1/o1");
+    drop(source);
+
+    // The config now names an account `signed`: the config's is served, the file's is not, and
+    // the file keeps it for when the clash is gone.
+    let clashing = account(1, |a| a.name = "signed".into());
+    let source = MemorySource::new(config(vec![clashing]), Some(file.clone()), Clock::system())
+        .expect("source");
+    assert_eq!(source.snapshot().accounts().count(), 1);
+    source.flush().await.expect("flush");
+    drop(source);
+    let source = MemorySource::new(
+        config(vec![account(1, |_| {})]),
+        Some(file),
+        Clock::system(),
+    )
+    .expect("source");
+    assert_eq!(
+        source.snapshot().accounts().count(),
+        2,
+        "served again once the clash is gone"
+    );
+}
