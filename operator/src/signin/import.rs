@@ -46,8 +46,10 @@ pub struct Import {
     /// New accounts' base URL (default: the platform's).
     #[arg(long)]
     pub base_url: Option<String>,
-    /// The authorization servers' scheme, host and port, for tests against fake servers.
-    #[arg(long, hide = true, env = "POOLGATE_OAUTH_BASE")]
+    /// Moves every authorization endpoint (Anthropic's and OpenAI's: authorize, token, profile,
+    /// device code) onto this origin, their paths kept: for tests against fake servers, or a
+    /// proxy that forwards them.
+    #[arg(long, env = "POOLGATE_OAUTH_BASE")]
     pub oauth_base: Option<String>,
 }
 
