@@ -247,9 +247,11 @@ pub struct AccountIdentity {
 }
 
 impl AccountIdentity {
-    /// The `<user>/<organisation>` id of an account; either part may be empty, not both.
+    /// The `<user>/<organisation>` id of an account; `None` unless both are known: an
+    /// organisation (a Team workspace) alone would make its members one account, and a user
+    /// alone would make the same subscription a second account once its organisation is known.
     pub fn upstream_id(user: &str, organisation: &str) -> Option<String> {
-        if user.is_empty() && organisation.is_empty() {
+        if user.is_empty() || organisation.is_empty() {
             return None;
         }
         Some(format!("{user}/{organisation}"))
@@ -374,9 +376,9 @@ pub struct ImportedSettings {
 
 /// What a sign-in (`login`) or an import puts into the pool: the tokens the upstream returned
 /// and who it says the account is. The account is found by `account_id` when given (signing
-/// that one in again), else by platform and identity; found, its tokens are replaced in place
-/// (id, limits, group and history kept; an account in `error` comes back to `active`);
-/// otherwise a new account is created.
+/// that one in again), else by platform and identity; found, its tokens, token endpoint and
+/// client id are replaced in place (id, settings, group and history kept; an account in `error`
+/// comes back to `active`); otherwise a new account is created, with `settings`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SignIn {
     pub platform: Platform,
@@ -460,20 +462,49 @@ impl SignIn {
                 "the sign-in named no account or organisation id".into(),
             ));
         }
-        for (field, value) in [("name", &self.name), ("group", &self.group)] {
+        let name = self.name.clone().unwrap_or_else(|| self.default_name());
+        for (field, value) in [("name", Some(&name)), ("group", self.group.as_ref())] {
             if let Some(value) = value
-                && (value.trim().is_empty() || value.len() > 128)
+                && (value.trim().is_empty()
+                    || value.len() > 128
+                    || value.chars().any(char::is_control))
             {
-                return Some((field, "must be 1..=128 bytes".into()));
+                let hint = if field == "name" && self.name.is_none() {
+                    " (the default, from the email, is longer: give one)"
+                } else {
+                    ""
+                };
+                return Some((field, format!("must be 1..=128 bytes, no control characters{hint}")));
             }
         }
+        if self.client_id.len() > 256 || self.client_id.chars().any(char::is_control) {
+            return Some(("client_id", "must be at most 256 bytes, no control characters".into()));
+        }
+        let settings = &self.settings;
+        for (field, value) in [
+            ("concurrency_limit", settings.concurrency_limit),
+            ("rpm_limit", settings.rpm_limit),
+        ] {
+            if value.is_some_and(|v| v < 0) {
+                return Some((field, "must not be negative".into()));
+            }
+        }
+        if let Some(proxy) = &settings.proxy_url
+            && (proxy.len() > 2048 || proxy.chars().any(|c| c.is_control() || c.is_whitespace()))
+        {
+            return Some(("proxy_url", "must be at most 2048 bytes, no spaces".into()));
+        }
+        let url_problem = |url: &str| {
+            !(url.starts_with("http://") || url.starts_with("https://"))
+                || url.len() > 2048
+                || url.chars().any(|c| c.is_control() || c.is_whitespace())
+        };
         if let Some(url) = &self.base_url
-            && !(url.starts_with("http://") || url.starts_with("https://"))
+            && url_problem(url)
         {
             return Some(("base_url", "must be an http(s) URL".into()));
         }
-        let url = &self.token_url;
-        if !(url.is_empty() || url.starts_with("http://") || url.starts_with("https://")) {
+        if !self.token_url.is_empty() && url_problem(&self.token_url) {
             return Some(("token_url", "must be an http(s) URL".into()));
         }
         None
@@ -489,4 +520,20 @@ pub struct SignedIn {
     pub created: bool,
     /// It was in `error` and is `active` again.
     pub reactivated: bool,
+}
+
+#[cfg(test)]
+mod identity_tests {
+    use super::AccountIdentity;
+
+    #[test]
+    fn an_identity_needs_the_user_and_the_organisation() {
+        assert_eq!(
+            AccountIdentity::upstream_id("u1", "org").as_deref(),
+            Some("u1/org")
+        );
+        // Two members of one Team workspace are two accounts, never one "/org".
+        assert_eq!(AccountIdentity::upstream_id("", "org"), None);
+        assert_eq!(AccountIdentity::upstream_id("u1", ""), None);
+    }
 }

@@ -86,6 +86,15 @@ impl Snapshot {
         self.accounts.insert(account.id, Arc::new(account));
     }
 
+    /// Removes an account (a run-time account whose sign-in was not kept).
+    pub(crate) fn remove_account(&mut self, id: AccountId) {
+        if let Some(account) = self.accounts.remove(&id)
+            && let Some(ids) = self.by_group.get_mut(&account.group)
+        {
+            ids.retain(|other| *other != id);
+        }
+    }
+
     /// Replaces a client key's record by id, keeping its hash (the in-memory source's key
     /// disable). `false` when there is no such key.
     pub(crate) fn replace_api_key(&mut self, record: ApiKeyRecord) -> bool {

@@ -336,7 +336,7 @@ impl PostgresSource {
             .map_err(convert)
     }
 
-    pub(crate) async fn group_id(&self, name: &str) -> Result<i64, StoreError> {
+    async fn group_id(&self, name: &str) -> Result<i64, StoreError> {
         sqlx::query_scalar(
             "INSERT INTO groups (name) VALUES ($1) ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name RETURNING id",
         )

@@ -141,6 +141,38 @@ fn random_id() -> String {
         .encode(poolgate_select::crypto::Keyring::random_bytes::<16>())
 }
 
+/// Why `start` cannot end in an account: a name or group the store refuses, an account that is
+/// not there or not of this subscription's kind.
+async fn start_problem(page: &Page, start: &Start) -> Option<String> {
+    for (field, value) in [("name", &start.name), ("group", &start.group)] {
+        if let Some(value) = value.as_deref().filter(|v| !v.trim().is_empty())
+            && (value.len() > 128 || value.chars().any(char::is_control))
+        {
+            return Some(format!("invalid {field}: must be 1..=128 bytes, no control characters"));
+        }
+    }
+    let id = start.account_id?;
+    if id <= 0 {
+        return Some("invalid account_id: must be positive".into());
+    }
+    let kind = match start.subscription {
+        Subscription::Chatgpt => "chatgpt_oauth",
+        Subscription::Claude | Subscription::ClaudeSetupToken => "oauth",
+    };
+    match page.endpoint.accounts(None).await {
+        Ok(accounts) => match accounts.iter().find(|a| a.id == id) {
+            None => Some(format!("no account {id}")),
+            Some(account) if account.credential_kind != kind => Some(format!(
+                "account {id} is an {} {} account: this sign-in makes {kind} accounts",
+                account.platform, account.credential_kind
+            )),
+            Some(_) => None,
+        },
+        // The finish says it if it still holds.
+        Err(_) => None,
+    }
+}
+
 pub(super) async fn start(
     State(page): State<Page>,
     uri: http::Uri,

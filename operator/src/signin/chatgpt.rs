@@ -14,6 +14,7 @@ use poolgate_core::account::{
 
 use super::{Pkce, Prompt, SignInError, call_json, jwt_claims, rebase, text};
 
+
 /// Codex's authorization server.
 pub const ISSUER: &str = "https://auth.openai.com";
 pub const AUTHORIZE_URL: &str = "https://auth.openai.com/oauth/authorize";
@@ -214,11 +215,9 @@ pub async fn exchange(
         .and_then(serde_json::Value::as_i64)
         .unwrap_or(0);
     let expires_at_ms = if expires_in > 0 {
-        poolgate_core::now_ms() + expires_in * 1000
+        super::expiry_in(expires_in)
     } else {
-        jwt_claims(&access_token)
-            .and_then(|claims| claims.get("exp")?.as_i64())
-            .map_or(0, |exp| exp * 1000)
+        super::jwt_expiry_ms(&access_token)
     };
     Ok(SignIn {
         platform: Platform::OpenAi,
@@ -259,6 +258,7 @@ pub fn identity_of(id_token: &str, access_token: &str) -> Option<AccountIdentity
     if account.is_empty() {
         return None;
     }
+    // Required: a Team workspace's account id is every member's.
     let user = match find(&[AUTH, "chatgpt_user_id"]) {
         user if user.is_empty() => find(&[AUTH, "user_id"]),
         user => user,

@@ -121,11 +121,7 @@ pub async fn exchange(
         .get("expires_in")
         .and_then(serde_json::Value::as_i64)
         .unwrap_or(0);
-    let expires_at_ms = if expires_in > 0 {
-        poolgate_core::now_ms() + expires_in * 1000
-    } else {
-        0
-    };
+    let expires_at_ms = super::expiry_in(expires_in);
     let user = text(&answer, &["account", "uuid"]);
     let organisation = text(&answer, &["organization", "uuid"]);
     let mut identity = AccountIdentity {

@@ -26,7 +26,7 @@ use poolgate_core::account::{
 };
 use serde_json::Value;
 
-use super::{VerbError, chatgpt, claude, http_client, jwt_claims, text};
+use super::{VerbError, chatgpt, claude, http_client, text};
 use crate::AdminEndpoint;
 
 /// Files larger than this are not credential files.
@@ -399,9 +399,7 @@ fn chatgpt_entry(
     let expires_at_ms = if expires_at_ms > 0 {
         expires_at_ms
     } else {
-        jwt_claims(&access)
-            .and_then(|claims| claims.get("exp")?.as_i64())
-            .map_or(0, |exp| exp * 1000)
+        super::jwt_expiry_ms(&access)
     };
     let mut sign_in = base_sign_in(Platform::OpenAi, CredentialKind::ChatGptOAuth, access);
     sign_in.refresh_token = Secret::new(refresh);

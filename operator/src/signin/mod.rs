@@ -188,6 +188,23 @@ pub(crate) fn jwt_claims(token: &str) -> Option<serde_json::Value> {
     serde_json::from_slice(&bytes).ok()
 }
 
+/// The instant `seconds` from now, ms since the epoch (0 for none); saturating, whatever an
+/// answer or a file says.
+pub(crate) fn expiry_in(seconds: i64) -> i64 {
+    if seconds <= 0 {
+        return 0;
+    }
+    poolgate_core::now_ms().saturating_add(seconds.saturating_mul(1000))
+}
+
+/// A JWT's `exp` in ms since the epoch; 0 without one.
+pub(crate) fn jwt_expiry_ms(token: &str) -> i64 {
+    jwt_claims(token)
+        .and_then(|claims| claims.get("exp")?.as_i64())
+        .filter(|exp| *exp > 0)
+        .map_or(0, |exp| exp.saturating_mul(1000))
+}
+
 /// Where an operator's answers come from: the terminal, or a test's pipe.
 pub trait Prompt {
     /// Shows `text` (instructions, the URL to open) to the operator.

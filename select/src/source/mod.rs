@@ -188,39 +188,41 @@ pub fn sign_in_mismatch(account: &Account, sign_in: &SignIn) -> Option<String> {
             who(&sign_in.identity.email, &sign_in.identity.upstream_id)
         ));
     }
-    None
+    loses_refresh_token(account, sign_in)
 }
 
-/// `account` with `sign_in`'s tokens and identity, and the settings the sign-in carries.
+/// `account` with `sign_in`'s tokens and identity. The token endpoint and client id become the
+/// ones the sign-in used (the new tokens were issued there; a refresh elsewhere would be
+/// refused); an existing account keeps its own settings (an import's apply to new accounts).
 pub fn apply_sign_in(account: &mut Account, sign_in: &SignIn) {
     account.credential = sign_in.access_token.clone();
     if account.credential_kind.is_oauth() {
-        let oauth = account.oauth.get_or_insert_with(|| OAuthState {
-            refresh_token: Secret::default(),
-            expires_at_ms: 0,
-            token_url: poolgate_core::account::default_oauth_token_url(account.platform).to_owned(),
-            client_id: String::new(),
+        account.oauth = Some(OAuthState {
+            refresh_token: sign_in.refresh_token.clone(),
+            expires_at_ms: sign_in.expires_at_ms,
+            token_url: if sign_in.token_url.is_empty() {
+                poolgate_core::account::default_oauth_token_url(account.platform).to_owned()
+            } else {
+                sign_in.token_url.clone()
+            },
+            client_id: sign_in.client_id.clone(),
         });
-        oauth.refresh_token = sign_in.refresh_token.clone();
-        oauth.expires_at_ms = sign_in.expires_at_ms;
-        if !sign_in.token_url.is_empty() {
-            oauth.token_url = sign_in.token_url.clone();
-        }
-        if !sign_in.client_id.is_empty() {
-            oauth.client_id = sign_in.client_id.clone();
-        }
     }
     account.identity = sign_in.identity.clone();
-    let settings = &sign_in.settings;
-    account.priority = settings.priority.unwrap_or(account.priority);
-    account.concurrency_limit = settings
-        .concurrency_limit
-        .unwrap_or(account.concurrency_limit);
-    account.rpm_limit = settings.rpm_limit.unwrap_or(account.rpm_limit);
-    if let Some(proxy) = &settings.proxy_url {
-        account.proxy_url = Some(proxy.clone()).filter(|p| !p.is_empty());
-    }
-    if let Some(mapping) = &settings.model_mapping {
-        account.model_mapping = mapping.clone();
-    }
+}
+
+/// Why `sign_in` must not silently replace `account`'s refresh token with none (Claude Code's
+/// setup token over a full sign-in of the same user): asked for by `--account`, it may.
+pub fn loses_refresh_token(account: &Account, sign_in: &SignIn) -> Option<String> {
+    let refreshable = account
+        .oauth
+        .as_ref()
+        .is_some_and(|oauth| !oauth.refresh_token.is_empty());
+    (refreshable && sign_in.refresh_token.is_empty() && sign_in.account_id.is_none()).then(|| {
+        format!(
+            "account {} keeps itself signed in with a refresh token; this sign-in has none \
+             (a setup token) and would replace it: name the account (--account {}) to do that",
+            account.id, account.id
+        )
+    })
 }

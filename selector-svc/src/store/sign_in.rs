@@ -6,7 +6,7 @@
 use poolgate_core::AccountId;
 use poolgate_core::account::{AccountStatus, DEFAULT_GROUP, SignIn, SignedIn, default_base_url};
 use poolgate_select::crypto::BlobPlace;
-use poolgate_select::source::{StoreError, apply_sign_in, sign_in_mismatch};
+use poolgate_select::source::{StoreError, sign_in_mismatch};
 
 use super::{AccountInput, AccountParams, INSERT_ACCOUNT, PostgresSource, convert};
 
@@ -20,7 +20,6 @@ impl PostgresSource {
             });
         }
         let group = sign_in.group.as_deref().unwrap_or(DEFAULT_GROUP);
-        let group_id = self.group_id(group).await?;
         let mut tx = self.pool.begin().await.map_err(convert)?;
         let target: Option<AccountId> = match sign_in.account_id {
             Some(id) => Some(
@@ -47,7 +46,7 @@ impl PostgresSource {
                     .fetch_one(&mut *tx)
                     .await
                     .map_err(convert)?;
-                let mut account = self.account_from_row(&row)?;
+                let account = self.account_from_row(&row)?;
                 if let Some(problem) = sign_in_mismatch(&account, sign_in) {
                     return Err(StoreError::Invalid {
                         field: "account".into(),
@@ -55,7 +54,6 @@ impl PostgresSource {
                     });
                 }
                 let reactivated = account.status == AccountStatus::Error;
-                apply_sign_in(&mut account, sign_in);
                 let (key_id, blob) = self
                     .keyring
                     .encrypt(sign_in.access_token.expose(), BlobPlace::credential(id))?;
@@ -68,17 +66,12 @@ impl PostgresSource {
                             .1,
                     )
                 };
-                let mapping = serde_json::to_value(&account.model_mapping)
-                    .map_err(|e| StoreError::Conflict(format!("model mapping: {e}")))?;
                 sqlx::query(
                     "UPDATE accounts SET credential_ciphertext = $2, credential_key_id = $3, \
                        refresh_token_ciphertext = $4, \
                        expires_at = to_timestamp(NULLIF($5, 0)::double precision / 1000), \
-                       token_url = COALESCE($6, token_url), \
-                       oauth_client_id = COALESCE($7, oauth_client_id), \
+                       token_url = $6, oauth_client_id = $7, \
                        upstream_id = $8, email = NULLIF($9, ''), plan = NULLIF($10, ''), \
-                       priority = $11, concurrency_limit = $12, rpm_limit = $13, proxy_url = $14, \
-                       model_mapping = $15, \
                        status = CASE WHEN status = 'error' THEN 'active' ELSE status END, \
                        status_reason = CASE WHEN status = 'error' THEN '' ELSE status_reason END, \
                        status_changed_at = CASE WHEN status = 'error' THEN now() ELSE status_changed_at END, \
@@ -90,16 +83,13 @@ impl PostgresSource {
                 .bind(key_id)
                 .bind(refresh)
                 .bind(sign_in.expires_at_ms)
+                // Exactly what the sign-in used (NULL: the platform's default): the new tokens
+                // are refreshed where they were issued.
                 .bind(Some(&sign_in.token_url).filter(|u| !u.is_empty()))
                 .bind(Some(&sign_in.client_id).filter(|c| !c.is_empty()))
                 .bind(&sign_in.identity.upstream_id)
                 .bind(&sign_in.identity.email)
                 .bind(&sign_in.identity.plan)
-                .bind(account.priority)
-                .bind(account.concurrency_limit)
-                .bind(account.rpm_limit)
-                .bind(&account.proxy_url)
-                .bind(mapping)
                 .execute(&mut *tx)
                 .await
                 .map_err(|e| identity_taken(convert(e), sign_in))?;
@@ -119,9 +109,18 @@ impl PostgresSource {
                 if let Some(other) = taken {
                     return Err(StoreError::Conflict(format!(
                         "the name {name:?} is taken by account {other}; give the new account \
-                         another (--name)"
+                         another name"
                     )));
                 }
+                // The group is made with the account, inside the transaction: a refused sign-in
+                // leaves none behind.
+                let group_id: i64 = sqlx::query_scalar(
+                    "INSERT INTO groups (name) VALUES ($1) ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name RETURNING id",
+                )
+                .bind(group)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(convert)?;
                 let id: AccountId =
                     sqlx::query_scalar("SELECT nextval(pg_get_serial_sequence('accounts', 'id'))")
                         .fetch_one(&mut *tx)

@@ -479,8 +479,9 @@ impl StoredAccount {
                 },
                 client_id: self.client_id.clone(),
             }),
-            status: AccountStatus::Active,
-            status_reason: String::new(),
+            // A status this build does not know reads as active, as the state file's statuses do.
+            status: AccountStatus::parse(&self.status).unwrap_or(AccountStatus::Active),
+            status_reason: self.status_reason.clone(),
             priority: self.priority,
             weight: 1,
             concurrency_limit: self.concurrency_limit,
@@ -494,6 +495,19 @@ impl StoredAccount {
             identity: self.identity.to_identity(),
         })
     }
+}
+
+/// One sign-in's entries as they were before it ([`Current::undo_for`]).
+struct Undo {
+    id: Option<AccountId>,
+    name: String,
+    account: Option<Account>,
+    configured: Option<Configured>,
+    names: Option<Option<AccountId>>,
+    stored: Option<StoredAccount>,
+    tokens: Option<StoredTokens>,
+    statuses: Option<StoredStatus>,
+    windows: Option<Vec<WindowReading>>,
 }
 
 /// Who the config's or the file's account `other` is, for a refusal naming it.
@@ -588,14 +602,18 @@ impl Current {
         }
         let name = self.entry_name(id)?;
         let reactivated = account.status == AccountStatus::Error;
-        let before = account.clone();
         crate::source::apply_sign_in(&mut account, sign_in);
         let configured = self
             .configured
             .get(&id)
             .cloned()
             .ok_or_else(|| StoreError::NotFound(format!("account {id}")))?;
+        if reactivated {
+            account.status = AccountStatus::Active;
+            account.status_reason = String::new();
+        }
         if configured.runtime {
+            // A run-time account keeps its tokens and status in its own entry.
             let stored = self
                 .persisted
                 .accounts
@@ -604,29 +622,16 @@ impl Current {
             stored.access_token = sign_in.access_token.clone();
             stored.refresh_token = sign_in.refresh_token.clone();
             stored.expires_at_ms = sign_in.expires_at_ms;
-            if !sign_in.token_url.is_empty() {
-                stored.token_url = sign_in.token_url.clone();
-            }
-            if !sign_in.client_id.is_empty() {
-                stored.client_id = sign_in.client_id.clone();
-            }
+            stored.token_url = sign_in.token_url.clone();
+            stored.client_id = sign_in.client_id.clone();
             stored.identity = StoredIdentity::of(&sign_in.identity);
-            let settings = &sign_in.settings;
-            stored.priority = settings.priority.unwrap_or(stored.priority);
-            stored.concurrency_limit = settings
-                .concurrency_limit
-                .unwrap_or(stored.concurrency_limit);
-            stored.rpm_limit = settings.rpm_limit.unwrap_or(stored.rpm_limit);
-            if let Some(proxy) = &settings.proxy_url {
-                stored.proxy_url = Some(proxy.clone()).filter(|p| !p.is_empty());
-            }
-            if let Some(mapping) = &settings.model_mapping {
-                stored.model_mapping = mapping.clone().into_iter().collect();
+            if reactivated {
+                stored.status = AccountStatus::Active.as_str().to_owned();
+                stored.status_reason = String::new();
             }
             if let Some(configured) = self.configured.get_mut(&id) {
                 configured.credential = short_hash(sign_in.access_token.expose());
             }
-            self.persisted.tokens.remove(&name);
         } else {
             // A configured account keeps its settings (the config file's); its new tokens are
             // kept as a refresh's are, replacing the config's credential until it names another.
@@ -640,25 +645,18 @@ impl Current {
                     identity: Some(StoredIdentity::of(&sign_in.identity)),
                 },
             );
-            account.priority = before.priority;
-            account.concurrency_limit = before.concurrency_limit;
-            account.rpm_limit = before.rpm_limit;
-            account.proxy_url = before.proxy_url;
-            account.model_mapping = before.model_mapping;
-        }
-        if reactivated {
-            account.status = AccountStatus::Active;
-            account.status_reason = String::new();
-            if configured.status == AccountStatus::Active {
-                self.persisted.statuses.remove(&name);
-            } else {
-                self.persisted.statuses.insert(
-                    name,
-                    StoredStatus {
-                        status: AccountStatus::Active.as_str().to_owned(),
-                        reason: String::new(),
-                    },
-                );
+            if reactivated {
+                if configured.status == AccountStatus::Active {
+                    self.persisted.statuses.remove(&name);
+                } else {
+                    self.persisted.statuses.insert(
+                        name,
+                        StoredStatus {
+                            status: AccountStatus::Active.as_str().to_owned(),
+                            reason: String::new(),
+                        },
+                    );
+                }
             }
         }
         self.snapshot.replace_account(account.clone());
@@ -680,7 +678,7 @@ impl Current {
                 None => "two accounts of the config file".to_owned(),
             };
             return Err(StoreError::Conflict(format!(
-                "the name {name:?} is taken by {by}; give the new account another (--name)"
+                "the name {name:?} is taken by {by}; give the new account another name"
             )));
         }
         let stored = StoredAccount {
@@ -703,6 +701,8 @@ impl Current {
             token_url: sign_in.token_url.clone(),
             client_id: sign_in.client_id.clone(),
             identity: StoredIdentity::of(&sign_in.identity),
+            status: AccountStatus::Active.as_str().to_owned(),
+            status_reason: String::new(),
             priority: sign_in.settings.priority.unwrap_or(0),
             concurrency_limit: sign_in.settings.concurrency_limit.unwrap_or(0),
             rpm_limit: sign_in.settings.rpm_limit.unwrap_or(0),
@@ -723,6 +723,11 @@ impl Current {
             .copied()
             .flatten()
             .unwrap_or(stored.id);
+        // Whatever the file kept under this name belonged to an account no longer configured:
+        // not this one's.
+        self.persisted.tokens.remove(&name);
+        self.persisted.statuses.remove(&name);
+        self.persisted.windows.remove(&name);
         self.persisted
             .accounts
             .insert(name, StoredAccount { id, ..stored });
@@ -731,6 +736,68 @@ impl Current {
             created: true,
             reactivated: false,
         })
+    }
+
+    /// What a sign-in of `target` (an account, or a new one named `name`) may change: its
+    /// entries, to put back if the write fails, leaving every other account's changes made
+    /// meanwhile as they are.
+    fn undo_for(&self, target: Option<AccountId>, name: &str) -> Undo {
+        let id = target.or_else(|| self.names.get(name).copied().flatten());
+        let name = id
+            .and_then(|id| self.configured.get(&id))
+            .map_or_else(|| name.to_owned(), |c| c.name.clone());
+        Undo {
+            id,
+            account: id.and_then(|id| self.snapshot.account(id).map(|a| Account::clone(a))),
+            configured: id.and_then(|id| self.configured.get(&id).cloned()),
+            names: self.names.get(&name).copied(),
+            stored: self.persisted.accounts.get(&name).cloned(),
+            tokens: self.persisted.tokens.get(&name).cloned(),
+            statuses: self.persisted.statuses.get(&name).cloned(),
+            windows: self.persisted.windows.get(&name).cloned(),
+            name,
+        }
+    }
+
+    /// Puts back what [`Current::undo_for`] kept, for the account `signed_in` names.
+    fn undo(&mut self, undo: Undo, signed_in: AccountId) {
+        match undo.account {
+            Some(account) => {
+                self.snapshot.replace_account(account);
+            }
+            None => self.snapshot.remove_account(signed_in),
+        }
+        match undo.configured {
+            Some(configured) => {
+                self.configured.insert(signed_in, configured);
+            }
+            None => {
+                self.configured.remove(&signed_in);
+            }
+        }
+        fn put<V>(map: &mut BTreeMap<String, V>, name: &str, value: Option<V>) {
+            match value {
+                Some(value) => {
+                    map.insert(name.to_owned(), value);
+                }
+                None => {
+                    map.remove(name);
+                }
+            }
+        }
+        match undo.names {
+            Some(taken) => {
+                self.names.insert(undo.name.clone(), taken);
+            }
+            None => {
+                self.names.remove(&undo.name);
+            }
+        }
+        put(&mut self.persisted.accounts, &undo.name, undo.stored);
+        put(&mut self.persisted.tokens, &undo.name, undo.tokens);
+        put(&mut self.persisted.statuses, &undo.name, undo.statuses);
+        put(&mut self.persisted.windows, &undo.name, undo.windows);
+        let _ = undo.id;
     }
 
     /// Applies a saved state over the config. Entries for accounts or keys the config does not
@@ -858,9 +925,16 @@ impl AccountSource for MemorySource {
             account.status = status;
             account.status_reason = reason.to_owned();
             current.snapshot.replace_account(account);
+            let runtime = current.configured.get(&id).is_some_and(|c| c.runtime);
+            if runtime {
+                // A run-time account keeps its status in its own entry.
+                if let Some(stored) = current.persisted.accounts.get_mut(&name) {
+                    stored.status = status.as_str().to_owned();
+                    stored.status_reason = reason.to_owned();
+                }
             // The file keeps only what differs from the config: a restore to the configured
             // status leaves the config in charge again.
-            if current
+            } else if current
                 .configured
                 .get(&id)
                 .is_some_and(|configured| configured.status == status)
@@ -910,7 +984,22 @@ impl AccountSource for MemorySource {
             current
                 .snapshot
                 .replace_account(with_tokens(account, &tokens));
-            current.persisted.tokens.insert(name, tokens);
+            let runtime = current.configured.get(&id).is_some_and(|c| c.runtime);
+            match current.persisted.accounts.get_mut(&name).filter(|_| runtime) {
+                // A run-time account keeps its tokens in its own entry, never under a name the
+                // config could take later.
+                Some(stored) => {
+                    stored.access_token = tokens.access_token;
+                    stored.refresh_token = tokens.refresh_token;
+                    stored.expires_at_ms = tokens.expires_at_ms;
+                    if let Some(configured) = current.configured.get_mut(&id) {
+                        configured.credential = short_hash(access_token.expose());
+                    }
+                }
+                None => {
+                    current.persisted.tokens.insert(name, tokens);
+                }
+            }
             Ok::<_, StoreError>(())
         })?;
         self.changed();
@@ -984,6 +1073,12 @@ impl AdminStore for MemorySource {
     }
 
     async fn sign_in(&self, sign_in: &SignIn) -> Result<SignedIn, StoreError> {
+        if let Some((field, message)) = sign_in.problem() {
+            return Err(StoreError::Invalid {
+                field: field.into(),
+                message,
+            });
+        }
         if self.state_file.is_none() {
             return Err(StoreError::Invalid {
                 field: "state_file".into(),
@@ -992,27 +1087,20 @@ impl AdminStore for MemorySource {
                     .into(),
             });
         }
-        // Kept on failure: what was in memory before, for the file write that did not happen.
-        let before = self.with_current(|current| {
-            (
-                current.snapshot.clone(),
-                current.persisted.clone(),
-                current.configured.clone(),
-                current.names.clone(),
-            )
-        });
-        let signed_in = self.with_current(|current| current.sign_in(sign_in))?;
+        let (signed_in, undo) = self.with_current(|current| {
+            let target = match sign_in.account_id {
+                Some(id) => Some(id),
+                None => current.find_identity(sign_in.platform, &sign_in.identity.upstream_id),
+            };
+            let name = sign_in.name.clone().unwrap_or_else(|| sign_in.default_name());
+            let undo = current.undo_for(target, &name);
+            current.sign_in(sign_in).map(|signed_in| (signed_in, undo))
+        })?;
         self.changed();
         if let Err(error) = self.persist().await {
-            // Nothing changes unless it is kept: the previous state is served again.
-            self.with_current(|current| {
-                (
-                    current.snapshot,
-                    current.persisted,
-                    current.configured,
-                    current.names,
-                ) = before;
-            });
+            // Not kept, so not done: this account's entries go back as they were (other
+            // accounts' changes meanwhile, a refreshed token among them, stay).
+            self.with_current(|current| current.undo(undo, signed_in.account.id));
             self.changed();
             return Err(error);
         }

@@ -51,6 +51,10 @@ pub(super) struct StoredTokens {
     pub(super) identity: Option<StoredIdentity>,
 }
 
+fn active() -> String {
+    "active".to_owned()
+}
+
 /// An account's identity (`poolgate_core::account::AccountIdentity`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) struct StoredIdentity {
@@ -82,6 +86,11 @@ pub(super) struct StoredAccount {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub(super) client_id: String,
     pub(super) identity: StoredIdentity,
+    /// Its status and reason (`active` unless the engine or an operator changed it).
+    #[serde(default = "active")]
+    pub(super) status: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub(super) status_reason: String,
     #[serde(default)]
     pub(super) priority: i32,
     #[serde(default)]
@@ -160,9 +169,8 @@ pub(super) struct Persisted {
         deserialize_with = "readable_windows"
     )]
     pub(super) windows: BTreeMap<String, Vec<WindowReading>>,
-    /// Accounts signed in or imported at run time, by name. Added within format 1: a file
-    /// without them reads as none; a build without them ignores them (and would drop them on its
-    /// next write: a downgrade loses run-time accounts, CHANGELOG says so).
+    /// Accounts signed in or imported at run time, by name, with their tokens and status. A
+    /// file that has any is format 2 ([`FORMAT_WITH_ACCOUNTS`]), which older builds refuse.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub(super) accounts: BTreeMap<String, StoredAccount>,
 }
