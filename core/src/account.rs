@@ -474,11 +474,17 @@ impl SignIn {
                 } else {
                     ""
                 };
-                return Some((field, format!("must be 1..=128 bytes, no control characters{hint}")));
+                return Some((
+                    field,
+                    format!("must be 1..=128 bytes, no control characters{hint}"),
+                ));
             }
         }
         if self.client_id.len() > 256 || self.client_id.chars().any(char::is_control) {
-            return Some(("client_id", "must be at most 256 bytes, no control characters".into()));
+            return Some((
+                "client_id",
+                "must be at most 256 bytes, no control characters".into(),
+            ));
         }
         let settings = &self.settings;
         for (field, value) in [

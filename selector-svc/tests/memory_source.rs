@@ -1051,9 +1051,16 @@ async fn a_run_time_account_is_kept_and_the_config_wins_a_later_clash_without_lo
 #[tokio::test]
 async fn a_setup_token_does_not_silently_replace_a_refresh_token() {
     let scratch = Scratch::new("memory-setup-over").expect("scratch");
-    let source = MemorySource::new(config(vec![account(1, |_| {})]), Some(state_in(&scratch)), Clock::system())
-        .expect("source");
-    let full = source.sign_in(&signed_in("u1/o1", None)).await.expect("created");
+    let source = MemorySource::new(
+        config(vec![account(1, |_| {})]),
+        Some(state_in(&scratch)),
+        Clock::system(),
+    )
+    .expect("source");
+    let full = source
+        .sign_in(&signed_in("u1/o1", None))
+        .await
+        .expect("created");
     let mut setup = signed_in("u1/o1", None);
     setup.refresh_token = Secret::default();
     let refused = source.sign_in(&setup).await;
@@ -1063,12 +1070,17 @@ async fn a_setup_token_does_not_silently_replace_a_refresh_token() {
     );
     let kept = source.load_account(full.account.id).await.expect("account");
     assert_eq!(
-        kept.oauth.as_ref().map(|o| o.refresh_token.expose().to_owned()),
+        kept.oauth
+            .as_ref()
+            .map(|o| o.refresh_token.expose().to_owned()),
         Some("refresh-u1/o1".to_owned()),
         "unchanged"
     );
     setup.account_id = Some(full.account.id);
-    let named = source.sign_in(&setup).await.expect("asked for by --account");
+    let named = source
+        .sign_in(&setup)
+        .await
+        .expect("asked for by --account");
     assert!(!named.created);
 }
 
@@ -1078,20 +1090,37 @@ async fn a_sign_in_whose_write_fails_is_undone_and_nothing_else_is() {
     let directory = scratch.path().join("state");
     std::fs::create_dir_all(&directory).expect("dir");
     let file = StateFile::new(directory.join("state.json"));
-    let source = MemorySource::new(config(vec![account(1, |_| {})]), Some(file), Clock::system())
-        .expect("source");
-    let first = source.sign_in(&signed_in("u1/o1", Some("first"))).await.expect("created");
+    let source = MemorySource::new(
+        config(vec![account(1, |_| {})]),
+        Some(file),
+        Clock::system(),
+    )
+    .expect("source");
+    let first = source
+        .sign_in(&signed_in("u1/o1", Some("first")))
+        .await
+        .expect("created");
     // The directory goes away: the next write fails.
     std::fs::remove_dir_all(&directory).expect("removed");
     let failed = source.sign_in(&signed_in("u2/o2", Some("second"))).await;
-    assert!(matches!(failed, Err(StoreError::StateFile(_))), "{failed:?}");
-    assert_eq!(source.snapshot().accounts().count(), 2, "the failed sign-in's account is gone");
+    assert!(
+        matches!(failed, Err(StoreError::StateFile(_))),
+        "{failed:?}"
+    );
+    assert_eq!(
+        source.snapshot().accounts().count(),
+        2,
+        "the failed sign-in's account is gone"
+    );
     assert!(source.snapshot().accounts().all(|a| a.name != "second"));
     // Signing the first in again fails too, and puts its old tokens back.
     let mut again = signed_in("u1/o1", None);
     again.access_token = Secret::new("newer-access");
     assert!(source.sign_in(&again).await.is_err());
-    let kept = source.load_account(first.account.id).await.expect("account");
+    let kept = source
+        .load_account(first.account.id)
+        .await
+        .expect("account");
     assert_eq!(kept.credential.expose(), "access-u1/o1");
 }
 
@@ -1099,12 +1128,24 @@ async fn a_sign_in_whose_write_fails_is_undone_and_nothing_else_is() {
 async fn a_run_time_accounts_refreshed_tokens_and_status_stay_its_own_through_a_name_clash() {
     let scratch = Scratch::new("memory-runtime-refresh").expect("scratch");
     let file = state_in(&scratch);
-    let source = MemorySource::new(config(vec![account(1, |_| {})]), Some(file.clone()), Clock::system())
-        .expect("source");
-    let created = source.sign_in(&signed_in("u1/o1", Some("signed"))).await.expect("created");
+    let source = MemorySource::new(
+        config(vec![account(1, |_| {})]),
+        Some(file.clone()),
+        Clock::system(),
+    )
+    .expect("source");
+    let created = source
+        .sign_in(&signed_in("u1/o1", Some("signed")))
+        .await
+        .expect("created");
     let id = created.account.id;
     source
-        .store_tokens(id, &Secret::new("refreshed-access"), &Secret::new("refreshed-refresh"), now_ms() + 60_000)
+        .store_tokens(
+            id,
+            &Secret::new("refreshed-access"),
+            &Secret::new("refreshed-refresh"),
+            now_ms() + 60_000,
+        )
         .await
         .expect("refreshed");
     source
@@ -1117,16 +1158,26 @@ async fn a_run_time_accounts_refreshed_tokens_and_status_stay_its_own_through_a_
     let source = MemorySource::new(config(vec![clashing]), Some(file.clone()), Clock::system())
         .expect("source");
     let configured = source.load_account(1).await.expect("account");
-    assert_eq!(configured.status, AccountStatus::Active, "not the run-time account's status");
+    assert_eq!(
+        configured.status,
+        AccountStatus::Active,
+        "not the run-time account's status"
+    );
     assert_ne!(configured.credential.expose(), "refreshed-access");
     source.flush().await.expect("flush");
     drop(source);
-    let source = MemorySource::new(config(vec![account(1, |_| {})]), Some(file), Clock::system())
-        .expect("source");
+    let source = MemorySource::new(
+        config(vec![account(1, |_| {})]),
+        Some(file),
+        Clock::system(),
+    )
+    .expect("source");
     let back = source.load_account(id).await.expect("back");
     assert_eq!(back.credential.expose(), "refreshed-access");
     assert_eq!(
-        back.oauth.as_ref().map(|o| o.refresh_token.expose().to_owned()),
+        back.oauth
+            .as_ref()
+            .map(|o| o.refresh_token.expose().to_owned()),
         Some("refreshed-refresh".to_owned())
     );
     assert_eq!(back.status, AccountStatus::Error);

@@ -148,7 +148,9 @@ async fn start_problem(page: &Page, start: &Start) -> Option<String> {
         if let Some(value) = value.as_deref().filter(|v| !v.trim().is_empty())
             && (value.len() > 128 || value.chars().any(char::is_control))
         {
-            return Some(format!("invalid {field}: must be 1..=128 bytes, no control characters"));
+            return Some(format!(
+                "invalid {field}: must be 1..=128 bytes, no control characters"
+            ));
         }
     }
     let id = start.account_id?;
@@ -192,12 +194,9 @@ pub(super) async fn start(
             "expected {\"subscription\": \"claude\" | \"claude_setup_token\" | \"chatgpt\", …}",
         );
     };
-    if start.account_id.is_some_and(|id| id <= 0) {
-        return json_error(
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
-            "invalid account_id: must be positive",
-        );
+    // What can be refused before the code is spent is refused now.
+    if let Some(problem) = start_problem(&page, &start).await {
+        return json_error(StatusCode::BAD_REQUEST, "invalid_request", problem);
     }
     let pkce = Pkce::new();
     let base = page.sign_ins.oauth_base.as_deref();

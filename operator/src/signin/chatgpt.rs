@@ -14,7 +14,6 @@ use poolgate_core::account::{
 
 use super::{Pkce, Prompt, SignInError, call_json, jwt_claims, rebase, text};
 
-
 /// Codex's authorization server.
 pub const ISSUER: &str = "https://auth.openai.com";
 pub const AUTHORIZE_URL: &str = "https://auth.openai.com/oauth/authorize";

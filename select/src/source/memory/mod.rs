@@ -985,7 +985,12 @@ impl AccountSource for MemorySource {
                 .snapshot
                 .replace_account(with_tokens(account, &tokens));
             let runtime = current.configured.get(&id).is_some_and(|c| c.runtime);
-            match current.persisted.accounts.get_mut(&name).filter(|_| runtime) {
+            match current
+                .persisted
+                .accounts
+                .get_mut(&name)
+                .filter(|_| runtime)
+            {
                 // A run-time account keeps its tokens in its own entry, never under a name the
                 // config could take later.
                 Some(stored) => {
@@ -1092,7 +1097,10 @@ impl AdminStore for MemorySource {
                 Some(id) => Some(id),
                 None => current.find_identity(sign_in.platform, &sign_in.identity.upstream_id),
             };
-            let name = sign_in.name.clone().unwrap_or_else(|| sign_in.default_name());
+            let name = sign_in
+                .name
+                .clone()
+                .unwrap_or_else(|| sign_in.default_name());
             let undo = current.undo_for(target, &name);
             current.sign_in(sign_in).map(|signed_in| (signed_in, undo))
         })?;
