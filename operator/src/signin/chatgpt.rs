@@ -258,10 +258,11 @@ pub fn identity_of(id_token: &str, access_token: &str) -> Option<AccountIdentity
         return None;
     }
     // Required: a Team workspace's account id is every member's.
-    let user = match find(&[AUTH, "chatgpt_user_id"]) {
-        user if user.is_empty() => find(&[AUTH, "user_id"]),
-        user => user,
-    };
+    let user = [&[AUTH, "chatgpt_user_id"][..], &[AUTH, "user_id"], &["sub"]]
+        .iter()
+        .map(|path| find(path))
+        .find(|user| !user.is_empty())
+        .unwrap_or_default();
     let email = match find(&["email"]) {
         email if email.is_empty() => find(&["https://api.openai.com/profile", "email"]),
         email => email,
