@@ -10,6 +10,7 @@ use std::time::Duration;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use poolgate_core::lease::Weekday;
+use poolgate_core::price::UnpricedPolicy;
 use poolgate_core::windows::Thresholds;
 use poolgate_lease::calendar::Calendar;
 use poolgate_rpc::service_auth::CallerCheck;
@@ -160,6 +161,12 @@ pub struct ServeArgs {
     /// Above this share its sticky sessions move too. A group's `window_move_at` column wins.
     #[arg(long, env = "SELECTOR_WINDOW_MOVE_AT", default_value_t = 0.97)]
     pub window_move_at: f64,
+    /// What a model with neither a `model_prices` row nor a price in the shipped catalogue costs
+    /// (docs/DESIGN.md §6, "Prices"): `fallback`, its family's highest catalogue price (of its
+    /// platform without a family); `refuse`, no price, and a key with a budget is refused the
+    /// model (403 naming it).
+    #[arg(long, env = "SELECTOR_UNPRICED", value_enum, default_value_t = Unpriced::Fallback)]
+    pub unpriced: Unpriced,
     /// The service token every caller sends in the `x-poolgate-service-token` metadata key
     /// (health checks excepted). Required unless --tls-client-ca or --insecure-dev. On the
     /// command line it is visible to every local user: prefer --service-token-file.
@@ -174,6 +181,13 @@ pub struct ServeArgs {
     /// Which secrets came from the command line (set from the parse, not flags).
     #[arg(skip)]
     pub on_command_line: SecretsOnCommandLine,
+}
+
+/// `--unpriced`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Unpriced {
+    Fallback,
+    Refuse,
 }
 
 /// Which secret flags were given on the command line (visible in `/proc/<pid>/cmdline`), as
@@ -279,6 +293,10 @@ impl ServeArgs {
                 usage_reads: UsageReadSettings {
                     every: Duration::from_millis(self.usage_read_every_ms),
                     ..UsageReadSettings::default()
+                },
+                unpriced: match self.unpriced {
+                    Unpriced::Fallback => UnpricedPolicy::Fallback,
+                    Unpriced::Refuse => UnpricedPolicy::Refuse,
                 },
                 ..SelectorSettings::default()
             },

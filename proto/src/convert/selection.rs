@@ -5,6 +5,7 @@ use poolgate_core::AccountId;
 use poolgate_core::account::{Account, Platform, Price, Secret};
 use poolgate_core::outcome::{MAX_REASON_BYTES, Outcome, OutcomeClass, bounded_reason};
 use poolgate_core::plan::{Effect, Plan, PlanRequest, PlannedAccount, UsageRecord};
+use poolgate_core::price::PriceSource;
 use poolgate_core::select::NoneReason;
 use poolgate_core::windows::{MinuteLimit, Scope, WindowKind, WindowReading, WindowStatus};
 
@@ -152,7 +153,10 @@ impl From<&PlannedAccount> for spb::PlanAccount {
             session_window_limit_usd: account.session_window_limit_usd,
             proxy_url: account.proxy_url.clone().unwrap_or_default(),
             disable_stream_usage: !account.stream_usage,
-            price: Some(account.price.into()),
+            // No price known: unset, which older relays read as 0, as they always did.
+            price: (account.price.source != PriceSource::None).then(|| account.price.price.into()),
+            price_source: spb::PriceSource::from(account.price.source) as i32,
+            price_fallback_from: account.price.fallback_from.clone(),
             soft_blocked: account.soft_blocked,
             inflight: account
                 .inflight
@@ -238,7 +242,11 @@ impl TryFrom<spb::SelectResponse> for Plan {
                     session_window_limit_usd: account.session_window_limit_usd,
                     proxy_url: (!account.proxy_url.is_empty()).then_some(account.proxy_url),
                     stream_usage: !account.disable_stream_usage,
-                    price: account.price.unwrap_or_default().into(),
+                    price: super::model_price(
+                        account.price,
+                        account.price_source,
+                        account.price_fallback_from,
+                    ),
                     soft_blocked: account.soft_blocked,
                     inflight: u32::try_from(account.inflight).ok(),
                     usage_headers_to_clients,
@@ -275,6 +283,10 @@ impl From<UsageRecord> for spb::UsageRecord {
             status: u32::from(r.status),
             latency_ms: r.latency_ms,
             at_ms: r.at_ms,
+            price_source: r
+                .price_source
+                .map(|source| spb::PriceSource::from(source) as i32)
+                .unwrap_or_default(),
         }
     }
 }
@@ -298,6 +310,7 @@ impl TryFrom<spb::UsageRecord> for UsageRecord {
                 .map_err(|_| ConvertError::new("records.status", "must be an HTTP status"))?,
             latency_ms: r.latency_ms,
             at_ms: r.at_ms,
+            price_source: super::usage_price_source(r.price_source),
         })
     }
 }

@@ -250,6 +250,7 @@ async fn the_key_list_shows_each_budgets_spend_in_the_deployments_calendar() {
         cache_write_tokens: 0,
         cache_read_tokens: 0,
         cost_usd,
+        price_source: None,
         status: 200,
         latency_ms: 1,
         at_ms: Some(at_ms),

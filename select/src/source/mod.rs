@@ -57,6 +57,8 @@ pub struct UsageInput {
     pub cache_write_tokens: i64,
     pub cache_read_tokens: i64,
     pub cost_usd: f64,
+    /// Which price `cost_usd` was charged at; `None`: not said (an older relay).
+    pub price_source: Option<poolgate_core::price::PriceSource>,
     pub status: i32,
     pub latency_ms: i32,
     pub at_ms: Option<i64>,

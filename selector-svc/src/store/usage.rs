@@ -35,7 +35,7 @@ impl PostgresSource {
         }
         let mut builder = sqlx::QueryBuilder::new(
             "INSERT INTO usage_records (at, api_key_id, user_name, account_id, model, input_tokens, \
-             output_tokens, cache_write_tokens, cache_read_tokens, cost_usd, status, latency_ms) ",
+             output_tokens, cache_write_tokens, cache_read_tokens, cost_usd, status, latency_ms, price_source) ",
         );
         builder.push_values(records, |mut row, record| {
             row.push("COALESCE(to_timestamp(")
@@ -51,7 +51,8 @@ impl PostgresSource {
                 .push_bind(record.cache_read_tokens)
                 .push_bind(record.cost_usd)
                 .push_bind(record.status)
-                .push_bind(record.latency_ms);
+                .push_bind(record.latency_ms)
+                .push_bind(record.price_source.map(|source| source.as_str()));
         });
         let done = builder.build().execute(&self.pool).await.map_err(convert)?;
         Ok(done.rows_affected())
