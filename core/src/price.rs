@@ -94,6 +94,20 @@ impl Default for ModelPrice {
     }
 }
 
+/// A model's price as the operator's listing shows it (`prices`, `set-price`, `remove-price`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ListedPrice {
+    pub model: String,
+    /// `None` for [`PriceSource::None`].
+    pub price: Option<Price>,
+    /// [`PriceSource::Operator`], [`PriceSource::Catalogue`], or [`PriceSource::None`] (a model
+    /// neither prices: a removal's answer).
+    pub source: PriceSource,
+    /// An operator's price over a model the catalogue also prices: the catalogue's, which
+    /// applies again when the operator's is removed.
+    pub catalogue: Option<Price>,
+}
+
 /// What a model with neither an operator's nor a catalogue price is charged at
 /// (docs/DESIGN.md §6, "Prices").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

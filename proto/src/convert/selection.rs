@@ -5,7 +5,7 @@ use poolgate_core::AccountId;
 use poolgate_core::account::{Account, Platform, Price, Secret};
 use poolgate_core::outcome::{MAX_REASON_BYTES, Outcome, OutcomeClass, bounded_reason};
 use poolgate_core::plan::{Effect, Plan, PlanRequest, PlannedAccount, UsageRecord};
-use poolgate_core::price::PriceSource;
+use poolgate_core::price::{ListedPrice, PriceSource};
 use poolgate_core::select::NoneReason;
 use poolgate_core::windows::{MinuteLimit, Scope, WindowKind, WindowReading, WindowStatus};
 
@@ -341,6 +341,40 @@ impl From<&Account> for spb::AccountView {
             probe_model: account.probe_model.clone().unwrap_or_default(),
             disable_stream_usage: !account.stream_usage,
         }
+    }
+}
+
+impl From<&ListedPrice> for spb::PriceView {
+    fn from(listed: &ListedPrice) -> Self {
+        spb::PriceView {
+            model: listed.model.clone(),
+            price: listed.price.map(spb::Price::from),
+            source: spb::PriceSource::from(listed.source) as i32,
+            catalogue_price: listed.catalogue.map(spb::Price::from),
+        }
+    }
+}
+
+/// A listed price read strictly (the operator CLI's reading: a source it does not know is an
+/// error naming the field, never a guess).
+impl TryFrom<spb::PriceView> for ListedPrice {
+    type Error = ConvertError;
+
+    fn try_from(view: spb::PriceView) -> Result<Self, ConvertError> {
+        let source = PriceSource::decode("source", view.source)?;
+        let price = view.price.map(Price::from);
+        if price.is_none() != (source == PriceSource::None) {
+            return Err(ConvertError::new(
+                "price",
+                "is set exactly when the source is not none",
+            ));
+        }
+        Ok(ListedPrice {
+            model: view.model,
+            price,
+            source,
+            catalogue: view.catalogue_price.map(Price::from),
+        })
     }
 }
 

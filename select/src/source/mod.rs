@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use crate::crypto::CryptoError;
 use crate::snapshot::Snapshot;
 use poolgate_core::AccountId;
-use poolgate_core::account::{Account, AccountStatus, ApiKeyRecord, Secret};
+use poolgate_core::account::{Account, AccountStatus, ApiKeyRecord, Price, Secret};
 use poolgate_core::keys::KeyUpdate;
 
 pub mod budgets;
@@ -72,6 +72,15 @@ pub struct UsageTotals {
     pub cost_usd: f64,
 }
 
+/// One client key's usage of one model under one price source (docs/DESIGN.md §6, "Prices").
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelUsage {
+    pub model: String,
+    /// `None`: records that did not say (an older relay's).
+    pub price_source: Option<poolgate_core::price::PriceSource>,
+    pub totals: UsageTotals,
+}
+
 /// The config the engine serves from and the few writes it makes to it.
 #[async_trait]
 pub trait AccountSource: Send + Sync + 'static {
@@ -110,6 +119,15 @@ pub trait AccountSource: Send + Sync + 'static {
         from_ms: i64,
         to_ms: i64,
     ) -> Result<UsageTotals, StoreError>;
+
+    /// One client key's usage in `[from_ms, to_ms)` per model and price source, ascending by
+    /// model.
+    async fn read_model_usage(
+        &self,
+        api_key_id: i64,
+        from_ms: i64,
+        to_ms: i64,
+    ) -> Result<Vec<ModelUsage>, StoreError>;
 
     /// The spend (USD) of each key in `api_key_ids` in `[since, to_ms)` for each of `since_ms`,
     /// in that order: what the budget rebuild seeds admission's counters with (docs/DESIGN.md
@@ -150,4 +168,9 @@ pub trait AdminStore: Send + Sync + 'static {
         api_key_id: i64,
         update: &KeyUpdate,
     ) -> Result<ApiKeyRecord, StoreError>;
+
+    /// Sets (`Some`, checked by the caller) or removes (`None`) the operator's price of a model
+    /// (docs/DESIGN.md §6, "Prices"); the engine reloads after. Removing a price the operator
+    /// never set is `NotFound`.
+    async fn set_price(&self, model: &str, price: Option<Price>) -> Result<(), StoreError>;
 }

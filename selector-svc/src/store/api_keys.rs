@@ -222,4 +222,15 @@ impl AdminStore for PostgresSource {
     ) -> Result<ApiKeyRecord, StoreError> {
         PostgresSource::update_api_key(self, api_key_id, update).await
     }
+
+    async fn set_price(
+        &self,
+        model: &str,
+        price: Option<poolgate_core::account::Price>,
+    ) -> Result<(), StoreError> {
+        match price {
+            Some(price) => PostgresSource::set_price(self, model, price).await,
+            None => PostgresSource::remove_price(self, model).await,
+        }
+    }
 }
