@@ -178,7 +178,12 @@ pub async fn execute(endpoint: &dyn AdminEndpoint, verb: &Verb) -> Result<String
             let price = price.price();
             // Refused before anything is sent, naming the field (a NaN does not survive JSON).
             poolgate_core::price::check_price(model, &price).map_err(|(field, problem)| {
-                OperatorError::Invalid(format!("invalid {field}: {problem}"))
+                let flag = if field == "model" {
+                    "model".to_owned()
+                } else {
+                    format!("--{}-usd", field.replace('_', "-"))
+                };
+                OperatorError::Invalid(format!("invalid {flag}: {problem}"))
             })?;
             verb::Answer::Price(view::PriceChanged {
                 price: endpoint.set_price(model, price).await?,

@@ -119,31 +119,33 @@ pub enum Verb {
     },
 }
 
-/// A price's four columns, USD per million tokens. Negative values parse, to be refused naming
-/// the flag's field rather than read as flags.
+/// A price's four columns, USD per million tokens (`--output` is the output format's flag,
+/// hence the `-usd` names). Negative values parse, to be refused naming the flag rather than
+/// read as flags.
 #[derive(Debug, Clone, Copy, PartialEq, clap::Args)]
 pub struct PriceFlags {
-    /// Input tokens.
+    /// Input tokens, USD per million.
     #[arg(long, allow_negative_numbers = true)]
-    pub input: f64,
-    /// Output tokens.
+    pub input_usd: f64,
+    /// Output tokens, USD per million.
     #[arg(long, allow_negative_numbers = true)]
-    pub output: f64,
-    /// Cache writes at the provider's default TTL (Anthropic 5 minutes, OpenAI 30 minutes).
+    pub output_usd: f64,
+    /// Cache writes at the provider's default TTL (Anthropic 5 minutes, OpenAI 30 minutes), USD
+    /// per million tokens.
     #[arg(long, allow_negative_numbers = true)]
-    pub cache_write: f64,
-    /// Cache reads.
+    pub cache_write_usd: f64,
+    /// Cache reads, USD per million tokens.
     #[arg(long, allow_negative_numbers = true)]
-    pub cache_read: f64,
+    pub cache_read_usd: f64,
 }
 
 impl PriceFlags {
     pub fn price(&self) -> poolgate_core::account::Price {
         poolgate_core::account::Price {
-            input_per_mtok: self.input,
-            output_per_mtok: self.output,
-            cache_write_per_mtok: self.cache_write,
-            cache_read_per_mtok: self.cache_read,
+            input_per_mtok: self.input_usd,
+            output_per_mtok: self.output_usd,
+            cache_write_per_mtok: self.cache_write_usd,
+            cache_read_per_mtok: self.cache_read_usd,
         }
     }
 }
@@ -737,20 +739,20 @@ mod tests {
             "x",
             "set-price",
             "m",
-            "--input",
+            "--input-usd",
             "-1",
-            "--output",
+            "--output-usd",
             "2",
-            "--cache-write",
+            "--cache-write-usd",
             "0",
-            "--cache-read",
+            "--cache-read-usd",
             "0",
         ])
         .expect("parses");
         let Verb::SetPrice { price, .. } = cli.verb else {
             panic!("set-price")
         };
-        assert_eq!(price.input, -1.0);
+        assert_eq!(price.input_usd, -1.0);
     }
 
     fn window(remaining_ms: u64, age_ms: u64, utilization: Option<f64>) -> WindowRow {
