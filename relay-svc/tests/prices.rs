@@ -141,7 +141,14 @@ impl Pool {
 
     /// The key's total cost once its usage shows `requests` served.
     async fn total_cost(&self, key: &str, requests: i64) -> f64 {
-        let view = eventually(Duration::from_secs(15), || async {
+        self.view(key, requests).await["usage"]["total"]["cost_usd"]
+            .as_f64()
+            .expect("a cost")
+    }
+
+    /// The key's self-service view once its usage shows `requests` served.
+    async fn view(&self, key: &str, requests: i64) -> Value {
+        eventually(Duration::from_secs(15), || async {
             let response = self
                 .http
                 .get(format!("{}/v1/poolgate/key", self.base))
@@ -153,8 +160,7 @@ impl Pool {
             (view["usage"]["total"]["requests"] == requests).then_some(view)
         })
         .await
-        .unwrap_or_else(|error| panic!("{requests} requests in the usage: {error}"));
-        view["usage"]["total"]["cost_usd"].as_f64().expect("a cost")
+        .unwrap_or_else(|error| panic!("{requests} requests in the usage: {error}"))
     }
 
     fn unpriced(&self, pricing: &str) -> u64 {
@@ -193,6 +199,26 @@ async fn the_catalogue_prices_a_model_and_a_model_released_tomorrow_costs_its_fa
     })
     .await
     .expect("counted as priced by the fallback");
+    // The key's holder sees which price each model was charged at, the fallback's too.
+    let view = pool.view(&pool.budgeted, 2).await;
+    let models: Vec<(String, String)> = view["usage"]["month"]["models"]
+        .as_array()
+        .unwrap_or_else(|| panic!("the month's models in {view}"))
+        .iter()
+        .map(|m| {
+            (
+                m["model"].as_str().unwrap_or_default().to_owned(),
+                m["price_source"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        models,
+        [
+            ("claude-haiku-5-5".to_owned(), "catalogue".to_owned()),
+            ("claude-opus-6".to_owned(), "fallback".to_owned()),
+        ]
+    );
 }
 
 async fn where_unpriced_models_are_refused_a_budgeted_key_gets_403_naming_the_model(pool: Pool) {

@@ -651,6 +651,7 @@ mod keys {
         let description = KeyDescription {
             record: key.clone(),
             usage: vec![],
+            models: vec![],
         };
         let wire = spb::DescribeKeyResponse::from(&description);
         assert_eq!(wire.key_budget_month_usd, 20.25);
@@ -696,6 +697,7 @@ mod keys {
             let mut description = spb::DescribeKeyResponse::from(&KeyDescription {
                 record: with_limits(),
                 usage: vec![],
+                models: vec![],
             });
             description.key_concurrency_limit = answer.key_concurrency_limit;
             description.key_tpm_limit = answer.key_tpm_limit;
@@ -876,10 +878,24 @@ mod keys {
                     )
                 })
                 .collect(),
+            models: vec![poolgate_core::keys::ModelPeriodUsage {
+                model: "claude-opus-6".into(),
+                price_source: Some(poolgate_core::price::PriceSource::Fallback),
+                usage: PeriodUsage {
+                    requests: 1,
+                    input_tokens: 10,
+                    output_tokens: 7,
+                    cost_usd: 0.25,
+                },
+            }],
         };
         let wire = spb::DescribeKeyResponse::from(&description);
         assert!(wire.disabled);
         assert_eq!(wire.key_prefix, "pg-abc");
+        assert_eq!(
+            wire.month_models[0].price_source,
+            spb::PriceSource::Fallback as i32
+        );
         assert_eq!(KeyDescription::try_from(wire.clone()), Ok(description));
         let mut unknown = wire;
         unknown.usage[0].period = "year".into();
