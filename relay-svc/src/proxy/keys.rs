@@ -226,7 +226,7 @@ mod tests {
             ModelPeriodUsage {
                 model: "claude-opus-6".into(),
                 price_source: Some(PriceSource::Fallback),
-                usage: usage.clone(),
+                usage,
             },
             ModelPeriodUsage {
                 model: "claude-x".into(),
