@@ -574,6 +574,18 @@ mod tests {
             &["windows", "3"],
             &["disable-key", "0"],
             &["enable-key"],
+            // Every column of a price is required (a missing one is not a free one).
+            &[
+                "set-price",
+                "m",
+                "--input-usd",
+                "1",
+                "--output-usd",
+                "1",
+                "--cache-read-usd",
+                "0",
+            ],
+            &["remove-price"],
         ] {
             assert!(parse(refused).is_err(), "{refused:?} is refused");
         }
@@ -594,7 +606,10 @@ mod tests {
                 "keys",
                 "disable-key",
                 "enable-key",
-                "status"
+                "status",
+                "prices",
+                "set-price",
+                "remove-price"
             ]
         );
         assert_eq!(
