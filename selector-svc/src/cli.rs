@@ -435,6 +435,31 @@ mod tests {
     }
 
     #[test]
+    fn unpriced_models_get_the_fallback_unless_the_operator_refuses_them() {
+        let base = [
+            "--redis-url",
+            "redis://127.0.0.1:1",
+            "--database-url",
+            "postgres://x",
+            "--credential-keys",
+            "k1:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
+            "--insecure-dev",
+        ];
+        let policy = |extra: &[&str]| {
+            parse(&[&base[..], extra].concat())
+                .expect("parses")
+                .serve
+                .config()
+                .expect("runs")
+                .settings
+                .unpriced
+        };
+        assert_eq!(policy(&[]), UnpricedPolicy::Fallback);
+        assert_eq!(policy(&["--unpriced", "refuse"]), UnpricedPolicy::Refuse);
+        assert!(parse(&[&base[..], &["--unpriced", "free"]].concat()).is_err());
+    }
+
+    #[test]
     fn a_configuration_that_cannot_run_names_the_flag() {
         let cli = parse(&["--redis-url", "ftp://127.0.0.1:1"]).expect("parses");
         let error = cli.serve.config().expect_err("not a redis url");
