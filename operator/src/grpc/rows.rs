@@ -173,20 +173,7 @@ pub fn usage_row(
 
 /// The ledger's per-model usage as `ReadUsage` answers it.
 pub fn model_usage_views(models: &[ModelUsage]) -> Vec<pb::ModelUsage> {
-    models
-        .iter()
-        .map(|usage| pb::ModelUsage {
-            model: usage.model.clone(),
-            price_source: usage
-                .price_source
-                .map(|source| pb::PriceSource::from(source) as i32)
-                .unwrap_or_default(),
-            requests: usage.totals.requests.max(0) as u64,
-            input_tokens: usage.totals.input_tokens.max(0) as u64,
-            output_tokens: usage.totals.output_tokens.max(0) as u64,
-            cost_usd: usage.totals.cost_usd,
-        })
-        .collect()
+    poolgate_proto::convert::keys::model_usage_to_wire(models)
 }
 
 /// `ReadUsage`'s per-model usage as rows: unset is `unknown` (records an older relay wrote), a

@@ -7,7 +7,7 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use poolgate_core::keys::{KeyDescription, ModelPeriodUsage, PeriodUsage, UsagePeriod};
+use poolgate_core::keys::{KeyDescription, PeriodUsage, UsagePeriod};
 use poolgate_core::lease::KeyLimits;
 
 use crate::crypto::api_key_hash;
@@ -37,19 +37,7 @@ impl Selector {
         let models = self
             .source
             .read_model_usage(record.id, month_from, self.clock.wall_ms() + 1)
-            .await?
-            .into_iter()
-            .map(|model| ModelPeriodUsage {
-                model: model.model,
-                price_source: model.price_source,
-                usage: PeriodUsage {
-                    requests: model.totals.requests,
-                    input_tokens: model.totals.input_tokens,
-                    output_tokens: model.totals.output_tokens,
-                    cost_usd: model.totals.cost_usd,
-                },
-            })
-            .collect();
+            .await?;
         Ok(KeyDescription {
             record,
             usage,

@@ -73,13 +73,7 @@ pub struct UsageTotals {
 }
 
 /// One client key's usage of one model under one price source (docs/DESIGN.md §6, "Prices").
-#[derive(Debug, Clone, PartialEq)]
-pub struct ModelUsage {
-    pub model: String,
-    /// `None`: records that did not say (an older relay's).
-    pub price_source: Option<poolgate_core::price::PriceSource>,
-    pub totals: UsageTotals,
-}
+pub use poolgate_core::keys::ModelPeriodUsage as ModelUsage;
 
 /// The config the engine serves from and the few writes it makes to it.
 #[async_trait]

@@ -74,7 +74,7 @@ impl PostgresSource {
                 Ok(ModelUsage {
                     model: row.try_get("model").map_err(convert)?,
                     price_source: source.as_deref().and_then(PriceSource::parse),
-                    totals: UsageTotals {
+                    usage: poolgate_core::keys::PeriodUsage {
                         requests: row.try_get("requests").map_err(convert)?,
                         input_tokens: row.try_get("input_tokens").map_err(convert)?,
                         output_tokens: row.try_get("output_tokens").map_err(convert)?,

@@ -31,7 +31,7 @@ use super::{AccountSource, AdminStore, ModelUsage, StoreError, UsageInput, Usage
 use crate::health::InProcessHealth;
 use crate::snapshot::{Snapshot, SnapshotCell};
 use poolgate_core::account::{Account, AccountStatus, ApiKeyRecord, OAuthState, Price, Secret};
-use poolgate_core::keys::KeyUpdate;
+use poolgate_core::keys::{KeyUpdate, PeriodUsage};
 use poolgate_core::price::PriceSource;
 use poolgate_core::windows::WindowReading;
 use poolgate_core::{AccountId, Clock};
@@ -801,7 +801,12 @@ impl AccountSource for MemorySource {
             .map(|((model, source), totals)| ModelUsage {
                 model,
                 price_source: PriceSource::parse(&source),
-                totals,
+                usage: PeriodUsage {
+                    requests: totals.requests,
+                    input_tokens: totals.input_tokens,
+                    output_tokens: totals.output_tokens,
+                    cost_usd: totals.cost_usd,
+                },
             })
             .collect())
     }
