@@ -379,6 +379,17 @@ fn required(value: &Option<String>, flag: &str, env: &str) -> Result<String, Str
 mod tests {
     use super::*;
 
+    /// The flags of a selector that can run (its backends need not answer).
+    const RUNNABLE: [&str; 7] = [
+        "--redis-url",
+        "redis://127.0.0.1:1",
+        "--database-url",
+        "postgres://x",
+        "--credential-keys",
+        "k1:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
+        "--insecure-dev",
+    ];
+
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
         Cli::try_parse_noting_secrets(std::iter::once("selector-svc").chain(args.iter().copied()))
     }
@@ -436,15 +447,7 @@ mod tests {
 
     #[test]
     fn unpriced_models_get_the_fallback_unless_the_operator_refuses_them() {
-        let base = [
-            "--redis-url",
-            "redis://127.0.0.1:1",
-            "--database-url",
-            "postgres://x",
-            "--credential-keys",
-            "k1:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
-            "--insecure-dev",
-        ];
+        let base = RUNNABLE;
         let policy = |extra: &[&str]| {
             parse(&[&base[..], extra].concat())
                 .expect("parses")
@@ -468,15 +471,7 @@ mod tests {
 
     #[test]
     fn the_status_page_is_off_by_default_and_refused_without_an_admin_token() {
-        let base = [
-            "--redis-url",
-            "redis://127.0.0.1:1",
-            "--database-url",
-            "postgres://x",
-            "--credential-keys",
-            "k1:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
-            "--insecure-dev",
-        ];
+        let base = RUNNABLE;
         let off = parse(&base).expect("parses");
         assert_eq!(off.serve.admin_http_listen, None, "off by default");
         let no_token = parse(&[&base[..], &["--admin-http-listen", "127.0.0.1:9464"]].concat())
