@@ -15,7 +15,8 @@ pub enum PriceSource {
     /// as [`ModelPrice::fallback_from`] names.
     Fallback,
     /// No price at all (the operator refuses unpriced models, or an older selector sent none):
-    /// charged $0, and refused to a key with a budget.
+    /// charged $0; refused to a key with a budget where the operator refuses unpriced models
+    /// ([`ModelPrice::refuse_budgeted`]).
     None,
 }
 
@@ -51,15 +52,29 @@ pub struct ModelPrice {
     /// For a fallback: the family (`claude-opus-*`) or platform (`openai:*`) whose highest
     /// price applied; empty otherwise.
     pub fallback_from: String,
+    /// No price because the operator refuses unpriced models (`UnpricedPolicy::Refuse`): a key
+    /// with a budget is refused the model. `false` for a price an older selector did not state
+    /// (served at $0 as it always was: refusing is the operator's choice, which an older
+    /// selector cannot make).
+    pub refuse_budgeted: bool,
 }
 
 impl ModelPrice {
-    /// No price known.
+    /// No price known (an older selector's plan said none): charged $0, refused to no one.
     pub fn none() -> Self {
         ModelPrice {
             price: Price::default(),
             source: PriceSource::None,
             fallback_from: String::new(),
+            refuse_budgeted: false,
+        }
+    }
+
+    /// No price, and the operator refuses unpriced models: refused to a key with a budget.
+    pub fn refused() -> Self {
+        ModelPrice {
+            refuse_budgeted: true,
+            ..ModelPrice::none()
         }
     }
 
@@ -68,6 +83,15 @@ impl ModelPrice {
             price,
             source,
             fallback_from: String::new(),
+            refuse_budgeted: false,
+        }
+    }
+
+    /// A fallback: `price` is the highest catalogue price of `from` (a family or a platform).
+    pub fn fallback(price: Price, from: String) -> Self {
+        ModelPrice {
+            fallback_from: from,
+            ..ModelPrice::new(price, PriceSource::Fallback)
         }
     }
 

@@ -128,19 +128,11 @@ impl Catalogue {
         if let Some(family) = family(model)
             && let Some(price) = self.family_max.get(&family)
         {
-            return Some(ModelPrice {
-                price: *price,
-                source: PriceSource::Fallback,
-                fallback_from: format!("{family}*"),
-            });
+            return Some(ModelPrice::fallback(*price, format!("{family}*")));
         }
         self.platform_max
             .get(platform.as_str())
-            .map(|price| ModelPrice {
-                price: *price,
-                source: PriceSource::Fallback,
-                fallback_from: format!("{}:*", platform.as_str()),
-            })
+            .map(|price| ModelPrice::fallback(*price, format!("{}:*", platform.as_str())))
     }
 }
 
@@ -233,7 +225,7 @@ pub fn price_in(
         return ModelPrice::new(entry.price, PriceSource::Catalogue);
     }
     match policy {
-        UnpricedPolicy::Refuse => ModelPrice::none(),
+        UnpricedPolicy::Refuse => ModelPrice::refused(),
         UnpricedPolicy::Fallback => catalogue
             .fallback(model, platform)
             .unwrap_or_else(ModelPrice::none),

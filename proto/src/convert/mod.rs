@@ -144,12 +144,9 @@ pub fn model_price(price: Option<spb::Price>, source: i32, fallback_from: String
         .and_then(|known| PriceSource::try_from(known).ok())
     {
         None => ModelPrice::legacy(price),
-        Some(PriceSource::None) => ModelPrice::none(),
-        Some(PriceSource::Fallback) => ModelPrice {
-            price,
-            source: PriceSource::Fallback,
-            fallback_from,
-        },
+        // A selector says "none" only when its operator refuses unpriced models.
+        Some(PriceSource::None) => ModelPrice::refused(),
+        Some(PriceSource::Fallback) => ModelPrice::fallback(price, fallback_from),
         Some(source) => ModelPrice::new(price, source),
     }
 }

@@ -155,7 +155,15 @@ impl From<&PlannedAccount> for spb::PlanAccount {
             disable_stream_usage: !account.stream_usage,
             // No price known: unset, which older relays read as 0, as they always did.
             price: (account.price.source != PriceSource::None).then(|| account.price.price.into()),
-            price_source: spb::PriceSource::from(account.price.source) as i32,
+            // "None" is said only of a refusal; a price nobody stated stays unsaid, as from an
+            // older selector.
+            price_source: if account.price.source == PriceSource::None
+                && !account.price.refuse_budgeted
+            {
+                0
+            } else {
+                spb::PriceSource::from(account.price.source) as i32
+            },
             price_fallback_from: account.price.fallback_from.clone(),
             soft_blocked: account.soft_blocked,
             inflight: account

@@ -1152,16 +1152,13 @@ fn a_plan_accounts_price_says_where_it_came_from_and_no_price_is_not_free() {
         cache_write_per_mtok: 6.25,
         cache_read_per_mtok: 0.5,
     };
-    let fallback = ModelPrice {
-        price,
-        source: PriceSource::Fallback,
-        fallback_from: "claude-opus-*".into(),
-    };
+    let fallback = ModelPrice::fallback(price, "claude-opus-*".into());
     let free = ModelPrice::new(Price::default(), PriceSource::Operator);
     for sent in [
         fallback,
         free,
         ModelPrice::none(),
+        ModelPrice::refused(),
         ModelPrice::new(price, PriceSource::Catalogue),
     ] {
         let mut account = plan_entry(spb::CredentialKind::ApiKey as i32, "");
@@ -1204,6 +1201,8 @@ fn an_older_selectors_price_reads_as_it_meant_it_zero_as_none() {
             ModelPrice::new(price, PriceSource::Operator),
         ),
         (None, newer, ModelPrice::none()),
+        // Refused is said, never inferred from an older selector's silence.
+        (None, spb::PriceSource::None as i32, ModelPrice::refused()),
     ] {
         let mut account = plan_entry(spb::CredentialKind::ApiKey as i32, "");
         account.price = sent.map(spb::Price::from);

@@ -18,7 +18,6 @@ use poolgate_core::account::{CredentialKind, Secret};
 use poolgate_core::classify::UpstreamError;
 use poolgate_core::lease::{Denial, DenyReason};
 use poolgate_core::outcome::OutcomeClass;
-use poolgate_core::price::PriceSource;
 use poolgate_core::select::NoneReason;
 
 use super::{Answer, Body, Called, Inbound, Relay, auth, headers};
@@ -160,18 +159,14 @@ impl<'a> RequestRun<'a> {
             plan.accounts
                 .retain(|a| !self.not_found_models.contains(&a.mapped_model));
         }
-        // A key with a budget is never served at $0 (docs/DESIGN.md §6, "Prices"): accounts
-        // whose model has no price (the operator refuses unpriced models) are left out, and a
+        // Where the operator refuses unpriced models, a key with a budget is never served at $0
+        // (docs/DESIGN.md §6, "Prices"): accounts whose model has no price are left out, and a
         // plan left empty by it is refused naming the model. (count_tokens charges nothing.)
         if !inbound.ungoverned
             && inbound.caller.limits.has_budget()
-            && plan
-                .accounts
-                .iter()
-                .any(|a| a.price.source == PriceSource::None)
+            && plan.accounts.iter().any(|a| a.price.refuse_budgeted)
         {
-            plan.accounts
-                .retain(|a| a.price.source != PriceSource::None);
+            plan.accounts.retain(|a| !a.price.refuse_budgeted);
             if plan.accounts.is_empty() && self.last_failure.is_none() {
                 self.relay
                     .metrics

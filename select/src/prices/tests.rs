@@ -179,7 +179,7 @@ fn under_the_refuse_policy_an_unpriced_model_has_no_price() {
         Platform::Anthropic,
         UnpricedPolicy::Refuse,
     );
-    assert_eq!(priced, ModelPrice::none());
+    assert_eq!(priced, ModelPrice::refused());
 }
 
 #[test]
