@@ -327,6 +327,18 @@ pub struct KeyDescription {
     pub record: crate::account::ApiKeyRecord,
     /// Each of `UsagePeriod::ALL` with when it began.
     pub usage: Vec<(UsagePeriod, i64, PeriodUsage)>,
+    /// The current month's usage (the `Month` period's) per model and the price it was charged
+    /// at, ascending by model (docs/DESIGN.md §6, "Prices"); empty from an older selector.
+    pub models: Vec<ModelPeriodUsage>,
+}
+
+/// One model's usage in a period under one price source.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelPeriodUsage {
+    pub model: String,
+    /// `None`: records that did not say (an older relay's).
+    pub price_source: Option<crate::price::PriceSource>,
+    pub usage: PeriodUsage,
 }
 
 /// `*` matches any run of characters (none included); every other character matches itself.

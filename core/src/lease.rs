@@ -43,6 +43,15 @@ impl KeyLimits {
             || self.budget_week_micros > 0
             || self.budget_month_micros > 0
     }
+
+    /// Whether a spend budget is set (a model without a price may be refused to such a key:
+    /// docs/DESIGN.md §6, "Prices").
+    pub fn has_budget(&self) -> bool {
+        self.budget_total_micros > 0
+            || self.budget_day_micros > 0
+            || self.budget_week_micros > 0
+            || self.budget_month_micros > 0
+    }
 }
 
 /// The terms of one lease: the account's limits as the selector configured them, and what the

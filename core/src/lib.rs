@@ -16,6 +16,7 @@ pub mod lease;
 pub mod money;
 pub mod outcome;
 pub mod plan;
+pub mod price;
 pub mod select;
 pub mod status;
 pub mod upstream;

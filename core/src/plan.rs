@@ -4,7 +4,8 @@
 //! relay reads them; one type each, written once.
 
 use crate::AccountId;
-use crate::account::{CredentialKind, Platform, Price, Secret};
+use crate::account::{CredentialKind, Platform, Secret};
+use crate::price::{ModelPrice, PriceSource};
 use crate::select::NoneReason;
 
 /// One account of a plan, with everything needed to call it.
@@ -24,7 +25,8 @@ pub struct PlannedAccount {
     pub proxy_url: Option<String>,
     /// OpenAI chat streams: ask the upstream for usage when the client did not.
     pub stream_usage: bool,
-    pub price: Price,
+    /// The mapped model's price and where it came from (docs/DESIGN.md §6, "Prices").
+    pub price: ModelPrice,
     pub soft_blocked: bool,
     /// Live leases when known (`None`: unknown, never 0).
     pub inflight: Option<u32>,
@@ -139,6 +141,8 @@ pub struct UsageRecord {
     pub cache_write_tokens: u64,
     pub cache_read_tokens: u64,
     pub cost_usd: f64,
+    /// Which price `cost_usd` was charged at; `None`: not said (an older relay).
+    pub price_source: Option<PriceSource>,
     pub status: u16,
     pub latency_ms: u32,
     /// ms since the epoch; 0: now.

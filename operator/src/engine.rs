@@ -9,22 +9,29 @@
 //! them with the same functions the gRPC client reads the selector's answers with, so both modes
 //! show the same.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use poolgate_core::AccountId;
-use poolgate_core::account::{Account, ApiKeyRecord, SignIn, SignedIn};
+use poolgate_core::account::{Account, ApiKeyRecord, Price, SignIn, SignedIn};
 use poolgate_core::keys::{KeyUpdate, PeriodUsage, UsagePeriod};
+use poolgate_core::price::{ListedPrice, PriceSource, check_price};
 use poolgate_core::status::StatusReport;
 use poolgate_proto::convert::{AccountReadings, WindowsAnswer};
 use poolgate_select::engine::{Selector, SelectorError};
-use poolgate_select::source::{AdminStore, UsageTotals};
+use poolgate_select::prices::catalogue;
+use poolgate_select::snapshot::Snapshot;
+use poolgate_select::source::{AdminStore, ModelUsage, UsageTotals};
 
-use crate::grpc::{row_of_account, rows_of_windows, usage_keys, usage_report};
+use crate::grpc::{
+    list_prices_answer, model_usage_rows, model_usage_views, price_list_of, price_row_of,
+    row_of_account, rows_of_windows, usage_keys, usage_report,
+};
 use crate::view::{UsageReport, key_row, status_view};
 use crate::{
-    AccountRow, AdminEndpoint, BlockRow, KeyRow, OperatorError, SignedInRow, StatusView, UsageRow,
-    WindowRow,
+    AccountRow, AdminEndpoint, BlockRow, KeyRow, OperatorError, PriceList, PriceRow, SignedInRow,
+    StatusView, UsageRow, WindowRow,
 };
 
 /// A key's usage per period of the deployment's budget calendar (`Selector::key_usage`).
@@ -189,6 +196,92 @@ impl EngineAdmin {
     pub async fn status_report(&self) -> Result<StatusReport, SelectorError> {
         self.selector.status().await
     }
+
+    /// One client key's usage in `[from_ms, to_ms)` per model and the price it was charged at.
+    pub async fn model_usage(
+        &self,
+        api_key_id: i64,
+        from_ms: i64,
+        to_ms: i64,
+    ) -> Result<Vec<ModelUsage>, SelectorError> {
+        Ok(self
+            .selector
+            .source()
+            .read_model_usage(api_key_id, from_ms, to_ms)
+            .await?)
+    }
+
+    /// Every price a model may be charged at, ascending by model: the operator's (each over the
+    /// catalogue's, if any) and the shipped catalogue's (docs/DESIGN.md §6, "Prices"); and the
+    /// day the catalogue was read.
+    pub fn price_list(&self) -> (Vec<ListedPrice>, &'static str) {
+        let snapshot = self.selector.snapshot().get();
+        let catalogue = catalogue();
+        let mut listed: BTreeMap<String, ListedPrice> = catalogue
+            .models()
+            .iter()
+            .map(|entry| {
+                (
+                    entry.model.clone(),
+                    ListedPrice {
+                        model: entry.model.clone(),
+                        price: Some(entry.price),
+                        source: PriceSource::Catalogue,
+                        catalogue: None,
+                    },
+                )
+            })
+            .collect();
+        for model in snapshot.operator_prices().keys() {
+            listed.insert(model.clone(), listed_price(&snapshot, model));
+        }
+        (listed.into_values().collect(), catalogue.as_of())
+    }
+
+    /// Sets the operator's price of `model` (checked: the field named), served at once; the
+    /// model's listing after.
+    pub async fn set_price(&self, model: &str, price: Price) -> Result<ListedPrice, SelectorError> {
+        check_price(model, &price)
+            .map_err(|(field, problem)| SelectorError::invalid(field, problem))?;
+        self.store.set_price(model, Some(price)).await?;
+        self.selector.reload().await?;
+        Ok(listed_price(&self.selector.snapshot().get(), model))
+    }
+
+    /// Removes the operator's price of `model` (the catalogue's applies again, or none); the
+    /// model's listing after. No operator price: `NotFound`.
+    pub async fn remove_price(&self, model: &str) -> Result<ListedPrice, SelectorError> {
+        if model.is_empty() {
+            return Err(SelectorError::invalid("model", "must not be empty"));
+        }
+        self.store.set_price(model, None).await?;
+        self.selector.reload().await?;
+        Ok(listed_price(&self.selector.snapshot().get(), model))
+    }
+}
+
+/// A model's listing in a snapshot: the operator's price (with the catalogue's it overrides),
+/// else the catalogue's, else none.
+fn listed_price(snapshot: &Snapshot, model: &str) -> ListedPrice {
+    let in_catalogue = catalogue().get(model).map(|entry| entry.price);
+    match snapshot.operator_prices().get(model) {
+        Some(price) => ListedPrice {
+            model: model.to_owned(),
+            price: Some(*price),
+            source: PriceSource::Operator,
+            catalogue: in_catalogue,
+        },
+        None => ListedPrice {
+            model: model.to_owned(),
+            price: in_catalogue,
+            source: if in_catalogue.is_some() {
+                PriceSource::Catalogue
+            } else {
+                PriceSource::None
+            },
+            catalogue: None,
+        },
+    }
 }
 
 /// An engine error as the operator's: `not_found` names what was missing as the verb asked for
@@ -283,6 +376,10 @@ impl AdminEndpoint for EngineAdmin {
                 .usage_totals(key.id, from_ms, to_ms)
                 .await
                 .map_err(engine_error)?;
+            let models = self
+                .model_usage(key.id, from_ms, to_ms)
+                .await
+                .map_err(engine_error)?;
             rows.push(UsageRow {
                 api_key_id: key.id,
                 user: key.user,
@@ -290,6 +387,7 @@ impl AdminEndpoint for EngineAdmin {
                 input_tokens: totals.input_tokens.max(0) as u64,
                 output_tokens: totals.output_tokens.max(0) as u64,
                 cost_usd: totals.cost_usd,
+                models: model_usage_rows(model_usage_views(&models))?,
             });
         }
         Ok(usage_report(from_ms, to_ms, rows))
@@ -335,6 +433,25 @@ impl AdminEndpoint for EngineAdmin {
             created: signed_in.created,
             reactivated: signed_in.reactivated,
         })
+    }
+
+    async fn prices(&self) -> Result<PriceList, OperatorError> {
+        let (prices, as_of) = self.price_list();
+        price_list_of(list_prices_answer(&prices, as_of))
+    }
+
+    async fn set_price(&self, model: &str, price: Price) -> Result<PriceRow, OperatorError> {
+        let listed = EngineAdmin::set_price(self, model, price)
+            .await
+            .map_err(engine_error)?;
+        price_row_of((&listed).into())
+    }
+
+    async fn remove_price(&self, model: &str) -> Result<PriceRow, OperatorError> {
+        let listed = EngineAdmin::remove_price(self, model)
+            .await
+            .map_err(|e| operator_error(e, || format!("no operator price for {model}")))?;
+        price_row_of((&listed).into())
     }
 }
 

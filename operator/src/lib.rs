@@ -1,6 +1,7 @@
 //! poolgate-operator: one operator CLI for both modes. The read and repair verbs (`accounts`,
 //! `blocks`, `windows`, `restore ID`, `clear-block ID`, `usage`, `keys`, `disable-key ID`,
-//! `enable-key ID`, `status`) are one clap subcommand enum
+//! `enable-key ID`, `status`, and the prices: `prices`, `set-price`, `remove-price`) are one clap
+//! subcommand enum
 //! ([`Verb`]), run by one [`execute`] against an [`AdminEndpoint`], and print the same output
 //! whichever endpoint answered: the selector's admin gRPC API ([`grpc::SelectorAdmin`],
 //! distributed) or the standalone relay's admin HTTP endpoint ([`http::HttpAdmin`]). Both serve
@@ -28,8 +29,8 @@ use poolgate_core::account::SignIn;
 
 pub use verb::{Format, Output, Verb};
 pub use view::{
-    AccountRow, AccountStatusRow, BlockRow, KeyRow, ReplicaRow, SignedInRow, StatusView,
-    UsageReport, UsageRow, WindowRow,
+    AccountRow, AccountStatusRow, BlockRow, KeyRow, ModelUsageRow, PriceList, PriceRow, ReplicaRow,
+    SignedInRow, StatusView, UsageReport, UsageRow, WindowRow,
 };
 
 /// An admin endpoint the read and repair verbs run against.
@@ -73,6 +74,20 @@ pub trait AdminEndpoint: Send + Sync {
     /// Puts a sign-in's or an import's tokens into the pool (docs/DESIGN.md §5, "Signing
     /// accounts in"): the account named, or the one with its identity, or a new one.
     async fn sign_in(&self, sign_in: &SignIn) -> Result<SignedInRow, OperatorError>;
+    /// Every operator and catalogue price, ascending by model, each with its source
+    /// (docs/DESIGN.md §6, "Prices").
+    async fn prices(&self) -> Result<PriceList, OperatorError>;
+    /// Sets the operator's price of `model` (over the catalogue's); the model's price after. A
+    /// price that is not one (negative, NaN, …) or a bad model name is invalid, naming the
+    /// field, and nothing changes.
+    async fn set_price(
+        &self,
+        model: &str,
+        price: poolgate_core::account::Price,
+    ) -> Result<PriceRow, OperatorError>;
+    /// Removes the operator's price of `model`; the model's price after (the catalogue's, or
+    /// none). A model without an operator price is not found.
+    async fn remove_price(&self, model: &str) -> Result<PriceRow, OperatorError>;
 }
 
 /// Why a verb did not run. The detail keeps the transport's own code (`401 Unauthorized`,
@@ -163,6 +178,32 @@ pub async fn execute(endpoint: &dyn AdminEndpoint, verb: &Verb) -> Result<String
         Verb::Status { .. } => verb::Answer::Status(view::StatusAnswer {
             status: endpoint.status().await?,
         }),
+        Verb::Prices { .. } => verb::Answer::Prices(endpoint.prices().await?),
+        Verb::SetPrice { model, price, .. } => {
+            let price = price.price();
+            // Refused before anything is sent, naming the field (a NaN does not survive JSON).
+            poolgate_core::price::check_price(model, &price).map_err(|(field, problem)| {
+                let flag = if field == "model" {
+                    "model".to_owned()
+                } else {
+                    format!("--{}-usd", field.replace('_', "-"))
+                };
+                OperatorError::Invalid(format!("invalid {flag}: {problem}"))
+            })?;
+            verb::Answer::Price(view::PriceChanged {
+                price: endpoint.set_price(model, price).await?,
+            })
+        }
+        Verb::RemovePrice { model, .. } => {
+            if model.is_empty() {
+                return Err(OperatorError::Invalid(
+                    "invalid model: must not be empty".into(),
+                ));
+            }
+            verb::Answer::Price(view::PriceChanged {
+                price: endpoint.remove_price(model).await?,
+            })
+        }
     };
     answer.render(verb.output())
 }

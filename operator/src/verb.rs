@@ -7,7 +7,8 @@ use poolgate_core::keys::rfc3339_utc;
 use crate::OperatorError;
 use crate::view::{
     AccountList, AccountRow, AccountStatusRow, BlockList, BlockRow, Cleared, KeyChanged, KeyList,
-    KeyRow, Restored, StatusAnswer, StatusView, UsageReport, WindowList, WindowRow,
+    KeyRow, ModelUsageRow, PriceChanged, PriceList, PriceRow, Restored, StatusAnswer, StatusView,
+    UsageReport, UsageRow, WindowList, WindowRow,
 };
 
 /// The read and repair verbs, the same against a selector and against a standalone relay.
@@ -91,6 +92,62 @@ pub enum Verb {
         #[command(flatten)]
         format: Format,
     },
+    /// Prices in USD per million tokens, one line per model: the operator's (`source=operator`,
+    /// with the catalogue's price it overrides) and the shipped catalogue's (`source=catalogue`).
+    /// A model in neither is charged its family's highest catalogue price, or refused to keys
+    /// with a budget where the operator chose so (docs/DESIGN.md §6, "Prices").
+    Prices {
+        #[command(flatten)]
+        format: Format,
+    },
+    /// Sets the operator's price of a model (overrides the catalogue's), in USD per million
+    /// tokens; served at once, kept across restarts.
+    SetPrice {
+        /// The model as the upstream names it (after any account's model mapping).
+        model: String,
+        #[command(flatten)]
+        price: PriceFlags,
+        #[command(flatten)]
+        format: Format,
+    },
+    /// Removes the operator's price of a model: the catalogue's applies again (or, for a model
+    /// the catalogue lacks, the fallback).
+    RemovePrice {
+        model: String,
+        #[command(flatten)]
+        format: Format,
+    },
+}
+
+/// A price's four columns, USD per million tokens (`--output` is the output format's flag,
+/// hence the `-usd` names). Negative values parse, to be refused naming the flag rather than
+/// read as flags.
+#[derive(Debug, Clone, Copy, PartialEq, clap::Args)]
+pub struct PriceFlags {
+    /// Input tokens, USD per million.
+    #[arg(long, allow_negative_numbers = true)]
+    pub input_usd: f64,
+    /// Output tokens, USD per million.
+    #[arg(long, allow_negative_numbers = true)]
+    pub output_usd: f64,
+    /// Cache writes at the provider's default TTL (Anthropic 5 minutes, OpenAI 30 minutes), USD
+    /// per million tokens.
+    #[arg(long, allow_negative_numbers = true)]
+    pub cache_write_usd: f64,
+    /// Cache reads, USD per million tokens.
+    #[arg(long, allow_negative_numbers = true)]
+    pub cache_read_usd: f64,
+}
+
+impl PriceFlags {
+    pub fn price(&self) -> poolgate_core::account::Price {
+        poolgate_core::account::Price {
+            input_per_mtok: self.input_usd,
+            output_per_mtok: self.output_usd,
+            cache_write_per_mtok: self.cache_write_usd,
+            cache_read_per_mtok: self.cache_read_usd,
+        }
+    }
 }
 
 impl Verb {
@@ -106,7 +163,10 @@ impl Verb {
             | Verb::Keys { format }
             | Verb::DisableKey { format, .. }
             | Verb::EnableKey { format, .. }
-            | Verb::Status { format } => format.output,
+            | Verb::Status { format }
+            | Verb::Prices { format }
+            | Verb::SetPrice { format, .. }
+            | Verb::RemovePrice { format, .. } => format.output,
         }
     }
 }
@@ -138,6 +198,8 @@ pub(crate) enum Answer {
     Keys(KeyList),
     Key(KeyChanged),
     Status(StatusAnswer),
+    Prices(PriceList),
+    Price(PriceChanged),
 }
 
 impl Answer {
@@ -154,6 +216,8 @@ impl Answer {
                     Answer::Keys(list) => serde_json::to_string_pretty(list),
                     Answer::Key(changed) => serde_json::to_string_pretty(changed),
                     Answer::Status(status) => serde_json::to_string_pretty(status),
+                    Answer::Prices(list) => serde_json::to_string_pretty(list),
+                    Answer::Price(changed) => serde_json::to_string_pretty(changed),
                 };
                 json.map_err(|error| OperatorError::Failed(format!("cannot encode: {error}")))
             }
@@ -163,8 +227,8 @@ impl Answer {
                 Answer::Windows(list) => lines(list.windows.iter().map(window_line)),
                 Answer::Restored(restored) => account_line(&restored.account),
                 Answer::Cleared(cleared) => format!("cleared {}", cleared.cleared),
-                Answer::Usage(report) => lines(report.keys.iter().map(|key| {
-                    format!(
+                Answer::Usage(report) => lines(report.keys.iter().flat_map(|key| {
+                    std::iter::once(format!(
                         "{}\t{}\trequests={}\tinput_tokens={}\toutput_tokens={}\tcost_usd={:.6}",
                         key.api_key_id,
                         key.user,
@@ -172,7 +236,8 @@ impl Answer {
                         key.input_tokens,
                         key.output_tokens,
                         key.cost_usd
-                    )
+                    ))
+                    .chain(key.models.iter().map(|model| model_usage_line(key, model)))
                 })),
                 Answer::Keys(list) => {
                     let now = poolgate_core::now_ms();
@@ -180,9 +245,54 @@ impl Answer {
                 }
                 Answer::Key(changed) => key_line(&changed.key, poolgate_core::now_ms()),
                 Answer::Status(answer) => status_lines(&answer.status),
+                Answer::Prices(list) => lines(list.prices.iter().map(price_line)),
+                Answer::Price(changed) => price_line(&changed.price),
             }),
         }
     }
+}
+
+/// `<key id>\t<user>\tmodel=…\tprice=<source>\trequests=…\tinput_tokens=…\toutput_tokens=…`
+/// `\tcost_usd=…`: one per model and price source under its key's line (`price=fallback`: the
+/// model had no price and was charged its family's highest catalogue price).
+pub fn model_usage_line(key: &UsageRow, model: &ModelUsageRow) -> String {
+    format!(
+        "{}\t{}\tmodel={}\tprice={}\trequests={}\tinput_tokens={}\toutput_tokens={}\tcost_usd={:.6}",
+        key.api_key_id,
+        key.user,
+        model.model,
+        model.price_source,
+        model.requests,
+        model.input_tokens,
+        model.output_tokens,
+        model.cost_usd
+    )
+}
+
+/// `<model>\tsource=<operator|catalogue|none>\tinput=…\toutput=…\tcache_write=…\tcache_read=…`
+/// `[\tcatalogue=<input>/<output>/<cache_write>/<cache_read>]` (USD per million tokens; `-` for
+/// no price; the catalogue's price an operator's overrides).
+pub fn price_line(row: &PriceRow) -> String {
+    let columns = match &row.price {
+        Some(price) => format!(
+            "input={}\toutput={}\tcache_write={}\tcache_read={}",
+            price.input, price.output, price.cache_write, price.cache_read
+        ),
+        None => "input=-\toutput=-\tcache_write=-\tcache_read=-".to_owned(),
+    };
+    let overridden = row
+        .catalogue
+        .map(|c| {
+            format!(
+                "\tcatalogue={}/{}/{}/{}",
+                c.input, c.output, c.cache_write, c.cache_read
+            )
+        })
+        .unwrap_or_default();
+    format!(
+        "{}\tsource={}\t{columns}{overridden}",
+        row.model, row.source
+    )
 }
 
 fn lines(rows: impl Iterator<Item = String>) -> String {
@@ -485,6 +595,18 @@ mod tests {
             &["windows", "3"],
             &["disable-key", "0"],
             &["enable-key"],
+            // Every column of a price is required (a missing one is not a free one).
+            &[
+                "set-price",
+                "m",
+                "--input-usd",
+                "1",
+                "--output-usd",
+                "1",
+                "--cache-read-usd",
+                "0",
+            ],
+            &["remove-price"],
         ] {
             assert!(parse(refused).is_err(), "{refused:?} is refused");
         }
@@ -505,7 +627,10 @@ mod tests {
                 "keys",
                 "disable-key",
                 "enable-key",
-                "status"
+                "status",
+                "prices",
+                "set-price",
+                "remove-price"
             ]
         );
         assert_eq!(
@@ -596,12 +721,79 @@ mod tests {
                 input_tokens: 3,
                 output_tokens: 4,
                 cost_usd: 0.5,
+                models: vec![crate::view::ModelUsageRow {
+                    model: "claude-opus-6".into(),
+                    price_source: "fallback".into(),
+                    requests: 2,
+                    input_tokens: 3,
+                    output_tokens: 4,
+                    cost_usd: 0.5,
+                }],
             }],
         });
         assert_eq!(
             usage.render(Output::Text).expect("text"),
-            "1\tu\trequests=2\tinput_tokens=3\toutput_tokens=4\tcost_usd=0.500000"
+            "1\tu\trequests=2\tinput_tokens=3\toutput_tokens=4\tcost_usd=0.500000\n\
+             1\tu\tmodel=claude-opus-6\tprice=fallback\trequests=2\tinput_tokens=3\toutput_tokens=4\tcost_usd=0.500000"
         );
+    }
+
+    #[test]
+    fn a_price_line_names_its_source_and_the_catalogue_price_it_overrides() {
+        let columns = |input, output| crate::view::PriceColumns {
+            input,
+            output,
+            cache_write: 1.25,
+            cache_read: 0.1,
+        };
+        let overridden = PriceRow {
+            model: "claude-haiku-4-5".into(),
+            source: "operator".into(),
+            price: Some(columns(0.5, 2.5)),
+            catalogue: Some(columns(1.0, 5.0)),
+        };
+        assert_eq!(
+            price_line(&overridden),
+            "claude-haiku-4-5\tsource=operator\tinput=0.5\toutput=2.5\tcache_write=1.25\tcache_read=0.1\tcatalogue=1/5/1.25/0.1"
+        );
+        let none = PriceRow {
+            model: "m".into(),
+            source: "none".into(),
+            price: None,
+            catalogue: None,
+        };
+        assert_eq!(
+            price_line(&none),
+            "m\tsource=none\tinput=-\toutput=-\tcache_write=-\tcache_read=-"
+        );
+    }
+
+    #[test]
+    fn a_negative_price_is_read_as_a_value_to_refuse_not_as_a_flag() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(subcommand)]
+            verb: Verb,
+        }
+        let cli = Cli::try_parse_from([
+            "x",
+            "set-price",
+            "m",
+            "--input-usd",
+            "-1",
+            "--output-usd",
+            "2",
+            "--cache-write-usd",
+            "0",
+            "--cache-read-usd",
+            "0",
+        ])
+        .expect("parses");
+        let Verb::SetPrice { price, .. } = cli.verb else {
+            panic!("set-price")
+        };
+        assert_eq!(price.input_usd, -1.0);
     }
 
     fn window(remaining_ms: u64, age_ms: u64, utilization: Option<f64>) -> WindowRow {

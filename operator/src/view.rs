@@ -3,10 +3,12 @@
 //! prints the same envelopes, whichever endpoint answered).
 
 use poolgate_core::account::{
-    AccountIdentity, ApiKeyRecord, CredentialKind, ImportedSettings, Platform, Secret, SignIn,
+    AccountIdentity, ApiKeyRecord, CredentialKind, ImportedSettings, Platform, Price, Secret,
+    SignIn,
 };
 use poolgate_core::keys::{PeriodUsage, UsagePeriod};
 use poolgate_core::money::micros_to_usd;
+use poolgate_core::price::ListedPrice;
 use poolgate_core::status::{AccountStanding, AdmissionPolicy, BlockNote, StatusReport};
 use poolgate_core::windows::{MinuteLimit, Scope, WindowKind, WindowReading, WindowStatus};
 use poolgate_proto::convert::keys::{endpoint_names, key_status};
@@ -313,6 +315,82 @@ pub struct UsageRow {
     pub input_tokens: u64,
     pub output_tokens: u64,
     pub cost_usd: f64,
+    /// The same usage per model and the price it was charged at (docs/DESIGN.md §6, "Prices"),
+    /// ascending by model; empty from an endpoint that does not say.
+    #[serde(default)]
+    pub models: Vec<ModelUsageRow>,
+}
+
+/// One model's usage under one price source.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelUsageRow {
+    pub model: String,
+    /// `operator`, `catalogue`, `fallback` or `none`; `unknown` for records that did not say (an
+    /// older relay's).
+    pub price_source: String,
+    pub requests: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cost_usd: f64,
+}
+
+/// A model's price as operators see it (USD per million tokens; the cache write at the
+/// provider's default TTL).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PriceRow {
+    pub model: String,
+    /// `operator`, `catalogue`, or `none` (neither prices it: the fallback or a refusal
+    /// applies, docs/DESIGN.md §6).
+    pub source: String,
+    /// `None` when `source` is `none`.
+    pub price: Option<PriceColumns>,
+    /// An operator's price over a catalogue model: the catalogue's, which applies again when
+    /// the operator's is removed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub catalogue: Option<PriceColumns>,
+}
+
+/// USD per million tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PriceColumns {
+    pub input: f64,
+    pub output: f64,
+    pub cache_write: f64,
+    pub cache_read: f64,
+}
+
+impl From<Price> for PriceColumns {
+    fn from(price: Price) -> Self {
+        PriceColumns {
+            input: price.input_per_mtok,
+            output: price.output_per_mtok,
+            cache_write: price.cache_write_per_mtok,
+            cache_read: price.cache_read_per_mtok,
+        }
+    }
+}
+
+/// A listed price as its row.
+pub fn price_row(listed: &ListedPrice) -> PriceRow {
+    PriceRow {
+        model: listed.model.clone(),
+        source: listed.source.as_str().to_owned(),
+        price: listed.price.map(PriceColumns::from),
+        catalogue: listed.catalogue.map(PriceColumns::from),
+    }
+}
+
+/// `prices`: `{"prices": [...], "catalogue_as_of": "YYYY-MM-DD"}`, ascending by model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PriceList {
+    pub prices: Vec<PriceRow>,
+    pub catalogue_as_of: String,
+}
+
+/// `set-price`, `remove-price`: the model's price after, `{"price": {...}}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PriceChanged {
+    pub price: PriceRow,
 }
 
 /// A client key as operators see it (its hash never; the first characters of the key only).

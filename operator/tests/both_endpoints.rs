@@ -159,6 +159,7 @@ fn usage() -> Vec<UsageRow> {
             input_tokens: 30,
             output_tokens: 300,
             cost_usd: 0.25,
+            models: Vec::new(),
         },
         UsageRow {
             api_key_id: 2,
@@ -167,6 +168,7 @@ fn usage() -> Vec<UsageRow> {
             input_tokens: 0,
             output_tokens: 0,
             cost_usd: 0.0,
+            models: Vec::new(),
         },
     ]
 }
@@ -663,7 +665,28 @@ impl AdminService for FakeSelector {
             input_tokens: key.input_tokens,
             output_tokens: key.output_tokens,
             cost_usd: key.cost_usd,
+            models: Vec::new(),
         }))
+    }
+    // The price verbs run against the real engines in both modes instead
+    // (`selector-svc/tests/prices.rs`, `relay-svc/tests/prices.rs`).
+    async fn list_prices(
+        &self,
+        _: Request<pb::ListPricesRequest>,
+    ) -> Result<tonic::Response<pb::ListPricesResponse>, Status> {
+        unused()
+    }
+    async fn set_price(
+        &self,
+        _: Request<pb::SetPriceRequest>,
+    ) -> Result<tonic::Response<pb::PriceView>, Status> {
+        unused()
+    }
+    async fn remove_price(
+        &self,
+        _: Request<pb::RemovePriceRequest>,
+    ) -> Result<tonic::Response<pb::PriceView>, Status> {
+        unused()
     }
 }
 

@@ -75,6 +75,19 @@ impl AdminEndpoint for Empty {
             accounts: Vec::new(),
         })
     }
+    async fn prices(&self) -> Result<poolgate_operator::PriceList, OperatorError> {
+        none()
+    }
+    async fn set_price(
+        &self,
+        _: &str,
+        _: poolgate_core::account::Price,
+    ) -> Result<poolgate_operator::PriceRow, OperatorError> {
+        none()
+    }
+    async fn remove_price(&self, _: &str) -> Result<poolgate_operator::PriceRow, OperatorError> {
+        none()
+    }
 }
 
 /// A self-signed certificate for 127.0.0.1 in `dir`: (cert.pem, key.pem).

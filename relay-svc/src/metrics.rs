@@ -21,13 +21,15 @@ pub struct Metrics {
     /// `relay_lease_channel_events_total`, `relay_window_writes_total`), in this registry.
     pub client: poolgate_client::metrics::Metrics,
     pub spend_micros: IntCounter,
-    /// relay_unpriced_usage_total: answers with tokens whose model has no price (spend 0).
-    pub unpriced_usage: IntCounter,
+    /// relay_unpriced_usage_total{pricing}: answers with tokens whose model has no price of its
+    /// own: `fallback` (charged its family's highest catalogue price), `none` (charged $0).
+    pub unpriced_usage: IntCounterVec,
     /// relay_usage_records_lost_total: usage records that never reached the selector.
     pub usage_lost: IntCounter,
     /// relay_key_refusals_total{reason}: requests refused for what their key may reach
     /// (`disabled`, `expired`, `endpoint`, `model`), before any account is asked, or by the
-    /// key's own admission limits (`concurrency`, `tpm`, `budget`); never the key.
+    /// key's own admission limits (`concurrency`, `tpm`, `budget`), or a model without a price
+    /// on a key with a budget where the operator refuses those (`unpriced`); never the key.
     pub key_refusals: IntCounterVec,
     pub upstream_seconds: HistogramVec,
     pub first_byte_seconds: HistogramVec,
@@ -84,12 +86,13 @@ impl Metrics {
             ),
             key_refusals: counter_vec(
                 "relay_key_refusals_total",
-                "Requests refused for what their client key may reach (disabled, expired, endpoint, model) or by its own limits (concurrency, tpm, budget), by reason; no upstream is called.",
+                "Requests refused for what their client key may reach (disabled, expired, endpoint, model), by its own limits (concurrency, tpm, budget), or for a model without a price on a key with a budget (unpriced), by reason; no upstream is called.",
                 &["reason"],
             ),
-            unpriced_usage: counter(
+            unpriced_usage: counter_vec(
                 "relay_unpriced_usage_total",
-                "Answers with token usage whose model has no price (recorded at $0; each model is also logged once).",
+                "Answers with token usage whose model has no price of its own (operator's or catalogue's), by pricing: fallback (charged its family's highest catalogue price) or none (recorded at $0); each model is also logged once.",
+                &["pricing"],
             ),
             upstream_seconds: histogram(
                 "relay_upstream_seconds",

@@ -252,6 +252,7 @@ mod tests {
             cache_write_tokens: 0,
             cache_read_tokens: 0,
             cost_usd: 0.0,
+            price_source: None,
             status: 200,
             latency_ms: 1,
             at_ms: 1,

@@ -97,6 +97,22 @@ impl AdminEndpoint for OneAccount {
     ) -> Result<poolgate_operator::SignedInRow, OperatorError> {
         Err(not_served())
     }
+    async fn prices(&self) -> Result<poolgate_operator::PriceList, OperatorError> {
+        Err(not_served())
+    }
+    async fn set_price(
+        &self,
+        _model: &str,
+        _price: poolgate_core::account::Price,
+    ) -> Result<poolgate_operator::PriceRow, OperatorError> {
+        Err(not_served())
+    }
+    async fn remove_price(
+        &self,
+        _model: &str,
+    ) -> Result<poolgate_operator::PriceRow, OperatorError> {
+        Err(not_served())
+    }
 }
 
 async fn serve() -> String {

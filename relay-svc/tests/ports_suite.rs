@@ -644,6 +644,76 @@ async fn usage_records_reach_the_ledger(ports: Ports) {
     assert!((totals.cost_usd - 0.5).abs() < 1e-9, "{totals:?}");
 }
 
+/// Each plan account's price says where it came from (docs/DESIGN.md §6, "Prices"), and a usage
+/// record's price source reaches the ledger, the same from both implementations.
+async fn a_plans_prices_say_where_they_came_from_and_usage_keeps_it(ports: Ports) {
+    use poolgate_core::price::PriceSource;
+    let caller = ports.caller().await;
+    let (plan, _) = ports
+        .plan(&request(&caller, "default", "claude-opus-5-5"))
+        .await;
+    let catalogue = &plan.accounts[0].price;
+    assert_eq!(
+        (catalogue.source, catalogue.price.output_per_mtok),
+        (PriceSource::Catalogue, 20.0)
+    );
+    let (plan, _) = ports
+        .plan(&request(&caller, "default", "claude-opus-6"))
+        .await;
+    let fallback = &plan.accounts[0].price;
+    assert_eq!(
+        (
+            fallback.source,
+            fallback.fallback_from.as_str(),
+            fallback.price.output_per_mtok
+        ),
+        (PriceSource::Fallback, "claude-opus-*", 25.0)
+    );
+    // The first account maps `claude-x` to a model with no family: its platform's highest.
+    let (plan, _) = ports.plan(&request(&caller, "default", "claude-x")).await;
+    assert_eq!(plan.accounts[0].price.fallback_from, "anthropic:*");
+    assert_eq!(plan.accounts[1].price.fallback_from, "anthropic:*");
+    ports
+        .selection
+        .record_usage(vec![UsageRecord {
+            api_key_id: caller.api_key_id,
+            user: caller.user.clone(),
+            model: "claude-opus-6".into(),
+            input_tokens: 10,
+            cost_usd: 0.25,
+            price_source: Some(PriceSource::Fallback),
+            status: 200,
+            at_ms: now_ms() as u64,
+            ..UsageRecord::default()
+        }])
+        .await
+        .expect("the ledger takes it");
+    let (from, to) = (now_ms() - 3_600_000, now_ms() + 3_600_000);
+    let models = match &ports.running {
+        Running::InProcess(engines) => {
+            engines
+                .source
+                .read_model_usage(caller.api_key_id, from, to)
+                .await
+        }
+        Running::Grpc(stack) => {
+            stack
+                .backends
+                .store
+                .read_model_usage(caller.api_key_id, from, to)
+                .await
+        }
+    }
+    .expect("the ledger reads");
+    assert_eq!(
+        models
+            .iter()
+            .map(|m| (m.model.as_str(), m.price_source))
+            .collect::<Vec<_>>(),
+        [("claude-opus-6", Some(PriceSource::Fallback))]
+    );
+}
+
 macro_rules! ports_suite {
     ($mode:ident) => {
         mod $mode {
@@ -708,6 +778,14 @@ macro_rules! ports_suite {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn a_dropped_lease_frees_its_slot() {
                 super::a_dropped_lease_frees_its_slot(super::$mode(&tiered()).await).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_plans_prices_say_where_they_came_from_and_usage_keeps_it() {
+                super::a_plans_prices_say_where_they_came_from_and_usage_keeps_it(
+                    super::$mode(&tiered()).await,
+                )
+                .await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

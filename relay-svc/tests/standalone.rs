@@ -979,7 +979,9 @@ async fn an_openai_chat_stream_is_charged_like_the_same_answer_unstreamed() {
         .filter(|r| r.body.pointer("/stream_options/include_usage") == Some(&json!(true)))
         .count();
     assert_eq!(asked, 2, "usage asked upstream for both streams");
-    // A model with no price: usage recorded at $0, counted.
+    // A model with no price here nor in the catalogue, and no family: charged the platform's
+    // highest catalogue price (docs/DESIGN.md §6, "Prices"), never $0, and counted.
+    let before = spent();
     let response = h
         .http
         .post(format!("{}/v1/chat/completions", h.base))
@@ -989,11 +991,29 @@ async fn an_openai_chat_stream_is_charged_like_the_same_answer_unstreamed() {
         .await
         .expect("relay answers");
     assert_eq!(response.status().as_u16(), 200);
+    let fallback = || {
+        h.relay
+            .metrics
+            .unpriced_usage
+            .with_label_values(&["fallback"])
+            .get()
+    };
     eventually(Duration::from_secs(3), || async {
-        (h.relay.metrics.unpriced_usage.get() == 1).then_some(())
+        (fallback() == 1).then_some(())
     })
     .await
-    .expect("counted as unpriced");
+    .expect("counted as priced by the fallback");
+    // The spend is counted after the lease's release, a moment after the fallback count.
+    eventually(Duration::from_secs(3), || async {
+        (spent() - before == 1_560).then_some(())
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "10 in at $30/M and 7 out at $180/M (gpt-5.5-pro's, openai's highest), in micro-USD: {}",
+            spent() - before
+        )
+    });
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

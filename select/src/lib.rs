@@ -18,6 +18,7 @@ pub mod engine;
 pub mod health;
 pub mod load_cache;
 pub mod metrics;
+pub mod prices;
 pub mod probe;
 pub mod refresh;
 pub mod snapshot;

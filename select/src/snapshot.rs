@@ -5,7 +5,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 
 use poolgate_core::AccountId;
-use poolgate_core::account::{Account, ApiKeyRecord, GroupSettings, Price};
+use poolgate_core::account::{Account, ApiKeyRecord, GroupSettings, Platform, Price};
+use poolgate_core::price::{ModelPrice, UnpricedPolicy};
 
 #[derive(Debug, Default, Clone)]
 pub struct Snapshot {
@@ -14,6 +15,7 @@ pub struct Snapshot {
     /// group -> account ids, ascending.
     by_group: HashMap<String, Vec<AccountId>>,
     api_keys: HashMap<Vec<u8>, ApiKeyRecord>,
+    /// The operator's prices by model (over the shipped catalogue, `crate::prices`).
     prices: HashMap<String, Price>,
     /// Only groups that set something; the rest have the defaults.
     settings: HashMap<String, GroupSettings>,
@@ -151,8 +153,28 @@ impl Snapshot {
             .map(|(hash, record)| (hash.as_slice(), record))
     }
 
-    pub fn price(&self, model: &str) -> Price {
-        self.prices.get(model).copied().unwrap_or_default()
+    /// A model's price: the operator's, else the shipped catalogue's, else as `policy` says
+    /// (`crate::prices::price_of`, docs/DESIGN.md §6 "Prices").
+    pub fn price(&self, model: &str, platform: Platform, policy: UnpricedPolicy) -> ModelPrice {
+        crate::prices::price_of(&self.prices, model, platform, policy)
+    }
+
+    /// The operator's prices by model (not the catalogue's).
+    pub fn operator_prices(&self) -> &HashMap<String, Price> {
+        &self.prices
+    }
+
+    /// Sets (`Some`) or removes the operator's price of a model (the in-memory source's
+    /// writes).
+    pub(crate) fn set_operator_price(&mut self, model: &str, price: Option<Price>) {
+        match price {
+            Some(price) => {
+                self.prices.insert(model.to_owned(), price);
+            }
+            None => {
+                self.prices.remove(model);
+            }
+        }
     }
 }
 

@@ -10,6 +10,7 @@ use std::time::Duration;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use poolgate_core::lease::Weekday;
+use poolgate_core::price::UnpricedPolicy;
 use poolgate_core::windows::Thresholds;
 use poolgate_lease::calendar::Calendar;
 use poolgate_rpc::service_auth::CallerCheck;
@@ -160,6 +161,12 @@ pub struct ServeArgs {
     /// Above this share its sticky sessions move too. A group's `window_move_at` column wins.
     #[arg(long, env = "SELECTOR_WINDOW_MOVE_AT", default_value_t = 0.97)]
     pub window_move_at: f64,
+    /// What a model with neither a `model_prices` row nor a price in the shipped catalogue costs
+    /// (docs/DESIGN.md §6, "Prices"): `fallback`, its family's highest catalogue price (of its
+    /// platform without a family); `refuse`, no price, and a key with a budget is refused the
+    /// model (403 naming it).
+    #[arg(long, env = "SELECTOR_UNPRICED", value_enum, default_value_t = Unpriced::Fallback)]
+    pub unpriced: Unpriced,
     /// The service token every caller sends in the `x-poolgate-service-token` metadata key
     /// (health checks excepted). Required unless --tls-client-ca or --insecure-dev. On the
     /// command line it is visible to every local user: prefer --service-token-file.
@@ -174,6 +181,13 @@ pub struct ServeArgs {
     /// Which secrets came from the command line (set from the parse, not flags).
     #[arg(skip)]
     pub on_command_line: SecretsOnCommandLine,
+}
+
+/// `--unpriced`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Unpriced {
+    Fallback,
+    Refuse,
 }
 
 /// Which secret flags were given on the command line (visible in `/proc/<pid>/cmdline`), as
@@ -280,6 +294,10 @@ impl ServeArgs {
                     every: Duration::from_millis(self.usage_read_every_ms),
                     ..UsageReadSettings::default()
                 },
+                unpriced: match self.unpriced {
+                    Unpriced::Fallback => UnpricedPolicy::Fallback,
+                    Unpriced::Refuse => UnpricedPolicy::Refuse,
+                },
                 ..SelectorSettings::default()
             },
             lease_settings: poolgate_core::lease::Settings {
@@ -361,6 +379,17 @@ fn required(value: &Option<String>, flag: &str, env: &str) -> Result<String, Str
 mod tests {
     use super::*;
 
+    /// The flags of a selector that can run (its backends need not answer).
+    const RUNNABLE: [&str; 7] = [
+        "--redis-url",
+        "redis://127.0.0.1:1",
+        "--database-url",
+        "postgres://x",
+        "--credential-keys",
+        "k1:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
+        "--insecure-dev",
+    ];
+
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
         Cli::try_parse_noting_secrets(std::iter::once("selector-svc").chain(args.iter().copied()))
     }
@@ -417,6 +446,23 @@ mod tests {
     }
 
     #[test]
+    fn unpriced_models_get_the_fallback_unless_the_operator_refuses_them() {
+        let base = RUNNABLE;
+        let policy = |extra: &[&str]| {
+            parse(&[&base[..], extra].concat())
+                .expect("parses")
+                .serve
+                .config()
+                .expect("runs")
+                .settings
+                .unpriced
+        };
+        assert_eq!(policy(&[]), UnpricedPolicy::Fallback);
+        assert_eq!(policy(&["--unpriced", "refuse"]), UnpricedPolicy::Refuse);
+        assert!(parse(&[&base[..], &["--unpriced", "free"]].concat()).is_err());
+    }
+
+    #[test]
     fn a_configuration_that_cannot_run_names_the_flag() {
         let cli = parse(&["--redis-url", "ftp://127.0.0.1:1"]).expect("parses");
         let error = cli.serve.config().expect_err("not a redis url");
@@ -425,15 +471,7 @@ mod tests {
 
     #[test]
     fn the_status_page_is_off_by_default_and_refused_without_an_admin_token() {
-        let base = [
-            "--redis-url",
-            "redis://127.0.0.1:1",
-            "--database-url",
-            "postgres://x",
-            "--credential-keys",
-            "k1:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
-            "--insecure-dev",
-        ];
+        let base = RUNNABLE;
         let off = parse(&base).expect("parses");
         assert_eq!(off.serve.admin_http_listen, None, "off by default");
         let no_token = parse(&[&base[..], &["--admin-http-listen", "127.0.0.1:9464"]].concat())

@@ -633,6 +633,15 @@ impl AccountSource for PostgresSource {
         PostgresSource::read_usage(self, api_key_id, from_ms, to_ms).await
     }
 
+    async fn read_model_usage(
+        &self,
+        api_key_id: i64,
+        from_ms: i64,
+        to_ms: i64,
+    ) -> Result<Vec<poolgate_select::source::ModelUsage>, StoreError> {
+        PostgresSource::read_model_usage(self, api_key_id, from_ms, to_ms).await
+    }
+
     async fn spend_since(
         &self,
         api_key_ids: &[i64],

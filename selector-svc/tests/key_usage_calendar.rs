@@ -29,6 +29,7 @@ fn usage(api_key_id: i64, cost_usd: f64, at_ms: i64) -> UsageInput {
         cache_write_tokens: 0,
         cache_read_tokens: 0,
         cost_usd,
+        price_source: None,
         status: 200,
         latency_ms: 1,
         at_ms: Some(at_ms),

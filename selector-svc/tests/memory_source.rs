@@ -345,6 +345,7 @@ fn usage(api_key_id: Option<i64>, at_ms: i64, tokens: i64, cost_usd: f64) -> Usa
         input_tokens: tokens,
         output_tokens: 2 * tokens,
         cost_usd,
+        price_source: None,
         status: 200,
         at_ms: Some(at_ms),
         ..UsageInput::default()

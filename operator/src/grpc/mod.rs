@@ -21,12 +21,16 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 pub use rows::{
-    account_row, api_key_row, block_rows, block_view, key_rows, row_of_account, rows_of_windows,
-    status_of, usage_keys, usage_report, usage_request, usage_row, window_rows_of,
+    account_row, api_key_row, block_rows, block_view, key_rows, list_prices_answer,
+    model_usage_rows, model_usage_views, price_list_of, price_row_of, row_of_account,
+    rows_of_windows, status_of, usage_keys, usage_report, usage_request, usage_row, window_rows_of,
 };
 
 use crate::view::UsageReport;
-use crate::{AccountRow, AdminEndpoint, BlockRow, KeyRow, OperatorError, StatusView, WindowRow};
+use crate::{
+    AccountRow, AdminEndpoint, BlockRow, KeyRow, OperatorError, PriceList, PriceRow, StatusView,
+    WindowRow,
+};
 
 /// The admin client with both tokens on every call.
 pub type AdminClient = SelectorAdminClient<InterceptedService<WithToken<Channel>, Bearer>>;
@@ -165,7 +169,7 @@ impl AdminEndpoint for SelectorAdmin {
                 .read_usage(usage_request(key.id, from_ms, to_ms))
                 .await?
                 .into_inner();
-            rows.push(usage_row(key, totals));
+            rows.push(usage_row(key, totals)?);
         }
         Ok(usage_report(from_ms, to_ms, rows))
     }
@@ -205,6 +209,36 @@ impl AdminEndpoint for SelectorAdmin {
             .sign_in_account(pb::SignInAccountRequest::from(sign_in))
             .await?;
         rows::signed_in_row(answer.get_ref())
+    }
+
+    async fn prices(&self) -> Result<PriceList, OperatorError> {
+        let answer = self.client().list_prices(pb::ListPricesRequest {}).await?;
+        price_list_of(answer.into_inner())
+    }
+
+    async fn set_price(
+        &self,
+        model: &str,
+        price: poolgate_core::account::Price,
+    ) -> Result<PriceRow, OperatorError> {
+        let answer = self
+            .client()
+            .set_price(pb::SetPriceRequest {
+                model: model.to_owned(),
+                price: Some(price.into()),
+            })
+            .await?;
+        price_row_of(answer.into_inner())
+    }
+
+    async fn remove_price(&self, model: &str) -> Result<PriceRow, OperatorError> {
+        let answer = self
+            .client()
+            .remove_price(pb::RemovePriceRequest {
+                model: model.to_owned(),
+            })
+            .await?;
+        price_row_of(answer.into_inner())
     }
 }
 

@@ -9,10 +9,13 @@ use poolgate_proto::convert::keys::usage_from_wire;
 use poolgate_proto::convert::{self, EnumField, WindowsAnswer};
 use poolgate_proto::selector::v1 as pb;
 
-use crate::view::{UsageReport, key_row, status_view, window_rows};
+use crate::view::{UsageReport, key_row, price_row, status_view, window_rows};
 use crate::{
-    AccountRow, BlockRow, KeyRow, OperatorError, SignedInRow, StatusView, UsageRow, WindowRow,
+    AccountRow, BlockRow, KeyRow, ModelUsageRow, OperatorError, PriceList, PriceRow, SignedInRow,
+    StatusView, UsageRow, WindowRow,
 };
+use poolgate_core::price::{ListedPrice, PriceSource};
+use poolgate_select::source::ModelUsage;
 
 fn unreadable(error: convert::ConvertError) -> OperatorError {
     OperatorError::Unreadable(error.to_string())
@@ -169,15 +172,78 @@ pub fn usage_request(api_key_id: i64, from_ms: i64, to_ms: i64) -> pb::ReadUsage
     }
 }
 
-/// One key's `ReadUsage` answer as its row.
-pub fn usage_row(key: pb::ApiKeyView, totals: pb::ReadUsageResponse) -> UsageRow {
-    UsageRow {
+/// One key's `ReadUsage` answer as its row; a price source the CLI cannot read is an unreadable
+/// answer.
+pub fn usage_row(
+    key: pb::ApiKeyView,
+    totals: pb::ReadUsageResponse,
+) -> Result<UsageRow, OperatorError> {
+    Ok(UsageRow {
         api_key_id: key.id,
         user: key.user,
         requests: totals.requests,
         input_tokens: totals.input_tokens,
         output_tokens: totals.output_tokens,
         cost_usd: totals.cost_usd,
+        models: model_usage_rows(totals.models)?,
+    })
+}
+
+/// The ledger's per-model usage as `ReadUsage` answers it.
+pub fn model_usage_views(models: &[ModelUsage]) -> Vec<pb::ModelUsage> {
+    poolgate_proto::convert::keys::model_usage_to_wire(models)
+}
+
+/// `ReadUsage`'s per-model usage as rows: unset is `unknown` (records an older relay wrote), a
+/// source this build does not know is unreadable.
+pub fn model_usage_rows(models: Vec<pb::ModelUsage>) -> Result<Vec<ModelUsageRow>, OperatorError> {
+    models
+        .into_iter()
+        .map(|usage| {
+            let price_source = if usage.price_source == 0 {
+                "unknown".to_owned()
+            } else {
+                PriceSource::decode("models.price_source", usage.price_source)
+                    .map_err(unreadable)?
+                    .as_str()
+                    .to_owned()
+            };
+            Ok(ModelUsageRow {
+                model: usage.model,
+                price_source,
+                requests: usage.requests,
+                input_tokens: usage.input_tokens,
+                output_tokens: usage.output_tokens,
+                cost_usd: usage.cost_usd,
+            })
+        })
+        .collect()
+}
+
+/// A `PriceView` as its row, read strictly.
+pub fn price_row_of(view: pb::PriceView) -> Result<PriceRow, OperatorError> {
+    ListedPrice::try_from(view)
+        .map(|listed| price_row(&listed))
+        .map_err(unreadable)
+}
+
+/// `ListPrices`' answer as the `prices` listing.
+pub fn price_list_of(answer: pb::ListPricesResponse) -> Result<PriceList, OperatorError> {
+    Ok(PriceList {
+        prices: answer
+            .prices
+            .into_iter()
+            .map(price_row_of)
+            .collect::<Result<_, _>>()?,
+        catalogue_as_of: answer.catalogue_as_of,
+    })
+}
+
+/// The engine's price listing as `ListPrices` answers it.
+pub fn list_prices_answer(prices: &[ListedPrice], as_of: &str) -> pb::ListPricesResponse {
+    pb::ListPricesResponse {
+        prices: prices.iter().map(pb::PriceView::from).collect(),
+        catalogue_as_of: as_of.to_owned(),
     }
 }
 

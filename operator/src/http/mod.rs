@@ -16,11 +16,12 @@ use serde::de::DeserializeOwned;
 
 use crate::view::SignInBody;
 use crate::view::{
-    AccountList, BlockList, ErrorBody, KeyChanged, KeyList, Restored, StatusAnswer, UsageReport,
-    WindowList,
+    AccountList, BlockList, ErrorBody, KeyChanged, KeyList, PriceChanged, Restored, StatusAnswer,
+    UsageReport, WindowList,
 };
 use crate::{
-    AccountRow, AdminEndpoint, BlockRow, KeyRow, OperatorError, SignedInRow, StatusView, WindowRow,
+    AccountRow, AdminEndpoint, BlockRow, KeyRow, OperatorError, PriceList, PriceRow, SignedInRow,
+    StatusView, WindowRow,
 };
 
 /// A client of one relay's admin endpoint. Not `Debug`: it holds the admin token.
@@ -210,6 +211,38 @@ impl AdminEndpoint for HttpAdmin {
         let body = serde_json::to_vec(&SignInBody::from(sign_in))
             .map_err(|error| OperatorError::Failed(format!("encoding the sign-in: {error}")))?;
         self.call_with(Method::POST, url, Some(body)).await
+    }
+
+    async fn prices(&self) -> Result<PriceList, OperatorError> {
+        let url = self.url(&["admin", "prices"], &[])?;
+        self.call(Method::GET, url).await
+    }
+
+    async fn set_price(
+        &self,
+        model: &str,
+        price: poolgate_core::account::Price,
+    ) -> Result<PriceRow, OperatorError> {
+        // The model and the price travel in the query: a model name may hold `/`.
+        let query = [
+            ("model", model.to_owned()),
+            ("input", price.input_per_mtok.to_string()),
+            ("output", price.output_per_mtok.to_string()),
+            ("cache_write", price.cache_write_per_mtok.to_string()),
+            ("cache_read", price.cache_read_per_mtok.to_string()),
+        ];
+        let url = self.url(&["admin", "prices", "set"], &query)?;
+        let changed: PriceChanged = self.call(Method::POST, url).await?;
+        Ok(changed.price)
+    }
+
+    async fn remove_price(&self, model: &str) -> Result<PriceRow, OperatorError> {
+        let url = self.url(
+            &["admin", "prices", "remove"],
+            &[("model", model.to_owned())],
+        )?;
+        let changed: PriceChanged = self.call(Method::POST, url).await?;
+        Ok(changed.price)
     }
 }
 

@@ -1,5 +1,6 @@
 //! The admin HTTP endpoint's routes over an [`AdminEndpoint`]: the read and repair verbs (accounts,
-//! blocks, windows, restore, clear-block, usage, keys, disable-key, enable-key, status) in the
+//! blocks, windows, restore, clear-block, usage, keys, disable-key, enable-key, status) and the
+//! prices (`prices`, `set-price`, `remove-price`: the model and price in the query) in the
 //! JSON envelopes of [`crate::view`], the routes [`super::HttpAdmin`] calls. The standalone relay
 //! serves them over the engine's admin API (`crate::engine::EngineAdmin`) on its own address
 //! (`--admin-listen`), never the client port, and only with the admin token (`Authorization:
@@ -20,8 +21,8 @@ use poolgate_runtime::failed_auth::FailedAttempts;
 use serde::Deserialize;
 
 use crate::view::{
-    AccountList, BlockList, Cleared, ErrorBody, KeyChanged, KeyList, Restored, SignInBody,
-    StatusAnswer, WindowList,
+    AccountList, BlockList, Cleared, ErrorBody, KeyChanged, KeyList, PriceChanged, Restored,
+    SignInBody, StatusAnswer, WindowList,
 };
 use crate::{AdminEndpoint, OperatorError};
 
@@ -52,6 +53,9 @@ pub fn router(endpoint: Arc<dyn AdminEndpoint>, token: &str) -> Router {
         .route("/admin/keys/{id}/disable", post(disable_key))
         .route("/admin/keys/{id}/enable", post(enable_key))
         .route("/admin/status", get(status))
+        .route("/admin/prices", get(prices))
+        .route("/admin/prices/set", post(set_price))
+        .route("/admin/prices/remove", post(remove_price))
         // Its own fallback, behind the token like every route: the merged page has none, so an
         // unknown path still answers 401 without the token.
         .fallback(not_found)
@@ -237,4 +241,45 @@ async fn usage(State(admin): State<Admin>, Query(window): Query<Window>) -> Answ
     let from = window.from_ms.unwrap_or(to - 24 * 3600 * 1000);
     let report = admin.endpoint.usage(from, to, window.api_key_id).await?;
     Ok(axum::Json(report).into_response())
+}
+
+async fn prices(State(admin): State<Admin>) -> Answer {
+    let list = admin.endpoint.prices().await?;
+    Ok(axum::Json(list).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+struct PriceQuery {
+    model: Option<String>,
+    input: Option<f64>,
+    output: Option<f64>,
+    cache_write: Option<f64>,
+    cache_read: Option<f64>,
+}
+
+/// A field the query must give, refused naming it.
+fn required<T>(field: &str, value: Option<T>) -> Result<T, Refused> {
+    value.ok_or_else(|| {
+        Refused(OperatorError::Invalid(format!(
+            "invalid {field}: is required"
+        )))
+    })
+}
+
+async fn set_price(State(admin): State<Admin>, Query(query): Query<PriceQuery>) -> Answer {
+    let model = required("model", query.model)?;
+    let price = poolgate_core::account::Price {
+        input_per_mtok: required("input", query.input)?,
+        output_per_mtok: required("output", query.output)?,
+        cache_write_per_mtok: required("cache_write", query.cache_write)?,
+        cache_read_per_mtok: required("cache_read", query.cache_read)?,
+    };
+    let price = admin.endpoint.set_price(&model, price).await?;
+    Ok(axum::Json(PriceChanged { price }).into_response())
+}
+
+async fn remove_price(State(admin): State<Admin>, Query(query): Query<PriceQuery>) -> Answer {
+    let model = required("model", query.model)?;
+    let price = admin.endpoint.remove_price(&model).await?;
+    Ok(axum::Json(PriceChanged { price }).into_response())
 }

@@ -12,7 +12,7 @@ use poolgate_core::account::ApiKeyRecord;
 /// An operator's partial change to a key, the domain type `UpdateApiKey` carries.
 pub use poolgate_core::keys::KeyUpdate;
 use poolgate_core::keys::{
-    Endpoint, KeyAccess, KeyDescription, KeyRefusal, PeriodUsage, UsagePeriod,
+    Endpoint, KeyAccess, KeyDescription, KeyRefusal, ModelPeriodUsage, PeriodUsage, UsagePeriod,
     check_model_patterns, check_new_model_patterns, known_endpoints, parse_endpoints,
 };
 use poolgate_core::lease::KeyLimits;
@@ -274,6 +274,7 @@ impl From<&KeyDescription> for spb::DescribeKeyResponse {
             key_budget_day_usd: limits.day_usd,
             key_budget_week_usd: limits.week_usd,
             key_budget_month_usd: limits.month_usd,
+            month_models: model_usage_to_wire(&description.models),
         }
     }
 }
@@ -289,6 +290,52 @@ pub fn usage_period(field: &'static str, name: &str) -> Result<UsagePeriod, Conv
                 format!("unknown period {name:?} (day, week, month, total)"),
             )
         })
+}
+
+/// A key's usage per model and price source on the wire (`DescribeKeyResponse.month_models`,
+/// `ReadUsageResponse.models`).
+pub fn model_usage_to_wire(models: &[ModelPeriodUsage]) -> Vec<spb::ModelUsage> {
+    models
+        .iter()
+        .map(|model| spb::ModelUsage {
+            model: model.model.clone(),
+            price_source: model
+                .price_source
+                .map(|source| spb::PriceSource::from(source) as i32)
+                .unwrap_or_default(),
+            requests: model.usage.requests.max(0) as u64,
+            input_tokens: model.usage.input_tokens.max(0) as u64,
+            output_tokens: model.usage.output_tokens.max(0) as u64,
+            cost_usd: model.usage.cost_usd,
+        })
+        .collect()
+}
+
+/// A key's usage per model from the wire, as its holder reads it: a price source unset or newer
+/// than this build is not said (`None`, shown as `unknown`, never a guess); a cost that is not
+/// finite is an error naming the field.
+pub fn model_usage_from_wire(
+    models: Vec<spb::ModelUsage>,
+) -> Result<Vec<ModelPeriodUsage>, ConvertError> {
+    models
+        .into_iter()
+        .map(|model| {
+            if !model.cost_usd.is_finite() {
+                return Err(ConvertError::new("month_models.cost_usd", "must be finite"));
+            }
+            let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+            Ok(ModelPeriodUsage {
+                model: model.model,
+                price_source: super::usage_price_source(model.price_source),
+                usage: PeriodUsage {
+                    requests: count(model.requests),
+                    input_tokens: count(model.input_tokens),
+                    output_tokens: count(model.output_tokens),
+                    cost_usd: model.cost_usd,
+                },
+            })
+        })
+        .collect()
 }
 
 /// A key's usage per period (`KeyDescription::usage`) on the wire.
@@ -360,6 +407,7 @@ impl TryFrom<spb::DescribeKeyResponse> for KeyDescription {
         }
         .read(answer.api_key_id)?;
         let usage = usage_from_wire(answer.usage)?;
+        let models = model_usage_from_wire(answer.month_models)?;
         Ok(KeyDescription {
             record: ApiKeyRecord {
                 id: answer.api_key_id,
@@ -373,6 +421,7 @@ impl TryFrom<spb::DescribeKeyResponse> for KeyDescription {
                 access,
             },
             usage,
+            models,
         })
     }
 }

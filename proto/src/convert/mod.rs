@@ -10,7 +10,9 @@
 //! credential kind is newer is left out of the plan ([`newer_value`]); a newer none reason reads
 //! as `ALL_BLOCKED` ([`NONE_REASON_FALLBACK`]); a newer effect as `NONE` ([`EFFECT_FALLBACK`]); a
 //! window reading of a newer kind, limit or status is dropped; a newer lost reason is resumed
-//! (the relay's keeper). Every other enum has no fallback: deny reasons, outcome classes, and
+//! (the relay's keeper); a plan account's or usage record's price source that is unset or newer
+//! reads as older selectors and relays meant it ([`model_price`], [`usage_price_source`]). Every
+//! other enum has no fallback: deny reasons, outcome classes, and
 //! what the operator tools read.
 //!
 //! Enums on the wire are `i32`: decode them with [`EnumField::decode`], which names the field.
@@ -20,11 +22,12 @@
 
 use std::borrow::Cow;
 
-use poolgate_core::account::{CredentialKind, Platform};
+use poolgate_core::account::{CredentialKind, Platform, Price};
 use poolgate_core::lease::{DenyReason, LostReason};
 use poolgate_core::money::usd_to_micros;
 use poolgate_core::outcome::OutcomeClass;
 use poolgate_core::plan::Effect;
+use poolgate_core::price::{ModelPrice, PriceSource};
 use poolgate_core::select::NoneReason;
 
 use crate::admission::v1 as apb;
@@ -120,6 +123,40 @@ macro_rules! enum_pair {
             }
         }
     };
+}
+
+enum_pair!("price_source", spb::PriceSource <=> PriceSource {
+    Operator <=> Operator,
+    Catalogue <=> Catalogue,
+    Fallback <=> Fallback,
+    None <=> None,
+});
+
+/// A plan account's price as the selector sent it. `price_source` unset (an older selector) or
+/// newer than this build reads `price` as older selectors meant it (`ModelPrice::legacy`: zeros
+/// or unset are no price, anything else the operator's): the price sent is what is charged
+/// either way, and a guessed "catalogue" or "fallback" would only mislabel it
+/// (docs/DESIGN.md §8).
+pub fn model_price(price: Option<spb::Price>, source: i32, fallback_from: String) -> ModelPrice {
+    let price: Price = price.unwrap_or_default().into();
+    match spb::PriceSource::try_from(source)
+        .ok()
+        .and_then(|known| PriceSource::try_from(known).ok())
+    {
+        None => ModelPrice::legacy(price),
+        // A selector says "none" only when its operator refuses unpriced models.
+        Some(PriceSource::None) => ModelPrice::refused(),
+        Some(PriceSource::Fallback) => ModelPrice::fallback(price, fallback_from),
+        Some(source) => ModelPrice::new(price, source),
+    }
+}
+
+/// A usage record's price source: unset is "not said" (an older relay), and so is a value newer
+/// than this build (the ledger keeps NULL rather than a guess).
+pub fn usage_price_source(source: i32) -> Option<PriceSource> {
+    spb::PriceSource::try_from(source)
+        .ok()
+        .and_then(|known| PriceSource::try_from(known).ok())
 }
 
 enum_pair!("platform", spb::Platform <=> Platform {

@@ -7,6 +7,7 @@ use poolgate_core::account::{
 };
 use poolgate_core::outcome::{MAX_REASON_BYTES, Outcome, OutcomeClass, bounded_reason};
 use poolgate_core::plan::{Effect, Plan, PlanRequest, PlannedAccount, UsageRecord};
+use poolgate_core::price::{ListedPrice, PriceSource};
 use poolgate_core::select::NoneReason;
 use poolgate_core::windows::{MinuteLimit, Scope, WindowKind, WindowReading, WindowStatus};
 
@@ -154,7 +155,18 @@ impl From<&PlannedAccount> for spb::PlanAccount {
             session_window_limit_usd: account.session_window_limit_usd,
             proxy_url: account.proxy_url.clone().unwrap_or_default(),
             disable_stream_usage: !account.stream_usage,
-            price: Some(account.price.into()),
+            // No price known: unset, which older relays read as 0, as they always did.
+            price: (account.price.source != PriceSource::None).then(|| account.price.price.into()),
+            // "None" is said only of a refusal; a price nobody stated stays unsaid, as from an
+            // older selector.
+            price_source: if account.price.source == PriceSource::None
+                && !account.price.refuse_budgeted
+            {
+                0
+            } else {
+                spb::PriceSource::from(account.price.source) as i32
+            },
+            price_fallback_from: account.price.fallback_from.clone(),
             soft_blocked: account.soft_blocked,
             inflight: account
                 .inflight
@@ -240,7 +252,11 @@ impl TryFrom<spb::SelectResponse> for Plan {
                     session_window_limit_usd: account.session_window_limit_usd,
                     proxy_url: (!account.proxy_url.is_empty()).then_some(account.proxy_url),
                     stream_usage: !account.disable_stream_usage,
-                    price: account.price.unwrap_or_default().into(),
+                    price: super::model_price(
+                        account.price,
+                        account.price_source,
+                        account.price_fallback_from,
+                    ),
                     soft_blocked: account.soft_blocked,
                     inflight: u32::try_from(account.inflight).ok(),
                     usage_headers_to_clients,
@@ -277,6 +293,10 @@ impl From<UsageRecord> for spb::UsageRecord {
             status: u32::from(r.status),
             latency_ms: r.latency_ms,
             at_ms: r.at_ms,
+            price_source: r
+                .price_source
+                .map(|source| spb::PriceSource::from(source) as i32)
+                .unwrap_or_default(),
         }
     }
 }
@@ -300,6 +320,7 @@ impl TryFrom<spb::UsageRecord> for UsageRecord {
                 .map_err(|_| ConvertError::new("records.status", "must be an HTTP status"))?,
             latency_ms: r.latency_ms,
             at_ms: r.at_ms,
+            price_source: super::usage_price_source(r.price_source),
         })
     }
 }
@@ -341,6 +362,40 @@ impl From<&Account> for spb::AccountView {
                 .as_ref()
                 .is_some_and(|oauth| !oauth.refresh_token.is_empty()),
         }
+    }
+}
+
+impl From<&ListedPrice> for spb::PriceView {
+    fn from(listed: &ListedPrice) -> Self {
+        spb::PriceView {
+            model: listed.model.clone(),
+            price: listed.price.map(spb::Price::from),
+            source: spb::PriceSource::from(listed.source) as i32,
+            catalogue_price: listed.catalogue.map(spb::Price::from),
+        }
+    }
+}
+
+/// A listed price read strictly (the operator CLI's reading: a source it does not know is an
+/// error naming the field, never a guess).
+impl TryFrom<spb::PriceView> for ListedPrice {
+    type Error = ConvertError;
+
+    fn try_from(view: spb::PriceView) -> Result<Self, ConvertError> {
+        let source = PriceSource::decode("source", view.source)?;
+        let price = view.price.map(Price::from);
+        if price.is_none() != (source == PriceSource::None) {
+            return Err(ConvertError::new(
+                "price",
+                "is set exactly when the source is not none",
+            ));
+        }
+        Ok(ListedPrice {
+            model: view.model,
+            price,
+            source,
+            catalogue: view.catalogue_price.map(Price::from),
+        })
     }
 }
 

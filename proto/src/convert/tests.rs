@@ -651,6 +651,7 @@ mod keys {
         let description = KeyDescription {
             record: key.clone(),
             usage: vec![],
+            models: vec![],
         };
         let wire = spb::DescribeKeyResponse::from(&description);
         assert_eq!(wire.key_budget_month_usd, 20.25);
@@ -696,6 +697,7 @@ mod keys {
             let mut description = spb::DescribeKeyResponse::from(&KeyDescription {
                 record: with_limits(),
                 usage: vec![],
+                models: vec![],
             });
             description.key_concurrency_limit = answer.key_concurrency_limit;
             description.key_tpm_limit = answer.key_tpm_limit;
@@ -876,10 +878,24 @@ mod keys {
                     )
                 })
                 .collect(),
+            models: vec![poolgate_core::keys::ModelPeriodUsage {
+                model: "claude-opus-6".into(),
+                price_source: Some(poolgate_core::price::PriceSource::Fallback),
+                usage: PeriodUsage {
+                    requests: 1,
+                    input_tokens: 10,
+                    output_tokens: 7,
+                    cost_usd: 0.25,
+                },
+            }],
         };
         let wire = spb::DescribeKeyResponse::from(&description);
         assert!(wire.disabled);
         assert_eq!(wire.key_prefix, "pg-abc");
+        assert_eq!(
+            wire.month_models[0].price_source,
+            spb::PriceSource::Fallback as i32
+        );
         assert_eq!(KeyDescription::try_from(wire.clone()), Ok(description));
         let mut unknown = wire;
         unknown.usage[0].period = "year".into();
@@ -1115,4 +1131,106 @@ fn a_confirming_plan_is_said_as_all_blocked_to_a_relay_that_does_not_read_it() {
         select_response(&blocked, false),
         select_response(&blocked, true)
     );
+}
+
+#[test]
+fn a_plan_accounts_price_says_where_it_came_from_and_no_price_is_not_free() {
+    use poolgate_core::plan::PlannedAccount;
+    use poolgate_core::price::{ModelPrice, PriceSource};
+    round_trips::<_, spb::PriceSource>(
+        &[
+            PriceSource::Operator,
+            PriceSource::Catalogue,
+            PriceSource::Fallback,
+            PriceSource::None,
+        ],
+        known::<spb::PriceSource>(),
+    );
+    let price = Price {
+        input_per_mtok: 5.0,
+        output_per_mtok: 25.0,
+        cache_write_per_mtok: 6.25,
+        cache_read_per_mtok: 0.5,
+    };
+    let fallback = ModelPrice::fallback(price, "claude-opus-*".into());
+    let free = ModelPrice::new(Price::default(), PriceSource::Operator);
+    for sent in [
+        fallback,
+        free,
+        ModelPrice::none(),
+        ModelPrice::refused(),
+        ModelPrice::new(price, PriceSource::Catalogue),
+    ] {
+        let mut account = plan_entry(spb::CredentialKind::ApiKey as i32, "");
+        let wire = spb::PlanAccount::from(&PlannedAccount {
+            price: sent.clone(),
+            ..Plan::try_from(select_answer(vec![account.clone()], 0, ""))
+                .expect("readable")
+                .accounts
+                .remove(0)
+        });
+        account.price = wire.price;
+        account.price_source = wire.price_source;
+        account.price_fallback_from = wire.price_fallback_from.clone();
+        // No price travels as no `price` at all: what an older relay reads as 0, as before.
+        assert_eq!(wire.price.is_none(), sent.source == PriceSource::None);
+        let read = Plan::try_from(select_answer(vec![account], 0, "")).expect("readable");
+        assert_eq!(read.accounts[0].price, sent);
+    }
+}
+
+#[test]
+fn an_older_selectors_price_reads_as_it_meant_it_zero_as_none() {
+    use poolgate_core::price::{ModelPrice, PriceSource};
+    let price = Price {
+        input_per_mtok: 3.0,
+        ..Price::default()
+    };
+    let newer = 99;
+    for (sent, source, expected) in [
+        (None, 0, ModelPrice::none()),
+        (Some(Price::default()), 0, ModelPrice::none()),
+        (
+            Some(price),
+            0,
+            ModelPrice::new(price, PriceSource::Operator),
+        ),
+        (
+            Some(price),
+            newer,
+            ModelPrice::new(price, PriceSource::Operator),
+        ),
+        (None, newer, ModelPrice::none()),
+        // Refused is said, never inferred from an older selector's silence.
+        (None, spb::PriceSource::None as i32, ModelPrice::refused()),
+    ] {
+        let mut account = plan_entry(spb::CredentialKind::ApiKey as i32, "");
+        account.price = sent.map(spb::Price::from);
+        account.price_source = source;
+        let read = Plan::try_from(select_answer(vec![account], 0, "")).expect("readable");
+        assert_eq!(read.accounts[0].price, expected, "{sent:?} {source}");
+    }
+}
+
+#[test]
+fn a_usage_records_price_source_travels_and_unset_or_newer_is_not_said() {
+    use poolgate_core::plan::UsageRecord;
+    use poolgate_core::price::PriceSource;
+    let record = UsageRecord {
+        status: 200,
+        price_source: Some(PriceSource::Fallback),
+        ..UsageRecord::default()
+    };
+    let wire = spb::UsageRecord::from(record.clone());
+    assert_eq!(UsageRecord::try_from(wire.clone()), Ok(record));
+    for source in [0, 99] {
+        let older = spb::UsageRecord {
+            price_source: source,
+            ..wire.clone()
+        };
+        assert_eq!(
+            UsageRecord::try_from(older).map(|r| r.price_source),
+            Ok(None)
+        );
+    }
 }

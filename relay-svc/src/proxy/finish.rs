@@ -5,10 +5,10 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use poolgate_core::account::Price;
 use poolgate_core::classify::Classified;
 use poolgate_core::money::usd_to_micros;
 use poolgate_core::outcome::OutcomeClass;
+use poolgate_core::price::PriceSource;
 
 use super::{Inbound, Relay};
 use crate::ports::{Caller, Lease, PlannedAccount, UsageRecord};
@@ -91,9 +91,14 @@ impl Finish {
     /// Release, outcome report, usage. The session and response bindings are made earlier,
     /// before the client can ask again.
     pub(super) async fn run(self, lease: Box<dyn Lease>, usage: Usage, succeeded: bool) {
-        let cost = usage.cost_usd(&self.account.price);
-        if usage != Usage::default() && self.account.price == Price::default() {
-            self.relay.note_unpriced(&self.account.mapped_model);
+        let priced = &self.account.price;
+        let cost = usage.cost_usd(&priced.price);
+        if usage != Usage::default() && !priced.is_stated() {
+            self.relay.note_unpriced(
+                &self.account.mapped_model,
+                priced.source,
+                &priced.fallback_from,
+            );
         }
         // Spend and tokens travel with the release, in the same script: the account's session
         // window and the client key's budgets and TPM are charged from them.
@@ -122,6 +127,7 @@ impl Finish {
             cache_write_tokens: usage.cache_write,
             cache_read_tokens: usage.cache_read,
             cost_usd: cost,
+            price_source: Some(priced.source),
             status: self.status,
             latency_ms: self.started.elapsed().as_millis().min(u32::MAX as u128) as u32,
             at_ms: self.relay.clock.wall_ms().max(0) as u64,
@@ -129,7 +135,7 @@ impl Finish {
     }
 }
 
-/// Models whose answers had tokens but no price, each logged once (bounded: past 1 000
+/// Models whose answers had tokens but no price of their own, each logged once (bounded: past 1 000
 /// models only the counter grows).
 #[derive(Default)]
 pub struct UnpricedModels {
@@ -145,14 +151,31 @@ impl UnpricedModels {
 }
 
 impl Relay {
-    /// Counts an answer whose model has no price, and logs each such model once.
-    fn note_unpriced(&self, model: &str) {
-        self.metrics.unpriced_usage.inc();
+    /// Counts an answer whose model has no price of its own (`source` is a fallback or none),
+    /// and logs each such model once.
+    fn note_unpriced(&self, model: &str, source: PriceSource, fallback_from: &str) {
+        let pricing = if source == PriceSource::Fallback {
+            "fallback"
+        } else {
+            "none"
+        };
+        self.metrics
+            .unpriced_usage
+            .with_label_values(&[pricing])
+            .inc();
         if self.unpriced_models.first_time(model) {
-            tracing::warn!(
-                model,
-                "no price for this model: its usage is recorded at $0 (add a price)"
-            );
+            if source == PriceSource::Fallback {
+                tracing::warn!(
+                    model,
+                    fallback_from,
+                    "no price for this model: its usage is charged at its family's highest catalogue price (set a price)"
+                );
+            } else {
+                tracing::warn!(
+                    model,
+                    "no price for this model: its usage is recorded at $0 (set a price)"
+                );
+            }
         }
     }
 }

@@ -123,6 +123,26 @@ pub fn key_view(description: &KeyDescription, now_ms: i64) -> Value {
             entry["budget_usd"] = json!(budget);
             entry["remaining_usd"] = json!((budget - totals.cost_usd).max(0.0));
         }
+        if *period == UsagePeriod::Month {
+            // Which price each model was charged at: `fallback` when it had none of its own
+            // and its family's highest catalogue price applied (docs/DESIGN.md §6, "Prices").
+            entry["models"] = description
+                .models
+                .iter()
+                .map(|model| {
+                    json!({
+                        "model": model.model,
+                        "price_source": model
+                            .price_source
+                            .map_or("unknown", |source| source.as_str()),
+                        "requests": model.usage.requests,
+                        "input_tokens": model.usage.input_tokens,
+                        "output_tokens": model.usage.output_tokens,
+                        "cost_usd": model.usage.cost_usd,
+                    })
+                })
+                .collect();
+        }
         usage.insert(period.as_str().to_owned(), entry);
     }
     json!({
@@ -187,7 +207,43 @@ mod tests {
                     (period, period.start_ms(now), usage)
                 })
                 .collect(),
+            models: Vec::new(),
         }
+    }
+
+    #[test]
+    fn the_months_usage_says_which_price_each_model_was_charged_at() {
+        use poolgate_core::keys::ModelPeriodUsage;
+        use poolgate_core::price::PriceSource;
+        let mut described = description(KeyAccess::default());
+        let usage = PeriodUsage {
+            requests: 1,
+            input_tokens: 10,
+            output_tokens: 7,
+            cost_usd: 0.25,
+        };
+        described.models = vec![
+            ModelPeriodUsage {
+                model: "claude-opus-6".into(),
+                price_source: Some(PriceSource::Fallback),
+                usage,
+            },
+            ModelPeriodUsage {
+                model: "claude-x".into(),
+                price_source: None,
+                usage,
+            },
+        ];
+        let view = key_view(&described, 1_796_227_745_000);
+        let models = &view["usage"]["month"]["models"];
+        assert_eq!(models[0]["model"], "claude-opus-6", "{view}");
+        assert_eq!(models[0]["price_source"], "fallback");
+        assert_eq!(models[0]["cost_usd"], 0.25);
+        assert_eq!(
+            models[1]["price_source"], "unknown",
+            "not said is not guessed"
+        );
+        assert_eq!(view["usage"]["day"].get("models"), None, "the month's only");
     }
 
     #[test]

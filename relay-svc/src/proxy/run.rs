@@ -159,6 +159,23 @@ impl<'a> RequestRun<'a> {
             plan.accounts
                 .retain(|a| !self.not_found_models.contains(&a.mapped_model));
         }
+        // Where the operator refuses unpriced models, a key with a budget is never served at $0
+        // (docs/DESIGN.md §6, "Prices"): accounts whose model has no price are left out, and a
+        // plan left empty by it is refused naming the model. (count_tokens charges nothing.)
+        if !inbound.ungoverned
+            && inbound.caller.limits.has_budget()
+            && plan.accounts.iter().any(|a| a.price.refuse_budgeted)
+        {
+            plan.accounts.retain(|a| !a.price.refuse_budgeted);
+            if plan.accounts.is_empty() && self.last_failure.is_none() {
+                self.relay
+                    .metrics
+                    .key_refusals
+                    .with_label_values(&["unpriced"])
+                    .inc();
+                return Step::Answer(unpriced_model(api, &inbound.model));
+            }
+        }
         if !plan.accounts.is_empty() {
             return Step::Go(plan);
         }
@@ -433,6 +450,23 @@ fn subscriptions_for_the_cli_only(api: Api) -> Answer {
             "your group's subscription accounts serve only {cli}, and it has no API-key account for other clients"
         ),
     ))
+}
+
+/// A model without a price asked with a key that has a budget, where the operator refuses
+/// unpriced models: 403 `permission_error` naming the model (not retried by the SDKs).
+fn unpriced_model(api: Api, model: &str) -> Answer {
+    Answer::Error(RelayError {
+        openai_code: Some("model_not_priced"),
+        openai_param: Some("model"),
+        should_retry: Some(false),
+        ..RelayError::new(
+            api,
+            ErrorKind::PermissionDenied,
+            format!(
+                "the model `{model}` has no price, and this API key has a spend budget: the operator refuses unpriced models to budgeted keys (ask for a price to be set)"
+            ),
+        )
+    })
 }
 
 /// 503, try again in a second.

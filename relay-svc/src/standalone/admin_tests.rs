@@ -250,6 +250,7 @@ async fn the_key_list_shows_each_budgets_spend_in_the_deployments_calendar() {
         cache_write_tokens: 0,
         cache_read_tokens: 0,
         cost_usd,
+        price_source: None,
         status: 200,
         latency_ms: 1,
         at_ms: Some(at_ms),
@@ -294,4 +295,211 @@ async fn the_key_list_shows_each_budgets_spend_in_the_deployments_calendar() {
         "the view's day is Tokyo's too"
     );
     assert_eq!(described.usage[0].2.cost_usd, 1.25);
+}
+
+/// The plan's first account's price for `model` (what the relay charges).
+async fn planned_price(engines: &Standalone, model: &str) -> poolgate_core::price::ModelPrice {
+    let selection: Arc<dyn SelectionApi> = engines.selection.clone();
+    let plan = selection
+        .plan(&poolgate_core::plan::PlanRequest {
+            api_key_id: 1,
+            group: "default".into(),
+            platform: poolgate_core::account::Platform::Anthropic,
+            model: model.into(),
+            session_hash: None,
+            previous_response_id: None,
+            exclude: Vec::new(),
+        })
+        .await
+        .expect("a plan");
+    plan.accounts.first().expect("an account").price.clone()
+}
+
+/// The standalone admin endpoint served on a free port, and the operator CLI's client of it.
+async fn served(engines: &Standalone) -> poolgate_operator::http::HttpAdmin {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let router = poolgate_operator::http::router(engines.operator.clone(), TOKEN);
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    poolgate_operator::http::HttpAdmin::new(&format!("http://{addr}"), TOKEN).expect("client")
+}
+
+fn verb(args: &[&str]) -> poolgate_operator::Verb {
+    use clap::Parser;
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        verb: poolgate_operator::Verb,
+    }
+    Cli::try_parse_from(std::iter::once("admin").chain(args.iter().copied()))
+        .expect("a verb")
+        .verb
+}
+
+fn set_price(model: &'static str, input: &'static str) -> Vec<&'static str> {
+    vec![
+        "set-price",
+        model,
+        "--input-usd",
+        input,
+        "--output-usd",
+        "2",
+        "--cache-write-usd",
+        "0",
+        "--cache-read-usd",
+        "0",
+    ]
+}
+
+#[tokio::test]
+async fn prices_are_listed_set_and_removed_through_the_admin_endpoint_and_survive_a_restart() {
+    use poolgate_core::price::PriceSource;
+    let scratch = poolgate_testkit::Scratch::new("prices").expect("scratch");
+    let state = scratch.path().join("state.json");
+    let yaml = "api_keys:\n  - {key: key-a, user: alice}\n\
+                accounts:\n  - {name: a, platform: anthropic, base_url: \"http://127.0.0.1:9\", api_key: sk-x}\n\
+                prices:\n  claude-sonnet-5-5: {input: 1, output: 5}\n";
+    let relay = engines(yaml, &state);
+    let admin = served(&relay).await;
+    let run = |args: Vec<&'static str>| {
+        let admin = &admin;
+        async move { poolgate_operator::execute(admin, &verb(&args)).await }
+    };
+
+    // The YAML's price over the catalogue's, and the catalogue's, each with its source.
+    let listing = run(vec!["prices"]).await.expect("listed");
+    let line = |model: &str| {
+        listing
+            .lines()
+            .find(|line| line.starts_with(&format!("{model}\t")))
+            .unwrap_or_else(|| panic!("{model} in {listing}"))
+            .to_owned()
+    };
+    assert_eq!(
+        line("claude-sonnet-5-5"),
+        "claude-sonnet-5-5\tsource=operator\tinput=1\toutput=5\tcache_write=0\tcache_read=0\tcatalogue=2/10/2.5/0.1"
+    );
+    assert_eq!(
+        line("gpt-6.2-sol"),
+        "gpt-6.2-sol\tsource=catalogue\tinput=2\toutput=10\tcache_write=2.5\tcache_read=0.1"
+    );
+
+    // Set at run time: served at once.
+    let set = run(set_price("claude-opus-6", "7")).await.expect("set");
+    assert!(
+        set.starts_with("claude-opus-6\tsource=operator\tinput=7\t"),
+        "{set}"
+    );
+    let priced = planned_price(&relay, "claude-opus-6").await;
+    assert_eq!(
+        (priced.source, priced.price.input_per_mtok),
+        (PriceSource::Operator, 7.0)
+    );
+    // Bad input: exit 2 naming the field, nothing changed.
+    let before = run(vec!["prices"]).await.expect("listed");
+    for (args, field) in [
+        (set_price("claude-opus-6", "-1"), "input"),
+        (set_price("claude-opus-6", "NaN"), "input"),
+        (set_price("", "1"), "model"),
+        (set_price("claude opus", "1"), "model"),
+    ] {
+        let error = run(args.clone()).await.expect_err("refused");
+        assert_eq!(error.exit_code(), 2, "{args:?}: {error}");
+        assert!(error.to_string().contains(field), "{args:?}: {error}");
+    }
+    // The endpoint refuses them itself, whoever asks.
+    let (status, answer) = call(
+        &relay,
+        "POST",
+        "/admin/prices/set?model=claude-opus-6&input=-1&output=1&cache_write=0&cache_read=0",
+        TOKEN,
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert!(answer.to_string().contains("input"), "{answer}");
+    assert_eq!(run(vec!["prices"]).await.expect("listed"), before);
+    // The YAML's price removed: the catalogue's applies again.
+    let removed = run(vec!["remove-price", "claude-sonnet-5-5"])
+        .await
+        .expect("removed");
+    assert!(
+        removed.starts_with("claude-sonnet-5-5\tsource=catalogue\tinput=2\t"),
+        "{removed}"
+    );
+    let error = run(vec!["remove-price", "claude-opus-7"])
+        .await
+        .expect_err("nothing to remove");
+    assert!(
+        matches!(error, poolgate_operator::OperatorError::NotFound(_)),
+        "{error}"
+    );
+    drop(relay);
+
+    // Restarted from the same YAML: the operator's set and removal hold over it.
+    let restarted = engines(yaml, &state);
+    let priced = planned_price(&restarted, "claude-opus-6").await;
+    assert_eq!(
+        (priced.source, priced.price.input_per_mtok),
+        (PriceSource::Operator, 7.0)
+    );
+    let priced = planned_price(&restarted, "claude-sonnet-5-5").await;
+    assert_eq!(
+        (priced.source, priced.price.input_per_mtok),
+        (PriceSource::Catalogue, 2.0)
+    );
+}
+
+#[tokio::test]
+async fn usage_shows_each_models_usage_with_the_price_it_was_charged_at() {
+    use poolgate_core::price::PriceSource;
+    let scratch = poolgate_testkit::Scratch::new("model-usage").expect("scratch");
+    let state = scratch.path().join("state.json");
+    let yaml = "api_keys:\n  - {key: key-a, user: alice}\n\
+                accounts:\n  - {name: a, platform: anthropic, base_url: \"http://127.0.0.1:9\", api_key: sk-x}\n";
+    let relay = engines(yaml, &state);
+    let record = |model: &str, source: Option<PriceSource>, cost_usd: f64| {
+        poolgate_select::source::UsageInput {
+            api_key_id: Some(1),
+            user: "alice".into(),
+            model: model.into(),
+            input_tokens: 10,
+            output_tokens: 7,
+            cost_usd,
+            price_source: source,
+            status: 200,
+            ..Default::default()
+        }
+    };
+    relay
+        .source
+        .insert_usage(&[
+            record("claude-opus-6", Some(PriceSource::Fallback), 0.5),
+            record("claude-opus-6", Some(PriceSource::Fallback), 0.25),
+            record("claude-haiku-5-5", Some(PriceSource::Catalogue), 0.01),
+            record("claude-x", None, 0.0),
+        ])
+        .await
+        .expect("taken");
+    relay.source.flush().await.expect("written");
+    drop(relay);
+    // Kept across a restart, per model and price.
+    let restarted = engines(yaml, &state);
+    let admin = served(&restarted).await;
+    let text = poolgate_operator::execute(&admin, &verb(&["usage", "1"]))
+        .await
+        .expect("usage");
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].starts_with("1\talice\trequests=4\t"), "{text}");
+    assert_eq!(
+        lines[1..],
+        [
+            "1\talice\tmodel=claude-haiku-5-5\tprice=catalogue\trequests=1\tinput_tokens=10\toutput_tokens=7\tcost_usd=0.010000",
+            "1\talice\tmodel=claude-opus-6\tprice=fallback\trequests=2\tinput_tokens=20\toutput_tokens=14\tcost_usd=0.750000",
+            "1\talice\tmodel=claude-x\tprice=unknown\trequests=1\tinput_tokens=10\toutput_tokens=7\tcost_usd=0.000000",
+        ]
+    );
 }

@@ -10,6 +10,7 @@ use poolgate_core::account::{
 use poolgate_core::keys::{KeyAccess, check_new_model_patterns, parse_endpoints};
 use poolgate_core::lease::KeyLimits;
 use poolgate_core::money::{MAX_SPEND_USD, usd_to_micros};
+use poolgate_core::price::{UnpricedPolicy, check_price};
 use poolgate_core::windows::Thresholds;
 use poolgate_operator::instant::parse_instant;
 use poolgate_select::crypto::{api_key_hash, api_key_prefix};
@@ -26,8 +27,15 @@ pub struct StandaloneFile {
     #[serde(default)]
     pub api_keys: Vec<KeyEntry>,
     pub accounts: Vec<AccountEntry>,
+    /// The operator's prices, over the catalogue shipped with the build (docs/DESIGN.md §6,
+    /// "Prices").
     #[serde(default)]
     pub prices: Prices,
+    /// What a model with neither a price here nor one in the catalogue costs: `fallback`
+    /// (default: its family's highest catalogue price) or `refuse` (no price: refused to a key
+    /// with a budget, naming the model).
+    #[serde(default)]
+    pub unpriced: Option<String>,
     /// Per-group settings by group name (a group not named has the defaults).
     #[serde(default)]
     pub groups: HashMap<String, GroupEntry>,
@@ -288,6 +296,7 @@ impl StandaloneFile {
     pub fn parse(text: &str) -> Result<Self, String> {
         let file: StandaloneFile =
             serde_yaml_ng::from_str(text).map_err(|e| format!("config: {e}"))?;
+        file.unpriced_policy()?;
         if file.accounts.is_empty() {
             return Err("config: no accounts".into());
         }
@@ -447,6 +456,17 @@ impl StandaloneFile {
         )
     }
 
+    /// The file's `unpriced` policy (default `fallback`).
+    pub fn unpriced_policy(&self) -> Result<UnpricedPolicy, String> {
+        match self.unpriced.as_deref() {
+            None => Ok(UnpricedPolicy::default()),
+            Some(text) => UnpricedPolicy::parse(text).ok_or_else(|| {
+                format!("config: unpriced: {text:?} is neither \"fallback\" nor \"refuse\"")
+            }),
+        }
+    }
+
+    /// The operator's prices, each checked (`prices[i].output: …`, `prices.<model>.input: …`).
     fn prices(&self) -> Result<HashMap<String, Price>, String> {
         let price = |p: &PriceEntry| Price {
             input_per_mtok: p.input,
@@ -454,11 +474,17 @@ impl StandaloneFile {
             cache_write_per_mtok: p.cache_write,
             cache_read_per_mtok: p.cache_read,
         };
+        let checked = |at: String, model: String, p: &PriceEntry| {
+            let price = price(p);
+            check_price(&model, &price)
+                .map(|()| (model, price))
+                .map_err(|(field, problem)| format!("config: {at}.{field}: {problem}"))
+        };
         match &self.prices {
-            Prices::Map(map) => Ok(map
+            Prices::Map(map) => map
                 .iter()
-                .map(|(model, p)| (model.clone(), price(p)))
-                .collect()),
+                .map(|(model, p)| checked(format!("prices.{model}"), model.clone(), p))
+                .collect(),
             Prices::List(list) => list
                 .iter()
                 .enumerate()
@@ -467,7 +493,7 @@ impl StandaloneFile {
                         .model
                         .clone()
                         .ok_or_else(|| format!("config: prices[{index}]: model is required"))?;
-                    Ok((model, price(p)))
+                    checked(format!("prices[{index}]"), model, p)
                 })
                 .collect(),
         }

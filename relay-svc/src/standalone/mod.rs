@@ -96,6 +96,7 @@ pub fn build(
         settings: SelectorSettings {
             budget_calendar: Arc::new(budgets),
             usage_reads,
+            unpriced: file.unpriced_policy()?,
             ..settings
         },
         metrics: selector_metrics.clone(),
@@ -227,6 +228,7 @@ mod tests {
                 cache_write_tokens: 0,
                 cache_read_tokens: 0,
                 cost_usd: 1.5,
+                price_source: None,
                 status: 200,
                 latency_ms: 1,
                 at_ms: Some(poolgate_core::now_ms()),

@@ -27,7 +27,22 @@ impl Selector {
             _ => return Err(SelectorError::Unauthenticated("invalid API key".into())),
         };
         let usage = self.key_usage(record.id).await?;
-        Ok(KeyDescription { record, usage })
+        // The month's usage per model and price source (docs/DESIGN.md §6, "Prices"): which
+        // price applied, a fallback's included.
+        let month_from = usage
+            .iter()
+            .find(|(period, _, _)| *period == UsagePeriod::Month)
+            .map(|(_, from, _)| *from)
+            .unwrap_or_default();
+        let models = self
+            .source
+            .read_model_usage(record.id, month_from, self.clock.wall_ms() + 1)
+            .await?;
+        Ok(KeyDescription {
+            record,
+            usage,
+            models,
+        })
     }
 
     /// The usage of the key `api_key_id` in each of `UsagePeriod::ALL` with when the period

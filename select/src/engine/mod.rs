@@ -28,6 +28,7 @@ use crate::source::{AccountSource, StoreError};
 use crate::windows_cache::WindowsCache;
 use poolgate_core::Clock;
 use poolgate_core::outcome::RuntimeBlockSettings;
+use poolgate_core::price::UnpricedPolicy;
 use poolgate_core::windows::Thresholds;
 
 mod admin;
@@ -108,6 +109,10 @@ pub struct SelectorSettings {
     /// period is summed in (`describe_key`, `key_usage`), as admission counts its budgets.
     /// Default: UTC, weeks from Monday.
     pub budget_calendar: Arc<dyn BudgetCalendar>,
+    /// What a model with neither an operator's nor a catalogue price costs (docs/DESIGN.md §6,
+    /// "Prices"): its family's highest catalogue price (default), or none (refused to a key
+    /// with a budget).
+    pub unpriced: UnpricedPolicy,
 }
 
 impl Default for SelectorSettings {
@@ -122,6 +127,7 @@ impl Default for SelectorSettings {
             windows: Thresholds::default(),
             usage_reads: UsageReadSettings::default(),
             budget_calendar: Arc::new(UtcCalendar),
+            unpriced: UnpricedPolicy::default(),
         }
     }
 }

@@ -215,7 +215,7 @@ impl Selector {
                     base_url: account.base_url.clone(),
                     credential: account.credential.clone(),
                     credential_kind: account.credential_kind,
-                    price: snapshot.price(&mapped_model),
+                    price: snapshot.price(&mapped_model, account.platform, self.settings.unpriced),
                     mapped_model,
                     concurrency_limit: account.concurrency_limit,
                     rpm_limit: account.rpm_limit,

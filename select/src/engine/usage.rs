@@ -53,6 +53,7 @@ fn usage_input(record: UsageRecord) -> Result<UsageInput, SelectorError> {
         cache_write_tokens: tokens(record.cache_write_tokens)?,
         cache_read_tokens: tokens(record.cache_read_tokens)?,
         cost_usd: record.cost_usd,
+        price_source: record.price_source,
         status: i32::from(record.status),
         latency_ms: i32::try_from(record.latency_ms).unwrap_or(i32::MAX),
         at_ms: (record.at_ms > 0).then(|| i64::try_from(record.at_ms).unwrap_or(i64::MAX)),

@@ -12,7 +12,7 @@ use crate::crypto::CryptoError;
 use crate::snapshot::Snapshot;
 use poolgate_core::AccountId;
 use poolgate_core::account::{
-    Account, AccountStatus, ApiKeyRecord, OAuthState, Secret, SignIn, SignedIn,
+    Account, AccountStatus, ApiKeyRecord, OAuthState, Price, Secret, SignIn, SignedIn,
 };
 use poolgate_core::keys::KeyUpdate;
 
@@ -59,6 +59,8 @@ pub struct UsageInput {
     pub cache_write_tokens: i64,
     pub cache_read_tokens: i64,
     pub cost_usd: f64,
+    /// Which price `cost_usd` was charged at; `None`: not said (an older relay).
+    pub price_source: Option<poolgate_core::price::PriceSource>,
     pub status: i32,
     pub latency_ms: i32,
     pub at_ms: Option<i64>,
@@ -71,6 +73,9 @@ pub struct UsageTotals {
     pub output_tokens: i64,
     pub cost_usd: f64,
 }
+
+/// One client key's usage of one model under one price source (docs/DESIGN.md §6, "Prices").
+pub use poolgate_core::keys::ModelPeriodUsage as ModelUsage;
 
 /// The config the engine serves from and the few writes it makes to it.
 #[async_trait]
@@ -110,6 +115,15 @@ pub trait AccountSource: Send + Sync + 'static {
         from_ms: i64,
         to_ms: i64,
     ) -> Result<UsageTotals, StoreError>;
+
+    /// One client key's usage in `[from_ms, to_ms)` per model and price source, ascending by
+    /// model.
+    async fn read_model_usage(
+        &self,
+        api_key_id: i64,
+        from_ms: i64,
+        to_ms: i64,
+    ) -> Result<Vec<ModelUsage>, StoreError>;
 
     /// The spend (USD) of each key in `api_key_ids` in `[since, to_ms)` for each of `since_ms`,
     /// in that order: what the budget rebuild seeds admission's counters with (docs/DESIGN.md
@@ -157,6 +171,11 @@ pub trait AdminStore: Send + Sync + 'static {
     /// (field `account`); a new account's name taken by another is `Conflict`. Nothing changes
     /// on an error.
     async fn sign_in(&self, sign_in: &SignIn) -> Result<SignedIn, StoreError>;
+
+    /// Sets (`Some`, checked by the caller) or removes (`None`) the operator's price of a model
+    /// (docs/DESIGN.md §6, "Prices"); the engine reloads after. Removing a price the operator
+    /// never set is `NotFound`.
+    async fn set_price(&self, model: &str, price: Option<Price>) -> Result<(), StoreError>;
 }
 
 /// Why `sign_in` cannot go into `account` (another platform, kind or identity), in words naming

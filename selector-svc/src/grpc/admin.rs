@@ -11,7 +11,7 @@ use std::task::{Context, Poll};
 
 use futures_util::future::BoxFuture;
 use poolgate_operator::engine::EngineAdmin;
-use poolgate_operator::grpc::block_view;
+use poolgate_operator::grpc::{block_view, list_prices_answer, model_usage_views};
 use poolgate_proto::convert::keys::{KeyUpdate, api_key_view};
 use poolgate_proto::convert::{self, EnumField};
 use poolgate_proto::selector::v1 as pb;
@@ -514,11 +514,51 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
             .usage_totals(r.api_key_id, from, to)
             .await
             .map_err(status)?;
+        let models = self
+            .engine
+            .model_usage(r.api_key_id, from, to)
+            .await
+            .map_err(status)?;
         Ok(Response::new(pb::ReadUsageResponse {
             requests: totals.requests.max(0) as u64,
             input_tokens: totals.input_tokens.max(0) as u64,
             output_tokens: totals.output_tokens.max(0) as u64,
             cost_usd: totals.cost_usd,
+            models: model_usage_views(&models),
         }))
+    }
+
+    async fn list_prices(
+        &self,
+        _request: Request<pb::ListPricesRequest>,
+    ) -> Result<Response<pb::ListPricesResponse>, Status> {
+        let (prices, as_of) = self.engine.price_list();
+        Ok(Response::new(list_prices_answer(&prices, as_of)))
+    }
+
+    async fn set_price(
+        &self,
+        request: Request<pb::SetPriceRequest>,
+    ) -> Result<Response<pb::PriceView>, Status> {
+        let r = request.into_inner();
+        let price = r.price.ok_or_else(|| invalid("price", "is required"))?;
+        let listed = self
+            .engine
+            .set_price(&r.model, price.into())
+            .await
+            .map_err(status)?;
+        Ok(Response::new(pb::PriceView::from(&listed)))
+    }
+
+    async fn remove_price(
+        &self,
+        request: Request<pb::RemovePriceRequest>,
+    ) -> Result<Response<pb::PriceView>, Status> {
+        let listed = self
+            .engine
+            .remove_price(&request.into_inner().model)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(pb::PriceView::from(&listed)))
     }
 }

@@ -229,4 +229,15 @@ impl AdminStore for PostgresSource {
     ) -> Result<poolgate_core::account::SignedIn, StoreError> {
         PostgresSource::sign_in(self, sign_in).await
     }
+
+    async fn set_price(
+        &self,
+        model: &str,
+        price: Option<poolgate_core::account::Price>,
+    ) -> Result<(), StoreError> {
+        match price {
+            Some(price) => PostgresSource::set_price(self, model, price).await,
+            None => PostgresSource::remove_price(self, model).await,
+        }
+    }
 }

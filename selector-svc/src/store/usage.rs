@@ -6,7 +6,8 @@ use std::collections::HashMap;
 use sqlx::Row;
 
 use poolgate_core::account::Price;
-pub use poolgate_select::source::{StoreError, UsageInput, UsageTotals};
+use poolgate_core::price::PriceSource;
+pub use poolgate_select::source::{ModelUsage, StoreError, UsageInput, UsageTotals};
 
 use super::*;
 
@@ -28,6 +29,62 @@ impl PostgresSource {
         Ok(())
     }
 
+    /// Removes the operator's price of a model (the catalogue's applies again); `NotFound` when
+    /// there is none.
+    pub async fn remove_price(&self, model: &str) -> Result<(), StoreError> {
+        let done = sqlx::query("DELETE FROM model_prices WHERE model = $1")
+            .bind(model)
+            .execute(&self.pool)
+            .await
+            .map_err(convert)?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::NotFound(format!(
+                "no operator price for {model}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// One key's usage in `[from_ms, to_ms)` per model and price source, ascending by model (a
+    /// source the ledger holds that this build does not know reads as not said).
+    pub async fn read_model_usage(
+        &self,
+        api_key_id: i64,
+        from_ms: i64,
+        to_ms: i64,
+    ) -> Result<Vec<ModelUsage>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT model, price_source, count(*) AS requests, \
+             COALESCE(sum(input_tokens), 0)::bigint AS input_tokens, \
+             COALESCE(sum(output_tokens), 0)::bigint AS output_tokens, \
+             COALESCE(sum(cost_usd), 0) AS cost_usd \
+             FROM usage_records WHERE api_key_id = $1 \
+             AND at >= to_timestamp($2::double precision / 1000) AND at < to_timestamp($3::double precision / 1000) \
+             GROUP BY model, price_source ORDER BY model, price_source NULLS FIRST",
+        )
+        .bind(api_key_id)
+        .bind(from_ms as f64)
+        .bind(to_ms as f64)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(convert)?;
+        rows.into_iter()
+            .map(|row| {
+                let source: Option<String> = row.try_get("price_source").map_err(convert)?;
+                Ok(ModelUsage {
+                    model: row.try_get("model").map_err(convert)?,
+                    price_source: source.as_deref().and_then(PriceSource::parse),
+                    usage: poolgate_core::keys::PeriodUsage {
+                        requests: row.try_get("requests").map_err(convert)?,
+                        input_tokens: row.try_get("input_tokens").map_err(convert)?,
+                        output_tokens: row.try_get("output_tokens").map_err(convert)?,
+                        cost_usd: row.try_get("cost_usd").map_err(convert)?,
+                    },
+                })
+            })
+            .collect()
+    }
+
     /// Inserts a batch of usage records in one statement.
     pub async fn insert_usage(&self, records: &[UsageInput]) -> Result<u64, StoreError> {
         if records.is_empty() {
@@ -35,7 +92,7 @@ impl PostgresSource {
         }
         let mut builder = sqlx::QueryBuilder::new(
             "INSERT INTO usage_records (at, api_key_id, user_name, account_id, model, input_tokens, \
-             output_tokens, cache_write_tokens, cache_read_tokens, cost_usd, status, latency_ms) ",
+             output_tokens, cache_write_tokens, cache_read_tokens, cost_usd, status, latency_ms, price_source) ",
         );
         builder.push_values(records, |mut row, record| {
             row.push("COALESCE(to_timestamp(")
@@ -51,7 +108,8 @@ impl PostgresSource {
                 .push_bind(record.cache_read_tokens)
                 .push_bind(record.cost_usd)
                 .push_bind(record.status)
-                .push_bind(record.latency_ms);
+                .push_bind(record.latency_ms)
+                .push_bind(record.price_source.map(|source| source.as_str()));
         });
         let done = builder.build().execute(&self.pool).await.map_err(convert)?;
         Ok(done.rows_affected())

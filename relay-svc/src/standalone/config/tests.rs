@@ -239,3 +239,29 @@ fn a_groups_window_thresholds_are_read_and_checked() {
         );
     }
 }
+
+#[test]
+fn a_price_that_is_not_one_and_an_unknown_unpriced_policy_are_refused_at_start_naming_them() {
+    let with = |extra: &str| {
+        StandaloneFile::parse(&format!(
+            "accounts:\n  - {{name: a, platform: anthropic, base_url: \"http://127.0.0.1:9\", api_key: k}}\n{extra}"
+        ))
+        .and_then(|file| file.snapshot())
+    };
+    for (extra, named) in [
+        ("prices:\n  - {model: m, input: -1}\n", "prices[0].input"),
+        (
+            "prices:\n  m: {input: 1, output: .nan}\n",
+            "prices.m.output",
+        ),
+        (
+            "prices:\n  \"bad model\": {input: 1}\n",
+            "prices.bad model.model",
+        ),
+        ("unpriced: free\n", "unpriced"),
+    ] {
+        let error = with(extra).expect_err("refused");
+        assert!(error.contains(named), "{extra}: {error}");
+    }
+    assert!(with("unpriced: refuse\nprices:\n  m: {input: 0}\n").is_ok());
+}

@@ -27,19 +27,21 @@ use poolgate_core::{hex, short_hash};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::{AccountSource, AdminStore, StoreError, UsageInput, UsageTotals};
+use super::{AccountSource, AdminStore, ModelUsage, StoreError, UsageInput, UsageTotals};
 use crate::health::InProcessHealth;
 use crate::snapshot::{Snapshot, SnapshotCell};
 use poolgate_core::account::{
     Account, AccountIdentity, AccountStatus, ApiKeyRecord, CredentialKind, DEFAULT_GROUP,
-    OAuthState, Platform, Secret, SignIn, SignedIn, default_base_url, default_oauth_token_url,
+    OAuthState, Platform, Price, Secret, SignIn, SignedIn, default_base_url,
+    default_oauth_token_url,
 };
-use poolgate_core::keys::KeyUpdate;
+use poolgate_core::keys::{KeyUpdate, PeriodUsage};
+use poolgate_core::price::PriceSource;
 use poolgate_core::windows::WindowReading;
 use poolgate_core::{AccountId, Clock};
 use state_file::{
-    FORMAT, FORMAT_WITH_ACCOUNTS, Persisted, StoredAccount, StoredIdentity, StoredKey,
-    StoredStatus, StoredTokens, UsageBucket,
+    FORMAT, FORMAT_WITH_ACCOUNTS, ModelUsageBucket, Persisted, StoredAccount, StoredIdentity,
+    StoredKey, StoredPrice, StoredStatus, StoredTokens, UsageBucket,
 };
 
 mod state_file;
@@ -75,8 +77,14 @@ struct Current {
     key_ids: HashMap<String, i64>,
     /// Client key id -> whether the config disables it, to tell an operator's change from it.
     configured_key_disabled: HashMap<i64, bool>,
+    /// The config's prices by model, to tell an operator's change from them.
+    configured_prices: HashMap<String, Price>,
     persisted: Persisted,
     usage: BTreeMap<(i64, i64), UsageTotals>,
+    /// Usage by (client key, hour, model, price source name; empty: not said).
+    model_usage: BTreeMap<(i64, i64, String, String), UsageTotals>,
+    /// Model buckets of keys the config no longer lists: kept in the file, counted for no one.
+    retained_model_usage: Vec<ModelUsageBucket>,
     /// Buckets of keys the config no longer lists: kept in the file, counted for no one.
     retained_usage: Vec<UsageBucket>,
     usage_dirty: bool,
@@ -119,6 +127,24 @@ impl Current {
                     cost_usd: totals.cost_usd,
                 })
                 .chain(self.retained_usage.iter().cloned())
+                .collect(),
+            model_usage: self
+                .model_usage
+                .iter()
+                .map(
+                    |((api_key_id, hour_start_ms, model, price_source), totals)| ModelUsageBucket {
+                        key: self.key_hashes.get(api_key_id).cloned().unwrap_or_default(),
+                        api_key_id: *api_key_id,
+                        hour_start_ms: *hour_start_ms,
+                        model: model.clone(),
+                        price_source: price_source.clone(),
+                        requests: totals.requests,
+                        input_tokens: totals.input_tokens,
+                        output_tokens: totals.output_tokens,
+                        cost_usd: totals.cost_usd,
+                    },
+                )
+                .chain(self.retained_model_usage.iter().cloned())
                 .collect(),
             ..self.persisted.clone()
         };
@@ -259,6 +285,7 @@ impl MemorySource {
             .api_keys()
             .map(|record| (record.id, record.access.disabled))
             .collect();
+        let configured_prices = snapshot.operator_prices().clone();
         let persisted = match &state_file {
             Some(file) => file.read()?.unwrap_or_default(),
             None => Persisted::default(),
@@ -280,7 +307,10 @@ impl MemorySource {
             key_hashes,
             key_ids,
             configured_key_disabled,
+            configured_prices,
             usage: BTreeMap::new(),
+            model_usage: BTreeMap::new(),
+            retained_model_usage: Vec::new(),
             retained_usage: Vec::new(),
             usage_dirty: false,
             restored_windows: Vec::new(),
@@ -434,6 +464,51 @@ impl MemorySource {
         self.changed();
         self.persist().await?;
         Ok(record)
+    }
+
+    /// Sets (`Some`) or removes (`None`) the operator's price of `model` (the standalone
+    /// operator's `set-price`/`remove-price`), served at once. Written to the state file at once
+    /// when it differs from the config's `prices`: a restart keeps it over the YAML, and a
+    /// change back to what the YAML says leaves the YAML in charge again. Removing a price
+    /// neither the config nor the operator set is `NotFound`.
+    pub async fn set_price(&self, model: &str, price: Option<Price>) -> Result<(), StoreError> {
+        self.with_current(|current| {
+            if price.is_none() && !current.snapshot.operator_prices().contains_key(model) {
+                return Err(StoreError::NotFound(format!(
+                    "no operator price for {model}"
+                )));
+            }
+            current.snapshot.set_operator_price(model, price);
+            if current.configured_prices.get(model).copied() == price {
+                current.persisted.prices.remove(model);
+            } else {
+                current
+                    .persisted
+                    .prices
+                    .insert(model.to_owned(), price.map(stored_price));
+            }
+            Ok(())
+        })?;
+        self.changed();
+        self.persist().await
+    }
+}
+
+fn stored_price(price: Price) -> StoredPrice {
+    StoredPrice {
+        input: price.input_per_mtok,
+        output: price.output_per_mtok,
+        cache_write: price.cache_write_per_mtok,
+        cache_read: price.cache_read_per_mtok,
+    }
+}
+
+fn price_of_stored(stored: StoredPrice) -> Price {
+    Price {
+        input_per_mtok: stored.input,
+        output_per_mtok: stored.output,
+        cache_write_per_mtok: stored.cache_write,
+        cache_read_per_mtok: stored.cache_read,
     }
 }
 
@@ -890,6 +965,46 @@ impl Current {
             totals.output_tokens += bucket.output_tokens;
             totals.cost_usd += bucket.cost_usd;
         }
+        for (model, stored) in persisted.prices {
+            let price = stored.map(price_of_stored);
+            // A price the file holds that no longer checks (edited by hand) is left out, logged:
+            // the config's or the catalogue's applies.
+            if let Some(price) = &price
+                && let Err((field, problem)) = poolgate_core::price::check_price(&model, price)
+            {
+                tracing::warn!(%model, field, %problem, "a price in the state file is not a price; ignored");
+                continue;
+            }
+            if self.configured_prices.get(&model).copied() == price {
+                continue;
+            }
+            self.snapshot.set_operator_price(&model, price);
+            self.persisted.prices.insert(model, stored);
+        }
+        for bucket in persisted.model_usage {
+            let api_key_id = if bucket.key.is_empty() {
+                Some(bucket.api_key_id)
+            } else {
+                self.key_ids.get(&bucket.key).copied()
+            };
+            let Some(api_key_id) = api_key_id else {
+                self.retained_model_usage.push(bucket);
+                continue;
+            };
+            let totals = self
+                .model_usage
+                .entry((
+                    api_key_id,
+                    bucket.hour_start_ms,
+                    bucket.model,
+                    bucket.price_source,
+                ))
+                .or_default();
+            totals.requests += bucket.requests;
+            totals.input_tokens += bucket.input_tokens;
+            totals.output_tokens += bucket.output_tokens;
+            totals.cost_usd += bucket.cost_usd;
+        }
         for (key, readings) in persisted.windows {
             // Readings of an account the config does not name stay in the file, as its tokens do.
             if let Some(id) = self.resolve(&key, format) {
@@ -1025,11 +1140,22 @@ impl AccountSource for MemorySource {
                 };
                 let at = record.at_ms.unwrap_or(now);
                 let hour = at - at.rem_euclid(USAGE_BUCKET_MS);
-                let totals = current.usage.entry((api_key_id, hour)).or_default();
-                totals.requests += 1;
-                totals.input_tokens += record.input_tokens;
-                totals.output_tokens += record.output_tokens;
-                totals.cost_usd += record.cost_usd;
+                let source = record
+                    .price_source
+                    .map(|source| source.as_str().to_owned())
+                    .unwrap_or_default();
+                for totals in [
+                    current.usage.entry((api_key_id, hour)).or_default(),
+                    current
+                        .model_usage
+                        .entry((api_key_id, hour, record.model.clone(), source))
+                        .or_default(),
+                ] {
+                    totals.requests += 1;
+                    totals.input_tokens += record.input_tokens;
+                    totals.output_tokens += record.output_tokens;
+                    totals.cost_usd += record.cost_usd;
+                }
             }
             current.usage_dirty = true;
         });
@@ -1063,6 +1189,43 @@ impl AccountSource for MemorySource {
                     sum
                 })
         }))
+    }
+
+    async fn read_model_usage(
+        &self,
+        api_key_id: i64,
+        from_ms: i64,
+        to_ms: i64,
+    ) -> Result<Vec<ModelUsage>, StoreError> {
+        if to_ms <= from_ms {
+            return Ok(Vec::new());
+        }
+        let sums = self.with_current(|current| {
+            let mut sums: BTreeMap<(String, String), UsageTotals> = BTreeMap::new();
+            let start = (api_key_id, from_ms, String::new(), String::new());
+            let end = (api_key_id, to_ms, String::new(), String::new());
+            for ((_, _, model, source), totals) in current.model_usage.range(start..end) {
+                let sum = sums.entry((model.clone(), source.clone())).or_default();
+                sum.requests += totals.requests;
+                sum.input_tokens += totals.input_tokens;
+                sum.output_tokens += totals.output_tokens;
+                sum.cost_usd += totals.cost_usd;
+            }
+            sums
+        });
+        Ok(sums
+            .into_iter()
+            .map(|((model, source), totals)| ModelUsage {
+                model,
+                price_source: PriceSource::parse(&source),
+                usage: PeriodUsage {
+                    requests: totals.requests,
+                    input_tokens: totals.input_tokens,
+                    output_tokens: totals.output_tokens,
+                    cost_usd: totals.cost_usd,
+                },
+            })
+            .collect())
     }
 }
 
@@ -1144,5 +1307,9 @@ impl AdminStore for MemorySource {
                 })
                 .ok_or_else(|| StoreError::NotFound(format!("api key {api_key_id}"))),
         }
+    }
+
+    async fn set_price(&self, model: &str, price: Option<Price>) -> Result<(), StoreError> {
+        MemorySource::set_price(self, model, price).await
     }
 }

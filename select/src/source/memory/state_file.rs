@@ -130,6 +130,35 @@ pub(super) struct UsageBucket {
     pub(super) cost_usd: f64,
 }
 
+/// One client key's usage of one model at one price source in one hour (docs/DESIGN.md §6,
+/// "Prices"): what the operator's `usage` shows per model.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(super) struct ModelUsageBucket {
+    /// The client key's hash (hex); empty for a key the config does not list.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub(super) key: String,
+    pub(super) api_key_id: i64,
+    pub(super) hour_start_ms: i64,
+    pub(super) model: String,
+    /// `operator`, `catalogue`, `fallback`, `none`; empty: not said.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub(super) price_source: String,
+    pub(super) requests: i64,
+    pub(super) input_tokens: i64,
+    pub(super) output_tokens: i64,
+    pub(super) cost_usd: f64,
+}
+
+/// A price the operator set (`set-price`) or removed (`remove-price`, `None`) at run time,
+/// over the config's `prices`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub(super) struct StoredPrice {
+    pub(super) input: f64,
+    pub(super) output: f64,
+    pub(super) cache_write: f64,
+    pub(super) cache_read: f64,
+}
+
 /// The state file format this build writes. Format 1 names accounts by name and client keys by
 /// hash, so a config whose entries moved (ids default to the place in the file) applies no
 /// retirement or usage to another account or key. Format 0 (the first release) named them by id;
@@ -173,6 +202,14 @@ pub(super) struct Persisted {
     /// file that has any is format 2 ([`FORMAT_WITH_ACCOUNTS`]), which older builds refuse.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub(super) accounts: BTreeMap<String, StoredAccount>,
+    /// Prices the operator set (`Some`) or removed (`None`) against the config's, by model.
+    /// Added within format 1: a file without them reads as none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub(super) prices: BTreeMap<String, Option<StoredPrice>>,
+    /// Usage per client key, hour, model and price source. Added within format 1: a file
+    /// without it reads as none (the per-key totals in `usage` stay whole).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(super) model_usage: Vec<ModelUsageBucket>,
 }
 
 /// The readings this build can read, the others skipped: a reading is worth an answer or two
