@@ -252,12 +252,11 @@ async fn prices_are_listed_set_and_removed_without_sql_and_plans_say_where_they_
 async fn usage_shows_each_models_usage_with_the_price_it_was_charged_at() {
     let backends = Backends::start().await;
     backends.account("acct-a", "g", |_| {}).await;
-    let (_, key) = backends
+    backends
         .store
         .create_api_key("usage", "alice", "g", 0)
         .await
         .expect("key");
-    let _ = key;
     let replica = Replica::start(backends.config(fast_settings())).await;
     let keys = replica
         .admin
