@@ -195,6 +195,15 @@ pub struct AccountStanding {
     /// The stored usage-window readings (docs/DESIGN.md §5).
     pub windows: Vec<WindowReading>,
     pub block: Option<BlockNote>,
+    /// What its credential is; `None`: not said (an older selector).
+    pub kind: Option<crate::account::CredentialKind>,
+    /// Who the upstream says it is (a sign-in or an import); empty: not known.
+    pub email: String,
+    pub plan: String,
+    /// OAuth: when its access token expires (ms since the epoch; 0: unknown), and whether a
+    /// refresh token keeps it alive (without one it must be signed in again before then).
+    pub token_expires_at_ms: i64,
+    pub refreshable: bool,
 }
 
 /// The pool at a glance, read at `now_ms` (the answering side's clock).

@@ -634,6 +634,20 @@ pub struct AccountStatusRow {
     pub block_reason: String,
     /// Time left on that block, ms; 0 when none (or a half-open breaker waiting for its probe).
     pub block_left_ms: u64,
+    /// `api_key`, `oauth` or `chatgpt_oauth`; empty when the endpoint did not say.
+    #[serde(default)]
+    pub credential_kind: String,
+    /// Who the upstream says it is; empty: not known.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub email: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub plan: String,
+    /// OAuth: the access token's expiry (ms since the epoch; 0: unknown) and whether a refresh
+    /// token keeps it alive; the page warns ahead of an expiry nothing will refresh.
+    #[serde(default)]
+    pub token_expires_at_ms: i64,
+    #[serde(default)]
+    pub refreshable: bool,
 }
 
 /// `status`: `{"status": {...}}`.
@@ -702,6 +716,14 @@ fn account_status_row(now_ms: i64, account: &AccountStanding) -> AccountStatusRo
         ),
         block_reason,
         block_left_ms,
+        credential_kind: account
+            .kind
+            .map(|kind| kind.as_str().to_owned())
+            .unwrap_or_default(),
+        email: account.email.clone(),
+        plan: account.plan.clone(),
+        token_expires_at_ms: account.token_expires_at_ms,
+        refreshable: account.refreshable,
     }
 }
 

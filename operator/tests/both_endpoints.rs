@@ -274,6 +274,11 @@ fn status_report() -> StatusReport {
         session_window_limit_usd: 12.5,
         windows: Vec::new(),
         block: None,
+        kind: Some(poolgate_core::account::CredentialKind::OAuth),
+        email: format!("{name}@example.com"),
+        plan: "max".into(),
+        token_expires_at_ms: 1_900_000_000_000,
+        refreshable: true,
     };
     let mut active = account(1, "a", LiveStatus::Active);
     active.windows = windows()

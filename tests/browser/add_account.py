@@ -8,8 +8,8 @@ authorization servers (relay-svc/tests/status_page_sign_in.rs starts them):
 3. This script plays the user at the sign-in page: it opens the address without following the
    redirect (the fake signs the user in and redirects to Anthropic's code page) and pastes what
    that page shows, `code#state`.
-4. Finish: the page says the account was created, and its row appears in the accounts table,
-   without a reload.
+4. Finish: the page says the account was created, and its row appears in the accounts table
+   with its email, without a reload.
 5. A second sign-in whose pasted state is not its own is refused on the page, and no account is
    added.
 
@@ -135,6 +135,9 @@ def check(driver):
         )
     except Exception:
         fail("the new account's row did not appear")
+    row = next(row for row in rows(driver) if args.name in row.text)
+    if args.email not in row.text:
+        fail(f"the new account's row does not show its email: {row.text!r}")
     if len(rows(driver)) != before + 1:
         fail(f"expected {before + 1} rows, found {len(rows(driver))}")
     if args.screenshot:

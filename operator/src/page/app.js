@@ -129,13 +129,24 @@
     row.dataset.status = token(a.status);
     const name = el('div', 'name', a.name);
     const sub = el('div', 'sub', '#' + a.id + (a.credential_masked ? ' · ' + a.credential_masked : ''));
-    fill(cell(row, 'name'), name, sub);
+    const nameNodes = [name, sub];
+    if (a.email) nameNodes.push(el('div', 'sub identity', a.email + (a.plan ? ' · ' + a.plan : '')));
+    fill(cell(row, 'name'), ...nameNodes);
     fill(cell(row, 'group'), document.createTextNode(a.group));
     fill(cell(row, 'platform'), document.createTextNode(a.platform));
     const badge = el('span', 'badge status-' + token(a.status), STATUS_NAMES[a.status] || a.status);
     const statusNodes = [badge];
     if (a.status_reason) statusNodes.push(el('div', 'sub', a.status_reason));
-    if (a.status === 'error') {
+    if (a.token_expires_at_ms > 0 && !a.refreshable && a.credential_kind !== 'api_key') {
+      // Nothing refreshes it: flagged ahead of its expiry.
+      const left = a.token_expires_at_ms - Date.now();
+      const soon = left < 14 * 86400000;
+      statusNodes.push(el('div', soon ? 'sub expiring' : 'sub',
+        left > 0 ? 'token expires in ' + duration(left) + ', no refresh: sign in again before'
+          : 'token expired: sign in again'));
+    }
+    const subscription = a.credential_kind === 'oauth' || a.credential_kind === 'chatgpt_oauth' || !a.credential_kind;
+    if (subscription && (a.status === 'error' || (a.token_expires_at_ms > 0 && !a.refreshable))) {
       // Its refresh was refused: signing it in again brings it back, in place.
       const again = el('button', 'again', 'Sign in again');
       again.type = 'button';

@@ -96,6 +96,15 @@ fn account_view(account: &AccountStanding) -> spb::AccountStatusView {
             .iter()
             .map(spb::WindowReading::from)
             .collect(),
+        kind: account
+            .kind
+            .map_or(spb::CredentialKind::Unspecified as i32, |kind| {
+                spb::CredentialKind::from(kind) as i32
+            }),
+        email: account.email.clone(),
+        plan: account.plan.clone(),
+        token_expires_at_ms: account.token_expires_at_ms.max(0) as u64,
+        refreshable: account.refreshable,
         block: account.block.as_ref().map(|block| spb::StatusBlock {
             kind: block.kind.as_str().to_owned(),
             class: block.class.clone(),
@@ -184,6 +193,14 @@ fn read_account(account: spb::AccountStatusView) -> Result<AccountStanding, Conv
         session_window_limit_usd: account.session_window_limit_usd,
         windows,
         block,
+        // Unset (an older selector) or a kind newer than this reader: not said.
+        kind: (account.kind != spb::CredentialKind::Unspecified as i32)
+            .then(|| crate::convert::EnumField::decode("kind", account.kind).ok())
+            .flatten(),
+        email: account.email,
+        plan: account.plan,
+        token_expires_at_ms: i64::try_from(account.token_expires_at_ms).unwrap_or(i64::MAX),
+        refreshable: account.refreshable,
     })
 }
 
@@ -252,6 +269,11 @@ mod tests {
                     reason: "insufficient credit".into(),
                     remaining_ms: 60_000,
                 }),
+                kind: Some(poolgate_core::account::CredentialKind::OAuth),
+                email: "ada@example.com".into(),
+                plan: "max".into(),
+                token_expires_at_ms: 1_700_003_600_000,
+                refreshable: false,
             }],
         }
     }

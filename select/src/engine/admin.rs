@@ -306,5 +306,13 @@ fn standing(
         session_window_limit_usd: account.session_window_limit_usd,
         windows,
         block,
+        kind: Some(account.credential_kind),
+        email: account.identity.email.clone(),
+        plan: account.identity.plan.clone(),
+        token_expires_at_ms: account.oauth.as_ref().map_or(0, |o| o.expires_at_ms.max(0)),
+        refreshable: account
+            .oauth
+            .as_ref()
+            .is_some_and(|o| !o.refresh_token.is_empty()),
     }
 }
