@@ -45,7 +45,7 @@ VALUE_SETS = {
     "dashboard, alerts and the status page on": {
         "grafana": {"dashboard": {"enabled": True, "folder": "LLM"}},
         "alerts": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
-        "selector": {"adminHttp": {"enabled": True, "bindAddress": "0.0.0.0"}},
+        "selector": {"adminHttp": {"enabled": True, "bindAddress": "0.0.0.0"}, "unpriced": "refuse"},
         "serviceMonitor": {"enabled": True},
     },
 }
@@ -221,6 +221,15 @@ def main():
     for label, values in VALUE_SETS.items():
         validate(label, values)
     check_alerts()
+    # The selector's unpriced policy reaches its environment; a policy it does not have fails.
+    for policy in ["fallback", "refuse"]:
+        text = "\n".join(render(CHART, {"selector": {"unpriced": policy}}).values())
+        check(f"selector.unpriced={policy} reaches SELECTOR_UNPRICED", f'SELECTOR_UNPRICED: "{policy}"' in text)
+    try:
+        render(CHART, {"selector": {"unpriced": "free"}})
+        check("an unpriced policy the selector lacks fails", False, "rendered anyway")
+    except Exception:  # noqa: BLE001
+        check("an unpriced policy the selector lacks fails", True)
     # A wrong-typed value must fail (values.schema.json).
     try:
         render(CHART, {"relay": {"port": "eighty"}})
