@@ -409,6 +409,26 @@ pub struct SignIn {
 pub const DEFAULT_GROUP: &str = "default";
 
 impl SignIn {
+    /// A sign-in of `access_token` (an API key, or an access token without a refresh token,
+    /// expiry or identity yet): the fields the flows and the imports then fill in.
+    pub fn new(platform: Platform, kind: CredentialKind, access_token: impl Into<String>) -> Self {
+        SignIn {
+            platform,
+            kind,
+            access_token: Secret::new(access_token),
+            refresh_token: Secret::default(),
+            expires_at_ms: 0,
+            token_url: String::new(),
+            client_id: String::new(),
+            identity: AccountIdentity::default(),
+            account_id: None,
+            name: None,
+            group: None,
+            base_url: None,
+            settings: ImportedSettings::default(),
+        }
+    }
+
     /// The name a new account gets when none is given: the platform's short name and the email
     /// (`claude-ada@example.com`, `chatgpt-ada@example.com`), else the start of the upstream id.
     pub fn default_name(&self) -> String {

@@ -175,24 +175,45 @@ async fn start_problem(page: &Page, start: &Start) -> Option<String> {
     }
 }
 
+/// A page write's body, once the request is the signed-in page's own (session, same origin);
+/// otherwise the answer refusing it (401, 403, or 400 with `expected`).
+fn page_write<T: serde::de::DeserializeOwned>(
+    page: &Page,
+    uri: &http::Uri,
+    headers: &HeaderMap,
+    body: &[u8],
+    expected: &str,
+) -> Result<T, Box<Response>> {
+    if !page.signed_in(headers) {
+        return Err(Box::new(unauthenticated()));
+    }
+    if !same_origin(headers, uri) {
+        return Err(Box::new(cross_site()));
+    }
+    serde_json::from_slice(body).map_err(|_| {
+        Box::new(json_error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            expected,
+        ))
+    })
+}
+
 pub(super) async fn start(
     State(page): State<Page>,
     uri: http::Uri,
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
-    if !page.signed_in(&headers) {
-        return unauthenticated();
-    }
-    if !same_origin(&headers, &uri) {
-        return cross_site();
-    }
-    let Ok(start) = serde_json::from_slice::<Start>(&body) else {
-        return json_error(
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
-            "expected {\"subscription\": \"claude\" | \"claude_setup_token\" | \"chatgpt\", …}",
-        );
+    let start: Start = match page_write(
+        &page,
+        &uri,
+        &headers,
+        &body,
+        "expected {\"subscription\": \"claude\" | \"claude_setup_token\" | \"chatgpt\", …}",
+    ) {
+        Ok(start) => start,
+        Err(refused) => return *refused,
     };
     // What can be refused before the code is spent is refused now.
     if let Some(problem) = start_problem(&page, &start).await {
@@ -251,18 +272,15 @@ pub(super) async fn finish(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
-    if !page.signed_in(&headers) {
-        return unauthenticated();
-    }
-    if !same_origin(&headers, &uri) {
-        return cross_site();
-    }
-    let Ok(finish) = serde_json::from_slice::<Finish>(&body) else {
-        return json_error(
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
-            "expected {\"id\", \"pasted\"}",
-        );
+    let finish: Finish = match page_write(
+        &page,
+        &uri,
+        &headers,
+        &body,
+        "expected {\"id\", \"pasted\"}",
+    ) {
+        Ok(finish) => finish,
+        Err(refused) => return *refused,
     };
     // Taken once: a second finish of the same sign-in is unknown.
     let pending = page

@@ -8,8 +8,8 @@
 use std::time::Duration;
 
 use poolgate_core::account::{
-    AccountIdentity, CredentialKind, ImportedSettings, Platform, Secret, SignIn,
-    default_oauth_client_id, default_oauth_token_url,
+    AccountIdentity, CredentialKind, Platform, Secret, SignIn, default_oauth_client_id,
+    default_oauth_token_url,
 };
 
 use super::{Pkce, Prompt, SignInError, call_json, jwt_claims, rebase, text};
@@ -219,23 +219,16 @@ pub async fn exchange(
         super::jwt_expiry_ms(&access_token)
     };
     Ok(SignIn {
-        platform: Platform::OpenAi,
-        kind: CredentialKind::ChatGptOAuth,
-        access_token: Secret::new(access_token),
         refresh_token: Secret::new(refresh_token),
         expires_at_ms,
+        // The endpoint the tokens were issued at, when it is not the default.
         token_url: if base.is_some() {
             token_url
         } else {
             String::new()
         },
-        client_id: String::new(),
         identity,
-        account_id: None,
-        name: None,
-        group: None,
-        base_url: None,
-        settings: ImportedSettings::default(),
+        ..SignIn::new(Platform::OpenAi, CredentialKind::ChatGptOAuth, access_token)
     })
 }
 

@@ -6,8 +6,8 @@
 //! The constants are the binary's (`selector-svc/tests/token_endpoints.rs` reads them there).
 
 use poolgate_core::account::{
-    AccountIdentity, CredentialKind, ImportedSettings, Platform, Secret, SignIn,
-    default_oauth_client_id, default_oauth_token_url,
+    AccountIdentity, CredentialKind, Platform, Secret, SignIn, default_oauth_client_id,
+    default_oauth_token_url,
 };
 
 use super::{Pkce, Prompt, SignInError, call_json, rebase, text};
@@ -158,23 +158,16 @@ pub async fn exchange(
         });
     }
     Ok(SignIn {
-        platform: Platform::Anthropic,
-        kind: CredentialKind::OAuth,
-        access_token: Secret::new(access_token),
         refresh_token: Secret::new(refresh_token),
         expires_at_ms,
+        // The endpoint the tokens were issued at, when it is not the default.
         token_url: if base.is_some() {
             token_url
         } else {
             String::new()
         },
-        client_id: String::new(),
         identity,
-        account_id: None,
-        name: None,
-        group: None,
-        base_url: None,
-        settings: ImportedSettings::default(),
+        ..SignIn::new(Platform::Anthropic, CredentialKind::OAuth, access_token)
     })
 }
 

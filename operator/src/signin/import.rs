@@ -276,24 +276,6 @@ fn short(text: &str) -> String {
     text.chars().filter(|c| !c.is_control()).take(32).collect()
 }
 
-fn base_sign_in(platform: Platform, kind: CredentialKind, access_token: String) -> SignIn {
-    SignIn {
-        platform,
-        kind,
-        access_token: Secret::new(access_token),
-        refresh_token: Secret::default(),
-        expires_at_ms: 0,
-        token_url: String::new(),
-        client_id: String::new(),
-        identity: AccountIdentity::default(),
-        account_id: None,
-        name: None,
-        group: None,
-        base_url: None,
-        settings: ImportedSettings::default(),
-    }
-}
-
 /// An instant as the formats write it: ms or s since the epoch (a number or a numeric string;
 /// above 10^12 it is ms), or RFC 3339; 0 when absent or unreadable.
 fn instant_ms(value: Option<&Value>) -> i64 {
@@ -352,7 +334,7 @@ fn claude_entry(position: String, file: ClaudeFile<'_>) -> Result<Entry, (String
             "no access token (a signed-out or dead login)".into(),
         ));
     }
-    let mut sign_in = base_sign_in(Platform::Anthropic, CredentialKind::OAuth, access);
+    let mut sign_in = SignIn::new(Platform::Anthropic, CredentialKind::OAuth, access);
     sign_in.refresh_token = Secret::new(refresh);
     sign_in.expires_at_ms = expires_at_ms;
     let upstream_id = AccountIdentity::upstream_id(user, organisation);
@@ -401,7 +383,7 @@ fn chatgpt_entry(
     } else {
         super::jwt_expiry_ms(&access)
     };
-    let mut sign_in = base_sign_in(Platform::OpenAi, CredentialKind::ChatGptOAuth, access);
+    let mut sign_in = SignIn::new(Platform::OpenAi, CredentialKind::ChatGptOAuth, access);
     sign_in.refresh_token = Secret::new(refresh);
     sign_in.expires_at_ms = expires_at_ms;
     sign_in.identity = identity;
@@ -427,7 +409,7 @@ fn codex_entry(name: &str, value: &Value) -> Result<Entry, (String, String)> {
         return Err((name.to_owned(), "neither tokens nor OPENAI_API_KEY".into()));
     }
     let identity = key_identity(&key);
-    let mut sign_in = base_sign_in(Platform::OpenAi, CredentialKind::ApiKey, key);
+    let mut sign_in = SignIn::new(Platform::OpenAi, CredentialKind::ApiKey, key);
     sign_in.identity = identity;
     Ok(Entry {
         position: name.to_owned(),
@@ -536,7 +518,7 @@ fn sub2api_entries(name: &str, value: &Value) -> Parsed {
                     }
                     let platform = Platform::parse(&platform).unwrap_or(Platform::OpenAi);
                     let identity = key_identity(&key);
-                    let mut sign_in = base_sign_in(platform, CredentialKind::ApiKey, key);
+                    let mut sign_in = SignIn::new(platform, CredentialKind::ApiKey, key);
                     sign_in.identity = identity;
                     sign_in.base_url =
                         Some(text(&credentials, &["base_url"])).filter(|u| !u.is_empty());
