@@ -1,7 +1,11 @@
 //! Each format read from its fixture (`operator/tests/fixtures/import/`, built from where each
 //! format is defined).
 
-use super::*;
+use std::path::PathBuf;
+
+use poolgate_core::account::{CredentialKind, Platform};
+
+use super::formats::{Entry, parse, read_file};
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
