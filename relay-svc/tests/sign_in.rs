@@ -527,45 +527,64 @@ async fn a_setup_token_has_no_refresh_token_and_shows_when_it_must_be_replaced()
 
 // ---- distributed ------------------------------------------------------------------------------
 
+/// A selector process over a private Postgres (migrated) and Redis, listening, with the
+/// environment its admin CLI runs in.
+struct Selector {
+    env: Env,
+    _process: Process,
+    _postgres: PostgresServer,
+    _redis: RedisServer,
+}
+
+impl Selector {
+    async fn start() -> Self {
+        let (postgres, redis) = tokio::join!(PostgresServer::start(), RedisServer::start());
+        let (postgres, redis) = (postgres.expect("postgres"), redis.expect("redis"));
+        let port = free_port().expect("port");
+        let keys = format!("k1:{}", poolgate_select::crypto::Keyring::generate_key());
+        let env = Env {
+            vars: vec![
+                ("POOLGATE_DATABASE_URL".into(), postgres.url()),
+                ("POOLGATE_REDIS_URL".into(), redis.url()),
+                ("POOLGATE_CREDENTIAL_KEYS".into(), keys),
+                ("SELECTOR_ADMIN_TOKEN".into(), "admin-token".into()),
+                ("SELECTOR_LISTEN".into(), format!("127.0.0.1:{port}")),
+                (
+                    "SELECTOR_METRICS_LISTEN".into(),
+                    format!("127.0.0.1:{}", free_port().expect("port")),
+                ),
+                (
+                    "SELECTOR_ENDPOINT".into(),
+                    format!("http://127.0.0.1:{port}"),
+                ),
+            ],
+        };
+        let migrated = env.run("selector-svc", &["migrate"], &[]);
+        assert!(migrated.contains("migrations applied"), "{migrated}");
+        let process = env.spawn("selector-svc", "selector", &[]);
+        eventually(Duration::from_secs(20), || async {
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .ok()
+                .map(|_| ())
+        })
+        .await
+        .expect("selector listens");
+        Selector {
+            env,
+            _process: process,
+            _postgres: postgres,
+            _redis: redis,
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_selector_signs_accounts_in_by_identity_and_brings_an_errored_one_back() {
-    let (postgres, redis) = tokio::join!(PostgresServer::start(), RedisServer::start());
-    let (postgres, redis) = (postgres.expect("postgres"), redis.expect("redis"));
+    let selector = Selector::start().await;
+    let env = &selector.env;
     let upstream = FakeUpstream::start().await.expect("upstream");
     let oauth = FakeOAuth::start().await.expect("oauth");
-    let selector_port = free_port().expect("port");
-    let keys = format!("k1:{}", poolgate_select::crypto::Keyring::generate_key());
-    let env = Env {
-        vars: vec![
-            ("POOLGATE_DATABASE_URL".into(), postgres.url()),
-            ("POOLGATE_REDIS_URL".into(), redis.url()),
-            ("POOLGATE_CREDENTIAL_KEYS".into(), keys),
-            ("SELECTOR_ADMIN_TOKEN".into(), "admin-token".into()),
-            (
-                "SELECTOR_LISTEN".into(),
-                format!("127.0.0.1:{selector_port}"),
-            ),
-            (
-                "SELECTOR_METRICS_LISTEN".into(),
-                format!("127.0.0.1:{}", free_port().expect("port")),
-            ),
-            (
-                "SELECTOR_ENDPOINT".into(),
-                format!("http://127.0.0.1:{selector_port}"),
-            ),
-        ],
-    };
-    let migrated = env.run("selector-svc", &["migrate"], &[]);
-    assert!(migrated.contains("migrations applied"), "{migrated}");
-    let _selector = env.spawn("selector-svc", "selector", &[]);
-    eventually(Duration::from_secs(20), || async {
-        tokio::net::TcpStream::connect(("127.0.0.1", selector_port))
-            .await
-            .ok()
-            .map(|_| ())
-    })
-    .await
-    .expect("selector listens");
     let login_command = |args: &[&str]| {
         let mut command = env.command("selector-svc");
         command.args(["admin", "login"]).args(args).args([
@@ -792,40 +811,8 @@ async fn standalone_imports_each_format_once_by_identity_and_reports_what_it_can
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_selector_imports_by_identity_and_a_second_run_updates() {
-    let (postgres, redis) = tokio::join!(PostgresServer::start(), RedisServer::start());
-    let (postgres, redis) = (postgres.expect("postgres"), redis.expect("redis"));
-    let selector_port = free_port().expect("port");
-    let keys = format!("k1:{}", poolgate_select::crypto::Keyring::generate_key());
-    let env = Env {
-        vars: vec![
-            ("POOLGATE_DATABASE_URL".into(), postgres.url()),
-            ("POOLGATE_REDIS_URL".into(), redis.url()),
-            ("POOLGATE_CREDENTIAL_KEYS".into(), keys),
-            ("SELECTOR_ADMIN_TOKEN".into(), "admin-token".into()),
-            (
-                "SELECTOR_LISTEN".into(),
-                format!("127.0.0.1:{selector_port}"),
-            ),
-            (
-                "SELECTOR_METRICS_LISTEN".into(),
-                format!("127.0.0.1:{}", free_port().expect("port")),
-            ),
-            (
-                "SELECTOR_ENDPOINT".into(),
-                format!("http://127.0.0.1:{selector_port}"),
-            ),
-        ],
-    };
-    env.run("selector-svc", &["migrate"], &[]);
-    let _selector = env.spawn("selector-svc", "selector", &[]);
-    eventually(Duration::from_secs(20), || async {
-        tokio::net::TcpStream::connect(("127.0.0.1", selector_port))
-            .await
-            .ok()
-            .map(|_| ())
-    })
-    .await
-    .expect("selector listens");
+    let selector = Selector::start().await;
+    let env = &selector.env;
     let files = [
         fixture("claude-credentials.json"),
         fixture("codex-auth-api-key.json"),
