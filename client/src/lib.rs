@@ -5,6 +5,9 @@
 //! (`poolgate_proto::convert`); no domain decision is made here: a plan, a key's verdict, what an
 //! outcome applies are the selector's answers, read strictly.
 //!
+//! - `edge`: [`edge::EdgeSelection`], the selection API of a distributed relay: plans, key
+//!   checks and model lists in the relay's process over the view the selector streams
+//!   (`WatchView`), every write through [`RemoteSelection`].
 //! - `selection`: [`RemoteSelection`], the selector: success reports and usage-window readings
 //!   coalesced per account (they change nothing the caller acts on), other outcomes at once.
 //! - `leases`: [`RemoteLeases`], admission: leases multiplexed on a few lease channels, or one
@@ -21,6 +24,7 @@
 
 mod balancer;
 mod channel;
+pub mod edge;
 pub mod error;
 mod keeper;
 mod leases;
@@ -71,16 +75,20 @@ pub enum RemoteConfigError {
 pub type Backends = (Arc<dyn SelectionApi>, Arc<dyn LeaseApi>);
 
 /// The selection API over the selector at `selector`, the lease API over admission at
-/// `admission` (each balanced over every replica its endpoints resolve to).
+/// `admission` (each balanced over every replica its endpoints resolve to). With `edge`, the
+/// relay selects in its own process over the selector's view ([`edge::EdgeSelection`]), built
+/// with `engine` (the relay's selection settings) and counted in `metrics.registry`; without, it
+/// asks the selector for every plan.
 pub fn remote_backends(
     selector: &[String],
     admission: &[String],
     client: &GrpcClient,
     metrics: Metrics,
+    edge: Option<(edge::EdgeSelectionSettings, poolgate_select::engine::SelectorSettings)>,
 ) -> Result<Backends, RemoteConfigError> {
     let grpc_metrics = poolgate_rpc::grpc_metrics::GrpcMetrics::client(&metrics.registry);
     let token = client.service_token.as_deref();
-    let selection = RemoteSelection::new(
+    let remote = RemoteSelection::new(
         WithToken::new(
             balanced_channel(selector, client).map_err(RemoteConfigError::Selector)?,
             token,
@@ -88,6 +96,25 @@ pub fn remote_backends(
         &grpc_metrics,
         metrics.window_writes.clone(),
     );
+    let selection: Arc<dyn SelectionApi> = match edge {
+        Some((settings, engine_settings)) => {
+            let view = Arc::new(poolgate_select::edge::EdgeView::new());
+            let engine = poolgate_select::edge::edge_selector(
+                view.clone(),
+                engine_settings,
+                poolgate_select::metrics::Metrics::registered_in(metrics.registry.clone()),
+                poolgate_core::Clock::system(),
+            );
+            Arc::new(edge::EdgeSelection::start(
+                engine,
+                view,
+                Arc::new(remote),
+                settings,
+                edge::EdgeMetrics::registered_in(&metrics.registry),
+            ))
+        }
+        None => Arc::new(remote),
+    };
     let (channel, replicas) =
         balanced_channel_with_replicas(admission, client).map_err(RemoteConfigError::Admission)?;
     let leases = RemoteLeases::new(
@@ -98,5 +125,5 @@ pub fn remote_backends(
         &grpc_metrics,
         client.lease_channels,
     );
-    Ok((Arc::new(selection), Arc::new(leases)))
+    Ok((selection, Arc::new(leases)))
 }

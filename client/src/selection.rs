@@ -76,6 +76,13 @@ impl RemoteSelection {
     }
 }
 
+impl RemoteSelection {
+    /// The selector's client (the view stream opens on it).
+    pub(crate) fn client(&self) -> SelectorClient<Traced> {
+        self.client.clone()
+    }
+}
+
 fn success_report(account_id: i64, status: u16) -> spb::ReportOutcomeRequest {
     spb::ReportOutcomeRequest::from(&Outcome::new(account_id, OutcomeClass::Success, status))
 }

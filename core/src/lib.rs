@@ -20,6 +20,7 @@ pub mod price;
 pub mod select;
 pub mod status;
 pub mod upstream;
+pub mod view;
 pub mod windows;
 
 /// Upstream account ids are positive 64-bit integers.

@@ -113,6 +113,19 @@ pub struct Cli {
     /// lease (also what the relay falls back to when admission does not serve the channel).
     #[arg(long, env = "RELAY_LEASE_CHANNELS", default_value_t = crate::remote::DEFAULT_LEASE_CHANNELS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=64))]
     pub lease_channels: usize,
+    /// Select in the relay's process over the view the selector streams (docs/DESIGN.md §2,
+    /// "Selection at the edge"); `false`: ask the selector for every plan, as releases before
+    /// 0.2 did.
+    #[arg(long, env = "RELAY_EDGE_SELECTION", default_value_t = true, action = clap::ArgAction::Set)]
+    pub edge_selection: bool,
+    /// The groups this relay serves: its view holds only their accounts and client keys, and a
+    /// key of another group is unknown here. Empty: every group.
+    #[arg(long, env = "RELAY_GROUPS", value_delimiter = ',')]
+    pub groups: Vec<String>,
+    /// With every selector down, how long the relay keeps serving from its last view, seconds
+    /// (at least 60).
+    #[arg(long, env = "RELAY_VIEW_MAX_AGE_SECS", default_value_t = 600, value_parser = clap::value_parser!(u64).range(60..=86_400))]
+    pub view_max_age_secs: u64,
     /// Which secret flags came from the command line (set from the parse, not flags).
     #[arg(skip)]
     pub on_command_line: SecretsOnCommandLine,
@@ -302,6 +315,11 @@ fn remote_mode(cli: &Cli) -> Result<Mode, String> {
             service_token,
             lease_channels: cli.lease_channels,
         },
+        edge: cli.edge_selection.then(|| poolgate_client::edge::EdgeSelectionSettings {
+            groups: cli.groups.clone(),
+            max_age: Duration::from_secs(cli.view_max_age_secs),
+            ..Default::default()
+        }),
     })
 }
 

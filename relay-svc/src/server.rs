@@ -31,6 +31,9 @@ pub enum Mode {
         admission: Vec<String>,
         /// TLS and the service token toward the selector and admission.
         client: crate::remote::GrpcClient,
+        /// Select in this process over the selector's view (docs/DESIGN.md §2, "Selection at
+        /// the edge"); `None`: the selector plans every request.
+        edge: Option<poolgate_client::edge::EdgeSelectionSettings>,
     },
 }
 
@@ -79,8 +82,15 @@ pub fn assemble(config: &Config, metrics: Metrics) -> Result<Assembled, String> 
             selector,
             admission,
             client,
-        } => crate::remote::remote_backends(selector, admission, client, metrics.client.clone())
-            .map_err(|error| error.to_string())?,
+            edge,
+        } => crate::remote::remote_backends(
+            selector,
+            admission,
+            client,
+            metrics.client.clone(),
+            edge.clone().map(|edge| (edge, edge_engine_settings(&config.blocks))),
+        )
+        .map_err(|error| error.to_string())?,
     };
     let relay = Relay::new(selection, leases, config.relay.clone(), metrics)
         .map_err(|error| error.to_string())?;
@@ -89,6 +99,21 @@ pub fn assemble(config: &Config, metrics: Metrics) -> Result<Assembled, String> 
         None => relay,
     });
     Ok(Assembled { relay, standalone })
+}
+
+/// The selection engine's settings at the edge: the deployment's block settings, and a load
+/// cache short enough that the view's readings are planned with as they arrive (the view is in
+/// memory: a read costs a lock, not a round trip).
+fn edge_engine_settings(blocks: &RuntimeBlockSettings) -> SelectorSettings {
+    SelectorSettings {
+        blocks: blocks.clone(),
+        load_cache: poolgate_select::load_cache::LoadCacheSettings {
+            cache_ttl: Duration::from_millis(20),
+            stale_periods: 1,
+            ..Default::default()
+        },
+        ..SelectorSettings::default()
+    }
 }
 
 /// Serves until `shutdown`, then turns readiness off and lets in-flight requests finish (up to

@@ -461,6 +461,7 @@ async fn every_metric_the_dashboard_and_the_alerts_query_is_exported() {
             service_token: Some(common::SERVICE_TOKEN.into()),
             ..Default::default()
         },
+        edge: Some(Default::default()),
     })
     .await;
     let _ = rustls::crypto::ring::default_provider().install_default();

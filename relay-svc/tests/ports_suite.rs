@@ -145,6 +145,15 @@ async fn in_process(specs: &[Spec]) -> Ports {
 }
 
 async fn grpc(specs: &[Spec]) -> Ports {
+    grpc_with(specs, false).await
+}
+
+/// The gRPC stack with the relay selecting at the edge (`EdgeSelection`), once its view came.
+async fn edge(specs: &[Spec]) -> Ports {
+    grpc_with(specs, true).await
+}
+
+async fn grpc_with(specs: &[Spec], at_edge: bool) -> Ports {
     let backends = stack::backends().await.expect("postgres and redis start");
     let mut accounts = Vec::new();
     for spec in specs {
@@ -185,6 +194,7 @@ async fn grpc(specs: &[Spec]) -> Ports {
     let (admission, admission_addr) = stack::admission(&backends.redis.url(), admission_settings())
         .await
         .expect("admission starts");
+    let metrics = relay_svc::remote::metrics::Metrics::new();
     let (selection, leases) = remote_backends(
         &[format!("http://{selector_addr}")],
         &[format!("http://{admission_addr}")],
@@ -192,9 +202,28 @@ async fn grpc(specs: &[Spec]) -> Ports {
             service_token: Some(SERVICE_TOKEN.into()),
             ..Default::default()
         },
-        relay_svc::remote::metrics::Metrics::new(),
+        metrics.clone(),
+        at_edge.then(|| (Default::default(), SelectorSettings::default())),
     )
     .expect("the clients are configured");
+    if at_edge {
+        poolgate_testkit::eventually(Duration::from_secs(10), || async {
+            metrics
+                .registry
+                .gather()
+                .iter()
+                .any(|family| {
+                    family.name() == "relay_view_updates_total"
+                        && family
+                            .get_metric()
+                            .iter()
+                            .any(|m| m.get_counter().get_value() > 0.0)
+                })
+                .then_some(())
+        })
+        .await
+        .expect("the relay's view arrives");
+    }
     Ports {
         selection,
         leases,
@@ -798,3 +827,4 @@ macro_rules! ports_suite {
 
 ports_suite!(in_process);
 ports_suite!(grpc);
+ports_suite!(edge);

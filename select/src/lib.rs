@@ -14,6 +14,7 @@
 pub mod api;
 pub mod confirmations;
 pub mod crypto;
+pub mod edge;
 pub mod engine;
 pub mod health;
 pub mod load_cache;

@@ -59,6 +59,11 @@ impl Snapshot {
         self
     }
 
+    /// The groups that set something, with their settings.
+    pub fn group_settings_map(&self) -> &HashMap<String, GroupSettings> {
+        &self.settings
+    }
+
     /// A group's settings (the defaults for a group that set none).
     pub fn group_settings(&self, group: &str) -> GroupSettings {
         self.settings.get(group).cloned().unwrap_or_default()

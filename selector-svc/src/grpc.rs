@@ -18,6 +18,7 @@ pub use admin::{AdminAuth, AdminAuthService, AdminGrpc};
 
 use poolgate_select::engine::{
     KeyVerdict, MAX_MODEL_BYTES, MAX_USAGE_RECORDS, Reported, SelectQuery, Selector, SelectorError,
+    ViewFilter,
 };
 
 const MAX_EXCLUDED: usize = 256;
@@ -253,6 +254,40 @@ impl pb::selector_server::Selector for SelectorGrpc {
             .collect::<Result<Vec<()>, _>>()
             .map_err(status)?;
         Ok(Response::new(pb::RecordWindowsResponse { accepted }))
+    }
+
+    type WatchViewStream = tokio_stream::wrappers::ReceiverStream<Result<pb::ViewUpdate, Status>>;
+
+    async fn watch_view(
+        &self,
+        request: Request<pb::WatchViewRequest>,
+    ) -> Result<Response<Self::WatchViewStream>, Status> {
+        let period = self.selector.view_period();
+        let mut filter = ViewFilter::new(request.into_inner().groups, period).map_err(status)?;
+        let mut pool = self.selector.watch_pool();
+        let (sender, receiver) = tokio::sync::mpsc::channel(4);
+        tokio::spawn(async move {
+            loop {
+                let update = {
+                    let state = pool.borrow_and_update().clone();
+                    state.is_read().then(|| filter.update(&state))
+                };
+                if let Some(update) = update
+                    && sender.send(Ok(pb::ViewUpdate::from(&update))).await.is_err()
+                {
+                    // The relay went away.
+                    return;
+                }
+                // The next reading, or the period's heartbeat.
+                if let Ok(Err(_)) = tokio::time::timeout(period, pool.changed()).await {
+                    // The engine stopped.
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
+            receiver,
+        )))
     }
 
     async fn list_models(

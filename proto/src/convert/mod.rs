@@ -325,6 +325,7 @@ pub mod keys;
 mod lease;
 mod selection;
 mod status;
+mod view;
 #[cfg(test)]
 mod tests;
 mod windows;

@@ -61,6 +61,7 @@ impl Selector {
             .await
             .map_err(|e| SelectorError::Unavailable(e.to_string()))?;
         self.load_cache.invalidate();
+        self.view_changed();
         Ok(())
     }
 

@@ -24,7 +24,7 @@ const STICKY_TOUCH: Duration = Duration::from_secs(60);
 /// The key's digits end at the first `:`, so no two (key, id) pairs share a name. Bindings of
 /// the plain `<id>` form (before response bindings were scoped) are no longer read: they were
 /// dropped once on upgrade (docs/SECURITY.md).
-fn scoped_response(api_key_id: i64, response_id: &str) -> String {
+pub fn scoped_response(api_key_id: i64, response_id: &str) -> String {
     format!("k{api_key_id}:{response_id}")
 }
 

@@ -41,10 +41,11 @@ mod status;
 mod tasks;
 mod usage;
 mod usage_reads;
+mod view;
 mod windows;
 
 pub use admin::KeyVerdict;
-pub use bindings::binding_key;
+pub use bindings::{binding_key, scoped_response};
 pub use poolgate_core::plan::{Plan, PlannedAccount};
 pub(crate) use report::apply_broken;
 pub use report::{Applied, Reported};
@@ -53,6 +54,7 @@ pub use status::{GroupStatus, STATUS_GAUGES_EVERY};
 pub use tasks::BudgetRebuild;
 pub use usage::{MAX_MODEL_BYTES, MAX_USAGE_RECORDS};
 pub use usage_reads::UsageReadSettings;
+pub use view::{PoolState, ViewFilter};
 pub use windows::MAX_WINDOW_READINGS;
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -174,6 +176,10 @@ pub struct Selector {
     /// The background tasks `start_tasks` started (`tasks.rs`): the engine owns them, and
     /// stops them when it is dropped or `stop_tasks` is called.
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// The relays' view publisher, started by the first relay that watches (`view.rs`).
+    view_hub: std::sync::OnceLock<tokio::sync::watch::Receiver<Arc<view::PoolState>>>,
+    /// Wakes the publisher after a write a plan must see at once.
+    view_notify: Arc<tokio::sync::Notify>,
 }
 
 impl Selector {
@@ -221,6 +227,8 @@ impl Selector {
             status_groups: Mutex::new(HashSet::new()),
             metrics,
             tasks: Mutex::new(Vec::new()),
+            view_hub: std::sync::OnceLock::new(),
+            view_notify: Arc::new(tokio::sync::Notify::new()),
         }
     }
 

@@ -178,6 +178,10 @@ impl Selector {
             // Not served from a stale reading on this replica (load_cache.rs).
             self.load_cache.wrote(outcome.account_id);
         }
+        if applied.what != Effect::None {
+            // The relays selecting at the edge hear it now (`view.rs`).
+            self.view_changed();
+        }
         self.metrics
             .outcomes
             .with_label_values(&[class, applied.what.as_str()])

@@ -1,6 +1,6 @@
 //! The selection engine's background work, started in one place for both deployments and owned
 //! by the engine: the token refresh loop, the pool's status gauges, the usage-endpoint reads,
-//! and the budget rebuild (once at start for a store nothing can flush, or every period for
+//! the half-open breakers' checks, and the budget rebuild (once at start for a store nothing can flush, or every period for
 //! admission's Redis counters). The tasks hold the engine weakly; the engine aborts them when it
 //! is dropped (the last holder let it go) or at [`Selector::stop_tasks`] (shutdown).
 
@@ -10,6 +10,9 @@ use std::time::Duration;
 use super::{STATUS_GAUGES_EVERY, Selector};
 use crate::refresh::{TokenRefresher, refresh_loop};
 use crate::source::budgets::BudgetCounters;
+
+/// How often the half-open breakers' checks are started (`view.rs`).
+const HALF_OPEN_CHECKS_EVERY: Duration = Duration::from_secs(1);
 
 /// How the budget counters are rebuilt from the usage ledger.
 pub enum BudgetRebuild {
@@ -43,6 +46,10 @@ impl Selector {
                 STATUS_GAUGES_EVERY,
             )),
             tokio::spawn(Selector::read_usage_every(engine.clone())),
+            tokio::spawn(Selector::check_half_open_every(
+                engine.clone(),
+                HALF_OPEN_CHECKS_EVERY,
+            )),
         ];
         handles.push(match budgets {
             BudgetRebuild::Every(counters, period) => {

@@ -272,6 +272,7 @@ pub async fn relay_with_lease_channels(
                 lease_channels,
                 ..Default::default()
             },
+            edge: Some(Default::default()),
         },
         relay: settings,
         blocks: Default::default(),

@@ -1,0 +1,565 @@
+//! Selection at the edge (docs/DESIGN.md §2): the relay's own copy of the pool, as the selector
+//! streams it ([`EdgeView`]), and the selection engine built over it ([`edge_selector`]): the
+//! same engine and the same plans as the selector's, in the relay's process.
+//!
+//! The view is read-only where the selector owns the state: health, usage windows, the config.
+//! Its writes fail (the engine never makes them at the edge: outcomes, usage and refreshes go to
+//! the selector), and its confirmation lock is never taken, so a plan at the edge never starts a
+//! half-open check (the selector's timer does). Bindings are the exception: the relay keeps the
+//! ones it made or was told (written through the selector as well), so a session it has seen
+//! needs no selector call.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+
+use crate::engine::{Selector, SelectorParts, SelectorSettings};
+use crate::health::{
+    AccountHealth, Bindings, BlockInfo, Breaker, BreakerChange, HardBlock, Health, Locks,
+    StateError, Windows,
+};
+use crate::metrics::Metrics;
+use crate::snapshot::{Snapshot, SnapshotCell};
+use crate::source::{AccountSource, ModelUsage, StoreError, UsageInput, UsageTotals};
+use poolgate_core::account::{Account, AccountStatus, Secret};
+use poolgate_core::lease::{LeaseId, LeaseTerms};
+use poolgate_core::plan::Effect;
+use poolgate_core::view::{AccountState, ViewUpdate};
+use poolgate_core::windows::WindowReading;
+use poolgate_core::{AccountId, Clock, millis};
+use poolgate_runtime::ports::ProbeLeases;
+
+/// Bindings kept at most, each kind (past it the oldest half goes).
+const MAX_BINDINGS: usize = 200_000;
+
+/// An account's state as the relay holds it: the selector's reading and when it arrived.
+#[derive(Debug, Clone)]
+struct Held {
+    state: AccountState,
+    at: Instant,
+}
+
+impl Held {
+    /// The health now: remaining times less what passed since the reading arrived (an open
+    /// breaker whose time ran out is half-open: the selector's probe decides).
+    fn health(&self, now: Instant) -> Option<AccountHealth> {
+        let mut health = self.state.health?;
+        let passed = millis(now.saturating_duration_since(self.at));
+        health.hard_block_ms = health.hard_block_ms.saturating_sub(passed);
+        health.soft_block_ms = health.soft_block_ms.saturating_sub(passed);
+        if let Breaker::Open(ms) = health.breaker {
+            health.breaker = match ms.saturating_sub(passed) {
+                0 => Breaker::HalfOpen,
+                left => Breaker::Open(left),
+            };
+        }
+        Some(health)
+    }
+}
+
+/// A binding the relay holds, and when it learned it.
+#[derive(Debug, Clone, Copy)]
+struct Bound {
+    account: AccountId,
+    at: Instant,
+}
+
+/// What the relay knows of a binding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Known {
+    /// Learned within the trust time: plan at the edge with it.
+    Trusted(AccountId),
+    /// Learned longer ago (another relay may have moved it since): ask the selector, and use it
+    /// only when the selector cannot answer.
+    Stale(AccountId),
+    Unknown,
+}
+
+/// The relay's copy of the pool.
+pub struct EdgeView {
+    snapshot: Arc<SnapshotCell>,
+    states: RwLock<HashMap<AccountId, Held>>,
+    /// When the last update arrived; `None`: never (no view).
+    received: Mutex<Option<Instant>>,
+    /// The period the selector last said it sends at, ms.
+    period_ms: AtomicU64,
+    sessions: Mutex<HashMap<(String, String), Bound>>,
+    responses: Mutex<HashMap<String, Bound>>,
+}
+
+impl Default for EdgeView {
+    fn default() -> Self {
+        EdgeView::new()
+    }
+}
+
+impl EdgeView {
+    pub fn new() -> Self {
+        EdgeView {
+            snapshot: Arc::new(SnapshotCell::new(Snapshot::default())),
+            states: RwLock::new(HashMap::new()),
+            received: Mutex::new(None),
+            period_ms: AtomicU64::new(0),
+            sessions: Mutex::new(HashMap::new()),
+            responses: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Takes an update: a config replaces the snapshot whole (accounts gone from it lose their
+    /// state); states replace the accounts' own.
+    pub fn apply(&self, update: ViewUpdate) {
+        let now = Instant::now();
+        let mut states = self.states.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(config) = update.config {
+            let snapshot = Snapshot::new(
+                config.groups,
+                config.accounts,
+                config.keys.into_iter().collect(),
+                config.prices,
+            )
+            .with_group_settings(config.settings);
+            states.retain(|id, _| snapshot.account(*id).is_some());
+            let ticket = self.snapshot.ticket();
+            self.snapshot.set(ticket, snapshot);
+        }
+        for state in update.states {
+            states.insert(state.account_id, Held { state, at: now });
+        }
+        drop(states);
+        self.period_ms.store(update.period_ms, Ordering::Relaxed);
+        *self.received.lock().unwrap_or_else(|p| p.into_inner()) = Some(now);
+    }
+
+    /// How long ago the last update arrived; `None`: no view yet.
+    pub fn age(&self) -> Option<Duration> {
+        self.received
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .map(|at| at.elapsed())
+    }
+
+    /// The period the selector sends at (0: no view yet).
+    pub fn period(&self) -> Duration {
+        Duration::from_millis(self.period_ms.load(Ordering::Relaxed))
+    }
+
+    /// The config the relay selects from.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.snapshot.get()
+    }
+
+    /// A session binding (`session` scoped to its key, `binding_key`), trusted for `trust`.
+    pub fn session(&self, group: &str, session: &str, trust: Duration) -> Known {
+        let sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        known(
+            sessions.get(&(group.to_owned(), session.to_owned())),
+            trust,
+        )
+    }
+
+    /// A response binding (scoped to its key, `scoped_response`). A response is bound once:
+    /// whatever the relay holds stays true.
+    pub fn response(&self, scoped: &str) -> Option<AccountId> {
+        let responses = self.responses.lock().unwrap_or_else(|p| p.into_inner());
+        responses.get(scoped).map(|bound| bound.account)
+    }
+
+    /// Holds a session binding the selector answered (a remote plan's sticky account).
+    pub fn learn_session(&self, group: &str, session: &str, account: AccountId) {
+        let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        hold(
+            &mut sessions,
+            (group.to_owned(), session.to_owned()),
+            account,
+        );
+    }
+
+    /// Holds a response binding the selector answered.
+    pub fn learn_response(&self, scoped: &str, account: AccountId) {
+        let mut responses = self.responses.lock().unwrap_or_else(|p| p.into_inner());
+        hold(&mut responses, scoped.to_owned(), account);
+    }
+
+    /// Merges readings the relay's own answers reported (the selector's next update confirms
+    /// them), so they count before the round trip.
+    pub fn note_windows(&self, account_id: AccountId, readings: &[WindowReading]) {
+        let mut states = self.states.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(held) = states.get_mut(&account_id) {
+            poolgate_core::windows::merge_readings(&mut held.state.windows, readings);
+        }
+    }
+
+    /// Takes what the selector answered it applied to an outcome this relay reported, so the
+    /// relay's next plan sees it before the next update brings it: a block, an open breaker, a
+    /// confirmation (a hard block that may lift at any moment), a closed breaker. The selector's
+    /// answer, not the relay's guess; the next update replaces it either way.
+    pub fn note_applied(&self, account_id: AccountId, what: Effect, block_ms: u64) {
+        let mut states = self.states.write().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        let held = states.entry(account_id).or_insert_with(|| Held {
+            state: AccountState {
+                account_id,
+                health: None,
+                confirming: false,
+                windows: Vec::new(),
+            },
+            at: now,
+        });
+        let mut health = held.health(now).unwrap_or(UNKNOWN);
+        match what {
+            Effect::SoftBlock => health.soft_block_ms = health.soft_block_ms.max(block_ms),
+            Effect::HardBlock | Effect::Error => {
+                health.hard_block_ms = health.hard_block_ms.max(block_ms)
+            }
+            Effect::Confirming => {
+                health.hard_block_ms = health.hard_block_ms.max(block_ms.max(1));
+                held.state.confirming = true;
+            }
+            Effect::BreakerOpen => health.breaker = Breaker::Open(block_ms.max(1)),
+            Effect::BreakerClosed => {
+                health.breaker = Breaker::Closed;
+                health.failures = 0;
+            }
+            Effect::None | Effect::Refreshed => return,
+        }
+        held.state.health = Some(health);
+        held.at = now;
+    }
+
+    fn held(&self, id: AccountId) -> Option<Held> {
+        self.states
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+            .cloned()
+    }
+}
+
+fn known(bound: Option<&Bound>, trust: Duration) -> Known {
+    match bound {
+        Some(bound) if bound.at.elapsed() < trust => Known::Trusted(bound.account),
+        Some(bound) => Known::Stale(bound.account),
+        None => Known::Unknown,
+    }
+}
+
+fn hold<K: std::hash::Hash + Eq>(map: &mut HashMap<K, Bound>, key: K, account: AccountId) {
+    if map.len() >= MAX_BINDINGS {
+        let mut ages: Vec<Instant> = map.values().map(|bound| bound.at).collect();
+        ages.sort_unstable();
+        let cut = ages[ages.len() / 2];
+        map.retain(|_, bound| bound.at > cut);
+    }
+    map.insert(
+        key,
+        Bound {
+            account,
+            at: Instant::now(),
+        },
+    );
+}
+
+/// The engine over a view: plans, key checks and model lists from the relay's copy, with the
+/// relay's clock and metrics. Its background tasks are never started (the selector runs them).
+pub fn edge_selector(
+    view: Arc<EdgeView>,
+    settings: SelectorSettings,
+    metrics: Metrics,
+    clock: Clock,
+) -> Selector {
+    Selector::new(SelectorParts {
+        snapshot: view.snapshot.clone(),
+        source: Arc::new(ReadOnly),
+        health: Arc::new(ViewHealth(view)),
+        leases: Arc::new(ReadOnly),
+        settings,
+        metrics,
+        clock,
+    })
+}
+
+/// Why a write at the edge fails.
+const READ_ONLY: &str = "the relay's view is read-only: the selector owns this write";
+
+fn read_only() -> StateError {
+    StateError::Failed(READ_ONLY.into())
+}
+
+/// The engine's health store at the edge: the view's readings and the relay's bindings.
+struct ViewHealth(Arc<EdgeView>);
+
+#[async_trait]
+impl Health for ViewHealth {
+    async fn now(&self) -> Result<i64, StateError> {
+        Ok(poolgate_core::now_ms())
+    }
+
+    async fn read_batch(&self, ids: &[AccountId]) -> Result<Vec<AccountHealth>, StateError> {
+        let now = Instant::now();
+        let states = self.0.states.read().unwrap_or_else(|p| p.into_inner());
+        Ok(ids
+            .iter()
+            .map(|id| {
+                states
+                    .get(id)
+                    .and_then(|held| held.health(now))
+                    .unwrap_or(UNKNOWN)
+            })
+            .collect())
+    }
+
+    async fn read_one(&self, id: AccountId) -> Result<AccountHealth, StateError> {
+        Ok(self
+            .0
+            .held(id)
+            .and_then(|held| held.health(Instant::now()))
+            .unwrap_or(UNKNOWN))
+    }
+
+    async fn hard_block(
+        &self,
+        _: AccountId,
+        _: u64,
+        _: &str,
+        _: u16,
+        _: &str,
+    ) -> Result<u64, StateError> {
+        Err(read_only())
+    }
+
+    async fn soft_block(
+        &self,
+        _: AccountId,
+        _: u64,
+        _: &str,
+        _: u16,
+        _: &str,
+    ) -> Result<u64, StateError> {
+        Err(read_only())
+    }
+
+    async fn breaker_failure(
+        &self,
+        _: AccountId,
+        _: u32,
+        _: u64,
+        _: u64,
+    ) -> Result<BreakerChange, StateError> {
+        Err(read_only())
+    }
+
+    async fn breaker_success(&self, _: AccountId) -> Result<bool, StateError> {
+        Err(read_only())
+    }
+
+    async fn count_unauthorized(&self, _: AccountId, _: u64) -> Result<u32, StateError> {
+        Err(read_only())
+    }
+
+    async fn clear(&self, _: AccountId) -> Result<(), StateError> {
+        Err(read_only())
+    }
+
+    async fn list_blocks(&self, _: &[AccountId]) -> Result<Vec<BlockInfo>, StateError> {
+        Err(read_only())
+    }
+
+    async fn hard_blocks(&self, ids: &[AccountId]) -> Result<Vec<HardBlock>, StateError> {
+        let now = Instant::now();
+        let states = self.0.states.read().unwrap_or_else(|p| p.into_inner());
+        Ok(ids
+            .iter()
+            .map(|id| match states.get(id) {
+                Some(held) if held.health(now).is_some_and(|h| h.hard_block_ms > 0) => {
+                    if held.state.confirming {
+                        HardBlock::Confirming
+                    } else {
+                        HardBlock::Other
+                    }
+                }
+                _ => HardBlock::None,
+            })
+            .collect())
+    }
+
+    async fn block_confirming(
+        &self,
+        _: AccountId,
+        _: u64,
+        _: &str,
+        _: u16,
+        _: &str,
+    ) -> Result<String, StateError> {
+        Err(read_only())
+    }
+
+    async fn unblock_confirming(&self, _: AccountId, _: &str) -> Result<(), StateError> {
+        Err(read_only())
+    }
+}
+
+/// An account the view has no reading of: plannable, with no load known (as a selector plans
+/// an account whose health it cannot read).
+const UNKNOWN: AccountHealth = AccountHealth {
+    inflight: None,
+    ..AccountHealth::HEALTHY
+};
+
+#[async_trait]
+impl Windows for ViewHealth {
+    async fn store_windows(&self, id: AccountId, readings: &[WindowReading]) -> Result<(), StateError> {
+        self.0.note_windows(id, readings);
+        Ok(())
+    }
+
+    async fn read_windows(&self, ids: &[AccountId]) -> Result<Vec<Vec<WindowReading>>, StateError> {
+        let states = self.0.states.read().unwrap_or_else(|p| p.into_inner());
+        Ok(ids
+            .iter()
+            .map(|id| {
+                states
+                    .get(id)
+                    .map(|held| held.state.windows.clone())
+                    .unwrap_or_default()
+            })
+            .collect())
+    }
+}
+
+#[async_trait]
+impl Bindings for ViewHealth {
+    async fn sticky_get(&self, group: &str, session: &str) -> Result<Option<AccountId>, StateError> {
+        let sessions = self.0.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(sessions
+            .get(&(group.to_owned(), session.to_owned()))
+            .map(|bound| bound.account))
+    }
+
+    async fn sticky_set(
+        &self,
+        group: &str,
+        session: &str,
+        id: AccountId,
+        _ttl_ms: u64,
+    ) -> Result<Option<AccountId>, StateError> {
+        let mut sessions = self.0.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        let before = sessions
+            .get(&(group.to_owned(), session.to_owned()))
+            .map(|bound| bound.account);
+        hold(&mut sessions, (group.to_owned(), session.to_owned()), id);
+        Ok(before)
+    }
+
+    async fn sticky_touch(&self, _: &str, _: &str, _: u64) -> Result<(), StateError> {
+        // The selector keeps the binding alive: the relay writes it through on success.
+        Ok(())
+    }
+
+    async fn sticky_drop(&self, group: &str, session: &str) -> Result<bool, StateError> {
+        let mut sessions = self.0.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(sessions
+            .remove(&(group.to_owned(), session.to_owned()))
+            .is_some())
+    }
+
+    async fn response_get(&self, response_id: &str) -> Result<Option<AccountId>, StateError> {
+        Ok(self.0.response(response_id))
+    }
+
+    async fn response_set(&self, response_id: &str, id: AccountId, _: u64) -> Result<(), StateError> {
+        self.0.learn_response(response_id, id);
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Locks for ViewHealth {
+    async fn lock_confirm(&self, _: AccountId, _: &str, _: u64) -> Result<bool, StateError> {
+        // Never taken at the edge: the selector's timer starts half-open checks.
+        Ok(false)
+    }
+
+    async fn unlock_confirm(&self, _: AccountId, _: &str) -> Result<(), StateError> {
+        Ok(())
+    }
+
+    async fn linger_confirm(&self, _: AccountId, _: &str, _: u64) -> Result<(), StateError> {
+        Ok(())
+    }
+
+    async fn confirm_state(&self, _: AccountId) -> Result<Option<String>, StateError> {
+        Ok(None)
+    }
+
+    async fn swap_confirm(&self, _: AccountId, _: &str, _: &str, _: u64) -> Result<bool, StateError> {
+        Ok(false)
+    }
+
+    async fn lock_refresh(&self, _: AccountId, _: &str, _: u64) -> Result<bool, StateError> {
+        Ok(false)
+    }
+
+    async fn unlock_refresh(&self, _: AccountId, _: &str) -> Result<(), StateError> {
+        Ok(())
+    }
+
+    async fn lock_usage_read(&self, _: AccountId, _: &str, _: u64) -> Result<bool, StateError> {
+        Ok(false)
+    }
+}
+
+/// The engine's config source and probe leases at the edge: the view is the config, and every
+/// write or probe is the selector's.
+struct ReadOnly;
+
+#[async_trait]
+impl AccountSource for ReadOnly {
+    async fn load_snapshot(&self) -> Result<Snapshot, StoreError> {
+        Err(StoreError::Unavailable(READ_ONLY.into()))
+    }
+
+    async fn load_account(&self, id: AccountId) -> Result<Account, StoreError> {
+        Err(StoreError::NotFound(format!("account {id} (at the edge)")))
+    }
+
+    async fn set_status(&self, _: AccountId, _: AccountStatus, _: &str) -> Result<(), StoreError> {
+        Err(StoreError::Unavailable(READ_ONLY.into()))
+    }
+
+    async fn store_tokens(
+        &self,
+        _: AccountId,
+        _: &Secret,
+        _: &Secret,
+        _: i64,
+    ) -> Result<(), StoreError> {
+        Err(StoreError::Unavailable(READ_ONLY.into()))
+    }
+
+    async fn insert_usage(&self, _: &[UsageInput]) -> Result<u64, StoreError> {
+        Err(StoreError::Unavailable(READ_ONLY.into()))
+    }
+
+    async fn read_usage(&self, _: i64, _: i64, _: i64) -> Result<UsageTotals, StoreError> {
+        Err(StoreError::Unavailable(READ_ONLY.into()))
+    }
+
+    async fn read_model_usage(&self, _: i64, _: i64, _: i64) -> Result<Vec<ModelUsage>, StoreError> {
+        Err(StoreError::Unavailable(READ_ONLY.into()))
+    }
+}
+
+#[async_trait]
+impl ProbeLeases for ReadOnly {
+    async fn acquire_probe(&self, _: &LeaseTerms, _: Duration) -> Result<Option<LeaseId>, StateError> {
+        Err(read_only())
+    }
+
+    async fn release_probe(&self, _: &LeaseId, _: &LeaseTerms) {}
+}
+
+#[cfg(test)]
+mod tests;
