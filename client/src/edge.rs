@@ -174,8 +174,7 @@ impl EdgeSelection {
 
     /// The selector's plan, within the write deadline (a plan asked for a binding).
     async fn remote_plan(&self, request: &PlanRequest) -> Result<Plan, ApiError> {
-        match tokio::time::timeout(self.settings.write_deadline, self.remote.plan(request)).await
-        {
+        match tokio::time::timeout(self.settings.write_deadline, self.remote.plan(request)).await {
             Ok(answer) => answer,
             Err(_) => Err(ApiError::NoAnswer("the selector did not answer in time")),
         }
@@ -216,12 +215,18 @@ impl SelectionApi for EdgeSelection {
     async fn plan(&self, request: &PlanRequest) -> Result<Plan, ApiError> {
         if !self.usable() {
             self.count("no_view");
-            return self.remote.plan(request).await.map_err(|error| match error {
-                ApiError::Unavailable(why) | ApiError::Unreadable(why) => ApiError::Unavailable(
-                    format!("no current view of the pool, and the selector: {why}"),
-                ),
-                other => other,
-            });
+            return self
+                .remote
+                .plan(request)
+                .await
+                .map_err(|error| match error {
+                    ApiError::Unavailable(why) | ApiError::Unreadable(why) => {
+                        ApiError::Unavailable(format!(
+                            "no current view of the pool, and the selector: {why}"
+                        ))
+                    }
+                    other => other,
+                });
         }
         if let Some(previous) = &request.previous_response_id {
             let scoped = scoped_response(request.api_key_id, previous);
@@ -396,7 +401,9 @@ pub async fn follow_view(
             }
             Err(status) if status.code() == tonic::Code::Unimplemented => {
                 metrics.streams.with_label_values(&["unimplemented"]).inc();
-                tracing::info!("the selector does not stream views (an older release): plans go through it");
+                tracing::info!(
+                    "the selector does not stream views (an older release): plans go through it"
+                );
                 tokio::time::sleep(UNIMPLEMENTED_RETRY).await;
                 continue;
             }

@@ -84,7 +84,10 @@ pub fn remote_backends(
     admission: &[String],
     client: &GrpcClient,
     metrics: Metrics,
-    edge: Option<(edge::EdgeSelectionSettings, poolgate_select::engine::SelectorSettings)>,
+    edge: Option<(
+        edge::EdgeSelectionSettings,
+        poolgate_select::engine::SelectorSettings,
+    )>,
 ) -> Result<Backends, RemoteConfigError> {
     let grpc_metrics = poolgate_rpc::grpc_metrics::GrpcMetrics::client(&metrics.registry);
     let token = client.service_token.as_deref();

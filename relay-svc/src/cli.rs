@@ -315,11 +315,13 @@ fn remote_mode(cli: &Cli) -> Result<Mode, String> {
             service_token,
             lease_channels: cli.lease_channels,
         },
-        edge: cli.edge_selection.then(|| poolgate_client::edge::EdgeSelectionSettings {
-            groups: cli.groups.clone(),
-            max_age: Duration::from_secs(cli.view_max_age_secs),
-            ..Default::default()
-        }),
+        edge: cli
+            .edge_selection
+            .then(|| poolgate_client::edge::EdgeSelectionSettings {
+                groups: cli.groups.clone(),
+                max_age: Duration::from_secs(cli.view_max_age_secs),
+                ..Default::default()
+            }),
     })
 }
 

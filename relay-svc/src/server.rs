@@ -88,7 +88,8 @@ pub fn assemble(config: &Config, metrics: Metrics) -> Result<Assembled, String> 
             admission,
             client,
             metrics.client.clone(),
-            edge.clone().map(|edge| (edge, edge_engine_settings(&config.blocks))),
+            edge.clone()
+                .map(|edge| (edge, edge_engine_settings(&config.blocks))),
         )
         .map_err(|error| error.to_string())?,
     };

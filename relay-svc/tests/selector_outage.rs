@@ -107,8 +107,8 @@ async fn request(http: &reqwest::Client, port: u16, key: &str) -> Result<(), (u1
         .map_err(|error| (0, error.to_string()))?;
     let status = response.status().as_u16();
     let text = response.text().await.unwrap_or_default();
-    let served = status == 200
-        && serde_json::from_str::<Value>(&text).is_ok_and(|v| v["type"] == "message");
+    let served =
+        status == 200 && serde_json::from_str::<Value>(&text).is_ok_and(|v| v["type"] == "message");
     if served { Ok(()) } else { Err((status, text)) }
 }
 
@@ -187,7 +187,11 @@ async fn relays_keep_serving_from_their_view_while_every_selector_is_down() {
     let failures = Arc::new(std::sync::Mutex::new(Vec::new()));
     let clients: Vec<_> = (0..CLIENTS)
         .map(|c| {
-            let (http, key, port) = (cluster.http.clone(), cluster.key.clone(), relays[c % RELAYS].0);
+            let (http, key, port) = (
+                cluster.http.clone(),
+                cluster.key.clone(),
+                relays[c % RELAYS].0,
+            );
             let (stop, served, failures) = (stop.clone(), served.clone(), failures.clone());
             tokio::spawn(async move {
                 while !stop.load(Ordering::SeqCst) {
@@ -247,7 +251,10 @@ async fn relays_keep_serving_from_their_view_while_every_selector_is_down() {
     cluster.start_selector(0);
     for (_, metrics) in &relays {
         eventually(Duration::from_secs(20), || async {
-            (cluster.metric(*metrics, "relay_view_streams_total{event=\"opened\"}").await >= 2.0)
+            (cluster
+                .metric(*metrics, "relay_view_streams_total{event=\"opened\"}")
+                .await
+                >= 2.0)
                 .then_some(())
         })
         .await

@@ -154,10 +154,7 @@ impl EdgeView {
     /// A session binding (`session` scoped to its key, `binding_key`), trusted for `trust`.
     pub fn session(&self, group: &str, session: &str, trust: Duration) -> Known {
         let sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
-        known(
-            sessions.get(&(group.to_owned(), session.to_owned())),
-            trust,
-        )
+        known(sessions.get(&(group.to_owned(), session.to_owned())), trust)
     }
 
     /// A response binding (scoped to its key, `scoped_response`). A response is bound once:
@@ -410,7 +407,11 @@ const UNKNOWN: AccountHealth = AccountHealth {
 
 #[async_trait]
 impl Windows for ViewHealth {
-    async fn store_windows(&self, id: AccountId, readings: &[WindowReading]) -> Result<(), StateError> {
+    async fn store_windows(
+        &self,
+        id: AccountId,
+        readings: &[WindowReading],
+    ) -> Result<(), StateError> {
         self.0.note_windows(id, readings);
         Ok(())
     }
@@ -431,7 +432,11 @@ impl Windows for ViewHealth {
 
 #[async_trait]
 impl Bindings for ViewHealth {
-    async fn sticky_get(&self, group: &str, session: &str) -> Result<Option<AccountId>, StateError> {
+    async fn sticky_get(
+        &self,
+        group: &str,
+        session: &str,
+    ) -> Result<Option<AccountId>, StateError> {
         let sessions = self.0.sessions.lock().unwrap_or_else(|p| p.into_inner());
         Ok(sessions
             .get(&(group.to_owned(), session.to_owned()))
@@ -469,7 +474,12 @@ impl Bindings for ViewHealth {
         Ok(self.0.response(response_id))
     }
 
-    async fn response_set(&self, response_id: &str, id: AccountId, _: u64) -> Result<(), StateError> {
+    async fn response_set(
+        &self,
+        response_id: &str,
+        id: AccountId,
+        _: u64,
+    ) -> Result<(), StateError> {
         self.0.learn_response(response_id, id);
         Ok(())
     }
@@ -494,7 +504,13 @@ impl Locks for ViewHealth {
         Ok(None)
     }
 
-    async fn swap_confirm(&self, _: AccountId, _: &str, _: &str, _: u64) -> Result<bool, StateError> {
+    async fn swap_confirm(
+        &self,
+        _: AccountId,
+        _: &str,
+        _: &str,
+        _: u64,
+    ) -> Result<bool, StateError> {
         Ok(false)
     }
 
@@ -547,14 +563,23 @@ impl AccountSource for ReadOnly {
         Err(StoreError::Unavailable(READ_ONLY.into()))
     }
 
-    async fn read_model_usage(&self, _: i64, _: i64, _: i64) -> Result<Vec<ModelUsage>, StoreError> {
+    async fn read_model_usage(
+        &self,
+        _: i64,
+        _: i64,
+        _: i64,
+    ) -> Result<Vec<ModelUsage>, StoreError> {
         Err(StoreError::Unavailable(READ_ONLY.into()))
     }
 }
 
 #[async_trait]
 impl ProbeLeases for ReadOnly {
-    async fn acquire_probe(&self, _: &LeaseTerms, _: Duration) -> Result<Option<LeaseId>, StateError> {
+    async fn acquire_probe(
+        &self,
+        _: &LeaseTerms,
+        _: Duration,
+    ) -> Result<Option<LeaseId>, StateError> {
         Err(read_only())
     }
 

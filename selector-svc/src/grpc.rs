@@ -273,7 +273,10 @@ impl pb::selector_server::Selector for SelectorGrpc {
                     state.is_read().then(|| filter.update(&state))
                 };
                 if let Some(update) = update
-                    && sender.send(Ok(pb::ViewUpdate::from(&update))).await.is_err()
+                    && sender
+                        .send(Ok(pb::ViewUpdate::from(&update)))
+                        .await
+                        .is_err()
                 {
                     // The relay went away.
                     return;

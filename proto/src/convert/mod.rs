@@ -325,9 +325,9 @@ pub mod keys;
 mod lease;
 mod selection;
 mod status;
-mod view;
 #[cfg(test)]
 mod tests;
+mod view;
 mod windows;
 
 pub use lease::{

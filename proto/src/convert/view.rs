@@ -18,7 +18,11 @@ impl From<&ViewUpdate> for spb::ViewUpdate {
     fn from(update: &ViewUpdate) -> Self {
         spb::ViewUpdate {
             config: update.config.as_ref().map(spb::ViewConfig::from),
-            states: update.states.iter().map(spb::ViewAccountState::from).collect(),
+            states: update
+                .states
+                .iter()
+                .map(spb::ViewAccountState::from)
+                .collect(),
             period_ms: update.period_ms,
         }
     }
@@ -187,11 +191,7 @@ fn view_account(view: spb::AccountView, credential: String) -> Result<Account, C
 
 impl From<&AccountState> for spb::ViewAccountState {
     fn from(state: &AccountState) -> Self {
-        let windows = state
-            .windows
-            .iter()
-            .map(spb::WindowReading::from)
-            .collect();
+        let windows = state.windows.iter().map(spb::WindowReading::from).collect();
         let Some(health) = state.health else {
             return spb::ViewAccountState {
                 account_id: state.account_id,

@@ -152,7 +152,11 @@ fn bindings_are_trusted_for_the_trust_time_then_stale() {
     assert_eq!(view.session("g", "k1:s", trust), Known::Unknown);
     view.learn_session("g", "k1:s", 7);
     assert_eq!(view.session("g", "k1:s", trust), Known::Trusted(7));
-    assert_eq!(view.session("h", "k1:s", trust), Known::Unknown, "per group");
+    assert_eq!(
+        view.session("h", "k1:s", trust),
+        Known::Unknown,
+        "per group"
+    );
     std::thread::sleep(Duration::from_millis(60));
     assert_eq!(view.session("g", "k1:s", trust), Known::Stale(7));
     view.learn_response("k1:resp_1", 9);

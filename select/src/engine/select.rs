@@ -369,7 +369,10 @@ impl Selector {
     /// Checks a half-open breaker with the probe, in the background, under the account's
     /// confirmation lock (so one check runs cluster-wide): closes the breaker unless the
     /// upstream itself failed, in which case it reopens for twice as long.
-    pub(super) async fn start_half_open_check(&self, account: Arc<Account>) -> Result<(), StateError> {
+    pub(super) async fn start_half_open_check(
+        &self,
+        account: Arc<Account>,
+    ) -> Result<(), StateError> {
         let owner = running_owner();
         let lock_ms = millis(self.settings.probe.block);
         if !self

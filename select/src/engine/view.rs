@@ -275,8 +275,7 @@ impl ViewFilter {
                 .is_some_and(|(sent, at)| same_state(sent, *at, state, pool.read_at));
             if !unchanged {
                 states.push(state.clone());
-                self.sent
-                    .insert(account.id, (state.clone(), pool.read_at));
+                self.sent.insert(account.id, (state.clone(), pool.read_at));
             }
         }
         self.sent.retain(|id, _| served.contains(id));

@@ -17,7 +17,12 @@ fn account(id: i64, group: &str) -> Account {
         id,
         name: format!("a{id}"),
         group: group.into(),
-        ..test_account(Platform::Anthropic, CredentialKind::ApiKey, "sk-x", "http://u")
+        ..test_account(
+            Platform::Anthropic,
+            CredentialKind::ApiKey,
+            "sk-x",
+            "http://u",
+        )
     }
 }
 
@@ -84,7 +89,11 @@ fn a_relay_gets_its_groups_config_then_only_what_changed() {
 
     let first = filter.update(&pool(&snap, vec![healthy(1), healthy(2), healthy(3)], at));
     let config = first.config.expect("the first update holds the config");
-    assert_eq!(config.groups, vec!["g".to_owned()], "only the groups asked for");
+    assert_eq!(
+        config.groups,
+        vec!["g".to_owned()],
+        "only the groups asked for"
+    );
     let ids: Vec<i64> = config.accounts.iter().map(|a| a.id).collect();
     assert_eq!(ids, vec![1, 3], "the group's active accounts only");
     assert!(
@@ -107,7 +116,10 @@ fn a_relay_gets_its_groups_config_then_only_what_changed() {
         vec![healthy(1), healthy(2), healthy(3)],
         at + Duration::from_millis(200),
     ));
-    assert!(again.config.is_none() && again.states.is_empty(), "{again:?}");
+    assert!(
+        again.config.is_none() && again.states.is_empty(),
+        "{again:?}"
+    );
 
     // A block on account 3, and a change in another group's account: only account 3.
     let mut blocked = healthy(3);
@@ -121,7 +133,11 @@ fn a_relay_gets_its_groups_config_then_only_what_changed() {
         ..AccountHealth::HEALTHY
     });
     let later = at + Duration::from_millis(400);
-    let changed = filter.update(&pool(&snap, vec![healthy(1), other, blocked.clone()], later));
+    let changed = filter.update(&pool(
+        &snap,
+        vec![healthy(1), other, blocked.clone()],
+        later,
+    ));
     assert!(changed.config.is_none(), "{changed:?}");
     assert_eq!(changed.states, vec![blocked.clone()]);
 
@@ -166,7 +182,11 @@ fn an_open_breaker_and_a_confirmation_are_changes() {
     });
     assert_eq!(
         filter
-            .update(&pool(&snap, vec![open.clone()], at + Duration::from_millis(200)))
+            .update(&pool(
+                &snap,
+                vec![open.clone()],
+                at + Duration::from_millis(200)
+            ))
             .states,
         vec![open]
     );
@@ -174,7 +194,11 @@ fn an_open_breaker_and_a_confirmation_are_changes() {
     confirming.confirming = true;
     assert_eq!(
         filter
-            .update(&pool(&snap, vec![confirming.clone()], at + Duration::from_millis(400)))
+            .update(&pool(
+                &snap,
+                vec![confirming.clone()],
+                at + Duration::from_millis(400)
+            ))
             .states,
         vec![confirming]
     );
