@@ -122,6 +122,9 @@ pub struct EdgeSelection {
     settings: EdgeSelectionSettings,
     metrics: EdgeMetrics,
     follower: tokio::task::JoinHandle<()>,
+    /// Session bindings being written through at once, at most (past it one is dropped and
+    /// counted: the relay holds it, the selector learns it at the session's next write).
+    binding_writes: Arc<tokio::sync::Semaphore>,
 }
 
 impl Drop for EdgeSelection {
@@ -153,6 +156,7 @@ impl EdgeSelection {
             settings,
             metrics,
             follower,
+            binding_writes: Arc::new(tokio::sync::Semaphore::new(MAX_BINDING_WRITES)),
         }
     }
 
@@ -241,7 +245,11 @@ impl SelectionApi for EdgeSelection {
                 }
                 return Ok(plan);
             }
-        } else if let Some(session) = &request.session_hash {
+        } else if let Some(session) = request
+            .session_hash
+            .as_ref()
+            .filter(|_| !request.opens_conversation)
+        {
             let key = binding_key(request.api_key_id, session);
             if !matches!(
                 self.view
@@ -294,12 +302,33 @@ impl SelectionApi for EdgeSelection {
             // Held here and written through within the touch period: the selector has it.
             return Ok(());
         }
-        self.write(
-            "session",
-            self.remote
-                .bind_session(api_key_id, group, session, account_id),
-        )
-        .await
+        // Written through off the request's path: the relay holds the binding already, and the
+        // selector's copy is for the other relays and the next minute.
+        let Ok(permit) = self.binding_writes.clone().try_acquire_owned() else {
+            self.metrics
+                .writes_dropped
+                .with_label_values(&["session"])
+                .inc();
+            return Ok(());
+        };
+        let (remote, metrics, deadline) = (
+            self.remote.clone(),
+            self.metrics.clone(),
+            self.settings.write_deadline,
+        );
+        let (group, session) = (group.to_owned(), session.to_owned());
+        tokio::spawn(async move {
+            let written = tokio::time::timeout(
+                deadline,
+                remote.bind_session(api_key_id, &group, &session, account_id),
+            )
+            .await;
+            if !matches!(written, Ok(Ok(()))) {
+                metrics.writes_dropped.with_label_values(&["session"]).inc();
+            }
+            drop(permit);
+        });
+        Ok(())
     }
 
     async fn bind_response(
@@ -339,6 +368,9 @@ impl SelectionApi for EdgeSelection {
         }
     }
 }
+
+/// Session bindings written through at once, at most.
+const MAX_BINDING_WRITES: usize = 256;
 
 /// Longest back-off between two attempts to open the stream.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);

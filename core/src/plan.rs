@@ -47,6 +47,10 @@ pub struct PlanRequest {
     pub previous_response_id: Option<String>,
     /// Accounts already tried.
     pub exclude: Vec<AccountId>,
+    /// The request opens its conversation: its session is derived from its first turn (the
+    /// client named none) and it has no later turn, so nothing is bound to it yet. A relay
+    /// selecting at the edge asks the selector about no such session.
+    pub opens_conversation: bool,
 }
 
 /// The accounts that may serve a request, in the order to try them.

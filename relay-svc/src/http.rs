@@ -15,7 +15,7 @@ use poolgate_core::keys::Endpoint;
 use crate::client_api::{Api, ErrorKind, RelayError};
 use crate::edge::{BodyError, BufferBudget, read_body};
 use crate::proxy::{Answer, BodyJsonError, Inbound, Relay, TopLevel, key_view};
-use crate::session::session_hash;
+use crate::session::{opens_conversation, session_hash};
 
 mod respond;
 
@@ -460,11 +460,13 @@ async fn handle_inner(front: Front, route: Route, headers: HeaderMap, body: Axum
     let previous_response_id = top
         .str("previous_response_id")
         .filter(|id| !id.is_empty() && id.len() <= 128);
+    let basis = top.session_basis();
     let inbound = Inbound {
         api,
         path,
         query,
-        session_hash: session_hash(api, &headers, &top.session_basis()),
+        session_hash: session_hash(api, &headers, &basis),
+        opens_conversation: opens_conversation(api, &headers, &basis),
         headers,
         body,
         top,

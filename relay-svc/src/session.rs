@@ -31,8 +31,21 @@ fn header(headers: &HeaderMap, name: &str) -> Option<String> {
         .and_then(bounded)
 }
 
+/// Whether a request opens its conversation: no session named by the client (the hash is
+/// derived from the first turn) and no turn past the first in the body (`body` is the session
+/// basis, `TopLevel::session_basis`). Nothing can be bound to such a session yet, so a relay
+/// selecting at the edge does not ask the selector about it (docs/DESIGN.md §2).
+pub fn opens_conversation(api: Api, headers: &HeaderMap, body: &Value) -> bool {
+    declared(api, headers, body).is_none() && body.get(crate::proxy::body::LATER_TURNS).is_none()
+}
+
 /// Derives the session hash; `None` only when the body has nothing to hash.
 pub fn session_hash(api: Api, headers: &HeaderMap, body: &Value) -> Option<String> {
+    declared(api, headers, body).or_else(|| derived(body))
+}
+
+/// The session the client named (a field or a header), if any.
+fn declared(api: Api, headers: &HeaderMap, body: &Value) -> Option<String> {
     match api {
         Api::Anthropic => {
             if let Some(user_id) = body.pointer("/metadata/user_id").and_then(Value::as_str) {
@@ -71,9 +84,11 @@ pub fn session_hash(api: Api, headers: &HeaderMap, body: &Value) -> Option<Strin
             }
         }
     }
-    if let Some(session) = header(headers, "x-session-id") {
-        return Some(session);
-    }
+    header(headers, "x-session-id")
+}
+
+/// The hash of the system prompt and the first user turn.
+fn derived(body: &Value) -> Option<String> {
     let system = body.get("system").or_else(|| body.get("instructions"));
     let messages = body.get("messages").or_else(|| body.get("input"));
     let first_user = match messages {
@@ -194,5 +209,55 @@ mod tests {
             session_hash(Api::Anthropic, &HeaderMap::new(), &long).map(|s| s.len()),
             Some(32)
         );
+    }
+
+    #[test]
+    fn only_a_first_turn_without_a_named_session_opens_a_conversation() {
+        let basis = |body: Value| {
+            crate::proxy::body::TopLevel::parse(body.to_string().as_bytes())
+                .expect("an object")
+                .session_basis()
+        };
+        let first = basis(json!({"system": "s", "messages": [{"role": "user", "content": "hi"}]}));
+        assert!(opens_conversation(
+            Api::Anthropic,
+            &HeaderMap::new(),
+            &first
+        ));
+        let later = basis(json!({"system": "s", "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": "more"}
+        ]}));
+        assert!(!opens_conversation(
+            Api::Anthropic,
+            &HeaderMap::new(),
+            &later
+        ));
+        assert_eq!(
+            session_hash(Api::Anthropic, &HeaderMap::new(), &first),
+            session_hash(Api::Anthropic, &HeaderMap::new(), &later),
+            "the later turns change nothing of the hash"
+        );
+        let named = basis(
+            json!({"metadata": {"user_id": "user_a_account_b_session_c"},
+            "messages": [{"role": "user", "content": "hi"}]}),
+        );
+        assert!(
+            !opens_conversation(Api::Anthropic, &HeaderMap::new(), &named),
+            "a session the client named may be bound already"
+        );
+        let mut headers = HeaderMap::new();
+        headers.insert("session-id", "abc".parse().expect("header"));
+        assert!(!opens_conversation(
+            Api::OpenAi,
+            &headers,
+            &basis(json!({"input": "hi"}))
+        ));
+        assert!(opens_conversation(
+            Api::OpenAi,
+            &HeaderMap::new(),
+            &basis(json!({"input": "hi"}))
+        ));
     }
 }

@@ -296,6 +296,7 @@ fn request(caller: &Caller, group: &str, model: &str) -> PlanRequest {
         session_hash: None,
         previous_response_id: None,
         exclude: Vec::new(),
+        opens_conversation: false,
     }
 }
 

@@ -149,13 +149,18 @@ impl TopLevel {
                 basis.insert(name.to_owned(), value);
             }
         }
+        let later = std::cell::Cell::new(false);
         for name in ["messages", "input"] {
             if let Some(raw) = self.raw(name) {
                 let mut deserializer = serde_json::Deserializer::from_str(raw.get());
-                if let Ok(kept) = SessionTurns.deserialize(&mut deserializer) {
+                if let Ok(kept) = SessionTurns(&later).deserialize(&mut deserializer) {
                     basis.insert(name.to_owned(), kept);
                 }
             }
+        }
+        if later.get() {
+            // Not hashed: says the conversation goes past its first turn (`session.rs`).
+            basis.insert(LATER_TURNS.to_owned(), Value::Bool(true));
         }
         Value::Object(basis)
     }
@@ -293,18 +298,23 @@ fn value_end(body: &[u8], i: usize) -> Option<usize> {
     }
 }
 
-/// Of an array of messages, the ones the session hash reads: system and developer messages and
-/// the first user turn, in order. Anything else (a string `input`) is kept as it is.
-struct SessionTurns;
+/// The member of a session basis that says the conversation has turns past its first user
+/// turn (an answer, a tool result, another user turn); absent: it opens with this request.
+pub const LATER_TURNS: &str = "poolgate_later_turns";
 
-impl<'de> DeserializeSeed<'de> for SessionTurns {
+/// Of an array of messages, the ones the session hash reads: system and developer messages and
+/// the first user turn, in order; any other message sets the flag. Anything else (a string
+/// `input`) is kept as it is.
+struct SessionTurns<'a>(&'a std::cell::Cell<bool>);
+
+impl<'de> DeserializeSeed<'de> for SessionTurns<'_> {
     type Value = Value;
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
         deserializer.deserialize_any(self)
     }
 }
 
-impl<'de> Visitor<'de> for SessionTurns {
+impl<'de> Visitor<'de> for SessionTurns<'_> {
     type Value = Value;
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("messages")
@@ -324,6 +334,8 @@ impl<'de> Visitor<'de> for SessionTurns {
             };
             if keep {
                 kept.push(message);
+            } else {
+                self.0.set(true);
             }
         }
         Ok(Value::Array(kept))
@@ -515,7 +527,9 @@ mod tests {
                     {"role": "system", "content": "sys"},
                     {"role": "user", "content": "first"},
                     {"role": "developer", "content": "dev"}
-                ]
+                ],
+                // The conversation goes past its first turn (not hashed).
+                "poolgate_later_turns": true
             })
         );
         let input = TopLevel::parse(br#"{"input":"just text"}"#).expect("object");

@@ -13,7 +13,7 @@
 //! `cache` the answer caches.
 
 mod auth;
-mod body;
+pub(crate) mod body;
 mod cache;
 mod call;
 mod clients;
@@ -167,6 +167,8 @@ pub struct Inbound {
     pub stream: bool,
     pub caller: Caller,
     pub session_hash: Option<String>,
+    /// The request opens its conversation (`session::opens_conversation`).
+    pub opens_conversation: bool,
     pub previous_response_id: Option<String>,
     /// count_tokens: no account limits, no Messages RPM, no health change; its own per-user
     /// rate and per-account cap instead (`auth.rs`).

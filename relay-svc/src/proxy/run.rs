@@ -118,6 +118,7 @@ impl<'a> RequestRun<'a> {
             session_hash: inbound.session_hash.clone(),
             previous_response_id: inbound.previous_response_id.clone(),
             exclude: self.exclude.clone(),
+            opens_conversation: inbound.opens_conversation,
         };
         let mut plan = match self.relay.selection.plan(&asked).await {
             Ok(plan) => plan,

@@ -309,6 +309,7 @@ async fn planned_price(engines: &Standalone, model: &str) -> poolgate_core::pric
             session_hash: None,
             previous_response_id: None,
             exclude: Vec::new(),
+            opens_conversation: false,
         })
         .await
         .expect("a plan");
