@@ -32,7 +32,9 @@
 # one command), RATE (1000), COUNT (20000), CONCURRENCY (16), CLOSED_SECONDS (10),
 # STEPS ("500 1000 1500 2000"), STEP_SECONDS (5), STEP_RUNS (3), PERF (0), PERF_OUT (keep the
 # perf.data files there), TOP (symbols shown per process, 12), SERVICE_WORKERS (tokio worker
-# threads of the services; default one per core).
+# threads of the services; default one per core). RELAY_EDGE_SELECTION=false runs the
+# distributed relay as 0.1 did (a `Select` per request): the before of selection at the edge,
+# side by side with the same binaries.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RATE=${RATE:-1000}
@@ -183,6 +185,11 @@ awk -F, -v runs="$STEP_RUNS" -v steps="$STEPS" -v targets="$TARGETS" '
       printf "%-12s %7s  %-24s %-24s %-26s %-20s %s\n", t, r, cell(t SUBSEP r SUBSEP "p50", "%.3f"), cell(t SUBSEP r SUBSEP "p99", "%.3f"),
         cell(t SUBSEP r SUBSEP "p999", "%.3f"), cell(t SUBSEP r SUBSEP "served", "%.1f"), added }
   }' "$work/steps.csv"
+
+echo
+echo "== edge: the distributed relay's plans by path (docs/DESIGN.md §2; binding_asked / all is the binding miss rate)"
+curl -s http://127.0.0.1:9591/metrics | grep -E '^relay_edge_plans_total|^relay_edge_writes_dropped_total' ||
+  echo "(none: the relay asks the selector for every plan, RELAY_EDGE_SELECTION=false or an older release)"
 
 [ "$PERF" = 1 ] || exit 0
 echo

@@ -363,6 +363,41 @@ async fn a_failed_probe_reopens_the_breaker_for_twice_as_long() {
     assert_eq!(primary(&replica).await, None, "open again: not selectable");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_open_breaker_is_checked_on_the_selectors_own_timer_without_any_select() {
+    // Relays select at the edge and never start a check: the selector's timer must.
+    let backends = Backends::start().await;
+    let upstream = upstream(500, API_ERROR, Duration::ZERO).await;
+    let id = backends
+        .account("flaky", "g", |a| a.base_url = upstream.base_url.clone())
+        .await;
+    let replica = Replica::start(backends.config(fast_settings())).await;
+    let mut client = replica.client.clone();
+    for _ in 0..5 {
+        client
+            .report_outcome(connect_failure(id))
+            .await
+            .expect("report");
+    }
+    let conn = backends.redis.client().await.expect("redis");
+    let open_ms = eventually(Duration::from_secs(5), || {
+        let mut conn = conn.clone();
+        async move {
+            let open_ms: Option<u64> = redis::cmd("HGET")
+                .arg(poolgate_runtime::redis_keys::breaker(id))
+                .arg("open_ms")
+                .query_async(&mut conn)
+                .await
+                .ok()?;
+            open_ms.filter(|ms| *ms > 400)
+        }
+    })
+    .await
+    .expect("the timer probed the half-open account and reopened its breaker");
+    assert_eq!(open_ms, 800, "400 ms doubled");
+    assert_eq!(upstream.probe_count(&credential("flaky")), 1, "one probe");
+}
+
 const API_ERROR: &str =
     r#"{"type":"error","error":{"type":"api_error","message":"Internal server error"}}"#;
 
