@@ -79,8 +79,11 @@ impl Selector {
         self.view_notify.notify_one();
     }
 
-    /// Reads every active account's state: health (fresh), confirmations, usage windows.
-    async fn read_pool(&self) -> PoolState {
+    /// Reads every active account's state: health (fresh, from the store itself: the plans'
+    /// load cache is left to the plans), confirmations, usage windows. `None` when the health
+    /// store cannot be read: the relays keep the last view (the last known blocks, as a select
+    /// keeps them through an outage).
+    async fn read_pool(&self) -> Option<PoolState> {
         let snapshot = self.snapshot.get();
         let mut ids: Vec<AccountId> = snapshot
             .accounts()
@@ -89,12 +92,18 @@ impl Selector {
             .collect();
         ids.sort_unstable();
         let read_at = Instant::now();
-        let reading = self.load_cache.read(&ids, true).await;
+        let reading: HashMap<AccountId, AccountHealth> = match self.health.read_batch(&ids).await {
+            Ok(read) => ids.iter().copied().zip(read).collect(),
+            Err(error) => {
+                tracing::debug!(%error, "account health unreadable; the relays keep their view");
+                return None;
+            }
+        };
         let windows = self.windows_cache.read(&ids).await.unwrap_or_default();
         let blocked: Vec<AccountId> = ids
             .iter()
             .copied()
-            .filter(|id| reading.get(*id).is_some_and(|h| h.hard_block_ms > 0))
+            .filter(|id| reading.get(id).is_some_and(|h| h.hard_block_ms > 0))
             .collect();
         let confirming: HashSet<AccountId> = if blocked.is_empty() {
             HashSet::new()
@@ -117,19 +126,19 @@ impl Selector {
             .map(|id| {
                 let state = AccountState {
                     account_id: *id,
-                    health: reading.get(*id),
+                    health: reading.get(id).copied(),
                     confirming: confirming.contains(id),
                     windows: windows.get(id).map(|w| w.to_vec()).unwrap_or_default(),
                 };
                 (*id, state)
             })
             .collect();
-        PoolState {
+        Some(PoolState {
             snapshot,
             states,
             read_at,
             read: true,
-        }
+        })
     }
 
     /// Starts the check of every half-open breaker among the active accounts, every `period`
@@ -154,11 +163,13 @@ impl Selector {
             .accounts()
             .filter(|account| account.status == AccountStatus::Active)
             .collect();
-        let mut ids: Vec<AccountId> = active.iter().map(|account| account.id).collect();
-        ids.sort_unstable();
-        let reading = self.load_cache.read(&ids, false).await;
-        for account in active {
-            if health_gate(reading.get(account.id).as_ref()) == Gate::HalfOpen
+        let ids: Vec<AccountId> = active.iter().map(|account| account.id).collect();
+        // From the store itself: the plans' load cache is left to the plans.
+        let Ok(reading) = self.health.read_batch(&ids).await else {
+            return;
+        };
+        for (account, health) in active.into_iter().zip(reading) {
+            if health_gate(Some(&health)) == Gate::HalfOpen
                 && let Err(error) = self.start_half_open_check(account.clone()).await
             {
                 tracing::debug!(%error, account_id = account.id, "half-open check not started");
@@ -174,8 +185,9 @@ async fn publish(engine: Weak<Selector>, sender: watch::Sender<Arc<PoolState>>) 
         let Some(selector) = engine.upgrade() else {
             return;
         };
-        let state = selector.read_pool().await;
-        if sender.send(Arc::new(state)).is_err() {
+        if let Some(state) = selector.read_pool().await
+            && sender.send(Arc::new(state)).is_err()
+        {
             return;
         }
         let (period, notify) = (selector.view_period(), selector.view_notify.clone());
