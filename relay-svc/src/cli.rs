@@ -113,6 +113,16 @@ pub struct Cli {
     /// lease (also what the relay falls back to when admission does not serve the channel).
     #[arg(long, env = "RELAY_LEASE_CHANNELS", default_value_t = crate::remote::DEFAULT_LEASE_CHANNELS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=64))]
     pub lease_channels: usize,
+    /// Serve the Responses API over a WebSocket on `GET /v1/responses` (Codex's transport);
+    /// `false`: the upgrade is answered 426, on which Codex uses HTTP.
+    #[arg(long, env = "RELAY_RESPONSES_WEBSOCKET", default_value_t = true, action = clap::ArgAction::Set)]
+    pub responses_websocket: bool,
+    /// A Responses WebSocket with no message for this long is closed, seconds.
+    #[arg(long, env = "RELAY_SOCKET_IDLE_SECS", default_value_t = 1800, value_parser = clap::value_parser!(u64).range(10..=86_400))]
+    pub socket_idle_secs: u64,
+    /// Responses WebSockets one client key may hold open on this relay.
+    #[arg(long, env = "RELAY_SOCKETS_PER_KEY", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub sockets_per_key: u64,
     /// Select in the relay's process over the view the selector streams (docs/DESIGN.md §2,
     /// "Selection at the edge"); `false`: ask the selector for every plan, as releases before
     /// 0.2 did.
@@ -341,6 +351,12 @@ fn relay_settings(cli: &Cli) -> RelaySettings {
             body_rate_grace: Duration::from_millis(cli.body_rate_grace_ms),
             h2_max_concurrent_streams: cli.h2_max_streams.max(1),
             ..EdgeSettings::default()
+        },
+        sockets: crate::http::socket::SocketSettings {
+            enabled: cli.responses_websocket,
+            idle: Duration::from_secs(cli.socket_idle_secs),
+            per_key: usize::try_from(cli.sockets_per_key).unwrap_or(usize::MAX),
+            ..Default::default()
         },
         ..RelaySettings::default()
     }

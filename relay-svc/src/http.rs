@@ -18,6 +18,7 @@ use crate::proxy::{Answer, BodyJsonError, Inbound, Relay, TopLevel, key_view};
 use crate::session::{opens_conversation, session_hash};
 
 mod respond;
+pub mod socket;
 
 use respond::{AbortOnDrop, pinged_stream, respond};
 
@@ -28,6 +29,8 @@ pub struct Front {
     pub ready: Arc<std::sync::atomic::AtomicBool>,
     /// Request body bytes held across every connection (`--max-buffered-bytes`).
     pub buffers: BufferBudget,
+    /// Responses WebSockets open per client key (`socket.rs`).
+    pub sockets: socket::OpenSockets,
 }
 
 impl Front {
@@ -37,6 +40,7 @@ impl Front {
             relay,
             ready,
             buffers,
+            sockets: socket::OpenSockets::default(),
         }
     }
 }
@@ -268,31 +272,45 @@ async fn readyz(State(front): State<Front>) -> Response {
 }
 
 /// A WebSocket upgrade on `/v1/responses` (Codex with `supports_websockets`): the Responses API
-/// is served over HTTP here, and `426 Upgrade Required` is the answer on which Codex falls back to
-/// HTTP at once (any other refusal it retries up to its `stream_max_retries` first, seconds
-/// lost). A GET that asks for no upgrade is a wrong method, as on any other endpoint.
+/// on a socket (`socket.rs`). Where the operator turned the socket off, `426 Upgrade Required`,
+/// the answer on which Codex falls back to HTTP at once (any other refusal it retries up to its
+/// `stream_max_retries` first, seconds lost). A GET that asks for no upgrade is a wrong method,
+/// as on any other endpoint.
 async fn responses_over_websocket(
+    State(front): State<Front>,
     method: http::Method,
     uri: http::Uri,
     headers: HeaderMap,
+    upgrade: Result<
+        axum::extract::ws::WebSocketUpgrade,
+        axum::extract::ws::rejection::WebSocketUpgradeRejection,
+    >,
 ) -> Response {
-    let asks_websocket = headers
-        .get_all(http::header::UPGRADE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|protocol| protocol.trim().eq_ignore_ascii_case("websocket"));
-    if !asks_websocket {
+    if !socket::asks_websocket(&headers) {
         return wrong_method(method, uri).await;
     }
-    let error = RelayError::new(
-        Api::OpenAi,
-        ErrorKind::InvalidRequest,
-        "the Responses API is served over HTTP here, not WebSocket; use POST /v1/responses",
-    );
-    let mut response = error.into_response();
-    *response.status_mut() = StatusCode::UPGRADE_REQUIRED;
-    with_request_id(response)
+    if !front.relay.settings.sockets.enabled {
+        let error = RelayError::new(
+            Api::OpenAi,
+            ErrorKind::InvalidRequest,
+            "the Responses API is served over HTTP here, not WebSocket; use POST /v1/responses",
+        );
+        let mut response = error.into_response();
+        *response.status_mut() = StatusCode::UPGRADE_REQUIRED;
+        return with_request_id(response);
+    }
+    let upgrade = match upgrade {
+        Ok(upgrade) => upgrade,
+        Err(rejection) => {
+            let error = RelayError::new(
+                Api::OpenAi,
+                ErrorKind::InvalidRequest,
+                format!("not a WebSocket upgrade this relay can take: {rejection}"),
+            );
+            return with_request_id(closing(error.into_response()));
+        }
+    };
+    with_request_id(socket::upgrade(front, uri, headers, upgrade).await)
 }
 
 async fn wrong_method(method: http::Method, uri: http::Uri) -> Response {

@@ -31,6 +31,12 @@ pub struct Metrics {
     /// key's own admission limits (`concurrency`, `tpm`, `budget`), or a model without a price
     /// on a key with a budget where the operator refuses those (`unpriced`); never the key.
     pub key_refusals: IntCounterVec,
+    /// relay_socket_turns_total{kind}: `response.create` messages on Responses WebSockets:
+    /// `turn` (run through the relay), `continued` (a continuation of the socket's previous turn,
+    /// sent upstream whole), `previous_response_not_found` (a `store: false` continuation of a
+    /// response this socket did not make: the client resends the conversation), `prewarm`
+    /// (`generate: false`, answered without an upstream call).
+    pub socket_turns: IntCounterVec,
     pub upstream_seconds: HistogramVec,
     pub first_byte_seconds: HistogramVec,
     /// relay_added_seconds{platform}: the time a request that reached an upstream spent in the
@@ -88,6 +94,11 @@ impl Metrics {
                 "relay_key_refusals_total",
                 "Requests refused for what their client key may reach (disabled, expired, endpoint, model), by its own limits (concurrency, tpm, budget), or for a model without a price on a key with a budget (unpriced), by reason; no upstream is called.",
                 &["reason"],
+            ),
+            socket_turns: counter_vec(
+                "relay_socket_turns_total",
+                "response.create messages on Responses WebSockets by kind: turn (run through the relay), continued (the socket's previous turn continued, sent upstream whole), previous_response_not_found (a store:false continuation of a response this socket did not make), prewarm (generate:false, no upstream call).",
+                &["kind"],
             ),
             unpriced_usage: counter_vec(
                 "relay_unpriced_usage_total",

@@ -87,13 +87,18 @@ async fn claude_code(bin: &Path, relay: &str, key: &str) -> (bool, String) {
 }
 
 async fn codex(bin: &Path, relay: &str, key: &str) -> (bool, String) {
+    codex_with(bin, relay, key, "").await
+}
+
+/// Codex with `extra` lines in its provider's table (`supports_websockets = true`).
+async fn codex_with(bin: &Path, relay: &str, key: &str, extra: &str) -> (bool, String) {
     let home = Scratch::new("codex-home").expect("scratch");
     let codex_home = home.path().join(".codex");
     std::fs::create_dir_all(&codex_home).expect("mkdir");
     std::fs::write(
         codex_home.join("config.toml"),
         format!(
-            "model = \"gpt-5-codex\"\nmodel_provider = \"poolgate\"\n\n[model_providers.poolgate]\nname = \"poolgate\"\nbase_url = \"{relay}/v1\"\nenv_key = \"POOLGATE_API_KEY\"\nwire_api = \"responses\"\n"
+            "model = \"gpt-5-codex\"\nmodel_provider = \"poolgate\"\n\n[model_providers.poolgate]\nname = \"poolgate\"\nbase_url = \"{relay}/v1\"\nenv_key = \"POOLGATE_API_KEY\"\nwire_api = \"responses\"\n{extra}"
         ),
     )
     .expect("config.toml");
@@ -326,6 +331,113 @@ async fn codex_works_through_a_chatgpt_subscription_account_in_both_modes() {
     assert!(ok, "codex exec exits 0 (distributed)");
     assert!(stdout.contains("Hello there."), "{stdout}");
     check_codex_on_chatgpt(&upstream.seen_requests());
+}
+
+/// Codex over the Responses WebSocket (`supports_websockets = true` in its provider) through the
+/// relay, in both modes, on an API-key and a ChatGPT account: it exits 0 with the upstream's
+/// text, and its turns ran on the socket (`relay_socket_turns_total`), not over HTTP after a
+/// fallback.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_over_the_websocket_works_in_both_modes_on_api_key_and_chatgpt_accounts() {
+    const SOCKETS: &str = "supports_websockets = true\n";
+    let bin = clients_bin();
+    let token = poolgate_testkit::fake_upstream::fake_chatgpt_token("acct-cli");
+    let socket_turns = |relay: &relay_svc::proxy::Relay| {
+        relay
+            .metrics
+            .socket_turns
+            .with_label_values(&["turn"])
+            .get()
+    };
+    for chatgpt in [false, true] {
+        // Standalone.
+        let upstream = FakeUpstream::start().await.expect("fake upstream");
+        let account = if chatgpt {
+            format!(
+                "{{name: chatgpt, platform: openai, base_url: \"{}/backend-api\", chatgpt_oauth: {{access_token: \"{token}\"}}, concurrency: 4}}",
+                upstream.base_url
+            )
+        } else {
+            format!(
+                "{{name: api, platform: openai, base_url: \"{}\", credential: sk-ws, concurrency: 4}}",
+                upstream.base_url
+            )
+        };
+        let yaml = format!(
+            "api_keys:\n  - {{key: {KEY}, user: cli, group: default}}\naccounts:\n  - {account}\n"
+        );
+        let (relay, addr) = common::standalone(&yaml, RelaySettings::default(), Default::default())
+            .await
+            .expect("standalone relay starts");
+        let (ok, stdout) = codex_with(&bin, &format!("http://{addr}"), KEY, SOCKETS).await;
+        assert!(ok, "codex exec exits 0 (standalone, chatgpt {chatgpt})");
+        assert!(stdout.contains("Hello there."), "{stdout}");
+        assert!(
+            socket_turns(&relay) >= 1,
+            "the turn ran on the socket (standalone, chatgpt {chatgpt})"
+        );
+        assert!(!upstream.seen_requests().is_empty());
+        if chatgpt {
+            check_codex_on_chatgpt(&upstream.seen_requests());
+        }
+        // Distributed.
+        let backends = common::backends().await.expect("backends start");
+        let upstream = FakeUpstream::start().await.expect("fake upstream");
+        let mut input = if chatgpt {
+            common::account(
+                "chatgpt",
+                &format!("{}/backend-api", upstream.base_url),
+                4,
+                0,
+            )
+        } else {
+            common::account("api", &upstream.base_url, 4, 0)
+        };
+        input.platform = Platform::OpenAi;
+        if chatgpt {
+            input.credential_kind = poolgate_core::account::CredentialKind::ChatGptOAuth;
+            input.credential = Some(poolgate_core::account::Secret::new(token.clone()));
+            input.oauth = Some(poolgate_core::account::OAuthState {
+                refresh_token: poolgate_core::account::Secret::new("rt-ws"),
+                expires_at_ms: 4_102_444_800_000,
+                token_url: format!("{}/oauth/token", upstream.base_url),
+                client_id: String::new(),
+            });
+        }
+        backends
+            .store
+            .upsert_account(&input)
+            .await
+            .expect("account");
+        let (_, key) = backends
+            .store
+            .create_api_key("cli", "cli", "default", 0)
+            .await
+            .expect("key");
+        let (selector, selector_addr) = common::selector(&backends).await.expect("selector");
+        let (admission, admission_addr) =
+            common::admission(&backends.redis.url(), Default::default())
+                .await
+                .expect("admission");
+        let (relay, addr) = common::relay_with_handle(
+            vec![format!("http://{selector_addr}")],
+            vec![format!("http://{admission_addr}")],
+            RelaySettings::default(),
+        )
+        .await
+        .expect("relay starts");
+        let (ok, stdout) = codex_with(&bin, &format!("http://{addr}"), key.expose(), SOCKETS).await;
+        assert!(ok, "codex exec exits 0 (distributed, chatgpt {chatgpt})");
+        assert!(stdout.contains("Hello there."), "{stdout}");
+        assert!(
+            socket_turns(&relay) >= 1,
+            "the turn ran on the socket (distributed, chatgpt {chatgpt})"
+        );
+        if chatgpt {
+            check_codex_on_chatgpt(&upstream.seen_requests());
+        }
+        drop((selector, admission));
+    }
 }
 
 /// The pinned CLIs through both modes against an API-key and a subscription account of each

@@ -1497,8 +1497,16 @@ async fn a_group_can_keep_its_subscriptions_for_the_platforms_own_cli() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_websocket_try_on_the_responses_api_gets_426_and_a_plain_get_405() {
-    let h = start(&[("o", "openai", 2, "")], fast()).await;
+async fn a_websocket_try_on_the_responses_api_gets_426_where_the_socket_is_off_and_a_plain_get_405()
+{
+    let off = RelaySettings {
+        sockets: relay_svc::http::socket::SocketSettings {
+            enabled: false,
+            ..Default::default()
+        },
+        ..fast()
+    };
+    let h = start(&[("o", "openai", 2, "")], off).await;
     let upgrade = h
         .http
         .get(format!("{}/v1/responses", h.base))

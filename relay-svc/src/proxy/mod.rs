@@ -80,6 +80,8 @@ pub struct RelaySettings {
     pub cancel_linger: Duration,
     /// The client edge under hostile traffic (docs/SECURITY.md, "The HTTP front").
     pub edge: EdgeSettings,
+    /// The Responses API over a WebSocket (`http/socket.rs`).
+    pub sockets: crate::http::socket::SocketSettings,
 }
 
 /// Bounds on what a client connection may hold of the relay's time and memory.
@@ -130,6 +132,7 @@ impl Default for RelaySettings {
             max_body_bytes: 32 << 20,
             cancel_linger: Duration::from_secs(1),
             edge: EdgeSettings::default(),
+            sockets: Default::default(),
         }
     }
 }

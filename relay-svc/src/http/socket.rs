@@ -1,0 +1,635 @@
+//! The Responses API over a WebSocket (Codex's transport; docs/DESIGN.md §6, "Codex over
+//! WebSocket"): `GET /v1/responses` with `Upgrade: websocket`. The client key is checked before
+//! the upgrade, and each open socket takes one of its key's sockets on this relay. Each
+//! `response.create` text frame is one turn, run as a streaming `POST /v1/responses` through the
+//! relay (selected, leased, called, reported and charged like any request: a slot per turn, none
+//! while the socket idles), its events sent back one per text frame as the platform sends them.
+//!
+//! Continuations: a turn naming the response the previous turn on this socket produced, with
+//! `store: false` (what Codex sends), carries only the new input; the relay sends upstream the
+//! whole conversation (the previous turn's input, its output items, the new input), as Codex
+//! itself does when it falls back to HTTP, on the session's account. A `store: false` turn naming
+//! any other response gets the platform's `previous_response_not_found` error event before any
+//! output, on which Codex resends the whole conversation: never a wrong answer, never another
+//! account's context. A `store: true` continuation is passed on as over HTTP (the response
+//! binding keeps it on its account).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body as AxumBody;
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::response::{IntoResponse, Response};
+use futures_util::{SinkExt, StreamExt};
+use http::{HeaderMap, HeaderValue, StatusCode, Uri};
+use serde_json::{Map, Value, json};
+
+use super::{Front, Route, client_key, closing, handle};
+use crate::client_api::{Api, ErrorKind, RelayError};
+use poolgate_core::keys::Endpoint;
+
+/// How the socket is bounded.
+#[derive(Debug, Clone)]
+pub struct SocketSettings {
+    /// Serve the socket; off: the upgrade is answered 426, on which Codex uses HTTP at once.
+    pub enabled: bool,
+    /// The first `response.create` must come within this after the upgrade.
+    pub first_message: Duration,
+    /// A socket with no message for this long is closed (between turns; a turn's own wait is
+    /// the relay's).
+    pub idle: Duration,
+    /// Open sockets per client key on this relay.
+    pub per_key: usize,
+}
+
+impl Default for SocketSettings {
+    fn default() -> Self {
+        SocketSettings {
+            enabled: true,
+            first_message: Duration::from_secs(30),
+            idle: Duration::from_secs(30 * 60),
+            per_key: 64,
+        }
+    }
+}
+
+/// Open sockets per client key.
+#[derive(Debug, Default, Clone)]
+pub struct OpenSockets(Arc<Mutex<HashMap<i64, usize>>>);
+
+/// One key's open socket, given back when dropped.
+pub struct SocketSlot {
+    open: OpenSockets,
+    key: i64,
+}
+
+impl OpenSockets {
+    fn open(&self, key: i64, limit: usize) -> Option<SocketSlot> {
+        let mut open = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let count = open.entry(key).or_default();
+        if *count >= limit {
+            return None;
+        }
+        *count += 1;
+        Some(SocketSlot {
+            open: self.clone(),
+            key,
+        })
+    }
+}
+
+impl Drop for SocketSlot {
+    fn drop(&mut self) {
+        let mut open = self.open.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(count) = open.get_mut(&self.key) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                open.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// Whether a request asks for a WebSocket.
+pub(super) fn asks_websocket(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(http::header::UPGRADE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|protocol| protocol.trim().eq_ignore_ascii_case("websocket"))
+}
+
+/// The upgrade: the key first (a JSON error in the platform's format, as over HTTP), then its
+/// socket bound (429), then the socket.
+pub(super) async fn upgrade(
+    front: Front,
+    uri: Uri,
+    headers: HeaderMap,
+    upgrade: WebSocketUpgrade,
+) -> Response {
+    let relay = front.relay.clone();
+    let caller = match relay
+        .authenticate(Api::OpenAi, client_key(&headers).as_deref())
+        .await
+        .and_then(|caller| {
+            relay
+                .check_access(Api::OpenAi, &caller, Endpoint::Responses, None)
+                .map(|()| caller)
+        }) {
+        Ok(caller) => caller,
+        Err(error) => return closing(error.into_response()),
+    };
+    let settings = relay.settings.sockets.clone();
+    let Some(slot) = front.sockets.open(caller.api_key_id, settings.per_key) else {
+        return closing(
+            RelayError::new(
+                Api::OpenAi,
+                ErrorKind::RateLimited,
+                format!(
+                    "this key has {} Responses WebSockets open on this relay already; close one",
+                    settings.per_key
+                ),
+            )
+            .into_response(),
+        );
+    };
+    let limit = relay.settings.max_body_bytes;
+    let turn_headers = turn_headers(&headers);
+    relay
+        .metrics
+        .requests
+        .with_label_values(&["/v1/responses (websocket)"])
+        .inc();
+    upgrade
+        .max_message_size(limit)
+        .max_frame_size(limit)
+        .on_upgrade(move |socket| async move {
+            serve(front, uri, turn_headers, socket, settings).await;
+            drop(slot);
+        })
+}
+
+/// The headers each turn is run with: the upgrade's, less the upgrade's own and the socket's
+/// beta flag (a WebSocket feature, not the HTTP call's).
+fn turn_headers(headers: &HeaderMap) -> HeaderMap {
+    let mut turn = headers.clone();
+    for name in [
+        "upgrade",
+        "connection",
+        "sec-websocket-key",
+        "sec-websocket-version",
+        "sec-websocket-extensions",
+        "sec-websocket-protocol",
+        "content-length",
+        "transfer-encoding",
+    ] {
+        turn.remove(name);
+    }
+    let betas: Vec<String> = headers
+        .get_all("openai-beta")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|beta| !beta.is_empty() && !beta.starts_with("responses_websockets"))
+        .map(str::to_owned)
+        .collect();
+    turn.remove("openai-beta");
+    if !betas.is_empty()
+        && let Ok(value) = HeaderValue::from_str(&betas.join(","))
+    {
+        turn.insert("openai-beta", value);
+    }
+    turn.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    turn
+}
+
+/// What the socket remembers of its last turn: a continuation's whole conversation is built
+/// from it.
+#[derive(Default)]
+struct Conversation {
+    /// The last turn's response id, when it completed.
+    last_id: Option<String>,
+    /// Its whole input, and the output items it produced.
+    input: Vec<Value>,
+    output: Vec<Value>,
+}
+
+/// Why a socket ends.
+enum Ended {
+    /// The client left, or a frame could not be sent.
+    Gone,
+}
+
+type Sink = futures_util::stream::SplitSink<WebSocket, Message>;
+type Source = futures_util::stream::SplitStream<WebSocket>;
+
+async fn serve(
+    front: Front,
+    uri: Uri,
+    headers: HeaderMap,
+    socket: WebSocket,
+    settings: SocketSettings,
+) {
+    let (mut sink, mut source) = socket.split();
+    let mut conversation = Conversation::default();
+    let mut wait = settings.first_message;
+    loop {
+        let message = match tokio::time::timeout(wait, source.next()).await {
+            Err(_) => {
+                let reason = if wait == settings.first_message && conversation.last_id.is_none() {
+                    "no response.create in time"
+                } else {
+                    "idle"
+                };
+                close(&mut sink, 1000, reason).await;
+                return;
+            }
+            Ok(None) | Ok(Some(Err(_))) => return,
+            Ok(Some(Ok(message))) => message,
+        };
+        wait = settings.idle;
+        let text = match message {
+            Message::Text(text) => text,
+            Message::Binary(_) => {
+                if send_error(
+                    &mut sink,
+                    400,
+                    "invalid_request_error",
+                    None,
+                    "binary frames are not accepted; send each event as a JSON text frame",
+                )
+                .await
+                .is_err()
+                {
+                    return;
+                }
+                continue;
+            }
+            Message::Close(_) => return,
+            Message::Ping(_) | Message::Pong(_) => continue,
+        };
+        if let Err(Ended::Gone) = turn(
+            &front,
+            &uri,
+            &headers,
+            &mut sink,
+            &mut source,
+            &mut conversation,
+            text.as_str(),
+        )
+        .await
+        {
+            return;
+        }
+    }
+}
+
+async fn close(sink: &mut Sink, code: u16, reason: &str) {
+    let _ = sink
+        .send(Message::Close(Some(CloseFrame {
+            code,
+            reason: reason.into(),
+        })))
+        .await;
+}
+
+/// Sends the platform's error event (`status` is what Codex maps it by).
+async fn send_error(
+    sink: &mut Sink,
+    status: u16,
+    kind: &str,
+    code: Option<&str>,
+    message: &str,
+) -> Result<(), Ended> {
+    let mut error = json!({"type": kind, "message": message});
+    if let Some(code) = code {
+        error["code"] = json!(code);
+    }
+    send(
+        sink,
+        json!({"type": "error", "status": status, "error": error}).to_string(),
+    )
+    .await
+}
+
+async fn send(sink: &mut Sink, text: String) -> Result<(), Ended> {
+    sink.send(Message::Text(text.into()))
+        .await
+        .map_err(|_| Ended::Gone)
+}
+
+/// Input as a list of items (a string is one user message).
+fn items(input: Option<Value>) -> Vec<Value> {
+    match input {
+        Some(Value::Array(items)) => items,
+        Some(Value::String(text)) => vec![json!({"role": "user", "content": text})],
+        Some(Value::Null) | None => Vec::new(),
+        Some(other) => vec![other],
+    }
+}
+
+/// One `response.create`.
+async fn turn(
+    front: &Front,
+    uri: &Uri,
+    headers: &HeaderMap,
+    sink: &mut Sink,
+    source: &mut Source,
+    conversation: &mut Conversation,
+    text: &str,
+) -> Result<(), Ended> {
+    let mut body: Map<String, Value> = match serde_json::from_str(text) {
+        Ok(Value::Object(body)) => body,
+        _ => {
+            return send_error(
+                sink,
+                400,
+                "invalid_request_error",
+                None,
+                "each message must be a JSON object with a \"type\"",
+            )
+            .await;
+        }
+    };
+    match body.remove("type").as_ref().and_then(Value::as_str) {
+        Some("response.create") => {}
+        // Events a newer client sends that this relay does not know are ignored, as the
+        // platform's socket ignores them.
+        _ => return Ok(()),
+    }
+    let metrics = &front.relay.metrics;
+    let stored = body.get("store").and_then(Value::as_bool).unwrap_or(true);
+    let previous = body
+        .get("previous_response_id")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let delta = items(body.remove("input"));
+    let full_input = match &previous {
+        Some(id) if !stored && conversation.last_id.as_deref() == Some(id) => {
+            // The socket's own previous turn: the whole conversation goes upstream.
+            body.remove("previous_response_id");
+            metrics.socket_turns.with_label_values(&["continued"]).inc();
+            let mut whole = std::mem::take(&mut conversation.input);
+            whole.append(&mut std::mem::take(&mut conversation.output));
+            whole.extend(delta);
+            whole
+        }
+        Some(id) if !stored => {
+            metrics
+                .socket_turns
+                .with_label_values(&["previous_response_not_found"])
+                .inc();
+            *conversation = Conversation::default();
+            return send_error(
+                sink,
+                400,
+                "invalid_request_error",
+                Some("previous_response_not_found"),
+                &format!("Previous response with id '{id}' not found."),
+            )
+            .await;
+        }
+        _ => delta,
+    };
+    *conversation = Conversation::default();
+    if body.remove("generate") == Some(Value::Bool(false)) {
+        return prewarm(front, sink, conversation, &body, full_input).await;
+    }
+    metrics.socket_turns.with_label_values(&["turn"]).inc();
+    body.insert("input".into(), Value::Array(full_input.clone()));
+    body.insert("stream".into(), Value::Bool(true));
+    let bytes = Value::Object(body).to_string();
+    let route = Route::new(Api::OpenAi, "/v1/responses", Endpoint::Responses, uri);
+    let response = handle(front.clone(), route, headers.clone(), AxumBody::from(bytes)).await;
+    let status = response.status();
+    if status != StatusCode::OK {
+        return relay_error(front, sink, response).await;
+    }
+    let mut events = response.into_body().into_data_stream();
+    let mut pending = String::new();
+    let mut outcome = Turn::default();
+    loop {
+        tokio::select! {
+            chunk = events.next() => match chunk {
+                Some(Ok(chunk)) => {
+                    pending.push_str(&String::from_utf8_lossy(&chunk));
+                    while let Some(end) = pending.find("\n\n") {
+                        let event: String = pending.drain(..end + 2).collect();
+                        if let Some(data) = sse_data(&event) {
+                            let text = outcome.take(data);
+                            send(sink, text).await?;
+                        }
+                    }
+                }
+                Some(Err(_)) | None => break,
+            },
+            message = source.next() => match message {
+                // The client left mid-turn: dropping the stream cancels the call and frees
+                // its slot, as for an HTTP client that disconnects.
+                None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return Err(Ended::Gone),
+                Some(Ok(Message::Text(_) | Message::Binary(_))) => {
+                    send_error(sink, 400, "invalid_request_error", None, "a response is already in progress on this socket").await?;
+                }
+                Some(Ok(_)) => {}
+            },
+        }
+    }
+    if let Some(data) = sse_data(&pending) {
+        let text = outcome.take(data);
+        send(sink, text).await?;
+    }
+    match outcome.completed {
+        Some(id) => {
+            if !stored {
+                conversation.last_id = Some(id);
+                conversation.input = full_input;
+                conversation.output = outcome.output;
+            }
+            Ok(())
+        }
+        None if outcome.terminal => Ok(()),
+        None => {
+            send_error(
+                sink,
+                502,
+                "server_error",
+                None,
+                "the upstream stream ended before response.completed",
+            )
+            .await
+        }
+    }
+}
+
+/// What a turn's events said.
+#[derive(Default)]
+struct Turn {
+    /// The id of the response, once `response.completed` came.
+    completed: Option<String>,
+    /// A terminal event other than completion came (failed, incomplete, error).
+    terminal: bool,
+    /// The output items, in order.
+    output: Vec<Value>,
+}
+
+impl Turn {
+    /// Notes an event and answers the frame to send: the event as it came, but a
+    /// `response.done` is sent as `response.completed`, the only success Codex reads.
+    fn take(&mut self, data: String) -> String {
+        let Ok(mut event) = serde_json::from_str::<Value>(&data) else {
+            return data;
+        };
+        let kind = event
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        match kind {
+            "response.output_item.done" => {
+                if let Some(item) = event.get("item") {
+                    self.output.push(item.clone());
+                }
+                data
+            }
+            "response.completed" | "response.done" => {
+                self.completed = event
+                    .pointer("/response/id")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned);
+                if kind == "response.done" {
+                    event["type"] = json!("response.completed");
+                    event.to_string()
+                } else {
+                    data
+                }
+            }
+            "response.failed" | "response.incomplete" | "error" => {
+                self.terminal = true;
+                data
+            }
+            _ => data,
+        }
+    }
+}
+
+/// The `data:` of one SSE event (its lines joined); `None` for a comment or an empty event.
+fn sse_data(event: &str) -> Option<String> {
+    let lines: Vec<&str> = event
+        .lines()
+        .filter_map(|line| {
+            line.strip_prefix("data:")
+                .map(|data| data.strip_prefix(' ').unwrap_or(data))
+        })
+        .collect();
+    (!lines.is_empty()).then(|| lines.join("\n"))
+}
+
+/// The relay's own refusal of a turn, as the platform's error event with its status.
+async fn relay_error(front: &Front, sink: &mut Sink, response: Response) -> Result<(), Ended> {
+    let status = response.status().as_u16();
+    let retry_after = response
+        .headers()
+        .get(http::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let limit = front.relay.settings.max_body_bytes;
+    let body = axum::body::to_bytes(response.into_body(), limit)
+        .await
+        .unwrap_or_default();
+    let error = serde_json::from_slice::<Value>(&body)
+        .ok()
+        .and_then(|v| v.get("error").cloned())
+        .unwrap_or_else(|| json!({"type": "server_error", "message": "the request failed"}));
+    let mut event = json!({"type": "error", "status": status, "error": error});
+    if let Some(retry_after) = retry_after {
+        event["headers"] = json!({"retry-after": retry_after});
+    }
+    send(sink, event.to_string()).await
+}
+
+/// `generate: false`: nothing is generated, so nothing goes upstream; the socket answers with an
+/// empty completed response whose id the next turn may continue.
+async fn prewarm(
+    front: &Front,
+    sink: &mut Sink,
+    conversation: &mut Conversation,
+    body: &Map<String, Value>,
+    input: Vec<Value>,
+) -> Result<(), Ended> {
+    front
+        .relay
+        .metrics
+        .socket_turns
+        .with_label_values(&["prewarm"])
+        .inc();
+    let id = format!(
+        "resp_pg{:016x}{:016x}",
+        fastrand::u64(..),
+        fastrand::u64(..)
+    );
+    let model = body.get("model").cloned().unwrap_or(Value::Null);
+    let created = poolgate_core::now_ms() / 1000;
+    let response = |status: &str| {
+        json!({"id": id, "object": "response", "created_at": created, "status": status,
+            "model": model, "output": [], "usage": null})
+    };
+    send(
+        sink,
+        json!({"type": "response.created", "response": response("in_progress")}).to_string(),
+    )
+    .await?;
+    send(
+        sink,
+        json!({"type": "response.completed", "response": response("completed")}).to_string(),
+    )
+    .await?;
+    if body.get("store").and_then(Value::as_bool) == Some(false) {
+        conversation.last_id = Some(id);
+        conversation.input = input;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sse_events_become_frames_and_done_reads_as_completed() {
+        assert_eq!(
+            sse_data("event: x\ndata: {\"a\":1}\n\n").as_deref(),
+            Some("{\"a\":1}")
+        );
+        assert_eq!(sse_data(": ping\n\n"), None);
+        let mut turn = Turn::default();
+        let item = turn.take(
+            r#"{"type":"response.output_item.done","item":{"type":"message","id":"m1"}}"#.into(),
+        );
+        assert!(item.contains("output_item.done"));
+        let done = turn.take(r#"{"type":"response.done","response":{"id":"resp_1"}}"#.into());
+        assert!(done.contains("\"response.completed\""), "{done}");
+        assert_eq!(turn.completed.as_deref(), Some("resp_1"));
+        assert_eq!(turn.output.len(), 1);
+    }
+
+    #[test]
+    fn the_turns_headers_drop_the_upgrade_and_the_socket_beta_only() {
+        let mut headers = HeaderMap::new();
+        headers.insert("upgrade", HeaderValue::from_static("websocket"));
+        headers.insert("sec-websocket-key", HeaderValue::from_static("k"));
+        headers.insert(
+            "openai-beta",
+            HeaderValue::from_static("responses_websockets=2026-02-06, other=1"),
+        );
+        headers.insert("session_id", HeaderValue::from_static("s"));
+        let turn = turn_headers(&headers);
+        assert!(turn.get("upgrade").is_none() && turn.get("sec-websocket-key").is_none());
+        assert_eq!(
+            turn.get("openai-beta").map(|v| v.as_bytes()),
+            Some(&b"other=1"[..])
+        );
+        assert_eq!(
+            turn.get("session_id").map(|v| v.as_bytes()),
+            Some(&b"s"[..])
+        );
+    }
+
+    #[test]
+    fn a_keys_sockets_are_bounded_and_given_back() {
+        let open = OpenSockets::default();
+        let first = open.open(7, 2).expect("first");
+        let _second = open.open(7, 2).expect("second");
+        assert!(open.open(7, 2).is_none(), "the third is refused");
+        assert!(open.open(8, 2).is_some(), "another key's are its own");
+        drop(first);
+        assert!(
+            open.open(7, 2).is_some(),
+            "a closed socket's slot comes back"
+        );
+    }
+}

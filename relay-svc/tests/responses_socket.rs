@@ -1,0 +1,301 @@
+//! The Responses API over a WebSocket (Codex's transport; docs/DESIGN.md §6, "Codex over
+//! WebSocket"), in standalone mode against the fake upstream, with a WebSocket client of its own:
+//! the key checked before the upgrade; each `response.create` a turn run through the relay (one
+//! upstream call, its events one per text frame); a continuation of the socket's own previous
+//! turn sent upstream whole; a `store: false` continuation of anything else refused with the
+//! platform's `previous_response_not_found` before any upstream call; a prewarm answered without
+//! one; the socket bound per key; and the operator's switch back to 426.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use poolgate_select::engine::SelectorSettings;
+use poolgate_testkit::fake_upstream::FakeUpstream;
+use relay_svc::http::socket::SocketSettings;
+use relay_svc::metrics::Metrics;
+use relay_svc::proxy::{Relay, RelaySettings};
+use relay_svc::standalone::StandaloneFile;
+use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+const KEY: &str = "pgk-socket-key-0001";
+
+struct Harness {
+    upstream: FakeUpstream,
+    addr: std::net::SocketAddr,
+}
+
+async fn start(sockets: SocketSettings) -> Harness {
+    let upstream = FakeUpstream::start().await.expect("fake upstream");
+    let yaml = format!(
+        "api_keys:\n  - {{key: {KEY}, user: alice, group: default}}\naccounts:\n  - {{name: o, platform: openai, base_url: \"{}\", credential: cred-o, concurrency: 2}}\nprices:\n  gpt-x: {{input: 2, output: 8}}\n",
+        upstream.base_url
+    );
+    let file = StandaloneFile::parse(&yaml).expect("the pool's file parses");
+    let metrics = Metrics::new();
+    let engines = relay_svc::standalone::build(
+        &file,
+        None,
+        SelectorSettings::default(),
+        Default::default(),
+        &metrics,
+    )
+    .expect("the engines start");
+    let settings = RelaySettings {
+        sockets,
+        ..RelaySettings::default()
+    };
+    let relay = Arc::new(
+        Relay::new(
+            engines.selection.clone(),
+            engines.leases.clone(),
+            settings,
+            metrics,
+        )
+        .expect("the relay builds"),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(relay_svc::server::serve(
+        relay,
+        listener,
+        None,
+        std::future::pending(),
+        Duration::from_secs(1),
+    ));
+    // The engines live as long as the relay serving over them.
+    std::mem::forget(engines);
+    Harness { upstream, addr }
+}
+
+type Socket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// Opens the socket as Codex does; `Err` with the refusal's status and body.
+async fn connect(addr: std::net::SocketAddr, key: &str) -> Result<Socket, (u16, String)> {
+    let mut request = format!("ws://{addr}/v1/responses")
+        .into_client_request()
+        .expect("a request");
+    let headers = request.headers_mut();
+    headers.insert(
+        "authorization",
+        format!("Bearer {key}").parse().expect("header"),
+    );
+    headers.insert(
+        "openai-beta",
+        "responses_websockets=2026-02-06".parse().expect("header"),
+    );
+    headers.insert("session_id", "thread-1".parse().expect("header"));
+    match tokio_tungstenite::connect_async(request).await {
+        Ok((socket, _)) => Ok(socket),
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => Err((
+            response.status().as_u16(),
+            String::from_utf8_lossy(response.body().as_deref().unwrap_or_default()).into_owned(),
+        )),
+        Err(other) => Err((0, other.to_string())),
+    }
+}
+
+/// Sends one `response.create` and reads events up to a terminal one.
+async fn turn(socket: &mut Socket, create: Value) -> Vec<Value> {
+    socket
+        .send(Message::Text(create.to_string().into()))
+        .await
+        .expect("sent");
+    let mut events = Vec::new();
+    loop {
+        let message = tokio::time::timeout(Duration::from_secs(10), socket.next())
+            .await
+            .expect("an event in time")
+            .expect("the socket stays open")
+            .expect("a frame");
+        let Message::Text(text) = message else {
+            continue;
+        };
+        let event: Value = serde_json::from_str(text.as_str()).expect("a JSON event");
+        let kind = event["type"].as_str().unwrap_or_default().to_owned();
+        events.push(event);
+        if matches!(
+            kind.as_str(),
+            "response.completed" | "response.failed" | "response.incomplete" | "error"
+        ) {
+            return events;
+        }
+    }
+}
+
+fn create(input: Value, previous: Option<&str>) -> Value {
+    let mut create = json!({"type": "response.create", "model": "gpt-x", "input": input,
+        "store": false, "stream": true, "instructions": "be brief"});
+    if let Some(previous) = previous {
+        create["previous_response_id"] = json!(previous);
+    }
+    create
+}
+
+fn user(text: &str) -> Value {
+    json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_on_the_socket_is_one_upstream_call_per_turn_with_the_whole_input() {
+    let h = start(SocketSettings::default()).await;
+    let mut socket = connect(h.addr, KEY).await.expect("the upgrade");
+
+    let first = turn(&mut socket, create(json!([user("one")]), None)).await;
+    let kinds: Vec<&str> = first.iter().filter_map(|e| e["type"].as_str()).collect();
+    assert_eq!(kinds.first(), Some(&"response.created"), "{kinds:?}");
+    assert_eq!(kinds.last(), Some(&"response.completed"), "{kinds:?}");
+    assert!(kinds.contains(&"response.output_text.delta"));
+    let id = first
+        .last()
+        .and_then(|e| e["response"]["id"].as_str())
+        .expect("the response id")
+        .to_owned();
+    let seen = h.upstream.seen_requests();
+    assert_eq!(seen.len(), 1, "one upstream call");
+    assert_eq!(seen[0].path, "/v1/responses");
+    assert_eq!(seen[0].body["stream"], true);
+    assert!(
+        seen[0].body.get("type").is_none(),
+        "the socket's own field stays on the socket"
+    );
+    assert!(
+        seen[0].headers.get("openai-beta").is_none_or(|v| !v
+            .to_str()
+            .unwrap_or_default()
+            .contains("responses_websockets")),
+        "the socket's beta flag is not the HTTP call's"
+    );
+
+    // The next turn names the first and carries only the new input: upstream gets the whole
+    // conversation (first input, the output it produced, the new input), no previous id.
+    let second = turn(&mut socket, create(json!([user("two")]), Some(&id))).await;
+    assert_eq!(
+        second.last().and_then(|e| e["type"].as_str()),
+        Some("response.completed")
+    );
+    let seen = h.upstream.seen_requests();
+    assert_eq!(seen.len(), 2);
+    let body = &seen[1].body;
+    assert!(body.get("previous_response_id").is_none(), "{body}");
+    let input = body["input"].as_array().expect("input items");
+    assert_eq!(
+        input.len(),
+        3,
+        "first input, its output, the new input: {body}"
+    );
+    assert_eq!(input[0], user("one"));
+    assert_eq!(input[1]["role"], "assistant");
+    assert_eq!(input[2], user("two"));
+    assert_eq!(
+        seen[0].credential(),
+        seen[1].credential(),
+        "the same account"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_continuation_this_socket_did_not_make_gets_previous_response_not_found_before_any_call()
+{
+    let h = start(SocketSettings::default()).await;
+    let mut socket = connect(h.addr, KEY).await.expect("the upgrade");
+    let refused = turn(
+        &mut socket,
+        create(json!([user("two")]), Some("resp_elsewhere")),
+    )
+    .await;
+    assert_eq!(refused.len(), 1, "nothing before the error: {refused:?}");
+    assert_eq!(refused[0]["type"], "error");
+    assert_eq!(refused[0]["status"], 400);
+    assert_eq!(refused[0]["error"]["code"], "previous_response_not_found");
+    assert!(h.upstream.seen_requests().is_empty(), "no upstream call");
+    // Codex then resends the whole conversation on the socket: served.
+    let resent = turn(&mut socket, create(json!([user("one"), user("two")]), None)).await;
+    assert_eq!(
+        resent.last().and_then(|e| e["type"].as_str()),
+        Some("response.completed")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prewarm_is_answered_without_an_upstream_call_and_the_next_turn_continues_it() {
+    let h = start(SocketSettings::default()).await;
+    let mut socket = connect(h.addr, KEY).await.expect("the upgrade");
+    let mut warm = create(json!([user("one")]), None);
+    warm["generate"] = json!(false);
+    let warmed = turn(&mut socket, warm).await;
+    let kinds: Vec<&str> = warmed.iter().filter_map(|e| e["type"].as_str()).collect();
+    assert_eq!(kinds, vec!["response.created", "response.completed"]);
+    assert!(h.upstream.seen_requests().is_empty());
+    let id = warmed[1]["response"]["id"]
+        .as_str()
+        .expect("an id")
+        .to_owned();
+    let next = turn(&mut socket, create(json!([]), Some(&id))).await;
+    assert_eq!(
+        next.last().and_then(|e| e["type"].as_str()),
+        Some("response.completed")
+    );
+    let seen = h.upstream.seen_requests();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].body["input"], json!([user("one")]));
+    assert!(seen[0].body.get("generate").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_key_is_checked_before_the_upgrade_and_its_sockets_are_bounded() {
+    let h = start(SocketSettings {
+        per_key: 1,
+        ..SocketSettings::default()
+    })
+    .await;
+    let (status, body) = connect(h.addr, "pgk-not-a-key")
+        .await
+        .map(|_| ())
+        .expect_err("no upgrade for an unknown key");
+    assert_eq!(status, 401, "{body}");
+    let first = connect(h.addr, KEY).await.expect("the first socket");
+    let (status, body) = connect(h.addr, KEY)
+        .await
+        .map(|_| ())
+        .expect_err("one socket per key here");
+    assert_eq!(status, 429, "{body}");
+    drop(first);
+    poolgate_testkit::eventually(Duration::from_secs(5), || async {
+        connect(h.addr, KEY).await.ok()
+    })
+    .await
+    .expect("a closed socket's place comes back");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_socket_that_sends_nothing_is_closed_and_an_operator_can_turn_the_socket_off() {
+    let h = start(SocketSettings {
+        first_message: Duration::from_millis(300),
+        ..SocketSettings::default()
+    })
+    .await;
+    let mut socket = connect(h.addr, KEY).await.expect("the upgrade");
+    let closed = tokio::time::timeout(Duration::from_secs(5), socket.next())
+        .await
+        .expect("closed in time");
+    assert!(
+        matches!(closed, Some(Ok(Message::Close(_))) | None),
+        "{closed:?}"
+    );
+    let off = start(SocketSettings {
+        enabled: false,
+        ..SocketSettings::default()
+    })
+    .await;
+    let (status, _) = connect(off.addr, KEY)
+        .await
+        .map(|_| ())
+        .expect_err("426 when turned off");
+    assert_eq!(status, 426, "Codex falls back to HTTP at once on 426");
+}
