@@ -105,7 +105,7 @@ pub fn assemble(config: &Config, metrics: Metrics) -> Result<Assembled, String> 
 /// The selection engine's settings at the edge: the deployment's block settings, and a load
 /// cache short enough that the view's readings are planned with as they arrive (the view is in
 /// memory: a read costs a lock, not a round trip).
-fn edge_engine_settings(blocks: &RuntimeBlockSettings) -> SelectorSettings {
+pub fn edge_engine_settings(blocks: &RuntimeBlockSettings) -> SelectorSettings {
     SelectorSettings {
         blocks: blocks.clone(),
         load_cache: poolgate_select::load_cache::LoadCacheSettings {

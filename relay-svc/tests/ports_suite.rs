@@ -203,7 +203,12 @@ async fn grpc_with(specs: &[Spec], at_edge: bool) -> Ports {
             ..Default::default()
         },
         metrics.clone(),
-        at_edge.then(|| (Default::default(), SelectorSettings::default())),
+        at_edge.then(|| {
+            (
+                Default::default(),
+                relay_svc::server::edge_engine_settings(&Default::default()),
+            )
+        }),
     )
     .expect("the clients are configured");
     if at_edge {

@@ -164,6 +164,9 @@ impl Selector {
                     .outcomes
                     .with_label_values(&[class, what.as_str()])
                     .inc();
+                if !matches!(what, Effect::None | Effect::Refreshed) {
+                    self.view_changed();
+                }
                 return Ok(reported);
             }
             Decision::Confirm => self
