@@ -5,6 +5,7 @@
 //! OAuth token is answered with the new one, as before), bindings (written through; the relay
 //! keeps its own), usage and usage windows.
 //!
+//! A client key the view does not hold (created since the last update) is asked of the selector.
 //! A request makes no selector call unless it names a binding the relay does not hold: a
 //! session it has not seen (or not within the trust time) asks the selector's `Select` once; a
 //! `previous_response_id` it does not hold asks it, and is refused as before when the selector
@@ -172,6 +173,11 @@ impl EdgeSelection {
             .is_some_and(|age| age < self.settings.max_age)
     }
 
+    /// Whether this relay serves `group` (`groups` empty: every group).
+    fn serves(&self, group: &str) -> bool {
+        self.settings.groups.is_empty() || self.settings.groups.iter().any(|g| g == group)
+    }
+
     fn count(&self, path: &str) {
         self.metrics.plans.with_label_values(&[path]).inc();
     }
@@ -204,10 +210,20 @@ impl EdgeSelection {
 #[async_trait]
 impl SelectionApi for EdgeSelection {
     async fn check_key(&self, api_key: &str) -> Result<KeyCheck, ApiError> {
-        if self.usable() {
-            SelectionApi::check_key(&*self.engine, api_key).await
-        } else {
-            self.remote.check_key(api_key).await
+        if !self.usable() {
+            return self.remote.check_key(api_key).await;
+        }
+        match SelectionApi::check_key(&*self.engine, api_key).await? {
+            // A key the view does not hold may be one created since the last update: the
+            // selector answers (the relay's own bound on key lookups applies, as before the
+            // edge); unreachable, the view's answer stands.
+            KeyCheck::Unknown => Ok(match self.remote.check_key(api_key).await {
+                // A key of a group this relay does not serve is not this relay's.
+                Ok(KeyCheck::Known(caller)) if !self.serves(&caller.group) => KeyCheck::Unknown,
+                Ok(answer) => answer,
+                Err(_) => KeyCheck::Unknown,
+            }),
+            known => Ok(known),
         }
     }
 

@@ -7,7 +7,8 @@ use std::collections::HashMap;
 use crate::AccountId;
 use crate::account::{Account, ApiKeyRecord, GroupSettings, Price};
 use crate::health::AccountHealth;
-use crate::windows::WindowReading;
+use crate::price::UnpricedPolicy;
+use crate::windows::{Thresholds, WindowReading};
 
 /// Most groups a relay may ask for.
 pub const MAX_VIEW_GROUPS: usize = 1024;
@@ -26,6 +27,19 @@ pub struct ViewConfig {
     pub prices: HashMap<String, Price>,
     /// The groups that set something.
     pub settings: HashMap<String, GroupSettings>,
+    /// The selector's deployment-wide settings a plan reads.
+    pub deployment: Deployment,
+}
+
+/// The selector's own settings that decide a plan, so a relay plans as the selector would.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Deployment {
+    /// What a model with no price costs (`--unpriced`).
+    pub unpriced: UnpricedPolicy,
+    /// The usage-window thresholds where a group sets none.
+    pub windows: Thresholds,
+    /// Accounts in a plan.
+    pub plan_size: u32,
 }
 
 /// One account's state as the selector read it.

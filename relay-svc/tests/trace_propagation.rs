@@ -233,8 +233,11 @@ async fn stack(receiver_port: u16, relay_args: &[&str]) -> Stack {
 
 /// Sends requests until one is answered 200 (the stack is up), then one more whose trace is
 /// checked: the receiver must get, in that request's trace, the relay's `request` span, the
-/// selector's `Select`, and an admission span for its lease that descends from the request span.
-async fn one_request_is_one_trace(relay_args: &[&str]) {
+/// selector's `Select` (when the relay asks it), and an admission span for its lease that descends from the request span.
+/// `asks_selector`: the relay plans through the selector's `Select` (`--edge-selection=false`), and
+/// that span must be in the request's trace too; a relay selecting at the edge makes no selector
+/// call for the request (docs/DESIGN.md §2).
+async fn one_request_is_one_trace(relay_args: &[&str], asks_selector: bool) {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let receiver = Receiver::default();
     let receiver_port = free_port().expect("port");
@@ -281,7 +284,7 @@ async fn one_request_is_one_trace(relay_args: &[&str]) {
         let select = in_trace
             .iter()
             .any(|s| s.service == "selector-svc" && s.method.ends_with("Selector/Select"));
-        (lease && select).then_some(())
+        (lease && (select || !asks_selector)).then_some(())
     })
     .await;
     if found.is_err() {
@@ -307,10 +310,14 @@ async fn one_request_is_one_trace(relay_args: &[&str]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_is_one_trace_on_the_lease_channel() {
-    one_request_is_one_trace(&[]).await;
+    one_request_is_one_trace(&[], false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_request_is_one_trace_on_single_lease_streams() {
-    one_request_is_one_trace(&["--lease-channels", "0"]).await;
+async fn a_request_is_one_trace_on_single_lease_streams_planned_by_the_selector() {
+    one_request_is_one_trace(
+        &["--lease-channels", "0", "--edge-selection", "false"],
+        true,
+    )
+    .await;
 }

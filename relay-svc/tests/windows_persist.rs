@@ -326,6 +326,9 @@ async fn window_readings_learned_through_one_relay_order_another_selectors_new_s
     let (_selector_b, relay_b) = stack.selector_and_relay().await;
     warm_up(&upstream, &relay_a, &stack.key).await;
     readings_stored(&selector_a, stack.first).await;
-    // Selector B never saw an answer of `first`'s: it orders by what relay A's answers said.
+    // Selector B never saw an answer of `first`'s: it orders by what relay A's answers said,
+    // and relay B plans by selector B's view of it, at most a view period (200 ms) behind
+    // (docs/DESIGN.md §2): given a second.
+    tokio::time::sleep(Duration::from_secs(1)).await;
     new_sessions_avoid_first(&upstream, &relay_b, &stack.key, "through the other relay").await;
 }

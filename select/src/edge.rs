@@ -120,7 +120,8 @@ impl EdgeView {
                 config.keys.into_iter().collect(),
                 config.prices,
             )
-            .with_group_settings(config.settings);
+            .with_group_settings(config.settings)
+            .with_deployment(config.deployment);
             states.retain(|id, _| snapshot.account(*id).is_some());
             let ticket = self.snapshot.ticket();
             self.snapshot.set(ticket, snapshot);

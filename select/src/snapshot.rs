@@ -19,6 +19,8 @@ pub struct Snapshot {
     prices: HashMap<String, Price>,
     /// Only groups that set something; the rest have the defaults.
     settings: HashMap<String, GroupSettings>,
+    /// The selector's settings a relay's view carries (`None`: the engine's own).
+    deployment: Option<poolgate_core::view::Deployment>,
 }
 
 impl Snapshot {
@@ -49,7 +51,19 @@ impl Snapshot {
             api_keys,
             prices,
             settings: HashMap::new(),
+            deployment: None,
         }
+    }
+
+    /// This snapshot planned with the selector's settings (a relay's view).
+    pub fn with_deployment(mut self, deployment: poolgate_core::view::Deployment) -> Self {
+        self.deployment = Some(deployment);
+        self
+    }
+
+    /// The selector's settings this snapshot came with, if any (a relay's view).
+    pub fn deployment(&self) -> Option<&poolgate_core::view::Deployment> {
+        self.deployment.as_ref()
     }
 
     /// This snapshot with these group settings (a group named here exists, accounts or not).
@@ -190,6 +204,8 @@ impl Snapshot {
 pub struct SnapshotCell {
     current: RwLock<(u64, Arc<Snapshot>)>,
     tickets: std::sync::atomic::AtomicU64,
+    /// Notified when a snapshot is installed (the relays' view publisher waits on it).
+    installed: Arc<tokio::sync::Notify>,
 }
 
 impl SnapshotCell {
@@ -197,7 +213,13 @@ impl SnapshotCell {
         SnapshotCell {
             current: RwLock::new((0, Arc::new(snapshot))),
             tickets: std::sync::atomic::AtomicU64::new(1),
+            installed: Arc::new(tokio::sync::Notify::new()),
         }
+    }
+
+    /// Notified (one waiter, or the next) each time a snapshot is installed.
+    pub fn installed(&self) -> Arc<tokio::sync::Notify> {
+        self.installed.clone()
     }
 
     pub fn get(&self) -> Arc<Snapshot> {
@@ -219,6 +241,7 @@ impl SnapshotCell {
         let mut current = self.current.write().unwrap_or_else(|p| p.into_inner());
         if ticket > current.0 {
             *current = (ticket, Arc::new(snapshot));
+            self.installed.notify_one();
         }
     }
 }

@@ -263,7 +263,12 @@ impl pb::selector_server::Selector for SelectorGrpc {
         request: Request<pb::WatchViewRequest>,
     ) -> Result<Response<Self::WatchViewStream>, Status> {
         let period = self.selector.view_period();
-        let mut filter = ViewFilter::new(request.into_inner().groups, period).map_err(status)?;
+        let mut filter = ViewFilter::new(
+            request.into_inner().groups,
+            period,
+            self.selector.deployment(),
+        )
+        .map_err(status)?;
         let mut pool = self.selector.watch_pool();
         let (sender, receiver) = tokio::sync::mpsc::channel(4);
         tokio::spawn(async move {

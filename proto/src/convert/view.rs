@@ -9,7 +9,9 @@ use poolgate_core::account::{
     Account, AccountIdentity, AccountStatus, ApiKeyRecord, GroupSettings, Platform, Secret,
 };
 use poolgate_core::health::{AccountHealth, Breaker};
-use poolgate_core::view::{AccountState, ViewConfig, ViewUpdate};
+use poolgate_core::price::UnpricedPolicy;
+use poolgate_core::view::{AccountState, Deployment, ViewConfig, ViewUpdate};
+use poolgate_core::windows::Thresholds;
 
 use super::{ConvertError, EnumField, credential_kind};
 use crate::selector::v1 as spb;
@@ -88,6 +90,12 @@ impl From<&ViewConfig> for spb::ViewConfig {
                     subscriptions_cli_only: settings.subscriptions_cli_only,
                 })
                 .collect(),
+            deployment: Some(spb::ViewDeployment {
+                refuse_unpriced: config.deployment.unpriced == UnpricedPolicy::Refuse,
+                window_shed_at: config.deployment.windows.shed,
+                window_move_at: config.deployment.windows.move_sessions,
+                plan_size: config.deployment.plan_size,
+            }),
         }
     }
 }
@@ -136,7 +144,36 @@ impl TryFrom<spb::ViewConfig> for ViewConfig {
                 )
             })
             .collect();
+        let deployment = config
+            .deployment
+            .ok_or_else(|| ConvertError::new("deployment", "must be set"))?;
+        let share = |field: &'static str, value: f64| {
+            if (0.0..=1.0).contains(&value) {
+                Ok(value)
+            } else {
+                Err(ConvertError::new(field, "must be within 0..=1"))
+            }
+        };
+        let windows = Thresholds {
+            shed: share("deployment.window_shed_at", deployment.window_shed_at)?,
+            move_sessions: share("deployment.window_move_at", deployment.window_move_at)?,
+        };
+        if deployment.plan_size == 0 {
+            return Err(ConvertError::new(
+                "deployment.plan_size",
+                "must be positive",
+            ));
+        }
         Ok(ViewConfig {
+            deployment: Deployment {
+                unpriced: if deployment.refuse_unpriced {
+                    UnpricedPolicy::Refuse
+                } else {
+                    UnpricedPolicy::Fallback
+                },
+                windows,
+                plan_size: deployment.plan_size,
+            },
             groups: config.groups,
             accounts,
             keys,

@@ -546,9 +546,12 @@ impl Pool {
         let texts: Vec<String> = match &self.engines {
             // The standalone engines register their metrics in the relay's registry.
             Engines::Standalone { .. } => self.relays.iter().map(|r| r.metrics.render()).collect(),
+            // The selectors count their own work; relays selecting at the edge count their plans
+            // (`selector_selects_total` and the other engine metrics, in the relay's registry).
             Engines::Distributed { selectors, .. } => selectors
                 .iter()
                 .map(|s| poolgate_runtime::metrics::render(&s.selector.metrics().registry))
+                .chain(self.relays.iter().map(|r| r.metrics.render()))
                 .collect(),
         };
         let mut series = BTreeMap::new();

@@ -144,12 +144,15 @@ impl Selector {
                 if earliest == u64::MAX { 0 } else { earliest },
             ));
         }
+        // A relay's view carries the selector's own settings: it plans as the selector would.
+        let deployment = snapshot.deployment();
         let thresholds = {
             let group = snapshot.group_settings(&query.group);
-            self.settings
-                .windows
+            deployment
+                .map_or(self.settings.windows, |d| d.windows)
                 .overridden(group.window_shed_at, group.window_move_at)
         };
+        let unpriced = deployment.map_or(self.settings.unpriced, |d| d.unpriced);
         self.assess_windows(&query.group, thresholds, &mut candidates)
             .await;
         // A model-scoped weekly limit that ran out keeps the account from the models it covers
@@ -194,7 +197,10 @@ impl Selector {
                 .inc();
         }
         let limit = if query.max_accounts == 0 {
-            self.settings.plan_size
+            deployment
+                .and_then(|d| usize::try_from(d.plan_size).ok())
+                .filter(|size| *size > 0)
+                .unwrap_or(self.settings.plan_size)
         } else {
             query.max_accounts
         };
@@ -215,7 +221,7 @@ impl Selector {
                     base_url: account.base_url.clone(),
                     credential: account.credential.clone(),
                     credential_kind: account.credential_kind,
-                    price: snapshot.price(&mapped_model, account.platform, self.settings.unpriced),
+                    price: snapshot.price(&mapped_model, account.platform, unpriced),
                     mapped_model,
                     concurrency_limit: account.concurrency_limit,
                     rpm_limit: account.rpm_limit,

@@ -19,7 +19,8 @@ use crate::health::HardBlock;
 use crate::snapshot::Snapshot;
 use poolgate_core::account::{Account, AccountStatus};
 use poolgate_core::health::{AccountHealth, Breaker};
-use poolgate_core::view::{AccountState, MAX_VIEW_GROUPS, ViewConfig, ViewUpdate};
+use poolgate_core::view::{AccountState, Deployment, MAX_VIEW_GROUPS, ViewConfig, ViewUpdate};
+use poolgate_core::windows::WindowReading;
 use poolgate_core::{AccountId, MAX_NAME_BYTES as MAX_GROUP_BYTES, millis};
 
 /// The least time between two reads of the pool (a burst of blocks is one read).
@@ -48,6 +49,15 @@ impl PoolState {
 }
 
 impl Selector {
+    /// The settings a relay plans with: this engine's.
+    pub fn deployment(&self) -> Deployment {
+        Deployment {
+            unpriced: self.settings.unpriced,
+            windows: self.settings.windows,
+            plan_size: u32::try_from(self.settings.plan_size).unwrap_or(u32::MAX),
+        }
+    }
+
     /// How often a relay hears from the selector at least.
     pub fn view_period(&self) -> Duration {
         self.settings.load_cache.cache_ttl.max(MIN_READ_SPACING)
@@ -99,7 +109,15 @@ impl Selector {
                 return None;
             }
         };
-        let windows = self.windows_cache.read(&ids).await.unwrap_or_default();
+        // Fresh too: a reading another selector stored reaches the relays within a period.
+        let windows: HashMap<AccountId, Vec<WindowReading>> =
+            match self.health.read_windows(&ids).await {
+                Ok(read) => ids.iter().copied().zip(read).collect(),
+                Err(error) => {
+                    tracing::debug!(%error, "usage windows unreadable; the relays keep their view");
+                    return None;
+                }
+            };
         let blocked: Vec<AccountId> = ids
             .iter()
             .copied()
@@ -128,7 +146,7 @@ impl Selector {
                     account_id: *id,
                     health: reading.get(id).copied(),
                     confirming: confirming.contains(id),
-                    windows: windows.get(id).map(|w| w.to_vec()).unwrap_or_default(),
+                    windows: windows.get(id).cloned().unwrap_or_default(),
                 };
                 (*id, state)
             })
@@ -190,11 +208,17 @@ async fn publish(engine: Weak<Selector>, sender: watch::Sender<Arc<PoolState>>) 
         {
             return;
         }
-        let (period, notify) = (selector.view_period(), selector.view_notify.clone());
+        let (period, notify, installed) = (
+            selector.view_period(),
+            selector.view_notify.clone(),
+            selector.snapshot.installed(),
+        );
         drop(selector);
         tokio::select! {
             () = tokio::time::sleep(period) => {}
             () = notify.notified() => {}
+            // A new config (a reload after an operator's change): the relays get it now.
+            () = installed.notified() => {}
         }
         tokio::time::sleep(MIN_READ_SPACING).await;
     }
@@ -211,12 +235,18 @@ pub struct ViewFilter {
     /// Per account: the state sent, and when it had been read.
     sent: HashMap<AccountId, (AccountState, Instant)>,
     period_ms: u64,
+    deployment: Deployment,
 }
 
 impl ViewFilter {
-    /// A stream for a relay serving `groups` (empty: every group). Too many groups, or a name
-    /// no group can have, is `InvalidArgument` naming `groups`.
-    pub fn new(groups: Vec<String>, period: Duration) -> Result<Self, SelectorError> {
+    /// A stream for a relay serving `groups` (empty: every group), planning with `deployment`
+    /// (the selector's settings). Too many groups, or a name no group can have, is
+    /// `InvalidArgument` naming `groups`.
+    pub fn new(
+        groups: Vec<String>,
+        period: Duration,
+        deployment: Deployment,
+    ) -> Result<Self, SelectorError> {
         if groups.len() > MAX_VIEW_GROUPS {
             return Err(SelectorError::invalid(
                 "groups",
@@ -240,6 +270,7 @@ impl ViewFilter {
             sent_config: None,
             sent: HashMap::new(),
             period_ms: millis(period).max(1),
+            deployment,
         })
     }
 
@@ -335,6 +366,7 @@ impl ViewFilter {
             accounts,
             keys,
             prices: snapshot.operator_prices().clone(),
+            deployment: self.deployment,
         }
     }
 }

@@ -84,8 +84,13 @@ fn a_relay_gets_its_groups_config_then_only_what_changed() {
     disabled.status = AccountStatus::Disabled;
     let snap = snapshot(vec![account(1, "g"), account(2, "other"), oauth, disabled]);
     let at = Instant::now();
-    let mut filter =
-        ViewFilter::new(vec!["g".into()], Duration::from_millis(200)).expect("valid groups");
+    let deployment = poolgate_core::view::Deployment {
+        unpriced: poolgate_core::price::UnpricedPolicy::Refuse,
+        plan_size: 6,
+        ..Default::default()
+    };
+    let mut filter = ViewFilter::new(vec!["g".into()], Duration::from_millis(200), deployment)
+        .expect("valid groups");
 
     let first = filter.update(&pool(&snap, vec![healthy(1), healthy(2), healthy(3)], at));
     let config = first.config.expect("the first update holds the config");
@@ -172,7 +177,8 @@ fn a_relay_gets_its_groups_config_then_only_what_changed() {
 fn an_open_breaker_and_a_confirmation_are_changes() {
     let snap = snapshot(vec![account(1, "g")]);
     let at = Instant::now();
-    let mut filter = ViewFilter::new(vec![], Duration::from_millis(200)).expect("every group");
+    let mut filter = ViewFilter::new(vec![], Duration::from_millis(200), Default::default())
+        .expect("every group");
     let _ = filter.update(&pool(&snap, vec![healthy(1)], at));
     let mut open = healthy(1);
     open.health = Some(AccountHealth {
@@ -212,7 +218,7 @@ fn bad_group_lists_are_refused_naming_the_field() {
         vec!["x".repeat(129)],
         vec!["g".to_owned(); 1025],
     ] {
-        match ViewFilter::new(groups, period) {
+        match ViewFilter::new(groups, period, Default::default()) {
             Err(crate::engine::SelectorError::InvalidArgument { field, .. }) => {
                 assert_eq!(field, "groups")
             }
