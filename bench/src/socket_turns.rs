@@ -77,6 +77,15 @@ struct Turn {
     sent: usize,
 }
 
+impl Turn {
+    fn copy(&self) -> Turn {
+        Turn {
+            latency: self.latency,
+            sent: self.sent,
+        }
+    }
+}
+
 /// The output items of a streamed response, from its `response.output_item.done` events, and
 /// whether it completed.
 fn read_events(text: &str, output: &mut Vec<Value>) -> bool {
@@ -178,7 +187,10 @@ async fn socket_session(addr: &str, session: usize, turns: usize) -> Option<Vec<
                     previous = event["response"]["id"].as_str().map(str::to_owned);
                     break;
                 }
-                Some("error" | "response.failed" | "response.incomplete") => return None,
+                Some("error" | "response.failed" | "response.incomplete") => {
+                    eprintln!("turn {turn}: {event}");
+                    return None;
+                }
                 _ => {}
             }
         }
@@ -242,14 +254,25 @@ async fn main() -> ExitCode {
         let (mut direct_turns, mut http_turns, mut socket_turns) = (vec![], vec![], vec![]);
         for session in 0..args.sessions {
             let id = run * 10_000 + session;
-            let (Some(d), Some(h), Some(s)) = (
+            let (d, h, s) = (
                 http_session(&client, &direct, id, args.turns).await,
                 http_session(&client, &relayed, id + 1000, args.turns).await,
                 socket_session(&addr.to_string(), id + 2000, args.turns).await,
-            ) else {
-                eprintln!("a session failed");
+            );
+            let (Some(d), Some(h), Some(s)) = (d.as_ref(), h.as_ref(), s.as_ref()) else {
+                eprintln!(
+                    "session {session} failed: direct {}, relay HTTP {}, relay WebSocket {}",
+                    d.is_some(),
+                    h.is_some(),
+                    s.is_some()
+                );
                 return ExitCode::FAILURE;
             };
+            let (d, h, s) = (
+                d.iter().map(Turn::copy).collect::<Vec<_>>(),
+                h.iter().map(Turn::copy).collect::<Vec<_>>(),
+                s.iter().map(Turn::copy).collect::<Vec<_>>(),
+            );
             direct_turns.extend(d);
             http_turns.extend(h);
             socket_turns.extend(s);

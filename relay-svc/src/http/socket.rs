@@ -219,8 +219,15 @@ async fn serve(
     let (mut sink, mut source) = socket.split();
     let mut conversation = Conversation::default();
     let mut wait = settings.first_message;
+    // A message the client sent while the last turn's answer was ending (after its terminal
+    // event): the next turn.
+    let mut early: Option<Message> = None;
     loop {
-        let message = match tokio::time::timeout(wait, source.next()).await {
+        let next = match early.take() {
+            Some(message) => Ok(Some(Ok(message))),
+            None => tokio::time::timeout(wait, source.next()).await,
+        };
+        let message = match next {
             Err(_) => {
                 let reason = if wait == settings.first_message && conversation.last_id.is_none() {
                     "no response.create in time"
@@ -254,7 +261,7 @@ async fn serve(
             Message::Close(_) => return,
             Message::Ping(_) | Message::Pong(_) => continue,
         };
-        if let Err(Ended::Gone) = turn(
+        match turn(
             &front,
             &uri,
             &headers,
@@ -265,7 +272,8 @@ async fn serve(
         )
         .await
         {
-            return;
+            Ok(next) => early = next,
+            Err(Ended::Gone) => return,
         }
     }
 }
@@ -323,25 +331,26 @@ async fn turn(
     source: &mut Source,
     conversation: &mut Conversation,
     text: &str,
-) -> Result<(), Ended> {
+) -> Result<Option<Message>, Ended> {
     let mut body: Map<String, Value> = match serde_json::from_str(text) {
         Ok(Value::Object(body)) => body,
         _ => {
-            return send_error(
+            send_error(
                 sink,
                 400,
                 "invalid_request_error",
                 None,
                 "each message must be a JSON object with a \"type\"",
             )
-            .await;
+            .await?;
+            return Ok(None);
         }
     };
     match body.remove("type").as_ref().and_then(Value::as_str) {
         Some("response.create") => {}
         // Events a newer client sends that this relay does not know are ignored, as the
         // platform's socket ignores them.
-        _ => return Ok(()),
+        _ => return Ok(None),
     }
     let metrics = &front.relay.metrics;
     let stored = body.get("store").and_then(Value::as_bool).unwrap_or(true);
@@ -366,20 +375,22 @@ async fn turn(
                 .with_label_values(&["previous_response_not_found"])
                 .inc();
             *conversation = Conversation::default();
-            return send_error(
+            send_error(
                 sink,
                 400,
                 "invalid_request_error",
                 Some("previous_response_not_found"),
                 &format!("Previous response with id '{id}' not found."),
             )
-            .await;
+            .await?;
+            return Ok(None);
         }
         _ => delta,
     };
     *conversation = Conversation::default();
     if body.remove("generate") == Some(Value::Bool(false)) {
-        return prewarm(front, sink, conversation, &body, full_input).await;
+        prewarm(front, sink, conversation, &body, full_input).await?;
+        return Ok(None);
     }
     metrics.socket_turns.with_label_values(&["turn"]).inc();
     body.insert("input".into(), Value::Array(full_input.clone()));
@@ -389,11 +400,13 @@ async fn turn(
     let response = handle(front.clone(), route, headers.clone(), AxumBody::from(bytes)).await;
     let status = response.status();
     if status != StatusCode::OK {
-        return relay_error(front, sink, response).await;
+        relay_error(front, sink, response).await?;
+        return Ok(None);
     }
     let mut events = response.into_body().into_data_stream();
     let mut pending = String::new();
     let mut outcome = Turn::default();
+    let mut early = None;
     loop {
         tokio::select! {
             chunk = events.next() => match chunk {
@@ -409,10 +422,16 @@ async fn turn(
                 }
                 Some(Err(_)) | None => break,
             },
-            message = source.next() => match message {
+            message = source.next(), if early.is_none() => match message {
                 // The client left mid-turn: dropping the stream cancels the call and frees
                 // its slot, as for an HTTP client that disconnects.
                 None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return Err(Ended::Gone),
+                // The answer's terminal event went out; its stream is ending: the next turn.
+                Some(Ok(message @ (Message::Text(_) | Message::Binary(_))))
+                    if outcome.ended() =>
+                {
+                    early = Some(message);
+                }
                 Some(Ok(Message::Text(_) | Message::Binary(_))) => {
                     send_error(sink, 400, "invalid_request_error", None, "a response is already in progress on this socket").await?;
                 }
@@ -431,9 +450,8 @@ async fn turn(
                 conversation.input = full_input;
                 conversation.output = outcome.output;
             }
-            Ok(())
         }
-        None if outcome.terminal => Ok(()),
+        None if outcome.terminal => {}
         None => {
             send_error(
                 sink,
@@ -442,9 +460,10 @@ async fn turn(
                 None,
                 "the upstream stream ended before response.completed",
             )
-            .await
+            .await?;
         }
     }
+    Ok(early)
 }
 
 /// What a turn's events said.
@@ -459,6 +478,11 @@ struct Turn {
 }
 
 impl Turn {
+    /// Whether the answer's terminal event went out.
+    fn ended(&self) -> bool {
+        self.completed.is_some() || self.terminal
+    }
+
     /// Notes an event and answers the frame to send: the event as it came, but a
     /// `response.done` is sent as `response.completed`, the only success Codex reads.
     fn take(&mut self, data: String) -> String {
