@@ -153,6 +153,7 @@ async fn serve_clients(
     let ready = Arc::new(AtomicBool::new(true));
     let edge = relay.settings.edge.clone();
     let front = Front::new(relay, ready.clone());
+    let sockets = front.sockets.clone();
     let service = TowerToHyperService::new(router(front));
     // One connection builder for HTTP/1 and HTTP/2 (prior knowledge), with the edge's bounds: a
     // header read timeout, and per connection a cap on concurrent streams and on resets in a row.
@@ -199,9 +200,19 @@ async fn serve_clients(
     }
     ready.store(false, Ordering::Relaxed);
     tracing::info!("shutting down: readiness off, finishing in-flight requests");
-    if tokio::time::timeout(grace, graceful.shutdown())
-        .await
-        .is_err()
+    // Responses WebSockets left hyper's watch at their upgrade: each closes once its turn is
+    // answered, and the grace waits for them too.
+    sockets.close_all();
+    let sockets_closed = async {
+        while sockets.open_count() > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    if tokio::time::timeout(grace, async {
+        tokio::join!(graceful.shutdown(), sockets_closed);
+    })
+    .await
+    .is_err()
     {
         tracing::warn!("shutdown grace ran out with requests still open");
     }

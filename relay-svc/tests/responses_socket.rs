@@ -28,6 +28,14 @@ struct Harness {
 }
 
 async fn start(sockets: SocketSettings) -> Harness {
+    start_until(sockets, std::future::pending()).await
+}
+
+/// [`start`], the relay shutting down when `shutdown` completes.
+async fn start_until(
+    sockets: SocketSettings,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Harness {
     let upstream = FakeUpstream::start().await.expect("fake upstream");
     let yaml = format!(
         "api_keys:\n  - {{key: {KEY}, user: alice, group: default}}\naccounts:\n  - {{name: o, platform: openai, base_url: \"{}\", credential: cred-o, concurrency: 2}}\nprices:\n  gpt-x: {{input: 2, output: 8}}\n",
@@ -64,8 +72,8 @@ async fn start(sockets: SocketSettings) -> Harness {
         relay,
         listener,
         None,
-        std::future::pending(),
-        Duration::from_secs(1),
+        shutdown,
+        Duration::from_secs(5),
     ));
     // The engines live as long as the relay serving over them.
     std::mem::forget(engines);
@@ -298,4 +306,29 @@ async fn a_socket_that_sends_nothing_is_closed_and_an_operator_can_turn_the_sock
         .map(|_| ())
         .expect_err("426 when turned off");
     assert_eq!(status, 426, "Codex falls back to HTTP at once on 426");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_shutting_down_closes_its_sockets_going_away_once_their_turn_is_answered() {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let h = start_until(SocketSettings::default(), async {
+        let _ = stopped.await;
+    })
+    .await;
+    let mut socket = connect(h.addr, KEY).await.expect("the upgrade");
+    let answered = turn(&mut socket, create(json!([user("one")]), None)).await;
+    assert_eq!(
+        answered.last().and_then(|e| e["type"].as_str()),
+        Some("response.completed")
+    );
+    let _ = stop.send(());
+    let closed = tokio::time::timeout(Duration::from_secs(5), socket.next())
+        .await
+        .expect("closed within the grace");
+    match closed {
+        Some(Ok(Message::Close(Some(frame)))) => {
+            assert_eq!(u16::from(frame.code), 1001, "going away: {frame:?}")
+        }
+        other => panic!("expected a close frame with 1001, got {other:?}"),
+    }
 }

@@ -54,9 +54,22 @@ impl Default for SocketSettings {
     }
 }
 
-/// Open sockets per client key.
-#[derive(Debug, Default, Clone)]
-pub struct OpenSockets(Arc<Mutex<HashMap<i64, usize>>>);
+/// Open sockets per client key, and the relay's shutdown as the sockets see it.
+#[derive(Debug, Clone)]
+pub struct OpenSockets {
+    per_key: Arc<Mutex<HashMap<i64, usize>>>,
+    /// `true` once the relay shuts down: each socket closes after its turn (1001).
+    closing: tokio::sync::watch::Sender<bool>,
+}
+
+impl Default for OpenSockets {
+    fn default() -> Self {
+        OpenSockets {
+            per_key: Arc::default(),
+            closing: tokio::sync::watch::Sender::new(false),
+        }
+    }
+}
 
 /// One key's open socket, given back when dropped.
 pub struct SocketSlot {
@@ -65,8 +78,24 @@ pub struct SocketSlot {
 }
 
 impl OpenSockets {
+    /// The relay shuts down: every socket closes once its turn is answered (an idle one at once),
+    /// with 1001 "going away", on which Codex opens a new one (on another relay) and resends the
+    /// conversation.
+    pub fn close_all(&self) {
+        self.closing.send_replace(true);
+    }
+
+    /// Open sockets, all keys together.
+    pub fn open_count(&self) -> usize {
+        self.per_key
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .sum()
+    }
+
     fn open(&self, key: i64, limit: usize) -> Option<SocketSlot> {
-        let mut open = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut open = self.per_key.lock().unwrap_or_else(|p| p.into_inner());
         let count = open.entry(key).or_default();
         if *count >= limit {
             return None;
@@ -81,7 +110,7 @@ impl OpenSockets {
 
 impl Drop for SocketSlot {
     fn drop(&mut self) {
-        let mut open = self.open.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut open = self.open.per_key.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(count) = open.get_mut(&self.key) {
             *count = count.saturating_sub(1);
             if *count == 0 {
@@ -222,10 +251,18 @@ async fn serve(
     // A message the client sent while the last turn's answer was ending (after its terminal
     // event): the next turn.
     let mut early: Option<Message> = None;
+    let mut closing = front.sockets.closing.subscribe();
     loop {
+        if *closing.borrow_and_update() {
+            close(&mut sink, 1001, "the relay is shutting down").await;
+            return;
+        }
         let next = match early.take() {
             Some(message) => Ok(Some(Ok(message))),
-            None => tokio::time::timeout(wait, source.next()).await,
+            None => tokio::select! {
+                next = tokio::time::timeout(wait, source.next()) => next,
+                _ = closing.changed() => continue,
+            },
         };
         let message = match next {
             Err(_) => {
@@ -647,6 +684,7 @@ mod tests {
     fn a_keys_sockets_are_bounded_and_given_back() {
         let open = OpenSockets::default();
         let first = open.open(7, 2).expect("first");
+        assert_eq!(open.open_count(), 1);
         let _second = open.open(7, 2).expect("second");
         assert!(open.open(7, 2).is_none(), "the third is refused");
         assert!(open.open(8, 2).is_some(), "another key's are its own");
