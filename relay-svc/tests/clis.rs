@@ -141,6 +141,27 @@ async fn distributed(backends: &common::Backends) -> Distributed {
     }
 }
 
+/// A `chatgpt_oauth` account on `upstream`'s ChatGPT backend with `token` (refreshable, far from
+/// expiry), for the distributed mode's store.
+fn chatgpt_account(upstream: &FakeUpstream, token: &str) -> selector_svc::store::AccountInput {
+    let mut account = common::account(
+        "chatgpt",
+        &format!("{}/backend-api", upstream.base_url),
+        4,
+        0,
+    );
+    account.platform = Platform::OpenAi;
+    account.credential_kind = poolgate_core::account::CredentialKind::ChatGptOAuth;
+    account.credential = Some(poolgate_core::account::Secret::new(token));
+    account.oauth = Some(poolgate_core::account::OAuthState {
+        refresh_token: poolgate_core::account::Secret::new("rt-cli"),
+        expires_at_ms: 4_102_444_800_000,
+        token_url: format!("{}/oauth/token", upstream.base_url),
+        client_id: String::new(),
+    });
+    account
+}
+
 fn header<'a>(request: &'a SeenRequest, name: &str) -> Option<&'a str> {
     request.headers.get(name).and_then(|v| v.to_str().ok())
 }
@@ -301,21 +322,7 @@ async fn codex_works_through_a_chatgpt_subscription_account_in_both_modes() {
     // Distributed.
     let backends = common::backends().await.expect("backends start");
     let upstream = FakeUpstream::start().await.expect("fake upstream");
-    let mut account = common::account(
-        "chatgpt",
-        &format!("{}/backend-api", upstream.base_url),
-        4,
-        0,
-    );
-    account.platform = Platform::OpenAi;
-    account.credential_kind = poolgate_core::account::CredentialKind::ChatGptOAuth;
-    account.credential = Some(poolgate_core::account::Secret::new(token.clone()));
-    account.oauth = Some(poolgate_core::account::OAuthState {
-        refresh_token: poolgate_core::account::Secret::new("rt-cli"),
-        expires_at_ms: 4_102_444_800_000,
-        token_url: format!("{}/oauth/token", upstream.base_url),
-        client_id: String::new(),
-    });
+    let account = chatgpt_account(&upstream, &token);
     backends
         .store
         .upsert_account(&account)
@@ -383,27 +390,13 @@ async fn codex_over_the_websocket_works_in_both_modes_on_api_key_and_chatgpt_acc
         // Distributed.
         let backends = common::backends().await.expect("backends start");
         let upstream = FakeUpstream::start().await.expect("fake upstream");
-        let mut input = if chatgpt {
-            common::account(
-                "chatgpt",
-                &format!("{}/backend-api", upstream.base_url),
-                4,
-                0,
-            )
+        let input = if chatgpt {
+            chatgpt_account(&upstream, &token)
         } else {
-            common::account("api", &upstream.base_url, 4, 0)
+            let mut api = common::account("api", &upstream.base_url, 4, 0);
+            api.platform = Platform::OpenAi;
+            api
         };
-        input.platform = Platform::OpenAi;
-        if chatgpt {
-            input.credential_kind = poolgate_core::account::CredentialKind::ChatGptOAuth;
-            input.credential = Some(poolgate_core::account::Secret::new(token.clone()));
-            input.oauth = Some(poolgate_core::account::OAuthState {
-                refresh_token: poolgate_core::account::Secret::new("rt-ws"),
-                expires_at_ms: 4_102_444_800_000,
-                token_url: format!("{}/oauth/token", upstream.base_url),
-                client_id: String::new(),
-            });
-        }
         backends
             .store
             .upsert_account(&input)
