@@ -85,6 +85,15 @@ type Socket =
 
 /// Opens the socket as Codex does; `Err` with the refusal's status and body.
 async fn connect(addr: std::net::SocketAddr, key: &str) -> Result<Socket, (u16, String)> {
+    connect_session(addr, key, "thread-1").await
+}
+
+/// [`connect`] for the Codex thread `session`.
+async fn connect_session(
+    addr: std::net::SocketAddr,
+    key: &str,
+    session: &str,
+) -> Result<Socket, (u16, String)> {
     let mut request = format!("ws://{addr}/v1/responses")
         .into_client_request()
         .expect("a request");
@@ -97,7 +106,7 @@ async fn connect(addr: std::net::SocketAddr, key: &str) -> Result<Socket, (u16, 
         "openai-beta",
         "responses_websockets=2026-02-06".parse().expect("header"),
     );
-    headers.insert("session_id", "thread-1".parse().expect("header"));
+    headers.insert("session_id", session.parse().expect("header"));
     match tokio_tungstenite::connect_async(request).await {
         Ok((socket, _)) => Ok(socket),
         Err(tokio_tungstenite::tungstenite::Error::Http(response)) => Err((
@@ -330,5 +339,94 @@ async fn a_relay_shutting_down_closes_its_sockets_going_away_once_their_turn_is_
             assert_eq!(u16::from(frame.code), 1001, "going away: {frame:?}")
         }
         other => panic!("expected a close frame with 1001, got {other:?}"),
+    }
+}
+
+/// Distributed: two relays over one selector, two accounts. A conversation started on relay A's
+/// socket continues on relay B (a new socket, as after a reconnect): B refuses the continuation
+/// it cannot know with `previous_response_not_found`, the client resends the whole conversation,
+/// and it reaches the account that served the first turn (the session's binding, asked of the
+/// selector by relay B).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_moved_to_another_relay_reaches_the_account_that_holds_it() {
+    let backends = poolgate_stack::backends().await.expect("backends start");
+    let upstream = FakeUpstream::start().await.expect("fake upstream");
+    for name in ["one", "two"] {
+        let mut account = poolgate_stack::account(name, &upstream.base_url, 4, 0);
+        account.platform = poolgate_core::account::Platform::OpenAi;
+        backends
+            .store
+            .upsert_account(&account)
+            .await
+            .expect("account");
+    }
+    let (_, key) = backends
+        .store
+        .create_api_key("socket", "socket", "default", 0)
+        .await
+        .expect("key");
+    let (_selector, selector_addr) = poolgate_stack::selector(&backends).await.expect("selector");
+    let (_admission, admission_addr) =
+        poolgate_stack::admission(&backends.redis.url(), Default::default())
+            .await
+            .expect("admission");
+    let relay = || {
+        poolgate_stack::relay(
+            vec![format!("http://{selector_addr}")],
+            vec![format!("http://{admission_addr}")],
+            RelaySettings::default(),
+        )
+    };
+    let (a, b) = (
+        relay().await.expect("relay a"),
+        relay().await.expect("relay b"),
+    );
+    // Six conversations: each must come back to its own first account (by chance, 1 in 64).
+    for n in 0..6 {
+        let session = format!("thread-moved-{n}");
+        let before = upstream.seen_requests().len();
+        let mut on_a = connect_session(a, key.expose(), &session)
+            .await
+            .expect("relay A's socket");
+        let first = turn(&mut on_a, create(json!([user("one")]), None)).await;
+        let id = first
+            .last()
+            .and_then(|e| e["response"]["id"].as_str())
+            .expect("completed")
+            .to_owned();
+        let served_first = upstream.seen_requests()[before].credential();
+        // The session is bound after the first turn's success, written through to the selector.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+
+        let mut on_b = connect_session(b, key.expose(), &session)
+            .await
+            .expect("relay B's socket");
+        let refused = turn(&mut on_b, create(json!([user("two")]), Some(&id))).await;
+        assert_eq!(refused.len(), 1, "{refused:?}");
+        assert_eq!(refused[0]["error"]["code"], "previous_response_not_found");
+        assert_eq!(
+            upstream.seen_requests().len(),
+            before + 1,
+            "no upstream call for it"
+        );
+        let mut whole = first
+            .iter()
+            .filter(|e| e["type"] == "response.output_item.done")
+            .map(|e| e["item"].clone())
+            .collect::<Vec<_>>();
+        whole.insert(0, user("one"));
+        whole.push(user("two"));
+        let resent = turn(&mut on_b, create(Value::Array(whole), None)).await;
+        assert_eq!(
+            resent.last().and_then(|e| e["type"].as_str()),
+            Some("response.completed")
+        );
+        let seen = upstream.seen_requests();
+        assert_eq!(seen.len(), before + 2);
+        assert_eq!(
+            seen[before + 1].credential(),
+            served_first,
+            "conversation {n}: the resent conversation reaches the account of its first turn"
+        );
     }
 }
