@@ -12,10 +12,9 @@ use std::time::Duration;
 
 mod common;
 
-use common::processes::{Env, Process};
-use poolgate_select::crypto::Keyring;
+use common::processes::{Databases, Env, Process};
 use poolgate_testkit::fake_upstream::FakeUpstream;
-use poolgate_testkit::{PostgresServer, RedisServer, eventually, free_port};
+use poolgate_testkit::{eventually, free_port};
 use serde_json::{Value, json};
 
 const SELECTORS: usize = 2;
@@ -114,16 +113,14 @@ async fn request(http: &reqwest::Client, port: u16, key: &str) -> Result<(), (u1
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn relays_keep_serving_from_their_view_while_every_selector_is_down() {
-    let (postgres, redis) = tokio::join!(PostgresServer::start(), RedisServer::start());
-    let (postgres, redis) = (postgres.expect("postgres"), redis.expect("redis"));
+    let Databases {
+        postgres: _postgres,
+        redis: _redis,
+        store,
+        env,
+    } = Databases::start().await;
     let upstream = FakeUpstream::start().await.expect("upstream");
     upstream.set_delay(Duration::from_millis(20));
-    let keys = format!("k1:{}", Keyring::generate_key());
-    let keyring = Keyring::parse(&keys, None).expect("keyring");
-    let store = selector_svc::store::PostgresSource::connect(&postgres.url(), Arc::new(keyring))
-        .await
-        .expect("connect");
-    store.migrate().await.expect("migrate");
     for n in 0..4 {
         let input = common::account(&format!("outage-{n}"), &upstream.base_url, 4, 0);
         store.upsert_account(&input).await.expect("account");
@@ -133,14 +130,6 @@ async fn relays_keep_serving_from_their_view_while_every_selector_is_down() {
         .await
         .expect("api key");
     let admission_port = free_port().expect("port");
-    let env = Env {
-        vars: vec![
-            ("POOLGATE_DATABASE_URL".into(), postgres.url()),
-            ("POOLGATE_REDIS_URL".into(), redis.url()),
-            ("POOLGATE_CREDENTIAL_KEYS".into(), keys),
-            ("SELECTOR_ADMIN_TOKEN".into(), "admin-token".into()),
-        ],
-    };
     let _admission = env.spawn(
         "admission-svc",
         "admission",

@@ -3,17 +3,15 @@
 //! the turn holds one lease while it runs, and once the relay is gone that lease is reaped within
 //! admission's orphan grace, as an HTTP request's is.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod common;
 
-use common::processes::Env;
+use common::processes::Databases;
 use futures_util::SinkExt;
 use poolgate_runtime::redis_keys::AccountKeys;
-use poolgate_select::crypto::Keyring;
 use poolgate_testkit::fake_upstream::FakeUpstream;
-use poolgate_testkit::{PostgresServer, RedisServer, eventually, free_port};
+use poolgate_testkit::{RedisServer, eventually, free_port};
 use serde_json::json;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
@@ -43,17 +41,15 @@ async fn live_leases(redis: &RedisServer, account: i64) -> u32 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_turn_cut_by_a_relays_kill_frees_its_slot_within_the_orphan_grace() {
-    let (postgres, redis) = tokio::join!(PostgresServer::start(), RedisServer::start());
-    let (postgres, redis) = (postgres.expect("postgres"), redis.expect("redis"));
+    let Databases {
+        postgres: _postgres,
+        redis,
+        store,
+        env,
+    } = Databases::start().await;
     let upstream = FakeUpstream::start().await.expect("upstream");
     // A long answer: the turn is still streaming when the relay dies.
     upstream.set_chunk_delay(Duration::from_millis(1500));
-    let keys = format!("k1:{}", Keyring::generate_key());
-    let keyring = Keyring::parse(&keys, None).expect("keyring");
-    let store = selector_svc::store::PostgresSource::connect(&postgres.url(), Arc::new(keyring))
-        .await
-        .expect("connect");
-    store.migrate().await.expect("migrate");
     let mut input = common::account("socket", &upstream.base_url, 1, 0);
     input.platform = poolgate_core::account::Platform::OpenAi;
     let account = store.upsert_account(&input).await.expect("account");
@@ -61,13 +57,6 @@ async fn a_turn_cut_by_a_relays_kill_frees_its_slot_within_the_orphan_grace() {
         .create_api_key("socket", "socket", "default", 0)
         .await
         .expect("api key");
-    let env = Env {
-        vars: vec![
-            ("POOLGATE_DATABASE_URL".into(), postgres.url()),
-            ("POOLGATE_REDIS_URL".into(), redis.url()),
-            ("POOLGATE_CREDENTIAL_KEYS".into(), keys),
-        ],
-    };
     let (selector_port, admission_port, relay_port) = (
         free_port().expect("port"),
         free_port().expect("port"),

@@ -26,6 +26,9 @@ use http::{HeaderMap, HeaderValue, StatusCode, Uri};
 use serde_json::{Map, Value, json};
 
 use super::{Front, Route, client_key, closing, handle};
+use events::{Turn, relay_error, sse_data};
+
+mod events;
 use crate::client_api::{Api, ErrorKind, RelayError};
 use poolgate_core::keys::Endpoint;
 
@@ -503,96 +506,6 @@ async fn turn(
     Ok(early)
 }
 
-/// What a turn's events said.
-#[derive(Default)]
-struct Turn {
-    /// The id of the response, once `response.completed` came.
-    completed: Option<String>,
-    /// A terminal event other than completion came (failed, incomplete, error).
-    terminal: bool,
-    /// The output items, in order.
-    output: Vec<Value>,
-}
-
-impl Turn {
-    /// Whether the answer's terminal event went out.
-    fn ended(&self) -> bool {
-        self.completed.is_some() || self.terminal
-    }
-
-    /// Notes an event and answers the frame to send: the event as it came, but a
-    /// `response.done` is sent as `response.completed`, the only success Codex reads.
-    fn take(&mut self, data: String) -> String {
-        let Ok(mut event) = serde_json::from_str::<Value>(&data) else {
-            return data;
-        };
-        let kind = event
-            .get("type")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        match kind {
-            "response.output_item.done" => {
-                if let Some(item) = event.get("item") {
-                    self.output.push(item.clone());
-                }
-                data
-            }
-            "response.completed" | "response.done" => {
-                self.completed = event
-                    .pointer("/response/id")
-                    .and_then(Value::as_str)
-                    .map(str::to_owned);
-                if kind == "response.done" {
-                    event["type"] = json!("response.completed");
-                    event.to_string()
-                } else {
-                    data
-                }
-            }
-            "response.failed" | "response.incomplete" | "error" => {
-                self.terminal = true;
-                data
-            }
-            _ => data,
-        }
-    }
-}
-
-/// The `data:` of one SSE event (its lines joined); `None` for a comment or an empty event.
-fn sse_data(event: &str) -> Option<String> {
-    let lines: Vec<&str> = event
-        .lines()
-        .filter_map(|line| {
-            line.strip_prefix("data:")
-                .map(|data| data.strip_prefix(' ').unwrap_or(data))
-        })
-        .collect();
-    (!lines.is_empty()).then(|| lines.join("\n"))
-}
-
-/// The relay's own refusal of a turn, as the platform's error event with its status.
-async fn relay_error(front: &Front, sink: &mut Sink, response: Response) -> Result<(), Ended> {
-    let status = response.status().as_u16();
-    let retry_after = response
-        .headers()
-        .get(http::header::RETRY_AFTER)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
-    let limit = front.relay.settings.max_body_bytes;
-    let body = axum::body::to_bytes(response.into_body(), limit)
-        .await
-        .unwrap_or_default();
-    let error = serde_json::from_slice::<Value>(&body)
-        .ok()
-        .and_then(|v| v.get("error").cloned())
-        .unwrap_or_else(|| json!({"type": "server_error", "message": "the request failed"}));
-    let mut event = json!({"type": "error", "status": status, "error": error});
-    if let Some(retry_after) = retry_after {
-        event["headers"] = json!({"retry-after": retry_after});
-    }
-    send(sink, event.to_string()).await
-}
-
 /// `generate: false`: nothing is generated, so nothing goes upstream; the socket answers with an
 /// empty completed response whose id the next turn may continue.
 async fn prewarm(
@@ -637,61 +550,4 @@ async fn prewarm(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sse_events_become_frames_and_done_reads_as_completed() {
-        assert_eq!(
-            sse_data("event: x\ndata: {\"a\":1}\n\n").as_deref(),
-            Some("{\"a\":1}")
-        );
-        assert_eq!(sse_data(": ping\n\n"), None);
-        let mut turn = Turn::default();
-        let item = turn.take(
-            r#"{"type":"response.output_item.done","item":{"type":"message","id":"m1"}}"#.into(),
-        );
-        assert!(item.contains("output_item.done"));
-        let done = turn.take(r#"{"type":"response.done","response":{"id":"resp_1"}}"#.into());
-        assert!(done.contains("\"response.completed\""), "{done}");
-        assert_eq!(turn.completed.as_deref(), Some("resp_1"));
-        assert_eq!(turn.output.len(), 1);
-    }
-
-    #[test]
-    fn the_turns_headers_drop_the_upgrade_and_the_socket_beta_only() {
-        let mut headers = HeaderMap::new();
-        headers.insert("upgrade", HeaderValue::from_static("websocket"));
-        headers.insert("sec-websocket-key", HeaderValue::from_static("k"));
-        headers.insert(
-            "openai-beta",
-            HeaderValue::from_static("responses_websockets=2026-02-06, other=1"),
-        );
-        headers.insert("session_id", HeaderValue::from_static("s"));
-        let turn = turn_headers(&headers);
-        assert!(turn.get("upgrade").is_none() && turn.get("sec-websocket-key").is_none());
-        assert_eq!(
-            turn.get("openai-beta").map(|v| v.as_bytes()),
-            Some(&b"other=1"[..])
-        );
-        assert_eq!(
-            turn.get("session_id").map(|v| v.as_bytes()),
-            Some(&b"s"[..])
-        );
-    }
-
-    #[test]
-    fn a_keys_sockets_are_bounded_and_given_back() {
-        let open = OpenSockets::default();
-        let first = open.open(7, 2).expect("first");
-        assert_eq!(open.open_count(), 1);
-        let _second = open.open(7, 2).expect("second");
-        assert!(open.open(7, 2).is_none(), "the third is refused");
-        assert!(open.open(8, 2).is_some(), "another key's are its own");
-        drop(first);
-        assert!(
-            open.open(7, 2).is_some(),
-            "a closed socket's slot comes back"
-        );
-    }
-}
+mod tests;

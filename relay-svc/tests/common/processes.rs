@@ -117,3 +117,45 @@ impl Env {
         String::from_utf8_lossy(&output.stdout).into_owned()
     }
 }
+
+/// A Redis, a migrated Postgres with its store (a fresh credential key), and the environment
+/// every service process gets over them.
+pub struct Databases {
+    pub postgres: poolgate_testkit::PostgresServer,
+    pub redis: poolgate_testkit::RedisServer,
+    pub store: selector_svc::store::PostgresSource,
+    pub env: Env,
+}
+
+impl Databases {
+    pub async fn start() -> Databases {
+        let (postgres, redis) = tokio::join!(
+            poolgate_testkit::PostgresServer::start(),
+            poolgate_testkit::RedisServer::start()
+        );
+        let (postgres, redis) = (postgres.expect("postgres"), redis.expect("redis"));
+        let keys = format!("k1:{}", poolgate_select::crypto::Keyring::generate_key());
+        let keyring = poolgate_select::crypto::Keyring::parse(&keys, None).expect("keyring");
+        let store = selector_svc::store::PostgresSource::connect(
+            &postgres.url(),
+            std::sync::Arc::new(keyring),
+        )
+        .await
+        .expect("connect");
+        store.migrate().await.expect("migrate");
+        let env = Env {
+            vars: vec![
+                ("POOLGATE_DATABASE_URL".into(), postgres.url()),
+                ("POOLGATE_REDIS_URL".into(), redis.url()),
+                ("POOLGATE_CREDENTIAL_KEYS".into(), keys),
+                ("SELECTOR_ADMIN_TOKEN".into(), "admin-token".into()),
+            ],
+        };
+        Databases {
+            postgres,
+            redis,
+            store,
+            env,
+        }
+    }
+}
