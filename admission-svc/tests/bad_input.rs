@@ -1,6 +1,6 @@
 //! Bad input on every RPC gets a clean status naming the field, and the server keeps serving.
 
-mod support;
+use crate::support;
 
 use poolgate_proto::admission::v1 as pb;
 use support::{Answer, LeaseStream, Store, TestServer, acquire, inflight_one};

@@ -2,7 +2,7 @@
 //! plus the cleanup of an uncertain acquire. Three admission replicas run in this process on one
 //! private Redis; the test stops and restarts that Redis.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

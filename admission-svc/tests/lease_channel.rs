@@ -5,7 +5,7 @@
 //! withdrawn; bad input ends one conversation; tags reused after their end; the bound on open
 //! conversations.
 
-mod support;
+use crate::support;
 
 use std::collections::HashSet;
 use std::time::Duration;

@@ -35,7 +35,7 @@
 //! whole channel, orphaning every lease on it at once. The model and the checks are the same
 //! for both transports.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::fmt;

@@ -1,7 +1,7 @@
 //! The lease semantics suite, written once and run against every backend: the memory backend and
 //! a real, private Redis per test (docs/DESIGN.md §4).
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! limit 5, and an independent observer — the test's own count of granted-and-not-yet-released
 //! leases.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};

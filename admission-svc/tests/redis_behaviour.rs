@@ -1,7 +1,7 @@
 //! Behaviour that only exists with Redis: zombie leases, the cooldown key contract, a Redis
 //! restart without persistence, a killed admission process, and a 3-master Redis Cluster.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

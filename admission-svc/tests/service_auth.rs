@@ -2,7 +2,7 @@
 //! service token (`UNAUTHENTICATED`, naming the metadata key); health checks stay open; the right
 //! token gets through.
 
-mod support;
+use crate::support;
 
 use poolgate_proto::FILE_DESCRIPTOR_SET;
 use poolgate_testkit::{call_empty, rpc_paths};

@@ -2,7 +2,7 @@
 //! publishes when the account has waiters, every replica subscribes), instead of at the waiter's
 //! next poll; and a release with nobody waiting publishes nothing.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -4,7 +4,7 @@
 //! how the relay is deployed: selection order, busy ≠ broken, failover, stickiness, `/v1/models`,
 //! usage windows read from every answer.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-mod common;
+use crate::common;
 
 use common::processes::{Env, Process};
 use poolgate_runtime::redis_keys::AccountKeys;

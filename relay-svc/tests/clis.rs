@@ -8,7 +8,7 @@
 //! The CLIs come from `scripts/clients.sh` (an `npm ci` into a cache outside the clone, keyed by
 //! the lockfile), or from `POOLGATE_CLIENTS_BIN`.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

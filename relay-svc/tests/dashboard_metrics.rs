@@ -8,7 +8,7 @@
 //! standalone relay, which embeds the engines, exports the status gauges and the added latency
 //! too.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;

@@ -1,7 +1,7 @@
 //! The distributed stack end to end: relay → selector (Postgres + Redis) and admission (Redis)
 //! over gRPC, against the fake upstream. Real Postgres and Redis, private to the test.
 
-mod common;
+use crate::common;
 
 use common::account;
 

@@ -3,8 +3,6 @@
 //! relay A hard-blocks the account, and relay B's next plans leave it out within a second of the
 //! report (measured: printed), without B asking the selector for a plan.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
 use poolgate_core::account::Platform;

@@ -3,7 +3,7 @@
 //! session and response bindings scoped to the client key, and `count_tokens` at its own rates.
 //! Standalone, and the response and session scoping once more over gRPC with Redis.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -24,7 +24,7 @@
 //! answers queued, what the client got). Replay with `POOLGATE_EVIDENCE_SEED=<seed>`; bound the
 //! random part per mode with `POOLGATE_EVIDENCE_SECS` (default 25).
 
-mod support;
+use crate::support;
 
 use std::fmt;
 use std::time::{Duration, Instant};

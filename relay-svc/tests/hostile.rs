@@ -5,7 +5,7 @@
 //! bounded; headers must arrive in time; bad JSON of every kind gets a 4xx in the client's format.
 //! (Memory figures are the benchmark's: docs/BENCHMARKS.md.)
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};

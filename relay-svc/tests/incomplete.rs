@@ -4,7 +4,7 @@
 //! the upstream gives nothing usable (unreachable, a folded stream that failed or just ended) is
 //! JSON in the client's API format.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! reason, before anything reaches an upstream; `/v1/models` lists only the key's models; and
 //! `GET /v1/poolgate/key` shows its holder that key and its usage, nothing of another key.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

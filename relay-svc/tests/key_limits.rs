@@ -5,7 +5,7 @@
 //! it. A refused request reaches no upstream and leaves the pool to every other key. The keys
 //! are made as an operator makes them: the standalone YAML, the selector's admin API.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -15,7 +15,7 @@
 //!    once with `stream_max_retries = 0`. The CLIs come from `scripts/clients.sh` or
 //!    `POOLGATE_CLIENTS_BIN`, as in clis.rs.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 //! `--lease-channels 0` gives every lease its own `Lease` stream, as before the channel. Either
 //! way the requests are served and every slot is free after the answers.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! What the relay does when admission answers `Lost` under a running request: a
 //! released lease is not resumed, the response finishes, and the loss is counted by reason.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -9,7 +9,7 @@
 //! listed for it (the operator's `blocks`), no breaker count; and the reading the 429 carried
 //! keeps Opus off it, so later Opus requests go straight to the other account.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

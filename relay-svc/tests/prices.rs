@@ -6,7 +6,7 @@
 //! such a model (403 naming it, no upstream call) and a key without one is served at $0, counted
 //! as `pricing="none"`.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

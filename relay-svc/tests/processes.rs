@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-mod common;
+use crate::common;
 
 use common::processes::Env;
 use poolgate_testkit::fake_upstream::FakeUpstream;

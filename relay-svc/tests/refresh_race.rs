@@ -20,7 +20,7 @@
 //!   requests that joined the confirmation at once with the block's 503, and none of them
 //!   reached the upstream meanwhile.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

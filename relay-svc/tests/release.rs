@@ -3,7 +3,7 @@
 //! chart's `appVersion`, a section of CHANGELOG.md, and a directory of `proto/releases/` holding
 //! the release's descriptor set (CHANGELOG.md, "How a release is cut").
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 

@@ -2,7 +2,7 @@
 //! streaming and non-streaming calls succeed. `bash scripts/test.sh` installs them into `.venv`
 //! (or set `POOLGATE_SDK_PYTHON` to a Python that has them).
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 

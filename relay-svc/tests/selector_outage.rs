@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-mod common;
+use crate::common;
 
 use common::processes::{Databases, Env, Process};
 use poolgate_testkit::fake_upstream::FakeUpstream;

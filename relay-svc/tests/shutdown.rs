@@ -2,7 +2,7 @@
 //! finish and frees everything; SIGTERM to one of two admission replicas under load never lets
 //! the upstream see more than an account's limit.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Stdio};
 use std::time::Duration;

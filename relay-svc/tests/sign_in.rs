@@ -5,7 +5,7 @@
 //! identity, serves requests with the token the sign-in got, survives a restart, and signing the
 //! same account in again updates it in place. A wrong `state` changes nothing and exits 2.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-mod common;
+use crate::common;
 
 use common::processes::Databases;
 use futures_util::SinkExt;

@@ -2,7 +2,7 @@
 //! "busy is not broken", client errors passed through, waiting, user limits, streaming
 //! (failover before the first byte, errors after it, keep-alives, disconnects), stickiness.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! with the admin token and refuse without it (`windows` among them: what the upstream's answers
 //! said about the accounts' usage windows).
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

@@ -5,7 +5,7 @@
 //! other-token cookie opens nothing; every answer carries the CSP; no credential shows beyond its
 //! last four characters. (`status_page_browser.rs` drives the page in a real browser.)
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

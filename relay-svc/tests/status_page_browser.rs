@@ -10,7 +10,7 @@
 //! `apt-get install -y chromium chromium-driver` and `pip install selenium` into `.venv` (set
 //! `POOLGATE_BROWSER_PYTHON` for another Python).
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

@@ -6,7 +6,7 @@
 //!
 //! Missing Chromium, chromedriver or Selenium is a failure naming what to install.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

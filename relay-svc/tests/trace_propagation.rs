@@ -6,7 +6,7 @@
 //! each conversation carries its request's trace context in its messages; on single-lease streams
 //! (`--lease-channels 0`) the stream's metadata carries it.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -8,7 +8,7 @@
 //! to `second` only while the relay knows that; without the readings both accounts are unknown
 //! and each new conversation reaches `first` about half the time.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Command, Stdio};

@@ -2,7 +2,7 @@
 //! `clear-block` and `restore` answer for an account the selector serves, and an account it does
 //! not serve is not found, as on a standalone relay (both run the engine's one admin API).
 
-mod support;
+use crate::support;
 
 use clap::Parser;
 use poolgate_operator::grpc::SelectorAdmin;

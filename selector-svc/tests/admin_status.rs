@@ -4,7 +4,7 @@
 //! and the block that decides its status with its reason and time left; and admission's failure
 //! policy and state from the replica registry. Only with the admin token.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! windows` shows, one row per account and window, with the share used, the time to its reset
 //! (`passed` once it reset) and its age; `--account` and `--group` narrow it.
 
-mod support;
+use crate::support;
 
 use clap::Parser;
 use poolgate_core::windows::{Scope, WindowKind, WindowReading, WindowStatus};

@@ -1,7 +1,7 @@
 //! Config reloads through NOTIFY, weighted selection across replicas, OAuth token refresh under
 //! the cluster-wide lock, credentials at rest, and bad input on every RPC.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

@@ -32,7 +32,7 @@ use poolgate_select::source::{AccountSource, MemorySource};
 use poolgate_testkit::{RedisServer, eventually};
 use tokio_util::sync::CancellationToken;
 
-mod support;
+use crate::support;
 use support::upstream;
 
 macro_rules! health_suite {

@@ -3,7 +3,7 @@
 //! admin token is answered only after a fixed delay, a flood of them past the cap is refused at
 //! once, and the right token is never locked out.
 
-mod support;
+use crate::support;
 
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;

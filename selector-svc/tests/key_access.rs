@@ -4,7 +4,7 @@
 //! `PERMISSION_DENIED` naming why, and carries a usable key's limits; `DescribeKey` shows a key
 //! to its holder; bad admin input is `INVALID_ARGUMENT` naming the field.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! carry them; bad input is `INVALID_ARGUMENT` naming the field; and admission's budget counters,
 //! lost to a Redis flush, are rebuilt from the usage ledger over the deployment's calendar.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

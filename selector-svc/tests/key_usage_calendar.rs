@@ -4,7 +4,7 @@
 //! periods admission counts budgets in, so the spend they show is each budget's; the operator's
 //! `keys` line shows it against the key's budgets.
 
-mod support;
+use crate::support;
 
 use poolgate_core::keys::UsagePeriod;
 use poolgate_core::lease::KeyLimits;

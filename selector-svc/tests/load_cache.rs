@@ -9,7 +9,7 @@
 //! replica writes is never served stale, and one another replica writes reaches this one within
 //! a second.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

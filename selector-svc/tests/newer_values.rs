@@ -4,7 +4,7 @@
 //! list it reads only the names it knows of, and never reads a list as wider than it was. The
 //! newer release is simulated as its migration would be: the CHECK widened, the value written.
 
-mod support;
+use crate::support;
 
 use poolgate_core::keys::{Endpoint, KeyAccess};
 use support::api_account;

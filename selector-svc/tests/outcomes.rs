@@ -1,7 +1,7 @@
 //! "Busy is not broken" (docs/DESIGN.md §1 and §5): what each outcome class does to an account,
 //! through the gRPC API, against real Postgres and Redis.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -6,7 +6,7 @@
 //! model released tomorrow getting its family's highest catalogue price; `usage` shows each
 //! model's usage with the price it was charged at.
 
-mod support;
+use crate::support;
 
 use clap::Parser;
 use poolgate_operator::grpc::SelectorAdmin;

@@ -3,7 +3,7 @@
 //! lands. Before, the probe's engine was built by hand without the retry task: such a lease
 //! held the account's slot until its ttl (2 minutes).
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -4,7 +4,7 @@
 //! `selector-svc admin upsert-account` (a clear error exit). The standalone file's refusal is
 //! `relay-svc`'s `standalone::config` test.
 
-mod support;
+use crate::support;
 
 use poolgate_proto::selector::v1 as pb;
 use support::{Backends, Replica, admin, fast_settings};

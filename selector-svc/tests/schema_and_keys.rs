@@ -1,6 +1,6 @@
 //! The schema check, key rotation, and credentials bound to their rows, against a real Postgres.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 

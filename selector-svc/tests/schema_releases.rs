@@ -4,7 +4,7 @@
 //! schema needing a later release, or recording none, is refused naming both, as is one behind
 //! this build.
 
-mod support;
+use crate::support;
 
 use std::process::{Command, Output};
 use std::sync::Arc;

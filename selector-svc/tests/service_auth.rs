@@ -2,7 +2,7 @@
 //! usage, the admin API) refuses a caller without, or with a wrong, service token; the admin RPCs
 //! also keep their admin token; health checks stay open.
 
-mod support;
+use crate::support;
 
 use poolgate_proto::FILE_DESCRIPTOR_SET;
 use poolgate_testkit::{call_empty, rpc_paths};

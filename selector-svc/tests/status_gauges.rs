@@ -3,7 +3,7 @@
 //! `selector_group_eligible{group}` follows the selection engine's own rules. Real Postgres and
 //! Redis; the blocks are written through the engine's health store, as outcomes write them.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -7,7 +7,7 @@
 //! `relay-svc/tests/clis.rs` finds them. Without them the checks print a note and pass, except
 //! under `CI=true`, where they fail.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::io::Read;
