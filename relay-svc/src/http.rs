@@ -175,6 +175,8 @@ struct Route {
     query: Option<String>,
     /// Requests that cost nothing and take no lease (count_tokens).
     ungoverned: bool,
+    /// A turn from a client's Responses socket (`socket.rs`).
+    socket: Option<crate::proxy::upstream_socket::SocketTurn>,
 }
 
 impl Route {
@@ -185,6 +187,7 @@ impl Route {
             endpoint,
             query: uri.query().filter(|q| !q.is_empty()).map(str::to_owned),
             ungoverned: false,
+            socket: None,
         }
     }
 }
@@ -390,6 +393,7 @@ async fn handle_inner(front: Front, route: Route, headers: HeaderMap, body: Axum
         endpoint,
         query,
         ungoverned,
+        socket,
     } = route;
     let relay = front.relay.clone();
     relay.metrics.requests.with_label_values(&[path]).inc();
@@ -494,6 +498,7 @@ async fn handle_inner(front: Front, route: Route, headers: HeaderMap, body: Axum
         previous_response_id,
         ungoverned,
         buffered,
+        socket,
     };
     if !stream {
         return respond(relay.run(inbound).await);

@@ -32,11 +32,17 @@ pub struct Metrics {
     /// on a key with a budget where the operator refuses those (`unpriced`); never the key.
     pub key_refusals: IntCounterVec,
     /// relay_socket_turns_total{kind}: `response.create` messages on Responses WebSockets:
-    /// `turn` (run through the relay), `continued` (a continuation of the socket's previous turn,
-    /// sent upstream whole), `previous_response_not_found` (a `store: false` continuation of a
+    /// `turn` (run through the relay), `continued` (a continuation of the socket's previous turn:
+    /// as sent on the upstream socket that holds it, else whole), `previous_response_not_found` (a `store: false` continuation of a
     /// response this socket did not make: the client resends the conversation), `prewarm`
     /// (`generate: false`, answered without an upstream call).
     pub socket_turns: IntCounterVec,
+    /// relay_upstream_sockets_total{event}: socket turns toward the upstream's own socket:
+    /// `opened`, `reused`, `refused` (the upgrade answered an error, classified as over HTTP),
+    /// `resent_whole` (a continuation the upstream no longer held, sent whole), `aged` (the
+    /// upstream's hour was up: a new socket), `http_no_socket` and `http_large` (the turn went
+    /// over HTTP: no socket there, or a message of 16 MiB or more).
+    pub upstream_sockets: IntCounterVec,
     pub upstream_seconds: HistogramVec,
     pub first_byte_seconds: HistogramVec,
     /// relay_added_seconds{platform}: the time a request that reached an upstream spent in the
@@ -97,8 +103,13 @@ impl Metrics {
             ),
             socket_turns: counter_vec(
                 "relay_socket_turns_total",
-                "response.create messages on Responses WebSockets by kind: turn (run through the relay), continued (the socket's previous turn continued, sent upstream whole), previous_response_not_found (a store:false continuation of a response this socket did not make), prewarm (generate:false, no upstream call).",
+                "response.create messages on Responses WebSockets by kind: turn (run through the relay), continued (the socket's previous turn continued: as sent on the upstream socket that holds it, else whole), previous_response_not_found (a store:false continuation of a response this socket did not make), prewarm (generate:false, no upstream call).",
                 &["kind"],
+            ),
+            upstream_sockets: counter_vec(
+                "relay_upstream_sockets_total",
+                "Socket turns toward the upstream's own Responses WebSocket by event: opened, reused, refused (the upgrade answered an error), resent_whole (a continuation the upstream no longer held), aged (its hour was up), http_no_socket and http_large (the turn went over HTTP).",
+                &["event"],
             ),
             unpriced_usage: counter_vec(
                 "relay_unpriced_usage_total",

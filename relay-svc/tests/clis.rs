@@ -383,7 +383,13 @@ async fn codex_over_the_websocket_works_in_both_modes_on_api_key_and_chatgpt_acc
             socket_turns(&relay) >= 1,
             "the turn ran on the socket (standalone, chatgpt {chatgpt})"
         );
-        assert!(!upstream.seen_requests().is_empty());
+        assert!(
+            upstream
+                .seen_requests()
+                .iter()
+                .any(|r| !r.probe && r.socket.is_some()),
+            "the turn reached the upstream over its own socket (standalone, chatgpt {chatgpt})"
+        );
         if chatgpt {
             check_codex_on_chatgpt(&upstream.seen_requests());
         }
@@ -425,6 +431,13 @@ async fn codex_over_the_websocket_works_in_both_modes_on_api_key_and_chatgpt_acc
         assert!(
             socket_turns(&relay) >= 1,
             "the turn ran on the socket (distributed, chatgpt {chatgpt})"
+        );
+        assert!(
+            upstream
+                .seen_requests()
+                .iter()
+                .any(|r| !r.probe && r.socket.is_some()),
+            "the turn reached the upstream over its own socket (distributed, chatgpt {chatgpt})"
         );
         if chatgpt {
             check_codex_on_chatgpt(&upstream.seen_requests());

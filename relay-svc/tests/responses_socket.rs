@@ -1,8 +1,10 @@
 //! The Responses API over a WebSocket (Codex's transport; docs/DESIGN.md §6, "Codex over
 //! WebSocket"), in standalone mode against the fake upstream, with a WebSocket client of its own:
 //! the key checked before the upgrade; each `response.create` a turn run through the relay (one
-//! upstream call, its events one per text frame); a continuation of the socket's own previous
-//! turn sent upstream whole; a `store: false` continuation of anything else refused with the
+//! upstream call, its events one per text frame); on the upstream's own socket (one per client
+//! socket) a continuation goes on as sent, and a broken upstream socket is replaced on the next
+//! turn; where the upstream has none, each turn over HTTP with the whole conversation; an
+//! upstream refusal on the socket counted as over HTTP; a `store: false` continuation of anything else refused with the
 //! platform's `previous_response_not_found` before any upstream call; a prewarm answered without
 //! one; the socket bound per key; and the operator's switch back to 426.
 
@@ -159,8 +161,10 @@ fn user(text: &str) -> Value {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_conversation_on_the_socket_is_one_upstream_call_per_turn_with_the_whole_input() {
+async fn over_http_where_the_upstream_has_no_socket_each_turn_is_one_call_with_the_whole_input() {
     let h = start(SocketSettings::default()).await;
+    // An upstream that answers the upgrade 405: every turn is bridged to HTTP.
+    h.upstream.set_sockets(false);
     let mut socket = connect(h.addr, KEY).await.expect("the upgrade");
 
     let first = turn(&mut socket, create(json!([user("one")]), None)).await;
@@ -176,6 +180,7 @@ async fn a_conversation_on_the_socket_is_one_upstream_call_per_turn_with_the_who
     let seen = h.upstream.seen_requests();
     assert_eq!(seen.len(), 1, "one upstream call");
     assert_eq!(seen[0].path, "/v1/responses");
+    assert_eq!(seen[0].socket, None, "over HTTP");
     assert_eq!(seen[0].body["stream"], true);
     assert!(
         seen[0].body.get("type").is_none(),
@@ -214,6 +219,126 @@ async fn a_conversation_on_the_socket_is_one_upstream_call_per_turn_with_the_who
         seen[1].credential(),
         "the same account"
     );
+    assert_eq!(h.upstream.sockets_opened(), 0);
+}
+
+fn completed_id(events: &[Value]) -> String {
+    let last = events.last().cloned().unwrap_or(Value::Null);
+    assert_eq!(last["type"], "response.completed", "{events:?}");
+    last["response"]["id"]
+        .as_str()
+        .expect("the response id")
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_keeps_one_upstream_socket_and_a_broken_one_is_replaced_on_the_next_turn() {
+    let h = start(SocketSettings::default()).await;
+    let mut socket = connect(h.addr, KEY).await.expect("the upgrade");
+
+    let first = completed_id(&turn(&mut socket, create(json!([user("one")]), None)).await);
+    let seen = h.upstream.seen_requests();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].socket, Some(1), "on the upstream's socket");
+    assert_eq!(seen[0].path, "/v1/responses");
+    assert_eq!(seen[0].body["type"], "response.create");
+    assert_eq!(seen[0].body["input"], json!([user("one")]));
+    assert_eq!(
+        seen[0].credential(),
+        "cred-o",
+        "the account's key, not the client's"
+    );
+    assert_eq!(
+        seen[0]
+            .headers
+            .get("openai-beta")
+            .and_then(|v| v.to_str().ok()),
+        Some("responses_websockets=2026-02-06"),
+        "the client's own socket flag, passed on"
+    );
+
+    // Each continuation goes on the socket that holds its response, as the client sent it.
+    let second = completed_id(&turn(&mut socket, create(json!([user("two")]), Some(&first))).await);
+    let third =
+        completed_id(&turn(&mut socket, create(json!([user("three")]), Some(&second))).await);
+    let seen = h.upstream.seen_requests();
+    assert_eq!(seen.len(), 3);
+    for (n, (request, previous, text)) in [(&seen[1], &first, "two"), (&seen[2], &second, "three")]
+        .into_iter()
+        .enumerate()
+    {
+        assert_eq!(
+            request.socket,
+            Some(1),
+            "turn {n}: the same upstream socket"
+        );
+        assert_eq!(request.body["previous_response_id"], json!(previous));
+        assert_eq!(
+            request.body["input"],
+            json!([user(text)]),
+            "the new input alone"
+        );
+    }
+    assert_eq!(h.upstream.sockets_opened(), 1);
+
+    // The upstream socket breaks mid-answer: the turn ends in an error event, the client socket
+    // stays open, and the next turn (Codex resends the whole conversation) opens a new one.
+    h.upstream.script_clients(
+        "cred-o",
+        [poolgate_testkit::fake_upstream::Scripted::BrokenStream],
+    );
+    let broken = turn(&mut socket, create(json!([user("four")]), Some(&third))).await;
+    assert_eq!(
+        broken.last().and_then(|e| e["type"].as_str()),
+        Some("error"),
+        "{broken:?}"
+    );
+    let resent = turn(
+        &mut socket,
+        create(
+            json!([user("one"), user("two"), user("three"), user("four")]),
+            None,
+        ),
+    )
+    .await;
+    completed_id(&resent);
+    assert_eq!(h.upstream.sockets_opened(), 2, "a new upstream socket");
+    let seen = h.upstream.seen_requests();
+    let last = seen.last().expect("the resent turn");
+    assert_eq!(last.socket, Some(2));
+    assert!(last.body.get("previous_response_id").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_refusal_on_the_socket_counts_as_it_would_over_http() {
+    use poolgate_testkit::fake_upstream::{Window, WindowBudgets, WindowUnit};
+    let h = start(SocketSettings::default()).await;
+    // One request in its five-hour window: the second gets the usage-limit 429, here as the
+    // socket's error event with the window headers.
+    h.upstream.set_windows(
+        "cred-o",
+        WindowBudgets {
+            unit: WindowUnit::Requests,
+            five_hour: Some(Window::new(Duration::from_secs(3600), 1)),
+            ..WindowBudgets::default()
+        },
+    );
+    let mut socket = connect(h.addr, KEY).await.expect("the upgrade");
+    completed_id(&turn(&mut socket, create(json!([user("one")]), None)).await);
+    let refused = turn(&mut socket, create(json!([user("again")]), None)).await;
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(refused[0]["type"], "error");
+    assert_eq!(refused[0]["status"], 429, "{refused:?}");
+    assert_eq!(h.upstream.seen_requests().len(), 2);
+    // The account is blocked until its window resets, as after the same 429 over HTTP: the next
+    // turn reaches no upstream.
+    let next = turn(&mut socket, create(json!([user("later")]), None)).await;
+    assert_eq!(
+        next.last().and_then(|e| e["type"].as_str()),
+        Some("error"),
+        "{next:?}"
+    );
+    assert_eq!(h.upstream.seen_requests().len(), 2, "no upstream call");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,9 +6,11 @@
 //! while the socket idles), its events sent back one per text frame as the platform sends them.
 //!
 //! Continuations: a turn naming the response the previous turn on this socket produced, with
-//! `store: false` (what Codex sends), carries only the new input; the relay sends upstream the
-//! whole conversation (the previous turn's input, its output items, the new input), as Codex
-//! itself does when it falls back to HTTP, on the session's account. A `store: false` turn naming
+//! `store: false` (what Codex sends), carries only the new input. It goes on as sent on the
+//! upstream socket that produced that response (`proxy/upstream_socket.rs`: one per client
+//! socket, on ChatGPT accounts and OpenAI API keys); anywhere else (over HTTP, a new upstream
+//! socket, another account) the relay sends the whole conversation (the previous turn's input,
+//! its output items, the new input), as Codex itself does when it falls back to HTTP. A `store: false` turn naming
 //! any other response gets the platform's `previous_response_not_found` error event before any
 //! output, on which Codex resends the whole conversation: never a wrong answer, never another
 //! account's context. A `store: true` continuation is passed on as over HTTP (the response
@@ -30,6 +32,7 @@ use events::{Turn, relay_error, sse_data};
 
 mod events;
 use crate::client_api::{Api, ErrorKind, RelayError};
+use crate::proxy::upstream_socket::{SocketTurn, UpstreamSocket};
 use poolgate_core::keys::Endpoint;
 
 /// How the socket is bounded.
@@ -169,6 +172,7 @@ pub(super) async fn upgrade(
     };
     let limit = relay.settings.max_body_bytes;
     let turn_headers = turn_headers(&headers);
+    let beta = socket_beta(&headers);
     relay
         .metrics
         .requests
@@ -178,7 +182,12 @@ pub(super) async fn upgrade(
         .max_message_size(limit)
         .max_frame_size(limit)
         .on_upgrade(move |socket| async move {
-            serve(front, uri, turn_headers, socket, settings).await;
+            let client = Client {
+                headers: turn_headers,
+                beta,
+                upstream: UpstreamSocket::default(),
+            };
+            serve(front, uri, client, socket, settings).await;
             drop(slot);
         })
 }
@@ -221,6 +230,31 @@ fn turn_headers(headers: &HeaderMap) -> HeaderMap {
     turn
 }
 
+/// The client's socket flag (`OpenAI-Beta: responses_websockets=…`), as it sent it: the upstream
+/// socket's handshake carries it on (never one the client did not send).
+fn socket_beta(headers: &HeaderMap) -> Option<HeaderValue> {
+    let flags: Vec<&str> = headers
+        .get_all("openai-beta")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|beta| beta.starts_with("responses_websockets"))
+        .collect();
+    (!flags.is_empty())
+        .then(|| HeaderValue::from_str(&flags.join(",")).ok())
+        .flatten()
+}
+
+/// What every turn of one client socket shares.
+struct Client {
+    /// The headers each turn runs with (`turn_headers`).
+    headers: HeaderMap,
+    beta: Option<HeaderValue>,
+    /// Its socket toward the upstream, when its turns go to one.
+    upstream: UpstreamSocket,
+}
+
 /// What the socket remembers of its last turn: a continuation's whole conversation is built
 /// from it.
 #[derive(Default)]
@@ -244,7 +278,7 @@ type Source = futures_util::stream::SplitStream<WebSocket>;
 async fn serve(
     front: Front,
     uri: Uri,
-    headers: HeaderMap,
+    client: Client,
     socket: WebSocket,
     settings: SocketSettings,
 ) {
@@ -304,7 +338,7 @@ async fn serve(
         match turn(
             &front,
             &uri,
-            &headers,
+            &client,
             &mut sink,
             &mut source,
             &mut conversation,
@@ -366,7 +400,7 @@ fn items(input: Option<Value>) -> Vec<Value> {
 async fn turn(
     front: &Front,
     uri: &Uri,
-    headers: &HeaderMap,
+    client: &Client,
     sink: &mut Sink,
     source: &mut Source,
     conversation: &mut Conversation,
@@ -399,11 +433,14 @@ async fn turn(
         .and_then(Value::as_str)
         .map(str::to_owned);
     let delta = items(body.remove("input"));
+    let mut continues = None;
     let full_input = match &previous {
         Some(id) if !stored && conversation.last_id.as_deref() == Some(id) => {
-            // The socket's own previous turn: the whole conversation goes upstream.
+            // The socket's own previous turn: the request carries the whole conversation; the
+            // upstream socket that holds the previous response gets the new input alone.
             body.remove("previous_response_id");
             metrics.socket_turns.with_label_values(&["continued"]).inc();
+            continues = Some((id.clone(), delta.clone()));
             let mut whole = std::mem::take(&mut conversation.input);
             whole.append(&mut std::mem::take(&mut conversation.output));
             whole.extend(delta);
@@ -436,8 +473,21 @@ async fn turn(
     body.insert("input".into(), Value::Array(full_input.clone()));
     body.insert("stream".into(), Value::Bool(true));
     let bytes = Value::Object(body).to_string();
-    let route = Route::new(Api::OpenAi, "/v1/responses", Endpoint::Responses, uri);
-    let response = handle(front.clone(), route, headers.clone(), AxumBody::from(bytes)).await;
+    let route = Route {
+        socket: Some(SocketTurn {
+            upstream: client.upstream.clone(),
+            beta: client.beta.clone(),
+            continues,
+        }),
+        ..Route::new(Api::OpenAi, "/v1/responses", Endpoint::Responses, uri)
+    };
+    let response = handle(
+        front.clone(),
+        route,
+        client.headers.clone(),
+        AxumBody::from(bytes),
+    )
+    .await;
     let status = response.status();
     if status != StatusCode::OK {
         relay_error(front, sink, response).await?;

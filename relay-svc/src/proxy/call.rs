@@ -20,6 +20,7 @@ use tokio::sync::watch;
 
 use super::finish::Finish;
 use super::headers::response_headers;
+use super::upstream_socket::SocketFailure;
 use super::{Answer, Body, Called, Inbound, Relay, UpstreamTime};
 use crate::client_api::{Api, ErrorKind, RelayError};
 use crate::ports::{Lease, PlannedAccount};
@@ -155,34 +156,29 @@ impl Relay {
         // someone else, no room to restore it) ends this call: the request fails over.
         let mut lost = lease.lost();
         let answered = tokio::select! {
-            answered = self.upstream_request(inbound, account).send() => answered,
+            answered = self.send(inbound, account) => answered,
             _ = gone(&mut lost) => {
                 upstream.ended(sent);
                 return Called::LeaseLost(lease);
             }
         };
-        if answered.is_err() {
-            upstream.ended(sent);
-        }
-        let response = match answered {
-            Ok(response) => response,
-            // Only a failed connection is known to have carried nothing of the request; a
-            // timeout or an early close after it went out may be the request's doing.
-            Err(error) if error.is_connect() => {
-                tracing::warn!(account_id = account.id, error = %error.without_url(), "upstream unreachable");
-                return Called::connect_failure(
-                    lease,
-                    inbound.api,
-                    "the upstream could not be reached",
-                );
+        let head = match answered {
+            Ok(head) => head,
+            Err(Unanswered::Connect(what)) => {
+                upstream.ended(sent);
+                return Called::connect_failure(lease, inbound.api, &what);
             }
-            Err(error) => {
-                tracing::warn!(account_id = account.id, error = %error.without_url(), "upstream did not answer");
-                return Called::network_failure(lease, inbound.api, "the upstream did not answer");
+            Err(Unanswered::NoAnswer(what)) => {
+                upstream.ended(sent);
+                return Called::network_failure(lease, inbound.api, &what);
             }
         };
-        let status = response.status();
-        let headers = response.headers().clone();
+        let Head {
+            status,
+            headers,
+            length,
+            body,
+        } = head;
         // Every answer head (success or error, stream or not) says where the account stands in
         // its usage windows; selection orders by it (docs/DESIGN.md §5). Sent off the latency
         // path: the port queues it, nothing here waits for the selector.
@@ -191,7 +187,7 @@ impl Relay {
             self.record_windows(account.id, readings);
         }
         if !status.is_success() {
-            let body = read_bounded(response, self.settings.max_body_bytes).await;
+            let body = read_bounded(body, self.settings.max_body_bytes).await;
             upstream.ended(sent);
             let classified = classify(
                 status.as_u16(),
@@ -216,13 +212,10 @@ impl Relay {
         // stream folded into one response.
         let fold =
             is_sse && !inbound.stream && account.credential_kind == CredentialKind::ChatGptOAuth;
-        let length = response
-            .content_length()
-            .and_then(|n| usize::try_from(n).ok());
         let answered = Answered {
             status,
             headers: response_headers(&headers, account.usage_headers_to_clients),
-            body: response.bytes_stream(),
+            body,
             lease,
             lost,
             sent,
@@ -248,7 +241,7 @@ impl Relay {
         upstream_time: &mut UpstreamTime,
     ) -> Called
     where
-        S: Stream<Item = reqwest::Result<Bytes>> + Unpin,
+        S: Stream<Item = Result<Bytes, BodyError>> + Unpin,
     {
         let Answered {
             status,
@@ -332,17 +325,100 @@ impl Relay {
 }
 
 /// An error answer's body, at most `max` bytes (the rest is not read).
-async fn read_bounded(response: reqwest::Response, max: usize) -> Bytes {
-    let mut stream = response.bytes_stream();
-    let mut body = Vec::new();
-    while let Some(Ok(chunk)) = stream.next().await {
-        let room = max.saturating_sub(body.len());
-        body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+pub(super) async fn read_bounded(mut body: BodyStream, max: usize) -> Bytes {
+    let mut read = Vec::new();
+    while let Some(Ok(chunk)) = body.next().await {
+        let room = max.saturating_sub(read.len());
+        read.extend_from_slice(&chunk[..chunk.len().min(room)]);
         if room <= chunk.len() {
             break;
         }
     }
-    Bytes::from(body)
+    Bytes::from(read)
+}
+
+/// An upstream answer's head and its body, however it came: an HTTP answer, or a turn's events
+/// on the upstream socket (`upstream_socket.rs`).
+pub(super) struct Head {
+    pub(super) status: StatusCode,
+    pub(super) headers: HeaderMap,
+    /// The body's length, when the upstream stated it.
+    pub(super) length: Option<usize>,
+    pub(super) body: BodyStream,
+}
+
+pub(super) type BodyStream =
+    std::pin::Pin<Box<dyn Stream<Item = Result<Bytes, BodyError>> + Send + 'static>>;
+
+/// A body that broke off (what broke, never a URL or a credential).
+#[derive(Debug)]
+pub(super) struct BodyError(String);
+
+impl BodyError {
+    pub(super) fn new(what: &str) -> Self {
+        BodyError(what.to_owned())
+    }
+}
+
+impl From<reqwest::Error> for BodyError {
+    fn from(error: reqwest::Error) -> Self {
+        BodyError(error.without_url().to_string())
+    }
+}
+
+impl std::fmt::Display for BodyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Why a call got no answer.
+enum Unanswered {
+    /// Nothing of the request left the relay (DNS, TCP connect, TLS handshake).
+    Connect(String),
+    /// No answer after it went out.
+    NoAnswer(String),
+}
+
+impl Relay {
+    /// Sends the request: a turn from a client socket over the upstream's socket where it has
+    /// one, everything else over HTTP.
+    async fn send(&self, inbound: &Inbound, account: &PlannedAccount) -> Result<Head, Unanswered> {
+        if let Some(turn) = &inbound.socket
+            && let Some(sent) = self.socket_call(inbound, account, turn).await
+        {
+            return sent.map_err(|failure| match failure {
+                SocketFailure::Connect(what) => Unanswered::Connect(what),
+                SocketFailure::NoAnswer(what) => Unanswered::NoAnswer(what),
+            });
+        }
+        match self.upstream_request(inbound, account).send().await {
+            Ok(response) => Ok(Head {
+                status: response.status(),
+                headers: response.headers().clone(),
+                length: response
+                    .content_length()
+                    .and_then(|n| usize::try_from(n).ok()),
+                body: Box::pin(
+                    response
+                        .bytes_stream()
+                        .map(|chunk| chunk.map_err(BodyError::from)),
+                ),
+            }),
+            // Only a failed connection is known to have carried nothing of the request; a
+            // timeout or an early close after it went out may be the request's doing.
+            Err(error) if error.is_connect() => {
+                tracing::warn!(account_id = account.id, error = %error.without_url(), "upstream unreachable");
+                Err(Unanswered::Connect(
+                    "the upstream could not be reached".into(),
+                ))
+            }
+            Err(error) => {
+                tracing::warn!(account_id = account.id, error = %error.without_url(), "upstream did not answer");
+                Err(Unanswered::NoAnswer("the upstream did not answer".into()))
+            }
+        }
+    }
 }
 
 /// Resolves when the lease is lost (see `Lease::lost`); never when it cannot be, or when its

@@ -24,6 +24,7 @@ mod report;
 mod request;
 mod run;
 mod stream;
+pub mod upstream_socket;
 
 use poolgate_core::keys::KeyDescription;
 use std::sync::Arc;
@@ -178,6 +179,9 @@ pub struct Inbound {
     pub ungoverned: bool,
     /// The share of the edge's body budget `body` holds, given back with it.
     pub buffered: crate::edge::Hold,
+    /// A turn that came over a client's Responses socket: its upstream socket
+    /// (`upstream_socket.rs`).
+    pub socket: Option<upstream_socket::SocketTurn>,
 }
 
 pub struct Relay {
@@ -192,6 +196,8 @@ pub struct Relay {
     pub metrics: Metrics,
     /// The upstream HTTP clients, direct and per account proxy (`clients.rs`).
     http: HttpClients,
+    /// Upstreams that answered a socket's upgrade with "none here" (`upstream_socket.rs`).
+    no_socket: upstream_socket::NoSocket,
     /// The selector's key checks, reused for `auth_cache_ttl` (`auth.rs`).
     auth_cache: TtlCache<KeyCheck>,
     /// Key lookups in flight at the selector: a flood of random keys (each a cache miss) waits
@@ -229,6 +235,7 @@ impl Relay {
     ) -> Result<Self, HttpClientError> {
         Ok(Relay {
             http: HttpClients::new(settings.upstream_timeout)?,
+            no_socket: upstream_socket::NoSocket::default(),
             usage: UsageSink::start(
                 ApiUsage(selection.clone()),
                 metrics.usage_lost.clone(),

@@ -29,6 +29,7 @@ pub enum HttpClientError {
 pub(super) fn build_client(
     timeout: Duration,
     proxy: Option<&str>,
+    http1_only: bool,
 ) -> Result<reqwest::Client, HttpClientError> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let mut builder = reqwest::Client::builder()
@@ -36,6 +37,9 @@ pub(super) fn build_client(
         .read_timeout(timeout)
         .pool_max_idle_per_host(256)
         .tcp_nodelay(true);
+    if http1_only {
+        builder = builder.http1_only();
+    }
     if let Some(proxy) = proxy {
         builder = builder.proxy(reqwest::Proxy::all(proxy).map_err(|_| HttpClientError::BadProxy)?);
     }
@@ -61,7 +65,50 @@ impl Relay {
             Some(query) => format!("{}?{query}", upstream_url(&account.base_url, inbound.path)),
             None => upstream_url(&account.base_url, inbound.path),
         };
-        let mut request = client.post(url);
+        let mut request = self.upstream_headers(client.post(url), inbound, account);
+        if !inbound.headers.contains_key(http::header::CONTENT_TYPE) {
+            request = request.header(http::header::CONTENT_TYPE, "application/json");
+        }
+        request.body(body::upstream_body(inbound, account))
+    }
+
+    /// The upgrade that opens an upstream socket for a socket turn (`upstream_socket.rs`): the
+    /// Responses endpoint `upstream_request` would post to, asked for a WebSocket, with the same
+    /// headers and credential, and the client's own socket flag (`beta`) when it sent one.
+    pub(super) fn socket_handshake(
+        &self,
+        inbound: &Inbound,
+        account: &PlannedAccount,
+        beta: Option<&HeaderValue>,
+        key: &str,
+    ) -> reqwest::RequestBuilder {
+        let client = self.http.for_socket(account.proxy_url.as_deref());
+        let url = match account.credential_kind {
+            CredentialKind::ChatGptOAuth => chatgpt_responses_url(&account.base_url),
+            _ => upstream_url(&account.base_url, inbound.path),
+        };
+        let mut request = self
+            .upstream_headers(client.get(url), inbound, account)
+            .header(http::header::CONNECTION, "Upgrade")
+            .header(http::header::UPGRADE, "websocket")
+            .header(http::header::SEC_WEBSOCKET_VERSION, "13")
+            .header(http::header::SEC_WEBSOCKET_KEY, key);
+        if let Some(beta) = beta {
+            request = request.header("openai-beta", beta.clone());
+        }
+        request
+    }
+
+    /// The headers of either: the client's the rules pass, what the account's upstream needs,
+    /// and the credential.
+    fn upstream_headers(
+        &self,
+        mut request: reqwest::RequestBuilder,
+        inbound: &Inbound,
+        account: &PlannedAccount,
+    ) -> reqwest::RequestBuilder {
+        let chatgpt = account.credential_kind == CredentialKind::ChatGptOAuth;
+        let upstream = Upstream::of(inbound.api, account.credential_kind);
         let listed = connection_listed(&inbound.headers);
         for (name, value) in &inbound.headers {
             if forwarded(upstream, &listed, name.as_str()) {
@@ -115,9 +162,6 @@ impl Relay {
                 request.bearer_auth(credential)
             }
         };
-        if !inbound.headers.contains_key(http::header::CONTENT_TYPE) {
-            request = request.header(http::header::CONTENT_TYPE, "application/json");
-        }
-        request.body(body::upstream_body(inbound, account))
+        request
     }
 }

@@ -13,7 +13,7 @@ use poolgate_core::outcome::OutcomeClass;
 use tokio::sync::mpsc;
 
 use super::body::asks_stream_usage;
-use super::call::{Answered, gone};
+use super::call::{Answered, BodyError, gone};
 use super::finish::Finish;
 use super::{Answer, Body, Called, Inbound, Relay, UpstreamTime};
 use crate::client_api::{Api, ErrorKind, RelayError};
@@ -32,7 +32,7 @@ impl Relay {
         upstream_time: &mut UpstreamTime,
     ) -> Called
     where
-        S: Stream<Item = reqwest::Result<Bytes>> + Unpin + Send + 'static,
+        S: Stream<Item = Result<Bytes, BodyError>> + Unpin + Send + 'static,
     {
         let Answered {
             status,
@@ -96,7 +96,7 @@ impl Pump {
     /// does the bookkeeping.
     async fn run<S>(self, mut upstream: S, first: Bytes, lease: Box<dyn Lease>)
     where
-        S: Stream<Item = reqwest::Result<Bytes>> + Unpin,
+        S: Stream<Item = Result<Bytes, BodyError>> + Unpin,
     {
         let Pump {
             finish,
@@ -131,7 +131,7 @@ impl Pump {
                         }
                     }
                     Some(Err(error)) => {
-                        tracing::warn!(account_id = finish.account.id, error = %error.without_url(), "upstream stream broke mid-way");
+                        tracing::warn!(account_id = finish.account.id, %error, "upstream stream broke mid-way");
                         let error = RelayError::new(api, ErrorKind::Upstream, "the upstream stream broke off; the response is incomplete");
                         let _ = sender.send(error.sse_event()).await;
                         complete = false;

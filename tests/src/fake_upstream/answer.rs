@@ -16,7 +16,7 @@ use super::bodies::{normal_body, normal_events};
 use super::scripted::{after_pauses, take_scripted};
 use super::stream::{cut_events, cut_short, event_stream, fail_response, oversized};
 use super::windows::{self, Dialect};
-use super::{FakeState, InFlight, Scripted, SeenRequest, credential, is_probe};
+use super::{FakeState, InFlight, Scripted, SeenRequest, Via, credential, is_probe};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Shape {
@@ -59,6 +59,18 @@ pub(super) async fn answer(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    answer_via(state, shape, uri, headers, body, None).await
+}
+
+/// `answer`, for a request that may have come as a socket's frame (`via`: recorded as such).
+pub(super) async fn answer_via(
+    state: Arc<FakeState>,
+    shape: Shape,
+    uri: http::Uri,
+    headers: HeaderMap,
+    body: Bytes,
+    via: Option<Via>,
+) -> Response {
     let credential = credential(&headers);
     let guard = InFlight::enter(&state, &credential);
     let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
@@ -84,13 +96,18 @@ pub(super) async fn answer(
     {
         let mut seen = state.seen.lock().unwrap_or_else(|p| p.into_inner());
         if seen.len() < 1000 {
+            let (raw, socket) = match &via {
+                Some(via) => (via.frame.clone(), Some(via.socket)),
+                None => (body.clone(), None),
+            };
             seen.push(SeenRequest {
                 path: uri.path().to_owned(),
                 query: uri.query().map(str::to_owned),
                 headers: headers.clone(),
-                body: request.clone(),
-                raw: body.clone(),
+                body: serde_json::from_slice(&raw).unwrap_or(Value::Null),
+                raw,
                 probe,
+                socket,
             });
         }
     }

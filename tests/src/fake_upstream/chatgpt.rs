@@ -9,9 +9,9 @@ use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use serde_json::{Value, json};
 
-use super::answer::{Shape, answer};
+use super::answer::{Shape, answer_via};
 use super::windows::{self, Dialect};
-use super::{FakeState, credential};
+use super::{FakeState, Via, credential};
 
 /// An access token as ChatGPT's sign-in issues them (unsigned here): a JWT whose
 /// `https://api.openai.com/auth` claim names the ChatGPT account.
@@ -42,6 +42,17 @@ pub(super) async fn chatgpt_codex(
     uri: http::Uri,
     headers: HeaderMap,
     body: Bytes,
+) -> Response {
+    chatgpt_codex_via(state, uri, headers, body, None).await
+}
+
+/// `chatgpt_codex`, for a request that may have come as a socket's frame.
+pub(super) async fn chatgpt_codex_via(
+    state: Arc<FakeState>,
+    uri: http::Uri,
+    headers: HeaderMap,
+    body: Bytes,
+    via: Option<Via>,
 ) -> Response {
     let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
@@ -77,5 +88,5 @@ pub(super) async fn chatgpt_codex(
             None => refused,
         };
     }
-    answer(state, Shape::Responses, uri, headers, body).await
+    answer_via(state, Shape::Responses, uri, headers, body, via).await
 }

@@ -32,6 +32,7 @@ mod control;
 mod oauth;
 mod probe;
 mod scripted;
+mod socket;
 mod stream;
 #[cfg(test)]
 mod tests;
@@ -62,6 +63,7 @@ use anthropic::count_tokens;
 use chatgpt::chatgpt_codex;
 use control::{control_requests, control_reset, control_script, control_stats, control_windows};
 use oauth::oauth_token;
+use socket::{chatgpt_socket, platform_socket};
 
 /// One request as the fake upstream received it (the first 1 000 are kept).
 #[derive(Debug, Clone)]
@@ -74,6 +76,16 @@ pub struct SeenRequest {
     pub raw: bytes::Bytes,
     /// The selector's confirmation probe (one of its fixed bodies), not a client's request.
     pub probe: bool,
+    /// The upstream socket that carried it (numbered from 1 as they open), as a
+    /// `response.create` frame (`body` and `raw` are the frame); `None` over HTTP.
+    pub socket: Option<u64>,
+}
+
+/// A request that came as a socket's frame (`socket.rs`): recorded as the frame, answered as
+/// the body the socket stands for.
+pub(super) struct Via {
+    socket: u64,
+    frame: bytes::Bytes,
 }
 
 impl SeenRequest {
@@ -130,6 +142,10 @@ struct FakeState {
     usage_calls: Mutex<HashMap<String, u64>>,
     /// The usage endpoints answer 404 (an upstream that has none).
     no_usage_endpoints: Mutex<bool>,
+    /// Upstream sockets opened so far.
+    sockets_opened: std::sync::atomic::AtomicU64,
+    /// Socket upgrades are answered 405 (an upstream that has no socket).
+    no_sockets: Mutex<bool>,
 }
 
 /// A handle on a running fake upstream.
@@ -164,10 +180,13 @@ impl FakeUpstream {
             .route("/v1/messages", post(messages))
             .route("/v1/messages/count_tokens", post(count_tokens))
             .route("/v1/chat/completions", post(chat))
-            .route("/v1/responses", post(responses))
-            .route("/codex/responses", post(chatgpt_codex))
+            .route("/v1/responses", post(responses).get(platform_socket))
+            .route("/codex/responses", post(chatgpt_codex).get(chatgpt_socket))
             .route("/oauth/token", post(oauth_token))
-            .route("/backend-api/codex/responses", post(chatgpt_codex))
+            .route(
+                "/backend-api/codex/responses",
+                post(chatgpt_codex).get(chatgpt_socket),
+            )
             .route(
                 "/api/oauth/usage",
                 axum::routing::get(usage_api::claude_usage),
@@ -414,6 +433,22 @@ impl FakeUpstream {
             .get(credential)
             .copied()
             .unwrap_or(0)
+    }
+
+    /// How many upstream sockets were opened (the Responses WebSocket, `socket.rs`).
+    pub fn sockets_opened(&self) -> u64 {
+        self.state
+            .sockets_opened
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// `false`: socket upgrades are answered 405, as an upstream with no socket would.
+    pub fn set_sockets(&self, served: bool) {
+        *self
+            .state
+            .no_sockets
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = !served;
     }
 
     /// How many of the selector's probes came with `credential`.
