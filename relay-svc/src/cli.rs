@@ -120,7 +120,8 @@ pub struct Cli {
     /// A Responses WebSocket with no message for this long is closed, seconds.
     #[arg(long, env = "RELAY_SOCKET_IDLE_SECS", default_value_t = 1800, value_parser = clap::value_parser!(u64).range(10..=86_400))]
     pub socket_idle_secs: u64,
-    /// Responses WebSockets one client key may hold open on this relay.
+    /// Responses WebSockets one client key may hold open, across the relays (counted by
+    /// admission; this relay's own count where admission cannot answer).
     #[arg(long, env = "RELAY_SOCKETS_PER_KEY", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub sockets_per_key: u64,
     /// Select in the relay's process over the view the selector streams (docs/DESIGN.md §2,

@@ -342,6 +342,34 @@ async fn an_upstream_refusal_on_the_socket_counts_as_it_would_over_http() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_sent_while_the_last_answer_is_ending_is_the_next_turn() {
+    let h = start(SocketSettings::default()).await;
+    // Over HTTP, whose stream ends half a second after its terminal event: Codex sends its next
+    // turn as soon as it reads `response.completed`, while the relay still reads that stream.
+    h.upstream.set_sockets(false);
+    h.upstream.script_clients(
+        "cred-o",
+        [poolgate_testkit::fake_upstream::Scripted::TrailingPause(
+            Duration::from_millis(500),
+        )],
+    );
+    let mut socket = connect(h.addr, KEY).await.expect("the upgrade");
+    let first = completed_id(&turn(&mut socket, create(json!([user("one")]), None)).await);
+    let started = std::time::Instant::now();
+    let next = turn(&mut socket, create(json!([user("two")]), Some(&first))).await;
+    assert_eq!(
+        next.last().and_then(|e| e["type"].as_str()),
+        Some("response.completed"),
+        "the early turn is served, not refused as one in progress: {next:?}"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "it was sent while the first answer's stream was still open"
+    );
+    assert_eq!(h.upstream.seen_requests().len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_continuation_this_socket_did_not_make_gets_previous_response_not_found_before_any_call()
 {
     let h = start(SocketSettings::default()).await;
@@ -553,5 +581,76 @@ async fn a_conversation_moved_to_another_relay_reaches_the_account_that_holds_it
             served_first,
             "conversation {n}: the resent conversation reaches the account of its first turn"
         );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keys_sockets_are_bounded_across_relays() {
+    let backends = poolgate_stack::backends().await.expect("backends start");
+    let upstream = FakeUpstream::start().await.expect("fake upstream");
+    let mut account = poolgate_stack::account("one", &upstream.base_url, 4, 0);
+    account.platform = poolgate_core::account::Platform::OpenAi;
+    backends
+        .store
+        .upsert_account(&account)
+        .await
+        .expect("account");
+    let (_, key) = backends
+        .store
+        .create_api_key("sockets", "sockets", "default", 0)
+        .await
+        .expect("key");
+    let (_selector, selector_addr) = poolgate_stack::selector(&backends).await.expect("selector");
+    let (_admission, admission_addr) =
+        poolgate_stack::admission(&backends.redis.url(), Default::default())
+            .await
+            .expect("admission");
+    let relay = || {
+        poolgate_stack::relay(
+            vec![format!("http://{selector_addr}")],
+            vec![format!("http://{admission_addr}")],
+            RelaySettings {
+                sockets: SocketSettings {
+                    per_key: 2,
+                    ..SocketSettings::default()
+                },
+                ..RelaySettings::default()
+            },
+        )
+    };
+    let (a, b) = (
+        relay().await.expect("relay a"),
+        relay().await.expect("relay b"),
+    );
+    // Two on relay A: the key's bound, though relay B holds none of them.
+    let mut first = connect_session(a, key.expose(), "s-1")
+        .await
+        .expect("first");
+    let _second = connect_session(a, key.expose(), "s-2")
+        .await
+        .expect("second");
+    let Err((status, body)) = connect_session(b, key.expose(), "s-3").await else {
+        panic!("a third socket on relay B is refused");
+    };
+    assert_eq!(status, 429, "{body}");
+    assert!(body.contains("WebSockets open"), "{body}");
+    // The refusal cost no turn: the open sockets still serve.
+    let served = turn(&mut first, create(json!([user("one")]), None)).await;
+    assert_eq!(
+        served.last().and_then(|e| e["type"].as_str()),
+        Some("response.completed")
+    );
+    // One closes: its place is free on every relay.
+    first.close(None).await.expect("closed");
+    drop(first);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        match connect_session(b, key.expose(), "s-3").await {
+            Ok(_third) => break,
+            Err((429, _)) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(other) => panic!("the freed place is not given on relay B: {other:?}"),
+        }
     }
 }

@@ -14,7 +14,9 @@ use serde_json::{Value, json};
 use super::anthropic::claude_code_refusal;
 use super::bodies::{normal_body, normal_events};
 use super::scripted::{after_pauses, take_scripted};
-use super::stream::{cut_events, cut_short, event_stream, fail_response, oversized};
+use super::stream::{
+    cut_events, cut_short, event_stream, fail_response, oversized, trailing_pause,
+};
 use super::windows::{self, Dialect};
 use super::{FakeState, InFlight, Scripted, SeenRequest, Via, credential, is_probe};
 
@@ -245,6 +247,18 @@ async fn respond(
             let id = format!("{:016x}", fastrand::u64(..));
             return oversized(bytes, &id, Some(guard));
         }
+        Some(Scripted::TrailingPause(pause)) if stream => {
+            tokio::time::sleep(delay).await;
+            let id = format!("{:016x}", fastrand::u64(..));
+            let events = normal_events(shape, &id, model, request);
+            return trailing_pause(
+                events.into_iter().map(|e| Ok(Bytes::from(e))).collect(),
+                chunk_delay,
+                pause,
+                Some(guard),
+            );
+        }
+        Some(Scripted::TrailingPause(_)) => tokio::time::sleep(delay).await,
         Some(how @ (Scripted::IncompleteStream | Scripted::BrokenStream)) => {
             tokio::time::sleep(delay).await;
             let id = format!("{:016x}", fastrand::u64(..));

@@ -54,7 +54,9 @@ pub(super) async fn count_tokens(
                 None,
             )
         }
-        Some(Scripted::After(..)) | None => axum::Json(counted).into_response(),
+        Some(Scripted::After(..) | Scripted::TrailingPause(_)) | None => {
+            axum::Json(counted).into_response()
+        }
     }
 }
 

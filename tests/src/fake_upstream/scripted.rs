@@ -30,6 +30,9 @@ pub enum Scripted {
     BrokenStream,
     /// This answer after a pause (a refusal that arrives late, a head that comes too late).
     After(Duration, Box<Scripted>),
+    /// The normal event stream, whose end (the HTTP stream's own) comes this long after its
+    /// terminal event.
+    TrailingPause(Duration),
 }
 
 /// The next scripted answer for a request with `credential`: a client's takes the client-only

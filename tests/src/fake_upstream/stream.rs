@@ -131,6 +131,28 @@ pub(super) fn event_stream(
     response
 }
 
+/// [`event_stream`] whose end comes `pause` after its last chunk.
+pub(super) fn trailing_pause(
+    chunks: Vec<Result<Bytes, std::io::Error>>,
+    chunk_delay: Duration,
+    pause: Duration,
+    guard: Option<InFlight>,
+) -> Response {
+    use futures_util::StreamExt;
+    let end = futures_util::stream::once(async move {
+        tokio::time::sleep(pause).await;
+        Ok(Bytes::new())
+    });
+    let mut response = Response::new(Body::from_stream(
+        paced(chunks, chunk_delay, guard).chain(end),
+    ));
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/event-stream"),
+    );
+    response
+}
+
 /// The chunks one by one, `chunk_delay` apart; the in-flight guard (if any) lives until the
 /// stream is done (or dropped). An `Err` chunk makes the server drop the connection there.
 fn paced(
