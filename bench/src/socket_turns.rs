@@ -2,9 +2,10 @@
 //! standalone relay in front of the fake upstream (all in this process), and over HTTP straight
 //! to the upstream: per turn, the latency to `response.completed` and the bytes the client sent
 //! (docs/DESIGN.md §6, "Codex over WebSocket"). Over HTTP every turn carries the whole
-//! conversation; on the socket a turn carries only its new input and the relay sends the whole
-//! conversation upstream. Prints each mode's median and p90 turn latency, the relay's added
-//! latency over the direct call, and the mean bytes per turn, per run.
+//! conversation; on the socket a turn carries only its new input, and the relay passes it on the
+//! upstream's own socket (the fake serves one), also measured direct. Prints each mode's median
+//! and p90 turn latency, the relay's added latency over the direct call of the same transport,
+//! and the mean bytes per turn, per run.
 //!
 //! ```text
 //! cargo run --release -p poolgate-bench --bin socket-turns -- [--sessions 20] [--turns 20] [--runs 2]
@@ -155,14 +156,18 @@ async fn http_session(
     Some(out)
 }
 
-/// One session on one socket: the first turn whole, each later one its new input only.
-async fn socket_session(addr: &str, session: usize, turns: usize) -> Option<Vec<Turn>> {
-    let mut request = format!("ws://{addr}/v1/responses")
-        .into_client_request()
-        .ok()?;
+/// One session on one socket (`url`, with `bearer`): the first turn whole, each later one its
+/// new input only.
+async fn socket_session(
+    url: &str,
+    bearer: &str,
+    session: usize,
+    turns: usize,
+) -> Option<Vec<Turn>> {
+    let mut request = url.into_client_request().ok()?;
     request
         .headers_mut()
-        .insert("authorization", format!("Bearer {KEY}").parse().ok()?);
+        .insert("authorization", format!("Bearer {bearer}").parse().ok()?);
     let (mut socket, _) = tokio_tungstenite::connect_async(request).await.ok()?;
     let mut previous: Option<String> = None;
     let mut out = Vec::with_capacity(turns);
@@ -246,28 +251,39 @@ async fn main() -> ExitCode {
     let client = reqwest::Client::new();
     let direct = format!("{}/v1/responses", upstream.base_url);
     let relayed = format!("http://{addr}/v1/responses");
+    let direct_socket = format!(
+        "{}/v1/responses",
+        upstream.base_url.replacen("http", "ws", 1)
+    );
+    let relayed_socket = format!("ws://{addr}/v1/responses");
     println!(
         "socket-turns: {} sessions of {} turns per mode per run, one at a time; standalone relay and fake upstream in this process",
         args.sessions, args.turns
     );
     for run in 1..=args.runs {
         let (mut direct_turns, mut http_turns, mut socket_turns) = (vec![], vec![], vec![]);
+        let mut direct_socket_turns = vec![];
         for session in 0..args.sessions {
             let id = run * 10_000 + session;
             let (d, h, s) = (
                 http_session(&client, &direct, id, args.turns).await,
                 http_session(&client, &relayed, id + 1000, args.turns).await,
-                socket_session(&addr.to_string(), id + 2000, args.turns).await,
+                socket_session(&relayed_socket, KEY, id + 2000, args.turns).await,
             );
-            let (Some(d), Some(h), Some(s)) = (d.as_ref(), h.as_ref(), s.as_ref()) else {
+            let ds = socket_session(&direct_socket, "sk-up", id + 3000, args.turns).await;
+            let (Some(d), Some(h), Some(s), Some(ds)) =
+                (d.as_ref(), h.as_ref(), s.as_ref(), ds.as_ref())
+            else {
                 eprintln!(
-                    "session {session} failed: direct {}, relay HTTP {}, relay WebSocket {}",
+                    "session {session} failed: direct {}, relay HTTP {}, relay WebSocket {}, direct WebSocket {}",
                     d.is_some(),
                     h.is_some(),
-                    s.is_some()
+                    s.is_some(),
+                    ds.is_some()
                 );
                 return ExitCode::FAILURE;
             };
+            direct_socket_turns.extend(ds.iter().map(Turn::copy));
             let (d, h, s) = (
                 d.iter().map(Turn::copy).collect::<Vec<_>>(),
                 h.iter().map(Turn::copy).collect::<Vec<_>>(),
@@ -280,10 +296,12 @@ async fn main() -> ExitCode {
         println!("run {run}:");
         let (direct_p50, _) = summary("direct HTTP (upstream)", &direct_turns);
         let (http_p50, http_bytes) = summary("relay, HTTP", &http_turns);
+        let (direct_socket_p50, _) = summary("direct WebSocket (upstream)", &direct_socket_turns);
         let (socket_p50, socket_bytes) = summary("relay, WebSocket", &socket_turns);
         println!(
-            "  added p50 per turn over direct: HTTP {:+.3} ms, WebSocket {:+.3} ms; bytes the client sends per turn, WebSocket / HTTP: {:.3}",
+            "  added p50 per turn: HTTP {:+.3} ms over direct HTTP; WebSocket {:+.3} ms over direct WebSocket ({:+.3} ms over direct HTTP); bytes the client sends per turn, WebSocket / HTTP: {:.3}",
             http_p50 - direct_p50,
+            socket_p50 - direct_socket_p50,
             socket_p50 - direct_p50,
             socket_bytes / http_bytes.max(1.0)
         );

@@ -385,6 +385,12 @@ impl Relay {
                 body: Box::pin(futures_util::stream::once(async move { Ok(body) })),
             });
         }
+        // The upgrade's answer carries the account's usage windows, as an HTTP answer does.
+        let readings =
+            poolgate_core::windows::read_windows(response.headers(), self.clock.wall_ms());
+        if !readings.is_empty() {
+            self.record_windows(account.id, readings);
+        }
         let accepted = response
             .headers()
             .get("sec-websocket-accept")
