@@ -511,11 +511,11 @@ async fn a_channel_that_never_reads_holds_up_only_itself() {
     let (sender, sent) = flood.await.expect("flood task");
     assert!(sent > 0);
     let held = inflight(&channel, account).await;
-    // Granted only as fast as the answers can be queued: the rest wait unread.
-    assert!(
-        held as u64 <= sent && held < 5_000,
-        "{held} leases for {sent} acquires"
-    );
+    // Granted only as the answers can be queued, never past what was sent. How many answers the
+    // connection's windows absorb before the server stops reading depends on HTTP/2's adaptive
+    // window (on a loaded machine all 20 000 fit), so no fixed figure is asserted; what holds it
+    // up is its own, as the other callers' leases above and below show.
+    assert!(held as u64 <= sent, "{held} leases for {sent} acquires");
     one_stream_lease(&channel, 5).await;
     // The caller goes: whatever it held is orphaned, then freed after the grace.
     drop(sender);

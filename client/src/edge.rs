@@ -22,6 +22,7 @@ use poolgate_core::api::ApiError;
 use poolgate_core::caller::KeyCheck;
 use poolgate_core::keys::KeyDescription;
 use poolgate_core::outcome::Outcome;
+use poolgate_core::plan::Effect;
 use poolgate_core::view::ViewUpdate;
 use poolgate_core::windows::WindowReading;
 use poolgate_proto::selector::v1 as spb;
@@ -298,9 +299,12 @@ impl SelectionApi for EdgeSelection {
     async fn report(&self, outcome: Outcome) -> Result<Reported, ApiError> {
         let account_id = outcome.account_id;
         let reported = self.write("report", self.remote.report(outcome)).await?;
-        if let Reported::Applied(applied) = &reported {
-            self.view
-                .note_applied(account_id, applied.what, applied.block_ms);
+        match &reported {
+            Reported::Applied(applied) => {
+                self.view
+                    .note_applied(account_id, applied.what, applied.block_ms)
+            }
+            Reported::Refreshed(_) => self.view.note_applied(account_id, Effect::Refreshed, 0),
         }
         Ok(reported)
     }

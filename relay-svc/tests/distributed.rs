@@ -36,6 +36,14 @@ async fn start() -> Stack {
 }
 
 async fn start_with(admission_settings: poolgate_core::lease::Settings) -> Stack {
+    start_edge(admission_settings, Default::default()).await
+}
+
+/// [`start_with`], the relay selecting at the edge with `edge`.
+async fn start_edge(
+    admission_settings: poolgate_core::lease::Settings,
+    edge: poolgate_client::edge::EdgeSelectionSettings,
+) -> Stack {
     let backends = common::backends().await.expect("backends start");
     let upstream = FakeUpstream::start().await.expect("upstream");
     for name in ["a", "b"] {
@@ -66,13 +74,14 @@ async fn start_with(admission_settings: poolgate_core::lease::Settings) -> Stack
     let (admission, admission_addr) = common::admission(&backends.redis.url(), admission_settings)
         .await
         .expect("admission starts");
-    let addr = common::relay(
+    let (_, addr) = common::relay_with_edge(
         vec![format!("http://{selector_addr}")],
         vec![format!("http://{admission_addr}")],
         RelaySettings {
             max_wait: Duration::from_secs(10),
             ..RelaySettings::default()
         },
+        Some(edge),
     )
     .await
     .expect("relay starts");
@@ -607,7 +616,18 @@ async fn models_are_listed_the_same_in_both_modes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revoked_subscription_token_is_refreshed_once_and_the_request_succeeds_on_the_same_account()
  {
-    let stack = start().await;
+    // The refused request waits for the selector's confirmation and refresh (the answer to its
+    // report carries the new token). On a loaded CI machine that can take longer than the edge's
+    // 2 s write deadline, past which the request fails over instead (held by
+    // `selector_outage.rs`); here the deadline is long, so the test is about the refresh alone.
+    let stack = start_edge(
+        poolgate_core::lease::Settings::default(),
+        poolgate_client::edge::EdgeSelectionSettings {
+            write_deadline: Duration::from_secs(30),
+            ..Default::default()
+        },
+    )
+    .await;
     // A Claude subscription account whose access token the upstream no longer accepts; it is
     // not near expiry, so only the refusal can trigger the refresh.
     let mut sub = account("sub", &stack.upstream.base_url, 2, -1);

@@ -40,7 +40,14 @@ const MAX_BINDINGS: usize = 200_000;
 struct Held {
     state: AccountState,
     at: Instant,
+    /// When the selector answered this relay's report with a refreshed token (the account's
+    /// confirmation over).
+    refreshed: Option<Instant>,
 }
+
+/// How long after a refreshed-token answer an update that still shows the account confirming is
+/// taken as read before the refresh (the publisher's read and the report's answer race).
+const REFRESH_HOLD: Duration = Duration::from_secs(1);
 
 impl Held {
     /// The health now: remaining times less what passed since the reading arrived (an open
@@ -126,8 +133,26 @@ impl EdgeView {
             let ticket = self.snapshot.ticket();
             self.snapshot.set(ticket, snapshot);
         }
-        for state in update.states {
-            states.insert(state.account_id, Held { state, at: now });
+        for mut state in update.states {
+            let refreshed = states
+                .get(&state.account_id)
+                .and_then(|held| held.refreshed)
+                .filter(|at| now.saturating_duration_since(*at) < REFRESH_HOLD);
+            if refreshed.is_some() && state.confirming {
+                // Read before the refresh the selector answered: that confirmation is over.
+                state.confirming = false;
+                if let Some(health) = state.health.as_mut() {
+                    health.hard_block_ms = 0;
+                }
+            }
+            states.insert(
+                state.account_id,
+                Held {
+                    state,
+                    at: now,
+                    refreshed,
+                },
+            );
         }
         drop(states);
         self.period_ms.store(update.period_ms, Ordering::Relaxed);
@@ -192,7 +217,8 @@ impl EdgeView {
 
     /// Takes what the selector answered it applied to an outcome this relay reported, so the
     /// relay's next plan sees it before the next update brings it: a block, an open breaker, a
-    /// confirmation (a hard block that may lift at any moment), a closed breaker. The selector's
+    /// confirmation (a hard block that may lift at any moment), a closed breaker, a refreshed
+    /// token (the confirmation's block lifted). The selector's
     /// answer, not the relay's guess; the next update replaces it either way.
     pub fn note_applied(&self, account_id: AccountId, what: Effect, block_ms: u64) {
         let mut states = self.states.write().unwrap_or_else(|p| p.into_inner());
@@ -205,6 +231,7 @@ impl EdgeView {
                 windows: Vec::new(),
             },
             at: now,
+            refreshed: None,
         });
         let mut health = held.health(now).unwrap_or(UNKNOWN);
         match what {
@@ -221,7 +248,17 @@ impl EdgeView {
                 health.breaker = Breaker::Closed;
                 health.failures = 0;
             }
-            Effect::None | Effect::Refreshed => return,
+            // The refusal was the token's and the selector refreshed it: the confirmation that
+            // kept clients away is over (the next update says so too, up to a period later).
+            Effect::Refreshed => {
+                held.refreshed = Some(now);
+                if !held.state.confirming {
+                    return;
+                }
+                health.hard_block_ms = 0;
+                held.state.confirming = false;
+            }
+            Effect::None => return,
         }
         held.state.health = Some(health);
         held.at = now;

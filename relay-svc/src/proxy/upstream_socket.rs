@@ -12,9 +12,9 @@
 //!
 //! Each upstream event (one JSON text frame) becomes the SSE event the HTTP call would have
 //! carried, so the rest of the call (usage, bindings, error events, failover before the first
-//! byte) is the HTTP call's. An upstream that refuses the upgrade answers as over HTTP and is
-//! classified as such; one that has no socket (404, 405, 426) gets this turn and the next hour's
-//! over HTTP; a message of 16 MiB or more (the upstream closes the socket on it) goes over HTTP.
+//! byte) is the HTTP call's. An upstream that refuses the upgrade for the account (401, 402, 403,
+//! 429, 5xx) is classified as over HTTP; any other answer to it (404, 405, 426, 400, a 2xx) means
+//! no socket there, and this turn and the next hour's go over HTTP; a message of 16 MiB or more (the upstream closes the socket on it) goes over HTTP.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -363,11 +363,11 @@ impl Relay {
         };
         let status = response.status();
         if status != StatusCode::SWITCHING_PROTOCOLS {
-            if matches!(status.as_u16(), 404 | 405 | 426) {
+            if !refuses_the_account(status) {
                 return Opened::NoSocket;
             }
-            // Refused as an HTTP call would be (401, 403, 429): the same answer, classified the
-            // same way.
+            // Refused as an HTTP call would be (401, 403, 429, 5xx): the same answer, classified
+            // the same way.
             let headers = response.headers().clone();
             let body = super::call::read_bounded(
                 Box::pin(
@@ -419,6 +419,14 @@ impl Relay {
             )),
         }
     }
+}
+
+/// Whether an upgrade's non-101 answer speaks about the account (its credential, its limits,
+/// the upstream's state) and is classified as the HTTP call's would be. Anything else (404, 405,
+/// 426, a 2xx or 400 from a server with a plain `GET` route there) says only that no socket is
+/// served there: the turn goes over HTTP.
+fn refuses_the_account(status: StatusCode) -> bool {
+    matches!(status.as_u16(), 401 | 402 | 403 | 429) || status.is_server_error()
 }
 
 enum Opened {
@@ -663,6 +671,22 @@ mod tests {
         assert_eq!(frame["input"], serde_json::json!([3]));
         assert_eq!(frame["previous_response_id"], "resp_1");
         assert_eq!(frame["store"], false);
+    }
+
+    #[test]
+    fn only_an_upgrade_refusal_about_the_account_is_classified_the_rest_is_http() {
+        for status in [401, 402, 403, 429, 500, 503] {
+            assert!(
+                refuses_the_account(StatusCode::from_u16(status).unwrap_or_default()),
+                "{status}"
+            );
+        }
+        for status in [200, 204, 302, 400, 404, 405, 426] {
+            assert!(
+                !refuses_the_account(StatusCode::from_u16(status).unwrap_or_default()),
+                "{status}"
+            );
+        }
     }
 
     #[test]

@@ -146,6 +146,42 @@ fn the_selectors_answer_to_a_report_counts_before_the_next_update() {
 }
 
 #[test]
+fn a_refreshed_token_ends_the_confirmation_even_against_an_update_read_before_it() {
+    let view = EdgeView::new();
+    let confirming = AccountHealth {
+        hard_block_ms: 10_000,
+        ..AccountHealth::HEALTHY
+    };
+    view.apply(ViewUpdate {
+        config: Some(config(&[1])),
+        states: vec![state(1, confirming, true)],
+        period_ms: 200,
+    });
+    let blocked = |view: &EdgeView| {
+        view.held(1).is_some_and(|held| {
+            held.state.confirming
+                || held
+                    .health(std::time::Instant::now())
+                    .is_some_and(|h| h.hard_block_ms > 0)
+        })
+    };
+    assert!(blocked(&view));
+    // The selector answered this relay's report with the refreshed token.
+    view.note_applied(1, Effect::Refreshed, 0);
+    assert!(!blocked(&view), "the confirmation is over");
+    // An update the publisher read before the refresh still shows it confirming: not taken.
+    view.apply(ViewUpdate {
+        config: None,
+        states: vec![state(1, confirming, true)],
+        period_ms: 200,
+    });
+    assert!(
+        !blocked(&view),
+        "a stale confirming state is not taken back"
+    );
+}
+
+#[test]
 fn bindings_are_trusted_for_the_trust_time_then_stale() {
     let view = EdgeView::new();
     let trust = Duration::from_millis(50);

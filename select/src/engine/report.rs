@@ -246,21 +246,24 @@ impl Selector {
         }
         // A wait, on Tokio's timer (core/src/clock.rs: the clock does not sleep).
         let deadline = Instant::now() + self.settings.probe.refusal_wait;
-        let mut stored = stored;
         loop {
             // Registered before the state is read, so an ending in between is not missed.
             let ended = self.confirmations.ended.notified();
-            if short_hash(stored.credential.expose()) != refused && !stored.credential.is_empty() {
-                // Refreshed away (before this report, or by the confirmation it waited for).
-                return Ok(Reported::Refreshed(stored.credential.clone()));
-            }
-            match self
+            let state = self
                 .health
                 .confirm_state(id)
                 .await
                 .map_err(unavailable)?
-                .map(|value| (LockState::parse(&value), value))
-            {
+                .map(|value| (LockState::parse(&value), value));
+            // The account is read after the lock: a confirmation that ended before the read has
+            // stored its refresh by then (read before it, a refresh landing in between looked
+            // like no confirmation at all, and a second one was started with the old token).
+            let stored = Arc::new(self.source.load_account(id).await?);
+            if short_hash(stored.credential.expose()) != refused && !stored.credential.is_empty() {
+                // Refreshed away (before this report, or by the confirmation it waited for).
+                return Ok(Reported::Refreshed(stored.credential.clone()));
+            }
+            match state {
                 None => {
                     let health = self.health.read_one(id).await.map_err(unavailable)?;
                     if health.hard_block_ms == 0 {
@@ -307,7 +310,6 @@ impl Selector {
                 }));
             }
             let _ = tokio::time::timeout(left.min(Duration::from_millis(100)), ended).await;
-            stored = Arc::new(self.source.load_account(id).await?);
         }
     }
 

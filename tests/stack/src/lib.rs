@@ -263,6 +263,40 @@ pub async fn relay_with_lease_channels(
     settings: RelaySettings,
     lease_channels: usize,
 ) -> HarnessResult<(Arc<Relay>, SocketAddr)> {
+    remote(
+        selector,
+        admission,
+        settings,
+        lease_channels,
+        Some(Default::default()),
+    )
+    .await
+}
+
+/// [`relay_with_handle`] selecting at the edge with `edge` (`None`: the selector plans).
+pub async fn relay_with_edge(
+    selector: Vec<String>,
+    admission: Vec<String>,
+    settings: RelaySettings,
+    edge: Option<poolgate_client::edge::EdgeSelectionSettings>,
+) -> HarnessResult<(Arc<Relay>, SocketAddr)> {
+    remote(
+        selector,
+        admission,
+        settings,
+        relay_svc::remote::DEFAULT_LEASE_CHANNELS,
+        edge,
+    )
+    .await
+}
+
+async fn remote(
+    selector: Vec<String>,
+    admission: Vec<String>,
+    settings: RelaySettings,
+    lease_channels: usize,
+    edge: Option<poolgate_client::edge::EdgeSelectionSettings>,
+) -> HarnessResult<(Arc<Relay>, SocketAddr)> {
     serve(Config {
         mode: Mode::Remote {
             selector,
@@ -272,7 +306,7 @@ pub async fn relay_with_lease_channels(
                 lease_channels,
                 ..Default::default()
             },
-            edge: Some(Default::default()),
+            edge,
         },
         relay: settings,
         blocks: Default::default(),
