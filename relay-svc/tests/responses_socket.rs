@@ -495,16 +495,21 @@ async fn a_relay_shutting_down_closes_its_sockets_going_away_once_their_turn_is_
     }
 }
 
-/// Distributed: two relays over one selector, two accounts. A conversation started on relay A's
-/// socket continues on relay B (a new socket, as after a reconnect): B refuses the continuation
-/// it cannot know with `previous_response_not_found`, the client resends the whole conversation,
-/// and it reaches the account that served the first turn (the session's binding, asked of the
-/// selector by relay B).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_conversation_moved_to_another_relay_reaches_the_account_that_holds_it() {
+/// Distributed: OpenAI API-key accounts named `accounts`, one selector, one admission, and two
+/// relays (`a`, `b`) with `settings`; a client key.
+struct TwoRelays {
+    upstream: FakeUpstream,
+    key: poolgate_core::account::Secret,
+    a: std::net::SocketAddr,
+    b: std::net::SocketAddr,
+    /// The backends and services, alive as long as the stack.
+    _services: Box<dyn std::any::Any + Send>,
+}
+
+async fn two_relays(accounts: &[&str], settings: RelaySettings) -> TwoRelays {
     let backends = poolgate_stack::backends().await.expect("backends start");
     let upstream = FakeUpstream::start().await.expect("fake upstream");
-    for name in ["one", "two"] {
+    for name in accounts {
         let mut account = poolgate_stack::account(name, &upstream.base_url, 4, 0);
         account.platform = poolgate_core::account::Platform::OpenAi;
         backends
@@ -518,8 +523,8 @@ async fn a_conversation_moved_to_another_relay_reaches_the_account_that_holds_it
         .create_api_key("socket", "socket", "default", 0)
         .await
         .expect("key");
-    let (_selector, selector_addr) = poolgate_stack::selector(&backends).await.expect("selector");
-    let (_admission, admission_addr) =
+    let (selector, selector_addr) = poolgate_stack::selector(&backends).await.expect("selector");
+    let (admission, admission_addr) =
         poolgate_stack::admission(&backends.redis.url(), Default::default())
             .await
             .expect("admission");
@@ -527,13 +532,31 @@ async fn a_conversation_moved_to_another_relay_reaches_the_account_that_holds_it
         poolgate_stack::relay(
             vec![format!("http://{selector_addr}")],
             vec![format!("http://{admission_addr}")],
-            RelaySettings::default(),
+            settings.clone(),
         )
     };
     let (a, b) = (
         relay().await.expect("relay a"),
         relay().await.expect("relay b"),
     );
+    TwoRelays {
+        upstream,
+        key,
+        a,
+        b,
+        _services: Box::new((backends, selector, admission)),
+    }
+}
+
+/// Distributed: two relays over one selector, two accounts. A conversation started on relay A's
+/// socket continues on relay B (a new socket, as after a reconnect): B refuses the continuation
+/// it cannot know with `previous_response_not_found`, the client resends the whole conversation,
+/// and it reaches the account that served the first turn (the session's binding, asked of the
+/// selector by relay B).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_moved_to_another_relay_reaches_the_account_that_holds_it() {
+    let stack = two_relays(&["one", "two"], RelaySettings::default()).await;
+    let (upstream, key, a, b) = (&stack.upstream, &stack.key, stack.a, stack.b);
     // Six conversations: each must come back to its own first account (by chance, 1 in 64).
     for n in 0..6 {
         let session = format!("thread-moved-{n}");
@@ -586,42 +609,15 @@ async fn a_conversation_moved_to_another_relay_reaches_the_account_that_holds_it
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_keys_sockets_are_bounded_across_relays() {
-    let backends = poolgate_stack::backends().await.expect("backends start");
-    let upstream = FakeUpstream::start().await.expect("fake upstream");
-    let mut account = poolgate_stack::account("one", &upstream.base_url, 4, 0);
-    account.platform = poolgate_core::account::Platform::OpenAi;
-    backends
-        .store
-        .upsert_account(&account)
-        .await
-        .expect("account");
-    let (_, key) = backends
-        .store
-        .create_api_key("sockets", "sockets", "default", 0)
-        .await
-        .expect("key");
-    let (_selector, selector_addr) = poolgate_stack::selector(&backends).await.expect("selector");
-    let (_admission, admission_addr) =
-        poolgate_stack::admission(&backends.redis.url(), Default::default())
-            .await
-            .expect("admission");
-    let relay = || {
-        poolgate_stack::relay(
-            vec![format!("http://{selector_addr}")],
-            vec![format!("http://{admission_addr}")],
-            RelaySettings {
-                sockets: SocketSettings {
-                    per_key: 2,
-                    ..SocketSettings::default()
-                },
-                ..RelaySettings::default()
-            },
-        )
+    let settings = RelaySettings {
+        sockets: SocketSettings {
+            per_key: 2,
+            ..SocketSettings::default()
+        },
+        ..RelaySettings::default()
     };
-    let (a, b) = (
-        relay().await.expect("relay a"),
-        relay().await.expect("relay b"),
-    );
+    let stack = two_relays(&["one"], settings).await;
+    let (key, a, b) = (&stack.key, stack.a, stack.b);
     // Two on relay A: the key's bound, though relay B holds none of them.
     let mut first = connect_session(a, key.expose(), "s-1")
         .await

@@ -46,7 +46,8 @@ struct Held {
 }
 
 /// How long after a refreshed-token answer an update that still shows the account confirming is
-/// taken as read before the refresh (the publisher's read and the report's answer race).
+/// taken as read before the refresh (the publisher's read and the report's answer race), unless
+/// an update showing it not confirming came first (the reads caught up).
 const REFRESH_HOLD: Duration = Duration::from_secs(1);
 
 impl Held {
@@ -134,15 +135,21 @@ impl EdgeView {
             self.snapshot.set(ticket, snapshot);
         }
         for mut state in update.states {
-            let refreshed = states
+            let mut refreshed = states
                 .get(&state.account_id)
                 .and_then(|held| held.refreshed)
                 .filter(|at| now.saturating_duration_since(*at) < REFRESH_HOLD);
-            if refreshed.is_some() && state.confirming {
-                // Read before the refresh the selector answered: that confirmation is over.
-                state.confirming = false;
-                if let Some(health) = state.health.as_mut() {
-                    health.hard_block_ms = 0;
+            if refreshed.is_some() {
+                if state.confirming {
+                    // Read before the refresh the selector answered: that confirmation is over.
+                    state.confirming = false;
+                    if let Some(health) = state.health.as_mut() {
+                        health.hard_block_ms = 0;
+                    }
+                } else {
+                    // The selector's reads have caught up: a confirming state from here on is
+                    // a new confirmation, taken as it comes.
+                    refreshed = None;
                 }
             }
             states.insert(

@@ -179,6 +179,18 @@ fn a_refreshed_token_ends_the_confirmation_even_against_an_update_read_before_it
         !blocked(&view),
         "a stale confirming state is not taken back"
     );
+    // Once an update shows it not confirming, a confirming one is a new confirmation.
+    view.apply(ViewUpdate {
+        config: None,
+        states: vec![state(1, AccountHealth::HEALTHY, false)],
+        period_ms: 200,
+    });
+    view.apply(ViewUpdate {
+        config: None,
+        states: vec![state(1, confirming, true)],
+        period_ms: 200,
+    });
+    assert!(blocked(&view), "a new confirmation is taken");
 }
 
 #[test]
