@@ -450,17 +450,17 @@ fn create_frame(body: &[u8]) -> Option<String> {
 }
 
 /// The frame of a continuation on the socket that holds `previous`: the body with only the new
-/// `input` and `previous_response_id`.
+/// `input` and `previous_response_id`, spliced into its bytes as every other body change is
+/// (`body::splice`), not parsed and written again.
 fn continuation_frame(body: &[u8], previous: &str, input: &[Value]) -> Option<String> {
-    let Ok(Value::Object(mut members)) = serde_json::from_slice::<Value>(body) else {
-        return None;
-    };
-    members.insert("input".into(), Value::Array(input.to_vec()));
-    members.insert("previous_response_id".into(), Value::from(previous));
-    let mut frame = serde_json::Map::with_capacity(members.len() + 1);
-    frame.insert("type".into(), Value::from("response.create"));
-    frame.extend(members);
-    Some(Value::Object(frame).to_string())
+    let changes = [
+        ("input", serde_json::to_string(input).ok()?),
+        (
+            "previous_response_id",
+            serde_json::to_string(previous).ok()?,
+        ),
+    ];
+    create_frame(&super::body::splice(body, &changes)?)
 }
 
 fn event_stream_headers() -> HeaderMap {
