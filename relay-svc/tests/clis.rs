@@ -349,12 +349,33 @@ async fn codex_over_the_websocket_works_in_both_modes_on_api_key_and_chatgpt_acc
     const SOCKETS: &str = "supports_websockets = true\n";
     let bin = clients_bin();
     let token = poolgate_testkit::fake_upstream::fake_chatgpt_token("acct-cli");
-    let socket_turns = |relay: &relay_svc::proxy::Relay| {
-        relay
+    // Codex exited 0 with the upstream's text, its turn ran on the relay's socket and reached
+    // the upstream over the upstream's own socket, with what a ChatGPT account needs.
+    let check_socket_run = |relay: &relay_svc::proxy::Relay,
+                            upstream: &FakeUpstream,
+                            chatgpt: bool,
+                            ok: bool,
+                            stdout: &str,
+                            mode: &str| {
+        assert!(ok, "codex exec exits 0 ({mode}, chatgpt {chatgpt})");
+        assert!(stdout.contains("Hello there."), "{stdout}");
+        let turns = relay
             .metrics
             .socket_turns
             .with_label_values(&["turn"])
-            .get()
+            .get();
+        assert!(
+            turns >= 1,
+            "the turn ran on the socket ({mode}, chatgpt {chatgpt})"
+        );
+        let seen = upstream.seen_requests();
+        assert!(
+            seen.iter().any(|r| !r.probe && r.socket.is_some()),
+            "the turn reached the upstream over its own socket ({mode}, chatgpt {chatgpt})"
+        );
+        if chatgpt {
+            check_codex_on_chatgpt(&seen);
+        }
     };
     for chatgpt in [false, true] {
         // Standalone.
@@ -377,22 +398,7 @@ async fn codex_over_the_websocket_works_in_both_modes_on_api_key_and_chatgpt_acc
             .await
             .expect("standalone relay starts");
         let (ok, stdout) = codex_with(&bin, &format!("http://{addr}"), KEY, SOCKETS).await;
-        assert!(ok, "codex exec exits 0 (standalone, chatgpt {chatgpt})");
-        assert!(stdout.contains("Hello there."), "{stdout}");
-        assert!(
-            socket_turns(&relay) >= 1,
-            "the turn ran on the socket (standalone, chatgpt {chatgpt})"
-        );
-        assert!(
-            upstream
-                .seen_requests()
-                .iter()
-                .any(|r| !r.probe && r.socket.is_some()),
-            "the turn reached the upstream over its own socket (standalone, chatgpt {chatgpt})"
-        );
-        if chatgpt {
-            check_codex_on_chatgpt(&upstream.seen_requests());
-        }
+        check_socket_run(&relay, &upstream, chatgpt, ok, &stdout, "standalone");
         // Distributed.
         let backends = common::backends().await.expect("backends start");
         let upstream = FakeUpstream::start().await.expect("fake upstream");
@@ -426,22 +432,7 @@ async fn codex_over_the_websocket_works_in_both_modes_on_api_key_and_chatgpt_acc
         .await
         .expect("relay starts");
         let (ok, stdout) = codex_with(&bin, &format!("http://{addr}"), key.expose(), SOCKETS).await;
-        assert!(ok, "codex exec exits 0 (distributed, chatgpt {chatgpt})");
-        assert!(stdout.contains("Hello there."), "{stdout}");
-        assert!(
-            socket_turns(&relay) >= 1,
-            "the turn ran on the socket (distributed, chatgpt {chatgpt})"
-        );
-        assert!(
-            upstream
-                .seen_requests()
-                .iter()
-                .any(|r| !r.probe && r.socket.is_some()),
-            "the turn reached the upstream over its own socket (distributed, chatgpt {chatgpt})"
-        );
-        if chatgpt {
-            check_codex_on_chatgpt(&upstream.seen_requests());
-        }
+        check_socket_run(&relay, &upstream, chatgpt, ok, &stdout, "distributed");
         drop((selector, admission));
     }
 }
