@@ -237,6 +237,7 @@ impl Upstream {
     fn new(id: AccountId, spec: &AccountSpec, concurrency_limit: i32) -> Self {
         Upstream {
             account: Arc::new(Account {
+                serves: Vec::new(),
                 id,
                 name: format!("sim-{id}"),
                 group: "sim".into(),

@@ -10,23 +10,85 @@ use crate::AccountId;
 pub enum Platform {
     Anthropic,
     OpenAi,
+    /// Rerank APIs in Cohere's format (`/v1/rerank`, `/v2/rerank`): Cohere, and the Jina, vLLM
+    /// and other servers that speak it. API keys only.
+    Rerank,
 }
 
 impl Platform {
+    pub const ALL: [Platform; 3] = [Platform::Anthropic, Platform::OpenAi, Platform::Rerank];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Platform::Anthropic => "anthropic",
             Platform::OpenAi => "openai",
+            Platform::Rerank => "rerank",
         }
     }
 
     pub fn parse(text: &str) -> Option<Self> {
-        match text {
-            "anthropic" => Some(Platform::Anthropic),
-            "openai" => Some(Platform::OpenAi),
-            _ => None,
+        Platform::ALL.into_iter().find(|p| p.as_str() == text)
+    }
+
+    /// Whether an account of this platform and credential kind can serve `service` at all (an
+    /// account's own list, [`Account::serves`], may name less).
+    pub fn can_serve(self, kind: CredentialKind, service: Service) -> bool {
+        match (self, kind, service) {
+            (Platform::Anthropic, _, Service::Chat) => true,
+            (Platform::OpenAi, CredentialKind::ChatGptOAuth, Service::Chat) => true,
+            (Platform::OpenAi, CredentialKind::ChatGptOAuth, _) => false,
+            (Platform::OpenAi, _, Service::Chat | Service::Embeddings) => true,
+            (Platform::Rerank, CredentialKind::ApiKey, Service::Rerank) => true,
+            _ => false,
         }
     }
+}
+
+/// What an account's upstream answers, by the relay's paths (docs/DESIGN.md §6, "Embeddings and
+/// rerank"): chat (Messages, chat completions, Responses, count_tokens), `/v1/embeddings`,
+/// `/v1/rerank` and `/v2/rerank`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub enum Service {
+    #[default]
+    Chat,
+    Embeddings,
+    Rerank,
+}
+
+impl Service {
+    pub const ALL: [Service; 3] = [Service::Chat, Service::Embeddings, Service::Rerank];
+
+    /// The name operators write in an account's `serves` list.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Service::Chat => "chat",
+            Service::Embeddings => "embeddings",
+            Service::Rerank => "rerank",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        Service::ALL.into_iter().find(|s| s.as_str() == text)
+    }
+}
+
+/// Why an account's `serves` list cannot be stored, naming the service; `None`: it can.
+pub fn serves_problem(
+    platform: Platform,
+    kind: CredentialKind,
+    serves: &[Service],
+) -> Option<String> {
+    serves
+        .iter()
+        .find(|s| !platform.can_serve(kind, **s))
+        .map(|s| {
+            format!(
+                "a {} account ({}) cannot serve {}",
+                platform.as_str(),
+                kind.as_str(),
+                s.as_str()
+            )
+        })
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,6 +245,7 @@ pub fn default_oauth_client_id(platform: Platform) -> &'static str {
     match platform {
         Platform::Anthropic => "9d1c250a-e61b-44d9-88ed-5944d1962f5e",
         Platform::OpenAi => "app_EMoamEEZ73f0CkXaXp7hrann",
+        Platform::Rerank => "",
     }
 }
 
@@ -197,6 +260,7 @@ pub fn default_oauth_token_url(platform: Platform) -> &'static str {
     match platform {
         Platform::Anthropic => "https://platform.claude.com/v1/oauth/token",
         Platform::OpenAi => "https://auth.openai.com/oauth/token",
+        Platform::Rerank => "",
     }
 }
 
@@ -229,6 +293,10 @@ pub struct Account {
     /// Who the upstream says this account is, when it was signed in (or imported) through
     /// poolgate; empty for an account configured by hand.
     pub identity: AccountIdentity,
+    /// What the upstream answers; empty: all its platform and kind can
+    /// ([`Platform::can_serve`]). An OpenAI-compatible upstream without embeddings says
+    /// `[chat]`; an embeddings server `[embeddings]` (its probe then asks for an embedding).
+    pub serves: Vec<Service>,
 }
 
 /// Who an upstream says a subscription account is, from what its sign-in returned: the id that
@@ -263,6 +331,15 @@ impl AccountIdentity {
 }
 
 impl Account {
+    /// Whether the account answers `service` (its own list, else its platform's).
+    pub fn serves(&self, service: Service) -> bool {
+        if self.serves.is_empty() {
+            self.platform.can_serve(self.credential_kind, service)
+        } else {
+            self.serves.contains(&service)
+        }
+    }
+
     pub fn allows(&self, model: &str) -> bool {
         self.allowed_models.is_empty() || self.allowed_models.iter().any(|m| m == model)
     }
@@ -309,6 +386,9 @@ pub struct GroupSettings {
     /// Claude subscription, Codex on a ChatGPT one); every other client's request goes to the
     /// group's API-key accounts (docs/SUBSCRIPTIONS.md, "Other clients").
     pub subscriptions_cli_only: bool,
+    /// Rerank requests no account can serve now get the recall order, marked as not reranked,
+    /// unless the request says otherwise (docs/DESIGN.md §6, "Embeddings and rerank").
+    pub rerank_passthrough: bool,
 }
 
 /// A client API key, as authentication needs it.
@@ -328,18 +408,83 @@ pub struct ApiKeyRecord {
     pub limits: crate::lease::KeyLimits,
 }
 
-/// USD per million tokens.
+/// A model's price: USD per million tokens of each kind, and USD per search unit (rerank, as
+/// Cohere bills: one query over up to 100 documents).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Price {
     pub input_per_mtok: f64,
     pub output_per_mtok: f64,
     pub cache_write_per_mtok: f64,
     pub cache_read_per_mtok: f64,
+    pub per_search_unit: f64,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_an_account_serves_is_its_list_else_its_platforms() {
+        let mut account = Account {
+            id: 1,
+            name: "a".into(),
+            group: "g".into(),
+            platform: Platform::OpenAi,
+            base_url: String::new(),
+            credential_kind: CredentialKind::ApiKey,
+            credential: Secret::new("k"),
+            oauth: None,
+            status: AccountStatus::Active,
+            status_reason: String::new(),
+            priority: 0,
+            weight: 1,
+            concurrency_limit: 0,
+            rpm_limit: 0,
+            session_window_limit_usd: 0.0,
+            allowed_models: Vec::new(),
+            model_mapping: HashMap::new(),
+            proxy_url: None,
+            probe_model: None,
+            stream_usage: true,
+            identity: AccountIdentity::default(),
+            serves: Vec::new(),
+        };
+        assert!(account.serves(Service::Chat) && account.serves(Service::Embeddings));
+        assert!(!account.serves(Service::Rerank));
+        account.serves = vec![Service::Chat];
+        assert!(!account.serves(Service::Embeddings), "a chat-only upstream");
+        account.serves = vec![Service::Embeddings];
+        assert!(!account.serves(Service::Chat), "an embeddings server");
+        account.credential_kind = CredentialKind::ChatGptOAuth;
+        account.serves = Vec::new();
+        assert!(
+            !account.serves(Service::Embeddings),
+            "ChatGPT serves the Responses API only"
+        );
+        account.platform = Platform::Rerank;
+        account.credential_kind = CredentialKind::ApiKey;
+        assert!(account.serves(Service::Rerank) && !account.serves(Service::Chat));
+    }
+
+    #[test]
+    fn a_serves_list_names_only_what_the_platform_can() {
+        use CredentialKind::*;
+        assert_eq!(
+            serves_problem(Platform::OpenAi, ApiKey, &[Service::Embeddings]),
+            None
+        );
+        assert!(serves_problem(Platform::Anthropic, ApiKey, &[Service::Embeddings]).is_some());
+        assert!(serves_problem(Platform::OpenAi, ChatGptOAuth, &[Service::Embeddings]).is_some());
+        assert!(serves_problem(Platform::Rerank, ApiKey, &[Service::Chat]).is_some());
+        assert!(serves_problem(Platform::Rerank, OAuth, &[Service::Rerank]).is_some());
+        let problem = serves_problem(Platform::OpenAi, ApiKey, &[Service::Rerank]);
+        assert!(problem.is_some_and(|p| p.contains("rerank") && p.contains("openai")));
+        for service in Service::ALL {
+            assert_eq!(Service::parse(service.as_str()), Some(service));
+        }
+        assert_eq!(Platform::parse("rerank"), Some(Platform::Rerank));
+        assert_eq!(Service::parse("images"), None);
+    }
 
     #[test]
     fn secrets_never_print() {
@@ -360,6 +505,7 @@ pub fn default_base_url(platform: Platform, kind: CredentialKind) -> &'static st
         (Platform::Anthropic, _) => "https://api.anthropic.com",
         (Platform::OpenAi, CredentialKind::ChatGptOAuth) => "https://chatgpt.com/backend-api",
         (Platform::OpenAi, _) => "https://api.openai.com",
+        (Platform::Rerank, _) => "https://api.cohere.com",
     }
 }
 
@@ -437,6 +583,7 @@ impl SignIn {
             (Platform::Anthropic, _) => "claude",
             (Platform::OpenAi, CredentialKind::ChatGptOAuth) => "chatgpt",
             (Platform::OpenAi, _) => "openai",
+            (Platform::Rerank, _) => "rerank",
         };
         let who = if self.identity.email.is_empty() {
             self.identity.upstream_id.chars().take(12).collect()

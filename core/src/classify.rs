@@ -409,6 +409,10 @@ pub fn classify(
             // Suspected, never assumed: the selector's probe decides.
             Refusal::Unknown => Classified::new(OutcomeClass::Unauthorized, "401"),
         },
+        // Cohere's "invalid token" (its SDK's `InvalidTokenError`, cohere-python 7.0.9
+        // `v2/raw_client.py`): the credential refused, suspected like a 401 until the probe
+        // confirms it.
+        498 => Classified::new(OutcomeClass::Unauthorized, "401"),
         400 if error.is_some_and(UpstreamError::is_subscription_refusal) => {
             Classified::new(OutcomeClass::ClientError, "subscription")
         }
@@ -491,6 +495,36 @@ mod tests {
     }
 
     const NOW: i64 = 1_700_000_000_000;
+
+    /// Cohere's errors carry no `error` object (`{"message": …}`): the status decides, as the
+    /// SDK's typed errors do (cohere-python 7.0.9 `v2/raw_client.py`).
+    #[test]
+    fn cohere_answers_are_classified_by_status() {
+        let json = headers(&[("content-type", "application/json")]);
+        let class = |status: u16, body: &str| classify(status, &json, body.as_bytes(), NOW, 60_000);
+        let past_limit = r#"{"message":"You are past the per minute request limit, please wait and try again later."}"#;
+        assert_eq!(class(429, past_limit).class, OutcomeClass::Busy);
+        assert_eq!(
+            class(401, r#"{"message":"invalid api token"}"#).class,
+            OutcomeClass::Unauthorized
+        );
+        assert_eq!(
+            class(498, r#"{"message":"invalid api token"}"#).class,
+            OutcomeClass::Unauthorized,
+            "Cohere's 498 is a refused credential, confirmed by the probe"
+        );
+        assert_eq!(
+            class(402, r#"{"message":"payment required"}"#).class,
+            OutcomeClass::QuotaGone
+        );
+        let empty = r#"{"message":"invalid request: list of documents must not be empty"}"#;
+        assert_eq!(class(400, empty).class, OutcomeClass::ClientError);
+        assert_eq!(class(422, empty).class, OutcomeClass::ClientError);
+        assert_eq!(
+            class(503, r#"{"message":"unavailable"}"#).class,
+            OutcomeClass::Broken
+        );
+    }
 
     #[test]
     fn retry_after_is_read_as_seconds_and_as_an_http_date() {

@@ -21,15 +21,21 @@ pub enum Endpoint {
     Responses,
     /// `GET /v1/models` (both).
     Models,
+    /// `POST /v1/embeddings` (OpenAI).
+    Embeddings,
+    /// `POST /v1/rerank` and `POST /v2/rerank` (Cohere's format).
+    Rerank,
 }
 
 impl Endpoint {
-    pub const ALL: [Endpoint; 5] = [
+    pub const ALL: [Endpoint; 7] = [
         Endpoint::Messages,
         Endpoint::CountTokens,
         Endpoint::ChatCompletions,
         Endpoint::Responses,
         Endpoint::Models,
+        Endpoint::Embeddings,
+        Endpoint::Rerank,
     ];
 
     /// The name operators write in a key's endpoint list.
@@ -40,6 +46,8 @@ impl Endpoint {
             Endpoint::ChatCompletions => "chat_completions",
             Endpoint::Responses => "responses",
             Endpoint::Models => "models",
+            Endpoint::Embeddings => "embeddings",
+            Endpoint::Rerank => "rerank",
         }
     }
 
@@ -547,8 +555,8 @@ mod tests {
             parse_endpoints(&["messages".into(), "models".into(), "messages".into()]),
             Ok(vec![Endpoint::Messages, Endpoint::Models])
         );
-        let unknown = parse_endpoints(&["embeddings".into()]).expect_err("unknown");
-        assert!(unknown.contains("\"embeddings\"") && unknown.contains("count_tokens"));
+        let unknown = parse_endpoints(&["images".into()]).expect_err("unknown");
+        assert!(unknown.contains("\"images\"") && unknown.contains("count_tokens"));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! relay reads them; one type each, written once.
 
 use crate::AccountId;
-use crate::account::{CredentialKind, Platform, Secret};
+use crate::account::{CredentialKind, Platform, Secret, Service};
 use crate::price::{ModelPrice, PriceSource};
 use crate::select::NoneReason;
 
@@ -41,6 +41,8 @@ pub struct PlanRequest {
     pub api_key_id: i64,
     pub group: String,
     pub platform: Platform,
+    /// What the request is: only accounts that serve it are planned.
+    pub service: Service,
     pub model: String,
     /// The request's session, as the client named it (the engine scopes it to the key).
     pub session_hash: Option<String>,
@@ -70,6 +72,9 @@ pub struct Plan {
     /// (`GroupSettings::subscriptions_cli_only`): the relay leaves them out of the plan for any
     /// other client's request.
     pub subscriptions_cli_only: bool,
+    /// The group's rerank requests get the recall order when no account can rerank
+    /// (`GroupSettings::rerank_passthrough`); set on every plan, empty ones included.
+    pub rerank_passthrough: bool,
 }
 
 impl Plan {

@@ -184,6 +184,7 @@ pub fn check_price(model: &str, price: &Price) -> Result<(), (&'static str, Stri
         ("output", price.output_per_mtok),
         ("cache_write", price.cache_write_per_mtok),
         ("cache_read", price.cache_read_per_mtok),
+        ("search_unit", price.per_search_unit),
     ] {
         if !value.is_finite() || !(0.0..=MAX_PRICE_PER_MTOK).contains(&value) {
             return Err((
@@ -220,6 +221,7 @@ mod tests {
     #[test]
     fn a_price_is_refused_naming_its_field() {
         let good = Price {
+            per_search_unit: 0.0,
             input_per_mtok: 3.0,
             output_per_mtok: 15.0,
             cache_write_per_mtok: 3.75,

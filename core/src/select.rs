@@ -250,6 +250,7 @@ mod tests {
 
     fn account(id: AccountId, priority: i32, weight: i32, limit: i32) -> Arc<Account> {
         Arc::new(Account {
+            serves: Vec::new(),
             id,
             name: format!("a{id}"),
             group: "g".into(),

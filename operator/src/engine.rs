@@ -466,6 +466,7 @@ mod tests {
     #[test]
     fn the_row_carries_the_accounts_limits_and_masks_its_credential() {
         let account = Account {
+            serves: Vec::new(),
             id: 4,
             name: "a".into(),
             group: "g".into(),

@@ -137,6 +137,9 @@ pub struct PriceFlags {
     /// Cache reads, USD per million tokens.
     #[arg(long, allow_negative_numbers = true)]
     pub cache_read_usd: f64,
+    /// Rerank: USD per search unit (one query over up to 100 documents, as Cohere bills).
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.0)]
+    pub search_unit_usd: f64,
 }
 
 impl PriceFlags {
@@ -146,6 +149,7 @@ impl PriceFlags {
             output_per_mtok: self.output_usd,
             cache_write_per_mtok: self.cache_write_usd,
             cache_read_per_mtok: self.cache_read_usd,
+            per_search_unit: self.search_unit_usd,
         }
     }
 }
@@ -741,6 +745,7 @@ mod tests {
     #[test]
     fn a_price_line_names_its_source_and_the_catalogue_price_it_overrides() {
         let columns = |input, output| crate::view::PriceColumns {
+            search_unit: 0.0,
             input,
             output,
             cache_write: 1.25,

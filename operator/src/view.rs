@@ -357,6 +357,9 @@ pub struct PriceColumns {
     pub output: f64,
     pub cache_write: f64,
     pub cache_read: f64,
+    /// USD per search unit (rerank).
+    #[serde(default)]
+    pub search_unit: f64,
 }
 
 impl From<Price> for PriceColumns {
@@ -366,6 +369,7 @@ impl From<Price> for PriceColumns {
             output: price.output_per_mtok,
             cache_write: price.cache_write_per_mtok,
             cache_read: price.cache_read_per_mtok,
+            search_unit: price.per_search_unit,
         }
     }
 }

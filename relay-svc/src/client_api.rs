@@ -1,4 +1,5 @@
-//! The two client API families and the errors the relay makes itself, in each one's format.
+//! The client API families (Anthropic's, OpenAI's, Cohere's rerank) and the errors the relay
+//! makes itself, in each one's format.
 
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
@@ -12,6 +13,8 @@ use crate::ports::{KeyLimit, KeyRefused, RefusedFor};
 pub enum Api {
     Anthropic,
     OpenAi,
+    /// Cohere's rerank (`/v1/rerank`, `/v2/rerank`): errors are `{"message": …}`.
+    Cohere,
 }
 
 impl Api {
@@ -19,6 +22,7 @@ impl Api {
         match self {
             Api::Anthropic => Platform::Anthropic,
             Api::OpenAi => Platform::OpenAi,
+            Api::Cohere => Platform::Rerank,
         }
     }
 }
@@ -227,6 +231,8 @@ impl RelayError {
                     "error": {"message": self.message, "type": kind, "param": self.openai_param, "code": code},
                 })
             }
+            // Cohere's error body: the message alone (docs.cohere.com/reference/errors).
+            Api::Cohere => serde_json::json!({"message": self.message}),
         }
     }
 
@@ -234,7 +240,7 @@ impl RelayError {
     pub fn sse_event(&self) -> Bytes {
         match self.api {
             Api::Anthropic => Bytes::from(format!("event: error\ndata: {}\n\n", self.body())),
-            Api::OpenAi => Bytes::from(format!("data: {}\n\n", self.body())),
+            Api::OpenAi | Api::Cohere => Bytes::from(format!("data: {}\n\n", self.body())),
         }
     }
 }

@@ -10,6 +10,7 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Uri};
+use poolgate_core::account::Service;
 use poolgate_core::keys::Endpoint;
 
 use crate::client_api::{Api, ErrorKind, RelayError};
@@ -104,6 +105,9 @@ pub fn router(front: Front) -> Router {
                 .get(responses_over_websocket)
                 .fallback(wrong_method),
         )
+        .route("/v1/embeddings", post(embeddings).fallback(wrong_method))
+        .route("/v1/rerank", post(rerank_v1).fallback(wrong_method))
+        .route("/v2/rerank", post(rerank_v2).fallback(wrong_method))
         .route("/v1/models", get(models))
         .route("/v1/poolgate/key", get(own_key))
         .route("/healthz", get(|| async { "ok" }))
@@ -165,6 +169,45 @@ async fn responses(
     handle(front, route, headers, body).await
 }
 
+async fn embeddings(
+    State(front): State<Front>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: AxumBody,
+) -> Response {
+    let route = Route {
+        service: Service::Embeddings,
+        ..Route::new(Api::OpenAi, "/v1/embeddings", Endpoint::Embeddings, &uri)
+    };
+    handle(front, route, headers, body).await
+}
+
+async fn rerank_v1(
+    State(front): State<Front>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: AxumBody,
+) -> Response {
+    let route = Route {
+        service: Service::Rerank,
+        ..Route::new(Api::Cohere, "/v1/rerank", Endpoint::Rerank, &uri)
+    };
+    handle(front, route, headers, body).await
+}
+
+async fn rerank_v2(
+    State(front): State<Front>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: AxumBody,
+) -> Response {
+    let route = Route {
+        service: Service::Rerank,
+        ..Route::new(Api::Cohere, "/v2/rerank", Endpoint::Rerank, &uri)
+    };
+    handle(front, route, headers, body).await
+}
+
 /// Which endpoint a request came in on, and its query string (passed upstream as it came:
 /// Claude Code sends `/v1/messages?beta=true`).
 struct Route {
@@ -177,6 +220,8 @@ struct Route {
     ungoverned: bool,
     /// A turn from a client's Responses socket (`socket.rs`).
     socket: Option<crate::proxy::upstream_socket::SocketTurn>,
+    /// What the request asks of an account (chat unless embeddings or rerank).
+    service: Service,
 }
 
 impl Route {
@@ -188,6 +233,7 @@ impl Route {
             query: uri.query().filter(|q| !q.is_empty()).map(str::to_owned),
             ungoverned: false,
             socket: None,
+            service: Service::Chat,
         }
     }
 }
@@ -238,7 +284,8 @@ async fn models(State(front): State<Front>, headers: HeaderMap) -> Response {
                 .collect();
             serde_json::json!({"data": data, "has_more": false, "first_id": models.first(), "last_id": models.last()})
         }
-        Api::OpenAi => {
+        // (`get_api` names Anthropic or OpenAI: Cohere's clients list no models here.)
+        Api::OpenAi | Api::Cohere => {
             let data: Vec<serde_json::Value> = models
                 .iter()
                 .map(|id| serde_json::json!({"id": id, "object": "model", "created": 0, "owned_by": "poolgate"}))
@@ -319,6 +366,8 @@ async fn responses_over_websocket(
 async fn wrong_method(method: http::Method, uri: http::Uri) -> Response {
     let api = if uri.path().starts_with("/v1/messages") {
         Api::Anthropic
+    } else if uri.path().ends_with("/rerank") {
+        Api::Cohere
     } else {
         Api::OpenAi
     };
@@ -335,9 +384,11 @@ async fn wrong_method(method: http::Method, uri: http::Uri) -> Response {
     with_request_id(response)
 }
 
-async fn not_found(headers: HeaderMap) -> Response {
+async fn not_found(uri: Uri, headers: HeaderMap) -> Response {
     let api = if headers.contains_key("anthropic-version") {
         Api::Anthropic
+    } else if uri.path().ends_with("/rerank") {
+        Api::Cohere
     } else {
         Api::OpenAi
     };
@@ -394,6 +445,7 @@ async fn handle_inner(front: Front, route: Route, headers: HeaderMap, body: Axum
         query,
         ungoverned,
         socket,
+        service,
     } = route;
     let relay = front.relay.clone();
     relay.metrics.requests.with_label_values(&[path]).inc();
@@ -478,17 +530,38 @@ async fn handle_inner(front: Front, route: Route, headers: HeaderMap, body: Axum
     if let Err(error) = relay.check_access(api, &caller, endpoint, Some(&model)) {
         return error.into_response();
     }
-    let stream = top.bool("stream").unwrap_or(false);
+    let chat = service == Service::Chat;
+    // Embeddings and rerank answer whole, never as a stream, and bind no session: each batch or
+    // query stands alone (docs/DESIGN.md §6, "Embeddings and rerank").
+    let stream = chat && top.bool("stream").unwrap_or(false);
     let previous_response_id = top
         .str("previous_response_id")
-        .filter(|id| !id.is_empty() && id.len() <= 128);
+        .filter(|id| chat && !id.is_empty() && id.len() <= 128);
+    let rerank = if service == Service::Rerank {
+        match crate::proxy::rerank::Rerank::read(path, &headers, &top) {
+            Ok(rerank) => Some(rerank),
+            Err(error) => return error.into_response(),
+        }
+    } else {
+        None
+    };
     let basis = top.session_basis();
+    let (session, opens) = if chat {
+        (
+            session_hash(api, &headers, &basis),
+            opens_conversation(api, &headers, &basis),
+        )
+    } else {
+        (None, false)
+    };
     let inbound = Inbound {
         api,
         path,
         query,
-        session_hash: session_hash(api, &headers, &basis),
-        opens_conversation: opens_conversation(api, &headers, &basis),
+        session_hash: session,
+        opens_conversation: opens,
+        service,
+        rerank,
         headers,
         body,
         top,

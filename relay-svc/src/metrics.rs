@@ -31,6 +31,13 @@ pub struct Metrics {
     /// key's own admission limits (`concurrency`, `tpm`, `budget`), or a model without a price
     /// on a key with a budget where the operator refuses those (`unpriced`); never the key.
     pub key_refusals: IntCounterVec,
+    /// relay_pool_refusals_total{service,reason}: embeddings and rerank requests the pool could
+    /// not serve now, answered 429 at once with `retry-after` (`reason`: `busy`, `failed`, or an
+    /// empty plan's: `all_blocked`, `breaker_open`, `confirming`, `all_excluded`).
+    pub pool_refusals: IntCounterVec,
+    /// relay_rerank_degraded_total{reason}: rerank requests answered with the documents in the
+    /// order they were sent (the passthrough), not charged, by why no account reranked them.
+    pub rerank_degraded: IntCounterVec,
     /// relay_socket_turns_total{kind}: `response.create` messages on Responses WebSockets:
     /// `turn` (run through the relay), `continued` (a continuation of the socket's previous turn:
     /// as sent on the upstream socket that holds it, else whole), `previous_response_not_found` (a `store: false` continuation of a
@@ -99,6 +106,16 @@ impl Metrics {
             key_refusals: counter_vec(
                 "relay_key_refusals_total",
                 "Requests refused for what their client key may reach (disabled, expired, endpoint, model), by its own limits (concurrency, tpm, budget), or for a model without a price on a key with a budget (unpriced), by reason; no upstream is called.",
+                &["reason"],
+            ),
+            pool_refusals: counter_vec(
+                "relay_pool_refusals_total",
+                "Embeddings and rerank requests the pool could not serve now, answered 429 at once with retry-after, by service and reason (busy, failed, all_blocked, breaker_open, confirming, all_excluded).",
+                &["service", "reason"],
+            ),
+            rerank_degraded: counter_vec(
+                "relay_rerank_degraded_total",
+                "Rerank requests answered with the documents in the order they were sent (not reranked, not charged) because no account could rerank them now, by reason.",
                 &["reason"],
             ),
             socket_turns: counter_vec(

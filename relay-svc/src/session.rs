@@ -83,6 +83,8 @@ fn declared(api: Api, headers: &HeaderMap, body: &Value) -> Option<String> {
                 return Some(session);
             }
         }
+        // Rerank binds no session (`http.rs` asks for none).
+        Api::Cohere => {}
     }
     header(headers, "x-session-id")
 }

@@ -10,6 +10,9 @@ pub struct Usage {
     pub output: u64,
     pub cache_write: u64,
     pub cache_read: u64,
+    /// Rerank: the search units the upstream billed (Cohere's `meta.billed_units.search_units`,
+    /// rounded up to whole units).
+    pub search_units: u64,
 }
 
 fn field(object: &Value, path: &str) -> Option<u64> {
@@ -33,7 +36,12 @@ impl Usage {
             (Some(input), _) | (None, Some(input)) => {
                 Some(input.saturating_sub(cached.unwrap_or(0)))
             }
-            (None, None) => None,
+            // Only a total (Jina's and vLLM's rerank, `usage: {"total_tokens": …}`): all of
+            // it is input (a rerank or an embedding writes no tokens).
+            (None, None) => field(usage, "/total_tokens").filter(|_| {
+                field(usage, "/output_tokens").is_none()
+                    && field(usage, "/completion_tokens").is_none()
+            }),
         };
         let output = field(usage, "/output_tokens").or_else(|| field(usage, "/completion_tokens"));
         let cache_write = field(usage, "/cache_creation_input_tokens");
@@ -73,6 +81,25 @@ impl Usage {
             + self.cache_write as f64 * price.cache_write_per_mtok
             + self.cache_read as f64 * price.cache_read_per_mtok)
             / 1_000_000.0
+            + self.search_units as f64 * price.per_search_unit
+    }
+
+    /// Folds a Cohere-format answer's `meta` (rerank): its billed search units, and its input
+    /// tokens where it states them and no `usage` did.
+    pub fn absorb_meta(&mut self, meta: &Value) {
+        if let Some(units) = meta
+            .pointer("/billed_units/search_units")
+            .and_then(Value::as_f64)
+            .filter(|units| units.is_finite() && *units > 0.0)
+        {
+            self.search_units = units.ceil().min(u64::MAX as f64) as u64;
+        }
+        if self.input == 0
+            && let Some(input) = field(meta, "/billed_units/input_tokens")
+                .or_else(|| field(meta, "/tokens/input_tokens"))
+        {
+            self.input = input;
+        }
     }
 }
 
@@ -152,6 +179,8 @@ pub fn whole_answer(body: &[u8]) -> (Usage, Option<String>) {
         id: Option<Value>,
         #[serde(default)]
         usage: Option<Value>,
+        #[serde(default)]
+        meta: Option<Value>,
     }
     let mut usage = Usage::default();
     let Ok(head) = serde_json::from_slice::<Head>(body) else {
@@ -159,6 +188,9 @@ pub fn whole_answer(body: &[u8]) -> (Usage, Option<String>) {
     };
     if let Some(found) = head.usage.filter(Value::is_object) {
         usage.absorb(&found);
+    }
+    if let Some(meta) = head.meta.filter(Value::is_object) {
+        usage.absorb_meta(&meta);
     }
     let id = head
         .id
@@ -357,6 +389,7 @@ mod tests {
         assert_eq!(
             scanner.usage,
             Usage {
+                search_units: 0,
                 input: 12,
                 output: 42,
                 cache_write: 3,
@@ -372,6 +405,7 @@ mod tests {
         assert_eq!(
             chat,
             Usage {
+                search_units: 0,
                 input: 30,
                 output: 7,
                 cache_write: 0,
@@ -385,6 +419,7 @@ mod tests {
         assert_eq!(
             scanner.usage,
             Usage {
+                search_units: 0,
                 input: 9,
                 output: 4,
                 cache_write: 0,
@@ -514,14 +549,48 @@ mod tests {
     }
 
     #[test]
+    fn embeddings_and_rerank_answers_are_read() {
+        // OpenAI embeddings: prompt tokens only.
+        let (usage, _) = whole_answer(
+            br#"{"object":"list","data":[],"model":"text-embedding-3-small","usage":{"prompt_tokens":8,"total_tokens":8}}"#,
+        );
+        assert_eq!((usage.input, usage.output, usage.search_units), (8, 0, 0));
+        // Cohere rerank: the billed search units (fractions round up).
+        let (usage, _) = whole_answer(
+            br#"{"id":"x","results":[],"meta":{"billed_units":{"search_units":2.2}}}"#,
+        );
+        assert_eq!((usage.input, usage.search_units), (0, 3));
+        // Jina's and vLLM's rerank: a total alone is input.
+        let (usage, _) = whole_answer(br#"{"results":[],"usage":{"total_tokens":120}}"#);
+        assert_eq!((usage.input, usage.search_units), (120, 0));
+        // A total beside output tokens is not read as input.
+        let mut chat = Usage::default();
+        chat.absorb(&json!({"completion_tokens": 4, "total_tokens": 9}));
+        assert_eq!((chat.input, chat.output), (0, 4));
+        let price = Price {
+            input_per_mtok: 1.0,
+            per_search_unit: 0.002,
+            ..Price::default()
+        };
+        let units = Usage {
+            search_units: 3,
+            input: 1_000_000,
+            ..Usage::default()
+        };
+        assert!((units.cost_usd(&price) - 1.006).abs() < 1e-12);
+    }
+
+    #[test]
     fn cost_uses_every_token_kind() {
         let usage = Usage {
+            search_units: 0,
             input: 1_000_000,
             output: 500_000,
             cache_write: 0,
             cache_read: 2_000_000,
         };
         let price = Price {
+            per_search_unit: 0.0,
             input_per_mtok: 3.0,
             output_per_mtok: 15.0,
             cache_write_per_mtok: 3.75,

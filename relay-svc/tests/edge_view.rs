@@ -92,6 +92,7 @@ async fn a_block_one_relay_reported_reaches_another_relays_plans_within_a_second
         panic!("the key is known at the edge");
     };
     let request = PlanRequest {
+        service: Default::default(),
         api_key_id: caller.api_key_id,
         group: "default".into(),
         platform: Platform::Anthropic,

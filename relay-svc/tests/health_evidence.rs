@@ -332,6 +332,7 @@ fn stream_error(rng: &mut fastrand::Rng, platform: Platform) -> (&'static str, S
             json!({"error": {"type": kind, "code": kind, "message": "stream failed"}}),
             json!({"type": "response.failed", "response": {"id": "resp_e", "status": "failed", "error": {"code": kind, "message": "stream failed"}}})
         ),
+        Platform::Rerank => unreachable!("rerank answers never stream"),
     };
     (kind, body)
 }

@@ -294,6 +294,7 @@ impl Ports {
 
 fn request(caller: &Caller, group: &str, model: &str) -> PlanRequest {
     PlanRequest {
+        service: Default::default(),
         api_key_id: caller.api_key_id,
         group: group.into(),
         platform: Platform::Anthropic,

@@ -31,6 +31,9 @@ struct CatalogueEntry {
     output: f64,
     cache_write: f64,
     cache_read: f64,
+    /// Rerank: USD per search unit.
+    #[serde(default)]
+    search_unit: f64,
     #[allow(dead_code)]
     source: String,
 }
@@ -76,6 +79,7 @@ impl Catalogue {
                 )
             })?;
             let price = Price {
+                per_search_unit: entry.search_unit,
                 input_per_mtok: entry.input,
                 output_per_mtok: entry.output,
                 cache_write_per_mtok: entry.cache_write,
@@ -142,6 +146,7 @@ fn raise(max: &mut Price, price: &Price) {
     max.output_per_mtok = max.output_per_mtok.max(price.output_per_mtok);
     max.cache_write_per_mtok = max.cache_write_per_mtok.max(price.cache_write_per_mtok);
     max.cache_read_per_mtok = max.cache_read_per_mtok.max(price.cache_read_per_mtok);
+    max.per_search_unit = max.per_search_unit.max(price.per_search_unit);
 }
 
 /// The Claude families, as the model id's `-`-separated parts name them.
@@ -154,8 +159,13 @@ const CLAUDE_FAMILIES: [&str; 5] = ["opus", "sonnet", "haiku", "fable", "mythos"
 /// - `gpt-<N>`: an id starting `gpt-` and a major version `N` (digits) followed by `.`, `-` or
 ///   the end; `gpt-<N>…-pro` (last part `pro`) is a family of its own, `gpt-<N>-pro`;
 /// - `o<N>`: `o`, digits, then `-` or the end (`o3`, `o3-pro` is `o3-pro`);
+/// - `text-embedding-`: OpenAI's embedding models (an unknown one is charged the highest
+///   embedding price, never a chat model's);
 /// - anything else has none.
 pub fn family(model: &str) -> Option<String> {
+    if model.starts_with("text-embedding-") {
+        return Some("text-embedding-".to_owned());
+    }
     if let Some(rest) = model.strip_prefix("claude-") {
         return rest
             .split('-')

@@ -17,7 +17,7 @@ use poolgate_runtime::ports::ProbeLeases;
 use serde_json::json;
 
 use poolgate_core::Clock;
-use poolgate_core::account::{Account, CredentialKind, Platform, chatgpt_account_id};
+use poolgate_core::account::{Account, CredentialKind, Platform, Service, chatgpt_account_id};
 use poolgate_core::classify::{Classified, UpstreamError, classify, network_failure};
 use poolgate_core::outcome::OutcomeClass;
 use poolgate_core::upstream::{chatgpt_responses_url, upstream_url};
@@ -36,6 +36,10 @@ pub struct ProbeSettings {
     /// The probe model per platform, unless the account's `probe_model` says otherwise.
     pub anthropic_model: String,
     pub openai_model: String,
+    /// The probe model of an account that serves embeddings but not chat, and of a rerank
+    /// account.
+    pub embeddings_model: String,
+    pub rerank_model: String,
     /// After a confirmation the probe did not bear out, the account's next suspicious answers
     /// start none for this long: a client that keeps sending a request the upstream chokes on
     /// cannot keep the account blocked probe after probe.
@@ -60,6 +64,8 @@ impl Default for ProbeSettings {
             block: Duration::from_secs(90),
             anthropic_model: "claude-haiku-4-5".into(),
             openai_model: "gpt-4o-mini".into(),
+            embeddings_model: "text-embedding-3-small".into(),
+            rerank_model: "rerank-v3.5".into(),
             quiet_after_unconfirmed: Duration::from_secs(60),
             inconclusive_retries: vec![
                 Duration::from_secs(5),
@@ -76,9 +82,11 @@ impl ProbeSettings {
     pub fn model_for(&self, account: &Account) -> String {
         match &account.probe_model {
             Some(model) if !model.is_empty() => model.clone(),
-            _ => match account.platform {
-                Platform::Anthropic => self.anthropic_model.clone(),
-                Platform::OpenAi => self.openai_model.clone(),
+            _ => match ProbeKind::of(account) {
+                ProbeKind::Messages => self.anthropic_model.clone(),
+                ProbeKind::ChatGpt | ProbeKind::Chat => self.openai_model.clone(),
+                ProbeKind::Embeddings => self.embeddings_model.clone(),
+                ProbeKind::Rerank => self.rerank_model.clone(),
             },
         }
     }
@@ -153,6 +161,35 @@ impl Suspicion {
     }
 }
 
+/// Which request an account's probe is: one its upstream answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeKind {
+    /// Anthropic Messages.
+    Messages,
+    /// The ChatGPT backend's Codex Responses.
+    ChatGpt,
+    /// OpenAI chat completions.
+    Chat,
+    /// `/v1/embeddings`: an account that serves embeddings and not chat.
+    Embeddings,
+    /// `/v1/rerank` (Cohere's format; Jina and vLLM serve the same path).
+    Rerank,
+}
+
+impl ProbeKind {
+    pub fn of(account: &Account) -> ProbeKind {
+        match account.platform {
+            Platform::Anthropic => ProbeKind::Messages,
+            Platform::Rerank => ProbeKind::Rerank,
+            Platform::OpenAi if account.credential_kind == CredentialKind::ChatGptOAuth => {
+                ProbeKind::ChatGpt
+            }
+            Platform::OpenAi if !account.serves(Service::Chat) => ProbeKind::Embeddings,
+            Platform::OpenAi => ProbeKind::Chat,
+        }
+    }
+}
+
 /// The probe request: fixed, minimal, nothing of any client in it.
 pub fn probe_request(
     client: &reqwest::Client,
@@ -160,8 +197,8 @@ pub fn probe_request(
     model: &str,
 ) -> reqwest::RequestBuilder {
     let credential = account.credential.expose();
-    match account.platform {
-        Platform::Anthropic => {
+    match ProbeKind::of(account) {
+        ProbeKind::Messages => {
             let body = json!({
                 "model": model,
                 "max_tokens": 1,
@@ -184,7 +221,7 @@ pub fn probe_request(
                     .json(&body),
             }
         }
-        Platform::OpenAi if account.credential_kind == CredentialKind::ChatGptOAuth => {
+        ProbeKind::ChatGpt => {
             let mut request = client
                 .post(chatgpt_responses_url(&account.base_url))
                 .bearer_auth(credential)
@@ -207,7 +244,7 @@ pub fn probe_request(
                 "stream": true,
             }))
         }
-        Platform::OpenAi => client
+        ProbeKind::Chat => client
             .post(upstream_url(&account.base_url, "/v1/chat/completions"))
             .bearer_auth(credential)
             .json(&json!({
@@ -215,6 +252,14 @@ pub fn probe_request(
                 "max_completion_tokens": 1,
                 "messages": [{"role": "user", "content": "ping"}],
             })),
+        ProbeKind::Embeddings => client
+            .post(upstream_url(&account.base_url, "/v1/embeddings"))
+            .bearer_auth(credential)
+            .json(&json!({"model": model, "input": "ping"})),
+        ProbeKind::Rerank => client
+            .post(upstream_url(&account.base_url, "/v1/rerank"))
+            .bearer_auth(credential)
+            .json(&json!({"model": model, "query": "ping", "documents": ["ping"]})),
     }
 }
 
@@ -314,6 +359,7 @@ pub(crate) mod tests {
         base_url: &str,
     ) -> Account {
         Account {
+            serves: Vec::new(),
             id: 1,
             name: "a1".into(),
             group: "g".into(),

@@ -218,6 +218,8 @@ impl TokenRefresher {
                 "refresh_token": oauth.refresh_token.expose(),
                 "scope": "openid profile email",
             }),
+            // Rerank accounts are API keys: nothing to refresh.
+            Platform::Rerank => return Ok(RefreshResult::NotNeeded),
         };
         let response = self
             .http

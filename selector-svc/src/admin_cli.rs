@@ -329,12 +329,19 @@ struct UpsertAccount {
     /// upstreams that reject `stream_options`).
     #[arg(long)]
     no_stream_usage: bool,
+    /// What the upstream answers, when less than its platform can (repeatable: `chat`,
+    /// `embeddings`, `rerank`; none: all it can). `--serves chat` for an OpenAI-compatible
+    /// upstream without embeddings, `--serves embeddings` for an embeddings server.
+    #[arg(long = "serves", value_enum)]
+    serves: Vec<ServiceArg>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum PlatformArg {
     Anthropic,
     Openai,
+    /// A rerank API in Cohere's format (Cohere, Jina, vLLM); API keys.
+    Rerank,
 }
 
 impl From<PlatformArg> for Platform {
@@ -342,6 +349,24 @@ impl From<PlatformArg> for Platform {
         match platform {
             PlatformArg::Anthropic => Platform::Anthropic,
             PlatformArg::Openai => Platform::OpenAi,
+            PlatformArg::Rerank => Platform::Rerank,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum ServiceArg {
+    Chat,
+    Embeddings,
+    Rerank,
+}
+
+impl From<ServiceArg> for pb::Service {
+    fn from(service: ServiceArg) -> Self {
+        match service {
+            ServiceArg::Chat => pb::Service::Chat,
+            ServiceArg::Embeddings => pb::Service::Embeddings,
+            ServiceArg::Rerank => pb::Service::Rerank,
         }
     }
 }
@@ -514,6 +539,11 @@ async fn configure(mut client: AdminClient, verb: &ConfigVerb) -> Result<(), Ope
                     proxy_url: account.proxy_url.clone(),
                     probe_model: account.probe_model.clone(),
                     disable_stream_usage: account.no_stream_usage,
+                    serves: account
+                        .serves
+                        .iter()
+                        .map(|service| pb::Service::from(*service) as i32)
+                        .collect(),
                     ..Default::default()
                 })
                 .await?;

@@ -116,9 +116,16 @@ impl pb::selector_server::Selector for SelectorGrpc {
             account_id("exclude_account_ids", id)?;
         }
         let reads_confirming = request.reads_confirming;
+        // Unset: chat, what a 0.1.0 relay asks for.
+        let service = if request.service == pb::Service::Unspecified as i32 {
+            poolgate_core::account::Service::Chat
+        } else {
+            poolgate_core::account::Service::decode("service", request.service)?
+        };
         let query = SelectQuery {
             group: request.group,
             platform: Some(platform),
+            service,
             model: request.model,
             session_hash: optional_name("session_hash", request.session_hash)?,
             previous_response_id: optional_name(

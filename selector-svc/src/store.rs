@@ -15,7 +15,7 @@ use sqlx::{Row, migrate::Migrator};
 use poolgate_core::AccountId;
 use poolgate_core::account::{
     Account, AccountIdentity, AccountStatus, CredentialKind, GroupSettings, OAuthState, Platform,
-    Price, Secret, default_oauth_token_url,
+    Price, Secret, Service, default_oauth_token_url,
 };
 use poolgate_select::crypto::{BlobPlace, Keyring};
 use poolgate_select::snapshot::Snapshot;
@@ -36,7 +36,7 @@ macro_rules! account_select {
     a.oauth_client_id, a.status, \
     a.status_reason, a.priority, a.weight, a.concurrency_limit, a.rpm_limit, \
     a.session_window_limit_usd, a.allowed_models, a.model_mapping, a.proxy_url, \
-    a.probe_model, a.stream_usage, a.upstream_id, a.email, a.plan \
+    a.probe_model, a.stream_usage, a.upstream_id, a.email, a.plan, a.serves \
     FROM accounts a JOIN groups g ON g.id = a.group_id"
     };
 }
@@ -47,9 +47,9 @@ const ACCOUNT_SELECT: &str = account_select!();
 const INSERT_ACCOUNT: &str = "INSERT INTO accounts (id, name, group_id, platform, base_url, credential_kind, \
        credential_ciphertext, credential_key_id, refresh_token_ciphertext, expires_at, token_url, \
        priority, weight, concurrency_limit, rpm_limit, session_window_limit_usd, allowed_models, \
-       model_mapping, proxy_url, probe_model, stream_usage, oauth_client_id) \
+       model_mapping, proxy_url, probe_model, stream_usage, oauth_client_id, serves) \
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, to_timestamp($10::double precision / 1000), $11, \
-       $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22) \
+       $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23) \
      ON CONFLICT (name) DO NOTHING RETURNING id";
 
 /// The client key columns every read uses: the record, its status, what it may reach (migration
@@ -117,6 +117,8 @@ pub struct AccountInput {
     pub proxy_url: Option<String>,
     pub probe_model: Option<String>,
     pub stream_usage: bool,
+    /// Empty: all the platform and kind can.
+    pub serves: Vec<Service>,
 }
 
 #[derive(Clone)]
@@ -148,7 +150,7 @@ impl PostgresSource {
     /// (disabled ones too, so their holders hear why they are refused) and price.
     pub async fn load_snapshot(&self) -> Result<Snapshot, StoreError> {
         let group_rows = sqlx::query(
-            "SELECT name, usage_headers_to_clients, window_shed_at, window_move_at, subscriptions_cli_only FROM groups",
+            "SELECT name, usage_headers_to_clients, window_shed_at, window_move_at, subscriptions_cli_only, rerank_passthrough FROM groups",
         )
         .fetch_all(&self.pool)
         .await
@@ -164,6 +166,7 @@ impl PostgresSource {
                 window_shed_at: row.try_get("window_shed_at").map_err(convert)?,
                 window_move_at: row.try_get("window_move_at").map_err(convert)?,
                 subscriptions_cli_only: row.try_get("subscriptions_cli_only").map_err(convert)?,
+                rerank_passthrough: row.try_get("rerank_passthrough").map_err(convert)?,
             };
             if set != GroupSettings::default() {
                 settings.insert(name.clone(), set);
@@ -209,7 +212,7 @@ impl PostgresSource {
             }
         }
         let price_rows = sqlx::query(
-            "SELECT model, input_per_mtok, output_per_mtok, cache_write_per_mtok, cache_read_per_mtok FROM model_prices",
+            "SELECT model, input_per_mtok, output_per_mtok, cache_write_per_mtok, cache_read_per_mtok, per_search_unit FROM model_prices",
         )
         .fetch_all(&self.pool)
         .await
@@ -223,6 +226,7 @@ impl PostgresSource {
                     output_per_mtok: row.try_get("output_per_mtok").map_err(convert)?,
                     cache_write_per_mtok: row.try_get("cache_write_per_mtok").map_err(convert)?,
                     cache_read_per_mtok: row.try_get("cache_read_per_mtok").map_err(convert)?,
+                    per_search_unit: row.try_get("per_search_unit").map_err(convert)?,
                 },
             );
         }
@@ -288,7 +292,16 @@ impl PostgresSource {
                     .collect()
             })
             .unwrap_or_default();
+        let serves: Option<Vec<String>> = row.try_get("serves").map_err(convert)?;
+        let serves = serves
+            .unwrap_or_default()
+            .iter()
+            .map(|name| {
+                Service::parse(name).ok_or_else(|| StoreError::Conflict(format!("serves {name}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Account {
+            serves,
             id,
             name: row.try_get("name").map_err(convert)?,
             group: row.try_get("group_name").map_err(convert)?,
@@ -517,7 +530,8 @@ impl PostgresSource {
                    priority = $12, weight = $13, concurrency_limit = $14, rpm_limit = $15, \
                    session_window_limit_usd = $16, allowed_models = $17, model_mapping = $18, \
                    proxy_url = $19, probe_model = $20, stream_usage = $21, \
-                   oauth_client_id = COALESCE($22, oauth_client_id), updated_at = now() \
+                   oauth_client_id = COALESCE($22, oauth_client_id), serves = $23, \
+                   updated_at = now() \
                  WHERE id = $1",
             ))
             .execute(&mut *tx)
@@ -696,5 +710,12 @@ impl<'a> AccountParams<'a> {
             .bind(&input.probe_model)
             .bind(input.stream_usage)
             .bind(self.client_id)
+            .bind(
+                input
+                    .serves
+                    .iter()
+                    .map(|s| s.as_str().to_owned())
+                    .collect::<Vec<_>>(),
+            )
     }
 }

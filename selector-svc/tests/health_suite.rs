@@ -618,6 +618,7 @@ async fn the_load_is_admissions_live_lease_count_in_the_order_asked(store: Store
 
 fn account(id: AccountId, group: &str, tweak: impl FnOnce(&mut Account)) -> Account {
     let mut account = Account {
+        serves: Vec::new(),
         id,
         name: format!("acct-{id}"),
         group: group.into(),

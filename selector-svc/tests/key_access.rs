@@ -140,7 +140,7 @@ async fn the_store_keeps_a_keys_access_and_an_update_changes_only_what_it_gives(
 
     // The schema refuses what the admin API refuses: an unknown endpoint, an unknown status.
     for change in [
-        "UPDATE api_keys SET allowed_endpoints = '{messages,embeddings}' WHERE id = $1",
+        "UPDATE api_keys SET allowed_endpoints = '{messages,images}' WHERE id = $1",
         "UPDATE api_keys SET allowed_endpoints = ARRAY[NULL]::text[] WHERE id = $1",
         "UPDATE api_keys SET status = 'paused' WHERE id = $1",
     ] {
@@ -415,7 +415,7 @@ async fn bad_key_input_is_invalid_argument_naming_the_field_and_changes_nothing(
     let cases = [
         (
             pb::CreateApiKeyRequest {
-                allowed_endpoints: vec!["messages".into(), "embeddings".into()],
+                allowed_endpoints: vec!["messages".into(), "images".into()],
                 ..key.clone()
             },
             "allowed_endpoints",
@@ -530,7 +530,7 @@ async fn bad_key_input_is_invalid_argument_naming_the_field_and_changes_nothing(
             pb::UpdateApiKeyRequest {
                 id,
                 disabled: Some(true),
-                allowed_endpoints: vec!["embeddings".into()],
+                allowed_endpoints: vec!["images".into()],
                 replace_allowed_endpoints: true,
                 ..Default::default()
             },

@@ -28,6 +28,7 @@ use poolgate_testkit::{Scratch, eventually};
 
 fn account(id: AccountId, tweak: impl FnOnce(&mut Account)) -> Account {
     let mut account = Account {
+        serves: Vec::new(),
         id,
         name: format!("acct-{id}"),
         group: "g".into(),

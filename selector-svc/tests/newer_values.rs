@@ -43,7 +43,7 @@ async fn rows_a_newer_release_wrote_leave_out_only_themselves_and_never_widen_a_
             .await
             .expect(statement);
     }
-    sqlx::query("UPDATE accounts SET platform = 'rerank' WHERE id = $1")
+    sqlx::query("UPDATE accounts SET platform = 'audio' WHERE id = $1")
         .bind(newer)
         .execute(store.pool())
         .await
@@ -53,20 +53,16 @@ async fn rows_a_newer_release_wrote_leave_out_only_themselves_and_never_widen_a_
         .execute(store.pool())
         .await
         .expect("newer status");
-    sqlx::query(
-        "UPDATE api_keys SET allowed_endpoints = ARRAY['messages', 'rerank'] WHERE id = $1",
-    )
-    .bind(keys[2])
-    .execute(store.pool())
-    .await
-    .expect("a newer endpoint beside a known one");
-    sqlx::query(
-        "UPDATE api_keys SET allowed_endpoints = ARRAY['rerank', 'embeddings'] WHERE id = $1",
-    )
-    .bind(keys[3])
-    .execute(store.pool())
-    .await
-    .expect("only newer endpoints");
+    sqlx::query("UPDATE api_keys SET allowed_endpoints = ARRAY['messages', 'audio'] WHERE id = $1")
+        .bind(keys[2])
+        .execute(store.pool())
+        .await
+        .expect("a newer endpoint beside a known one");
+    sqlx::query("UPDATE api_keys SET allowed_endpoints = ARRAY['audio', 'images'] WHERE id = $1")
+        .bind(keys[3])
+        .execute(store.pool())
+        .await
+        .expect("only newer endpoints");
 
     let snapshot = store
         .load_snapshot()

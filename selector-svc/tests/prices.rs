@@ -208,6 +208,7 @@ async fn prices_are_listed_set_and_removed_without_sql_and_plans_say_where_they_
         .set_price(admin(pb::SetPriceRequest {
             model: "claude-opus-5-5".into(),
             price: Some(pb::Price {
+                per_search_unit: 0.0,
                 input_per_mtok: 1.0,
                 output_per_mtok: f64::NAN,
                 cache_write_per_mtok: 0.0,

@@ -18,6 +18,7 @@ use poolgate_testkit::Scratch;
 
 fn subscription() -> Account {
     Account {
+        serves: Vec::new(),
         id: 1,
         name: "acct-1".into(),
         group: "g".into(),

@@ -324,6 +324,7 @@ fn subscription(name: &str, platform: Platform, token_url: &str) -> AccountInput
     input.credential_kind = match platform {
         Platform::Anthropic => CredentialKind::OAuth,
         Platform::OpenAi => CredentialKind::ChatGptOAuth,
+        Platform::Rerank => unreachable!("rerank accounts are API keys"),
     };
     input.credential = Some(Secret::new(format!("access-{name}")));
     input.oauth = Some(oauth(&format!("refresh-{name}"), 1_000, token_url));

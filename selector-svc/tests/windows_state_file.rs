@@ -21,6 +21,7 @@ const HOUR_MS: i64 = 3_600_000;
 
 fn account(id: AccountId, name: &str) -> Account {
     Account {
+        serves: Vec::new(),
         id,
         name: name.into(),
         group: "g".into(),

@@ -230,6 +230,7 @@ impl AdminEndpoint for HttpAdmin {
             ("output", price.output_per_mtok.to_string()),
             ("cache_write", price.cache_write_per_mtok.to_string()),
             ("cache_read", price.cache_read_per_mtok.to_string()),
+            ("search_unit", price.per_search_unit.to_string()),
         ];
         let url = self.url(&["admin", "prices", "set"], &query)?;
         let changed: PriceChanged = self.call(Method::POST, url).await?;

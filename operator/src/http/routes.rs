@@ -255,6 +255,8 @@ struct PriceQuery {
     output: Option<f64>,
     cache_write: Option<f64>,
     cache_read: Option<f64>,
+    /// USD per search unit (rerank); absent: none.
+    search_unit: Option<f64>,
 }
 
 /// A field the query must give, refused naming it.
@@ -273,6 +275,7 @@ async fn set_price(State(admin): State<Admin>, Query(query): Query<PriceQuery>) 
         output_per_mtok: required("output", query.output)?,
         cache_write_per_mtok: required("cache_write", query.cache_write)?,
         cache_read_per_mtok: required("cache_read", query.cache_read)?,
+        per_search_unit: query.search_unit.unwrap_or(0.0),
     };
     let price = admin.endpoint.set_price(&model, price).await?;
     Ok(axum::Json(PriceChanged { price }).into_response())

@@ -22,7 +22,7 @@
 
 use std::borrow::Cow;
 
-use poolgate_core::account::{CredentialKind, Platform, Price};
+use poolgate_core::account::{CredentialKind, Platform, Price, Service};
 use poolgate_core::lease::{DenyReason, LostReason};
 use poolgate_core::money::usd_to_micros;
 use poolgate_core::outcome::OutcomeClass;
@@ -162,7 +162,33 @@ pub fn usage_price_source(source: i32) -> Option<PriceSource> {
 enum_pair!("platform", spb::Platform <=> Platform {
     Anthropic <=> Anthropic,
     Openai <=> OpenAi,
+    Rerank <=> Rerank,
 });
+
+enum_pair!("service", spb::Service <=> Service {
+    Chat <=> Chat,
+    Embeddings <=> Embeddings,
+    Rerank <=> Rerank,
+});
+
+/// An account's `serves` list from the wire: values newer than this build are left out; `None`
+/// when only such values were named (the account serves nothing this build knows: left out,
+/// never read as the platform's default, which may serve more).
+pub fn serves_from_wire(values: &[i32]) -> Option<Vec<Service>> {
+    let known: Vec<Service> = values
+        .iter()
+        .filter_map(|value| Service::decode("serves", *value).ok())
+        .collect();
+    (known.is_empty() == values.is_empty()).then_some(known)
+}
+
+/// An account's `serves` list to the wire.
+pub fn serves_to_wire(serves: &[Service]) -> Vec<i32> {
+    serves
+        .iter()
+        .map(|service| spb::Service::from(*service) as i32)
+        .collect()
+}
 
 enum_pair!("kind", spb::CredentialKind <=> CredentialKind {
     ApiKey <=> ApiKey,

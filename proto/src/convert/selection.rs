@@ -27,6 +27,7 @@ pub fn select_request(request: &PlanRequest, binding: Option<String>) -> spb::Se
         max_accounts: 0,
         api_key_id: request.api_key_id,
         reads_confirming: true,
+        service: spb::Service::from(request.service) as i32,
     }
 }
 
@@ -199,6 +200,7 @@ impl From<&Plan> for spb::SelectResponse {
                 .first()
                 .is_some_and(|account| account.usage_headers_to_clients),
             subscriptions_cli_only: plan.subscriptions_cli_only,
+            rerank_passthrough: plan.rerank_passthrough,
         }
     }
 }
@@ -274,6 +276,7 @@ impl TryFrom<spb::SelectResponse> for Plan {
             retry_after_ms: answer.retry_after_ms,
             previous_response_other_key: answer.previous_response_other_key,
             subscriptions_cli_only: answer.subscriptions_cli_only,
+            rerank_passthrough: answer.rerank_passthrough,
         })
     }
 }
@@ -361,6 +364,7 @@ impl From<&Account> for spb::AccountView {
                 .oauth
                 .as_ref()
                 .is_some_and(|oauth| !oauth.refresh_token.is_empty()),
+            serves: super::serves_to_wire(&account.serves),
         }
     }
 }
@@ -402,6 +406,7 @@ impl TryFrom<spb::PriceView> for ListedPrice {
 impl From<Price> for spb::Price {
     fn from(price: Price) -> Self {
         spb::Price {
+            per_search_unit: price.per_search_unit,
             input_per_mtok: price.input_per_mtok,
             output_per_mtok: price.output_per_mtok,
             cache_write_per_mtok: price.cache_write_per_mtok,
@@ -413,6 +418,7 @@ impl From<Price> for spb::Price {
 impl From<spb::Price> for Price {
     fn from(price: spb::Price) -> Self {
         Price {
+            per_search_unit: price.per_search_unit,
             input_per_mtok: price.input_per_mtok,
             output_per_mtok: price.output_per_mtok,
             cache_write_per_mtok: price.cache_write_per_mtok,

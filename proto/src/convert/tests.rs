@@ -3,7 +3,7 @@
 use super::*;
 use crate::admission::v1 as apb;
 use crate::selector::v1 as spb;
-use poolgate_core::account::{CredentialKind, Platform, Price, Secret};
+use poolgate_core::account::{CredentialKind, Platform, Price, Secret, Service};
 use poolgate_core::lease::{Denial, DenyReason, LeaseTerms, LostReason, UserLimit};
 use poolgate_core::plan::{Effect, Plan};
 use std::time::Duration;
@@ -35,12 +35,32 @@ fn known<P: TryFrom<i32>>() -> impl Iterator<Item = i32> {
     (0..=64).filter(|&v| P::try_from(v).is_ok())
 }
 
+/// An account's `serves` from a newer release: the values this build knows are kept; a list of
+/// only newer ones is `None` (the account is left out), never read as the platform's default.
+#[test]
+fn a_serves_list_keeps_what_this_build_knows() {
+    let chat = spb::Service::Chat as i32;
+    let embeddings = spb::Service::Embeddings as i32;
+    assert_eq!(serves_from_wire(&[]), Some(vec![]));
+    assert_eq!(
+        serves_from_wire(&[chat, embeddings]),
+        Some(vec![Service::Chat, Service::Embeddings])
+    );
+    assert_eq!(
+        serves_from_wire(&[embeddings, 77]),
+        Some(vec![Service::Embeddings])
+    );
+    assert_eq!(serves_from_wire(&[77, 78]), None);
+    assert_eq!(
+        serves_to_wire(&[Service::Rerank]),
+        vec![spb::Service::Rerank as i32]
+    );
+}
+
 #[test]
 fn every_enum_round_trips() {
-    round_trips::<_, spb::Platform>(
-        &[Platform::Anthropic, Platform::OpenAi],
-        known::<spb::Platform>(),
-    );
+    round_trips::<_, spb::Platform>(&Platform::ALL, known::<spb::Platform>());
+    round_trips::<_, spb::Service>(&Service::ALL, known::<spb::Service>());
     round_trips::<_, spb::CredentialKind>(
         &[
             CredentialKind::ApiKey,
@@ -223,6 +243,7 @@ fn a_none_reason_sent_twice_takes_the_enum_else_the_string_and_refuses_a_disagre
 #[test]
 fn prices_and_denials_round_trip() {
     let price = Price {
+        per_search_unit: 0.0,
         input_per_mtok: 3.0,
         output_per_mtok: 15.0,
         cache_write_per_mtok: 3.75,
@@ -803,11 +824,11 @@ mod keys {
         let good = spb::AuthenticateResponse::from(&record(limited()));
         // An endpoint a newer selector knows: left out of the list (DESIGN §8), never widening it.
         let mut newer = good.clone();
-        newer.allowed_endpoints.push("embeddings".into());
+        newer.allowed_endpoints.push("images".into());
         let read = authenticated_access(&newer).expect("readable");
         assert_eq!(read, authenticated_access(&good).expect("readable"));
         let mut only_newer = good.clone();
-        only_newer.allowed_endpoints = vec!["embeddings".into(), "rerank".into()];
+        only_newer.allowed_endpoints = vec!["images".into(), "audio".into()];
         let read = authenticated_access(&only_newer).expect("readable");
         assert!(
             read.disabled,
@@ -815,7 +836,7 @@ mod keys {
         );
         // An operator's request naming an endpoint this release does not know is refused.
         let request = spb::CreateApiKeyRequest {
-            allowed_endpoints: vec!["embeddings".into()],
+            allowed_endpoints: vec!["images".into()],
             ..Default::default()
         };
         assert_eq!(
@@ -1000,7 +1021,7 @@ mod keys {
             (
                 spb::UpdateApiKeyRequest {
                     id: 1,
-                    allowed_endpoints: vec!["embeddings".into()],
+                    allowed_endpoints: vec!["images".into()],
                     replace_allowed_endpoints: true,
                     ..Default::default()
                 },
@@ -1147,6 +1168,7 @@ fn a_plan_accounts_price_says_where_it_came_from_and_no_price_is_not_free() {
         known::<spb::PriceSource>(),
     );
     let price = Price {
+        per_search_unit: 0.0,
         input_per_mtok: 5.0,
         output_per_mtok: 25.0,
         cache_write_per_mtok: 6.25,

@@ -88,6 +88,7 @@ impl From<&ViewConfig> for spb::ViewConfig {
                     window_shed_at: settings.window_shed_at,
                     window_move_at: settings.window_move_at,
                     subscriptions_cli_only: settings.subscriptions_cli_only,
+                    rerank_passthrough: settings.rerank_passthrough,
                 })
                 .collect(),
             deployment: Some(spb::ViewDeployment {
@@ -114,9 +115,14 @@ impl TryFrom<spb::ViewConfig> for ViewConfig {
             {
                 continue;
             }
-            accounts.push(
-                view_account(view, account.credential).map_err(|error| error.within("accounts"))?,
-            );
+            // Only services newer than this build: it serves nothing this build can send it.
+            let Some(serves) = super::serves_from_wire(&view.serves) else {
+                continue;
+            };
+            let mut account =
+                view_account(view, account.credential).map_err(|error| error.within("accounts"))?;
+            account.serves = serves;
+            accounts.push(account);
         }
         let mut keys = Vec::with_capacity(config.keys.len());
         for key in config.keys {
@@ -140,6 +146,7 @@ impl TryFrom<spb::ViewConfig> for ViewConfig {
                         window_shed_at: settings.window_shed_at,
                         window_move_at: settings.window_move_at,
                         subscriptions_cli_only: settings.subscriptions_cli_only,
+                        rerank_passthrough: settings.rerank_passthrough,
                     },
                 )
             })
@@ -198,6 +205,7 @@ fn view_account(view: spb::AccountView, credential: String) -> Result<Account, C
         )
     })?;
     Ok(Account {
+        serves: Vec::new(),
         id: view.id,
         name: view.name,
         group: view.group,

@@ -57,7 +57,7 @@ pub(super) fn previous_response_refusal(api: Api, response_id: &str) -> Answer {
             "param": "previous_response_id",
             "code": "previous_response_not_found",
         }}),
-        Api::Anthropic => RelayError::new(api, ErrorKind::NotFound, message).body(),
+        Api::Anthropic | Api::Cohere => RelayError::new(api, ErrorKind::NotFound, message).body(),
     };
     let mut headers = HeaderMap::new();
     headers.insert(

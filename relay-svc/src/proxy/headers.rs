@@ -17,6 +17,8 @@ pub enum Upstream {
     Anthropic,
     OpenAi,
     ChatGpt,
+    /// A rerank API in Cohere's format.
+    Cohere,
 }
 
 impl Upstream {
@@ -25,6 +27,7 @@ impl Upstream {
             (_, CredentialKind::ChatGptOAuth) => Upstream::ChatGpt,
             (Api::Anthropic, _) => Upstream::Anthropic,
             (Api::OpenAi, _) => Upstream::OpenAi,
+            (Api::Cohere, _) => Upstream::Cohere,
         }
     }
 }
@@ -79,6 +82,11 @@ const CODEX_HEADERS: [&str; 7] = [
 ];
 const CODEX_PREFIXES: [&str; 1] = ["x-codex-"];
 
+/// Cohere's SDK's own (`client_wrapper.py` of cohere-python 7.0.9): the client name it is
+/// given, and the Fern generator's `x-fern-*` description of itself.
+const COHERE_HEADERS: [&str; 1] = ["x-client-name"];
+const COHERE_PREFIXES: [&str; 1] = ["x-fern-"];
+
 /// The OpenAI API's own (never to the ChatGPT backend, which Codex sends neither).
 const OPENAI_HEADERS: [&str; 2] = ["openai-beta", "idempotency-key"];
 
@@ -92,12 +100,14 @@ pub fn passes_upstream(upstream: Upstream, name: &str) -> bool {
     let (names, prefixes): (&[&str], &[&str]) = match upstream {
         Upstream::Anthropic => (&ANTHROPIC_HEADERS, &ANTHROPIC_PREFIXES),
         Upstream::OpenAi | Upstream::ChatGpt => (&CODEX_HEADERS, &CODEX_PREFIXES),
+        Upstream::Cohere => (&COHERE_HEADERS, &COHERE_PREFIXES),
     };
+    let stainless = matches!(upstream, Upstream::Anthropic | Upstream::OpenAi);
     COMMON_HEADERS.contains(&name)
         || names.contains(&name)
         || (upstream == Upstream::OpenAi && OPENAI_HEADERS.contains(&name))
         || prefixes.iter().any(|p| name.starts_with(p))
-        || (upstream != Upstream::ChatGpt && STAINLESS_HEADERS.contains(&name))
+        || (stainless && STAINLESS_HEADERS.contains(&name))
 }
 
 /// The header names the request's `Connection` header lists: hop-by-hop by the client's own
@@ -124,7 +134,7 @@ pub(super) fn forwarded(upstream: Upstream, listed: &[String], name: &str) -> bo
 pub(super) fn upstream_query(upstream: Upstream, query: &str) -> Option<String> {
     let known: &[&str] = match upstream {
         Upstream::Anthropic => &ANTHROPIC_QUERY,
-        Upstream::OpenAi | Upstream::ChatGpt => &[],
+        Upstream::OpenAi | Upstream::ChatGpt | Upstream::Cohere => &[],
     };
     let kept: Vec<&str> = query
         .split('&')
@@ -206,6 +216,7 @@ pub(super) fn from_platform_cli(inbound: &Inbound) -> bool {
     match inbound.api {
         Api::Anthropic => header("user-agent").starts_with("claude-cli/"),
         Api::OpenAi => header("originator").starts_with("codex_"),
+        Api::Cohere => false,
     }
 }
 

@@ -22,6 +22,7 @@ mod headers;
 mod keys;
 mod report;
 mod request;
+pub mod rerank;
 mod run;
 mod stream;
 pub mod upstream_socket;
@@ -30,6 +31,7 @@ use poolgate_core::keys::KeyDescription;
 use std::sync::Arc;
 
 use poolgate_core::Clock;
+use poolgate_core::account::Service;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -40,7 +42,12 @@ use poolgate_core::money::usd_to_micros;
 use poolgate_core::outcome::OutcomeClass;
 use tokio::sync::mpsc;
 
-use crate::client_api::{Api, RelayError};
+use crate::client_api::{Api, ErrorKind, RelayError};
+use poolgate_core::select::NoneReason;
+
+/// `retry-after` of an embeddings or rerank request the pool could not take now, when no
+/// account said when it has room again (docs/DESIGN.md §6, "Embeddings and rerank").
+pub const POOL_OUT_RETRY_MS: u64 = 1000;
 use crate::metrics::Metrics;
 use crate::ports::{Caller, KeyCheck, KeyLimit, Lease, LeaseApi, PlannedAccount, SelectionApi};
 use crate::usage_sink::{ApiUsage, SinkSettings, UsageSink};
@@ -182,6 +189,10 @@ pub struct Inbound {
     /// A turn that came over a client's Responses socket: its upstream socket
     /// (`upstream_socket.rs`).
     pub socket: Option<upstream_socket::SocketTurn>,
+    /// What the request asks of an account.
+    pub service: Service,
+    /// A rerank request: what its passthrough needs, and whether the client asked for it.
+    pub rerank: Option<rerank::Rerank>,
 }
 
 pub struct Relay {
@@ -287,25 +298,77 @@ impl Relay {
         upstream: &mut UpstreamTime,
     ) -> Answer {
         let mut run = RequestRun::new(&self, &inbound, started);
-        loop {
+        let answer = loop {
             let plan = match run.plan().await {
                 Step::Go(plan) => plan,
                 Step::Again => continue,
-                Step::Answer(answer) => return answer,
+                Step::Answer(answer) => break answer,
             };
             let (account, lease) = match run.lease(&plan).await {
                 Step::Go(leased) => leased,
                 Step::Again => continue,
-                Step::Answer(answer) => return answer,
+                Step::Answer(answer) => break answer,
             };
             let called = self
                 .clone()
                 .call_with_retries(&inbound, &account, lease, started, upstream)
                 .await;
             if let Some(answer) = run.outcome(&account, called).await {
-                return answer;
+                break answer;
             }
+        };
+        self.pool_out(&inbound, &run, answer)
+    }
+
+    /// A request's answer when the pool could not serve it now (`run.out`), for the paths that
+    /// wait in no queue (docs/DESIGN.md §6, "Embeddings and rerank"): a rerank whose client or
+    /// group asked for the passthrough gets the recall order; otherwise a 429 at once, with
+    /// `retry-after` the soonest an account is known to have room (else a second), so a batch
+    /// goes back to its client's queue. A group with no account for the endpoint keeps its 404;
+    /// chat keeps its answer.
+    fn pool_out(&self, inbound: &Inbound, run: &RequestRun<'_>, answer: Answer) -> Answer {
+        let Some(out) = run.out else {
+            return answer;
+        };
+        if inbound.service == Service::Chat {
+            return answer;
         }
+        if let Some(rerank) = &inbound.rerank
+            && rerank.passthrough(run.group_rerank_passthrough)
+        {
+            self.metrics
+                .rerank_degraded
+                .with_label_values(&[out.reason])
+                .inc();
+            return rerank.passthrough_answer(out.reason);
+        }
+        if out.reason == NoneReason::NoAccounts.as_str() {
+            return answer;
+        }
+        self.metrics
+            .pool_refusals
+            .with_label_values(&[inbound.service.as_str(), out.reason])
+            .inc();
+        let retry_after_ms = if out.retry_after_ms == 0 {
+            POOL_OUT_RETRY_MS
+        } else {
+            out.retry_after_ms
+        };
+        Answer::Error(
+            RelayError {
+                openai_code: Some("pool_busy"),
+                ..RelayError::new(
+                    inbound.api,
+                    ErrorKind::RateLimited,
+                    format!(
+                        "no account can take this {} request now ({}); retry after the time in retry-after",
+                        inbound.service.as_str(),
+                        out.reason
+                    ),
+                )
+            }
+            .retry_after_ms(retry_after_ms),
+        )
     }
 
     fn terms(

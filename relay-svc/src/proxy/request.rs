@@ -158,7 +158,7 @@ impl Relay {
             (Api::Anthropic, CredentialKind::ApiKey | CredentialKind::ChatGptOAuth) => {
                 request.header("x-api-key", credential)
             }
-            (Api::Anthropic, CredentialKind::OAuth) | (Api::OpenAi, _) => {
+            (Api::Anthropic, CredentialKind::OAuth) | (Api::OpenAi | Api::Cohere, _) => {
                 request.bearer_auth(credential)
             }
         };

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
-use poolgate_core::account::{CredentialKind, Secret};
+use poolgate_core::account::{CredentialKind, Secret, Service};
 use poolgate_core::classify::UpstreamError;
 use poolgate_core::lease::{Denial, DenyReason};
 use poolgate_core::outcome::OutcomeClass;
@@ -37,6 +37,18 @@ pub(super) enum Step<T> {
     Answer(Answer),
 }
 
+/// Why the pool could not serve a request now (every account busy, blocked, broken or out),
+/// as opposed to the caller's own limits or the request itself: what an embeddings batch is
+/// answered 429 for, and what lets a rerank request degrade (docs/DESIGN.md §6, "Embeddings and
+/// rerank").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct PoolOut {
+    /// `busy`, `failed`, or the empty plan's reason (`no_accounts`, `all_blocked`, …).
+    pub reason: &'static str,
+    /// The soonest an account is known to have room again, ms from now; 0: not known.
+    pub retry_after_ms: u64,
+}
+
 /// What a refused acquire means for the request.
 enum Refusal {
     /// The caller's own limit (its user's RPM, its key's TPM or budget): the answer, whatever
@@ -45,7 +57,7 @@ enum Refusal {
     /// The key holds as many leases as it may: no other account has room for it either.
     KeyFull(Denial),
     /// This account's: another may take the request.
-    Account(DenyReason),
+    Account(DenyReason, u64),
 }
 
 /// One client request between its plans and its answer.
@@ -71,6 +83,10 @@ pub(super) struct RequestRun<'a> {
     /// every subscription account of the platform would answer the same, so the rest of the
     /// request goes to API-key accounts only.
     no_subscriptions: bool,
+    /// The request ended because the pool could not serve it now.
+    pub(super) out: Option<PoolOut>,
+    /// The group's rerank passthrough setting, from its last plan.
+    pub(super) group_rerank_passthrough: bool,
 }
 
 impl<'a> RequestRun<'a> {
@@ -79,7 +95,13 @@ impl<'a> RequestRun<'a> {
             relay,
             inbound,
             api: inbound.api,
-            deadline: started + relay.settings.max_wait,
+            // Embeddings and rerank wait in no queue: a batch the pool cannot take now goes back
+            // to its client's queue, and a rerank answers at once (docs/DESIGN.md §6).
+            deadline: if inbound.service == Service::Chat {
+                started + relay.settings.max_wait
+            } else {
+                started
+            },
             exclude: Vec::new(),
             failures: 0,
             acquires: 0,
@@ -88,6 +110,8 @@ impl<'a> RequestRun<'a> {
             not_found_models: Vec::new(),
             refreshed: HashMap::new(),
             no_subscriptions: false,
+            out: None,
+            group_rerank_passthrough: false,
         }
     }
 
@@ -114,6 +138,7 @@ impl<'a> RequestRun<'a> {
             api_key_id: inbound.caller.api_key_id,
             group: inbound.caller.group.clone(),
             platform: api.platform(),
+            service: inbound.service,
             model: inbound.model.clone(),
             session_hash: inbound.session_hash.clone(),
             previous_response_id: inbound.previous_response_id.clone(),
@@ -130,6 +155,7 @@ impl<'a> RequestRun<'a> {
                 ));
             }
         };
+        self.group_rerank_passthrough = plan.rerank_passthrough;
         if plan.previous_response_other_key {
             let id = inbound.previous_response_id.as_deref().unwrap_or_default();
             return Step::Answer(auth::previous_response_refusal(api, id));
@@ -201,7 +227,19 @@ impl<'a> RequestRun<'a> {
             return Step::Again;
         }
         let model = &inbound.model;
-        Step::Answer(self.last_error_or(|| no_plan(api, model, &plan)))
+        let reason = plan.none_reason.unwrap_or(NoneReason::NoAccounts);
+        if reason != NoneReason::ModelNotAllowed {
+            self.out = Some(PoolOut {
+                reason: if self.last_failure.is_some() {
+                    "failed"
+                } else {
+                    reason.as_str()
+                },
+                retry_after_ms: plan.retry_after_ms,
+            });
+        }
+        let service = inbound.service;
+        Step::Answer(self.last_error_or(|| no_plan(api, service, model, &plan)))
     }
 
     /// What a refused acquire means for this request (the one reading of a denial, for the
@@ -219,7 +257,7 @@ impl<'a> RequestRun<'a> {
             }
             return Refusal::Answer(self.relay.key_limited(self.api, denial));
         }
-        Refusal::Account(denial.reason)
+        Refusal::Account(denial.reason, denial.retry_after_ms)
     }
 
     /// Leases an account of `plan`: each in the plan's order without waiting, then a wait on
@@ -241,6 +279,8 @@ impl<'a> RequestRun<'a> {
         let mut key_full = false;
         // Accounts tried, and refused for a hard block admission holds (`cooled`).
         let (mut tried, mut cooled) = (0u32, 0u32);
+        // The soonest an account refused said it has room again (0: none said).
+        let mut soonest_ms = 0u64;
         for (index, account) in plan.accounts.iter().enumerate() {
             if self.acquires >= relay.settings.max_acquires {
                 break;
@@ -256,7 +296,13 @@ impl<'a> RequestRun<'a> {
                         key_full = true;
                         break;
                     }
-                    Refusal::Account(reason) => {
+                    Refusal::Account(reason, retry_after_ms) => {
+                        if retry_after_ms > 0 {
+                            soonest_ms = match soonest_ms {
+                                0 => retry_after_ms,
+                                soonest => soonest.min(retry_after_ms),
+                            };
+                        }
                         cooled += u32::from(reason == DenyReason::Cooling);
                         relay.metrics.failover(reason.as_str(), "local");
                     }
@@ -289,7 +335,7 @@ impl<'a> RequestRun<'a> {
                         return Step::Answer(relay.key_limited(self.api, denial));
                     }
                     // The key had room at the last try: what refused is the account's.
-                    Refusal::Account(_) => key_full = false,
+                    Refusal::Account(..) => key_full = false,
                 },
                 Err(_) => {}
             }
@@ -300,6 +346,14 @@ impl<'a> RequestRun<'a> {
             return Step::Answer(relay.key_limited(self.api, denial));
         }
         let api = self.api;
+        self.out = Some(PoolOut {
+            reason: if self.last_failure.is_some() {
+                "failed"
+            } else {
+                "busy"
+            },
+            retry_after_ms: soonest_ms,
+        });
         Step::Answer(
             self.last_error_or(|| overloaded(api, "every account is busy; try again shortly")),
         )
@@ -403,6 +457,12 @@ impl<'a> RequestRun<'a> {
         let failure = Failure::new(status, &headers, body, account);
         if self.failures >= relay.settings.failover_budget {
             relay.metrics.failover(classified.label, "budget_spent");
+            self.out = Some(PoolOut {
+                reason: "failed",
+                retry_after_ms: classified.reset_at_ms.map_or(0, |at| {
+                    at.saturating_sub(relay.clock.wall_ms()).max(0) as u64
+                }),
+            });
             return Some(failure.into_answer());
         }
         self.last_failure = Some(failure);
@@ -443,6 +503,7 @@ fn subscriptions_for_the_cli_only(api: Api) -> Answer {
     let cli = match api {
         Api::Anthropic => "Claude Code",
         Api::OpenAi => "Codex",
+        Api::Cohere => "its platform's CLI",
     };
     Answer::Error(RelayError::new(
         api,
@@ -490,12 +551,24 @@ fn user_rpm_refusal(api: Api, denial: Denial) -> Answer {
 /// The answer to a request whose plan is empty, from why: 404 for a model no account of the
 /// group allows, 503 otherwise (retry when the earliest block ends, at least a second on; a
 /// confirmation still running at the request's deadline included).
-fn no_plan(api: Api, model: &str, plan: &Plan) -> Answer {
+fn no_plan(api: Api, service: Service, model: &str, plan: &Plan) -> Answer {
     let (kind, message) = match plan.none_reason.unwrap_or(NoneReason::NoAccounts) {
         NoneReason::ModelNotAllowed => (
             ErrorKind::NotFound,
             format!("no account in your group serves model {model:?}"),
         ),
+        // Not a passing state: the group has no account for this endpoint at all.
+        NoneReason::NoAccounts if service != Service::Chat => {
+            let error = RelayError {
+                openai_code: Some("unsupported_endpoint"),
+                ..RelayError::new(
+                    api,
+                    ErrorKind::NotFound,
+                    format!("no account in your group serves {}", service.as_str()),
+                )
+            };
+            return Answer::Error(error);
+        }
         NoneReason::NoAccounts => (
             ErrorKind::Overloaded,
             "no account in your group serves this API".to_owned(),

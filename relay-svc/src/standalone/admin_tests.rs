@@ -302,6 +302,7 @@ async fn planned_price(engines: &Standalone, model: &str) -> poolgate_core::pric
     let selection: Arc<dyn SelectionApi> = engines.selection.clone();
     let plan = selection
         .plan(&poolgate_core::plan::PlanRequest {
+            service: Default::default(),
             api_key_id: 1,
             group: "default".into(),
             platform: poolgate_core::account::Platform::Anthropic,

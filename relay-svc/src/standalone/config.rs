@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use poolgate_core::account::{
     Account, AccountStatus, ApiKeyRecord, CredentialKind, GroupSettings, OAuthState, Platform,
-    Price, Secret, default_oauth_token_url,
+    Price, Secret, Service, default_oauth_token_url, serves_problem,
 };
 use poolgate_core::keys::{KeyAccess, check_new_model_patterns, parse_endpoints};
 use poolgate_core::lease::KeyLimits;
@@ -64,6 +64,11 @@ pub struct GroupEntry {
     /// group's API-key accounts (docs/SUBSCRIPTIONS.md, "Other clients").
     #[serde(default)]
     pub subscriptions_cli_only: bool,
+    /// `passthrough`: rerank requests no account can serve now get the documents in the order
+    /// they were sent, marked as not reranked; `error` (default): an error. A request's
+    /// `x-poolgate-rerank-fallback` header decides for itself (docs/DESIGN.md §6).
+    #[serde(default)]
+    pub rerank_fallback: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -206,7 +211,7 @@ pub struct AccountEntry {
     pub name: String,
     #[serde(default = "default_group")]
     pub group: String,
-    /// `anthropic` or `openai`.
+    /// `anthropic`, `openai` or `rerank` (Cohere's format: Cohere, Jina, vLLM; API keys).
     pub platform: String,
     pub base_url: String,
     /// The upstream API key...
@@ -246,6 +251,11 @@ pub struct AccountEntry {
     /// `active` (default) or `disabled`.
     #[serde(default)]
     pub status: Option<String>,
+    /// What the upstream answers (`chat`, `embeddings`, `rerank`) when less than its platform
+    /// can: `[chat]` for an OpenAI-compatible upstream without embeddings, `[embeddings]` for an
+    /// embeddings server. Default: all the platform and credential can.
+    #[serde(default)]
+    pub serves: Vec<String>,
 }
 
 /// Prices as a list of `{model, input, output, cache_write, cache_read}` or a map by model.
@@ -274,6 +284,9 @@ pub struct PriceEntry {
     pub cache_write: f64,
     #[serde(default)]
     pub cache_read: f64,
+    /// Rerank: USD per search unit (one query over up to 100 documents).
+    #[serde(default)]
+    pub search_unit: f64,
 }
 
 fn default_user() -> String {
@@ -315,7 +328,7 @@ impl StandaloneFile {
                 return Err(at("name must be non-empty and unique"));
             }
             let platform = Platform::parse(&entry.platform)
-                .ok_or_else(|| at("platform must be anthropic or openai"))?;
+                .ok_or_else(|| at("platform must be anthropic, openai or rerank"))?;
             let signed_in = entry.oauth.as_ref().or(entry.chatgpt_oauth.as_ref());
             let (credential_kind, credential) = match (
                 &entry.api_key,
@@ -340,6 +353,23 @@ impl StandaloneFile {
             if credential.is_empty() {
                 return Err(at("the credential is empty"));
             }
+            if platform == Platform::Rerank && credential_kind != CredentialKind::ApiKey {
+                return Err(at("rerank accounts are API keys"));
+            }
+            let mut serves = Vec::with_capacity(entry.serves.len());
+            for name in &entry.serves {
+                let service = Service::parse(name).ok_or_else(|| {
+                    at(&format!(
+                        "serves: {name:?} is not one of chat, embeddings, rerank"
+                    ))
+                })?;
+                if !serves.contains(&service) {
+                    serves.push(service);
+                }
+            }
+            if let Some(problem) = serves_problem(platform, credential_kind, &serves) {
+                return Err(at(&format!("serves: {problem}")));
+            }
             if let Some(problem) = poolgate_select::probe::probe_model_refusal(
                 platform,
                 credential_kind,
@@ -360,6 +390,7 @@ impl StandaloneFile {
                 Some(_) => return Err(at("status must be active or disabled")),
             };
             accounts.push(Account {
+                serves,
                 id,
                 name: entry.name.clone(),
                 group: entry.group.clone(),
@@ -442,11 +473,21 @@ impl StandaloneFile {
             .map_err(|problem| {
                 format!("config: groups.{name}: window_shed_at / window_move_at: {problem}")
             })?;
+            let rerank_passthrough = match entry.rerank_fallback.as_deref() {
+                None | Some("error") => false,
+                Some("passthrough") => true,
+                Some(other) => {
+                    return Err(format!(
+                        "config: groups.{name}: rerank_fallback: {other:?} is neither \"passthrough\" nor \"error\""
+                    ));
+                }
+            };
             let group = GroupSettings {
                 usage_headers_to_clients: entry.usage_headers_to_clients,
                 window_shed_at: entry.window_shed_at,
                 window_move_at: entry.window_move_at,
                 subscriptions_cli_only: entry.subscriptions_cli_only,
+                rerank_passthrough,
             };
             settings.insert(name.clone(), group);
         }
@@ -473,6 +514,7 @@ impl StandaloneFile {
             output_per_mtok: p.output,
             cache_write_per_mtok: p.cache_write,
             cache_read_per_mtok: p.cache_read,
+            per_search_unit: p.search_unit,
         };
         let checked = |at: String, model: String, p: &PriceEntry| {
             let price = price(p);

@@ -197,10 +197,7 @@ pub struct Pool {
 }
 
 fn yaml_account(spec: &Spec, base: &str) -> String {
-    let platform = match spec.platform {
-        Platform::Anthropic => "anthropic",
-        Platform::OpenAi => "openai",
-    };
+    let platform = spec.platform.as_str();
     let credential = match &spec.refresh_token {
         Some(refresh) => format!(
             "oauth: {{access_token: \"{}\", refresh_token: \"{refresh}\", expires_at: 4102444800000, token_url: \"{}/oauth/token\"}}",

@@ -34,6 +34,7 @@ impl Selector {
         SelectQuery {
             group: request.group.clone(),
             platform: Some(request.platform),
+            service: request.service,
             model: request.model.clone(),
             session_hash: request
                 .session_hash

@@ -11,7 +11,7 @@ use crate::health::{AccountHealth, Breaker, BreakerChange, HardBlock, StateError
 use crate::load_cache::Reading;
 use crate::probe::{breaker_closes, probe_under_lease};
 use crate::windows_cache::Readings;
-use poolgate_core::account::{Account, AccountStatus, Platform, group_models};
+use poolgate_core::account::{Account, AccountStatus, Platform, Service, group_models};
 use poolgate_core::plan::{Plan, PlannedAccount};
 use poolgate_core::select::{CONFIRMING_RETRY_MS, Candidate, NoneReason, order_first};
 use poolgate_core::windows::{Assessment, Shed, Thresholds, WindowKind, assess, left_by_window};
@@ -29,6 +29,8 @@ use super::{Selector, SelectorError};
 pub struct SelectQuery {
     pub group: String,
     pub platform: Option<Platform>,
+    /// Only accounts that serve it are planned.
+    pub service: Service,
     pub model: String,
     pub session_hash: Option<String>,
     pub previous_response_id: Option<String>,
@@ -60,8 +62,13 @@ impl Selector {
                 ..Plan::default()
             });
         }
-        let plan = self.select(query).await?;
+        let mut plan = self.select(query).await?;
         self.count_select(plan.none_reason.map_or("planned", |reason| reason.as_str()));
+        plan.rerank_passthrough = self
+            .snapshot
+            .get()
+            .group_settings(&query.group)
+            .rerank_passthrough;
         Ok(plan)
     }
 
@@ -89,6 +96,7 @@ impl Selector {
             .group_accounts(&query.group)
             .filter(|a| a.status == AccountStatus::Active)
             .filter(|a| query.platform.is_none_or(|p| a.platform == p))
+            .filter(|a| a.serves(query.service))
             .collect();
         if on_platform.is_empty() {
             return Ok(no_plan(NoneReason::NoAccounts, 0));

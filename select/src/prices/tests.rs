@@ -2,6 +2,7 @@ use super::*;
 
 fn price(input: f64, output: f64, cache_write: f64, cache_read: f64) -> Price {
     Price {
+        per_search_unit: 0.0,
         input_per_mtok: input,
         output_per_mtok: output,
         cache_write_per_mtok: cache_write,
@@ -70,7 +71,11 @@ fn families_are_the_documented_prefixes() {
         ("o3-2025-04-16", Some("o3")),
         ("o3-pro", Some("o3-pro")),
         ("opus", None),
-        ("text-embedding-3-small", None),
+        // Embedding models are their own family: an unknown one falls back to the highest
+        // embedding price, never a chat model's.
+        ("text-embedding-3-small", Some("text-embedding-")),
+        ("text-embedding-4", Some("text-embedding-")),
+        ("rerank-v3.5", None),
     ] {
         assert_eq!(family(model).as_deref(), expected, "{model}");
     }

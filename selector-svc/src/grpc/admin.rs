@@ -22,7 +22,9 @@ use tonic::{Request, Response, Status};
 
 use crate::error::status;
 use crate::store::{AccountInput, PostgresSource};
-use poolgate_core::account::{AccountStatus, CredentialKind, OAuthState, Platform, Secret};
+use poolgate_core::account::{
+    AccountStatus, CredentialKind, OAuthState, Platform, Secret, serves_problem,
+};
 use poolgate_core::{AccountId, MAX_NAME_BYTES, now_ms};
 use poolgate_select::engine::{Selector, SelectorError};
 
@@ -213,6 +215,20 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
                 "chatgpt_oauth accounts are on platform openai",
             ));
         }
+        if platform == Platform::Rerank && kind != CredentialKind::ApiKey {
+            return Err(invalid("kind", "rerank accounts are API keys"));
+        }
+        let mut serves = Vec::with_capacity(r.serves.len());
+        for value in &r.serves {
+            let service = <poolgate_core::account::Service as EnumField>::decode("serves", *value)
+                .map_err(|error| invalid("serves", &error.problem))?;
+            if !serves.contains(&service) {
+                serves.push(service);
+            }
+        }
+        if let Some(problem) = serves_problem(platform, kind, &serves) {
+            return Err(invalid("serves", &problem));
+        }
         // An empty token_url is stored as NULL (an update keeps the stored URL); the store reads
         // NULL as the platform's default (`default_oauth_token_url`), so accounts that never
         // named an endpoint follow the default when it changes.
@@ -240,6 +256,7 @@ impl pb::selector_admin_server::SelectorAdmin for AdminGrpc {
             proxy_url: (!r.proxy_url.is_empty()).then_some(r.proxy_url),
             probe_model: (!r.probe_model.is_empty()).then_some(r.probe_model),
             stream_usage: !r.disable_stream_usage,
+            serves,
         };
         let id = self
             .store

@@ -161,6 +161,7 @@ impl PostgresSource {
                     proxy_url: settings.proxy_url.clone().filter(|p| !p.is_empty()),
                     probe_model: None,
                     stream_usage: true,
+                    serves: Vec::new(),
                 };
                 let (key_id, blob) = self
                     .keyring

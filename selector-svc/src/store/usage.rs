@@ -14,15 +14,17 @@ use super::*;
 impl PostgresSource {
     pub async fn set_price(&self, model: &str, price: Price) -> Result<(), StoreError> {
         sqlx::query(
-            "INSERT INTO model_prices (model, input_per_mtok, output_per_mtok, cache_write_per_mtok, cache_read_per_mtok) \
-             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (model) DO UPDATE SET input_per_mtok = $2, \
-             output_per_mtok = $3, cache_write_per_mtok = $4, cache_read_per_mtok = $5",
+            "INSERT INTO model_prices (model, input_per_mtok, output_per_mtok, cache_write_per_mtok, cache_read_per_mtok, per_search_unit) \
+             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (model) DO UPDATE SET input_per_mtok = $2, \
+             output_per_mtok = $3, cache_write_per_mtok = $4, cache_read_per_mtok = $5, \
+             per_search_unit = $6",
         )
         .bind(model)
         .bind(price.input_per_mtok)
         .bind(price.output_per_mtok)
         .bind(price.cache_write_per_mtok)
         .bind(price.cache_read_per_mtok)
+        .bind(price.per_search_unit)
         .execute(&self.pool)
         .await
         .map_err(convert)?;

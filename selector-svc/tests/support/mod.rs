@@ -120,6 +120,7 @@ pub fn credential(name: &str) -> String {
 
 pub fn api_account(name: &str, group: &str) -> AccountInput {
     AccountInput {
+        serves: Vec::new(),
         name: name.into(),
         group: group.into(),
         platform: Platform::Anthropic,

@@ -1,7 +1,9 @@
 //! The model endpoints (Anthropic Messages, OpenAI chat completions and Responses): one answer
 //! pipeline, shaped per API, that records the request, counts it in flight, and answers with the
 //! scripted answer, the account's refusal (revoked, subscription, usage window, credit, unknown
-//! model) or the normal one, with the account's usage-window headers when it has windows.
+//! model) or the normal one, with the account's usage-window headers when it has windows. Its
+//! recording (`receive`) and OpenAI's refusals are shared with the embeddings and rerank
+//! endpoints (`plain`).
 
 use std::sync::Arc;
 
@@ -75,44 +77,11 @@ pub(super) async fn answer_via(
 ) -> Response {
     let credential = credential(&headers);
     let guard = InFlight::enter(&state, &credential);
-    let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let model = request
-        .get("model")
-        .and_then(Value::as_str)
-        .unwrap_or("unknown")
-        .to_owned();
-    let probe = is_probe(uri.path(), &request);
-    if probe {
-        *state
-            .probes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(credential.clone())
-            .or_default() += 1;
-    }
-    state
-        .seen_models
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push(model.clone());
-    {
-        let mut seen = state.seen.lock().unwrap_or_else(|p| p.into_inner());
-        if seen.len() < 1000 {
-            let (raw, socket) = match &via {
-                Some(via) => (via.frame.clone(), Some(via.socket)),
-                None => (body.clone(), None),
-            };
-            seen.push(SeenRequest {
-                path: uri.path().to_owned(),
-                query: uri.query().map(str::to_owned),
-                headers: headers.clone(),
-                body: serde_json::from_slice(&raw).unwrap_or(Value::Null),
-                raw,
-                probe,
-                socket,
-            });
-        }
-    }
+    let Received {
+        request,
+        model,
+        probe,
+    } = receive(&state, &credential, &uri, &headers, &body, via.as_ref());
     let scripted = after_pauses(take_scripted(&state, &credential, probe)).await;
     let broke = state
         .out_of_credit
@@ -150,27 +119,9 @@ pub(super) async fn answer_via(
         refused_subscription
     };
     let refused_later = if broke {
-        Some(match shape {
-            Shape::Anthropic => (
-                400,
-                json!({"type": "error", "error": {"type": "invalid_request_error", "message": "Your credit balance is too low to access the Anthropic API. Please go to Plans & Billing to upgrade or purchase credits."}}),
-            ),
-            Shape::Chat | Shape::Responses => (
-                429,
-                json!({"error": {"message": "You exceeded your current quota, please check your plan and billing details.", "type": "insufficient_quota", "param": null, "code": "insufficient_quota"}}),
-            ),
-        })
+        Some(credit_refusal(shape))
     } else if unknown_model {
-        Some(match shape {
-            Shape::Anthropic => (
-                404,
-                json!({"type": "error", "error": {"type": "not_found_error", "message": format!("model: {model}")}}),
-            ),
-            Shape::Chat | Shape::Responses => (
-                404,
-                json!({"error": {"message": format!("The model `{model}` does not exist or you do not have access to it."), "type": "invalid_request_error", "param": null, "code": "model_not_found"}}),
-            ),
-        })
+        Some(unknown_model_refusal(shape, &model))
     } else {
         None
     };
@@ -197,6 +148,97 @@ pub(super) async fn answer_via(
     });
     let response = respond(&state, shape, scripted, &model, &request, guard).await;
     windows::stamp(response, &window_headers)
+}
+
+/// A model request as received: its body, its model (`unknown` when it names none) and whether
+/// it is the selector's probe.
+pub(super) struct Received {
+    pub request: Value,
+    pub model: String,
+    pub probe: bool,
+}
+
+/// Records a model request (`via`: it came as a socket's frame): counts it as a probe when it is
+/// one, keeps its model and, among the first 1 000, the request itself.
+pub(super) fn receive(
+    state: &FakeState,
+    credential: &str,
+    uri: &http::Uri,
+    headers: &HeaderMap,
+    body: &Bytes,
+    via: Option<&Via>,
+) -> Received {
+    let request: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let model = request
+        .get("model")
+        .and_then(Value::as_str)
+        .unwrap_or("unknown")
+        .to_owned();
+    let probe = is_probe(uri.path(), &request);
+    if probe {
+        *state
+            .probes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(credential.to_owned())
+            .or_default() += 1;
+    }
+    state
+        .seen_models
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(model.clone());
+    let mut seen = state.seen.lock().unwrap_or_else(|p| p.into_inner());
+    if seen.len() < 1000 {
+        let (raw, socket) = match via {
+            Some(via) => (via.frame.clone(), Some(via.socket)),
+            None => (body.clone(), None),
+        };
+        seen.push(SeenRequest {
+            path: uri.path().to_owned(),
+            query: uri.query().map(str::to_owned),
+            headers: headers.clone(),
+            body: serde_json::from_slice(&raw).unwrap_or(Value::Null),
+            raw,
+            probe,
+            socket,
+        });
+    }
+    drop(seen);
+    Received {
+        request,
+        model,
+        probe,
+    }
+}
+
+/// The billing answer of an account with no credit left: Anthropic's 400 credit-balance error,
+/// OpenAI's 429 `insufficient_quota`.
+pub(super) fn credit_refusal(shape: Shape) -> (u16, Value) {
+    match shape {
+        Shape::Anthropic => (
+            400,
+            json!({"type": "error", "error": {"type": "invalid_request_error", "message": "Your credit balance is too low to access the Anthropic API. Please go to Plans & Billing to upgrade or purchase credits."}}),
+        ),
+        Shape::Chat | Shape::Responses => (
+            429,
+            json!({"error": {"message": "You exceeded your current quota, please check your plan and billing details.", "type": "insufficient_quota", "param": null, "code": "insufficient_quota"}}),
+        ),
+    }
+}
+
+/// The 404 of a model the upstream does not have (`set_known_models`), echoing its name.
+pub(super) fn unknown_model_refusal(shape: Shape, model: &str) -> (u16, Value) {
+    match shape {
+        Shape::Anthropic => (
+            404,
+            json!({"type": "error", "error": {"type": "not_found_error", "message": format!("model: {model}")}}),
+        ),
+        Shape::Chat | Shape::Responses => (
+            404,
+            json!({"error": {"message": format!("The model `{model}` does not exist or you do not have access to it."), "type": "invalid_request_error", "param": null, "code": "model_not_found"}}),
+        ),
+    }
 }
 
 /// The answer itself: the scripted (or refusal) one, else the normal one, after the simulated

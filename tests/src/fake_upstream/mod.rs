@@ -1,8 +1,8 @@
-//! A fake upstream LLM server speaking enough of the Anthropic and OpenAI APIs for the demo
-//! (`relay-svc --standalone --demo`), the tests and the benchmarks. It counts concurrent requests
-//! per credential (and their peak), and answers from a per-credential script of queued outcomes
-//! (429, 529, 500, 401, quota, delays, connections that break, answers too large), so tests can
-//! drive every failover path.
+//! A fake upstream LLM server speaking enough of the Anthropic and OpenAI APIs (and of OpenAI's
+//! embeddings and Cohere's rerank) for the demo (`relay-svc --standalone --demo`), the tests and
+//! the benchmarks. It counts concurrent requests per credential (and their peak), and answers
+//! from a per-credential script of queued outcomes (429, 529, 500, 401, quota, delays,
+//! connections that break, answers too large), so tests can drive every failover path.
 //!
 //! A test can also give every request one standing answer (`set_standing_answer`: an upstream
 //! that fails or refuses everything until told otherwise), and the OAuth token endpoint
@@ -15,9 +15,10 @@
 //!
 //! `mod.rs` holds the server's state and its public API; the rest is split by job: the model
 //! endpoints (`answer`), the Anthropic-only parts (`anthropic`), the ChatGPT backend
-//! (`chatgpt`), the OAuth token endpoint (`oauth`), the probe's recognition (`probe`), the
-//! scripted answers (`scripted`) and the control API that queues them (`control`), the normal
-//! answers (`bodies`) and the response builders (`stream`).
+//! (`chatgpt`), the embeddings and rerank endpoints (`plain`, their checks and answers in
+//! `embeddings` and `rerank`), the OAuth token endpoint (`oauth`), the probe's recognition
+//! (`probe`), the scripted answers (`scripted`) and the control API that queues them
+//! (`control`), the normal answers (`bodies`) and the response builders (`stream`).
 //!
 //! A credential can also be given usage windows (`set_windows`: a 5-hour-like and a weekly-like
 //! budget, a per-minute request limit), reported in the real upstreams' rate-limit headers on
@@ -29,8 +30,13 @@ mod anthropic;
 mod bodies;
 mod chatgpt;
 mod control;
+mod embeddings;
+#[cfg(test)]
+mod embeddings_rerank_tests;
 mod oauth;
+mod plain;
 mod probe;
+mod rerank;
 mod scripted;
 mod socket;
 mod stream;
@@ -63,6 +69,7 @@ use anthropic::count_tokens;
 use chatgpt::chatgpt_codex;
 use control::{control_requests, control_reset, control_script, control_stats, control_windows};
 use oauth::oauth_token;
+use plain::{embeddings, rerank_v1, rerank_v2};
 use socket::{chatgpt_socket, platform_socket};
 
 /// One request as the fake upstream received it (the first 1 000 are kept).
@@ -161,7 +168,8 @@ impl FakeUpstream {
         Self::start_on("127.0.0.1:0".parse().map_err(std::io::Error::other)?).await
     }
 
-    /// Starts on `addr`. Besides the two APIs it serves a control API: `POST /_mock/script`
+    /// Starts on `addr`. Besides the model APIs (Anthropic's, OpenAI's chat, Responses and
+    /// embeddings, Cohere's rerank at `/v1/rerank` and `/v2/rerank`) it serves a control API: `POST /_mock/script`
     /// (`{"credential": "...", "answers": [{"status": 429, "headers": {...}, "body": "..."},
     /// {"delay_ms": 500}, {"early_close": true}, {"oversized": 100000},
     /// {"incomplete_stream": true}, {"broken_stream": true}, {"after_ms": 900, "status": 401}]}`,
@@ -181,6 +189,9 @@ impl FakeUpstream {
             .route("/v1/messages/count_tokens", post(count_tokens))
             .route("/v1/chat/completions", post(chat))
             .route("/v1/responses", post(responses).get(platform_socket))
+            .route("/v1/embeddings", post(embeddings))
+            .route("/v1/rerank", post(rerank_v1))
+            .route("/v2/rerank", post(rerank_v2))
             .route("/codex/responses", post(chatgpt_codex).get(chatgpt_socket))
             .route("/oauth/token", post(oauth_token))
             .route(

@@ -6,8 +6,9 @@ use serde_json::{Value, json};
 /// fixed bodies `select/src/probe.rs` `probe_request` sends, nothing else in it. Anthropic:
 /// `max_tokens: 1` and one user "ping", no `system` (the probe carries no client's identity);
 /// OpenAI chat: `max_completion_tokens: 1` and the same message; ChatGPT: the "Answer in one
-/// word." instructions with the ping as input. A client could send the same bytes; it would
-/// then get the probe's answers, which is what the upstream would do too.
+/// word." instructions with the ping as input; embeddings: `input: "ping"`; rerank (`/v1/rerank`
+/// only): `query: "ping"` over the one document `"ping"`. A client could send the same bytes; it
+/// would then get the probe's answers, which is what the upstream would do too.
 pub fn is_probe(path: &str, request: &Value) -> bool {
     let Some(fields) = request.as_object() else {
         return false;
@@ -32,6 +33,13 @@ pub fn is_probe(path: &str, request: &Value) -> bool {
             && fields.get("input") == Some(&ping)
             && fields.get("store") == Some(&Value::Bool(false))
             && fields.get("stream") == Some(&Value::Bool(true))
+    } else if path.ends_with("/v1/embeddings") {
+        model && only(&["model", "input"]) && fields.get("input") == Some(&json!("ping"))
+    } else if path.ends_with("/v1/rerank") {
+        model
+            && only(&["model", "query", "documents"])
+            && fields.get("query") == Some(&json!("ping"))
+            && fields.get("documents") == Some(&json!(["ping"]))
     } else {
         false
     }

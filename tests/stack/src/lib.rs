@@ -57,6 +57,7 @@ pub async fn backends() -> HarnessResult<Backends> {
 /// An Anthropic API-key account in group `default` with credential `cred-<name>`.
 pub fn account(name: &str, base_url: &str, concurrency: i32, priority: i32) -> AccountInput {
     AccountInput {
+        serves: Vec::new(),
         name: name.into(),
         group: "default".into(),
         platform: Platform::Anthropic,

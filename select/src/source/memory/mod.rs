@@ -499,11 +499,13 @@ fn stored_price(price: Price) -> StoredPrice {
         output: price.output_per_mtok,
         cache_write: price.cache_write_per_mtok,
         cache_read: price.cache_read_per_mtok,
+        search_unit: price.per_search_unit,
     }
 }
 
 fn price_of_stored(stored: StoredPrice) -> Price {
     Price {
+        per_search_unit: stored.search_unit,
         input_per_mtok: stored.input,
         output_per_mtok: stored.output,
         cache_write_per_mtok: stored.cache_write,

@@ -40,6 +40,7 @@ impl StoredAccount {
         let kind =
             CredentialKind::parse(&self.kind).ok_or_else(|| format!("kind {:?}", self.kind))?;
         Ok(Account {
+            serves: Vec::new(),
             id: self.id,
             name: name.to_owned(),
             group: self.group.clone(),

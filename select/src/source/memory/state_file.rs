@@ -157,6 +157,14 @@ pub(super) struct StoredPrice {
     pub(super) output: f64,
     pub(super) cache_write: f64,
     pub(super) cache_read: f64,
+    /// Rerank: USD per search unit; absent (an older relay's file): none. An older relay
+    /// reading it ignores it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub(super) search_unit: f64,
+}
+
+fn is_zero(value: &f64) -> bool {
+    *value == 0.0
 }
 
 /// The state file format this build writes. Format 1 names accounts by name and client keys by
