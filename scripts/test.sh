@@ -53,14 +53,14 @@ export POOLGATE_PG_BIN="$pg_bin"
 redis-server --version | head -n1
 "$pg_bin/postgres" --version
 
-log "python tools in .venv: the official anthropic and openai SDKs, helm-python-sdk, kubernetes-validate, selenium"
-if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import anthropic, openai, helm_python, kubernetes_validate, selenium" 2>/dev/null; then
+log "python tools in .venv: the official anthropic, openai and cohere SDKs, helm-python-sdk, kubernetes-validate, selenium"
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import anthropic, openai, cohere, helm_python, kubernetes_validate, selenium" 2>/dev/null; then
   command -v python3 >/dev/null || apt_install python3 python3-venv
   python3 -m venv .venv 2>/dev/null || { apt_install python3-venv && python3 -m venv --clear .venv; }
-  .venv/bin/pip install -q --disable-pip-version-check anthropic openai helm-python-sdk kubernetes-validate selenium
+  .venv/bin/pip install -q --disable-pip-version-check anthropic openai cohere helm-python-sdk kubernetes-validate selenium
 fi
 export POOLGATE_SDK_PYTHON="$PWD/.venv/bin/python"
-"$POOLGATE_SDK_PYTHON" -c "import anthropic, openai; print('anthropic', anthropic.__version__, '/ openai', openai.__version__)"
+"$POOLGATE_SDK_PYTHON" -c "import anthropic, openai, cohere; print('anthropic', anthropic.__version__, '/ openai', openai.__version__, '/ cohere', cohere.__version__)"
 
 log "the official CLIs under test (Claude Code, Codex): npm ci into a cache outside the clone, once per lockfile"
 command -v npm >/dev/null || apt_install nodejs npm

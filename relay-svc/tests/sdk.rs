@@ -105,3 +105,44 @@ async fn the_anthropic_sdk_on_a_claude_subscription_is_served_by_the_groups_api_
     }
     assert!(upstream.token_requests().is_empty(), "no refresh");
 }
+
+/// The official SDKs' embeddings and rerank calls (`openai`'s `embeddings.create`, Cohere's
+/// `rerank` v1 and v2), unchanged, through the standalone relay (`tests/sdk/pool_paths_check.py`):
+/// served by the group's accounts; and on a group whose only rerank account is down and which
+/// asked for the passthrough, the not-reranked answer (no score) read by Cohere's SDK, and its
+/// refusal, when a request asks for the error, typed by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_sdks_reach_embeddings_and_rerank_unchanged() {
+    let python = sdk_python();
+    let upstream = FakeUpstream::start().await.expect("fake upstream");
+    // Nothing listens on port 1: the degraded group's rerank account refuses every connection.
+    let yaml = format!(
+        "api_keys:\n  - {{key: sk-sdk-test, group: default, user: sdk}}\n  - {{key: sk-sdk-degraded, group: search, user: sdk}}\ngroups:\n  search: {{rerank_fallback: passthrough}}\naccounts:\n  - {{name: o, platform: openai, base_url: \"{0}\", api_key: k-o, concurrency: 2}}\n  - {{name: r, platform: rerank, base_url: \"{0}\", api_key: k-r, concurrency: 2}}\n  - {{name: down, group: search, platform: rerank, base_url: \"http://127.0.0.1:1\", api_key: k-down}}\n",
+        upstream.base_url
+    );
+    let (_relay, addr) = common::standalone(&yaml, Default::default(), Default::default())
+        .await
+        .expect("standalone relay starts");
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/sdk/pool_paths_check.py");
+    let output = tokio::process::Command::new(&python)
+        .arg(&script)
+        .arg(format!("http://{addr}"))
+        .arg("sk-sdk-test")
+        .arg("sk-sdk-degraded")
+        .output()
+        .await
+        .expect("python runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "SDK checks failed:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("6 checks passed, 0 failed"), "{stdout}");
+    let embedded = upstream
+        .seen_requests()
+        .iter()
+        .filter(|r| r.path == "/v1/embeddings")
+        .count();
+    assert_eq!(embedded, 2, "both embeddings calls reached the upstream");
+}

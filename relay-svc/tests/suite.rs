@@ -13,6 +13,7 @@ mod dashboard_metrics;
 mod distributed;
 mod edge_view;
 mod edges;
+mod embeddings_rerank;
 mod grpc_tls;
 mod health_evidence;
 mod hostile;

@@ -85,6 +85,8 @@ pub(super) struct RequestRun<'a> {
     no_subscriptions: bool,
     /// The request ended because the pool could not serve it now.
     pub(super) out: Option<PoolOut>,
+    /// The soonest time a failed account's answer said it resets (ms since the epoch).
+    failure_reset_at_ms: Option<i64>,
     /// The group's rerank passthrough setting, from its last plan.
     pub(super) group_rerank_passthrough: bool,
 }
@@ -111,7 +113,20 @@ impl<'a> RequestRun<'a> {
             refreshed: HashMap::new(),
             no_subscriptions: false,
             out: None,
+            failure_reset_at_ms: None,
             group_rerank_passthrough: false,
+        }
+    }
+
+    /// The soonest an account is known to have room again, ms from now (0: not known): `known`
+    /// (an empty plan's, an admission refusal's) or a failed answer's reset, whichever is first.
+    fn soonest_room_ms(&self, known: u64) -> u64 {
+        let failed = self.failure_reset_at_ms.map_or(0, |at| {
+            u64::try_from(at.saturating_sub(self.relay.clock.wall_ms())).unwrap_or(0)
+        });
+        match (known, failed) {
+            (0, ms) | (ms, 0) => ms,
+            (a, b) => a.min(b),
         }
     }
 
@@ -235,7 +250,7 @@ impl<'a> RequestRun<'a> {
                 } else {
                     reason.as_str()
                 },
-                retry_after_ms: plan.retry_after_ms,
+                retry_after_ms: self.soonest_room_ms(plan.retry_after_ms),
             });
         }
         let service = inbound.service;
@@ -352,7 +367,7 @@ impl<'a> RequestRun<'a> {
             } else {
                 "busy"
             },
-            retry_after_ms: soonest_ms,
+            retry_after_ms: self.soonest_room_ms(soonest_ms),
         });
         Step::Answer(
             self.last_error_or(|| overloaded(api, "every account is busy; try again shortly")),
@@ -454,14 +469,15 @@ impl<'a> RequestRun<'a> {
         }
         self.failures += 1;
         self.exclude.push(account.id);
+        if let Some(at) = classified.reset_at_ms {
+            self.failure_reset_at_ms = Some(self.failure_reset_at_ms.map_or(at, |s| s.min(at)));
+        }
         let failure = Failure::new(status, &headers, body, account);
         if self.failures >= relay.settings.failover_budget {
             relay.metrics.failover(classified.label, "budget_spent");
             self.out = Some(PoolOut {
                 reason: "failed",
-                retry_after_ms: classified.reset_at_ms.map_or(0, |at| {
-                    at.saturating_sub(relay.clock.wall_ms()).max(0) as u64
-                }),
+                retry_after_ms: self.soonest_room_ms(0),
             });
             return Some(failure.into_answer());
         }

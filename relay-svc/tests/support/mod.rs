@@ -56,6 +56,8 @@ pub struct Spec {
     pub concurrency: i32,
     /// `None`: the fake upstream.
     pub base_url: Option<String>,
+    /// What the account serves (`chat`, `embeddings`, `rerank`); empty: all its platform can.
+    pub serves: &'static [&'static str],
 }
 
 impl Spec {
@@ -68,6 +70,7 @@ impl Spec {
             priority,
             concurrency: 8,
             base_url: None,
+            serves: &[],
         }
     }
 
@@ -80,6 +83,7 @@ impl Spec {
             priority,
             concurrency: 8,
             base_url: None,
+            serves: &[],
         }
     }
 }
@@ -207,11 +211,12 @@ fn yaml_account(spec: &Spec, base: &str) -> String {
         None => format!("credential: \"{}\"", spec.credential),
     };
     format!(
-        "  - {{name: {}, platform: {platform}, base_url: \"{}\", {credential}, priority: {}, concurrency: {}}}\n",
+        "  - {{name: {}, platform: {platform}, base_url: \"{}\", {credential}, priority: {}, concurrency: {}, serves: [{}]}}\n",
         spec.name,
         spec.base_url.as_deref().unwrap_or(base),
         spec.priority,
-        spec.concurrency
+        spec.concurrency,
+        spec.serves.join(", ")
     )
 }
 
@@ -325,6 +330,11 @@ impl Pool {
                 spec.priority,
             );
             input.platform = spec.platform;
+            input.serves = spec
+                .serves
+                .iter()
+                .map(|name| poolgate_core::account::Service::parse(name).expect("a service"))
+                .collect();
             input.credential = Some(Secret::new(spec.credential.clone()));
             if let Some(refresh) = &spec.refresh_token {
                 input.credential_kind = CredentialKind::OAuth;
