@@ -274,10 +274,15 @@ pub fn model_usage_line(key: &UsageRow, model: &ModelUsageRow) -> String {
 }
 
 /// `<model>\tsource=<operator|catalogue|none>\tinput=…\toutput=…\tcache_write=…\tcache_read=…`
+/// `[\tsearch_unit=…]` (a rerank price, USD per search unit, when it has one)
 /// `[\tcatalogue=<input>/<output>/<cache_write>/<cache_read>]` (USD per million tokens; `-` for
 /// no price; the catalogue's price an operator's overrides).
 pub fn price_line(row: &PriceRow) -> String {
     let columns = match &row.price {
+        Some(price) if price.search_unit > 0.0 => format!(
+            "input={}\toutput={}\tcache_write={}\tcache_read={}\tsearch_unit={}",
+            price.input, price.output, price.cache_write, price.cache_read, price.search_unit
+        ),
         Some(price) => format!(
             "input={}\toutput={}\tcache_write={}\tcache_read={}",
             price.input, price.output, price.cache_write, price.cache_read
@@ -770,6 +775,20 @@ mod tests {
         assert_eq!(
             price_line(&none),
             "m\tsource=none\tinput=-\toutput=-\tcache_write=-\tcache_read=-"
+        );
+        let rerank = PriceRow {
+            model: "rerank-v3.5".into(),
+            source: "catalogue".into(),
+            price: Some(crate::view::PriceColumns {
+                search_unit: 0.002,
+                ..columns(0.0, 0.0)
+            }),
+            catalogue: None,
+        };
+        assert!(
+            price_line(&rerank).ends_with("\tsearch_unit=0.002"),
+            "{}",
+            price_line(&rerank)
         );
     }
 

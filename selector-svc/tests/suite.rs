@@ -4,6 +4,7 @@
 
 mod support;
 
+mod account_services;
 mod admin_repairs;
 mod admin_status;
 mod admin_windows;

@@ -417,6 +417,18 @@ async fn migration_0003_moves_rows_off_the_old_anthropic_endpoint() {
         .run_to(2, store.pool())
         .await
         .expect("schema version 2");
+    // This build's store writes a column a later migration adds (`serves`, 0012): the old schema
+    // gets it for these writes and loses it again before the migrations run on.
+    let later_column = |statement: &'static str| {
+        let pool = store.pool().clone();
+        async move {
+            sqlx::query(statement)
+                .execute(&pool)
+                .await
+                .expect(statement)
+        }
+    };
+    later_column("ALTER TABLE accounts ADD COLUMN serves TEXT[]").await;
     let old = store
         .upsert_account(&subscription(
             "old",
@@ -450,6 +462,7 @@ async fn migration_0003_moves_rows_off_the_old_anthropic_endpoint() {
         Some(LEGACY_ANTHROPIC_TOKEN_URL)
     );
 
+    later_column("ALTER TABLE accounts DROP COLUMN serves").await;
     store.migrate().await.expect("migrate to the latest");
     store.check_schema().await.expect("the latest schema");
     assert_eq!(

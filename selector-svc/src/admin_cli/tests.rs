@@ -130,7 +130,7 @@ fn update_key_changes_only_what_its_flags_name() {
         &["update-key", "3", "--disable", "--enable"],
         &["update-key", "3", "--expires-at", "1", "--no-expiry"],
         &["update-key", "3", "--models", "a", "--any-model"],
-        &["update-key", "3", "--endpoints", "embeddings"],
+        &["update-key", "3", "--endpoints", "images"],
         &["update-key", "3", "--expires-at", "2026-02-30"],
         &[
             "create-key",
@@ -139,7 +139,7 @@ fn update_key_changes_only_what_its_flags_name() {
             "--group",
             "g",
             "--endpoints",
-            "embeddings",
+            "images",
         ],
         &[
             "create-key",
