@@ -89,25 +89,51 @@ fn body_refusal(api: Api, error: BodyError, limit: usize) -> Response {
 }
 
 pub fn router(front: Front) -> Router {
+    use Service::{Chat, Embeddings, Rerank};
     Router::new()
-        .route("/v1/messages", post(messages).fallback(wrong_method))
+        .route(
+            "/v1/messages",
+            endpoint(Api::Anthropic, "/v1/messages", Endpoint::Messages, Chat)
+                .fallback(wrong_method),
+        )
         .route(
             "/v1/messages/count_tokens",
             post(count_tokens).fallback(wrong_method),
         )
         .route(
             "/v1/chat/completions",
-            post(chat_completions).fallback(wrong_method),
+            endpoint(
+                Api::OpenAi,
+                "/v1/chat/completions",
+                Endpoint::ChatCompletions,
+                Chat,
+            )
+            .fallback(wrong_method),
         )
         .route(
             "/v1/responses",
-            post(responses)
+            endpoint(Api::OpenAi, "/v1/responses", Endpoint::Responses, Chat)
                 .get(responses_over_websocket)
                 .fallback(wrong_method),
         )
-        .route("/v1/embeddings", post(embeddings).fallback(wrong_method))
-        .route("/v1/rerank", post(rerank_v1).fallback(wrong_method))
-        .route("/v2/rerank", post(rerank_v2).fallback(wrong_method))
+        .route(
+            "/v1/embeddings",
+            endpoint(
+                Api::OpenAi,
+                "/v1/embeddings",
+                Endpoint::Embeddings,
+                Embeddings,
+            )
+            .fallback(wrong_method),
+        )
+        .route(
+            "/v1/rerank",
+            endpoint(Api::Cohere, "/v1/rerank", Endpoint::Rerank, Rerank).fallback(wrong_method),
+        )
+        .route(
+            "/v2/rerank",
+            endpoint(Api::Cohere, "/v2/rerank", Endpoint::Rerank, Rerank).fallback(wrong_method),
+        )
         .route("/v1/models", get(models))
         .route("/v1/poolgate/key", get(own_key))
         .route("/healthz", get(|| async { "ok" }))
@@ -116,14 +142,22 @@ pub fn router(front: Front) -> Router {
         .with_state(front)
 }
 
-async fn messages(
-    State(front): State<Front>,
-    uri: Uri,
-    headers: HeaderMap,
-    body: AxumBody,
-) -> Response {
-    let route = Route::new(Api::Anthropic, "/v1/messages", Endpoint::Messages, &uri);
-    handle(front, route, headers, body).await
+/// The POST route of a governed endpoint: its `Route`, then `handle`.
+fn endpoint(
+    api: Api,
+    path: &'static str,
+    endpoint: Endpoint,
+    service: Service,
+) -> axum::routing::MethodRouter<Front> {
+    post(
+        move |State(front): State<Front>, uri: Uri, headers: HeaderMap, body: AxumBody| async move {
+            let route = Route {
+                service,
+                ..Route::new(api, path, endpoint, &uri)
+            };
+            handle(front, route, headers, body).await
+        },
+    )
 }
 
 async fn count_tokens(
@@ -140,70 +174,6 @@ async fn count_tokens(
             Endpoint::CountTokens,
             &uri,
         )
-    };
-    handle(front, route, headers, body).await
-}
-
-async fn chat_completions(
-    State(front): State<Front>,
-    uri: Uri,
-    headers: HeaderMap,
-    body: AxumBody,
-) -> Response {
-    let route = Route::new(
-        Api::OpenAi,
-        "/v1/chat/completions",
-        Endpoint::ChatCompletions,
-        &uri,
-    );
-    handle(front, route, headers, body).await
-}
-
-async fn responses(
-    State(front): State<Front>,
-    uri: Uri,
-    headers: HeaderMap,
-    body: AxumBody,
-) -> Response {
-    let route = Route::new(Api::OpenAi, "/v1/responses", Endpoint::Responses, &uri);
-    handle(front, route, headers, body).await
-}
-
-async fn embeddings(
-    State(front): State<Front>,
-    uri: Uri,
-    headers: HeaderMap,
-    body: AxumBody,
-) -> Response {
-    let route = Route {
-        service: Service::Embeddings,
-        ..Route::new(Api::OpenAi, "/v1/embeddings", Endpoint::Embeddings, &uri)
-    };
-    handle(front, route, headers, body).await
-}
-
-async fn rerank_v1(
-    State(front): State<Front>,
-    uri: Uri,
-    headers: HeaderMap,
-    body: AxumBody,
-) -> Response {
-    let route = Route {
-        service: Service::Rerank,
-        ..Route::new(Api::Cohere, "/v1/rerank", Endpoint::Rerank, &uri)
-    };
-    handle(front, route, headers, body).await
-}
-
-async fn rerank_v2(
-    State(front): State<Front>,
-    uri: Uri,
-    headers: HeaderMap,
-    body: AxumBody,
-) -> Response {
-    let route = Route {
-        service: Service::Rerank,
-        ..Route::new(Api::Cohere, "/v2/rerank", Endpoint::Rerank, &uri)
     };
     handle(front, route, headers, body).await
 }
