@@ -393,6 +393,7 @@ async fn every_metric_the_dashboard_and_the_alerts_query_is_exported() {
 
     // The selector, with its /metrics.
     let config = selector_svc::server::Config {
+        usage_retention: None,
         database_url: backends.postgres.url(),
         redis_target: RedisTarget::Single(backends.redis.url()),
         redis_options: RedisOptions::default(),

@@ -104,6 +104,11 @@ pub struct ServeArgs {
     /// then bind loopback (`127.0.0.1:9464`) and reach it through `kubectl port-forward`.
     #[arg(long, env = "SELECTOR_ADMIN_HTTP_LISTEN")]
     pub admin_http_listen: Option<SocketAddr>,
+    /// Days usage records are kept one by one; older ones are folded into each key's all-time
+    /// totals (which its `total` budget keeps reading) and deleted, hourly, in batches. 0: keep
+    /// every record. At least 35 otherwise: a month's budget reads its month's records.
+    #[arg(long, env = "SELECTOR_USAGE_RETENTION_DAYS", default_value_t = 90)]
+    pub usage_retention_days: u64,
     /// Periodic full reload, ms (NOTIFY reloads at once).
     #[arg(long, env = "SELECTOR_RELOAD_INTERVAL_MS", default_value_t = 30_000)]
     pub reload_interval_ms: u64,
@@ -311,6 +316,16 @@ impl ServeArgs {
             refresh: Default::default(),
             reload_interval: Duration::from_millis(self.reload_interval_ms.max(100)),
             refresh_interval: Duration::from_secs(30),
+            usage_retention: match self.usage_retention_days {
+                0 => None,
+                days if days < selector_svc::retention::MIN_RETENTION_DAYS => {
+                    return Err(format!(
+                        "--usage-retention-days: {days} is too short: 0 (keep every record) or at least {} (a month's budget reads its month's records)",
+                        selector_svc::retention::MIN_RETENTION_DAYS
+                    ));
+                }
+                days => Some(Duration::from_secs(days.saturating_mul(86_400))),
+            },
             max_concurrent_streams: 10_000,
             tls: match (&self.tls_cert, &self.tls_key) {
                 (Some(cert), Some(key)) => Some(poolgate_rpc::tls::TlsFiles {

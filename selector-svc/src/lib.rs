@@ -14,5 +14,6 @@ pub mod error;
 pub mod grpc;
 pub mod migration_rules;
 pub mod release;
+pub mod retention;
 pub mod server;
 pub mod store;

@@ -54,6 +54,9 @@ pub struct Config {
     pub reload_interval: Duration,
     /// How often OAuth expiries are checked.
     pub refresh_interval: Duration,
+    /// Usage records older than this are folded into their keys' totals
+    /// (`--usage-retention-days`; `retention.rs`); `None`: every record is kept.
+    pub usage_retention: Option<Duration>,
     pub max_concurrent_streams: u32,
     /// Serve gRPC over TLS with this identity; `None`: plaintext.
     pub tls: Option<poolgate_rpc::tls::TlsFiles>,
@@ -90,6 +93,8 @@ pub struct Built {
     pub budgets: Arc<dyn BudgetCounters>,
     /// The snapshot reload loop (stopped with `Built`, as the engine's own tasks are).
     reload: tokio::task::JoinHandle<()>,
+    /// The usage retention task, where a retention is set.
+    retention: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Built {
@@ -111,6 +116,9 @@ pub struct Serving {
 impl Drop for Built {
     fn drop(&mut self) {
         self.reload.abort();
+        if let Some(retention) = &self.retention {
+            retention.abort();
+        }
         self.selector.stop_tasks();
     }
 }
@@ -172,6 +180,13 @@ pub async fn build(config: &Config, metrics: Metrics) -> Result<Built, ServeErro
     .map_err(ServeError::Other)?;
     selector.set_refresher(refresher.clone());
     let budgets: Arc<dyn BudgetCounters> = probe_leases.clone();
+    let retention = config.usage_retention.map(|retention| {
+        tokio::spawn(crate::retention::fold_loop(
+            store.clone(),
+            Clock::system(),
+            retention,
+        ))
+    });
     let reload = tokio::spawn(reload_loop(
         store.clone(),
         snapshot.clone(),
@@ -193,6 +208,7 @@ pub async fn build(config: &Config, metrics: Metrics) -> Result<Built, ServeErro
         probe_leases,
         budgets,
         reload,
+        retention,
     })
 }
 

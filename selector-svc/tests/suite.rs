@@ -28,4 +28,5 @@ mod service_auth;
 mod state_file_writes;
 mod status_gauges;
 mod token_endpoints;
+mod usage_retention;
 mod windows_state_file;

@@ -48,7 +48,9 @@ impl PostgresSource {
     }
 
     /// One key's usage in `[from_ms, to_ms)` per model and price source, ascending by model (a
-    /// source the ledger holds that this build does not know reads as not said).
+    /// source the ledger holds that this build does not know reads as not said). A range from the
+    /// beginning of time (`from_ms <= 0`, the `total` period) includes what retention folded
+    /// ([`fold_usage`](Self::fold_usage)).
     pub async fn read_model_usage(
         &self,
         api_key_id: i64,
@@ -56,17 +58,22 @@ impl PostgresSource {
         to_ms: i64,
     ) -> Result<Vec<ModelUsage>, StoreError> {
         let rows = sqlx::query(
-            "SELECT model, price_source, count(*) AS requests, \
+            "SELECT model, price_source, sum(requests)::bigint AS requests, \
              COALESCE(sum(input_tokens), 0)::bigint AS input_tokens, \
              COALESCE(sum(output_tokens), 0)::bigint AS output_tokens, \
-             COALESCE(sum(cost_usd), 0) AS cost_usd \
-             FROM usage_records WHERE api_key_id = $1 \
-             AND at >= to_timestamp($2::double precision / 1000) AND at < to_timestamp($3::double precision / 1000) \
-             GROUP BY model, price_source ORDER BY model, price_source NULLS FIRST",
+             COALESCE(sum(cost_usd), 0) AS cost_usd FROM ( \
+               SELECT model, price_source, 1 AS requests, input_tokens, output_tokens, cost_usd \
+               FROM usage_records WHERE api_key_id = $1 \
+               AND at >= to_timestamp($2::double precision / 1000) AND at < to_timestamp($3::double precision / 1000) \
+               UNION ALL \
+               SELECT model, NULLIF(price_source, ''), requests, input_tokens, output_tokens, cost_usd \
+               FROM usage_rollups WHERE api_key_id = $1 AND $4 \
+             ) u GROUP BY model, price_source ORDER BY model, price_source NULLS FIRST",
         )
         .bind(api_key_id)
         .bind(from_ms as f64)
         .bind(to_ms as f64)
+        .bind(from_ms <= 0)
         .fetch_all(&self.pool)
         .await
         .map_err(convert)?;
@@ -124,14 +131,22 @@ impl PostgresSource {
         to_ms: i64,
     ) -> Result<UsageTotals, StoreError> {
         let row = sqlx::query(
-            "SELECT count(*) AS requests, COALESCE(sum(input_tokens), 0)::bigint AS input_tokens, \
-             COALESCE(sum(output_tokens), 0)::bigint AS output_tokens, COALESCE(sum(cost_usd), 0) AS cost_usd \
-             FROM usage_records WHERE api_key_id = $1 \
-             AND at >= to_timestamp($2::double precision / 1000) AND at < to_timestamp($3::double precision / 1000)",
+            "SELECT COALESCE(sum(requests), 0)::bigint AS requests, \
+             COALESCE(sum(input_tokens), 0)::bigint AS input_tokens, \
+             COALESCE(sum(output_tokens), 0)::bigint AS output_tokens, \
+             COALESCE(sum(cost_usd), 0) AS cost_usd FROM ( \
+               SELECT 1 AS requests, input_tokens, output_tokens, cost_usd \
+               FROM usage_records WHERE api_key_id = $1 \
+               AND at >= to_timestamp($2::double precision / 1000) AND at < to_timestamp($3::double precision / 1000) \
+               UNION ALL \
+               SELECT requests, input_tokens, output_tokens, cost_usd \
+               FROM usage_rollups WHERE api_key_id = $1 AND $4 \
+             ) u",
         )
         .bind(api_key_id)
         .bind(from_ms as f64)
         .bind(to_ms as f64)
+        .bind(from_ms <= 0)
         .fetch_one(&self.pool)
         .await
         .map_err(convert)?;
@@ -186,6 +201,70 @@ impl PostgresSource {
                 *slot = cost;
             }
         }
+        // A period from the beginning of time (the total) includes what retention folded.
+        let from_start: Vec<usize> = since_ms
+            .iter()
+            .enumerate()
+            .filter(|(_, since)| **since <= 0)
+            .map(|(index, _)| index)
+            .collect();
+        if !from_start.is_empty() {
+            let rows = sqlx::query(
+                "SELECT api_key_id, sum(cost_usd) AS cost_usd FROM usage_rollups \
+                 WHERE api_key_id = ANY($1::bigint[]) GROUP BY api_key_id",
+            )
+            .bind(api_key_ids)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(convert)?;
+            for row in rows {
+                let id: i64 = row.try_get("api_key_id").map_err(convert)?;
+                let cost: f64 = row.try_get("cost_usd").map_err(convert)?;
+                if let Some(slots) = spend.get_mut(&id) {
+                    for index in &from_start {
+                        if let Some(slot) = slots.get_mut(*index) {
+                            *slot += cost;
+                        }
+                    }
+                }
+            }
+        }
         Ok(spend)
+    }
+
+    /// Folds up to `batch` usage records older than `before_ms` into their keys' all-time totals
+    /// (`usage_rollups`, per model and price source) and deletes them, in one statement: a record
+    /// is either still in the ledger or in a total, never both and never neither, whichever
+    /// selector folds it (`SKIP LOCKED`: two replicas take different rows). Returns how many
+    /// records it folded; the retention task calls it until a batch comes back short.
+    pub async fn fold_usage(&self, before_ms: i64, batch: i64) -> Result<u64, StoreError> {
+        let row = sqlx::query(
+            "WITH moved AS ( \
+               DELETE FROM usage_records WHERE id IN ( \
+                 SELECT id FROM usage_records WHERE at < to_timestamp($1::double precision / 1000) \
+                 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED) \
+               RETURNING api_key_id, at, model, price_source, input_tokens, output_tokens, cost_usd \
+             ), folded AS ( \
+               INSERT INTO usage_rollups AS r (api_key_id, model, price_source, requests, \
+                 input_tokens, output_tokens, cost_usd, folded_through) \
+               SELECT COALESCE(api_key_id, 0), model, COALESCE(price_source, ''), count(*), \
+                 sum(input_tokens), sum(output_tokens), sum(cost_usd), max(at) \
+               FROM moved GROUP BY 1, 2, 3 \
+               ON CONFLICT (api_key_id, model, price_source) DO UPDATE SET \
+                 requests = r.requests + EXCLUDED.requests, \
+                 input_tokens = r.input_tokens + EXCLUDED.input_tokens, \
+                 output_tokens = r.output_tokens + EXCLUDED.output_tokens, \
+                 cost_usd = r.cost_usd + EXCLUDED.cost_usd, \
+                 folded_through = GREATEST(r.folded_through, EXCLUDED.folded_through) \
+               RETURNING 1 \
+             ) SELECT (SELECT count(*) FROM moved) AS moved, (SELECT count(*) FROM folded) AS rows",
+        )
+        .bind(before_ms as f64)
+        .bind(batch.max(1))
+        .fetch_one(&self.pool)
+        .await
+        .map_err(convert)?;
+        let moved: i64 = row.try_get("moved").map_err(convert)?;
+        Ok(u64::try_from(moved).unwrap_or(0))
     }
 }

@@ -66,6 +66,7 @@ impl Backends {
 
     pub fn config(&self, settings: SelectorSettings) -> Config {
         Config {
+            usage_retention: None,
             database_url: self.postgres.url(),
             redis_target: RedisTarget::Single(self.redis.url()),
             redis_options: RedisOptions::default(),

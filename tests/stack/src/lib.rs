@@ -120,6 +120,7 @@ pub fn selector_config(
     settings: poolgate_select::engine::SelectorSettings,
 ) -> selector_svc::server::Config {
     selector_svc::server::Config {
+        usage_retention: None,
         database_url: backends.postgres.url(),
         redis_target: RedisTarget::Single(backends.redis.url()),
         redis_options: RedisOptions::default(),
