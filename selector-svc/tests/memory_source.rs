@@ -1185,3 +1185,76 @@ async fn a_run_time_accounts_refreshed_tokens_and_status_stay_its_own_through_a_
     );
     assert_eq!(back.status, AccountStatus::Error);
 }
+
+/// Standalone usage is kept by the hour for the retention (90 days), then in each key's
+/// all-time totals: four months of traffic every hour, through a state file and a restart,
+/// leave at most the retention's hours of buckets, and every key's total — what its `total`
+/// budget is rebuilt from — and its last month read what was recorded.
+#[tokio::test]
+async fn four_months_of_hourly_usage_stay_within_the_retentions_buckets_and_keep_every_total() {
+    use poolgate_core::clock::ManualClock;
+    use poolgate_select::source::USAGE_RETENTION_MS;
+
+    let scratch = Scratch::new("memory-retention").expect("scratch");
+    let file = state_in(&scratch);
+    let hour = 3_600_000;
+    let start = 1_700_000_000_000 / hour * hour;
+    let clock = ManualClock::starting_at(start);
+    let source = MemorySource::new(
+        config(vec![account(1, |_| {})]),
+        Some(file.clone()),
+        clock.clock(),
+    )
+    .expect("source");
+    let hours = 120 * 24;
+    let (mut total, mut last_month) = (0.0, 0.0);
+    let month_from = start + (hours - 30 * 24) * hour;
+    for n in 0..hours {
+        let at = start + n * hour;
+        clock.set_wall_ms(at + 1);
+        source
+            .insert_usage(&[
+                usage(Some(1), at + 1, 1, 0.5),
+                usage(Some(2), at + 2, 1, 0.25),
+            ])
+            .await
+            .expect("taken");
+        total += 0.5;
+        if at >= month_from {
+            last_month += 0.5;
+        }
+    }
+    let (per_key, per_model) = source.usage_buckets();
+    let kept_hours = (USAGE_RETENTION_MS / hour) as usize + 2;
+    assert!(
+        per_key <= 2 * kept_hours && per_model <= 2 * kept_hours,
+        "bounded by the retention: {per_key} key buckets, {per_model} model buckets for {hours} hours"
+    );
+    let now = start + hours * hour;
+    let all = source.read_usage(1, 0, now).await.expect("read");
+    assert_eq!(all.requests, hours);
+    assert!(
+        (all.cost_usd - total).abs() < 1e-6,
+        "{all:?} against {total}"
+    );
+    let month = source.read_usage(1, month_from, now).await.expect("read");
+    assert!((month.cost_usd - last_month).abs() < 1e-6, "{month:?}");
+    let models = source.read_model_usage(1, 0, now).await.expect("models");
+    assert_eq!(models.len(), 1, "{models:?}");
+    assert_eq!(models[0].usage.requests, hours);
+
+    // Through the state file: the same totals after a restart.
+    source.flush().await.expect("flushed");
+    drop(source);
+    let restarted = MemorySource::new(config(vec![account(1, |_| {})]), Some(file), clock.clock())
+        .expect("source");
+    assert_eq!(restarted.read_usage(1, 0, now).await.expect("read"), all);
+    assert_eq!(
+        restarted
+            .read_usage(2, 0, now)
+            .await
+            .expect("read")
+            .requests,
+        hours
+    );
+}

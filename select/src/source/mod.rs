@@ -19,7 +19,7 @@ use poolgate_core::keys::KeyUpdate;
 pub mod budgets;
 mod memory;
 
-pub use memory::{MemorySource, StateFile};
+pub use memory::{MemorySource, StateFile, USAGE_RETENTION_MS};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

@@ -54,6 +54,13 @@ const WRITE_EVERY: Duration = Duration::from_secs(5);
 /// The ledger keeps totals per client key and hour; a range counts the hours that start in it.
 const USAGE_BUCKET_MS: i64 = 3_600_000;
 
+/// How long usage is kept by the hour (docs/DESIGN.md §6, "Usage retention"): older buckets are
+/// folded into each key's all-time totals, the bucket at hour 0 (the beginning of time), which
+/// only a range from the beginning (the `total` period) reads. The selector's default.
+pub const USAGE_RETENTION_MS: i64 = 90 * 24 * USAGE_BUCKET_MS;
+/// The all-time totals' bucket.
+const FOLDED_HOUR: i64 = 0;
+
 /// What the config itself says of an account, to tell the state file's changes from it (for an
 /// account signed in at run time: what its sign-in stored).
 #[derive(Clone)]
@@ -87,6 +94,8 @@ struct Current {
     /// Buckets of keys the config no longer lists: kept in the file, counted for no one.
     retained_usage: Vec<UsageBucket>,
     usage_dirty: bool,
+    /// When usage past the retention was last folded (ms since the epoch); 0: never.
+    folded_at_ms: i64,
     /// The file's window readings of configured accounts, until [`MemorySource::keep_windows`]
     /// hands them to the health store.
     restored_windows: Vec<(AccountId, Vec<WindowReading>)>,
@@ -95,6 +104,47 @@ struct Current {
 }
 
 impl Current {
+    /// Folds every hourly bucket that ends by `before_ms` into its key's all-time totals (the
+    /// bucket at [`FOLDED_HOUR`], per model and price source in the model buckets); how many
+    /// buckets it folded. Any total reads the same after; a range that starts later no longer
+    /// sees what was folded.
+    fn fold_usage(&mut self, before_ms: i64) -> usize {
+        let due =
+            |hour: i64| hour != FOLDED_HOUR && hour.saturating_add(USAGE_BUCKET_MS) <= before_ms;
+        let old: Vec<(i64, i64)> = self
+            .usage
+            .keys()
+            .filter(|(_, hour)| due(*hour))
+            .copied()
+            .collect();
+        for key in &old {
+            if let Some(totals) = self.usage.remove(key) {
+                add(self.usage.entry((key.0, FOLDED_HOUR)).or_default(), &totals);
+            }
+        }
+        let old_models: Vec<(i64, i64, String, String)> = self
+            .model_usage
+            .keys()
+            .filter(|(_, hour, _, _)| due(*hour))
+            .cloned()
+            .collect();
+        for key in old_models {
+            if let Some(totals) = self.model_usage.remove(&key) {
+                let (id, _, model, source) = key;
+                add(
+                    self.model_usage
+                        .entry((id, FOLDED_HOUR, model, source))
+                        .or_default(),
+                    &totals,
+                );
+            }
+        }
+        if !old.is_empty() {
+            self.usage_dirty = true;
+        }
+        old.len()
+    }
+
     /// What the file holds at `now` (ms since the epoch); `windows`: the health store's
     /// readings, when it keeps them.
     fn to_persisted(
@@ -312,6 +362,7 @@ impl MemorySource {
             retained_model_usage: Vec::new(),
             retained_usage: Vec::new(),
             usage_dirty: false,
+            folded_at_ms: 0,
             restored_windows: Vec::new(),
             windows_written: 0,
             persisted: Persisted {
@@ -364,6 +415,12 @@ impl MemorySource {
     /// Keeps `health`'s usage-window readings in the state file from now on: the file's readings
     /// go into it first (once; a second store is ignored). Call before serving, then run
     /// [`MemorySource::write_periodically`].
+    /// How many hourly usage buckets are held (per key, and per key and model): bounded by the
+    /// retention, whatever the traffic's age (docs/DESIGN.md §6, "Usage retention").
+    pub fn usage_buckets(&self) -> (usize, usize) {
+        self.with_current(|current| (current.usage.len(), current.model_usage.len()))
+    }
+
     pub fn keep_windows(&self, health: Arc<InProcessHealth>) {
         let saved = self.with_current(|current| std::mem::take(&mut current.restored_windows));
         health.restore_windows(saved);
@@ -491,6 +548,14 @@ impl MemorySource {
         self.changed();
         self.persist().await
     }
+}
+
+/// Adds `more` into `totals`.
+fn add(totals: &mut UsageTotals, more: &UsageTotals) {
+    totals.requests += more.requests;
+    totals.input_tokens += more.input_tokens;
+    totals.output_tokens += more.output_tokens;
+    totals.cost_usd += more.cost_usd;
 }
 
 fn stored_price(price: Price) -> StoredPrice {
@@ -771,6 +836,11 @@ impl AccountSource for MemorySource {
         }
         let now = self.clock.wall_ms();
         self.with_current(|current| {
+            // Past the retention, hourly buckets fold into the totals: at most once an hour.
+            if now.saturating_sub(current.folded_at_ms) >= USAGE_BUCKET_MS {
+                current.fold_usage(now.saturating_sub(USAGE_RETENTION_MS));
+                current.folded_at_ms = now;
+            }
             // Records without a client key count toward no key's totals, as in Postgres (where
             // they are stored but no read asks for them).
             for record in records {
