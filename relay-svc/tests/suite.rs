@@ -29,6 +29,7 @@ mod ports_suite;
 mod prices;
 mod processes;
 mod properties;
+mod redis_bounds;
 mod refresh_race;
 mod release;
 mod responses_socket;

@@ -160,6 +160,13 @@ pub fn sticky_binding(group: &str, session_hash: &str) -> String {
     format!("{PREFIX}:sel:sticky:{}:{group}:{session_hash}", group.len())
 }
 
+/// Selector-only: STRING, since when (ms since the epoch) Redis has held every binding: set
+/// when missing (the first start, after a wipe); no expiry (one key). A response id bound to no
+/// one is unverifiable for the bindings' ttl after it (docs/DESIGN.md §3).
+pub fn bindings_since() -> String {
+    format!("{PREFIX}:sel:bindings-since")
+}
+
 /// Selector-only: `response id -> account` for the Responses API `previous_response_id`.
 pub fn response_binding(response_id: &str) -> String {
     format!("{PREFIX}:sel:resp:{response_id}")

@@ -22,6 +22,7 @@ mod outcomes;
 mod prices;
 mod probe_leases;
 mod probe_model;
+mod response_bindings;
 mod schema_and_keys;
 mod schema_releases;
 mod service_auth;

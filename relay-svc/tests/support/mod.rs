@@ -395,6 +395,14 @@ impl Pool {
         })
     }
 
+    /// The distributed stack's Postgres and Redis (`None` in standalone mode).
+    pub fn backends(&self) -> Option<&Backends> {
+        match &self.engines {
+            Engines::Distributed { backends, .. } => Some(backends),
+            Engines::Standalone { .. } => None,
+        }
+    }
+
     pub fn id(&self, name: &str) -> i64 {
         self.accounts
             .iter()

@@ -241,7 +241,16 @@ impl Selector {
             .response_get(&marked_response(response_id))
             .await
             .map_err(unavailable)?;
-        Ok(bound.is_some())
+        if bound.is_some() {
+            return Ok(true);
+        }
+        // Bound to no one: whose it is cannot be checked when the bindings may have been lost
+        // since it was made (Redis wiped, within the bindings' ttl): refused, never sent on a
+        // guess (docs/SECURITY.md, "Bindings are the client key's own").
+        let now = self.clock.wall_ms();
+        let since = self.health.kept_since_ms(now).await.map_err(unavailable)?;
+        let ttl = i64::try_from(self.settings.response_ttl.as_millis()).unwrap_or(i64::MAX);
+        Ok(now.saturating_sub(since) < ttl)
     }
 }
 

@@ -186,6 +186,15 @@ pub trait Bindings: Send + Sync + 'static {
         id: AccountId,
         ttl_ms: u64,
     ) -> Result<(), StateError>;
+
+    /// Since when (ms since the epoch) this store has held every binding it was given: a store
+    /// that lost its bindings (Redis wiped, the in-process store restarted) starts anew at
+    /// `now_ms`. A binding older than that may be gone, so a response id bound to no one is
+    /// unverifiable until the bindings' ttl has passed since (docs/DESIGN.md §3, "When Redis is
+    /// wiped"). `i64::MIN`: never lost (a view that asks the selector for what it lacks).
+    async fn kept_since_ms(&self, _now_ms: i64) -> Result<i64, StateError> {
+        Ok(i64::MIN)
+    }
 }
 
 /// The per-account locks that make one replica act for all: the confirmation lock (its value

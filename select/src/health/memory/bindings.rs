@@ -60,6 +60,11 @@ impl<K: std::hash::Hash + Eq> BindingMap<K> {
 
 #[async_trait]
 impl Bindings for InProcessHealth {
+    /// The process's bindings live as long as it does.
+    async fn kept_since_ms(&self, _now_ms: i64) -> Result<i64, StateError> {
+        Ok(self.started_ms)
+    }
+
     async fn sticky_get(
         &self,
         group: &str,

@@ -88,6 +88,27 @@ impl Bindings for RedisHealth {
             .await
     }
 
+    async fn kept_since_ms(&self, now_ms: i64) -> Result<i64, StateError> {
+        let key = redis_keys::bindings_since();
+        let mut conn = self.redis.conn().await?;
+        // Set once, when the key is missing: at the first start, and after a wipe.
+        let _: Option<String> = self
+            .redis
+            .bounded(
+                redis::cmd("SET")
+                    .arg(&key)
+                    .arg(now_ms)
+                    .arg("NX")
+                    .query_async(&mut conn),
+            )
+            .await?;
+        let since: Option<i64> = self
+            .redis
+            .bounded(redis::cmd("GET").arg(&key).query_async(&mut conn))
+            .await?;
+        Ok(since.unwrap_or(now_ms))
+    }
+
     async fn response_set(
         &self,
         response_id: &str,
