@@ -6,6 +6,7 @@ mod common;
 mod support;
 
 mod admin_token_attempts;
+mod backup_restore;
 mod behaviour;
 mod chaos;
 mod clis;

@@ -397,6 +397,11 @@ pub struct PostgresServer {
     _scratch: Scratch,
 }
 
+/// One of PostgreSQL's programs (`pg_dump`, `pg_restore`, `psql`) from the server's bin directory.
+pub fn pg_tool(name: &str) -> HarnessResult<PathBuf> {
+    Ok(pg_bin()?.join(name))
+}
+
 fn pg_bin() -> HarnessResult<PathBuf> {
     if let Some(dir) = std::env::var_os("POOLGATE_PG_BIN") {
         return Ok(PathBuf::from(dir));
