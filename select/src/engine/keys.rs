@@ -150,25 +150,52 @@ impl Selector {
     }
 
     /// Runs [`Selector::rebuild_budgets`] at once and then every `interval`, until the engine is
-    /// gone. A failed run is logged and retried at the next tick.
+    /// gone; and at once when Redis lost its state: every second it reads the bindings' epoch
+    /// (`Bindings::kept_since_ms`, set again when missing), and a new one means a wipe
+    /// (docs/DESIGN.md §3, "When Redis is wiped"), so the counters the wipe took are back within
+    /// about a second, not the period. A failed run is logged and retried at the next tick.
     pub async fn rebuild_budgets_every(
         selector: Weak<Selector>,
         counters: Arc<dyn BudgetCounters>,
         interval: Duration,
     ) {
-        let mut tick = tokio::time::interval(interval);
+        let mut tick = tokio::time::interval(WIPE_CHECK_EVERY.min(interval));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_rebuild: Option<std::time::Instant> = None;
+        let mut epoch: Option<i64> = None;
         loop {
             tick.tick().await;
             let Some(selector) = selector.upgrade() else {
                 return;
             };
-            if let Err(error) = selector.rebuild_budgets(counters.as_ref()).await {
-                tracing::warn!(%error, "budget rebuild from the usage ledger failed; retrying");
+            let read = selector
+                .health
+                .kept_since_ms(selector.clock.wall_ms())
+                .await
+                .ok();
+            let wiped = matches!((epoch, read), (Some(before), Some(now)) if now != before);
+            if read.is_some() {
+                epoch = read;
+            }
+            let due = last_rebuild.is_none_or(|at| at.elapsed() >= interval);
+            if !(due || wiped) {
+                continue;
+            }
+            if wiped {
+                tracing::warn!("Redis lost its state: budget counters rebuilt from the ledger now");
+            }
+            match selector.rebuild_budgets(counters.as_ref()).await {
+                Ok(_) => last_rebuild = Some(std::time::Instant::now()),
+                Err(error) => {
+                    tracing::warn!(%error, "budget rebuild from the usage ledger failed; retrying")
+                }
             }
         }
     }
 }
+
+/// How often the rebuild task looks for a wipe.
+const WIPE_CHECK_EVERY: Duration = Duration::from_secs(1);
 
 /// A key's budgets in the rebuild's order: total, day, week, month.
 fn budgets(limits: &KeyLimits) -> impl Iterator<Item = (&'static str, i64)> {
