@@ -62,6 +62,11 @@ fi
 export POOLGATE_SDK_PYTHON="$PWD/.venv/bin/python"
 "$POOLGATE_SDK_PYTHON" -c "import anthropic, openai, cohere; print('anthropic', anthropic.__version__, '/ openai', openai.__version__, '/ cohere', cohere.__version__)"
 
+log "the previous release's services (the rolling-upgrade test): built once into a cache outside the clone"
+POOLGATE_PREVIOUS_BIN="$(bash scripts/previous_release.sh)"
+export POOLGATE_PREVIOUS_BIN
+"$POOLGATE_PREVIOUS_BIN/relay-svc" --version
+
 log "the official CLIs under test (Claude Code, Codex): npm ci into a cache outside the clone, once per lockfile"
 command -v npm >/dev/null || apt_install nodejs npm
 POOLGATE_CLIENTS_BIN="$(bash scripts/clients.sh)"

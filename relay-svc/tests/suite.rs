@@ -34,6 +34,7 @@ mod redis_bounds;
 mod refresh_race;
 mod release;
 mod responses_socket;
+mod rolling_upgrade;
 mod run;
 mod sdk;
 mod selector_outage;

@@ -48,9 +48,26 @@ pub struct Env {
     pub vars: Vec<(String, String)>,
 }
 
+/// The previous release's service binaries (`scripts/previous_release.sh` builds them once;
+/// `bash scripts/test.sh` exports their directory as `POOLGATE_PREVIOUS_BIN`).
+pub fn previous_release_binary(name: &str) -> PathBuf {
+    let dir = std::env::var_os("POOLGATE_PREVIOUS_BIN").map(PathBuf::from);
+    let path = dir.map(|dir| dir.join(name)).unwrap_or_default();
+    assert!(
+        path.exists(),
+        "the previous release's {name} is not built: run `bash scripts/test.sh`, or set POOLGATE_PREVIOUS_BIN to the directory `bash scripts/previous_release.sh` prints"
+    );
+    path
+}
+
 impl Env {
     pub fn command(&self, name: &str) -> Command {
-        let mut command = Command::new(binary(name));
+        self.command_of(binary(name))
+    }
+
+    /// [`Env::command`] for the binary at `path` (another release's).
+    pub fn command_of(&self, path: PathBuf) -> Command {
+        let mut command = Command::new(path);
         // Every service requires, and the relay sends, the service token.
         command.env("POOLGATE_SERVICE_TOKEN", super::SERVICE_TOKEN);
         command.envs(self.vars.iter().map(|(k, v)| (k.as_str(), v.as_str())));
@@ -61,6 +78,11 @@ impl Env {
     /// Starts a service. Its output is discarded unless `POOLGATE_TEST_LOGS` names a directory,
     /// where it goes to `<label>.log` (appended, so a restarted service keeps one file).
     pub fn spawn(&self, name: &str, label: &str, args: &[&str]) -> Process {
+        self.spawn_of(binary(name), label, args)
+    }
+
+    /// [`Env::spawn`] of the binary at `path` (another release's).
+    pub fn spawn_of(&self, path: PathBuf, label: &str, args: &[&str]) -> Process {
         let (stdout, stderr) = match std::env::var_os("POOLGATE_TEST_LOGS") {
             Some(dir) => {
                 let path = PathBuf::from(dir).join(format!("{label}.log"));
@@ -77,7 +99,7 @@ impl Env {
             None => (Stdio::null(), Stdio::null()),
         };
         Process(
-            self.command(name)
+            self.command_of(path)
                 .args(args)
                 .stdout(stdout)
                 .stderr(stderr)
