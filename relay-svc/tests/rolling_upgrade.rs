@@ -239,7 +239,7 @@ async fn the_previous_release_is_replaced_one_service_at_a_time_under_load() {
                     let answer = http
                         .post(format!("http://127.0.0.1:{port}/v1/messages"))
                         .header("x-api-key", &key)
-                        .json(&json!({"model": "claude-x", "max_tokens": 8, "stream": sent % 2 == 0, "messages": [{"role": "user", "content": format!("load {n}")}]}))
+                        .json(&json!({"model": "claude-x", "max_tokens": 8, "stream": sent.is_multiple_of(2), "messages": [{"role": "user", "content": format!("load {n}")}]}))
                         .send()
                         .await;
                     let status = match answer {
