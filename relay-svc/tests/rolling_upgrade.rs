@@ -20,28 +20,73 @@ use serde_json::json;
 /// How many requests each account takes at once.
 const LIMIT: i32 = 3;
 
+/// A Kubernetes Service in front of a set of pods: a TCP proxy that sends each new connection to
+/// one of the backends in service, in turn. Taking a backend out sends it no new connection;
+/// the ones it has end when it closes them (its graceful stop).
+#[derive(Clone)]
+struct Service {
+    port: u16,
+    backends: Arc<Mutex<Vec<u16>>>,
+}
+
+impl Service {
+    async fn start(backends: Vec<u16>) -> Service {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("address").port();
+        let service = Service {
+            port,
+            backends: Arc::new(Mutex::new(backends)),
+        };
+        let routes = service.backends.clone();
+        tokio::spawn(async move {
+            let mut turn = 0usize;
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let backend = {
+                    let ports = routes.lock().unwrap_or_else(|p| p.into_inner());
+                    turn += 1;
+                    ports.get(turn % ports.len().max(1)).copied()
+                };
+                let Some(backend) = backend else { continue };
+                tokio::spawn(async move {
+                    if let Ok(mut outbound) =
+                        tokio::net::TcpStream::connect(("127.0.0.1", backend)).await
+                    {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+            }
+        });
+        service
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn set(&self, backends: &[u16]) {
+        *self.backends.lock().unwrap_or_else(|p| p.into_inner()) = backends.to_vec();
+    }
+}
+
 struct Stack {
     env: Env,
     selector_ports: [u16; 2],
     admission_ports: [u16; 2],
     relay_ports: [u16; 2],
+    /// The selectors' and the admission replicas' Services, as the relays reach them.
+    selectors: Service,
+    admissions: Service,
 }
 
 impl Stack {
     fn selector_urls(&self) -> String {
-        self.selector_ports
-            .iter()
-            .map(|port| format!("http://127.0.0.1:{port}"))
-            .collect::<Vec<_>>()
-            .join(",")
+        self.selectors.url()
     }
 
     fn admission_urls(&self) -> String {
-        self.admission_ports
-            .iter()
-            .map(|port| format!("http://127.0.0.1:{port}"))
-            .collect::<Vec<_>>()
-            .join(",")
+        self.admissions.url()
     }
 
     fn selector(&self, path: std::path::PathBuf, port: u16, label: &str) -> Process {
@@ -116,6 +161,7 @@ async fn the_previous_release_is_replaced_one_service_at_a_time_under_load() {
     let upstream = FakeUpstream::start().await.expect("upstream");
     let port = || free_port().expect("port");
     let keys = format!("k1:{}", poolgate_select::crypto::Keyring::generate_key());
+    let (selector_ports, admission_ports) = ([port(), port()], [port(), port()]);
     let stack = Stack {
         env: Env {
             vars: vec![
@@ -125,9 +171,11 @@ async fn the_previous_release_is_replaced_one_service_at_a_time_under_load() {
                 ("SELECTOR_ADMIN_TOKEN".into(), "admin-token".into()),
             ],
         },
-        selector_ports: [port(), port()],
-        admission_ports: [port(), port()],
+        selector_ports,
+        admission_ports,
         relay_ports: [port(), port()],
+        selectors: Service::start(vec![selector_ports[0]]).await,
+        admissions: Service::start(admission_ports.to_vec()).await,
     };
     // This release's schema, which the previous release's selector runs on (its minimum).
     let migrated = stack.env.run("selector-svc", &["migrate"], &[]);
@@ -157,7 +205,7 @@ async fn the_previous_release_is_replaced_one_service_at_a_time_under_load() {
         .map(|(n, port)| stack.relay(previous("relay-svc"), *port, &format!("relay-{n}-old")))
         .collect();
     listening(stack.selector_ports[0]).await;
-    let endpoint = format!("http://127.0.0.1:{}", stack.selector_ports[0]);
+    let endpoint = stack.selectors.url();
     let admin_env = [("SELECTOR_ENDPOINT", endpoint.as_str())];
     for name in ["up-a", "up-b"] {
         let credential = format!("cred-{name}");
@@ -265,19 +313,30 @@ async fn the_previous_release_is_replaced_one_service_at_a_time_under_load() {
     let settle = Duration::from_millis(1500);
     tokio::time::sleep(settle).await;
 
-    // 1. The selector: this release's beside the old one, then the old one stopped.
+    // 1. The selector: this release's beside the old one in the Service, then the old one out
+    // and stopped.
     let new_selector = stack.selector(
         binary("selector-svc"),
         stack.selector_ports[1],
         "selector-new",
     );
     listening(stack.selector_ports[1]).await;
+    stack.selectors.set(&stack.selector_ports);
     tokio::time::sleep(settle).await;
+    stack.selectors.set(&stack.selector_ports[1..]);
     stop(old_selector).await;
     tokio::time::sleep(settle).await;
 
-    // 2. Each admission replica, in turn, on its own address.
+    // 2. Each admission replica, in turn: out of its Service, stopped, replaced on its address,
+    // back in.
     for (n, port) in stack.admission_ports.iter().enumerate() {
+        let others: Vec<u16> = stack
+            .admission_ports
+            .iter()
+            .copied()
+            .filter(|p| p != port)
+            .collect();
+        stack.admissions.set(&others);
         let old = admissions.remove(0);
         stop(old).await;
         admissions.push(stack.admission(
@@ -286,6 +345,7 @@ async fn the_previous_release_is_replaced_one_service_at_a_time_under_load() {
             &format!("admission-{n}-new"),
         ));
         listening(*port).await;
+        stack.admissions.set(&stack.admission_ports);
         tokio::time::sleep(settle).await;
     }
 
