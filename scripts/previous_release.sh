@@ -15,6 +15,10 @@ fi
 echo "building release $version ($revision) into $cache (once; later runs reuse it)" >&2
 rm -rf "$cache"
 mkdir -p "$cache/src" "$bin"
+# The release's commit: in this clone's history, or fetched (a shallow clone lacks it).
+if ! git cat-file -e "${revision}^{commit}" 2>/dev/null; then
+  git fetch --quiet origin "$revision" >&2 || git fetch --quiet --unshallow origin >&2
+fi
 # The release's tree as committed (no worktree: the cache outlives this clone).
 git archive "$revision" | tar -x -C "$cache/src"
 (
