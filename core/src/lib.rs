@@ -18,6 +18,7 @@ pub mod outcome;
 pub mod plan;
 pub mod price;
 pub mod select;
+pub mod service;
 pub mod status;
 pub mod upstream;
 pub mod view;
