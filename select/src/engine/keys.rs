@@ -161,7 +161,9 @@ impl Selector {
     ) {
         let mut tick = tokio::time::interval(WIPE_CHECK_EVERY.min(interval));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut last_rebuild: Option<std::time::Instant> = None;
+        // When the next rebuild is due: at once, then every `interval`; a failed one again after
+        // `RETRY_FAILED` (not every wipe check: a Postgres that is down is not asked each second).
+        let mut due_at = std::time::Instant::now();
         let mut epoch: Option<i64> = None;
         loop {
             tick.tick().await;
@@ -177,7 +179,7 @@ impl Selector {
             if read.is_some() {
                 epoch = read;
             }
-            let due = last_rebuild.is_none_or(|at| at.elapsed() >= interval);
+            let due = std::time::Instant::now() >= due_at;
             if !(due || wiped) {
                 continue;
             }
@@ -185,8 +187,9 @@ impl Selector {
                 tracing::warn!("Redis lost its state: budget counters rebuilt from the ledger now");
             }
             match selector.rebuild_budgets(counters.as_ref()).await {
-                Ok(_) => last_rebuild = Some(std::time::Instant::now()),
+                Ok(_) => due_at = std::time::Instant::now() + interval,
                 Err(error) => {
+                    due_at = std::time::Instant::now() + RETRY_FAILED.min(interval);
                     tracing::warn!(%error, "budget rebuild from the usage ledger failed; retrying")
                 }
             }
@@ -196,6 +199,8 @@ impl Selector {
 
 /// How often the rebuild task looks for a wipe.
 const WIPE_CHECK_EVERY: Duration = Duration::from_secs(1);
+/// When a failed rebuild is tried again.
+const RETRY_FAILED: Duration = Duration::from_secs(5);
 
 /// A key's budgets in the rebuild's order: total, day, week, month.
 fn budgets(limits: &KeyLimits) -> impl Iterator<Item = (&'static str, i64)> {
