@@ -20,7 +20,8 @@
 //! response or a clean error in the client's format: nothing hangs, nothing is lost. Timings are
 //! only checked in quiet phases. The bench mode runs the same with more clients:
 //! `POOLGATE_CHAOS_CLIENTS=500 cargo nextest run -p relay-svc --test chaos --release`.
-//! `POOLGATE_TEST_LOGS=<dir>` keeps every service's log.
+//! Every service's log is kept (`POOLGATE_TEST_LOGS=<dir>`, else a directory of the test's own
+//! under the temporary directory); a relay that never serves fails with their tails.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -29,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use crate::common;
 
-use common::processes::{Env, Process};
+use common::processes::{Env, Process, log_tail};
 use poolgate_runtime::redis_keys::AccountKeys;
 use poolgate_select::crypto::Keyring;
 use poolgate_testkit::fake_upstream::{FakeUpstream, Scripted};
@@ -240,15 +241,27 @@ impl Cluster {
             ],
         ));
         let base = self.relay_base(n);
-        eventually(Duration::from_secs(30), || async {
-            matches!(
-                request(&self.http, &base, &self.key, false, "warm-up".into()).await,
-                Answer::Ok
-            )
-            .then_some(())
+        let last = std::sync::Mutex::new(None);
+        let served = eventually(Duration::from_secs(30), || async {
+            let answer = request(&self.http, &base, &self.key, false, "warm-up".into()).await;
+            let ok = matches!(answer, Answer::Ok);
+            if let Ok(mut last) = last.lock() {
+                *last = Some(format!("{answer:?}"));
+            }
+            ok.then_some(())
         })
-        .await
-        .unwrap_or_else(|_| panic!("relay {n} serves"));
+        .await;
+        if served.is_err() {
+            let logs: Vec<String> = [format!("relay-{n}"), "selector-0".into(), "admission-0".into()]
+                .iter()
+                .map(|label| log_tail(label, 30))
+                .collect();
+            panic!(
+                "relay {n} does not serve within 30 s; its last answer: {:?}\n{}",
+                last.lock().map(|last| last.clone()).unwrap_or_default(),
+                logs.join("\n")
+            );
+        }
     }
 
     fn relay_base(&self, n: usize) -> String {

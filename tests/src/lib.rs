@@ -78,13 +78,39 @@ where
     counts
 }
 
-/// A free loopback port (bound and released; good enough for tests on one machine).
+/// Ports this process has handed out: a port is handed out once, so two services one test
+/// starts never get the same port (the kernel's own `bind(0)` may answer a released port again).
+static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+
+/// The range free ports are drawn from: below the kernel's ephemeral range (32768–60999 on
+/// Linux), so no outgoing connection's local port and no other `bind(0)` lands on a port a test
+/// handed out before its service binds it; a Redis cluster node's bus port (port + 10 000) stays
+/// below it too.
+const FREE_PORTS: std::ops::Range<u16> = 15_000..22_000;
+
+/// A free loopback port: drawn at random from [`FREE_PORTS`], never one this process handed out
+/// before, and free when drawn (bound and released). Another process's test may draw it in the
+/// moment before its service binds; the range's size makes that rare, and the harness's own
+/// servers retry with another port.
 pub fn free_port() -> HarnessResult<u16> {
-    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("bind: {e}"))?;
-    listener
-        .local_addr()
-        .map(|a| a.port())
-        .map_err(|e| format!("local_addr: {e}"))
+    let mut handed_out = HANDED_OUT
+        .lock()
+        .map_err(|_| "the port book is poisoned".to_owned())?;
+    for _ in 0..1_000 {
+        let port = fastrand::u16(FREE_PORTS);
+        if handed_out.contains(&port) {
+            continue;
+        }
+        // The bus port of a Redis cluster node must be free as well.
+        let bus = port + 10_000;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok()
+            && TcpListener::bind(("127.0.0.1", bus)).is_ok()
+        {
+            handed_out.push(port);
+            return Ok(port);
+        }
+    }
+    Err(format!("no free port in {FREE_PORTS:?}"))
 }
 
 fn binary(env: &str, name: &str) -> PathBuf {

@@ -43,6 +43,25 @@ impl Drop for Process {
     }
 }
 
+/// Where this test process's services write their output: `POOLGATE_TEST_LOGS` when set, else
+/// a directory of the test's own under the system's temporary directory.
+pub fn log_dir() -> PathBuf {
+    match std::env::var_os("POOLGATE_TEST_LOGS") {
+        Some(dir) => PathBuf::from(dir),
+        None => std::env::temp_dir()
+            .join("poolgate-test-logs")
+            .join(std::process::id().to_string()),
+    }
+}
+
+/// The last `lines` lines a service started as `label` wrote, for a failure's message.
+pub fn log_tail(label: &str, lines: usize) -> String {
+    let text = std::fs::read_to_string(log_dir().join(format!("{label}.log"))).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    let tail = all[all.len().saturating_sub(lines)..].join("\n");
+    format!("--- {label} (last {lines} lines) ---\n{tail}")
+}
+
 /// The environment every service process gets.
 pub struct Env {
     pub vars: Vec<(String, String)>,
@@ -75,28 +94,25 @@ impl Env {
         command
     }
 
-    /// Starts a service. Its output is discarded unless `POOLGATE_TEST_LOGS` names a directory,
-    /// where it goes to `<label>.log` (appended, so a restarted service keeps one file).
+    /// Starts a service. Its output goes to `<label>.log` in [`log_dir`] (appended, so a
+    /// restarted service keeps one file); [`log_tail`] reads it back for a failure's message.
     pub fn spawn(&self, name: &str, label: &str, args: &[&str]) -> Process {
         self.spawn_of(binary(name), label, args)
     }
 
     /// [`Env::spawn`] of the binary at `path` (another release's).
     pub fn spawn_of(&self, path: PathBuf, label: &str, args: &[&str]) -> Process {
-        let (stdout, stderr) = match std::env::var_os("POOLGATE_TEST_LOGS") {
-            Some(dir) => {
-                let path = PathBuf::from(dir).join(format!("{label}.log"));
-                match std::fs::OpenOptions::new()
+        let log = std::fs::create_dir_all(log_dir())
+            .and_then(|()| {
+                std::fs::OpenOptions::new()
                     .create(true)
                     .append(true)
-                    .open(&path)
-                    .and_then(|file| Ok((file.try_clone()?, file)))
-                {
-                    Ok((out, err)) => (Stdio::from(out), Stdio::from(err)),
-                    Err(_) => (Stdio::null(), Stdio::null()),
-                }
-            }
-            None => (Stdio::null(), Stdio::null()),
+                    .open(log_dir().join(format!("{label}.log")))
+            })
+            .and_then(|file| Ok((file.try_clone()?, file)));
+        let (stdout, stderr) = match log {
+            Ok((out, err)) => (Stdio::from(out), Stdio::from(err)),
+            Err(_) => (Stdio::null(), Stdio::null()),
         };
         Process(
             self.command_of(path)
