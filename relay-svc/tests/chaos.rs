@@ -252,10 +252,14 @@ impl Cluster {
         })
         .await;
         if served.is_err() {
-            let logs: Vec<String> = [format!("relay-{n}"), "selector-0".into(), "admission-0".into()]
-                .iter()
-                .map(|label| log_tail(label, 30))
-                .collect();
+            let logs: Vec<String> = [
+                format!("relay-{n}"),
+                "selector-0".into(),
+                "admission-0".into(),
+            ]
+            .iter()
+            .map(|label| log_tail(label, 30))
+            .collect();
             panic!(
                 "relay {n} does not serve within 30 s; its last answer: {:?}\n{}",
                 last.lock().map(|last| last.clone()).unwrap_or_default(),
