@@ -764,12 +764,20 @@ async fn a_lost_lease_comes_back_only_with_room_and_a_recent_heartbeat(store: St
     let Some(redis) = store.redis_server() else {
         return;
     };
-    // Redis loses the data under held leases: limit 1, a new grant took the slot.
+    // Redis loses the lease alone (the account's state kept: no wipe): limit 1, a new grant
+    // took the slot.
     let (mut old, answer) = LeaseStream::acquire(&server.client, acquire(212, 1)).await;
     assert!(answer.is_granted());
     let (mut roomy, answer) = LeaseStream::acquire(&server.client, acquire(213, 2)).await;
     assert!(answer.is_granted());
-    redis.flush().await.expect("flush");
+    let mut conn = redis.client().await.expect("redis");
+    for account in [212, 213] {
+        let _: i64 = redis::cmd("DEL")
+            .arg(poolgate_runtime::redis_keys::AccountKeys::new(account).leases)
+            .query_async(&mut conn)
+            .await
+            .expect("lease set deleted");
+    }
     let (_newer, answer) = LeaseStream::acquire(&server.client, acquire(212, 1)).await;
     assert!(answer.is_granted(), "{answer:?}");
     assert_eq!(lost_reason(old.heartbeat().await), pb::LostReason::NoRoom);

@@ -34,6 +34,11 @@ pub struct AccountKeys {
     /// (stream or unary) or the orphan grace: no heartbeat or resume brings them back while the
     /// fence is up (at least a lease ttl plus the orphan grace).
     pub released: String,
+    /// STRING, expiring a day after the account's last acquire or renewal: present while Redis
+    /// keeps the account's state. Value = until when (ms) new acquires wait while the holders of
+    /// leases a wipe took put them back (0: none). Missing where an admission replica saw it
+    /// means Redis lost the account's state (docs/DESIGN.md §3, "When Redis is wiped").
+    pub kept: String,
 }
 
 impl AccountKeys {
@@ -47,12 +52,14 @@ impl AccountKeys {
             window: format!("{tag}:window"),
             holders: format!("{tag}:holders"),
             released: format!("{tag}:released"),
+            kept: format!("{tag}:kept"),
         }
     }
 
     /// Every key, for tests and for operators cleaning up an account.
-    pub fn all(&self) -> [&str; 5] {
+    pub fn all(&self) -> [&str; 6] {
         [
+            &self.kept,
             &self.leases,
             &self.rpm,
             &self.cooldown,

@@ -72,12 +72,15 @@ pub struct PolicyBackend {
     /// Registry heartbeats that timed out in a row (two make an outage; one is a slow moment).
     registry_timeouts: AtomicU32,
     registry: Mutex<RegistryView>,
+    /// This replica's registry heartbeat was answered once: from then on its entry missing means
+    /// Redis lost its state.
+    registered: AtomicBool,
     outage: Mutex<Vec<OutageRecord>>,
     /// Leases this replica's streams hold (lease -> ttl ms), wherever they were granted. When
     /// Redis goes away they are adopted by the fallback, so the fallback counts what is already
     /// running: without them a replica would admit a full limit on top of the requests Redis
     /// admitted, and N replicas could exceed N × limit.
-    held: Mutex<HashMap<LeaseId, u64>>,
+    held: Mutex<HashMap<LeaseId, held::Held>>,
     /// Every fallback operation holds it for reading; entering and leaving the degraded state
     /// hold it for writing. So no fallback decision is made on a fallback that does not count
     /// the adopted leases yet, and none runs while recovery moves the fallback's leases into
@@ -114,6 +117,7 @@ impl PolicyBackend {
                 replicas: expected,
                 rank: None,
             }),
+            registered: AtomicBool::new(false),
             outage: Mutex::new(Vec::new()),
             held: Mutex::new(HashMap::new()),
             adoption: tokio::sync::RwLock::new(()),
@@ -231,7 +235,8 @@ impl LeaseBackend for PolicyBackend {
             )
             .await;
         if let Ok(None) = answer {
-            self.hold(lease_id, limits.ttl_ms).await;
+            let key_limit = key.map_or(0, |gate| gate.concurrency_limit);
+            self.hold(lease_id, limits.ttl_ms, key_limit).await;
         }
         drop(transition);
         answer
@@ -269,9 +274,11 @@ impl LeaseBackend for PolicyBackend {
                 fallback,
             )
             .await;
-        if let Ok(Renewal::Lost(_)) = renewal {
+        match renewal {
             // Not held any more: the next outage must not adopt it.
-            self.unhold(lease_id);
+            Ok(Renewal::Lost(_)) => self.unhold(lease_id),
+            Ok(Renewal::Renewed | Renewal::Restored) => self.renewed(lease_id),
+            Err(_) => {}
         }
         renewal
     }
@@ -310,7 +317,7 @@ impl LeaseBackend for PolicyBackend {
             )
             .await;
         if let Ok(Resumption::Resumed { .. }) = resumed {
-            self.hold(lease_id, ttl_ms).await;
+            self.hold(lease_id, ttl_ms, key_limit).await;
         }
         resumed
     }

@@ -41,8 +41,17 @@ impl PolicyBackend {
             .registry_heartbeat(&self.member, ttl, report)
             .await
         {
-            Ok(members) => {
+            Ok((members, present)) => {
                 self.registry_timeouts.store(0, Ordering::SeqCst);
+                // This replica's entry, written by its last heartbeat and live for a registry
+                // ttl, is gone: Redis lost its state (a flush, a node restarted empty).
+                if !present && self.registered.swap(true, Ordering::SeqCst) {
+                    tracing::warn!("this replica's registry entry is gone: Redis lost its state");
+                    self.redis.notice_loss();
+                }
+                if !self.is_degraded() && self.redis.take_noticed_loss() {
+                    self.restore_held_leases().await;
+                }
                 let rank = members
                     .iter()
                     .position(|m| *m == self.member)

@@ -7,6 +7,7 @@
 //! Only this module and `poolgate_runtime::redis_keys` know Redis key names.
 
 mod key_slot;
+mod recount;
 mod registry;
 mod reply;
 mod restore;
@@ -42,7 +43,13 @@ pub struct RedisBackend {
     /// Names this backend's releases in the wake messages they publish, so its own
     /// subscription skips them (its waiters were woken in process already).
     wake_tag: String,
+    /// The accounts' `kept` markers this replica saw, and the losses it noticed (`recount.rs`).
+    recount: Arc<recount::Recount>,
 }
+
+/// How long an account recounts after Redis lost its state, unless set
+/// ([`RedisBackend::with_recount`]).
+pub const DEFAULT_RECOUNT: std::time::Duration = std::time::Duration::from_secs(3);
 
 impl RedisBackend {
     pub fn new(redis: RedisHandle) -> Self {
@@ -51,7 +58,16 @@ impl RedisBackend {
             scripts: Arc::new(Scripts::new()),
             clock: RedisClock::default(),
             wake_tag: wake::new_tag(),
+            recount: Arc::new(recount::Recount::new(DEFAULT_RECOUNT)),
         }
+    }
+
+    /// How long an account recounts after Redis lost its state: longer than every replica takes
+    /// to notice the loss and put its holders' leases back (the server passes three registry
+    /// intervals, at least a second).
+    pub fn with_recount(mut self, window: std::time::Duration) -> Self {
+        self.recount = Arc::new(recount::Recount::new(window));
+        self
     }
 
     /// The tag this backend's wake messages carry (`wake::listen` skips them).
@@ -141,10 +157,14 @@ impl RedisBackend {
                     .renew
                     .key(&key_keys.leases)
                     .key(&key_keys.released)
+                    // No marker on a key's slot: the account's recount covers its leases.
+                    .key(&key_keys.released)
                     .arg(lease_id.as_str())
                     .arg(ttl_ms)
-                    .arg(1)
+                    .arg("1")
                     .arg(key_limit)
+                    .arg(0)
+                    .arg(0)
                     .arg(0),
             )
             .await?;
@@ -166,6 +186,52 @@ impl RedisBackend {
             )
             .await?;
         Ok(())
+    }
+}
+
+impl RedisBackend {
+    /// The renew script on the lease's account (and on one node its key's) slot: its state
+    /// (`scripts/renew.lua`). A loss it finds (state 6) is noticed.
+    async fn renew_state(
+        &self,
+        lease_id: &LeaseId,
+        ttl_ms: u64,
+        mode: &str,
+        limit: i32,
+        key_limit: i32,
+    ) -> Result<i64, StateError> {
+        let account_id = lease_id.account_id();
+        let keys = AccountKeys::new(account_id);
+        let key_keys = lease_id.api_key_id().map(ClientKeyKeys::slot_only);
+        let mut invocation = self.scripts.renew.key(&keys.leases);
+        invocation.key(&keys.released).key(&keys.kept);
+        if !self.redis.is_cluster()
+            && let Some(key_keys) = &key_keys
+        {
+            invocation.key(&key_keys.leases).key(&key_keys.released);
+        }
+        // The holder of a lease saw its account's marker: this replica granted or renewed it.
+        let recount = u64::try_from(self.recount.window.as_millis()).unwrap_or(u64::MAX);
+        invocation
+            .arg(lease_id.as_str())
+            .arg(ttl_ms)
+            .arg(mode)
+            .arg(limit)
+            .arg(key_limit)
+            .arg(1)
+            .arg(recount);
+        let (state, now): (i64, i64) = self.script(&invocation).await?;
+        self.learn_clock(now);
+        self.recount.saw(account_id);
+        if state == 6 {
+            tracing::warn!(
+                account_id,
+                recount_ms = recount,
+                "Redis lost this account's state: its leases are put back before new acquires"
+            );
+            self.recount.notice();
+        }
+        Ok(state)
     }
 }
 
@@ -341,7 +407,8 @@ impl LeaseBackend for RedisBackend {
             .key(&keys.rpm)
             .key(&keys.cooldown)
             .key(&keys.window)
-            .key(user_rpm.as_deref().unwrap_or(&keys.rpm));
+            .key(user_rpm.as_deref().unwrap_or(&keys.rpm))
+            .key(&keys.kept);
         if joined && let Some(key_keys) = &key_keys {
             key_slot::push(key_keys, &mut invocation);
         }
@@ -355,7 +422,8 @@ impl LeaseBackend for RedisBackend {
             .arg(limits.session_window_ms)
             .arg(u8::from(terms.ignore_cooldown))
             .arg(user.map_or(0, |user| user.rpm_limit))
-            .arg(u8::from(joined));
+            .arg(u8::from(joined))
+            .arg(self.recount.for_account(terms.account_id));
         if joined && let Some(gate) = key_slot {
             key_slot::gate_args(&mut invocation, gate);
         }
@@ -368,6 +436,15 @@ impl LeaseBackend for RedisBackend {
         let answer = match reply {
             Ok(Ok((reason, retry, now))) => {
                 self.learn_clock(now);
+                self.recount.saw(terms.account_id);
+                if reason == "wiped" {
+                    tracing::warn!(
+                        account_id = terms.account_id,
+                        recount_ms = retry,
+                        "Redis lost this account's state: new acquires wait while the holders put their leases back"
+                    );
+                    self.recount.notice();
+                }
                 reply::acquire_denial(&reason, retry)
             }
             Ok(Err(error)) => Err(StateError::from(error)),
@@ -398,22 +475,18 @@ impl LeaseBackend for RedisBackend {
         restore_within: Option<i32>,
         key_limit: i32,
     ) -> Result<Renewal, StateError> {
-        let keys = AccountKeys::new(lease_id.account_id());
         let key_keys = lease_id.api_key_id().map(ClientKeyKeys::slot_only);
         let cluster = self.redis.is_cluster();
-        let mut invocation = self.scripts.renew.key(&keys.leases);
-        invocation.key(&keys.released);
-        if !cluster && let Some(key_keys) = &key_keys {
-            invocation.key(&key_keys.leases).key(&key_keys.released);
-        }
-        invocation
-            .arg(lease_id.as_str())
-            .arg(ttl_ms)
-            .arg(u8::from(restore_within.is_some()))
-            .arg(restore_within.unwrap_or(0))
-            .arg(key_limit);
-        let (state, now): (i64, i64) = self.script(&invocation).await?;
-        self.learn_clock(now);
+        let mode = if restore_within.is_some() { "1" } else { "0" };
+        let state = self
+            .renew_state(
+                lease_id,
+                ttl_ms,
+                mode,
+                restore_within.unwrap_or(0),
+                key_limit,
+            )
+            .await?;
         let renewal = reply::renewal(state)?;
         if cluster
             && let Some(key_keys) = &key_keys

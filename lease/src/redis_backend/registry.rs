@@ -102,8 +102,8 @@ impl RedisBackend {
         member: &str,
         ttl_ms: u64,
         report: OwnReport,
-    ) -> Result<Vec<String>, StateError> {
-        let (mut members, now): (Vec<String>, i64) = self
+    ) -> Result<(Vec<String>, bool), StateError> {
+        let (mut members, present, now): (Vec<String>, i64, i64) = self
             .script(
                 self.scripts
                     .registry_heartbeat
@@ -117,7 +117,7 @@ impl RedisBackend {
             .await?;
         self.learn_clock(now);
         members.sort();
-        Ok(members)
+        Ok((members, present == 1))
     }
 
     /// Leaves the registry (graceful shutdown), so the others' shares grow at once, and drops

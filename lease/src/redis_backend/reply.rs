@@ -8,7 +8,9 @@ use poolgate_runtime::error::StateError;
 pub(super) fn acquire_denial(reason: &str, retry_ms: u64) -> Result<Option<Denial>, StateError> {
     let reason = match reason {
         "granted" => return Ok(None),
-        "concurrency" => DenyReason::Concurrency,
+        // Redis lost the account's state and the holders are putting their leases back: the
+        // account is full until they have (its retry is when the recount ends).
+        "concurrency" | "wiped" | "recounting" => DenyReason::Concurrency,
         "cooling" => DenyReason::Cooling,
         "rpm" => DenyReason::Rpm,
         "session_window" => DenyReason::SessionWindow,
@@ -33,11 +35,13 @@ pub(super) fn charge_denial(charged: i64, retry_ms: u64, reason: DenyReason) -> 
 }
 
 /// The renew script's state (see `scripts/renew.lua`): 1 renewed, 2 restored, 3 released
-/// (fenced), 4 no room to restore, 5 gone and not to be restored.
+/// (fenced), 4 no room to restore, 5 gone and not to be restored, 6 restored and Redis lost the
+/// account's state, 7 restored while the account recounts. 8 (not restored, mode '2') is read
+/// by the restore pass alone.
 pub(super) fn renewal(state: i64) -> Result<Renewal, StateError> {
     Ok(match state {
         1 => Renewal::Renewed,
-        2 => Renewal::Restored,
+        2 | 6 | 7 => Renewal::Restored,
         3 => Renewal::Lost(LostReason::Released),
         4 => Renewal::Lost(LostReason::NoRoom),
         5 => Renewal::Lost(LostReason::Expired),
@@ -112,7 +116,11 @@ mod tests {
         ));
         assert!(matches!(renewal(4), Ok(Renewal::Lost(LostReason::NoRoom))));
         assert!(matches!(renewal(5), Ok(Renewal::Lost(LostReason::Expired))));
-        for unknown in [0, 6, -1] {
+        // Put back after Redis lost the account's state, and while the account recounts.
+        assert!(matches!(renewal(6), Ok(Renewal::Restored)));
+        assert!(matches!(renewal(7), Ok(Renewal::Restored)));
+        // 8 (not restored) is the restore pass's alone: a heartbeat never reads it.
+        for unknown in [0, 8, 9, -1] {
             assert!(renewal(unknown).is_err(), "renew state {unknown}");
         }
         assert!(matches!(

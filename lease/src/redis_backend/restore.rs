@@ -4,7 +4,7 @@
 use poolgate_runtime::error::StateError;
 use poolgate_runtime::redis_keys::{self, AccountKeys};
 
-use super::RedisBackend;
+use super::{RedisBackend, recount};
 use crate::memory::FallbackSnapshot;
 
 impl RedisBackend {
@@ -23,6 +23,20 @@ impl RedisBackend {
             }
             let (_, now): (i64, i64) = self.script(&invocation).await?;
             self.learn_clock(now);
+            // What this replica admitted is back: the account's state is kept again (a Redis
+            // that came back empty has no marker; `recount.rs`).
+            let mut conn = self.redis.conn().await?;
+            self.redis
+                .bounded(
+                    redis::cmd("SET")
+                        .arg(&keys.kept)
+                        .arg(0)
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(recount::KEPT_MS)
+                        .query_async::<Option<String>>(&mut conn),
+                )
+                .await?;
         }
         for (api_key_id, leases) in &snapshot.keys {
             // The key's slot of the fallback's keyed leases: the restore script with the key's

@@ -31,14 +31,19 @@ const LEASE_PRELUDE: &str = include_str!("scripts/lease_prelude.lua");
 const KEY_PRELUDE: &str = include_str!("scripts/key_prelude.lua");
 
 /// KEYS: leases, rpm, cooldown, window, user rpm (on a Cluster, where the user's key is in
-/// another slot, the account rpm key again with a user limit of 0), then on one node the 8 key
-/// slot keys (see `KEY_PRELUDE`).
+/// another slot, the account rpm key again with a user limit of 0), kept, then on one node the
+/// 8 key slot keys (see `KEY_PRELUDE`).
 /// ARGV: lease id, ttl ms, concurrency limit, rpm limit, window limit (micro-USD, 0 = none),
 /// rpm window ms, session window ms, ignore cooldown (1/0), user rpm limit (0 = none), keyed
-/// (1/0: the key slot joins this script), then the key's gate ARGV (see `KEY_PRELUDE`).
+/// (1/0: the key slot joins this script), recount ms (> 0: the caller saw this account's `kept`
+/// marker, so a missing one means Redis lost the account's state), then the key's gate ARGV
+/// (see `KEY_PRELUDE`).
 /// Returns {reason, retry_ms, now}; reason 'granted' when the lease (in the account's and the
 /// key's slot) and the RPM events (account and user, member = lease id) were added. A refusal at
-/// any gate writes nothing, so a refused acquire is this one round trip.
+/// any gate writes nothing, so a refused acquire is this one round trip; the one write before
+/// the gates is the `kept` marker: set (to 0) where missing, or, where missing and the caller
+/// saw it, set to now + recount and the acquire refused 'wiped'; while it is in the future every
+/// acquire is refused 'recounting' (docs/DESIGN.md §3, "When Redis is wiped").
 const ACQUIRE: &str = include_str!("scripts/acquire.lua");
 
 /// KEYS: an RPM ZSET (account or user). ARGV: event id, limit, window ms.
@@ -46,14 +51,18 @@ const ACQUIRE: &str = include_str!("scripts/acquire.lua");
 /// answers charged and counts once.
 const CHARGE_RPM: &str = include_str!("scripts/charge_rpm.lua");
 
-/// KEYS: leases, released, and on one node for a keyed lease the key's leases and released.
-/// ARGV: lease id, ttl ms, restore ('1': a missing lease may be re-added
-/// with room, '0': never), concurrency limit (<= 0: unlimited), key concurrency limit. On a
-/// Cluster the key's slot is renewed by the same script with the key's two keys as if they were
-/// an account's.
+/// KEYS: leases, released, kept (the account's marker; a placeholder in the slot when ARGV 6 is
+/// 0), and on one node for a keyed lease the key's leases and released.
+/// ARGV: lease id, ttl ms, mode ('1': a missing lease may be re-added with room, '0': never,
+/// '2': only while the account recounts), concurrency limit (<= 0: unlimited), key concurrency
+/// limit, marker (1: KEYS[3] is the account's `kept`; 0: a key slot's renewal on a Cluster,
+/// with the key's two keys as if they were an account's), recount ms.
 /// Returns {state, now}: 1 = renewed, 2 = restored (was missing or expired, and the account had
-/// room), 3 = lost: released (fence up), 4 = lost: no room, 5 = lost: expired (no restore). A
-/// lost lease writes nothing.
+/// room), 3 = lost: released (fence up), 4 = lost: no room, 5 = lost: expired (no restore),
+/// 6 = restored: the lease and the account's marker were both gone, so Redis lost the account's
+/// state, and the account now recounts for `recount` ms, 7 = restored while the account
+/// recounts (whatever the limit: the holders of a wipe's leases put them back), 8 = not restored
+/// (mode '2' and the account does not recount). A lost lease writes nothing.
 const RENEW: &str = include_str!("scripts/renew.lua");
 
 /// KEYS: leases, holders, released (and on one node for a keyed lease, the key's leases and
@@ -114,7 +123,8 @@ const RESTORE: &str = include_str!("scripts/restore.lua");
 
 /// KEYS: registry, reports. ARGV: member, ttl ms, report (`<policy>|<state>`), reports kept ms.
 /// Heartbeats this replica, writes its report stamped with `now` (`|<now>`), drops reports not
-/// written for longer than kept, and returns the live members.
+/// written for longer than kept, and returns the live members and whether this replica's own
+/// entry was there (live) before.
 const REGISTRY_HEARTBEAT: &str = include_str!("scripts/registry_heartbeat.lua");
 
 /// KEYS: registry, reports. Returns {members with their expiry (`WITHSCORES`), the reports

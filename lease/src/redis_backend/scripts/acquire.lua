@@ -1,3 +1,16 @@
+local kept = redis.call('GET', KEYS[6])
+local recount = tonumber(ARGV[11])
+if not kept then
+  if recount > 0 then
+    redis.call('SET', KEYS[6], now + recount, 'PX', KEPT_MS)
+    return {'wiped', recount, now}
+  end
+  redis.call('SET', KEYS[6], 0, 'PX', KEPT_MS)
+elseif tonumber(kept) > now then
+  return {'recounting', tonumber(kept) - now, now}
+else
+  extend(KEYS[6], KEPT_MS / 2)
+end
 local user_limit = tonumber(ARGV[9])
 if user_limit > 0 then
   local user_retry = rpm_full(KEYS[5], user_limit, tonumber(ARGV[6]))
@@ -5,7 +18,7 @@ if user_limit > 0 then
 end
 local keyed = ARGV[10] == '1'
 if keyed then
-  local refused = key_check(6, 11)
+  local refused = key_check(7, 12)
   if refused then return {refused[1], refused[2], now} end
 end
 if ARGV[8] ~= '1' then
@@ -34,8 +47,8 @@ end
 redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
 extend(KEYS[1], ttl)
 if keyed then
-  redis.call('ZADD', KEYS[6], now + ttl, ARGV[1])
-  extend(KEYS[6], ttl)
+  redis.call('ZADD', KEYS[7], now + ttl, ARGV[1])
+  extend(KEYS[7], ttl)
 end
 if rpm > 0 then
   redis.call('ZADD', KEYS[2], now, ARGV[1])

@@ -1,3 +1,6 @@
+-- How long an account's `kept` marker lives after its last acquire or renewal (between half and all
+-- of it: `extend` renews it when half is left).
+local KEPT_MS = 86400000
 local function extend(key, ms)
   if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, 2 * ms) end
 end
