@@ -276,6 +276,55 @@ async fn a_redis_wipe_under_load_fails_nothing_and_serves_no_continuation_to_ano
         .await
         .expect("a budgeted key");
     let secret = secret.expose().to_owned();
+    // A key whose total budget is spent before the wipe: after it, while its counter is not yet
+    // rebuilt from the ledger, it must not be served either.
+    let (spent_id, spent_secret) = backends
+        .store
+        .create_api_key_with_limits(
+            "spent",
+            "erin",
+            "default",
+            0,
+            &Default::default(),
+            &KeyLimits {
+                budget_total_micros: 1,
+                ..KeyLimits::default()
+            },
+        )
+        .await
+        .expect("a key with a tiny budget");
+    let spent_secret = spent_secret.expose().to_owned();
+    let send_spent = || {
+        let (http, base, secret) = (pool.http.clone(), pool.bases[0].clone(), spent_secret.clone());
+        async move {
+            http.post(format!("{base}/v1/messages"))
+                .header("x-api-key", &secret)
+                .header("anthropic-version", "2023-06-01")
+                .json(&json!({"model": "claude-x", "max_tokens": 8, "messages": [{"role": "user", "content": "spend"}]}))
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+                .unwrap_or(0)
+        }
+    };
+    // Served once the selectors know the new key (401 until then).
+    poolgate_testkit::eventually(Duration::from_secs(10), || async {
+        (send_spent().await == 200).then_some(())
+    })
+    .await
+    .expect("the budget's first request is served");
+    poolgate_testkit::eventually(Duration::from_secs(10), || async {
+        let recorded: f64 = sqlx::query_scalar(
+            "SELECT COALESCE(sum(cost_usd), 0) FROM usage_records WHERE api_key_id = $1",
+        )
+        .bind(spent_id)
+        .fetch_one(backends.store.pool())
+        .await
+        .ok()?;
+        (recorded > 0.0 && send_spent().await != 200).then_some(())
+    })
+    .await
+    .expect("the spent key is refused, its spend in the ledger");
     // A response made before the wipe, with the pool's key.
     let (status, made) = pool
         .send(
@@ -322,7 +371,17 @@ async fn a_redis_wipe_under_load_fails_nothing_and_serves_no_continuation_to_ano
     .await
     .expect("ledger");
     backends.redis.flush().await.expect("flushed");
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The spent key right after the wipe, its counter gone: refused still (the accounts
+    // recount for longer than the selector takes to rebuild the counter from the ledger).
+    let started = std::time::Instant::now();
+    let mut spent_statuses = Vec::new();
+    while started.elapsed() < Duration::from_secs(3) {
+        spent_statuses.push(send_spent().await);
+    }
+    assert!(
+        spent_statuses.iter().all(|status| *status != 200),
+        "a key over its budget was served after the wipe: {spent_statuses:?}"
+    );
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let mut served = 0;
     for client in clients {
