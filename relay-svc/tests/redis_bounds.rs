@@ -295,7 +295,11 @@ async fn a_redis_wipe_under_load_fails_nothing_and_serves_no_continuation_to_ano
         .expect("a key with a tiny budget");
     let spent_secret = spent_secret.expose().to_owned();
     let send_spent = || {
-        let (http, base, secret) = (pool.http.clone(), pool.bases[0].clone(), spent_secret.clone());
+        let (http, base, secret) = (
+            pool.http.clone(),
+            pool.bases[0].clone(),
+            spent_secret.clone(),
+        );
         async move {
             http.post(format!("{base}/v1/messages"))
                 .header("x-api-key", &secret)
