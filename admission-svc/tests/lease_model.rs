@@ -1392,6 +1392,24 @@ async fn flush_under_held_leases_keeps_every_account_within_its_limit(store: Sto
         vec![LIMIT as u32; ACCOUNTS as usize],
         "every old lease is back"
     );
+    // Every replica noticed the loss by itself (the acquire that found a marker gone, or its
+    // own registry entry gone) and ran its restore pass over every lease it holds.
+    for (n, replica) in harness.replicas.iter().enumerate() {
+        poolgate_testkit::eventually(Duration::from_secs(5), || async {
+            (replica.admission.metrics().redis_state_lost.get() >= 1).then_some(())
+        })
+        .await
+        .unwrap_or_else(|_| panic!("replica {n} did not notice the loss"));
+    }
+    let put_back: u64 = harness
+        .replicas
+        .iter()
+        .map(|replica| replica.admission.metrics().leases_put_back.get())
+        .sum();
+    assert!(
+        put_back >= 50,
+        "the restore passes counted {put_back} of 50 held leases"
+    );
     // After the recount the accounts count their running leases again: full, nothing new fits;
     // one old lease ends, and exactly one new one fits.
     tokio::time::sleep(poolgate_lease::redis_backend::DEFAULT_RECOUNT + Duration::from_millis(200))

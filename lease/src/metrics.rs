@@ -16,6 +16,10 @@ pub struct Metrics {
     /// admission_wakes_received_total: another replica's release woke a waiter here.
     pub wakes_received: IntCounter,
     pub leases_restored: IntCounter,
+    /// Times this replica noticed Redis had lost state it saw (docs/DESIGN.md §3, "When Redis is
+    /// wiped"), and the leases its restore passes put back.
+    pub redis_state_lost: IntCounter,
+    pub leases_put_back: IntCounter,
     /// admission_leases_lost_total{reason}: heartbeats answered `Lost` (`released`, `no_room`,
     /// `expired`, `backend_unavailable`).
     pub leases_lost: IntCounterVec,
@@ -78,6 +82,16 @@ impl Metrics {
                 &registry,
                 "admission_leases_restored_total",
                 "Heartbeats that re-added a lease the backend had lost (e.g. Redis restarted).",
+            ),
+            redis_state_lost: counter(
+                &registry,
+                "admission_redis_state_lost_total",
+                "Times this replica noticed Redis had lost state it had seen (a wipe, a node restarted empty); each starts a recount and a restore pass.",
+            ),
+            leases_put_back: counter(
+                &registry,
+                "admission_leases_put_back_total",
+                "Leases this replica's restore passes put back after Redis lost state.",
             ),
             leases_lost: counter_vec(
                 &registry,

@@ -50,7 +50,9 @@ impl PolicyBackend {
                     self.redis.notice_loss();
                 }
                 if !self.is_degraded() && self.redis.take_noticed_loss() {
-                    self.restore_held_leases().await;
+                    self.metrics.redis_state_lost.inc();
+                    let put_back = self.restore_held_leases().await;
+                    self.metrics.leases_put_back.inc_by(put_back as u64);
                 }
                 let rank = members
                     .iter()
