@@ -187,7 +187,7 @@ impl Cluster {
             cluster.start_admission(n);
         }
         for n in 0..RELAYS {
-            cluster.start_relay(n).await;
+            cluster.start_relay(n, true).await;
         }
         cluster
     }
@@ -218,8 +218,67 @@ impl Cluster {
         ));
     }
 
-    /// Starts relay `n` and waits until a request goes through it.
-    async fn start_relay(&mut self, n: usize) {
+    /// Starts relay `n` and waits until a request goes through it. On the cluster's first start
+    /// (`may_move`) a relay that exits at once (its port taken by another process between
+    /// `free_port` and its bind) is started again on other ports, as the harness's own servers
+    /// are; a restarted relay keeps its ports, since the load's clients use them.
+    async fn start_relay(&mut self, n: usize, may_move: bool) {
+        for _ in 0..3 {
+            self.spawn_relay(n);
+            let base = self.relay_base(n);
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let mut last = None;
+            let exited = loop {
+                let exited = self.relays[n]
+                    .as_mut()
+                    .and_then(|process| process.0.try_wait().ok().flatten());
+                if let Some(status) = exited {
+                    break Some(status);
+                }
+                // Bounded, so a port another process holds (and never answers on) does not keep
+                // this loop from seeing the relay exit.
+                let answer = tokio::time::timeout(
+                    Duration::from_secs(5),
+                    request(&self.http, &base, &self.key, false, "warm-up".into()),
+                )
+                .await;
+                match answer {
+                    Ok(Answer::Ok) => return,
+                    Ok(answer) => last = Some(format!("{answer:?}")),
+                    Err(_) => last = Some("no answer within 5 s".to_owned()),
+                }
+                if Instant::now() >= deadline {
+                    break None;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            };
+            let logs: Vec<String> = [
+                format!("relay-{n}"),
+                "selector-0".into(),
+                "admission-0".into(),
+            ]
+            .iter()
+            .map(|label| log_tail(label, 30))
+            .collect();
+            match exited {
+                Some(status) if may_move => {
+                    eprintln!(
+                        "relay {n} exited at start ({status}); starting it on other ports\n{}",
+                        logs.join("\n")
+                    );
+                    self.relay_ports[n] = free_port().expect("port");
+                    self.relay_metrics_ports[n] = free_port().expect("port");
+                }
+                _ => panic!(
+                    "relay {n} does not serve within 30 s (exited: {exited:?}); its last answer: {last:?}\n{}",
+                    logs.join("\n")
+                ),
+            }
+        }
+        panic!("relay {n} exited at start three times");
+    }
+
+    fn spawn_relay(&mut self, n: usize) {
         let port = self.relay_ports[n];
         let metrics_port = self.relay_metrics_ports[n];
         self.relays[n] = Some(self.env.spawn(
@@ -240,32 +299,6 @@ impl Cluster {
                 "1000",
             ],
         ));
-        let base = self.relay_base(n);
-        let last = std::sync::Mutex::new(None);
-        let served = eventually(Duration::from_secs(30), || async {
-            let answer = request(&self.http, &base, &self.key, false, "warm-up".into()).await;
-            let ok = matches!(answer, Answer::Ok);
-            if let Ok(mut last) = last.lock() {
-                *last = Some(format!("{answer:?}"));
-            }
-            ok.then_some(())
-        })
-        .await;
-        if served.is_err() {
-            let logs: Vec<String> = [
-                format!("relay-{n}"),
-                "selector-0".into(),
-                "admission-0".into(),
-            ]
-            .iter()
-            .map(|label| log_tail(label, 30))
-            .collect();
-            panic!(
-                "relay {n} does not serve within 30 s; its last answer: {:?}\n{}",
-                last.lock().map(|last| last.clone()).unwrap_or_default(),
-                logs.join("\n")
-            );
-        }
     }
 
     fn relay_base(&self, n: usize) -> String {
@@ -691,7 +724,7 @@ async fn chaos_one_fault_at_a_time_under_load_never_over_admits_and_loses_nothin
         "kill-relay: the {} leases live at the kill were gone {reaped:?} after it",
         at_kill.len()
     );
-    cluster.start_relay(2).await;
+    cluster.start_relay(2, false).await;
 
     // 3. kill -9 of an admission replica mid-load.
     cluster.upstream.reset_stats();
