@@ -204,6 +204,9 @@ pub struct AccountStanding {
     /// refresh token keeps it alive (without one it must be signed in again before then).
     pub token_expires_at_ms: i64,
     pub refreshable: bool,
+    /// What it serves: its own list, or what its platform and credential serve when it names
+    /// none (docs/DESIGN.md §6, "Embeddings and rerank"); empty: not said (an older selector).
+    pub serves: Vec<crate::account::Service>,
 }
 
 /// The pool at a glance, read at `now_ms` (the answering side's clock).

@@ -652,6 +652,10 @@ pub struct AccountStatusRow {
     pub token_expires_at_ms: i64,
     #[serde(default)]
     pub refreshable: bool,
+    /// What it serves (`chat`, `embeddings`, `rerank`): its own list, or what its platform and
+    /// credential serve when it names none; empty: not said (an older selector).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub serves: Vec<String>,
 }
 
 /// `status`: `{"status": {...}}`.
@@ -728,6 +732,11 @@ fn account_status_row(now_ms: i64, account: &AccountStanding) -> AccountStatusRo
         plan: account.plan.clone(),
         token_expires_at_ms: account.token_expires_at_ms,
         refreshable: account.refreshable,
+        serves: account
+            .serves
+            .iter()
+            .map(|service| service.as_str().to_owned())
+            .collect(),
     }
 }
 

@@ -279,6 +279,7 @@ fn status_report() -> StatusReport {
         plan: "max".into(),
         token_expires_at_ms: 1_900_000_000_000,
         refreshable: true,
+        serves: vec![poolgate_core::account::Service::Chat],
     };
     let mut active = account(1, "a", LiveStatus::Active);
     active.windows = windows()

@@ -93,6 +93,24 @@ async fn serves_is_stored_checked_against_the_platform_and_planned_by() {
     assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
     assert!(status.message().contains("kind"), "{status:?}");
 
+    // The status shows what each serves: its own list, or its platform's when it names none.
+    let status = client
+        .read_status(admin(pb::ReadStatusRequest {}))
+        .await
+        .expect("the status")
+        .into_inner();
+    let serves_of = |id: i64| -> Vec<i32> {
+        status
+            .accounts
+            .iter()
+            .find(|account| account.id == id)
+            .map(|account| account.serves.clone())
+            .unwrap_or_default()
+    };
+    assert_eq!(serves_of(chat_only.id), vec![pb::Service::Chat as i32]);
+    assert_eq!(serves_of(vectors.id), vec![pb::Service::Embeddings as i32]);
+    assert_eq!(serves_of(ranks.id), vec![pb::Service::Rerank as i32]);
+
     // The selector plans each request on the accounts that serve it.
     let mut selector = replica.client.clone();
     let plan = |service: pb::Service, platform: pb::Platform| pb::SelectRequest {

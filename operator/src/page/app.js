@@ -133,7 +133,9 @@
     if (a.email) nameNodes.push(el('div', 'sub identity', a.email + (a.plan ? ' · ' + a.plan : '')));
     fill(cell(row, 'name'), ...nameNodes);
     fill(cell(row, 'group'), document.createTextNode(a.group));
-    fill(cell(row, 'platform'), document.createTextNode(a.platform));
+    const platformNodes = [document.createTextNode(a.platform)];
+    if (a.serves && a.serves.length) platformNodes.push(el('div', 'sub serves', a.serves.join(' · ')));
+    fill(cell(row, 'platform'), ...platformNodes);
     const badge = el('span', 'badge status-' + token(a.status), STATUS_NAMES[a.status] || a.status);
     const statusNodes = [badge];
     if (a.status_reason) statusNodes.push(el('div', 'sub', a.status_reason));

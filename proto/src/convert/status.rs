@@ -105,6 +105,7 @@ fn account_view(account: &AccountStanding) -> spb::AccountStatusView {
         plan: account.plan.clone(),
         token_expires_at_ms: account.token_expires_at_ms.max(0) as u64,
         refreshable: account.refreshable,
+        serves: super::serves_to_wire(&account.serves),
         block: account.block.as_ref().map(|block| spb::StatusBlock {
             kind: block.kind.as_str().to_owned(),
             class: block.class.clone(),
@@ -201,6 +202,8 @@ fn read_account(account: spb::AccountStatusView) -> Result<AccountStanding, Conv
         plan: account.plan,
         token_expires_at_ms: i64::try_from(account.token_expires_at_ms).unwrap_or(i64::MAX),
         refreshable: account.refreshable,
+        // Values newer than this build are left out; only such values: not said.
+        serves: super::serves_from_wire(&account.serves).unwrap_or_default(),
     })
 }
 
@@ -274,6 +277,7 @@ mod tests {
                 plan: "max".into(),
                 token_expires_at_ms: 1_700_003_600_000,
                 refreshable: false,
+                serves: vec![poolgate_core::account::Service::Chat],
             }],
         }
     }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::crypto::api_key_hash;
 use crate::health::{AccountHealth, BlockInfo, Breaker};
 use poolgate_core::AccountId;
-use poolgate_core::account::{Account, AccountStatus, ApiKeyRecord};
+use poolgate_core::account::{Account, AccountStatus, ApiKeyRecord, Service};
 use poolgate_core::health::LiveStatus;
 use poolgate_core::keys::KeyRefusal;
 use poolgate_core::status::{AccountStanding, BlockKind, BlockNote, StatusReport};
@@ -315,5 +315,9 @@ fn standing(
             .oauth
             .as_ref()
             .is_some_and(|o| !o.refresh_token.is_empty()),
+        serves: Service::ALL
+            .into_iter()
+            .filter(|service| account.serves(*service))
+            .collect(),
     }
 }
