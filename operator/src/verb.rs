@@ -671,6 +671,7 @@ mod tests {
             plan: String::new(),
             token_expires_at_ms: 0,
             refreshable: false,
+            serves: Vec::new(),
         }
     }
 

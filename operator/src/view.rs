@@ -57,6 +57,10 @@ pub struct AccountRow {
     pub token_expires_at_ms: u64,
     #[serde(default)]
     pub refreshable: bool,
+    /// Its own `serves` list (`chat`, `embeddings`, `rerank`); empty: everything its platform and
+    /// credential serve.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub serves: Vec<String>,
 }
 
 /// A sign-in or an import as the standalone relay's admin endpoint takes it

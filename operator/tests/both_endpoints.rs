@@ -57,6 +57,7 @@ fn accounts() -> Vec<AccountRow> {
         plan: String::new(),
         token_expires_at_ms: 0,
         refreshable: false,
+        serves: Vec::new(),
     };
     vec![
         row(1, "a", "g", "active", ""),

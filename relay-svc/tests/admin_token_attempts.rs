@@ -48,6 +48,7 @@ impl AdminEndpoint for OneAccount {
             plan: String::new(),
             token_expires_at_ms: 0,
             refreshable: false,
+            serves: Vec::new(),
         }])
     }
     async fn blocks(&self) -> Result<Vec<BlockRow>, OperatorError> {

@@ -45,6 +45,15 @@ pub fn account_row(view: &pb::AccountView) -> Result<AccountRow, OperatorError> 
         plan: view.plan.clone(),
         token_expires_at_ms: view.token_expires_at_ms,
         refreshable: view.refreshable,
+        // Values newer than this build are left out; a list of only such values is not the
+        // platform's default, and says so.
+        serves: match convert::serves_from_wire(&view.serves) {
+            Some(serves) => serves
+                .iter()
+                .map(|service| service.as_str().to_owned())
+                .collect(),
+            None => vec!["unknown".to_owned()],
+        },
     })
 }
 
@@ -315,6 +324,30 @@ mod tests {
             block_row(block),
             Err(OperatorError::Unreadable(_))
         ));
+    }
+
+    #[test]
+    fn an_accounts_serves_list_is_shown_as_set_and_a_newer_one_is_not_read_as_the_default() {
+        let view = |serves: Vec<i32>| pb::AccountView {
+            id: 1,
+            platform: pb::Platform::Openai as i32,
+            kind: pb::CredentialKind::ApiKey as i32,
+            status: "active".into(),
+            serves,
+            ..Default::default()
+        };
+        let serves = |wire: Vec<i32>| account_row(&view(wire)).expect("readable").serves;
+        assert_eq!(
+            serves(vec![pb::Service::Embeddings as i32]),
+            vec!["embeddings"]
+        );
+        assert!(serves(Vec::new()).is_empty(), "empty: the platform's own");
+        assert_eq!(
+            serves(vec![pb::Service::Chat as i32, 99]),
+            vec!["chat"],
+            "a newer value is left out"
+        );
+        assert_eq!(serves(vec![99]), vec!["unknown"]);
     }
 
     #[test]
