@@ -80,8 +80,10 @@ pub async fn start(
             let handle =
                 RedisHandle::connect(target, options, metrics.redis_round_trips.clone()).await?;
             // After Redis lost state, every replica notices within a registry interval (its own
-            // entry is gone) and puts its holders' leases back: three intervals cover both.
-            let recount = (3 * policy.registry_interval).max(std::time::Duration::from_secs(1));
+            // entry is gone) and puts its holders' leases back: three intervals cover both. At
+            // least 2 s: the selector notices a wipe within a second and rebuilds the budget
+            // counters before any new acquire is admitted against them.
+            let recount = (3 * policy.registry_interval).max(std::time::Duration::from_secs(2));
             let redis = RedisBackend::new(handle).with_recount(recount);
             let wake_tag = redis.wake_tag().to_owned();
             let backend = PolicyBackend::new(

@@ -64,7 +64,8 @@ impl RedisBackend {
 
     /// How long an account recounts after Redis lost its state: longer than every replica takes
     /// to notice the loss and put its holders' leases back (the server passes three registry
-    /// intervals, at least a second).
+    /// intervals, at least two seconds: longer than the selector takes to notice the wipe and
+    /// rebuild the budget counters).
     pub fn with_recount(mut self, window: std::time::Duration) -> Self {
         self.recount = Arc::new(recount::Recount::new(window));
         self
