@@ -90,17 +90,8 @@ impl Stack {
         self.admissions.url()
     }
 
-    fn selector(&self, path: std::path::PathBuf, port: u16, label: &str) -> Process {
-        let listen = format!("127.0.0.1:{port}");
-        let metrics = format!("127.0.0.1:{}", free_port().expect("port"));
-        self.env.spawn_of(
-            path,
-            label,
-            &["--listen", &listen, "--metrics-listen", &metrics],
-        )
-    }
-
-    fn admission(&self, path: std::path::PathBuf, port: u16, label: &str) -> Process {
+    /// A selector or an admission replica (both take only their two listeners here).
+    fn service(&self, path: std::path::PathBuf, port: u16, label: &str) -> Process {
         let listen = format!("127.0.0.1:{port}");
         let metrics = format!("127.0.0.1:{}", free_port().expect("port"));
         self.env.spawn_of(
@@ -182,7 +173,7 @@ async fn the_previous_release_is_replaced_one_service_at_a_time_under_load() {
     let migrated = stack.env.run("selector-svc", &["migrate"], &[]);
     assert!(migrated.contains("migrations applied"), "{migrated}");
 
-    let old_selector = stack.selector(
+    let old_selector = stack.service(
         previous("selector-svc"),
         stack.selector_ports[0],
         "selector-old",
@@ -192,7 +183,7 @@ async fn the_previous_release_is_replaced_one_service_at_a_time_under_load() {
         .iter()
         .enumerate()
         .map(|(n, port)| {
-            stack.admission(
+            stack.service(
                 previous("admission-svc"),
                 *port,
                 &format!("admission-{n}-old"),
@@ -326,7 +317,7 @@ async fn the_previous_release_is_replaced_one_service_at_a_time_under_load() {
     phase.store(1, Ordering::Relaxed);
     // 1. The selector: this release's beside the old one in the Service, then the old one out
     // and stopped.
-    let new_selector = stack.selector(
+    let new_selector = stack.service(
         binary("selector-svc"),
         stack.selector_ports[1],
         "selector-new",
@@ -351,7 +342,7 @@ async fn the_previous_release_is_replaced_one_service_at_a_time_under_load() {
         stack.admissions.set(&others);
         let old = admissions.remove(0);
         stop(old).await;
-        admissions.push(stack.admission(
+        admissions.push(stack.service(
             binary("admission-svc"),
             *port,
             &format!("admission-{n}-new"),

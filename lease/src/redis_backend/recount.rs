@@ -30,41 +30,42 @@ pub(super) struct Recount {
     /// How long an account recounts after a loss: enough for every replica to notice (its
     /// registry heartbeat finds its own entry gone) and put its holders' leases back.
     pub(super) window: Duration,
-    /// Accounts whose marker this replica saw, and when last.
-    known: Mutex<HashMap<AccountId, Instant>>,
-    /// When this replica last noticed a loss: for a recount after it, every account counts as
-    /// seen (another replica may hold leases on one this replica never touched).
-    noticed_at: Mutex<Option<Instant>>,
+    seen: Mutex<Seen>,
     /// A loss noticed and not yet answered by a restore pass.
     pending: AtomicBool,
+}
+
+#[derive(Default)]
+struct Seen {
+    /// Accounts whose marker this replica saw, and when last.
+    accounts: HashMap<AccountId, Instant>,
+    /// When this replica last noticed a loss: for a recount after it, every account counts as
+    /// seen (another replica may hold leases on one this replica never touched).
+    loss: Option<Instant>,
 }
 
 impl Recount {
     pub(super) fn new(window: Duration) -> Self {
         Recount {
             window,
-            known: Mutex::new(HashMap::new()),
-            noticed_at: Mutex::new(None),
+            seen: Mutex::new(Seen::default()),
             pending: AtomicBool::new(false),
         }
     }
 
     /// The recount an acquire or renewal of `account` sends: the window where this replica saw
-    /// the account's marker (or noticed a loss within a window), else 0 (a first use).
+    /// the account's marker (or noticed a loss within two windows), else 0 (a first use).
     pub(super) fn for_account(&self, account: AccountId) -> u64 {
         let now = Instant::now();
-        let seen = self
-            .known
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let known = seen
+            .accounts
             .get(&account)
-            .is_some_and(|at| now.duration_since(*at) < KNOWN_FOR);
-        let noticed = self
-            .noticed_at
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_some_and(|at| now.duration_since(at) < 2 * self.window);
-        if seen || noticed {
+            .is_some_and(|at| now.duration_since(*at) < KNOWN_FOR)
+            || seen
+                .loss
+                .is_some_and(|at| now.duration_since(at) < 2 * self.window);
+        if known {
             u64::try_from(self.window.as_millis()).unwrap_or(u64::MAX)
         } else {
             0
@@ -73,17 +74,18 @@ impl Recount {
 
     /// The account's marker is there now (every answered acquire and renewal leaves it there).
     pub(super) fn saw(&self, account: AccountId) {
-        let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
-        if known.len() > 100_000 {
-            known.retain(|_, at| now.duration_since(*at) < KNOWN_FOR);
+        if seen.accounts.len() > 100_000 {
+            seen.accounts
+                .retain(|_, at| now.duration_since(*at) < KNOWN_FOR);
         }
-        known.insert(account, now);
+        seen.accounts.insert(account, now);
     }
 
     /// Redis lost state this replica had seen.
     pub(super) fn notice(&self) {
-        *self.noticed_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        self.seen.lock().unwrap_or_else(|p| p.into_inner()).loss = Some(Instant::now());
         self.pending.store(true, Ordering::SeqCst);
     }
 }

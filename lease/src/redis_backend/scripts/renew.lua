@@ -11,8 +11,10 @@ if live(KEYS[1], ARGV[1]) then
     redis.call('ZREM', KEYS[5], ARGV[1])
   end
   if ARGV[6] == '1' then
-    if redis.call('EXISTS', KEYS[3]) == 0 then redis.call('SET', KEYS[3], 0, 'PX', KEPT_MS)
-    else extend(KEYS[3], KEPT_MS / 2) end
+    -- One read: -2 is a missing marker (a lease granted by an older release), set as kept.
+    local left = redis.call('PTTL', KEYS[3])
+    if left == -2 then redis.call('SET', KEYS[3], 0, 'PX', KEPT_MS)
+    elseif left < KEPT_MS / 2 then redis.call('PEXPIRE', KEYS[3], KEPT_MS) end
   end
   return {1, now}
 end
